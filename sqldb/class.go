@@ -18,7 +18,8 @@ const (
 	// UniqueViolation is a unique or primary-key constraint violation: the row exists already.
 	UniqueViolation
 	// Conflict is a transient concurrency failure: serialization failure, deadlock, lock wait
-	// timeout, a busy SQLite database. Running the transaction again is the cure.
+	// timeout, statement timeout, a busy SQLite database. Running the transaction again is the
+	// cure.
 	Conflict
 	// Connection is a lost or refused connection. When it happens during COMMIT, the outcome
 	// of the commit is unknown.
@@ -44,8 +45,14 @@ func (c Class) String() string {
 }
 
 // Classify places err, returned by any of the supported drivers, in a Class. It looks at
-// SQLSTATE codes, MySQL error numbers and SQLite result codes with errors.As, so it works on
-// wrapped errors.
+// SQLSTATE codes, MySQL error numbers, SQLite result codes and driver error values with
+// errors.Is and errors.As, never at message text, so it works on wrapped and joined errors.
+//
+// An error the server reported decides the class by its code. Otherwise an error caused by a
+// canceled or expired context is Unknown, even when the driver reports it through a closed
+// connection: the caller ended the operation, the network did not fail. Otherwise an error of
+// a broken, closed or refused connection is Connection, whether the driver or the network
+// stack reports it. The nil error is Unknown.
 func Classify(err error) Class {
 	if err == nil {
 		return Unknown
@@ -59,7 +66,10 @@ func Classify(err error) Class {
 	if c, ok := classifySQLite(err); ok {
 		return c
 	}
-	if isConnectionError(err) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return Unknown
+	}
+	if isPostgresConnectionError(err) || isMySQLConnectionError(err) || isConnectionError(err) {
 		return Connection
 	}
 	return Unknown
@@ -79,14 +89,12 @@ func IsRetryable(err error) bool {
 	return err != nil
 }
 
+// isConnectionError reports the driver-independent signs of a broken connection.
 func isConnectionError(err error) bool {
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, net.ErrClosed) {
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed) {
 		return true
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
 	}
 	var netErr net.Error
 	return errors.As(err, &netErr)

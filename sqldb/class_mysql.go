@@ -10,12 +10,14 @@ import (
 const (
 	mysqlDupEntry            = 1062
 	mysqlDupEntryWithKeyName = 1586
-	mysqlLockWaitTimeout     = 1205
+	mysqlLockWaitTimeout     = 1205 // also MariaDB's answer to NOWAIT and SKIP LOCKED waits
 	mysqlDeadlock            = 1213
-	mysqlLockNowait          = 3572
+	mysqlLockNowait          = 3572 // MySQL 8: NOWAIT found the row locked
 	mysqlQueryInterrupted    = 1317
+	mysqlQueryTimeout        = 3024 // MySQL: max_execution_time exceeded
+	mariadbStatementTimeout  = 1969 // MariaDB: max_statement_time exceeded
 	mysqlServerShutdown      = 1053
-	mysqlConnectionKilled    = 1927
+	mariadbConnectionKilled  = 1927
 	mysqlBadNull             = 1048
 	mysqlDataTooLong         = 1406
 	mysqlOutOfRange          = 1264
@@ -24,13 +26,11 @@ const (
 	mysqlNoReferencedRow     = 1452
 	mysqlRowIsReferenced     = 1451
 	mysqlCheckViolated       = 3819
-	mysqlCheckViolatedMaria  = 4025
+	mariadbCheckViolated     = 4025
 )
 
+// classifyMySQL places an error that the MySQL or MariaDB server reported, by its number.
 func classifyMySQL(err error) (Class, bool) {
-	if errors.Is(err, mysql.ErrInvalidConn) {
-		return Connection, true
-	}
 	var myErr *mysql.MySQLError
 	if !errors.As(err, &myErr) {
 		return Unknown, false
@@ -38,13 +38,21 @@ func classifyMySQL(err error) (Class, bool) {
 	switch myErr.Number {
 	case mysqlDupEntry, mysqlDupEntryWithKeyName:
 		return UniqueViolation, true
-	case mysqlLockWaitTimeout, mysqlDeadlock, mysqlLockNowait, mysqlQueryInterrupted:
+	case mysqlLockWaitTimeout, mysqlDeadlock, mysqlLockNowait, mysqlQueryInterrupted, mysqlQueryTimeout,
+		mariadbStatementTimeout:
 		return Conflict, true
-	case mysqlServerShutdown, mysqlConnectionKilled:
+	case mysqlServerShutdown, mariadbConnectionKilled:
 		return Connection, true
 	case mysqlBadNull, mysqlDataTooLong, mysqlOutOfRange, mysqlTruncatedWrongValue, mysqlIncorrectValue,
-		mysqlNoReferencedRow, mysqlRowIsReferenced, mysqlCheckViolated, mysqlCheckViolatedMaria:
+		mysqlNoReferencedRow, mysqlRowIsReferenced, mysqlCheckViolated, mariadbCheckViolated:
 		return Data, true
 	}
 	return Unknown, true
+}
+
+// isMySQLConnectionError reports go-sql-driver's error for a connection that broke in the
+// middle of a request, which it returns instead of driver.ErrBadConn once data may have
+// reached the server.
+func isMySQLConnectionError(err error) bool {
+	return errors.Is(err, mysql.ErrInvalidConn)
 }

@@ -3,7 +3,9 @@ package sqldb
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 
@@ -34,16 +36,23 @@ type DB struct {
 // Open opens the database that rawURL names and checks that it answers. The URL forms:
 //
 //	postgres://user:password@host:5432/dbname?sslmode=disable   (also postgresql://)
-//	mysql://user:password@host:3306/dbname?param=value          (MySQL and MariaDB)
+//	mysql://user:password@host:3306/dbname?param=value          (MySQL and MariaDB; also mariadb://)
 //	sqlite://path/to/file.db, sqlite:///absolute/path/file.db   (embedded, created if missing)
 //
-// PostgreSQL URLs are passed to pgx unchanged. MySQL URLs become a go-sql-driver DSN with
-// interpolateParams=true unless the URL sets it. SQLite databases are opened in WAL mode with
-// synchronous=FULL, a busy timeout of 30 s and BEGIN IMMEDIATE transactions, so that
-// concurrent writers queue instead of failing; query parameters of the URL (such as
-// _pragma=synchronous(NORMAL)) are passed to the driver after these defaults.
+// Special characters in the user name, the password and an SQLite path are percent-encoded,
+// as in any URL (%40 for '@', %2F for '/', %3F for '?', %23 for '#', %25 for '%').
 //
-// Errors never contain the password of the URL.
+// PostgreSQL URLs are passed to pgx as they are. MySQL URLs become a go-sql-driver DSN; the
+// port defaults to 3306, the query parameters are go-sql-driver's (parseTime=true, ...) or
+// session variables (sql_mode=%27ANSI%27, ...), and interpolateParams defaults to true unless
+// the URL sets it. SQLite databases are opened in WAL mode with synchronous=FULL, a busy
+// timeout of 30 s, foreign keys enforced and BEGIN IMMEDIATE transactions, so that concurrent
+// writers queue instead of failing; the query parameters of the URL are passed to the driver,
+// and a _pragma parameter replaces the default of the same pragma
+// (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock replaces the IMMEDIATE
+// default.
+//
+// Errors and String never contain the password of the URL.
 func Open(ctx context.Context, rawURL string) (*DB, error) {
 	driverName, dsn, path, redacted, err := parseURL(rawURL)
 	if err != nil {
@@ -63,10 +72,11 @@ func Open(ctx context.Context, rawURL string) (*DB, error) {
 }
 
 // New wraps a pool opened elsewhere. The dialect comes from the pool's driver name (pgx,
-// mysql or sqlite).
+// mysql or sqlite); for SQLite, Path is the file of the main database, or empty for an
+// in-memory database.
 func New(db *sqlx.DB) (*DB, error) {
 	if db == nil {
-		return nil, fmt.Errorf("sqldb.New: db is nil")
+		return nil, errors.New("sqldb.New: db is nil")
 	}
 	d, err := DialectOf(db.DriverName())
 	if err != nil {
@@ -78,6 +88,9 @@ func New(db *sqlx.DB) (*DB, error) {
 		var name, file string
 		if err := db.QueryRowx("PRAGMA database_list").Scan(&seq, &name, &file); err == nil {
 			out.Path = file
+			if file != "" {
+				out.redacted = "sqlite://" + file
+			}
 		}
 	}
 	return out, nil
@@ -96,92 +109,252 @@ func (db *DB) BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, e
 // String returns the database URL without its password.
 func (db *DB) String() string { return db.redacted }
 
-// Redact returns rawURL with its password, if any, replaced by "xxxxx". A string that does not
-// parse as a URL is reduced to its scheme, so that a malformed URL with a password in it is not
-// echoed back either.
+// Redact returns rawURL with its password, if any, replaced by "xxxxx", in the user
+// information and in query parameters named password or sslpassword. A string that does not
+// parse as a URL, or whose password may have spilled out of the user information because a
+// '/', '?' or '#' in it is not percent-encoded, is reduced to its scheme, so that a password
+// in it is not echoed back either.
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
-	if err != nil {
-		if i := strings.Index(rawURL, ":"); i > 0 {
-			return rawURL[:i] + "://(malformed URL)"
+	if err != nil || strayAt(rawURL) {
+		return malformed(rawURL)
+	}
+	q := u.Query()
+	masked := false
+	for k := range q {
+		if isPasswordParam(k) {
+			q[k] = []string{"xxxxx"}
+			masked = true
 		}
-		return "(malformed URL)"
+	}
+	if masked {
+		u.RawQuery = q.Encode()
 	}
 	return u.Redacted()
 }
 
+// malformed reduces rawURL to its scheme, when it has a plausible one.
+func malformed(rawURL string) string {
+	scheme, _, ok := strings.Cut(rawURL, ":")
+	if !ok || !validScheme(scheme) {
+		return "(malformed URL)"
+	}
+	return scheme + "://(malformed URL)"
+}
+
+func validScheme(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case i > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isPasswordParam(key string) bool {
+	k := strings.ToLower(key)
+	return k == "password" || k == "sslpassword"
+}
+
+// strayAt reports whether rawURL has an '@' after its authority (host part). That happens
+// when a '/', '?' or '#' in a password is not percent-encoded: the authority then ends inside
+// the password, and the rest of the password lands in the path, query or fragment, where
+// neither url.URL.Redacted nor the drivers' messages hide it.
+func strayAt(rawURL string) bool {
+	_, rest, ok := strings.Cut(rawURL, ":")
+	if !ok {
+		return false
+	}
+	if r, ok := strings.CutPrefix(rest, "//"); ok {
+		end := strings.IndexAny(r, "/?#")
+		return end >= 0 && strings.Contains(r[end:], "@")
+	}
+	return strings.Contains(rest, "@")
+}
+
+// hasUserinfo reports whether the authority of rawURL has user information, which may hold a
+// password.
+func hasUserinfo(rawURL string) bool {
+	_, rest, _ := strings.Cut(rawURL, "//")
+	if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+		rest = rest[:end]
+	}
+	return strings.Contains(rest, "@")
+}
+
+const wantSchemes = "want postgres://, mysql:// or sqlite://"
+
 func parseURL(rawURL string) (driverName, dsn, path, redacted string, err error) {
+	if strings.TrimSpace(rawURL) == "" {
+		return "", "", "", "", fmt.Errorf("database URL is empty (%s)", wantSchemes)
+	}
 	scheme, rest, ok := strings.Cut(rawURL, ":")
-	if !ok || scheme == "" {
-		return "", "", "", "", fmt.Errorf("database URL %q has no scheme (want postgres://, mysql:// or sqlite://)", Redact(rawURL))
+	if !ok || !validScheme(scheme) {
+		return "", "", "", "", fmt.Errorf("database URL %q has no scheme (%s)", Redact(rawURL), wantSchemes)
 	}
 	switch strings.ToLower(scheme) {
 	case "sqlite", "sqlite3":
-		path, query, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "?")
-		if path == "" {
-			return "", "", "", "", fmt.Errorf("database URL %q names no file", rawURL)
-		}
-		params := url.Values{}
-		params.Add("_txlock", "immediate")
-		params.Add("_pragma", "journal_mode(WAL)")
-		params.Add("_pragma", "synchronous(FULL)")
-		params.Add("_pragma", "busy_timeout(30000)")
-		params.Add("_pragma", "foreign_keys(1)")
-		extra, err := url.ParseQuery(query)
+		dsn, path, err := sqliteDSN(rest)
 		if err != nil {
-			return "", "", "", "", fmt.Errorf("database URL %q: malformed query: %w", rawURL, err)
+			return "", "", "", "", fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
 		}
-		for k, vs := range extra {
-			if k == "_txlock" {
-				params.Del(k)
-			}
-			for _, v := range vs {
-				params.Add(k, v)
-			}
-		}
-		return "sqlite", "file:" + path + "?" + params.Encode(), path, "sqlite://" + path, nil
+		return "sqlite", dsn, path, "sqlite://" + path, nil
 	case "postgres", "postgresql":
-		u, err := url.Parse(rawURL)
-		if err != nil {
-			return "", "", "", "", fmt.Errorf("malformed database URL %q: %w", Redact(rawURL), urlErrorWithoutInput(err))
+		if _, err := parseServerURL(rawURL); err != nil {
+			return "", "", "", "", err
 		}
-		return "pgx", rawURL, "", u.Redacted(), nil
+		// pgx recognises only the lower-case schemes.
+		return "pgx", strings.ToLower(scheme) + ":" + rest, "", Redact(rawURL), nil
 	case "mysql", "mariadb":
-		u, err := url.Parse(rawURL)
+		u, err := parseServerURL(rawURL)
 		if err != nil {
-			return "", "", "", "", fmt.Errorf("malformed database URL %q: %w", Redact(rawURL), urlErrorWithoutInput(err))
+			return "", "", "", "", err
 		}
-		cfg := mysql.NewConfig()
-		cfg.Net = "tcp"
-		cfg.Addr = u.Host
-		if u.Port() == "" {
-			cfg.Addr = u.Host + ":3306"
+		dsn, err := mysqlDSN(u)
+		if err != nil {
+			return "", "", "", "", fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
 		}
-		if u.User != nil {
-			cfg.User = u.User.Username()
-			cfg.Passwd, _ = u.User.Password()
-		}
-		cfg.DBName = strings.TrimPrefix(u.Path, "/")
-		cfg.InterpolateParams = true
-		q := u.Query()
-		if v := q.Get("interpolateParams"); v != "" {
-			cfg.InterpolateParams = v == "true"
-			q.Del("interpolateParams")
-		}
-		if len(q) > 0 {
-			cfg.Params = map[string]string{}
-			for k := range q {
-				cfg.Params[k] = q.Get(k)
-			}
-		}
-		return "mysql", cfg.FormatDSN(), "", u.Redacted(), nil
+		return "mysql", dsn, "", Redact(rawURL), nil
 	}
-	return "", "", "", "", fmt.Errorf("database URL %q: unknown scheme %q (want postgres://, mysql:// or sqlite://)", Redact(rawURL), scheme)
+	return "", "", "", "", fmt.Errorf("database URL %q: unknown scheme %q (%s)", Redact(rawURL), scheme, wantSchemes)
+}
+
+// parseServerURL parses the URL of a database server, refusing the forms in which a password
+// would not stay in the user information.
+func parseServerURL(rawURL string) (*url.URL, error) {
+	if strayAt(rawURL) {
+		return nil, fmt.Errorf("malformed database URL %q: '@' after the host; percent-encode '@', '/', '?' and '#' in the user name and password (%%40, %%2F, %%3F, %%23)", Redact(rawURL))
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		if hasUserinfo(rawURL) {
+			// url.Parse quotes the offending part of its input, which may be the password.
+			return nil, fmt.Errorf("malformed database URL %q: check that special characters in the user name and password are percent-encoded", Redact(rawURL))
+		}
+		return nil, fmt.Errorf("malformed database URL %q: %w", Redact(rawURL), urlErrorWithoutInput(err))
+	}
+	if u.Opaque != "" {
+		return nil, fmt.Errorf("malformed database URL %q: want %s://[user[:password]@]host[:port]/database", Redact(rawURL), u.Scheme)
+	}
+	return u, nil
+}
+
+// mysqlDSN turns a mysql:// URL into a go-sql-driver DSN.
+func mysqlDSN(u *url.URL) (string, error) {
+	cfg := mysql.NewConfig()
+	cfg.Net = "tcp"
+	host, port := u.Hostname(), u.Port()
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if port == "" {
+		port = "3306"
+	}
+	cfg.Addr = net.JoinHostPort(host, port)
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	cfg.InterpolateParams = true
+	dsn := cfg.FormatDSN()
+	if q := u.Query(); len(q) > 0 {
+		// Let go-sql-driver read the parameters, after the defaults above, so that its own
+		// parameters (interpolateParams=false, parseTime=true, ...) are applied and checked,
+		// and the others become session variables.
+		params := url.Values{}
+		for k, vs := range q {
+			params.Set(k, vs[len(vs)-1])
+		}
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		dsn += sep + params.Encode()
+	}
+	parsed, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", err
+	}
+	return parsed.FormatDSN(), nil
+}
+
+// sqliteDefaults are the pragmas every SQLite connection gets unless the URL sets them. The
+// driver runs busy_timeout first, so that the others wait for locks instead of failing.
+var sqliteDefaults = []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
+
+// sqliteShorthands maps the driver's shorthand parameters to the pragma each one sets.
+var sqliteShorthands = map[string]string{
+	"_busy_timeout": "busy_timeout", "_timeout": "busy_timeout",
+	"_journal_mode": "journal_mode", "_journal": "journal_mode",
+	"_synchronous": "synchronous", "_sync": "synchronous",
+	"_foreign_keys": "foreign_keys", "_fk": "foreign_keys",
+}
+
+// sqliteDSN turns the part of a sqlite: URL after the scheme into a modernc.org/sqlite DSN,
+// and returns the path of the file.
+func sqliteDSN(rest string) (dsn, path string, err error) {
+	rawPath, query, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "?")
+	path, err = url.PathUnescape(rawPath)
+	if err != nil {
+		return "", "", fmt.Errorf("malformed path: %w", err)
+	}
+	if path == "" {
+		return "", "", errors.New("names no file")
+	}
+	extra, err := url.ParseQuery(query)
+	if err != nil {
+		return "", "", fmt.Errorf("malformed query: %w", err)
+	}
+	// The driver sorts the _pragma values before it runs them, so a value in the URL does not
+	// override a default of the same pragma by coming later: the default must go.
+	set := map[string]bool{}
+	for _, p := range extra["_pragma"] {
+		set[pragmaName(p)] = true
+	}
+	for k := range extra {
+		if name, ok := sqliteShorthands[k]; ok {
+			set[name] = true
+		}
+	}
+	params := url.Values{}
+	if extra.Get("_txlock") == "" {
+		params.Set("_txlock", "immediate")
+	}
+	for _, p := range sqliteDefaults {
+		if !set[pragmaName(p)] {
+			params.Add("_pragma", p)
+		}
+	}
+	for k, vs := range extra {
+		for _, v := range vs {
+			params.Add(k, v)
+		}
+	}
+	// The driver opens "file:" names as SQLite URIs, which decode %XX escapes in the path and
+	// end it at '?' or '#': escape the path so that SQLite opens exactly the file named.
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + params.Encode(), path, nil
+}
+
+// pragmaName returns the lower-case name of the pragma that a _pragma value such as
+// "busy_timeout(10)" or "synchronous = NORMAL" sets.
+func pragmaName(v string) string {
+	if i := strings.IndexAny(v, "(="); i >= 0 {
+		v = v[:i]
+	}
+	return strings.ToLower(strings.TrimSpace(v))
 }
 
 // urlErrorWithoutInput drops the input string from a *url.Error, which may hold a password.
 func urlErrorWithoutInput(err error) error {
-	if ue, ok := err.(*url.Error); ok {
+	var ue *url.Error
+	if errors.As(err, &ue) {
 		return ue.Err
 	}
 	return err

@@ -3,6 +3,7 @@ package sqldb
 import (
 	"fmt"
 	"regexp"
+	"strings"
 )
 
 var identPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -20,11 +21,14 @@ func CheckIdentifier(field, name string) error {
 	return nil
 }
 
-// Quote returns name quoted as an identifier for the dialect. name must have passed
-// ValidIdentifier.
+// Quote returns name quoted as an identifier for the dialect: in backticks for MySQL, in
+// double quotes for PostgreSQL and SQLite. Names from configuration must pass CheckIdentifier
+// first; as a second line of defence, Quote doubles any quote character in name, so that the
+// result is always exactly one identifier and never ends the quoting early.
 func (d Dialect) Quote(name string) string {
+	q := `"`
 	if d == MySQL {
-		return "`" + name + "`"
+		q = "`"
 	}
-	return `"` + name + `"`
+	return q + strings.ReplaceAll(name, q, q+q) + q
 }

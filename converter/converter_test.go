@@ -1,0 +1,84 @@
+package converter_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/converter"
+	"github.com/onceflow/onceflow/messagedata"
+)
+
+func TestFromMessage_IDPolicyOrder(t *testing.T) {
+	c := converter.New(converter.Config{IDHeader: "x-id"})
+	tests := []struct {
+		name     string
+		uuid     string
+		metadata message.Metadata
+		want     string
+	}{
+		{"watermill uuid first", "wm-1", message.Metadata{"x-id": "hdr-1", messagedata.HeaderAMQPMessageID: "amqp-1"}, "wm-1"},
+		{"configured header second", "", message.Metadata{"x-id": "hdr-1", messagedata.HeaderAMQPMessageID: "amqp-1"}, "hdr-1"},
+		{"AMQP message_id last", "", message.Metadata{messagedata.HeaderAMQPMessageID: "amqp-1"}, "amqp-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := message.NewMessage(tt.uuid, []byte("p"))
+			m.Metadata = tt.metadata
+			md, err := c.FromMessage("orders", m)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, md.ID)
+			require.Equal(t, "orders", md.Topic)
+			require.Equal(t, 1, md.Attempt)
+		})
+	}
+}
+
+func TestFromMessage_NoUsableIDNamesWhatItLookedAt(t *testing.T) {
+	md, err := converter.New(converter.Config{}).FromMessage("orders", message.NewMessage("", []byte("p")))
+	require.ErrorIs(t, err, messagedata.ErrNoMessageID)
+	require.EqualError(t, err, `message has no id (watermill uuid, header "onceflow_id" and AMQP message_id are empty)`)
+	require.Equal(t, "p", string(md.Payload), "what could be read is returned for the dead letter")
+}
+
+func TestFromMessage_ReadsTimestampKeyAndSequence(t *testing.T) {
+	m := message.NewMessage("m-1", nil)
+	m.Metadata.Set(messagedata.HeaderTimestamp, "2026-11-29T10:00:00.123456789Z")
+	m.Metadata.Set(messagedata.HeaderKey, "account-7")
+	m.Metadata.Set(messagedata.HeaderSequence, "42")
+	md, err := converter.New(converter.Config{}).FromMessage("t", m)
+	require.NoError(t, err)
+	require.Equal(t, time.Date(2026, 11, 29, 10, 0, 0, 123456789, time.UTC), md.Timestamp)
+	require.Equal(t, "account-7", md.Key)
+	require.Equal(t, uint64(42), md.Sequence)
+}
+
+func TestFromMessage_MalformedHeadersAreErrors(t *testing.T) {
+	for header, value := range map[string]string{
+		messagedata.HeaderTimestamp: "yesterday",
+		messagedata.HeaderSequence:  "-3",
+	} {
+		m := message.NewMessage("m-1", nil)
+		m.Metadata.Set(header, value)
+		_, err := converter.New(converter.Config{}).FromMessage("t", m)
+		require.ErrorContains(t, err, header)
+		require.ErrorContains(t, err, value)
+	}
+}
+
+func TestToMessage_RoundTrip(t *testing.T) {
+	md := &messagedata.MessageData{
+		ID: "m-1", Timestamp: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), Key: "k", Sequence: 9,
+		Headers: map[string]string{"a": "b"}, Payload: []byte("p"),
+	}
+	back, err := converter.New(converter.Config{}).FromMessage("t", converter.ToMessage(md))
+	require.NoError(t, err)
+	require.Equal(t, md.ID, back.ID)
+	require.Equal(t, md.Timestamp, back.Timestamp)
+	require.Equal(t, md.Key, back.Key)
+	require.Equal(t, md.Sequence, back.Sequence)
+	require.Equal(t, "b", back.Header("a"))
+	require.Equal(t, md.Payload, back.Payload)
+}

@@ -1,0 +1,231 @@
+package dedup
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// mysql is the MySQL and MariaDB dialect.
+//
+// Record is INSERT ... ON DUPLICATE KEY UPDATE whose assignments keep a live row unchanged and
+// overwrite an expired one. Rows affected, as the server reports it without clientFoundRows,
+// tells the outcome: 1 inserted, 2 replaced an expired row, 0 duplicate. INSERT IGNORE is not
+// used: it turns unrelated errors into warnings. A second transaction inserting a key that an
+// uncommitted one holds waits on the row lock, then sees the duplicate or inserts.
+//
+// handler and message_id use a binary, no-pad collation: ids that differ in case or in
+// trailing spaces are different keys (utf8mb4_bin compares "abc" and "abc " as equal).
+//
+// MySQL has no INSERT ... RETURNING, so RecordMany marks the rows it writes with a random
+// batch_token and reads them back; a column of its own, because no other value distinguishes
+// this batch's write from one that another transaction committed with the same timestamps.
+type mysql struct {
+	s *SQLStore
+
+	manyPrefix, manySuffix string
+	selectPrefix           string
+}
+
+// mysqlUpsert is the duplicate-key clause shared by Record and RecordMany. MySQL assigns from
+// left to right with the new values visible to later assignments, so expires_at, which every
+// condition tests, is assigned last.
+const mysqlUpsert = ` ON DUPLICATE KEY UPDATE
+internal_id = IF(expires_at <= VALUES(created_at), VALUES(internal_id), internal_id),
+created_at = IF(expires_at <= VALUES(created_at), VALUES(created_at), created_at),
+batch_token = IF(expires_at <= VALUES(created_at), VALUES(batch_token), batch_token),
+expires_at = IF(expires_at <= VALUES(created_at), VALUES(expires_at), expires_at)`
+
+// mysqlLockName is the name of a GET_LOCK lock for purpose ($1) on table ($2) of the current
+// database. Named locks are server-wide, hence the database in the name; hashed, because names
+// are limited to 64 characters.
+const mysqlLockName = `CONCAT('onceflow.dedup.', ?, '.', SHA1(CONCAT(IFNULL(DATABASE(), ''), '.', ?)))`
+
+// mysqlCollations are the binary no-pad collations, by preference; utf8mb4_bin, which pads, is
+// the fallback on servers that have neither (MySQL 5.7, MariaDB before 10.2).
+var mysqlCollations = []string{"utf8mb4_0900_bin", "utf8mb4_nopad_bin"}
+
+func (m *mysql) queries(table string) queries {
+	t := sqldb.MySQL.Quote(table)
+	m.manyPrefix = `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at, batch_token) VALUES `
+	m.manySuffix = mysqlUpsert
+	m.selectPrefix = `SELECT handler, message_id, message_ts FROM ` + t + `
+WHERE batch_token = ? AND (handler, message_id, message_ts) IN (`
+	return queries{
+		record: `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at, batch_token)
+VALUES (?, ?, ?, ?, ?, ?, NULL)` + mysqlUpsert,
+		lookup: `SELECT COALESCE(internal_id, '') FROM ` + t + `
+WHERE handler = ? AND message_id = ? AND message_ts = ? AND expires_at > ?`,
+		forget: `DELETE FROM ` + t + ` WHERE handler = ? AND message_id = ? AND message_ts = ?`,
+		purge:  `DELETE FROM ` + t + ` WHERE expires_at <= ? LIMIT ?`,
+		stats:  `SELECT COUNT(*), COALESCE(MIN(created_at), 0), COUNT(CASE WHEN expires_at <= ? THEN 1 END) FROM ` + t,
+	}
+}
+
+// recordMany runs the multi-row upsert with a fresh batch token, then, unless rows affected
+// already settles it, selects the rows carrying that token: exactly the keys this statement
+// inserted or renewed. The transaction's own writes are visible to it at any isolation level.
+func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error) {
+	token := rand.Int64()
+	var b strings.Builder
+	b.Grow(len(m.manyPrefix) + len(m.manySuffix) + len(keys)*20)
+	b.WriteString(m.manyPrefix)
+	args := make([]any, 0, 6*len(keys))
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?,NULL,?,?,?)")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp, created, expires, token)
+	}
+	b.WriteString(m.manySuffix)
+	res, err := tx.ExecContext(ctx, b.String(), args...)
+	if err != nil {
+		return nil, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("read rows affected: %w", err)
+	}
+	switch n {
+	case 0: // every key a live duplicate
+		return nil, nil
+	case 2 * int64(len(keys)): // every key replaced an expired row
+		return keys, nil
+	}
+
+	b.Reset()
+	b.Grow(len(m.selectPrefix) + len(keys)*8)
+	b.WriteString(m.selectPrefix)
+	args = args[:0]
+	args = append(args, token)
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?)")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp)
+	}
+	b.WriteByte(')')
+	return queryKeys(ctx, tx, b.String(), args, len(keys))
+}
+
+func (m *mysql) migrate(ctx context.Context) error {
+	collation := "utf8mb4_bin"
+	rows, err := m.s.db.QueryContext(ctx, `SELECT COLLATION_NAME FROM information_schema.COLLATIONS WHERE COLLATION_NAME IN (?, ?)`,
+		mysqlCollations[0], mysqlCollations[1])
+	if err != nil {
+		return fmt.Errorf("list collations: %w", err)
+	}
+	available := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("list collations: %w", err)
+		}
+		available[name] = true
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("list collations: %w", err)
+	}
+	for _, c := range mysqlCollations {
+		if available[c] {
+			collation = c
+			break
+		}
+	}
+
+	// The index is part of CREATE TABLE: MySQL has no CREATE INDEX IF NOT EXISTS. Concurrent
+	// CREATE TABLE IF NOT EXISTS statements are serialised by the metadata lock on the name.
+	t := sqldb.MySQL.Quote(m.s.table)
+	cs := `CHARACTER SET utf8mb4 COLLATE ` + collation
+	if _, err := m.s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+t+` (
+	handler     VARCHAR(200) `+cs+` NOT NULL,
+	message_id  VARCHAR(255) `+cs+` NOT NULL,
+	message_ts  BIGINT NOT NULL DEFAULT 0,
+	internal_id VARCHAR(64) `+cs+` NULL,
+	created_at  BIGINT NOT NULL,
+	expires_at  BIGINT NOT NULL,
+	batch_token BIGINT NULL,
+	PRIMARY KEY (handler, message_id, message_ts),
+	KEY `+sqldb.MySQL.Quote(indexName(m.s.table))+` (expires_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=`+collation); err != nil {
+		return err
+	}
+	return m.checkCollation(ctx)
+}
+
+// checkCollation fails when handler or message_id of an existing table compare with a
+// case-insensitive collation, which would report different ids as duplicates.
+func (m *mysql) checkCollation(ctx context.Context) error {
+	rows, err := m.s.db.QueryContext(ctx, `SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME IN ('handler', 'message_id')`, m.s.table)
+	if err != nil {
+		return fmt.Errorf("read column collations: %w", err)
+	}
+	defer rows.Close()
+	var bad []string
+	for rows.Next() {
+		var column string
+		var collation sql.NullString // NULL for binary strings, which compare byte by byte
+		if err := rows.Scan(&column, &collation); err != nil {
+			return fmt.Errorf("read column collations: %w", err)
+		}
+		if collation.Valid && !strings.HasSuffix(collation.String, "_bin") {
+			bad = append(bad, fmt.Sprintf("%s has collation %s", column, collation.String))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read column collations: %w", err)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("existing table compares ids case-insensitively (%s): ids differing only in case would be taken for duplicates; "+
+			"convert the columns to a binary collation such as %s", strings.Join(bad, ", "), mysqlCollations[1])
+	}
+	return nil
+}
+
+// lockPurge takes a named lock on a connection of its own; the batches run on that connection,
+// and release gives the lock up before handing the connection back to the pool.
+func (m *mysql) lockPurge(ctx context.Context) (execer, func() error, bool, error) {
+	conn, err := m.s.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+mysqlLockName+`, 0)`, "purge", m.s.table).Scan(&got); err != nil {
+		discardConn(conn)
+		return nil, nil, false, err
+	}
+	if !got.Valid {
+		discardConn(conn)
+		return nil, nil, false, errors.New("GET_LOCK returned NULL")
+	}
+	if got.Int64 != 1 {
+		return nil, nil, false, conn.Close()
+	}
+	release := func() error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		var released sql.NullInt64
+		err := conn.QueryRowContext(ctx, `SELECT RELEASE_LOCK(`+mysqlLockName+`)`, "purge", m.s.table).Scan(&released)
+		if err == nil && released.Int64 != 1 {
+			err = fmt.Errorf("RELEASE_LOCK returned %v: the lock was not held", released)
+		}
+		if err != nil {
+			// Closing the session releases every named lock it holds.
+			discardConn(conn)
+			return fmt.Errorf("release: %w", err)
+		}
+		return conn.Close()
+	}
+	return conn, release, true, nil
+}

@@ -1,0 +1,134 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// postgres is the PostgreSQL dialect.
+//
+// Record is an upsert whose DO UPDATE only fires for an expired row: a live duplicate makes it
+// touch no row instead of raising a unique violation, which would abort the caller's
+// transaction. When another transaction has inserted the same key and not committed yet,
+// ON CONFLICT waits for it, then inserts (it rolled back) or sees the conflict (it committed).
+type postgres struct {
+	s *SQLStore
+
+	manyPrefix, manySuffix string
+}
+
+// pgLockKey is an advisory lock key for purpose ($1) on table ($2) in the current schema: the
+// first 64 bits of an MD5, so that stores of the same table name in two schemas of one database
+// do not exclude each other.
+const pgLockKey = `('x' || substr(md5('onceflow.dedup.' || $1::text || ':' || coalesce(current_schema(), '') || '.' || $2::text), 1, 16))::bit(64)::bigint`
+
+// pgUpsert is the conflict clause shared by Record and RecordMany: replace an expired row only.
+const pgUpsert = ` ON CONFLICT (handler, message_id, message_ts) DO UPDATE
+SET internal_id = EXCLUDED.internal_id, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+WHERE d.expires_at <= EXCLUDED.created_at`
+
+func (p *postgres) queries(table string) queries {
+	t := sqldb.Postgres.Quote(table)
+	p.manyPrefix = `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, created_at, expires_at) VALUES `
+	p.manySuffix = pgUpsert + ` RETURNING d.handler, d.message_id, d.message_ts`
+	return queries{
+		record: `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, internal_id, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6)` + pgUpsert,
+		lookup: `SELECT COALESCE(internal_id, '') FROM ` + t + `
+WHERE handler = $1 AND message_id = $2 AND message_ts = $3 AND expires_at > $4`,
+		forget: `DELETE FROM ` + t + ` WHERE handler = $1 AND message_id = $2 AND message_ts = $3`,
+		// ctid is a row version: a row renewed by a concurrent Record after the inner SELECT
+		// has a new ctid and is not deleted; the outer expires_at test says so again.
+		purge: `DELETE FROM ` + t + `
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE expires_at <= $1 LIMIT $2)) AND expires_at <= $1`,
+		stats: `SELECT COUNT(*), COALESCE(MIN(created_at), 0), COUNT(CASE WHEN expires_at <= $1 THEN 1 END) FROM ` + t,
+	}
+}
+
+// recordMany runs one INSERT ... ON CONFLICT ... RETURNING: the rows it returns are the keys it
+// inserted or renewed. created_at and expires_at are $1 and $2 in every row.
+func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error) {
+	var b strings.Builder
+	b.Grow(len(p.manyPrefix) + len(p.manySuffix) + len(keys)*32)
+	b.WriteString(p.manyPrefix)
+	args := make([]any, 2, 2+3*len(keys))
+	args[0], args[1] = created, expires
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		n := 3 + 3*i
+		b.WriteString("($")
+		b.WriteString(strconv.Itoa(n))
+		b.WriteString(",$")
+		b.WriteString(strconv.Itoa(n + 1))
+		b.WriteString(",$")
+		b.WriteString(strconv.Itoa(n + 2))
+		b.WriteString(",$1,$2)")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp)
+	}
+	b.WriteString(p.manySuffix)
+	return queryKeys(ctx, tx, b.String(), args, len(keys))
+}
+
+func (p *postgres) migrate(ctx context.Context) error {
+	t := sqldb.Postgres.Quote(p.s.table)
+	// Concurrent CREATE TABLE IF NOT EXISTS can fail with a unique violation on pg_type: the
+	// transaction-scoped advisory lock makes concurrent migrations take turns.
+	return inTx(ctx, p.s.db, []string{
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	handler     VARCHAR(200) NOT NULL,
+	message_id  VARCHAR(255) NOT NULL,
+	message_ts  BIGINT       NOT NULL DEFAULT 0,
+	internal_id VARCHAR(64),
+	created_at  BIGINT       NOT NULL,
+	expires_at  BIGINT       NOT NULL,
+	PRIMARY KEY (handler, message_id, message_ts)
+)`,
+		`CREATE INDEX IF NOT EXISTS ` + sqldb.Postgres.Quote(indexName(p.s.table)) + ` ON ` + t + ` (expires_at)`,
+	}, func(tx *sqlx.Tx) error {
+		_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", p.s.table)
+		return err
+	})
+}
+
+// lockPurge takes a session advisory lock on a connection of its own; the batches run on that
+// connection, and release unlocks it before handing the connection back to the pool.
+func (p *postgres) lockPurge(ctx context.Context) (execer, func() error, bool, error) {
+	conn, err := p.s.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	var held bool
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+pgLockKey+`)`, "purge", p.s.table).Scan(&held); err != nil {
+		discardConn(conn)
+		return nil, nil, false, err
+	}
+	if !held {
+		return nil, nil, false, conn.Close()
+	}
+	release := func() error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		var unlocked bool
+		err := conn.QueryRowContext(ctx, `SELECT pg_advisory_unlock(`+pgLockKey+`)`, "purge", p.s.table).Scan(&unlocked)
+		if err == nil && !unlocked {
+			err = errors.New("pg_advisory_unlock: the lock was not held")
+		}
+		if err != nil {
+			// A connection that may still hold the lock must not go back to the pool: closing
+			// it ends the session, and the server releases the lock.
+			discardConn(conn)
+			return fmt.Errorf("unlock: %w", err)
+		}
+		return conn.Close()
+	}
+	return conn, release, true, nil
+}

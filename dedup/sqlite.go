@@ -1,0 +1,139 @@
+package dedup
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// sqlite is the SQLite dialect.
+//
+// Record is an upsert whose DO UPDATE only fires for an expired row; changes() (rows affected)
+// is 0 for a live duplicate. SQLite has one writer at a time: with sqldb.Open's BEGIN
+// IMMEDIATE, a second transaction waits in BEGIN until the first one ends, and then sees its
+// key or not. TEXT compares byte by byte (the BINARY collation), so ids differing in case or in
+// trailing spaces are different keys.
+type sqlite struct {
+	s *SQLStore
+
+	manyPrefix, manySuffix string
+
+	// memLock stands in for the file lock when the database has no file (in memory): purges
+	// through this store then take turns within the process.
+	memLock sync.Mutex
+}
+
+const sqliteUpsert = ` ON CONFLICT (handler, message_id, message_ts) DO UPDATE
+SET internal_id = excluded.internal_id, created_at = excluded.created_at, expires_at = excluded.expires_at
+WHERE `
+
+func (q *sqlite) queries(table string) queries {
+	t := sqldb.SQLite.Quote(table)
+	upsert := sqliteUpsert + t + `.expires_at <= excluded.created_at`
+	q.manyPrefix = `INSERT INTO ` + t + ` (handler, message_id, message_ts, created_at, expires_at) VALUES `
+	q.manySuffix = upsert + ` RETURNING handler, message_id, message_ts`
+	return queries{
+		record: `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)` + upsert,
+		lookup: `SELECT COALESCE(internal_id, '') FROM ` + t + `
+WHERE handler = ?1 AND message_id = ?2 AND message_ts = ?3 AND expires_at > ?4`,
+		forget: `DELETE FROM ` + t + ` WHERE handler = ?1 AND message_id = ?2 AND message_ts = ?3`,
+		purge: `DELETE FROM ` + t + `
+WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 LIMIT ?2)`,
+		stats: `SELECT COUNT(*), COALESCE(MIN(created_at), 0), COUNT(CASE WHEN expires_at <= ?1 THEN 1 END) FROM ` + t,
+	}
+}
+
+// recordMany runs one INSERT ... ON CONFLICT ... RETURNING (SQLite 3.35 and later): the rows it
+// returns are the keys it inserted or renewed. created_at and expires_at are ?1 and ?2 in every
+// row.
+func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error) {
+	var b strings.Builder
+	b.Grow(len(q.manyPrefix) + len(q.manySuffix) + len(keys)*32)
+	b.WriteString(q.manyPrefix)
+	args := make([]any, 2, 2+3*len(keys))
+	args[0], args[1] = created, expires
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		n := 3 + 3*i
+		b.WriteString("(?")
+		b.WriteString(strconv.Itoa(n))
+		b.WriteString(",?")
+		b.WriteString(strconv.Itoa(n + 1))
+		b.WriteString(",?")
+		b.WriteString(strconv.Itoa(n + 2))
+		b.WriteString(",?1,?2)")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp)
+	}
+	b.WriteString(q.manySuffix)
+	return queryKeys(ctx, tx, b.String(), args, len(keys))
+}
+
+func (q *sqlite) migrate(ctx context.Context) error {
+	t := sqldb.SQLite.Quote(q.s.table)
+	// One transaction: SQLite runs one writer at a time, so concurrent migrations take turns.
+	// A rowid table, which Purge's batches address by rowid.
+	return inTx(ctx, q.s.db, []string{
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	handler     VARCHAR(200) NOT NULL,
+	message_id  VARCHAR(255) NOT NULL,
+	message_ts  BIGINT       NOT NULL DEFAULT 0,
+	internal_id VARCHAR(64),
+	created_at  BIGINT       NOT NULL,
+	expires_at  BIGINT       NOT NULL,
+	PRIMARY KEY (handler, message_id, message_ts)
+)`,
+		`CREATE INDEX IF NOT EXISTS ` + sqldb.SQLite.Quote(indexName(q.s.table)) + ` ON ` + t + ` (expires_at)`,
+	}, nil)
+}
+
+// lockPurgePath returns the lock file of the store's purge, beside the database file.
+func (q *sqlite) lockPurgePath() string {
+	return q.s.db.Path + "." + q.s.table + ".purge.lock"
+}
+
+// lockPurge takes an exclusive file lock without waiting on the lock file beside the database;
+// the batches run on the pool. The file is left in place when the lock is released: removing
+// it would let two processes lock two different files of the same name.
+func (q *sqlite) lockPurge(context.Context) (execer, func() error, bool, error) {
+	if q.s.db.Path == "" {
+		if !q.memLock.TryLock() {
+			return nil, nil, false, nil
+		}
+		return q.s.db, func() error { q.memLock.Unlock(); return nil }, true, nil
+	}
+	path := q.lockPurgePath()
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	held, err := tryLockFile(f)
+	if err != nil || !held {
+		_ = f.Close()
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("lock %s: %w", path, err)
+		}
+		return nil, nil, false, nil
+	}
+	release := func() error {
+		// Closing the file releases the lock too; unlocking first says so explicitly.
+		uerr := unlockFile(f)
+		if cerr := f.Close(); uerr == nil && cerr != nil {
+			uerr = cerr
+		}
+		if uerr != nil {
+			return fmt.Errorf("unlock %s: %w", path, uerr)
+		}
+		return nil
+	}
+	return q.s.db, release, true, nil
+}

@@ -1,0 +1,538 @@
+package dedup
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// Column sizes of the dedup table, in characters. Record, RecordMany, Lookup and Forget reject
+// longer values with ErrKeyTooLong before any statement runs.
+const (
+	MaxHandlerLen    = 200
+	MaxMessageIDLen  = 255
+	MaxInternalIDLen = 64
+)
+
+// maxKeysPerStatement bounds the rows of one multi-row INSERT in RecordMany, well below the
+// parameter limits of every dialect (SQLite 32766, PostgreSQL 65535).
+const maxKeysPerStatement = 1000
+
+// ErrInvalidKey reports a key that cannot be stored: an empty message id, a value that is not
+// valid UTF-8 or holds a NUL byte, or (see ErrKeyTooLong) a value longer than its column. Such a
+// message can never be deduplicated; retrying does not help.
+var ErrInvalidKey = errors.New("invalid dedup key")
+
+// ErrKeyTooLong reports a handler name, message id or internal id longer than its column
+// (MaxHandlerLen, MaxMessageIDLen, MaxInternalIDLen). errors.Is(err, ErrInvalidKey) holds for
+// these errors too.
+var ErrKeyTooLong = errors.New("dedup key too long")
+
+// keyError is an invalid key: it matches ErrInvalidKey and, when tooLong, ErrKeyTooLong.
+type keyError struct {
+	msg     string
+	tooLong bool
+}
+
+func (e *keyError) Error() string { return e.msg }
+
+func (e *keyError) Is(target error) bool {
+	return target == ErrInvalidKey || (e.tooLong && target == ErrKeyTooLong)
+}
+
+// Config configures an SQLStore. The zero value is valid.
+type Config struct {
+	// Table is the name of the dedup table, a plain SQL identifier (see
+	// sqldb.CheckIdentifier). Defaults to DefaultTable.
+	Table string
+	// Retention is how long a key is kept: a key expires Retention after it was recorded, and
+	// an expired key no longer counts as a duplicate. It must outlive the longest time the
+	// broker may take to redeliver a message. Must not be negative. Defaults to
+	// DefaultRetention.
+	Retention time.Duration
+	// Now returns the current time; expiry is computed from it on the client, so the clocks
+	// of the nodes sharing one table should agree to well within Retention. Defaults to
+	// time.Now. Tests set it.
+	Now func() time.Time
+}
+
+// Validate reports the first invalid field of c, by name.
+func (c Config) Validate() error {
+	if c.Table != "" {
+		if err := sqldb.CheckIdentifier("Table", c.Table); err != nil {
+			return err
+		}
+	}
+	if c.Retention < 0 {
+		return fmt.Errorf("Retention: must not be negative, got %s", c.Retention)
+	}
+	return nil
+}
+
+// SQLStore is the dedup Store on an SQL database: one table, shared by every process that uses
+// the same database and table name. It is safe for concurrent use.
+//
+// Besides Store it offers RecordMany and Forget for group commit, and Migrate, Purge and Stats
+// for operations.
+type SQLStore struct {
+	db        *sqldb.DB
+	dialect   dialect
+	table     string
+	retention time.Duration
+	now       func() time.Time
+	q         queries
+}
+
+var _ Store = (*SQLStore)(nil)
+
+// queries is the SQL text of one store, built once by New.
+//
+// record, lookup, forget and purge take their arguments in this order:
+//
+//	record: handler, message_id, message_ts, internal_id (nil for NULL), created_at, expires_at
+//	lookup: handler, message_id, message_ts, now
+//	forget: handler, message_id, message_ts
+//	purge:  now, batch size
+//	stats:  now
+//
+// Record reports a fresh key when the statement affects at least one row.
+type queries struct {
+	record, lookup, forget, purge, stats string
+}
+
+// dialect is what differs between the SQL dialects: everything else in SQLStore is shared.
+type dialect interface {
+	// queries returns the fixed SQL text for table (already validated).
+	queries(table string) queries
+	// recordMany records keys (distinct, valid, at most maxKeysPerStatement) in tx with one
+	// multi-row statement, plus at most one follow-up SELECT, and returns those it recorded.
+	recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error)
+	// migrate creates the table and its index if they are missing.
+	migrate(ctx context.Context) error
+	// lockPurge takes the purge lock without waiting. When another session holds it, held is
+	// false. Otherwise the batches run on conn and release gives the lock up.
+	lockPurge(ctx context.Context) (conn execer, release func() error, held bool, err error)
+}
+
+// execer runs one statement outside any transaction: a *sql.Conn or the pool.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// New returns the store for db, whose Dialect chooses the SQL. It does not touch the database:
+// call Migrate (or create the table as Migrate does) before the first Record.
+//
+// On MySQL and MariaDB, Record reads "rows affected" as the server reports it by default: the
+// connection must not set clientFoundRows, under which a duplicate would count as new.
+// sqldb.Open never sets it.
+func New(db *sqldb.DB, cfg Config) (*SQLStore, error) {
+	if db == nil || db.DB == nil {
+		return nil, errors.New("dedup.New: db is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("dedup.New: %w", err)
+	}
+	s := &SQLStore{
+		db:        db,
+		table:     cmp.Or(cfg.Table, DefaultTable),
+		retention: cmp.Or(cfg.Retention, DefaultRetention),
+		now:       cfg.Now,
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	switch db.Dialect {
+	case sqldb.Postgres:
+		s.dialect = &postgres{s: s}
+	case sqldb.MySQL:
+		s.dialect = &mysql{s: s}
+	case sqldb.SQLite:
+		s.dialect = &sqlite{s: s}
+	default:
+		return nil, fmt.Errorf("dedup.New: db.Dialect: unsupported dialect %q (want postgres, mysql or sqlite)", db.Dialect)
+	}
+	s.q = s.dialect.queries(s.table)
+	return s, nil
+}
+
+// Table returns the name of the store's table.
+func (s *SQLStore) Table() string { return s.table }
+
+// Record inserts key with internalID (which may be empty) in tx and reports whether it was
+// newly recorded; see Store.Record. It runs exactly one statement, which does not fail on an
+// existing key, so tx stays usable whatever the outcome: a duplicate leaves no error behind,
+// not even on PostgreSQL. An invalid key (ErrInvalidKey, ErrKeyTooLong) is rejected before
+// any statement runs.
+//
+// The key expires Retention after now. A key recorded earlier but expired is replaced and
+// reported as new.
+//
+// On PostgreSQL, run it at READ COMMITTED (the default): under REPEATABLE READ or SERIALIZABLE
+// a key committed concurrently by another transaction makes the statement fail with a
+// serialization failure (sqldb.Conflict, retryable) instead of reporting a duplicate.
+func (s *SQLStore) Record(ctx context.Context, tx sqlx.ExtContext, key Key, internalID string) (bool, error) {
+	if tx == nil {
+		return false, errors.New("dedup: Record: tx is nil")
+	}
+	if err := checkKey(key); err != nil {
+		return false, err
+	}
+	if err := checkValue("internal id", internalID, MaxInternalIDLen); err != nil {
+		return false, err
+	}
+	var iid any // NULL for an empty internal id
+	if internalID != "" {
+		iid = internalID
+	}
+	now := s.now()
+	res, err := tx.ExecContext(ctx, s.q.record, key.Handler, key.MessageID, key.Timestamp, iid,
+		now.UnixMicro(), now.Add(s.retention).UnixMicro())
+	if err != nil {
+		return false, s.keyErr("record", key, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, s.keyErr("record", key, fmt.Errorf("read rows affected: %w", err))
+	}
+	return n > 0, nil
+}
+
+// Lookup returns the internal id recorded for key and whether an unexpired record of it exists;
+// see Store.Lookup. It only reads, takes no lock, and returns "" for a key recorded without an
+// internal id. A key recorded by a transaction that has not committed yet is not found.
+func (s *SQLStore) Lookup(ctx context.Context, tx sqlx.ExtContext, key Key) (string, bool, error) {
+	if tx == nil {
+		return "", false, errors.New("dedup: Lookup: tx is nil")
+	}
+	if err := checkKey(key); err != nil {
+		return "", false, err
+	}
+	var id string
+	err := tx.QueryRowxContext(ctx, s.q.lookup, key.Handler, key.MessageID, key.Timestamp, s.now().UnixMicro()).Scan(&id)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "", false, nil
+	case err != nil:
+		return "", false, s.keyErr("look up", key, err)
+	}
+	return id, true, nil
+}
+
+// RecordMany records keys in tx for group commit, where one transaction carries several
+// messages, and reports for each position whether that key was newly recorded, with the
+// semantics of Record: false for a key recorded before and not expired, true for a new or an
+// expired one. A key that appears more than once in keys is new at most at its first position;
+// its later positions report false. The keys are recorded without an internal id.
+//
+// It runs one multi-row statement per 1000 distinct keys (on MySQL and MariaDB, which lack
+// INSERT ... RETURNING, followed by at most one SELECT of the rows it wrote), never one
+// statement per key, and leaves tx usable. Keys are written in a fixed order, so that
+// concurrent batches sharing keys wait for each other rather than deadlock; a deadlock or
+// serialization failure that happens all the same is retryable (sqldb.Conflict). An invalid key
+// anywhere in keys fails the whole call before any statement runs; the error names its
+// position.
+func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]bool, error) {
+	if tx == nil {
+		return nil, errors.New("dedup: RecordMany: tx is nil")
+	}
+	fresh := make([]bool, len(keys))
+	if len(keys) == 0 {
+		return fresh, nil
+	}
+	first := make(map[Key]int, len(keys)) // position of each key's first occurrence
+	distinct := make([]Key, 0, len(keys))
+	for i, k := range keys {
+		if err := checkKey(k); err != nil {
+			return nil, fmt.Errorf("keys[%d]: %w", i, err)
+		}
+		if _, seen := first[k]; !seen {
+			first[k] = i
+			distinct = append(distinct, k)
+		}
+	}
+	slices.SortFunc(distinct, compareKeys)
+
+	now := s.now()
+	created, expires := now.UnixMicro(), now.Add(s.retention).UnixMicro()
+	for chunk := range slices.Chunk(distinct, maxKeysPerStatement) {
+		recorded, err := s.dialect.recordMany(ctx, tx, chunk, created, expires)
+		if err != nil {
+			return nil, fmt.Errorf("dedup: record %d keys in %s: %w", len(chunk), s.table, err)
+		}
+		for _, k := range recorded {
+			i, ok := first[k]
+			if !ok {
+				return nil, fmt.Errorf("dedup: record %d keys in %s: the database returned %s, which is not in the batch", len(chunk), s.table, describeKey(k))
+			}
+			fresh[i] = true
+		}
+	}
+	return fresh, nil
+}
+
+// Forget deletes key in tx, whether it has expired or not. Group commit uses it for a member
+// of a batch whose savepoint rolled back: its key was recorded with the others, but its effect
+// was not applied, so a redelivery must find it new. Forgetting a key that is not recorded is
+// not an error.
+func (s *SQLStore) Forget(ctx context.Context, tx sqlx.ExtContext, key Key) error {
+	if tx == nil {
+		return errors.New("dedup: Forget: tx is nil")
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, s.q.forget, key.Handler, key.MessageID, key.Timestamp); err != nil {
+		return s.keyErr("forget", key, err)
+	}
+	return nil
+}
+
+// Migrate creates the table and its index on expires_at when they do not exist, and leaves
+// them alone when they do. It is idempotent and safe to run from several processes at once.
+// On MySQL and MariaDB it also checks that an existing table compares handler and message_id
+// case-sensitively, and fails when it does not, since such a table reports different ids
+// as duplicates.
+func (s *SQLStore) Migrate(ctx context.Context) error {
+	if err := s.dialect.migrate(ctx); err != nil {
+		return fmt.Errorf("dedup: migrate table %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// PurgeOptions bounds one Purge.
+type PurgeOptions struct {
+	// BatchSize is the number of rows one DELETE removes at most; each batch is its own short
+	// statement, so that no lock is held for long. Must not be negative. Defaults to 1000.
+	BatchSize int
+	// MaxBatches stops the purge after this many batches even if expired rows remain; 0 runs
+	// until no expired row is left. Must not be negative.
+	MaxBatches int
+}
+
+// PurgeResult says what one Purge did.
+type PurgeResult struct {
+	// Deleted is the number of expired rows deleted.
+	Deleted int64
+	// Batches is the number of DELETE statements run, including a last one that found fewer
+	// rows than BatchSize.
+	Batches int
+	// Skipped is true when another purge of the same table held the lock: nothing was done.
+	Skipped bool
+}
+
+// DefaultPurgeBatchSize is the batch size of a Purge whose BatchSize is zero.
+const DefaultPurgeBatchSize = 1000
+
+// Purge deletes expired keys in batches of BatchSize, each its own statement outside any
+// transaction, until a batch deletes fewer than BatchSize rows, MaxBatches batches have run,
+// or ctx ends. It deletes exactly the rows that Record and Lookup treat as expired at the
+// moment Purge starts, and never a row that a concurrent Record has renewed.
+//
+// One purge per table runs at a time across all processes: PostgreSQL uses a session advisory
+// lock, MySQL and MariaDB a named lock (GET_LOCK), SQLite an flock on the file
+// "<database file>.<table>.purge.lock" beside the database. When another purge holds the lock,
+// Purge returns at once with Skipped set and a nil error. On error, the result counts what was
+// deleted before it.
+func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
+	if opts.BatchSize < 0 {
+		return res, fmt.Errorf("dedup: Purge: BatchSize: must not be negative, got %d", opts.BatchSize)
+	}
+	if opts.MaxBatches < 0 {
+		return res, fmt.Errorf("dedup: Purge: MaxBatches: must not be negative, got %d", opts.MaxBatches)
+	}
+	batch := cmp.Or(opts.BatchSize, DefaultPurgeBatchSize)
+
+	conn, release, held, err := s.dialect.lockPurge(ctx)
+	if err != nil {
+		return res, fmt.Errorf("dedup: purge %s: take the purge lock: %w", s.table, err)
+	}
+	if !held {
+		return PurgeResult{Skipped: true}, nil
+	}
+	defer func() {
+		if rerr := release(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("dedup: purge %s: release the purge lock: %w", s.table, rerr))
+		}
+	}()
+
+	now := s.now().UnixMicro()
+	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("dedup: purge %s: %w", s.table, err)
+		}
+		r, err := conn.ExecContext(ctx, s.q.purge, now, batch)
+		if err != nil {
+			return res, fmt.Errorf("dedup: purge %s: batch %d: %w", s.table, res.Batches+1, err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return res, fmt.Errorf("dedup: purge %s: batch %d: read rows affected: %w", s.table, res.Batches+1, err)
+		}
+		res.Deleted += n
+		res.Batches++
+		if n < int64(batch) {
+			break
+		}
+	}
+	return res, nil
+}
+
+// Stats describes the contents of the table, for observability gauges.
+type Stats struct {
+	// Rows is the number of rows, expired ones included.
+	Rows int64
+	// Expired is the number of rows whose retention has passed and that Purge would delete.
+	// A value that keeps growing means purging does not keep up.
+	Expired int64
+	// Oldest is the time the oldest row was recorded, zero when the table is empty.
+	Oldest time.Time
+}
+
+// Stats counts the rows of the table. It reads the whole table in one statement: on a large
+// table, call it at the pace of a metrics scrape, not per message.
+func (s *SQLStore) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	var oldest int64
+	if err := s.db.QueryRowxContext(ctx, s.q.stats, s.now().UnixMicro()).Scan(&st.Rows, &oldest, &st.Expired); err != nil {
+		return Stats{}, fmt.Errorf("dedup: stats of %s: %w", s.table, err)
+	}
+	if st.Rows > 0 {
+		st.Oldest = time.UnixMicro(oldest)
+	}
+	return st, nil
+}
+
+func (s *SQLStore) keyErr(op string, key Key, err error) error {
+	return fmt.Errorf("dedup: %s %s in %s: %w", op, describeKey(key), s.table, err)
+}
+
+// checkKey returns a *keyError when key cannot be stored, before it reaches the database: a
+// value PostgreSQL rejects (invalid UTF-8, NUL) would abort the caller's transaction, and MySQL
+// outside strict mode would truncate a long value and report a false duplicate.
+func checkKey(key Key) error {
+	if key.MessageID == "" {
+		return &keyError{msg: fmt.Sprintf("%s: message id is empty (handler %q)", ErrInvalidKey, key.Handler)}
+	}
+	if err := checkValue("handler", key.Handler, MaxHandlerLen); err != nil {
+		return err
+	}
+	return checkValue("message id", key.MessageID, MaxMessageIDLen)
+}
+
+func checkValue(what, v string, maxLen int) error {
+	if len(v) > maxLen { // bytes; only then can there be more than maxLen characters
+		if n := utf8.RuneCountInString(v); n > maxLen {
+			return &keyError{tooLong: true, msg: fmt.Sprintf("%s: %s %s has %d characters, more than the %d its column holds",
+				ErrKeyTooLong, what, quoteShort(v), n, maxLen)}
+		}
+	}
+	if !utf8.ValidString(v) {
+		return &keyError{msg: fmt.Sprintf("%s: %s %s is not valid UTF-8", ErrInvalidKey, what, quoteShort(v))}
+	}
+	if strings.IndexByte(v, 0) >= 0 {
+		return &keyError{msg: fmt.Sprintf("%s: %s %s contains a NUL byte", ErrInvalidKey, what, quoteShort(v))}
+	}
+	return nil
+}
+
+// quoteShort quotes v for an error message, cut to its first 40 bytes.
+func quoteShort(v string) string {
+	if len(v) > 40 {
+		return fmt.Sprintf("%q...", v[:40])
+	}
+	return fmt.Sprintf("%q", v)
+}
+
+func describeKey(k Key) string {
+	if k.Timestamp != 0 {
+		return fmt.Sprintf("key (handler %s, message id %s, timestamp %d)", quoteShort(k.Handler), quoteShort(k.MessageID), k.Timestamp)
+	}
+	return fmt.Sprintf("key (handler %s, message id %s)", quoteShort(k.Handler), quoteShort(k.MessageID))
+}
+
+func compareKeys(a, b Key) int {
+	return cmp.Or(strings.Compare(a.Handler, b.Handler), strings.Compare(a.MessageID, b.MessageID), cmp.Compare(a.Timestamp, b.Timestamp))
+}
+
+// indexName returns the name of the table's expires_at index, at most 63 characters (the
+// PostgreSQL limit; PostgreSQL would otherwise truncate it to the table's own name).
+func indexName(table string) string {
+	const suffix = "_expires_at"
+	if len(table)+len(suffix) <= 63 {
+		return table + suffix
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(table))
+	return fmt.Sprintf("%s_%08x%s", table[:63-len(suffix)-9], h.Sum32(), suffix)
+}
+
+// releaseTimeout bounds the release of a purge lock, which runs even when the purge's context
+// has ended.
+const releaseTimeout = 10 * time.Second
+
+// queryKeys runs query on tx and scans the keys it returns as (handler, message_id, message_ts).
+func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any, capHint int) ([]Key, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := make([]Key, 0, capHint)
+	for rows.Next() {
+		var k Key
+		if err := rows.Scan(&k.Handler, &k.MessageID, &k.Timestamp); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return keys, rows.Close()
+}
+
+// inTx runs first and then stmts in one transaction on db, and commits. Any error rolls the
+// transaction back; a failed rollback is joined to the error.
+func inTx(ctx context.Context, db *sqldb.DB, stmts []string, first func(*sqlx.Tx) error) (err error) {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+				err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
+			}
+		}
+	}()
+	if first != nil {
+		if err := first(tx); err != nil {
+			return err
+		}
+	}
+	for _, stmt := range stmts {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// discardConn closes conn's underlying connection instead of returning it to the pool: the
+// database ends the session and with it every session lock the connection held.
+func discardConn(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close() // ErrConnDone: Raw has closed it already
+}

@@ -1,0 +1,22 @@
+// Package onceflow is a framework for exactly-once message processing without XA.
+//
+// A message arrives from a broker (RabbitMQ, a SQL queue, NATS JetStream, Redis Streams or the
+// embedded SQLite queue). A chain of interceptors wraps the user's processor.Processor:
+// tracing, metrics, dead-lettering, panic recovery, retry, a local database transaction, and
+// duplicate detection that records the message id in that same transaction. The broker message
+// is acknowledged only after the database commit. A redelivered message finds its id recorded
+// and is acknowledged without being processed again, so each message's effect is in the
+// database exactly once across crashes, redeliveries, reconnects and competing consumers.
+//
+// A Router runs Handlers. Each handler names a topic, a subscriber, a processor, a database and
+// a quality of service (QoS): BestEffort, AtLeastOnce, ExactlyOnce or ExactlyOnceInOrder. The
+// router builds the canonical chain for the QoS, outermost first:
+//
+//	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Timeout -> Transaction -> Deduplicate -> Processor
+//
+// Middlewares run in the order given: the first is the outermost, so it sees the message first
+// and the outcome last. A handler may instead list interceptors by name (Handler.Interceptors),
+// including custom ones registered with Router.RegisterInterceptor.
+//
+// The router alone turns the outcome of the chain into an ack or a nack; see Router.
+package onceflow

@@ -1,0 +1,200 @@
+package onceflow
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// Names of the built-in interceptors, for Handler.Interceptors.
+const (
+	InterceptorTracing            = "tracing"
+	InterceptorMetrics            = "metrics"
+	InterceptorDeadLetter         = "deadletter"
+	InterceptorRecover            = "recover"
+	InterceptorRetry              = "retry"
+	InterceptorTimeout            = "timeout"
+	InterceptorTransaction        = "transaction"
+	InterceptorDeduplicate        = "deduplicate"
+	InterceptorNaturalIdempotency = "natural-idempotency"
+	InterceptorInOrder            = "in-order"
+)
+
+// HandlerInfo is what an InterceptorFactory knows of the handler it builds a middleware for.
+type HandlerInfo struct {
+	// Name and Topic of the handler.
+	Name, Topic string
+	// DB is the handler's database.
+	DB *sqldb.DB
+	// Dedup is the handler's duplicate-detection store.
+	Dedup dedup.Store
+	// Logger is the router's logger, with the handler name attached.
+	Logger *slog.Logger
+	// Handler is the whole handler configuration.
+	Handler Handler
+}
+
+// InterceptorFactory builds the middleware an interceptor name stands for, for one handler.
+type InterceptorFactory func(h HandlerInfo) (middleware.Middleware, error)
+
+// chainFor returns the interceptor names of the canonical chain for q, outermost first.
+//
+// Middlewares run in the order given: the first is the outermost, so it sees the message first
+// and the outcome last.
+func chainFor(q QoS) []string {
+	switch q {
+	case BestEffort:
+		return []string{InterceptorTracing, InterceptorMetrics, InterceptorRecover, InterceptorTimeout, InterceptorTransaction}
+	case AtLeastOnce:
+		return []string{InterceptorTracing, InterceptorMetrics, InterceptorDeadLetter, InterceptorRecover, InterceptorRetry,
+			InterceptorTimeout, InterceptorTransaction}
+	case ExactlyOnce:
+		return []string{InterceptorTracing, InterceptorMetrics, InterceptorDeadLetter, InterceptorRecover, InterceptorRetry,
+			InterceptorTimeout, InterceptorTransaction, InterceptorDeduplicate}
+	case ExactlyOnceInOrder:
+		return []string{InterceptorTracing, InterceptorMetrics, InterceptorDeadLetter, InterceptorRecover, InterceptorRetry,
+			InterceptorTimeout, InterceptorTransaction, InterceptorDeduplicate, InterceptorInOrder}
+	}
+	return nil
+}
+
+// checkOrder enforces the two rules every chain keeps: Retry outside Transaction, so each
+// attempt gets a fresh transaction, and the interceptors that write through the transaction
+// inside it.
+func checkOrder(names []string) error {
+	pos := map[string]int{}
+	for i, n := range names {
+		if _, dup := pos[n]; dup {
+			return fmt.Errorf("Handler.Interceptors: %q appears twice", n)
+		}
+		pos[n] = i
+	}
+	tx, hasTx := pos[InterceptorTransaction]
+	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency} {
+		if i, ok := pos[inner]; ok && (!hasTx || i < tx) {
+			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner, InterceptorTransaction)
+		}
+	}
+	if r, ok := pos[InterceptorRetry]; ok && hasTx && r > tx {
+		return fmt.Errorf("Handler.Interceptors: %q must come before %q (each attempt needs a fresh transaction)", InterceptorRetry, InterceptorTransaction)
+	}
+	return nil
+}
+
+func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
+	return map[string]InterceptorFactory{
+		InterceptorTracing: func(h HandlerInfo) (middleware.Middleware, error) {
+			opts := []middleware.TracingOption{}
+			if r.cfg.TracerProvider != nil {
+				opts = append(opts, middleware.WithTracerProvider(r.cfg.TracerProvider))
+			}
+			if r.cfg.Propagator != nil {
+				opts = append(opts, middleware.WithPropagator(r.cfg.Propagator))
+			}
+			if h.Handler.MessagingSystem != "" {
+				opts = append(opts, middleware.WithMessagingSystem(h.Handler.MessagingSystem))
+			}
+			return middleware.Tracing(h.Name, opts...), nil
+		},
+		InterceptorMetrics: func(h HandlerInfo) (middleware.Middleware, error) {
+			if r.cfg.MeterProvider != nil {
+				return middleware.Metrics(h.Name, middleware.WithMeterProvider(r.cfg.MeterProvider))
+			}
+			return middleware.Metrics(h.Name)
+		},
+		InterceptorDeadLetter: func(h HandlerInfo) (middleware.Middleware, error) {
+			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name), nil
+		},
+		InterceptorRecover: func(HandlerInfo) (middleware.Middleware, error) { return middleware.Recover(), nil },
+		InterceptorRetry: func(h HandlerInfo) (middleware.Middleware, error) {
+			rc := h.Handler.Retry
+			opts := []middleware.RetryOption{}
+			if rc.MaxAttempts > 0 {
+				opts = append(opts, middleware.WithMaxAttempts(rc.MaxAttempts))
+			}
+			if rc.InitialInterval > 0 || rc.MaxInterval > 0 {
+				initial, maxI := rc.InitialInterval, rc.MaxInterval
+				if initial == 0 {
+					initial = middleware.DefaultRetryInitialInterval
+				}
+				if maxI == 0 {
+					maxI = max(initial, middleware.DefaultRetryMaxInterval)
+				}
+				opts = append(opts, middleware.WithBackoff(initial, maxI))
+			}
+			return middleware.Retry(opts...), nil
+		},
+		InterceptorTimeout: func(h HandlerInfo) (middleware.Middleware, error) {
+			if h.Handler.Timeout == 0 {
+				return nil, nil
+			}
+			return middleware.Timeout(h.Handler.Timeout), nil
+		},
+		InterceptorTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
+			var opts []middleware.TxOption
+			if h.Handler.Isolation != 0 {
+				opts = append(opts, middleware.WithIsolation(h.Handler.Isolation))
+			}
+			return middleware.Transaction(h.DB, opts...), nil
+		},
+		InterceptorDeduplicate: func(h HandlerInfo) (middleware.Middleware, error) {
+			var opts []middleware.DedupOption
+			if h.Handler.Dedup.WithTimestamp {
+				opts = append(opts, middleware.WithTimestampKey())
+			}
+			if h.Handler.Dedup.CheckFirst {
+				opts = append(opts, middleware.CheckFirst())
+			}
+			return middleware.Deduplicate(h.Dedup, h.Name, opts...), nil
+		},
+		InterceptorNaturalIdempotency: func(HandlerInfo) (middleware.Middleware, error) {
+			return middleware.NaturalIdempotency(), nil
+		},
+	}
+}
+
+// RegisterInterceptor makes a custom interceptor available to Handler.Interceptors under name.
+// It must be called before the handlers that use it are added. A factory may return a nil
+// middleware to take no part in a handler's chain.
+func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
+	if name == "" {
+		return fmt.Errorf("RegisterInterceptor: empty name")
+	}
+	if f == nil {
+		return fmt.Errorf("RegisterInterceptor %q: nil factory", name)
+	}
+	if _, exists := r.interceptors[name]; exists {
+		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
+	}
+	r.interceptors[name] = f
+	return nil
+}
+
+// buildChain builds the middlewares for names. outerOnly keeps only the interceptors that do not
+// touch the database, for messages that cannot be converted.
+func (r *Router) buildChain(info HandlerInfo, names []string) ([]middleware.Middleware, error) {
+	var mws []middleware.Middleware
+	for _, name := range names {
+		f, ok := r.interceptors[name]
+		if !ok {
+			known := make([]string, 0, len(r.interceptors))
+			for k := range r.interceptors {
+				known = append(known, k)
+			}
+			slices.Sort(known)
+			return nil, fmt.Errorf("Handler.Interceptors: unknown interceptor %q (known: %v)", name, known)
+		}
+		mw, err := f(info)
+		if err != nil {
+			return nil, fmt.Errorf("interceptor %q for handler %q: %w", name, info.Name, err)
+		}
+		if mw != nil {
+			mws = append(mws, mw)
+		}
+	}
+	return mws, nil
+}

@@ -1,0 +1,206 @@
+// Package brokertest is an in-memory broker for tests of the router: a watermill Publisher and
+// Subscriber whose subscriptions to one topic compete for its messages, which redelivers nacked
+// messages, and which counts every ack and nack per message id.
+//
+// It stands in for the narrow message.Publisher and message.Subscriber interfaces only; the
+// conformance suite runs the same scenarios against the real brokers.
+package brokertest
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Broker is an in-memory, competing-consumer broker. The zero value is not usable; call New.
+type Broker struct {
+	mu      sync.Mutex
+	topics  map[string]chan *message.Message
+	acks    map[string]int
+	nacks   map[string]int
+	pending sync.WaitGroup
+	closed  chan struct{}
+	once    sync.Once
+
+	// RedeliveryDelay is how long a nacked message waits before it is delivered again.
+	RedeliveryDelay time.Duration
+}
+
+// New returns an empty broker.
+func New() *Broker {
+	return &Broker{
+		topics:          map[string]chan *message.Message{},
+		acks:            map[string]int{},
+		nacks:           map[string]int{},
+		closed:          make(chan struct{}),
+		RedeliveryDelay: 5 * time.Millisecond,
+	}
+}
+
+func (b *Broker) topic(name string) chan *message.Message {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ch, ok := b.topics[name]
+	if !ok {
+		ch = make(chan *message.Message, 100000)
+		b.topics[name] = ch
+	}
+	return ch
+}
+
+// Publish enqueues copies of msgs on topic.
+func (b *Broker) Publish(topic string, msgs ...*message.Message) error {
+	ch := b.topic(topic)
+	for _, m := range msgs {
+		c := message.NewMessage(m.UUID, m.Payload)
+		for k, v := range m.Metadata {
+			c.Metadata[k] = v
+		}
+		ch <- c
+	}
+	return nil
+}
+
+// Subscriber is a view of the broker whose Close ends only its own subscriptions, as closing
+// one consumer process does.
+type Subscriber struct {
+	b      *Broker
+	closed chan struct{}
+	once   sync.Once
+}
+
+// Subscriber returns a new consumer of the broker.
+func (b *Broker) Subscriber() *Subscriber {
+	return &Subscriber{b: b, closed: make(chan struct{})}
+}
+
+// Close ends the subscriptions made through s.
+func (s *Subscriber) Close() error {
+	s.once.Do(func() { close(s.closed) })
+	return nil
+}
+
+// Subscribe returns a subscription that competes with the other subscriptions to topic.
+// Every delivered message waits for its ack or nack before the subscription delivers the next.
+// A message in flight when the subscription ends goes back to the topic.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	b := s.b
+	ctx, stop := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-s.closed:
+		case <-b.closed:
+		case <-ctx.Done():
+		}
+		stop()
+	}()
+	in := b.topic(topic)
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for {
+			var m *message.Message
+			select {
+			case <-ctx.Done():
+				return
+			case m = <-in:
+			}
+			msgCtx, cancel := context.WithCancel(ctx)
+			m.SetContext(msgCtx)
+			select {
+			case out <- m:
+			case <-ctx.Done():
+				cancel()
+				in <- m.Copy()
+				return
+			}
+			select {
+			case <-m.Acked():
+				b.count(b.acks, m.UUID)
+			case <-m.Nacked():
+				b.count(b.nacks, m.UUID)
+				b.redeliver(topic, m)
+			case <-ctx.Done():
+				select {
+				case <-m.Acked():
+					b.count(b.acks, m.UUID)
+				default:
+					// The consumer went away without settling the message: like a broker
+					// whose consumer died, deliver it again.
+					in <- m.Copy()
+				}
+				cancel()
+				return
+			}
+			cancel()
+		}
+	}()
+	return out, nil
+}
+
+func (b *Broker) redeliver(topic string, m *message.Message) {
+	c := m.Copy()
+	b.pending.Add(1)
+	go func() {
+		defer b.pending.Done()
+		select {
+		case <-time.After(b.RedeliveryDelay):
+			b.topic(topic) <- c
+		case <-b.closed:
+		}
+	}()
+}
+
+func (b *Broker) count(m map[string]int, id string) {
+	b.mu.Lock()
+	m[id]++
+	b.mu.Unlock()
+}
+
+// Acks returns how many times the message with id was acked.
+func (b *Broker) Acks(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.acks[id]
+}
+
+// Nacks returns how many times the message with id was nacked.
+func (b *Broker) Nacks(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.nacks[id]
+}
+
+// TotalAcks returns the number of acks of all messages.
+func (b *Broker) TotalAcks() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, v := range b.acks {
+		n += v
+	}
+	return n
+}
+
+// Drain removes and returns the messages waiting on topic, without acking anything.
+func (b *Broker) Drain(topic string) []*message.Message {
+	ch := b.topic(topic)
+	var out []*message.Message
+	for {
+		select {
+		case m := <-ch:
+			out = append(out, m)
+		default:
+			return out
+		}
+	}
+}
+
+// Close stops every subscription and pending redelivery. It is safe to call more than once.
+func (b *Broker) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	b.pending.Wait()
+	return nil
+}

@@ -1,0 +1,46 @@
+// Package delivery carries per-delivery bookkeeping through the context, from the middlewares
+// that know a fact (the commit happened, an attempt was retried) to the ones that report it
+// (metrics, tracing, the router's ack).
+package delivery
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// State is what the middlewares of one delivery learn about it. One goroutine owns it at a
+// time: the chain runs synchronously, and the group-commit leader writes CommittedAt only while
+// the member waits for it.
+type State struct {
+	// Handler is the name of the handler processing the delivery.
+	Handler string
+	// Received is when the router received the delivery.
+	Received time.Time
+	// CommittedAt is when the transaction that applied the message committed; zero until then.
+	CommittedAt time.Time
+	// Retries counts the attempts after the first.
+	Retries int
+	// Span is the consumer span the Tracing middleware started, left open for the router to
+	// record the acknowledgement in and end; nil when the delivery is not traced.
+	Span trace.Span
+}
+
+type key struct{}
+
+// With returns a context carrying st.
+func With(ctx context.Context, st *State) context.Context { return context.WithValue(ctx, key{}, st) }
+
+// From returns the State in ctx, or nil.
+func From(ctx context.Context) *State {
+	st, _ := ctx.Value(key{}).(*State)
+	return st
+}
+
+// MarkCommitted records the commit time on the State in ctx, if any.
+func MarkCommitted(ctx context.Context, at time.Time) {
+	if st := From(ctx); st != nil {
+		st.CommittedAt = at
+	}
+}

@@ -1,0 +1,107 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// ErrNoTransaction reports a middleware that needs the transaction but runs outside
+// Transaction: a mistake in the order of a custom chain.
+var ErrNoTransaction = errors.New("no transaction in context: place this middleware inside Transaction")
+
+// DedupOption configures Deduplicate.
+type DedupOption func(*dedupConfig)
+
+type dedupConfig struct {
+	withTimestamp bool
+	checkFirst    bool
+}
+
+// WithTimestampKey makes the message timestamp part of the key, as seed 002's message_log
+// does with JMSTimestamp: ids that a producer reuses over time stay distinct.
+func WithTimestampKey() DedupOption { return func(c *dedupConfig) { c.withTimestamp = true } }
+
+// CheckFirst selects seed 003's check-first mode: the store is read before anything is written,
+// so a redelivered message costs one read and no write lock; a new message gets a minted
+// internal, time-ordered id (processor.InternalID) recorded with the key as the id mapping.
+// The expiry of the mapping is the store's retention. Concurrent copies are still caught by the
+// insert that follows the check.
+func CheckFirst() DedupOption { return func(c *dedupConfig) { c.checkFirst = true } }
+
+// Deduplicate records the message id for handler in store, inside the transaction, before
+// calling next; a message whose id is already recorded is not processed again.
+//
+// It must run inside Transaction: the record commits with the processor's writes, or rolls back
+// with them, so a failed attempt leaves no record and its redelivery is processed. For a
+// duplicate it returns an error wrapping processor.ErrDuplicate (the router acks). A message
+// without an id is refused with a permanent error wrapping messagedata.ErrNoMessageID, so it is
+// dead-lettered instead of processed under an empty key.
+//
+// Two copies of one message processed at the same time by two consumers give one effect: the
+// second insert of the key waits for the first transaction, then finds the key and reports a
+// duplicate.
+func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middleware {
+	var cfg dedupConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			if msg.ID == "" {
+				return processor.Permanent(messagedata.ErrNoMessageID)
+			}
+			tx, ok := processor.CurrentTx(ctx)
+			if !ok {
+				return ErrNoTransaction
+			}
+			key := dedup.Key{Handler: handler, MessageID: msg.ID}
+			if cfg.withTimestamp && !msg.Timestamp.IsZero() {
+				key.Timestamp = msg.Timestamp.UnixMicro()
+			}
+
+			dctx, end := telemetry.Child(ctx, telemetry.SpanDedup)
+			internalID := ""
+			if cfg.checkFirst {
+				existing, found, err := store.Lookup(dctx, tx, key)
+				if err != nil {
+					end(err)
+					return invalidKeyIsPermanent(fmt.Errorf("look up message %q: %w", msg.ID, err))
+				}
+				if found {
+					end(nil)
+					return fmt.Errorf("%w: id %q is mapped to %q", processor.ErrDuplicate, msg.ID, existing)
+				}
+				internalID = watermill.NewULID()
+			}
+			fresh, err := store.Record(dctx, tx, key, internalID)
+			end(err)
+			if err != nil {
+				return invalidKeyIsPermanent(fmt.Errorf("record message %q: %w", msg.ID, err))
+			}
+			if !fresh {
+				return fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, msg.ID, handler)
+			}
+			if cfg.checkFirst {
+				ctx = processor.WithInternalID(ctx, internalID)
+			}
+			return next.Process(ctx, msg)
+		})
+	}
+}
+
+// invalidKeyIsPermanent marks an id the store cannot hold (too long, not UTF-8) as permanent:
+// redelivering the message cannot change its id.
+func invalidKeyIsPermanent(err error) error {
+	if errors.Is(err, dedup.ErrInvalidKey) {
+		return processor.Permanent(err)
+	}
+	return err
+}

@@ -1,0 +1,19 @@
+// Package middleware holds the interceptors that wrap a Processor, in the spirit of seed 002's
+// Spring AOP advisors: Tracing, Metrics (the performance monitor), DeadLetter, Recover, Retry,
+// Timeout, Transaction, Deduplicate and NaturalIdempotency, composed by Chain.
+//
+// Middlewares run in the order given: the first is the outermost, so it sees the message first
+// and the outcome last.
+//
+// The canonical chain for exactly-once processing, outermost first, is
+//
+//	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Transaction -> Deduplicate -> Processor
+//
+// Retry sits outside Transaction so that every attempt gets a fresh transaction; Deduplicate
+// sits inside it so that the message id is recorded in the same transaction as the business
+// writes and commits or rolls back with them. The router builds this chain for each quality of
+// service; users who compose their own keep these two rules.
+//
+// No middleware acknowledges a message. The chain returns an error (or nil) and the router alone
+// maps it to ack or nack, after the transaction's outcome is known.
+package middleware

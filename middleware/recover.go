@@ -1,0 +1,26 @@
+package middleware
+
+import (
+	"context"
+	"runtime/debug"
+
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// Recover turns a panic inside the chain into an error of type *processor.PanicError carrying
+// the panic value and stack. Transaction, further in, has already rolled back by the time the
+// panic reaches Recover. The router nacks the message, so nothing is committed and nothing is
+// lost.
+func Recover() Middleware {
+	return func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					err = &processor.PanicError{Value: r, Stack: debug.Stack()}
+				}
+			}()
+			return next.Process(ctx, msg)
+		})
+	}
+}

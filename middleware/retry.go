@@ -1,0 +1,125 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// RetryOption configures Retry.
+type RetryOption func(*retryConfig)
+
+type retryConfig struct {
+	maxAttempts     int
+	initialInterval time.Duration
+	maxInterval     time.Duration
+	multiplier      float64
+	onRetry         func(ctx context.Context, msg *messagedata.MessageData, err error)
+}
+
+// Retry defaults.
+const (
+	DefaultRetryMaxAttempts     = 3
+	DefaultRetryInitialInterval = 100 * time.Millisecond
+	DefaultRetryMaxInterval     = 5 * time.Second
+)
+
+// WithMaxAttempts sets how many times the chain inside runs for one delivery, the first attempt
+// included. Defaults to DefaultRetryMaxAttempts. 1 disables retrying.
+func WithMaxAttempts(n int) RetryOption { return func(c *retryConfig) { c.maxAttempts = n } }
+
+// WithBackoff sets the wait before the first retry and the longest wait between retries; the
+// wait doubles from one retry to the next, with 50% jitter. Defaults to
+// DefaultRetryInitialInterval and DefaultRetryMaxInterval.
+func WithBackoff(initial, max time.Duration) RetryOption {
+	return func(c *retryConfig) { c.initialInterval, c.maxInterval = initial, max }
+}
+
+// OnRetry registers fn, called before each retry with the error of the failed attempt.
+func OnRetry(fn func(ctx context.Context, msg *messagedata.MessageData, err error)) RetryOption {
+	return func(c *retryConfig) { c.onRetry = fn }
+}
+
+// Retry runs the chain inside it again when it fails with a retryable error, waiting with
+// exponential backoff between attempts.
+//
+// Every attempt re-runs everything inside Retry: placed outside Transaction, each attempt gets
+// a fresh transaction. Retry does not retry a duplicate, a permanent error, a dead-lettered
+// message, or an attempt that failed because ctx ended; a panic passes through it. When the
+// attempts are used up it returns the last error, and the router nacks the message so the
+// broker redelivers it. Each attempt sees a copy of the message whose Attempt field counts from
+// 1.
+func Retry(opts ...RetryOption) Middleware {
+	cfg := retryConfig{
+		maxAttempts:     DefaultRetryMaxAttempts,
+		initialInterval: DefaultRetryInitialInterval,
+		maxInterval:     DefaultRetryMaxInterval,
+		multiplier:      2,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.maxAttempts < 1 {
+		cfg.maxAttempts = 1
+	}
+	return func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			// The first attempt sees msg itself; later ones a copy with the attempt number, so
+			// that the caller's value is never written.
+			cur := msg
+			if cur.Attempt < 1 {
+				cp := *msg
+				cp.Attempt = 1
+				cur = &cp
+			}
+			var bo *backoff.ExponentialBackOff
+			for {
+				err := next.Process(ctx, cur)
+				if err == nil || !retryable(err) || cur.Attempt >= cfg.maxAttempts {
+					return err
+				}
+				if ctx.Err() != nil {
+					return errors.Join(err, ctx.Err())
+				}
+				if bo == nil {
+					bo = &backoff.ExponentialBackOff{
+						InitialInterval:     cfg.initialInterval,
+						RandomizationFactor: 0.5,
+						Multiplier:          cfg.multiplier,
+						MaxInterval:         cfg.maxInterval,
+						MaxElapsedTime:      0,
+						Stop:                backoff.Stop,
+						Clock:               backoff.SystemClock,
+					}
+					bo.Reset()
+				}
+				if cfg.onRetry != nil {
+					cfg.onRetry(ctx, cur, err)
+				}
+				if st := delivery.From(ctx); st != nil {
+					st.Retries++
+				}
+				timer := time.NewTimer(bo.NextBackOff())
+				select {
+				case <-ctx.Done():
+					timer.Stop()
+					return errors.Join(err, ctx.Err())
+				case <-timer.C:
+				}
+				again := *cur
+				again.Attempt++
+				cur = &again
+			}
+		})
+	}
+}
+
+func retryable(err error) bool {
+	return !processor.IsDuplicate(err) && !processor.IsPermanent(err) && !processor.IsDeadLettered(err)
+}

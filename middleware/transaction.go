@@ -1,0 +1,93 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// Beginner begins database transactions. *sqldb.DB satisfies it.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, error)
+}
+
+// ErrCommitOutcomeUnknown reports that the connection failed while COMMIT was in flight, so the
+// transaction may or may not have committed. The message is not acknowledged: it is retried or
+// redelivered, and duplicate detection absorbs the second copy if the commit did happen.
+var ErrCommitOutcomeUnknown = errors.New("commit outcome unknown")
+
+// TxOption configures Transaction.
+type TxOption func(*sql.TxOptions)
+
+// WithIsolation sets the isolation level of the transaction. Defaults to the database's own
+// default level.
+func WithIsolation(level sql.IsolationLevel) TxOption {
+	return func(o *sql.TxOptions) { o.Isolation = level }
+}
+
+// Transaction runs the rest of the chain in a database transaction from db.
+//
+// It begins the transaction, puts it in the context (processor.TxFromContext reads it), and
+// calls next. When next returns nil it commits; when next returns an error or panics it rolls
+// back, and returns the error or re-panics. Nothing inside may commit or roll back the
+// transaction. A commit that fails because the connection was lost, or because ctx ended while
+// it was in flight, returns an error wrapping ErrCommitOutcomeUnknown; every other commit
+// failure means nothing was committed. Either way
+// the message is not acknowledged.
+func Transaction(db Beginner, opts ...TxOption) Middleware {
+	var txOpts sql.TxOptions
+	for _, o := range opts {
+		o(&txOpts)
+	}
+	optsPtr := &txOpts
+	if txOpts == (sql.TxOptions{}) {
+		optsPtr = nil
+	}
+	return func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) (err error) {
+			tx, err := db.BeginTx(ctx, optsPtr)
+			if err != nil {
+				return fmt.Errorf("begin transaction: %w", err)
+			}
+			committed := false
+			defer func() {
+				if committed {
+					return
+				}
+				rbErr := tx.Rollback()
+				if r := recover(); r != nil {
+					panic(r)
+				}
+				if rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+					err = errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+				}
+			}()
+
+			if err = next.Process(processor.WithTx(ctx, tx), msg); err != nil {
+				return err
+			}
+
+			_, end := telemetry.Child(ctx, telemetry.SpanCommit)
+			err = tx.Commit()
+			end(err)
+			if err != nil {
+				committed = true // the transaction is finished either way; do not roll back
+				if sqldb.Classify(err) == sqldb.Connection || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+					return fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)
+				}
+				return fmt.Errorf("commit: %w", err)
+			}
+			committed = true
+			delivery.MarkCommitted(ctx, time.Now())
+			return nil
+		})
+	}
+}

@@ -1,0 +1,399 @@
+package onceflow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/brokertest"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+const topic = "orders"
+
+// effects is the business table of these tests: one row per applied effect, deliberately
+// without a unique key, so that a duplicate effect shows as a second row.
+func createEffects(t *testing.T, db *sqldb.DB) {
+	t.Helper()
+	_, err := db.Exec(`CREATE TABLE effects (message_id VARCHAR(255) NOT NULL, note VARCHAR(255) NOT NULL)`)
+	require.NoError(t, err)
+}
+
+func countEffects(t *testing.T, db *sqldb.DB, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Get(&n, db.Rebind(`SELECT COUNT(*) FROM effects WHERE message_id = ?`), id))
+	return n
+}
+
+func countDedup(t *testing.T, db *sqldb.DB, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Get(&n, db.Rebind(`SELECT COUNT(*) FROM onceflow_dedup WHERE message_id = ?`), id))
+	return n
+}
+
+// applyEffect is the processor of these tests: it writes one effect row in the transaction.
+func applyEffect(ctx context.Context, msg *messagedata.MessageData) error {
+	tx, ok := processor.TxFromContext(ctx)
+	if !ok {
+		return errors.New("no transaction")
+	}
+	_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO effects (message_id, note) VALUES (?, ?)`), msg.ID, string(msg.Payload))
+	return err
+}
+
+type fixture struct {
+	db     *sqldb.DB
+	broker *brokertest.Broker
+}
+
+func newFixture(t *testing.T, d testsvc.Database) *fixture {
+	t.Helper()
+	db := d.Open(t)
+	createEffects(t, db)
+	b := brokertest.New()
+	t.Cleanup(func() { _ = b.Close() })
+	return &fixture{db: db, broker: b}
+}
+
+// startRouter runs a router with handler h (DB and Subscriber filled in when empty) until the
+// test ends.
+func (f *fixture) startRouter(t *testing.T, h onceflow.Handler, register ...func(*onceflow.Router)) *onceflow.Router {
+	t.Helper()
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	for _, reg := range register {
+		reg(r)
+	}
+	if h.Name == "" {
+		h.Name = "effects"
+	}
+	h.Topic = topic
+	if h.DB == nil {
+		h.DB = f.db
+	}
+	if h.Subscriber == nil {
+		h.Subscriber = f.broker.Subscriber()
+	}
+	if h.Processor == nil {
+		h.Processor = processor.Func(applyEffect)
+	}
+	if h.Retry.InitialInterval == 0 {
+		h.Retry.InitialInterval = time.Millisecond
+	}
+	require.NoError(t, r.AddHandler(h))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case <-r.Running():
+	case err := <-done:
+		t.Fatalf("router stopped before running: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("router did not start")
+	}
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return r
+}
+
+func (f *fixture) publish(t *testing.T, id, payload string) {
+	t.Helper()
+	require.NoError(t, f.broker.Publish(topic, message.NewMessage(id, []byte(payload))))
+}
+
+func (f *fixture) waitAcks(t *testing.T, id string, n int) {
+	t.Helper()
+	testsvc.Eventually(t, 15*time.Second, func() bool { return f.broker.Acks(id) >= n }, "message %s not acked %d times (acks %d, nacks %d)", id, n, f.broker.Acks(id), f.broker.Nacks(id))
+}
+
+func forEachDatabase(t *testing.T, fn func(t *testing.T, d testsvc.Database)) {
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, d)
+		})
+	}
+}
+
+func TestExactlyOnce_RedeliveryAfterCommitIsAckedWithoutSecondEffect(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		f.startRouter(t, onceflow.Handler{QoS: onceflow.ExactlyOnce})
+
+		f.publish(t, "m-1", "first")
+		f.waitAcks(t, "m-1", 1)
+		// The broker delivers the same message again, as it does when the ack was lost.
+		f.publish(t, "m-1", "first")
+		f.waitAcks(t, "m-1", 2)
+
+		require.Equal(t, 1, countEffects(t, f.db, "m-1"))
+		require.Equal(t, 1, countDedup(t, f.db, "m-1"))
+		require.Equal(t, 0, f.broker.Nacks("m-1"))
+	})
+}
+
+// loseFirstAck is an interceptor placed between Retry and Transaction that, for the first
+// delivery of every message, reports a failure after the transaction committed: what the
+// router sees when the process dies between commit and ack, or the ack is lost.
+func loseFirstAck(r *onceflow.Router) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	err := r.RegisterInterceptor("lose-first-ack", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
+		return func(next processor.Processor) processor.Processor {
+			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				err := next.Process(ctx, msg)
+				mu.Lock()
+				first := !seen[msg.ID]
+				seen[msg.ID] = true
+				mu.Unlock()
+				if err == nil && first {
+					return errors.New("connection to the broker lost after commit")
+				}
+				return err
+			})
+		}, nil
+	})
+	if err != nil {
+		panic(err)
+	}
+}
+
+func TestExactlyOnce_CrashBetweenCommitAndAckRedeliversAndAcksOnce(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		f.startRouter(t, onceflow.Handler{
+			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction", "deduplicate"},
+		}, loseFirstAck)
+
+		f.publish(t, "m-2", "x")
+		f.waitAcks(t, "m-2", 1)
+
+		require.Equal(t, 1, f.broker.Nacks("m-2"), "the lost ack is a nack")
+		require.Equal(t, 1, f.broker.Acks("m-2"))
+		require.Equal(t, 1, countEffects(t, f.db, "m-2"))
+	})
+}
+
+func TestAtLeastOnce_CrashBetweenCommitAndAckDuplicatesTheEffect(t *testing.T) {
+	// The same fault without duplicate detection: the seed's "at least once" row.
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		f.startRouter(t, onceflow.Handler{
+			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction"},
+		}, loseFirstAck)
+
+		f.publish(t, "m-3", "x")
+		f.waitAcks(t, "m-3", 1)
+
+		require.Equal(t, 2, countEffects(t, f.db, "m-3"))
+	})
+}
+
+func TestExactlyOnce_ProcessorErrorRollsBackEveryWriteAndRetryAppliesOnce(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		var attempts atomic.Int32
+		var effectRowsSeenOnRetry atomic.Int32
+		f.startRouter(t, onceflow.Handler{
+			QoS:   onceflow.ExactlyOnce,
+			Retry: onceflow.RetryConfig{MaxAttempts: 1}, // every failure goes back to the broker
+			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				n := attempts.Add(1)
+				if n == 2 {
+					// The first attempt's writes, dedup row included, must be gone.
+					var rows int
+					tx, _ := processor.TxFromContext(ctx)
+					if err := tx.GetContext(ctx, &rows, tx.Rebind(`SELECT COUNT(*) FROM effects WHERE message_id = ?`), msg.ID); err != nil {
+						return err
+					}
+					effectRowsSeenOnRetry.Store(int32(rows))
+				}
+				if err := applyEffect(ctx, msg); err != nil {
+					return err
+				}
+				if n == 1 {
+					return errors.New("downstream service unavailable")
+				}
+				return nil
+			}),
+		})
+
+		f.publish(t, "m-4", "x")
+		f.waitAcks(t, "m-4", 1)
+
+		require.Equal(t, int32(2), attempts.Load())
+		require.Equal(t, int32(0), effectRowsSeenOnRetry.Load())
+		require.Equal(t, 1, f.broker.Nacks("m-4"))
+		require.Equal(t, 1, countEffects(t, f.db, "m-4"))
+		require.Equal(t, 1, countDedup(t, f.db, "m-4"))
+	})
+}
+
+func TestExactlyOnce_InProcessRetryGetsFreshTransaction(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		var attempts atomic.Int32
+		f.startRouter(t, onceflow.Handler{
+			QoS:   onceflow.ExactlyOnce,
+			Retry: onceflow.RetryConfig{MaxAttempts: 3},
+			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				if err := applyEffect(ctx, msg); err != nil {
+					return err
+				}
+				if attempts.Add(1) < 3 {
+					return fmt.Errorf("attempt %d fails", msg.Attempt)
+				}
+				return nil
+			}),
+		})
+
+		f.publish(t, "m-5", "x")
+		f.waitAcks(t, "m-5", 1)
+
+		require.Equal(t, int32(3), attempts.Load())
+		require.Equal(t, 0, f.broker.Nacks("m-5"), "retried in process, not through the broker")
+		require.Equal(t, 1, countEffects(t, f.db, "m-5"))
+	})
+}
+
+func TestExactlyOnce_TwoRoutersProcessingCopiesAtOnceGiveOneEffect(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		// Both copies are held until both routers have one in hand, so they race into their
+		// transactions at the same time.
+		arrived := make(chan struct{}, 2)
+		release := make(chan struct{})
+		barrier := func(r *onceflow.Router) {
+			require.NoError(t, r.RegisterInterceptor("barrier", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
+				return func(next processor.Processor) processor.Processor {
+					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+						arrived <- struct{}{}
+						<-release
+						return next.Process(ctx, msg)
+					})
+				}, nil
+			}))
+		}
+		chain := []string{"deadletter", "recover", "retry", "barrier", "transaction", "deduplicate"}
+		f.startRouter(t, onceflow.Handler{Name: "effects", Interceptors: chain}, barrier)
+		f.startRouter(t, onceflow.Handler{Name: "effects", Interceptors: chain}, barrier)
+
+		f.publish(t, "m-6", "x")
+		f.publish(t, "m-6", "x")
+		for range 2 {
+			select {
+			case <-arrived:
+			case <-time.After(10 * time.Second):
+				t.Fatal("both copies were not delivered")
+			}
+		}
+		close(release)
+		f.waitAcks(t, "m-6", 2)
+
+		require.Equal(t, 1, countEffects(t, f.db, "m-6"))
+		require.Equal(t, 0, f.broker.Nacks("m-6"))
+	})
+}
+
+func TestPanicInProcessor_IsNackedWithNothingCommitted(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		var calls atomic.Int32
+		f.startRouter(t, onceflow.Handler{
+			QoS: onceflow.ExactlyOnce,
+			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				if err := applyEffect(ctx, msg); err != nil {
+					return err
+				}
+				if calls.Add(1) == 1 {
+					panic("bug in processor")
+				}
+				return nil
+			}),
+		})
+
+		f.publish(t, "m-7", "x")
+		f.waitAcks(t, "m-7", 1)
+
+		require.Equal(t, 1, f.broker.Nacks("m-7"), "the panic is a nack, not retried in process")
+		require.Equal(t, int32(2), calls.Load())
+		require.Equal(t, 1, countEffects(t, f.db, "m-7"))
+		require.Equal(t, 1, countDedup(t, f.db, "m-7"))
+	})
+}
+
+func TestMessageWithoutID_IsDeadLetteredWithReason(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		var calls atomic.Int32
+		f.startRouter(t, onceflow.Handler{
+			QoS: onceflow.ExactlyOnce,
+			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				calls.Add(1)
+				return applyEffect(ctx, msg)
+			}),
+		})
+
+		f.publish(t, "", "no id at all")
+		f.waitAcks(t, "", 1)
+
+		dead := f.broker.Drain(onceflow.DefaultDeadLetterTopic)
+		require.Len(t, dead, 1)
+		require.Equal(t, "no id at all", string(dead[0].Payload))
+		require.NotEmpty(t, dead[0].UUID, "a dead letter gets an id so it can be replayed")
+		require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), `message has no id (watermill uuid, header "onceflow_id" and AMQP message_id are empty)`)
+		require.Equal(t, "effects", dead[0].Metadata.Get(messagedata.HeaderDeadLetterHandler))
+		require.Equal(t, topic, dead[0].Metadata.Get(messagedata.HeaderDeadLetterTopic))
+		require.Equal(t, int32(0), calls.Load())
+		require.Equal(t, 0, f.broker.Nacks(""))
+		require.Equal(t, 0, countEffects(t, f.db, ""))
+	})
+}
+
+type order struct {
+	Amount int `json:"amount"`
+}
+
+func TestMalformedJSONPayload_IsDeadLetteredNotRetried(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		var calls atomic.Int32
+		f.startRouter(t, onceflow.Handler{
+			QoS: onceflow.ExactlyOnce,
+			Processor: processor.JSON(func(ctx context.Context, msg *messagedata.MessageData, o order) error {
+				calls.Add(1)
+				return applyEffect(ctx, msg)
+			}),
+		})
+
+		f.publish(t, "m-8", `{"amount": "not a number"`)
+		f.waitAcks(t, "m-8", 1)
+
+		dead := f.broker.Drain(onceflow.DefaultDeadLetterTopic)
+		require.Len(t, dead, 1)
+		require.Equal(t, "m-8", dead[0].UUID)
+		require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), "decode JSON payload")
+		require.Equal(t, "1", dead[0].Metadata.Get(messagedata.HeaderDeadLetterAttempt))
+		require.Equal(t, int32(0), calls.Load())
+		require.Equal(t, 0, f.broker.Nacks("m-8"))
+		require.Equal(t, 0, countEffects(t, f.db, "m-8"))
+		require.Equal(t, 0, countDedup(t, f.db, "m-8"), "the dead-lettered message is not recorded: a replay is processed")
+	})
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Starts the loopback services the integration tests use, when they are installed and down:
+# PostgreSQL 5432, MariaDB 3306, RabbitMQ 5672, NATS (JetStream) 4222, Redis 6379.
+# Usage: scripts/services.sh [check|start]   (default: start)
+set -u
+mode=${1:-start}
+
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_up() { # port name
+  for _ in $(seq 1 60); do up "$1" && return 0; sleep 1; done
+  echo "services: $2 did not come up on 127.0.0.1:$1" >&2
+  return 1
+}
+
+start() { # port name command...
+  local port=$1 name=$2; shift 2
+  if up "$port"; then echo "services: $name up on 127.0.0.1:$port"; return 0; fi
+  if [ "$mode" = check ]; then echo "services: $name DOWN on 127.0.0.1:$port" >&2; return 1; fi
+  echo "services: starting $name"
+  "$@" >/dev/null 2>&1 || echo "services: could not start $name with: $*" >&2
+  wait_up "$port" "$name"
+}
+
+status=0
+if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+  start 5432 PostgreSQL pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || status=1
+else
+  up 5432 || { echo "services: PostgreSQL is not installed here" >&2; status=1; }
+fi
+if [ -x /usr/sbin/mariadbd ]; then
+  start 3306 MariaDB start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || status=1
+else
+  up 3306 || { echo "services: MariaDB is not installed here" >&2; status=1; }
+fi
+if command -v rabbitmq-server >/dev/null 2>&1; then
+  start 5672 RabbitMQ rabbitmq-server -detached || status=1
+else
+  up 5672 || { echo "services: RabbitMQ is not installed here" >&2; status=1; }
+fi
+if [ -x /usr/sbin/nats-server ]; then
+  start 4222 NATS start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log || status=1
+else
+  up 4222 || { echo "services: NATS is not installed here" >&2; status=1; }
+fi
+if command -v redis-server >/dev/null 2>&1; then
+  start 6379 Redis redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log || status=1
+else
+  up 6379 || { echo "services: Redis is not installed here" >&2; status=1; }
+fi
+exit $status
