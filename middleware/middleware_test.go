@@ -249,7 +249,7 @@ func TestNaturalIdempotency_UniqueViolationIsDuplicate(t *testing.T) {
 type failingPublisher struct{ err error }
 
 func (p failingPublisher) Publish(string, ...*message.Message) error { return p.err }
-func (failingPublisher) Close() error                               { return nil }
+func (failingPublisher) Close() error                                { return nil }
 
 func TestDeadLetter_PublishesPermanentFailuresWithReason(t *testing.T) {
 	b := brokertest.New()
