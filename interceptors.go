@@ -62,6 +62,16 @@ func chainFor(q QoS) []string {
 	return nil
 }
 
+// recordsKeys reports whether a chain records message ids in a dedup store.
+func recordsKeys(names []string) bool {
+	for _, n := range names {
+		if n == InterceptorDeduplicate || n == InterceptorInOrder {
+			return true
+		}
+	}
+	return false
+}
+
 // checkOrder enforces the two rules every chain keeps: Retry outside Transaction, so each
 // attempt gets a fresh transaction, and the interceptors that write through the transaction
 // inside it.

@@ -116,8 +116,10 @@ func (r *Router) AddHandler(h Handler) error {
 		return err
 	}
 
+	// The dedup table is created only for chains that record keys: a chain that relies on
+	// natural idempotency has none.
 	store := h.Dedup.Store
-	if store == nil {
+	if store == nil && recordsKeys(names) {
 		s, err := r.storeFor(h)
 		if err != nil {
 			return err

@@ -1,0 +1,271 @@
+package sqlitequeue
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// ErrClosed is returned by the methods of a closed Queue, and by Publish on a closed Publisher.
+var ErrClosed = errors.New("sqlitequeue: closed")
+
+// Queue is a durable message queue in one SQLite file. It makes watermill Publishers and
+// Subscribers over that file and answers questions about its contents. A Queue is safe for
+// concurrent use; several Queues, in one process or in several, may use the same file.
+type Queue struct {
+	db      *sqldb.DB
+	ownDB   bool
+	cfg     Config
+	store   *store
+	schema  SchemaAdapter
+	offsets OffsetsAdapter
+
+	// initialized holds the topics whose tables this Queue has created or found.
+	initialized sync.Map
+
+	mu     sync.Mutex
+	closed bool
+	subs   map[*subscriber]struct{}
+}
+
+// Open opens, creating it if missing, the queue file that url names and returns a Queue over
+// it. url is "sqlite://path/queue.db", "sqlite:///absolute/path/queue.db" or a bare file path;
+// query parameters of a sqlite:// URL are passed to the driver as sqldb.Open describes. The
+// directory must exist. The file is opened with sqldb.Open: WAL journal, synchronous=FULL, a
+// busy timeout of 30 s and BEGIN IMMEDIATE transactions.
+//
+// The Queue owns the connection pool: Close closes it.
+func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !strings.Contains(url, "://") {
+		if url == "" {
+			return nil, errors.New("sqlitequeue: empty queue URL (want sqlite://path/queue.db or a file path)")
+		}
+		url = "sqlite://" + url
+	}
+	scheme, rest, _ := strings.Cut(url, "://")
+	if s := strings.ToLower(scheme); s != "sqlite" && s != "sqlite3" {
+		return nil, fmt.Errorf("sqlitequeue: queue URL %q: scheme %q is not sqlite (want sqlite://path/queue.db or a file path)", sqldb.Redact(url), scheme)
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	if path == "" || strings.HasPrefix(path, ":memory:") || strings.Contains(query, "mode=memory") {
+		return nil, fmt.Errorf("sqlitequeue: queue URL %q names no file (an in-memory database is neither durable nor shared between connections)", url)
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("sqlitequeue: queue URL %q: directory %q does not exist", url, filepath.Dir(path))
+	}
+	db, err := sqldb.Open(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("sqlitequeue: %w", err)
+	}
+	// Every subscription holds a connection for the length of its batch and publishers take
+	// others; keep a few idle so that each publish does not reopen one.
+	db.SetMaxIdleConns(8)
+	q, err := New(db, cfg)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	q.ownDB = true
+	return q, nil
+}
+
+// New returns a Queue over db, an SQLite database that must have been opened with sqldb.Open
+// (or with the same settings: above all BEGIN IMMEDIATE transactions, without which consumers
+// of one group are not kept apart and acknowledgements fail under concurrent publishing). Use a
+// file of its own for the queue, not the application database: while a handler runs, its
+// subscription holds the file's write lock.
+//
+// The Queue does not own db: Close leaves it open.
+func New(db *sqldb.DB, cfg Config) (*Queue, error) {
+	if db == nil {
+		return nil, errors.New("sqlitequeue.New: db is nil")
+	}
+	if db.Dialect != sqldb.SQLite {
+		return nil, fmt.Errorf("sqlitequeue.New: %s is a %s database, want sqlite", db, db.Dialect)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	q := &Queue{
+		db:     db,
+		cfg:    cfg,
+		store:  openStore(db.Path),
+		schema: SchemaAdapter{BatchSize: cfg.BatchSize},
+		subs:   map[*subscriber]struct{}{},
+	}
+	return q, nil
+}
+
+// DB returns the queue's database.
+func (q *Queue) DB() *sqldb.DB { return q.db }
+
+// Config returns the queue's configuration with defaults filled in.
+func (q *Queue) Config() Config { return q.cfg }
+
+// Publisher returns a new Publisher of the queue. Publishers are cheap; give each user (each
+// router handler, which closes its publisher when it stops) one of its own. Closing a
+// Publisher does not close the Queue.
+//
+// A message is stored when Publish returns nil: its row is committed with synchronous=FULL, or,
+// for a message whose context is that of a message delivered by a subscriber of the same queue
+// file, it is written in that delivery's transaction and committed with its acknowledgement.
+func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
+
+// Subscriber returns a new Subscriber of the queue in the configured consumer group. Each call
+// of its Subscribe is one consumer: messages of a topic are delivered in offset order, one at a
+// time, the next only after the previous is acknowledged. Closing the Subscriber ends its
+// subscriptions, not the Queue; Close of the Queue closes it too.
+//
+// A subscription reads a batch of messages in a transaction that holds the queue file's write
+// lock until the batch ends, so consumers in the same group, in this process or another, never
+// receive the same message at the same time. Acknowledgements are committed when the batch ends:
+// after its last message is acknowledged, when the Subscriber closes, or when an ack deadline
+// passes. A consumer that dies (or whose context is cancelled) before that leaves the whole
+// batch to the next consumer. A nacked message is delivered again after ResendInterval, and
+// whatever was published in its delivery's transaction (see Publisher) is rolled back first.
+//
+// While a subscription's batch lasts, every other writer of the file waits: keep handlers
+// short, and read and acknowledge messages promptly. A handler that publishes to the same queue
+// file must publish messages whose context is the delivered message's context
+// (out.SetContext(in.Context())); a publish with any other context waits for the lock its own
+// subscription holds, and times out. Messages that a watermill router handler returns get a
+// fresh context, so a router handler that publishes back to the same file must publish them
+// itself, with the incoming context.
+func (q *Queue) Subscriber() (message.Subscriber, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, ErrClosed
+	}
+	s := newSubscriber(q)
+	q.subs[s] = struct{}{}
+	return s, nil
+}
+
+func (q *Queue) forget(s *subscriber) {
+	q.mu.Lock()
+	delete(q.subs, s)
+	q.mu.Unlock()
+}
+
+func (q *Queue) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
+// Close closes the queue's subscribers, waiting for their subscriptions to end, and then the
+// database if Open opened it. Publishers of a closed queue fail with ErrClosed. Close is
+// idempotent.
+func (q *Queue) Close() error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closed = true
+	subs := make([]*subscriber, 0, len(q.subs))
+	for s := range q.subs {
+		subs = append(subs, s)
+	}
+	q.mu.Unlock()
+
+	var errs []error
+	for _, s := range subs {
+		errs = append(errs, s.Close())
+	}
+	closeStore(q.store)
+	if q.ownDB {
+		errs = append(errs, q.db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// createTables creates topic's tables in tx unless this Queue has seen them before. It does
+// not remember them: tx may roll back. Callers call tablesCreated after a commit.
+func (q *Queue) createTables(ctx context.Context, tx *sql.Tx, topic string) error {
+	if _, ok := q.initialized.Load(topic); ok {
+		return nil
+	}
+	queries := append(q.schema.SchemaInitializingQueries(topic), q.offsets.SchemaInitializingQueries(topic)...)
+	for _, query := range queries {
+		if _, err := tx.ExecContext(ctx, query.Query, query.Args...); err != nil {
+			return fmt.Errorf("create tables of topic %q: %w", topic, err)
+		}
+	}
+	return nil
+}
+
+// tablesCreated remembers that topic's tables exist.
+func (q *Queue) tablesCreated(topic string) { q.initialized.Store(topic, struct{}{}) }
+
+// prepareTopic makes sure that topic's tables exist and that group has its row in the offsets
+// table (offset 0 for a new group), so that Backlog and Trim know the group from its first
+// subscription on. It looks before it writes: when everything exists, it needs no write lock,
+// which a consumer of the file may be holding.
+func (q *Queue) prepareTopic(ctx context.Context, topic, group string) error {
+	n, err := q.topicTables(ctx, topic)
+	if err != nil {
+		return err
+	}
+	if n == 2 {
+		var known bool
+		err := q.db.QueryRowContext(ctx, `SELECT count(*) FROM `+quote(OffsetsTable(topic))+` WHERE consumer_group = ?`, group).Scan(&known)
+		if err != nil {
+			return fmt.Errorf("sqlitequeue: look up consumer group %q of topic %q: %w", group, topic, err)
+		}
+		if known {
+			q.tablesCreated(topic)
+			return nil
+		}
+	}
+	err = q.write(ctx, func(tx *sql.Tx) error {
+		if err := q.createTables(ctx, tx, topic); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO `+quote(OffsetsTable(topic))+` (consumer_group, offset_acked) VALUES (?, 0) ON CONFLICT DO NOTHING`, group)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqlitequeue: prepare topic %q for consumer group %q: %w", topic, group, err)
+	}
+	q.tablesCreated(topic)
+	return nil
+}
+
+// runInTx runs fn in a transaction of db, committing when fn returns nil and rolling back
+// otherwise; a failed rollback is joined to fn's error.
+func runInTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) (err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+				err = errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
+			}
+			return
+		}
+		if err = tx.Commit(); err != nil {
+			err = fmt.Errorf("commit: %w", err)
+		}
+	}()
+	return fn(tx)
+}
+
+// rawDB returns the database/sql pool under db.
+func rawDB(db *sqldb.DB) *sql.DB { return db.DB.DB }

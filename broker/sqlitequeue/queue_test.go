@@ -1,0 +1,498 @@
+package sqlitequeue_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+func TestConfig_ValidateNamesTheField(t *testing.T) {
+	t.Parallel()
+	for field, cfg := range map[string]sqlitequeue.Config{
+		"BatchSize":      {BatchSize: -1},
+		"PollInterval":   {PollInterval: -time.Millisecond},
+		"ResendInterval": {ResendInterval: -time.Millisecond},
+		"RetryInterval":  {RetryInterval: -time.Millisecond},
+		"AckDeadline":    {AckDeadline: -time.Second},
+	} {
+		err := cfg.Validate()
+		require.ErrorContains(t, err, "Config."+field, field)
+		_, err = sqlitequeue.Open(context.Background(), testFile(t), cfg)
+		require.ErrorContains(t, err, "Config."+field, field)
+	}
+	require.ErrorContains(t, sqlitequeue.Config{BatchSize: 10001}.Validate(), "Config.BatchSize")
+	require.NoError(t, sqlitequeue.Config{}.Validate())
+}
+
+func TestOpen_DefaultsFilledIn(t *testing.T) {
+	t.Parallel()
+	q := setup(t, sqlitequeue.Config{})
+	cfg := q.Config()
+	require.Equal(t, sqlitequeue.DefaultConsumerGroup, cfg.ConsumerGroup)
+	require.Equal(t, sqlitequeue.DefaultBatchSize, cfg.BatchSize)
+	require.Equal(t, sqlitequeue.DefaultPollInterval, cfg.PollInterval)
+	require.Equal(t, sqlitequeue.DefaultResendInterval, cfg.ResendInterval)
+	require.Equal(t, sqlitequeue.DefaultRetryInterval, cfg.RetryInterval)
+	require.Equal(t, sqlitequeue.DefaultAckDeadline, cfg.AckDeadline)
+	require.NotNil(t, cfg.Logger)
+}
+
+func TestOpen_AcceptsURLAndBarePathAndCreatesTheFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ctx := context.Background()
+	for _, url := range []string{
+		filepath.Join(dir, "bare.db"),
+		"sqlite://" + filepath.Join(dir, "url.db"),
+		"sqlite://" + filepath.Join(dir, "params.db") + "?_pragma=cache_size(-4000)",
+	} {
+		q, err := sqlitequeue.Open(ctx, url, sqlitequeue.Config{})
+		require.NoError(t, err, url)
+		publishN(t, q, "t", 1)
+		n, err := q.Len(ctx, "t")
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		require.NoError(t, q.Close())
+	}
+	for _, name := range []string{"bare.db", "url.db", "params.db"} {
+		_, err := os.Stat(filepath.Join(dir, name))
+		require.NoError(t, err, name)
+	}
+}
+
+func TestOpen_RejectsOtherSchemesAndMissingDirectories(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, err := sqlitequeue.Open(ctx, "postgres://u:secret@localhost/db", sqlitequeue.Config{})
+	require.ErrorContains(t, err, `scheme "postgres" is not sqlite`)
+	require.NotContains(t, err.Error(), "secret")
+
+	missing := filepath.Join(t.TempDir(), "no", "such", "dir", "q.db")
+	_, err = sqlitequeue.Open(ctx, missing, sqlitequeue.Config{})
+	require.ErrorContains(t, err, "does not exist")
+
+	for _, url := range []string{"", "sqlite://", "sqlite://:memory:", ":memory:", "sqlite://x.db?mode=memory"} {
+		_, err = sqlitequeue.Open(ctx, url, sqlitequeue.Config{})
+		require.Error(t, err, url)
+	}
+}
+
+func TestNew_RejectsOtherDialects(t *testing.T) {
+	t.Parallel()
+	_, err := sqlitequeue.New(&sqldb.DB{Dialect: sqldb.Postgres}, sqlitequeue.Config{})
+	require.ErrorContains(t, err, "want sqlite")
+	_, err = sqlitequeue.New(nil, sqlitequeue.Config{})
+	require.Error(t, err)
+}
+
+func TestNew_UsesTheGivenDatabaseAndLeavesItOpen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := sqldb.Open(ctx, "sqlite://"+testFile(t))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, db.Close()) }()
+
+	q, err := sqlitequeue.New(db, sqlitequeue.Config{})
+	require.NoError(t, err)
+	require.Same(t, db, q.DB())
+	publishN(t, q, "t", 2)
+	require.NoError(t, q.Close())
+	require.NoError(t, db.PingContext(ctx), "Close of a Queue made by New must not close the database")
+	var n int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM "onceflow_queue_t"`).Scan(&n))
+	require.Equal(t, 2, n)
+}
+
+func TestTopics_NamesAreValidatedAndQuoted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{})
+	pub := q.Publisher()
+
+	topics := []string{"orders.v1", "orders-v1", "a$b:c_d", "Orders", "orders", "offsets_orders"}
+	for i, topic := range topics {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))), topic)
+	}
+	for i, topic := range topics {
+		records, err := q.List(ctx, topic, 0, 10)
+		require.NoError(t, err, topic)
+		require.Len(t, records, 1, "topic %q must have its own table", topic)
+		require.Equal(t, strconv.Itoa(i), string(records[0].Message.Payload), topic)
+	}
+	got, err := q.Topics(ctx)
+	require.NoError(t, err)
+	require.ElementsMatch(t, topics, got)
+
+	for _, bad := range []string{"", `a"b`, "a b", "x; DROP TABLE y", "a/b", "é", string(make([]byte, 201))} {
+		err := pub.Publish(bad, message.NewMessage(watermill.NewUUID(), nil))
+		require.ErrorIs(t, err, sqlitequeue.ErrInvalidTopic, "%q", bad)
+		sub, err := q.Subscriber()
+		require.NoError(t, err)
+		_, err = sub.Subscribe(ctx, bad)
+		require.ErrorIs(t, err, sqlitequeue.ErrInvalidTopic, "%q", bad)
+		require.NoError(t, sub.Close())
+	}
+}
+
+func TestPublish_LargeCallKeepsOrderAndPayloads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{})
+	ids := publishN(t, q, "big", 2500) // more than one INSERT statement
+
+	msgs := subscribe(t, q, ctx, "big")
+	for i, id := range ids {
+		msg := receive(t, msgs, 10*time.Second)
+		require.Equal(t, id, msg.UUID, "message %d", i)
+		require.Equal(t, strconv.Itoa(i), string(msg.Payload))
+		require.True(t, msg.Ack())
+	}
+	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "big", sqlitequeue.DefaultConsumerGroup) }, "backlog")
+}
+
+func TestPublish_MetadataAndEmptyPayloadRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{})
+	in := message.NewMessage("id-1", nil)
+	in.Metadata.Set("k", "v")
+	in.Metadata.Set("quote", `"x"`)
+	require.NoError(t, q.Publisher().Publish("t", in))
+
+	msg := receive(t, subscribe(t, q, ctx, "t"), 5*time.Second)
+	require.Equal(t, "id-1", msg.UUID)
+	require.Empty(t, msg.Payload)
+	require.Equal(t, message.Metadata{"k": "v", "quote": `"x"`}, msg.Metadata)
+	msg.Ack()
+}
+
+func TestClose_PublishersAndSubscribersFailAfterwards(t *testing.T) {
+	t.Parallel()
+	q, err := sqlitequeue.Open(context.Background(), testFile(t), sqlitequeue.Config{})
+	require.NoError(t, err)
+	pub := q.Publisher()
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+
+	require.NoError(t, q.Close())
+	require.NoError(t, q.Close(), "Close is idempotent")
+	_, open := <-msgs
+	require.False(t, open, "Close of the Queue ends its subscriptions")
+	require.ErrorIs(t, pub.Publish("t", message.NewMessage("x", nil)), sqlitequeue.ErrClosed)
+	_, err = q.Subscriber()
+	require.ErrorIs(t, err, sqlitequeue.ErrClosed)
+	_, err = q.Len(context.Background(), "t")
+	require.ErrorIs(t, err, sqlitequeue.ErrClosed)
+
+	pub2 := setup(t, sqlitequeue.Config{}).Publisher()
+	require.NoError(t, pub2.Close())
+	require.ErrorIs(t, pub2.Publish("t", message.NewMessage("x", nil)), sqlitequeue.ErrClosed)
+}
+
+// Two consumers of one group over two Queues (two connection pools, as two processes would
+// have): when every delivery is acknowledged, every message is delivered exactly once.
+func TestCompetingConsumers_EachMessageToExactlyOneConsumer(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	path := testFile(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	producer := openQueue(t, path, sqlitequeue.Config{})
+	consumers := []*sqlitequeue.Queue{
+		openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g", BatchSize: 4}),
+		openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g", BatchSize: 4}),
+	}
+
+	var mu sync.Mutex
+	deliveries := map[string]int{}
+	perConsumer := make([]int, len(consumers))
+	var wg sync.WaitGroup
+	for i, q := range consumers {
+		msgs := subscribe(t, q, ctx, "jobs")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for msg := range msgs {
+				mu.Lock()
+				deliveries[msg.UUID]++
+				perConsumer[i]++
+				mu.Unlock()
+				time.Sleep(100 * time.Microsecond) // some work while the other consumer competes
+				msg.Ack()
+			}
+		}()
+	}
+
+	ids := publishN(t, producer, "jobs", n)
+	eventuallyEqual(t, 0, func() (int64, error) { return producer.Backlog(ctx, "jobs", "g") }, "backlog of group g")
+	time.Sleep(200 * time.Millisecond) // room for any redelivery to show up
+	cancel()
+	wg.Wait()
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, deliveries, n)
+	for _, id := range ids {
+		require.Equal(t, 1, deliveries[id], "deliveries of %s", id)
+	}
+	require.Equal(t, n, perConsumer[0]+perConsumer[1])
+	t.Logf("deliveries per consumer: %v", perConsumer)
+}
+
+func TestConsumerGroups_EachGroupGetsEveryMessageOnce(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	path := testFile(t)
+	ctx := context.Background()
+	producer := openQueue(t, path, sqlitequeue.Config{})
+	groups := []string{"billing", "shipping", "audit"}
+	subs := map[string]<-chan *message.Message{}
+	for _, g := range groups {
+		subs[g] = subscribe(t, openQueue(t, path, sqlitequeue.Config{ConsumerGroup: g}), ctx, "orders")
+	}
+	ids := publishN(t, producer, "orders", n)
+
+	var wg sync.WaitGroup
+	got := make(map[string][]string, len(groups))
+	var mu sync.Mutex
+	for _, g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var seen []string
+			for range n {
+				select {
+				case msg := <-subs[g]:
+					seen = append(seen, msg.UUID)
+					msg.Ack()
+				case <-time.After(10 * time.Second):
+					t.Errorf("group %s: timed out after %d messages", g, len(seen))
+					return
+				}
+			}
+			mu.Lock()
+			got[g] = seen
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for _, g := range groups {
+		require.Equal(t, ids, got[g], "group %s receives every message once, in order", g)
+		requireNothing(t, subs[g], 100*time.Millisecond)
+		eventuallyEqual(t, 0, func() (int64, error) { return producer.Backlog(ctx, "orders", g) }, "backlog of "+g)
+	}
+}
+
+func TestSubscriber_NackedMessageIsDeliveredAgainInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{})
+	ids := publishN(t, q, "t", 2)
+	msgs := subscribe(t, q, ctx, "t")
+
+	first := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], first.UUID)
+	first.Nack()
+	again := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], again.UUID, "a nacked message comes back before the next one")
+	again.Ack()
+	second := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[1], second.UUID)
+	second.Ack()
+}
+
+// A subscription whose context ends before it acknowledges leaves the message to the next
+// consumer of the group.
+func TestSubscriber_UnackedMessageGoesToTheNextConsumer(t *testing.T) {
+	t.Parallel()
+	q := setup(t, sqlitequeue.Config{})
+	ids := publishN(t, q, "t", 3)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs := subscribe(t, q, ctx, "t")
+	m := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], m.UUID)
+	require.True(t, m.Ack())
+	m = receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[1], m.UUID)
+	cancel() // dies holding ids[1], without acking it
+
+	next := subscribe(t, q, context.Background(), "t")
+	var got []string
+	for range 3 {
+		m := receive(t, next, 5*time.Second)
+		got = append(got, m.UUID)
+		m.Ack()
+		if m.UUID == ids[2] {
+			break
+		}
+	}
+	// The whole batch rolled back, so ids[0] (acked, but its offset never committed) comes
+	// back too: at-least-once.
+	require.Equal(t, ids, got)
+}
+
+func TestSubscriber_AckDeadlineRedelivers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{AckDeadline: 200 * time.Millisecond})
+	ids := publishN(t, q, "t", 1)
+	msgs := subscribe(t, q, ctx, "t")
+
+	first := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], first.UUID)
+	select {
+	case <-first.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the message's context must end at the ack deadline")
+	}
+	again := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], again.UUID)
+	require.True(t, again.Ack())
+	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup) }, "backlog")
+}
+
+func TestInspect_LenBacklogListTrim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testFile(t)
+	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "a"})
+	b := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "b"})
+
+	n, err := q.Len(ctx, "never-used")
+	require.NoError(t, err)
+	require.Zero(t, n)
+	records, err := q.List(ctx, "never-used", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, records)
+	_, err = q.List(ctx, "t", 0, 0)
+	require.Error(t, err)
+
+	before := time.Now().UTC().Add(-time.Second)
+	ids := publishN(t, q, "t", 5)
+	n, err = q.Len(ctx, "t")
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n)
+	n, err = q.Backlog(ctx, "t", "nobody")
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n, "a group that never consumed has everything to do")
+
+	page1, err := q.List(ctx, "t", 0, 3)
+	require.NoError(t, err)
+	require.Len(t, page1, 3)
+	page2, err := q.List(ctx, "t", page1[2].Offset, 3)
+	require.NoError(t, err)
+	require.Len(t, page2, 2)
+	for i, r := range append(page1, page2...) {
+		require.Equal(t, ids[i], r.Message.UUID)
+		require.Equal(t, strconv.Itoa(i), string(r.Message.Payload))
+		require.True(t, r.CreatedAt.After(before) && r.CreatedAt.Before(time.Now().Add(time.Second)), "created at %s", r.CreatedAt)
+		if i > 0 {
+			require.Greater(t, r.Offset, page1[0].Offset)
+		}
+	}
+
+	// Group a consumes 3 and closes (a graceful Close commits what was acknowledged), group b
+	// subscribes and consumes nothing.
+	consumeAndClose(t, q, "t", 3)
+	n, err = q.Backlog(ctx, "t", "a")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	consumeAndClose(t, b, "t", 0)
+	n, err = q.Backlog(ctx, "t", "b")
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n)
+
+	trimmed, err := q.Trim(ctx, "t")
+	require.NoError(t, err)
+	require.Zero(t, trimmed, "group b has acknowledged nothing")
+
+	consumeAndClose(t, b, "t", 4)
+	n, err = q.Backlog(ctx, "t", "b")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	trimmed, err = q.Trim(ctx, "t")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, trimmed, "messages acknowledged by both groups")
+	records, err = q.List(ctx, "t", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, records, 2)
+	require.Equal(t, ids[3], records[0].Message.UUID)
+
+	_, err = q.Trim(ctx, "bad topic")
+	require.ErrorIs(t, err, sqlitequeue.ErrInvalidTopic)
+}
+
+func TestTableNames(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "onceflow_queue_orders.v1", sqlitequeue.MessagesTable("orders.v1"))
+	require.Equal(t, "onceflow_offsets_orders.v1", sqlitequeue.OffsetsTable("orders.v1"))
+	require.Equal(t, "onceflow_queue_^orders-^x", sqlitequeue.MessagesTable("Orders-X"))
+	require.True(t, errors.Is(sqlitequeue.CheckTopic("a b"), sqlitequeue.ErrInvalidTopic))
+}
+
+// consumeAndClose subscribes to topic with a new subscriber of q, acknowledges n messages and
+// closes the subscriber, which commits the acknowledgements.
+func consumeAndClose(t *testing.T, q *sqlitequeue.Queue, topic string, n int) {
+	t.Helper()
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	for range n {
+		require.True(t, receive(t, msgs, 5*time.Second).Ack())
+	}
+	require.NoError(t, sub.Close())
+}
+
+// A consumer working through a backlog takes the write lock again right after each batch; a
+// publisher of the same process (here through another Queue over the file) still gets its turn
+// after at most about one batch, instead of waiting for the backlog to drain.
+func TestPublish_NotStarvedByAConsumerWithABacklog(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	path := testFile(t)
+	q := openQueue(t, path, sqlitequeue.Config{})
+	publishN(t, q, "backlog", 3000)
+	msgs := subscribe(t, q, ctx, "backlog")
+	go func() {
+		for m := range msgs {
+			time.Sleep(500 * time.Microsecond)
+			m.Ack()
+		}
+	}()
+	eventually(t, func() bool {
+		n, err := q.Backlog(ctx, "backlog", sqlitequeue.DefaultConsumerGroup)
+		require.NoError(t, err)
+		return n < 3000
+	}, "the consumer commits its first batch")
+
+	pub := openQueue(t, path, sqlitequeue.Config{}).Publisher()
+	var slowest time.Duration
+	for range 10 {
+		start := time.Now()
+		require.NoError(t, pub.Publish("other", message.NewMessage(watermill.NewUUID(), nil)))
+		slowest = max(slowest, time.Since(start))
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Less(t, slowest, 500*time.Millisecond)
+	left, err := q.Backlog(ctx, "backlog", sqlitequeue.DefaultConsumerGroup)
+	require.NoError(t, err)
+	require.Greater(t, left, int64(0), "the backlog must still be there for the test to mean anything")
+	t.Logf("slowest publish %s, backlog left %d", slowest, left)
+}

@@ -1,0 +1,225 @@
+// Interceptor-chain is seed 002's scenario: a message processor wrapped in a chain of
+// interceptors named in configuration, as Spring AOP's interceptorNames list does, with the
+// duplicate-handling advisor's message_log table keyed by message id and timestamp.
+//
+// The chain, outermost first:
+//
+//	tracing -> metrics -> audit -> deadletter -> recover -> retry -> transaction -> deduplicate -> processor
+//
+// "tracing" is the trace advisor (an OpenTelemetry span per message), "metrics" the performance
+// monitor (OpenTelemetry counters and a duration histogram), "deduplicate" the
+// duplicate-handling advisor writing to message_log in the processor's transaction, and "audit"
+// a custom interceptor registered by this program. Middlewares run in the order given: the
+// first is the outermost, so it sees the message first and the outcome last.
+//
+//	go run ./examples/interceptor-chain
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+const (
+	topic = "orders"
+	group = "orders"
+)
+
+// Summary is what a run observed.
+type Summary struct {
+	Audit      []string         // the audit interceptor's log, one line per delivery
+	Orders     int              // rows the processor wrote
+	MessageLog int              // rows in message_log
+	Spans      []string         // names of the spans recorded, sorted
+	ByOutcome  map[string]int64 // onceflow.messages by outcome
+}
+
+func main() {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "onceflow-chain-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	s, err := run(context.Background(), dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "interceptor-chain:", err)
+		os.Exit(1)
+	}
+	for _, line := range s.Audit {
+		fmt.Println(line)
+	}
+	fmt.Printf("orders: %d, message_log rows: %d\n", s.Orders, s.MessageLog)
+	fmt.Printf("performance monitor: %v\n", s.ByOutcome)
+	counts := map[string]int{}
+	for _, name := range s.Spans {
+		counts[name]++
+	}
+	fmt.Printf("trace advisor spans: %v\n", counts)
+}
+
+func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) {
+	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group})
+	if err != nil {
+		return Summary{}, err
+	}
+	defer queue.Close()
+	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(dir, "app.db"))
+	if err != nil {
+		return Summary{}, err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (order_id TEXT NOT NULL, body TEXT NOT NULL)`); err != nil {
+		return Summary{}, err
+	}
+
+	// Three orders, the second delivered twice with the same id and timestamp (a redelivery).
+	ts := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	var msgs []*message.Message
+	for i, id := range []string{"order-1", "order-2", "order-2", "order-3"} {
+		m := message.NewMessage(id, []byte(fmt.Sprintf(`{"n":%d}`, i)))
+		m.Metadata.Set(messagedata.HeaderTimestamp, ts.Format(time.RFC3339Nano))
+		msgs = append(msgs, m)
+	}
+	if err := queue.Publisher().Publish(topic, msgs...); err != nil {
+		return Summary{}, err
+	}
+
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	defer tp.Shutdown(ctx)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(ctx)
+
+	router, err := onceflow.NewRouter(onceflow.Config{
+		DeadLetterPublisher: queue.Publisher(),
+		Logger:              logger,
+		TracerProvider:      tp,
+		MeterProvider:       mp,
+	})
+	if err != nil {
+		return Summary{}, err
+	}
+	var mu sync.Mutex
+	var audit []string
+	// A custom interceptor: it sees each delivery and its outcome, and could write an audit row
+	// through processor.TxFromContext if placed inside "transaction".
+	err = router.RegisterInterceptor("audit", func(h onceflow.HandlerInfo) (middleware.Middleware, error) {
+		return func(next processor.Processor) processor.Processor {
+			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				err := next.Process(ctx, msg)
+				mu.Lock()
+				audit = append(audit, fmt.Sprintf("audit: handler=%s message=%s outcome=%s", h.Name, msg.ID, processor.OutcomeOf(err)))
+				mu.Unlock()
+				return err
+			})
+		}, nil
+	})
+	if err != nil {
+		return Summary{}, err
+	}
+	sub, err := queue.Subscriber()
+	if err != nil {
+		return Summary{}, err
+	}
+	err = router.AddHandler(onceflow.Handler{
+		Name:       "orders",
+		Topic:      topic,
+		Subscriber: sub,
+		DB:         db,
+		Interceptors: []string{"tracing", "metrics", "audit", "deadletter", "recover", "retry", "transaction",
+			"deduplicate"},
+		Dedup: onceflow.DedupConfig{Table: "message_log", WithTimestamp: true},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			tx, _ := processor.TxFromContext(ctx)
+			_, err := tx.ExecContext(ctx, `INSERT INTO orders (order_id, body) VALUES (?, ?)`, msg.ID, string(msg.Payload))
+			return err
+		}),
+	})
+	if err != nil {
+		return Summary{}, err
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(runCtx) }()
+	if err := waitDrained(ctx, queue, done); err != nil {
+		stop()
+		return Summary{}, errors.Join(err, <-done)
+	}
+	stop()
+	if err := <-done; err != nil {
+		return Summary{}, err
+	}
+
+	s := Summary{Audit: audit, ByOutcome: map[string]int64{}}
+	if err := db.GetContext(ctx, &s.Orders, `SELECT COUNT(*) FROM orders`); err != nil {
+		return s, err
+	}
+	if err := db.GetContext(ctx, &s.MessageLog, `SELECT COUNT(*) FROM message_log`); err != nil {
+		return s, err
+	}
+	for _, sp := range spans.Ended() {
+		s.Spans = append(s.Spans, sp.Name())
+	}
+	sort.Strings(s.Spans)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		return s, err
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "onceflow.messages" {
+				for _, dp := range sum.DataPoints {
+					outcome, _ := dp.Attributes.Value("onceflow.outcome")
+					s.ByOutcome[outcome.AsString()] += dp.Value
+				}
+			}
+		}
+	}
+	return s, nil
+}
+
+func waitDrained(ctx context.Context, queue *sqlitequeue.Queue, done <-chan error) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			return fmt.Errorf("router stopped early: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		left, err := queue.Backlog(ctx, topic, group)
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			return nil
+		}
+	}
+	return errors.New("messages were not all processed within a minute")
+}

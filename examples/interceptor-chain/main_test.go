@@ -1,0 +1,29 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestInterceptorChain_ComposedByNameWithMessageLog(t *testing.T) {
+	s, err := run(context.Background(), t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	require.NoError(t, err)
+
+	require.Equal(t, []string{
+		"audit: handler=orders message=order-1 outcome=processed",
+		"audit: handler=orders message=order-2 outcome=processed",
+		"audit: handler=orders message=order-2 outcome=duplicate",
+		"audit: handler=orders message=order-3 outcome=processed",
+	}, s.Audit)
+	require.Equal(t, 3, s.Orders)
+	require.Equal(t, 3, s.MessageLog)
+	require.Equal(t, map[string]int64{"processed": 3, "duplicate": 1}, s.ByOutcome)
+	require.Contains(t, s.Spans, "process orders")
+	require.Contains(t, s.Spans, "onceflow.commit")
+	require.Contains(t, s.Spans, "onceflow.dedup")
+	require.Contains(t, s.Spans, "onceflow.ack")
+}

@@ -1,0 +1,214 @@
+// Natural-idempotency is seed 000's scenario: messages processed exactly once without a dedup
+// table, because the business writes themselves fail in a recognisable way on a second
+// delivery.
+//
+//   - A "payment received" message INSERTs a row keyed by the payment id. Delivered again, the
+//     INSERT violates the primary key; the natural-idempotency interceptor recognises the unique
+//     violation (by SQLSTATE 23505, MySQL error 1062 or SQLite's constraint code, not by message
+//     text) and the message is acknowledged as already processed.
+//   - A "balance set" message UPDATEs an account WHERE its version is the one before the
+//     message's. Delivered again, the UPDATE touches zero rows, and the processor reports the
+//     message as already processed with processor.RowsAffectedOrDuplicate.
+//
+// The transaction is rolled back in both cases (on PostgreSQL the violation has aborted it) and
+// the message is acked after that: nothing is applied twice and nothing is lost.
+//
+//	go run ./examples/natural-idempotency                     # embedded SQLite, temporary directory
+//	go run ./examples/natural-idempotency -db postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+const (
+	topic = "accounting"
+	group = "accounting"
+)
+
+// Event is the message payload: either a payment or a new balance for an account.
+type Event struct {
+	Kind    string `json:"kind"` // "payment" or "balance"
+	ID      string `json:"id"`   // payment id or account id
+	Cents   int64  `json:"cents"`
+	Version int64  `json:"version"` // for "balance": the account version this message creates
+}
+
+// Summary is what a run measured.
+type Summary struct {
+	Deliveries   int   // messages delivered: every distinct message twice
+	Payments     int   // payment rows
+	Balances     []int // version of each account at the end
+	DedupTable   bool  // whether a dedup table exists (it must not)
+	DeadLettered int64 // messages on the dead-letter topic (none: duplicates are acked)
+}
+
+func main() {
+	dbURL := flag.String("db", "", "application database URL (default: SQLite in a temporary directory)")
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "onceflow-natural-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if *dbURL == "" {
+		*dbURL = "sqlite://" + filepath.Join(dir, "app.db")
+	}
+	s, err := run(context.Background(), dir, *dbURL, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "natural-idempotency:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("delivered %d messages: %d distinct, each twice\n", s.Deliveries, s.Deliveries/2)
+	fmt.Printf("payment rows: %d; account versions: %v; dead-lettered: %d; dedup table present: %v\n",
+		s.Payments, s.Balances, s.DeadLettered, s.DedupTable)
+}
+
+func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, error) {
+	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group})
+	if err != nil {
+		return Summary{}, err
+	}
+	defer queue.Close()
+	db, err := sqldb.Open(ctx, dbURL)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer db.Close()
+	for _, ddl := range []string{
+		`CREATE TABLE payments (payment_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL)`,
+		`CREATE TABLE accounts (account_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL, version BIGINT NOT NULL)`,
+		`INSERT INTO accounts (account_id, cents, version) VALUES ('acct-1', 0, 0), ('acct-2', 0, 0)`,
+	} {
+		if _, err := db.ExecContext(ctx, ddl); err != nil {
+			return Summary{}, err
+		}
+	}
+
+	// Every message is published twice, as a broker redelivers after a lost acknowledgement.
+	events := []Event{
+		{Kind: "payment", ID: "pay-1", Cents: 500},
+		{Kind: "payment", ID: "pay-2", Cents: 700},
+		{Kind: "balance", ID: "acct-1", Cents: 500, Version: 1},
+		{Kind: "balance", ID: "acct-1", Cents: 1200, Version: 2},
+		{Kind: "balance", ID: "acct-2", Cents: 50, Version: 1},
+	}
+	var msgs []*message.Message
+	for i, e := range events {
+		body, _ := json.Marshal(e)
+		id := fmt.Sprintf("event-%d", i)
+		msgs = append(msgs, message.NewMessage(id, body), message.NewMessage(id, body))
+	}
+	if err := queue.Publisher().Publish(topic, msgs...); err != nil {
+		return Summary{}, err
+	}
+
+	router, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: queue.Publisher(), Logger: logger})
+	if err != nil {
+		return Summary{}, err
+	}
+	sub, err := queue.Subscriber()
+	if err != nil {
+		return Summary{}, err
+	}
+	if err := router.AddHandler(onceflow.Handler{
+		Name:       "accounting",
+		Topic:      topic,
+		Subscriber: sub,
+		DB:         db,
+		// No "deduplicate": the business writes detect the second delivery themselves.
+		Interceptors: []string{"deadletter", "recover", "retry", "transaction", "natural-idempotency"},
+		Processor:    processor.JSON(apply),
+	}); err != nil {
+		return Summary{}, err
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(runCtx) }()
+	if err := waitDrained(ctx, queue, done); err != nil {
+		stop()
+		return Summary{}, errors.Join(err, <-done)
+	}
+	stop()
+	if err := <-done; err != nil {
+		return Summary{}, err
+	}
+
+	s := Summary{Deliveries: len(msgs)}
+	if err := db.GetContext(ctx, &s.Payments, `SELECT COUNT(*) FROM payments`); err != nil {
+		return s, err
+	}
+	if err := db.SelectContext(ctx, &s.Balances, `SELECT version FROM accounts ORDER BY account_id`); err != nil {
+		return s, err
+	}
+	var tables int
+	q := `SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'onceflow_dedup' AND table_schema = current_schema()`
+	switch db.Dialect {
+	case sqldb.SQLite:
+		q = `SELECT COUNT(*) FROM sqlite_master WHERE name = 'onceflow_dedup'`
+	case sqldb.MySQL:
+		q = `SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'onceflow_dedup' AND table_schema = DATABASE()`
+	}
+	if err := db.GetContext(ctx, &tables, q); err != nil {
+		return s, err
+	}
+	s.DedupTable = tables > 0
+	s.DeadLettered, err = queue.Len(ctx, onceflow.DefaultDeadLetterTopic)
+	return s, err
+}
+
+// apply is the processor: an INSERT keyed by the payment id, or a version-checked UPDATE.
+func apply(ctx context.Context, msg *messagedata.MessageData, e Event) error {
+	tx, _ := processor.TxFromContext(ctx)
+	switch e.Kind {
+	case "payment":
+		// A second delivery violates the primary key: the natural-idempotency interceptor
+		// turns that into "already processed".
+		_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO payments (payment_id, cents) VALUES (?, ?)`), e.ID, e.Cents)
+		return err
+	case "balance":
+		res, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE accounts SET cents = ?, version = ? WHERE account_id = ? AND version = ?`),
+			e.Cents, e.Version, e.ID, e.Version-1)
+		return processor.RowsAffectedOrDuplicate(res, err)
+	}
+	return processor.Permanent(fmt.Errorf("unknown event kind %q", e.Kind))
+}
+
+func waitDrained(ctx context.Context, queue *sqlitequeue.Queue, done <-chan error) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			return fmt.Errorf("router stopped early: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		left, err := queue.Backlog(ctx, topic, group)
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			return nil
+		}
+	}
+	return errors.New("messages were not all processed within a minute")
+}
