@@ -1,0 +1,329 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Defaults of Options.
+const (
+	// DefaultConsumerGroup is the consumer group of a Broker whose Options name none.
+	DefaultConsumerGroup = "onceflow"
+	// DefaultPrefetch is how many messages an AMQP subscription or an SQL consumer takes ahead
+	// of its acknowledgements when Options.Prefetch is zero.
+	DefaultPrefetch = 10
+	// DefaultNackDelay is how long a nacked message waits before it is delivered again when
+	// Options.NackDelay is zero.
+	DefaultNackDelay = time.Second
+	// DefaultAckTimeout is how long a delivered message may stay unacknowledged before the
+	// broker gives it to another consumer, when Options.AckTimeout is zero.
+	DefaultAckTimeout = 30 * time.Second
+	// DefaultPollInterval is how often an idle PostgreSQL or MySQL consumer looks for new
+	// messages when Options.PollInterval is zero.
+	DefaultPollInterval = 50 * time.Millisecond
+)
+
+// NoNackDelay as Options.NackDelay asks for a nacked message to be delivered again at once
+// (as at once as the broker allows). The URL form is nack_delay=0.
+const NoNackDelay time.Duration = -1
+
+// closeGrace is how long Close lets an adapter stop on its own (hand back its messages, commit
+// the offsets acknowledged so far) before it cancels the adapter's queries.
+const closeGrace = 2 * time.Second
+
+// ErrClosed is returned by a closed Broker, and by the Publishers and Subscribers of a closed
+// Broker.
+var ErrClosed = errors.New("broker: closed")
+
+// Options configure a Broker. The zero value is valid: every field has a default. Query
+// parameters of the URL given to Open override the fields: group, prefetch, nack_delay,
+// ack_timeout and poll_interval. docs/brokers.md says what each means for each scheme.
+type Options struct {
+	// ConsumerGroup names the consumers of the Broker's Subscribers. Consumers of one group
+	// compete: each message goes to one of them. Every group gets every message of a topic
+	// (fan-out between groups). URL parameter: group. Defaults to "onceflow".
+	ConsumerGroup string
+
+	// Logger receives the logs of the underlying watermill adapters. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+
+	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
+	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
+	// consumer group (for the group as a whole, as JetStream counts it), the batch size of an
+	// SQL or SQLite consumer. Redis and mem deliver one message at a time and ignore it.
+	// URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the
+	// server's default) for NATS and to sqlitequeue.DefaultBatchSize for SQLite.
+	Prefetch int
+
+	// NackDelay is how long a nacked message waits before it is delivered again, so that a
+	// message that keeps failing does not spin in a tight loop. NoNackDelay asks for no delay.
+	// URL parameter: nack_delay (nack_delay=0 is NoNackDelay). Defaults to DefaultNackDelay.
+	NackDelay time.Duration
+
+	// AckTimeout is how long a delivered message may stay neither acked nor nacked before the
+	// broker delivers it again, to another consumer when there is one: NATS AckWait, Redis
+	// pending-entry idle time before re-claim, the ack deadline of SQL and SQLite consumers.
+	// It bounds how long the messages of a consumer that died stay unavailable, and it must
+	// exceed the longest processing time, retries included, or a slow message is processed
+	// twice (deduplication absorbs that, at a cost). Where the adapter enforces it (NATS, SQL,
+	// SQLite) the delivered message's context is cancelled when it passes, so that the
+	// processing of a message that will be delivered again is abandoned. AMQP and mem ignore
+	// it: RabbitMQ gives the messages of a consumer back when its connection closes, mem when
+	// its Subscriber closes. URL parameter: ack_timeout. Defaults to DefaultAckTimeout.
+	AckTimeout time.Duration
+
+	// PollInterval is how long an idle SQL or SQLite consumer waits before looking for new
+	// messages again. URL parameter: poll_interval. Defaults to DefaultPollInterval for
+	// PostgreSQL and MySQL and to sqlitequeue.DefaultPollInterval for SQLite.
+	PollInterval time.Duration
+}
+
+// Validate reports the first invalid field. Zero values are valid: they select the defaults.
+func (o Options) Validate() error {
+	if len(o.ConsumerGroup) > 200 {
+		return fmt.Errorf("broker: Options.ConsumerGroup: %d bytes is longer than 200", len(o.ConsumerGroup))
+	}
+	for _, r := range o.ConsumerGroup {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return fmt.Errorf("broker: Options.ConsumerGroup: %q contains a space or control character", o.ConsumerGroup)
+		}
+	}
+	if o.Prefetch < 0 {
+		return fmt.Errorf("broker: Options.Prefetch: %d is negative (0 selects the default)", o.Prefetch)
+	}
+	if o.NackDelay < 0 && o.NackDelay != NoNackDelay {
+		return fmt.Errorf("broker: Options.NackDelay: %s is negative (0 selects the default, NoNackDelay disables the delay)", o.NackDelay)
+	}
+	if o.AckTimeout < 0 {
+		return fmt.Errorf("broker: Options.AckTimeout: %s is negative (0 selects the default)", o.AckTimeout)
+	}
+	if o.PollInterval < 0 {
+		return fmt.Errorf("broker: Options.PollInterval: %s is negative (0 selects the default)", o.PollInterval)
+	}
+	return nil
+}
+
+// withDefaults fills the fields that have the same default for every scheme.
+func (o Options) withDefaults() Options {
+	if o.ConsumerGroup == "" {
+		o.ConsumerGroup = DefaultConsumerGroup
+	}
+	if o.Logger == nil {
+		o.Logger = watermill.NopLogger{}
+	}
+	if o.NackDelay == 0 {
+		o.NackDelay = DefaultNackDelay
+	}
+	if o.AckTimeout == 0 {
+		o.AckTimeout = DefaultAckTimeout
+	}
+	return o
+}
+
+// nackDelay returns the delay as a non-negative duration: zero for NoNackDelay.
+func (o Options) nackDelay() time.Duration { return max(o.NackDelay, 0) }
+
+// backend is what a scheme provides: the upstream watermill publisher, a way to make upstream
+// subscribers, and what the generic wrappers must do around them.
+type backend struct {
+	// pub is the shared upstream publisher; Broker.Close closes it.
+	pub message.Publisher
+	// checkTopic rejects topics the scheme cannot carry, with a clear error. Nil accepts any
+	// non-empty topic.
+	checkTopic func(topic string) error
+	// checkMessage, if not nil, rejects a message the scheme cannot store, with a clear error.
+	checkMessage func(m *message.Message) error
+	// preparePublish, if not nil, runs before each Publish (declaring streams and the like).
+	preparePublish func(topic string) error
+	// newSubscriber makes an upstream subscriber: one consumer.
+	newSubscriber func() (message.Subscriber, error)
+	// relayNackDelay is the delay the relay applies before passing a nack upstream, for
+	// adapters that would redeliver at once. Zero when the adapter delays itself.
+	relayNackDelay time.Duration
+	// nackOnClose makes the relay nack the message a closing consumer holds, for adapters
+	// that would otherwise wait for a timeout before delivering it again.
+	nackOnClose bool
+	// close releases what the backend shares between its publisher and subscribers, after
+	// both are closed.
+	close func() error
+}
+
+// Broker is a connection to one message broker, chosen by URL: it holds a shared Publisher and
+// makes Subscribers. Open creates it. A Broker is safe for concurrent use.
+type Broker struct {
+	scheme   string
+	redacted string
+	secrets  []string
+	opts     Options
+	be       *backend
+	pub      *publisher
+
+	mu       sync.Mutex
+	closed   bool
+	subs     map[*subscriber]struct{}
+	inflight sync.WaitGroup // Publish calls in progress
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open connects to the broker that rawURL names and returns a Broker over it. The URL forms:
+//
+//	amqp://user:password@host:5672/vhost, amqps://...      RabbitMQ (watermill-amqp)
+//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (watermill-sql); also postgresql://
+//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (watermill-sql); also mariadb://
+//	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
+//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (watermill-nats)
+//	redis://user:password@host:6379/0, rediss://...         Redis Streams (watermill-redisstream)
+//	mem://name                                              in-process, for tests only (watermill gochannel)
+//
+// The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override the
+// fields of opts; the other query parameters go to the driver. Open checks that the broker
+// answers (database ping, connection, JetStream enabled) before it returns.
+//
+// Errors and String never contain a password or token of the URL.
+func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
+	t, err := parseTarget(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	opts, err = applyParams(opts, t.params, t.redacted)
+	if err != nil {
+		return nil, err
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+
+	var be *backend
+	switch t.scheme {
+	case "amqp":
+		be, err = openAMQP(t, opts)
+	case "postgres", "mysql":
+		be, err = openSQL(ctx, t, opts)
+	case "sqlite":
+		be, err = openSQLite(ctx, t, opts)
+	case "nats":
+		be, err = openNATS(t, opts)
+	case "redis":
+		be, err = openRedis(ctx, t, opts)
+	case "mem":
+		be, err = openMem(t, opts)
+	default:
+		err = fmt.Errorf("unknown scheme (%s)", acceptedSchemes)
+	}
+	if err != nil {
+		return nil, scrub(fmt.Errorf("broker: open %s: %w", t.redacted, err), t.secrets)
+	}
+	b := &Broker{
+		scheme:   t.scheme,
+		redacted: t.redacted,
+		secrets:  t.secrets,
+		opts:     opts,
+		be:       be,
+		subs:     map[*subscriber]struct{}{},
+	}
+	b.pub = &publisher{b: b}
+	return b, nil
+}
+
+// Scheme returns the broker's kind: "amqp", "postgres", "mysql", "sqlite", "nats", "redis" or
+// "mem", whichever alias the URL used (amqps, postgresql, mariadb, rediss, ...).
+func (b *Broker) Scheme() string { return b.scheme }
+
+// String returns the broker's URL without its password or token.
+func (b *Broker) String() string { return b.redacted }
+
+// ConsumerGroup returns the consumer group of the Broker's Subscribers, after defaults and URL
+// parameters.
+func (b *Broker) ConsumerGroup() string { return b.opts.ConsumerGroup }
+
+// Publisher returns the Broker's publisher. It is shared and safe for concurrent use. A
+// message is stored by the broker when Publish returns nil (publisher confirms for AMQP, a
+// JetStream acknowledgement for NATS, a committed row for SQL and SQLite). Its Close does
+// nothing, so that a watermill router that closes the publishers of its handlers does not
+// close it: Broker.Close does. Publish on a closed Broker returns ErrClosed.
+func (b *Broker) Publisher() message.Publisher { return b.pub }
+
+// Subscriber returns a new consumer in the Broker's consumer group. Each Subscribe call on it
+// is one competing consumer of the topic: a message goes to one subscription of the group at a
+// time. Closing the Subscriber ends its subscriptions; messages they held unacknowledged are
+// delivered again, to another consumer of the group. Close is idempotent and safe to call
+// concurrently; it lets the adapter stop on its own (commit the offsets acked so far) for up
+// to 2 s, then cancels its queries, so that a consumer waiting for a lock that another
+// consumer holds does not hold Close up. Broker.Close closes the Subscribers that are still
+// open.
+func (b *Broker) Subscriber() (message.Subscriber, error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, ErrClosed
+	}
+	b.mu.Unlock()
+	up, err := b.be.newSubscriber()
+	if err != nil {
+		return nil, scrub(fmt.Errorf("broker: new subscriber of %s: %w", b.redacted, err), b.secrets)
+	}
+	s := newSubscriber(b, up)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		_ = up.Close()
+		return nil, ErrClosed
+	}
+	b.subs[s] = struct{}{}
+	return s, nil
+}
+
+func (b *Broker) forget(s *subscriber) {
+	b.mu.Lock()
+	delete(b.subs, s)
+	b.mu.Unlock()
+}
+
+// checkTopic reports whether the scheme can carry topic.
+func (b *Broker) checkTopic(topic string) error {
+	if topic == "" {
+		return errors.New("broker: topic is empty")
+	}
+	if b.be.checkTopic != nil {
+		return b.be.checkTopic(topic)
+	}
+	return nil
+}
+
+// Close closes the Broker's open Subscribers, waits for Publish calls in progress, and closes
+// the publisher and the connection. It is idempotent and safe to call concurrently.
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		subs := make([]*subscriber, 0, len(b.subs))
+		for s := range b.subs {
+			subs = append(subs, s)
+		}
+		b.mu.Unlock()
+
+		var errs []error
+		for _, s := range subs {
+			errs = append(errs, s.Close())
+		}
+		b.inflight.Wait()
+		errs = append(errs, b.be.pub.Close())
+		if b.be.close != nil {
+			errs = append(errs, b.be.close())
+		}
+		if err := errors.Join(errs...); err != nil {
+			b.closeErr = scrub(fmt.Errorf("broker: close %s: %w", b.redacted, err), b.secrets)
+		}
+	})
+	return b.closeErr
+}

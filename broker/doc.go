@@ -1,0 +1,33 @@
+// Package broker builds a watermill Publisher and Subscribers for a message broker named by a
+// URL, so that the rest of onceflow, and its users, choose a broker with one string:
+//
+//	amqp://guest:guest@127.0.0.1:5672/                  RabbitMQ
+//	postgres://postgres@127.0.0.1:5432/app              a queue in PostgreSQL
+//	mysql://root@127.0.0.1:3306/app                     a queue in MySQL or MariaDB
+//	sqlite://var/queue.db                               the embedded SQLite queue
+//	nats://127.0.0.1:4222                               NATS JetStream
+//	redis://127.0.0.1:6379/0                            Redis Streams
+//	mem://tests                                         in-process, for tests only
+//
+// Every scheme gives the same guarantees, which onceflow's exactly-once processing builds on:
+//
+//   - a message is stored by the broker (durable, where the broker is) when Publish returns nil;
+//   - consumers of one consumer group compete: a message goes to one of them at a time, and
+//     each Subscribe call is one such consumer; every consumer group gets every message;
+//   - a message is delivered until it is acknowledged: a nacked message is delivered again
+//     after Options.NackDelay, and the message a consumer held when it went away is delivered
+//     again to another consumer (at once where the broker notices, after Options.AckTimeout
+//     where it cannot);
+//   - delivery is at least once: a message acknowledged just before a crash may come again,
+//     which onceflow's deduplication absorbs;
+//   - the message's UUID, metadata and payload arrive as published. Messages from producers
+//     that are not watermill arrive too, with their headers as string metadata and, for AMQP,
+//     the message_id property in the header amqp_message_id, for the converter's id policy.
+//
+// The Publisher is shared and its Close does nothing; Broker.Close closes everything. The
+// Subscribers' Close is idempotent and safe to call concurrently, as the router needs.
+//
+// The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override
+// Options; docs/brokers.md describes each scheme: its URL, topology, and what it does on nack
+// and when a consumer dies.
+package broker

@@ -1,0 +1,212 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// publisher is the Broker's shared message.Publisher.
+type publisher struct {
+	b *Broker
+}
+
+var _ message.Publisher = (*publisher)(nil)
+
+// Publish checks the topic, prepares it if the scheme needs that, and publishes messages with
+// the upstream publisher.
+func (p *publisher) Publish(topic string, messages ...*message.Message) error {
+	b := p.b
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	b.inflight.Add(1)
+	b.mu.Unlock()
+	defer b.inflight.Done()
+
+	if err := b.checkTopic(topic); err != nil {
+		return err
+	}
+	for i, m := range messages {
+		if m == nil {
+			return fmt.Errorf("broker: publish to %q: message %d of %d is nil", topic, i+1, len(messages))
+		}
+		if b.be.checkMessage != nil {
+			if err := b.be.checkMessage(m); err != nil {
+				return fmt.Errorf("broker: publish to %q: message %d of %d: %w", topic, i+1, len(messages), err)
+			}
+		}
+	}
+	if b.be.preparePublish != nil {
+		if err := b.be.preparePublish(topic); err != nil {
+			return scrub(fmt.Errorf("broker: prepare topic %q on %s: %w", topic, b.redacted, err), b.secrets)
+		}
+	}
+	if err := b.be.pub.Publish(topic, messages...); err != nil {
+		return scrub(fmt.Errorf("broker: publish to %q on %s: %w", topic, b.redacted, err), b.secrets)
+	}
+	return nil
+}
+
+// Close does nothing: the publisher is shared, and Broker.Close closes it.
+func (p *publisher) Close() error { return nil }
+
+// subscriber is the Subscriber a Broker hands out. It puts a relay between the upstream
+// adapter and the consumer: the consumer gets a copy of each message (same UUID, metadata,
+// payload and context), and the relay passes the copy's ack or nack upstream. That gives every
+// scheme the same behaviour where the adapters differ: a delay before a nack reaches an
+// adapter that would redeliver at once, a nack for the message a closing consumer holds, and
+// a Close that is idempotent and safe to call concurrently.
+type subscriber struct {
+	b  *Broker
+	up message.Subscriber
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	cancels []context.CancelFunc
+	relays  sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ message.Subscriber = (*subscriber)(nil)
+
+func newSubscriber(b *Broker, up message.Subscriber) *subscriber {
+	return &subscriber{b: b, up: up, closing: make(chan struct{})}
+}
+
+// Subscribe starts one competing consumer of topic. The returned channel is closed when ctx
+// ends or the Subscriber closes.
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := s.b.checkTopic(topic); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	upCtx, cancel := context.WithCancel(ctx)
+	s.cancels = append(s.cancels, cancel)
+	s.relays.Add(1)
+	s.mu.Unlock()
+
+	in, err := s.up.Subscribe(upCtx, topic)
+	if err != nil {
+		s.relays.Done()
+		return nil, scrub(fmt.Errorf("broker: subscribe to %q on %s: %w", topic, s.b.redacted, err), s.b.secrets)
+	}
+	out := make(chan *message.Message)
+	go s.relay(upCtx, in, out)
+	return out, nil
+}
+
+// relay passes messages from in to out, one at a time, and each one's ack or nack back.
+func (s *subscriber) relay(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
+	defer s.relays.Done()
+	defer close(out)
+	be := s.b.be
+	// giveBack is what happens to a message the consumer will not settle.
+	giveBack := func(m *message.Message) {
+		if be.nackOnClose {
+			m.Nack()
+		}
+	}
+	for {
+		var m *message.Message
+		select {
+		case <-s.closing:
+			return
+		case <-ctx.Done():
+			return
+		case got, ok := <-in:
+			if !ok {
+				return
+			}
+			m = got
+		}
+
+		c := m.Copy()
+		c.SetContext(m.Context())
+		select {
+		case out <- c:
+		case <-m.Context().Done():
+			// The adapter gave the message up before the consumer took it (its ack deadline
+			// passed, its subscription ended): it delivers it again, so do not hand out a
+			// stale copy.
+			giveBack(m)
+			continue
+		case <-s.closing:
+			giveBack(m)
+			return
+		case <-ctx.Done():
+			giveBack(m)
+			return
+		}
+
+		select {
+		case <-c.Acked():
+			m.Ack()
+		case <-c.Nacked():
+			if d := be.relayNackDelay; d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-s.closing:
+				case <-ctx.Done():
+				}
+				t.Stop()
+			}
+			m.Nack()
+		case <-s.closing:
+			giveBack(m)
+			return
+		case <-ctx.Done():
+			giveBack(m)
+			return
+		}
+	}
+}
+
+// Close ends the subscriptions and closes the upstream subscriber. Messages a consumer held
+// without acknowledging them are delivered again. Close is idempotent; concurrent calls all
+// return when the first one is done, with its result.
+func (s *subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		close(s.closing)
+		cancels := s.cancels
+		s.mu.Unlock()
+
+		s.relays.Wait()
+		done := make(chan error, 1)
+		go func() { done <- s.up.Close() }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(closeGrace):
+			// The adapter is stuck, typically in a query waiting for a lock that another
+			// consumer holds: cancel its queries.
+			for _, cancel := range cancels {
+				cancel()
+			}
+			err = <-done
+		}
+		for _, cancel := range cancels {
+			cancel()
+		}
+		s.b.forget(s)
+		if err != nil {
+			s.closeErr = scrub(fmt.Errorf("broker: close subscriber of %s: %w", s.b.redacted, err), s.b.secrets)
+		}
+	})
+	return s.closeErr
+}

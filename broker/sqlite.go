@@ -1,0 +1,34 @@
+package broker
+
+import (
+	"context"
+	"time"
+
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
+)
+
+func openSQLite(ctx context.Context, t *target, o Options) (*backend, error) {
+	resend := o.nackDelay()
+	if resend == 0 {
+		resend = time.Millisecond // zero would select sqlitequeue's default
+	}
+	q, err := sqlitequeue.Open(ctx, t.dsn, sqlitequeue.Config{
+		ConsumerGroup:  o.ConsumerGroup,
+		BatchSize:      o.Prefetch,
+		PollInterval:   o.PollInterval,
+		ResendInterval: resend,
+		AckDeadline:    o.AckTimeout,
+		Logger:         o.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &backend{
+		pub:           q.Publisher(),
+		checkTopic:    sqlitequeue.CheckTopic,
+		newSubscriber: q.Subscriber,
+		// sqlitequeue delays redelivery of a nacked message itself (ResendInterval) and hands
+		// the batch of a closing consumer to the next one.
+		close: q.Close,
+	}, nil
+}

@@ -1,0 +1,278 @@
+package broker
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// Query parameters that every scheme understands. They override the Options given to Open and
+// are removed from the URL before it reaches the driver; every other parameter is the driver's.
+const (
+	paramGroup        = "group"
+	paramPrefetch     = "prefetch"
+	paramNackDelay    = "nack_delay"
+	paramAckTimeout   = "ack_timeout"
+	paramPollInterval = "poll_interval"
+)
+
+var ownParams = []string{paramGroup, paramPrefetch, paramNackDelay, paramAckTimeout, paramPollInterval}
+
+// canonicalSchemes maps every accepted URL scheme to the scheme Broker.Scheme reports.
+var canonicalSchemes = map[string]string{
+	"amqp": "amqp", "amqps": "amqp",
+	"postgres": "postgres", "postgresql": "postgres",
+	"mysql": "mysql", "mariadb": "mysql",
+	"sqlite": "sqlite", "sqlite3": "sqlite",
+	"nats":  "nats",
+	"redis": "redis", "rediss": "redis",
+	"mem": "mem",
+}
+
+const acceptedSchemes = "want amqp://, amqps://, postgres://, postgresql://, mysql://, mariadb://, sqlite://, nats://, redis://, rediss:// or mem://"
+
+// target is a parsed broker URL.
+type target struct {
+	// scheme is the canonical scheme (amqp, postgres, mysql, sqlite, nats, redis, mem).
+	scheme string
+	// dsn is the URL without onceflow's query parameters, for the driver.
+	dsn string
+	// u is dsn parsed.
+	u *url.URL
+	// redacted is the URL as given, without its password.
+	redacted string
+	// secrets are the strings that must never appear in an error: passwords and tokens, as
+	// written in the URL and decoded.
+	secrets []string
+	// params are onceflow's query parameters.
+	params url.Values
+}
+
+// parseTarget splits rawURL into the driver's URL and onceflow's query parameters. Its errors
+// never contain a password of rawURL.
+func parseTarget(rawURL string) (*target, error) {
+	if strings.TrimSpace(rawURL) == "" {
+		return nil, fmt.Errorf("broker: URL is empty (%s)", acceptedSchemes)
+	}
+	scheme, rest, ok := strings.Cut(rawURL, ":")
+	canonical := canonicalSchemes[strings.ToLower(scheme)]
+	if !ok || canonical == "" {
+		return nil, fmt.Errorf("broker: URL %q: unknown scheme %q (%s)", redactURL(rawURL), schemeForError(scheme), acceptedSchemes)
+	}
+	if !strings.HasPrefix(rest, "//") {
+		return nil, fmt.Errorf("broker: URL %q is malformed: want %s://... (%s)", redactURL(rawURL), strings.ToLower(scheme), acceptedSchemes)
+	}
+	redacted := redactURL(rawURL)
+	if strayAt(rawURL) {
+		return nil, fmt.Errorf("broker: URL %q is malformed: '@' after the host; percent-encode '@', '/', '?' and '#' in the user name and password (%%40, %%2F, %%3F, %%23)", redacted)
+	}
+	base, query, _ := strings.Cut(rawURL, "?")
+	if strings.Contains(query, "#") || strings.Contains(base, "#") {
+		return nil, fmt.Errorf("broker: URL %q: a fragment (#...) is not allowed; percent-encode '#' as %%23", redacted)
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("broker: URL %q: malformed query: %w", redacted, err)
+	}
+	params := url.Values{}
+	for _, k := range ownParams {
+		if vs, ok := q[k]; ok {
+			params[k] = vs
+			delete(q, k)
+		}
+	}
+	dsn := base
+	if len(q) > 0 {
+		dsn += "?" + q.Encode()
+	}
+	u, err := url.Parse(dsn)
+	switch {
+	case err != nil && canonical == "sqlite":
+		// A file path, not a network address (sqlite://:memory:, sqlite://C:/queue.db):
+		// sqlitequeue reads it.
+		u = &url.URL{Scheme: strings.ToLower(scheme)}
+	case err != nil:
+		// url.Parse quotes the part it rejects, which may be the password: do not wrap it.
+		return nil, fmt.Errorf("broker: URL %q is malformed: check that special characters in the user name and password are percent-encoded", redacted)
+	}
+	t := &target{scheme: canonical, dsn: dsn, u: u, redacted: redacted, params: params}
+	t.secrets = secretsOf(rawURL, u, q)
+	return t, nil
+}
+
+// secretsOf lists the passwords and tokens of a URL in every form they may be echoed in.
+func secretsOf(rawURL string, u *url.URL, q url.Values) []string {
+	var out []string
+	add := func(s string) {
+		if s == "" {
+			return
+		}
+		out = append(out, s, url.QueryEscape(s), url.PathEscape(s))
+	}
+	if u.User != nil {
+		if p, ok := u.User.Password(); ok {
+			add(p)
+		} else if strings.EqualFold(u.Scheme, "nats") {
+			add(u.User.Username()) // a NATS token
+		}
+	}
+	// The password as written, percent-encoding and all.
+	if _, rest, ok := strings.Cut(rawURL, "//"); ok {
+		if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+			rest = rest[:end]
+		}
+		if ui, _, ok := strings.Cut(rest, "@"); ok {
+			if _, p, ok := strings.Cut(ui, ":"); ok {
+				add(p)
+			}
+		}
+	}
+	for k, vs := range q {
+		if isPasswordParam(k) {
+			for _, v := range vs {
+				add(v)
+			}
+		}
+	}
+	return out
+}
+
+func isPasswordParam(key string) bool {
+	k := strings.ToLower(key)
+	return k == "password" || k == "sslpassword" || k == "token"
+}
+
+// redactURL returns rawURL without its password, as sqldb.Redact does, and without the token
+// of a nats://token@host URL.
+func redactURL(rawURL string) string {
+	r := sqldb.Redact(rawURL)
+	scheme, _, _ := strings.Cut(rawURL, ":")
+	if !strings.EqualFold(scheme, "nats") {
+		return r
+	}
+	u, err := url.Parse(r)
+	if err != nil {
+		return r
+	}
+	if u.User != nil {
+		if _, hasPassword := u.User.Password(); !hasPassword {
+			u.User = url.User("xxxxx")
+			return u.String()
+		}
+	}
+	q := u.Query()
+	if _, ok := q["token"]; ok {
+		q.Set("token", "xxxxx")
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return r
+}
+
+// schemeForError returns s if it looks like a scheme name, so that an error does not echo the
+// start of a URL that has no scheme (which may be user:password).
+func schemeForError(s string) string {
+	if s == "" || len(s) > 16 {
+		return "(none)"
+	}
+	for i, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case i > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return "(none)"
+		}
+	}
+	return s
+}
+
+// strayAt reports whether rawURL has an '@' after its authority: a '/', '?' or '#' in the
+// password was not percent-encoded, and the rest of the password would land where no
+// redaction hides it.
+func strayAt(rawURL string) bool {
+	_, rest, ok := strings.Cut(rawURL, "//")
+	if !ok {
+		return false
+	}
+	end := strings.IndexAny(rest, "/?#")
+	return end >= 0 && strings.Contains(rest[end:], "@")
+}
+
+// applyParams returns opts with the URL's query parameters applied over it.
+func applyParams(opts Options, params url.Values, redacted string) (Options, error) {
+	bad := func(k, v, want string) error {
+		return fmt.Errorf("broker: URL %q: query parameter %s=%q: want %s", redacted, k, v, want)
+	}
+	for k, vs := range params {
+		v := vs[len(vs)-1]
+		switch k {
+		case paramGroup:
+			if v == "" {
+				return opts, bad(k, v, "a non-empty consumer group name")
+			}
+			opts.ConsumerGroup = v
+		case paramPrefetch:
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return opts, bad(k, v, "a non-negative integer (0 selects the default)")
+			}
+			opts.Prefetch = n
+		case paramNackDelay, paramAckTimeout, paramPollInterval:
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return opts, bad(k, v, "a non-negative Go duration such as 250ms or 2s")
+			}
+			switch k {
+			case paramNackDelay:
+				if d == 0 {
+					d = NoNackDelay
+				}
+				opts.NackDelay = d
+			case paramAckTimeout:
+				if d == 0 {
+					return opts, bad(k, v, "a positive Go duration such as 30s")
+				}
+				opts.AckTimeout = d
+			case paramPollInterval:
+				if d == 0 {
+					return opts, bad(k, v, "a positive Go duration such as 50ms")
+				}
+				opts.PollInterval = d
+			}
+		}
+	}
+	return opts, nil
+}
+
+// scrubbedError is an error whose text has had secrets removed.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
+
+// scrub returns err with every secret in its text replaced by "xxxxx". Drivers sometimes echo
+// the URL or the credentials they were given; onceflow's errors never do.
+func scrub(err error, secrets []string) error {
+	if err == nil || len(secrets) == 0 {
+		return err
+	}
+	msg := err.Error()
+	changed := false
+	for _, s := range secrets {
+		if s != "" && strings.Contains(msg, s) {
+			msg = strings.ReplaceAll(msg, s, "xxxxx")
+			changed = true
+		}
+	}
+	if !changed {
+		return err
+	}
+	return &scrubbedError{msg: msg, err: err}
+}

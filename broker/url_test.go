@@ -1,0 +1,189 @@
+package broker_test
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/testsvc"
+)
+
+const secret = "S3cr3t-pw"
+
+func TestOpen_RejectsBadURLsNamingTheAcceptedSchemes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, url, want string
+		listsSchemes    bool
+	}{
+		{"empty", "", "URL is empty", true},
+		{"blank", "   ", "URL is empty", true},
+		{"unknown scheme", "kafka://127.0.0.1:9092", `unknown scheme "kafka"`, true},
+		{"no scheme", "127.0.0.1:5672", "unknown scheme", true},
+		{"no slashes", "amqp:127.0.0.1", "malformed", true},
+		{"fragment", "mem://x#y", "fragment", false},
+		{"bad escape in query", "mem://x?group=%zz", "malformed query", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := broker.Open(context.Background(), tc.url, broker.Options{})
+			require.ErrorContains(t, err, tc.want)
+			if tc.listsSchemes {
+				for _, s := range []string{"amqp://", "postgres://", "mysql://", "sqlite://", "nats://", "redis://", "mem://"} {
+					require.ErrorContains(t, err, s)
+				}
+			}
+		})
+	}
+}
+
+func TestOpen_RejectsBadParametersNamingThem(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url, want string
+	}{
+		{"mem://x?prefetch=-1", "prefetch"},
+		{"mem://x?prefetch=many", "prefetch"},
+		{"mem://x?nack_delay=soon", "nack_delay"},
+		{"mem://x?ack_timeout=0", "ack_timeout"},
+		{"mem://x?poll_interval=-1s", "poll_interval"},
+		{"mem://x?group=", "group"},
+		{"mem://x?group=a%20b", "ConsumerGroup"},
+		{"mem://x?bogus=1", "no query parameters"},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			t.Parallel()
+			_, err := broker.Open(context.Background(), tc.url, broker.Options{})
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestOptions_Validate(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, broker.Options{}.Validate())
+	require.NoError(t, broker.Options{NackDelay: broker.NoNackDelay}.Validate())
+	require.ErrorContains(t, broker.Options{Prefetch: -1}.Validate(), "Options.Prefetch")
+	require.ErrorContains(t, broker.Options{NackDelay: -time.Second}.Validate(), "Options.NackDelay")
+	require.ErrorContains(t, broker.Options{AckTimeout: -time.Second}.Validate(), "Options.AckTimeout")
+	require.ErrorContains(t, broker.Options{PollInterval: -time.Second}.Validate(), "Options.PollInterval")
+	require.ErrorContains(t, broker.Options{ConsumerGroup: "a\tb"}.Validate(), "Options.ConsumerGroup")
+	require.ErrorContains(t, broker.Options{ConsumerGroup: strings.Repeat("g", 201)}.Validate(), "Options.ConsumerGroup")
+}
+
+func TestOpen_URLParametersOverrideOptions(t *testing.T) {
+	t.Parallel()
+	b, err := broker.Open(context.Background(), "mem://"+testsvc.UniqueName("m")+"?group=from-url", broker.Options{ConsumerGroup: "from-options"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	require.Equal(t, "from-url", b.ConsumerGroup())
+}
+
+// Every form of URL with a password, for each scheme: nothing listens on port 1, so Open fails
+// after the driver has seen the credentials; neither the error nor String shows them.
+func TestOpen_ErrorsNeverShowThePassword(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		"amqp://user:" + secret + "@127.0.0.1:1/",
+		"amqps://user:" + secret + "@127.0.0.1:1/vhost",
+		"postgres://user:" + secret + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",
+		"postgresql://user@127.0.0.1:1/db?password=" + secret + "&sslmode=disable",
+		"mysql://user:" + secret + "@127.0.0.1:1/db",
+		"mariadb://user:" + secret + "@127.0.0.1:1/db",
+		"nats://user:" + secret + "@127.0.0.1:1",
+		"nats://" + secret + "@127.0.0.1:1",
+		"redis://:" + secret + "@127.0.0.1:1/0",
+		"rediss://user:" + secret + "@127.0.0.1:1/0",
+		"amqp://user:" + url.PathEscape(secret+"/?#") + "@127.0.0.1:1/",
+		// Malformed: the password's '/' or '@' not percent-encoded, a bad escape.
+		"amqp://user:S3cr3t/pw@127.0.0.1:1/",
+		"redis://user:S3cr3t@pw@127.0.0.1:1/",
+		"postgres://user:S3cr3t-pw%zz@127.0.0.1:1/db",
+		"user:" + secret + "@127.0.0.1:1",
+	} {
+		t.Run(raw, func(t *testing.T) {
+			t.Parallel()
+			b, err := broker.Open(context.Background(), raw, broker.Options{})
+			require.Error(t, err)
+			require.Nil(t, b)
+			require.NotContains(t, err.Error(), "S3cr3t")
+			require.NotContains(t, broker.RedactURL(raw), "S3cr3t")
+		})
+	}
+}
+
+func TestBroker_StringHidesThePassword(t *testing.T) {
+	t.Parallel()
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		// Trust authentication accepts any password.
+		raw := withPassword(t, testsvc.PostgresURL(t), secret)
+		b, err := broker.Open(context.Background(), raw, broker.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = b.Close() })
+		require.NotContains(t, b.String(), secret)
+		require.Contains(t, b.String(), "xxxxx")
+	})
+	t.Run("nats token", func(t *testing.T) {
+		t.Parallel()
+		// A server without authentication accepts any token.
+		u, err := url.Parse(testsvc.NATSURL(t))
+		require.NoError(t, err)
+		u.User = url.User(secret)
+		b, err := broker.Open(context.Background(), u.String(), broker.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = b.Close() })
+		require.NotContains(t, b.String(), secret)
+		require.Contains(t, b.String(), "xxxxx")
+	})
+	for _, tc := range []struct {
+		name string
+		url  func(t testing.TB) string
+	}{
+		{"amqp", testsvc.AMQPURL},
+		{"mysql", testsvc.MySQLURL},
+		{"redis", testsvc.RedisURL},
+	} {
+		t.Run(tc.name+" wrong password", func(t *testing.T) {
+			t.Parallel()
+			_, err := broker.Open(context.Background(), withPassword(t, tc.url(t), secret), broker.Options{})
+			require.Error(t, err, "the server should refuse the password")
+			require.NotContains(t, err.Error(), secret)
+		})
+	}
+}
+
+func withPassword(t testing.TB, raw, password string) string {
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	user := "onceflow-nobody" // a user that no test server knows
+	if u.User != nil && u.User.Username() != "" {
+		user = u.User.Username()
+	}
+	u.User = url.UserPassword(user, password)
+	return u.String()
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		"amqp://guest:guest@127.0.0.1:5672/":          "amqp://guest:xxxxx@127.0.0.1:5672/",
+		"postgres://u:p@h/db?sslmode=disable":         "postgres://u:xxxxx@h/db?sslmode=disable",
+		"postgres://u@h/db?password=p":                "postgres://u@h/db?password=xxxxx",
+		"mysql://root@127.0.0.1:3306/test":            "mysql://root@127.0.0.1:3306/test",
+		"nats://tok@127.0.0.1:4222":                   "nats://xxxxx@127.0.0.1:4222",
+		"nats://u:p@127.0.0.1:4222":                   "nats://u:xxxxx@127.0.0.1:4222",
+		"redis://:p@127.0.0.1:6379/0":                 "redis://:xxxxx@127.0.0.1:6379/0",
+		"sqlite:///tmp/q.db?prefetch=4":               "sqlite:///tmp/q.db?prefetch=4",
+		"mem://tests":                                 "mem://tests",
+		"amqp://u:pa/ss@h/":                           "amqp://(malformed URL)",
+		"redis://127.0.0.1:6379/0?group=g&prefetch=2": "redis://127.0.0.1:6379/0?group=g&prefetch=2",
+	} {
+		require.Equal(t, want, broker.RedactURL(raw), raw)
+	}
+}
