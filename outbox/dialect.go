@@ -1,0 +1,81 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// dialect is what differs between the SQL dialects: the watermill-sql adapters, the tables'
+// DDL, and the statements of Stats and Purge. Everything else in the package is shared.
+//
+// The statements take their arguments in this order:
+//
+//	stats: consumer group; returns COUNT(*), the oldest created_at in Unix microseconds, and
+//	       that row's age in microseconds by the database clock (both 0 when there is no row)
+//	purge: batch size; deletes at most that many rows, returns rows affected
+type dialect interface {
+	// tables returns the unquoted names of the messages and offsets tables.
+	tables() (messages, offsets string)
+	// schema returns the watermill-sql schema adapter that reads batches of batchSize.
+	schema(batchSize int) wsql.SchemaAdapter
+	// offsets returns the watermill-sql offsets adapter. Its BeforeSubscribingQueries registers
+	// the consumer group with offset 0, so that the offsets row exists for its lock from the
+	// first poll on and Stats and Purge know the group.
+	offsets() wsql.OffsetsAdapter
+	// migrate creates the tables if they are missing.
+	migrate(ctx context.Context, db *sqldb.DB) error
+	// publishLock returns the statement that Publish runs in the transaction before it writes,
+	// or "" when there is none. Its lock, held until the transaction ends, makes the
+	// transactions that publish take turns.
+	publishLock() string
+	statsQuery() string
+	purgeQuery() string
+}
+
+func newDialect(d sqldb.Dialect, table string) (dialect, error) {
+	switch d {
+	case sqldb.Postgres:
+		return newPostgres(table), nil
+	case sqldb.MySQL:
+		return newMySQL(table), nil
+	case sqldb.SQLite:
+		return newSQLite(table), nil
+	}
+	return nil, fmt.Errorf("unsupported dialect %q (want postgres, mysql or sqlite)", d)
+}
+
+// runInTx runs fn in a transaction of db and commits when fn returns nil. Any error rolls the
+// transaction back; a failed rollback is joined to the error.
+func runInTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) (err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+				err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
+			}
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// execAll runs queries in tx, in order.
+func execAll(ctx context.Context, tx *sql.Tx, queries ...wsql.Query) error {
+	for _, q := range queries {
+		if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}

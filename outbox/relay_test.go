@@ -1,0 +1,407 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+func TestRelay_RestartResumesWithoutLossOrResend(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		rec := newRecorder()
+		first := e.commitN(t, "first", 5)
+		r := start(t, relayConfig(e, open(t, e.url), rec))
+		rec.waitFor(t, 5)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r.stop(t))
+
+		second := e.commitN(t, "second", 3)
+		r = start(t, relayConfig(e, open(t, e.url), rec))
+		rec.waitFor(t, 8)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r.stop(t))
+		require.Equal(t, append(first, second...), rec.ids())
+	})
+}
+
+func TestRelay_CloseLetsTheMessageInFlightFinishAndCommitsIt(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		ids := e.commitN(t, "order", 4)
+		rec := newRecorder()
+		r, err := outbox.NewRelay(relayConfig(e, e.db, rec))
+		require.NoError(t, err)
+		// The second message's publish ends only once Close has begun.
+		rec.after = func(m *message.Message, _ int) error {
+			if m.UUID == ids[1] {
+				<-r.Stopping()
+			}
+			return nil
+		}
+		running := run(t, r)
+		rec.waitFor(t, 2)
+		require.NoError(t, running.stop(t))
+		require.Equal(t, ids[:2], rec.ids())
+
+		rec.after = nil
+		r2 := start(t, relayConfig(e, e.db, rec))
+		rec.waitFor(t, 4)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r2.stop(t))
+		require.Equal(t, ids, rec.ids(), "the message in flight at Close was committed, not sent again")
+	})
+}
+
+func TestRelay_CrashBeforeTheOffsetCommitSendsTheBatchAgain(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		ids := e.commitN(t, "order", 5)
+		rec := newRecorder()
+		reached, release := make(chan struct{}), make(chan struct{})
+		rec.after = func(m *message.Message, attempt int) error {
+			if m.UUID == ids[2] && attempt == 0 {
+				close(reached)
+				<-release
+			}
+			return nil
+		}
+		cfg := relayConfig(e, open(t, e.url), rec)
+		cfg.BatchSize = 10
+		r := start(t, cfg)
+		<-reached
+		r.Kill() // the relay dies with three messages sent and no offset committed
+		close(release)
+		r.waitStopped(t)
+		require.Equal(t, ids[:3], rec.ids())
+
+		r2 := start(t, relayConfig(e, open(t, e.url), rec))
+		rec.waitFor(t, 8)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r2.stop(t))
+		require.Equal(t, append(ids[:3:3], ids...), rec.ids(), "at least once: the batch is sent again, in order")
+	})
+}
+
+func TestRelay_FailedPublishIsRetriedInOrder(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		ids := e.commitN(t, "order", 3)
+		rec := newRecorder()
+		rec.before = func(m *message.Message, attempt int) error {
+			if m.UUID == ids[1] && attempt < 2 {
+				return fmt.Errorf("broker unavailable (attempt %d)", attempt+1)
+			}
+			return nil
+		}
+		r := start(t, relayConfig(e, e.db, rec))
+		rec.waitFor(t, 3)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r.stop(t))
+		require.Equal(t, ids, rec.ids(), "nothing lost, nothing overtaken")
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		require.Equal(t, map[string]int{ids[0]: 1, ids[1]: 3, ids[2]: 1}, rec.attempts)
+	})
+}
+
+func TestRelay_LostConfirmationSendsTheSameIDAgainAndDedupAbsorbsIt(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		ids := e.commitN(t, "order", 3)
+		rec := newRecorder()
+		rec.after = func(m *message.Message, attempt int) error {
+			if m.UUID == ids[1] && attempt == 0 {
+				return errors.New("connection lost before the broker's confirmation")
+			}
+			return nil
+		}
+		r := start(t, relayConfig(e, e.db, rec))
+		rec.waitFor(t, 4)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r.stop(t))
+		require.Equal(t, []string{ids[0], ids[1], ids[1], ids[2]}, rec.ids())
+
+		// The consumer downstream records each message id in its transaction: the copy is a
+		// duplicate, and each message is processed exactly once.
+		ctx := context.Background()
+		downstream := testsvc.SQLite(t)
+		store, err := dedup.New(downstream, dedup.Config{})
+		require.NoError(t, err)
+		require.NoError(t, store.Migrate(ctx))
+		var processed []string
+		for _, s := range rec.all() {
+			tx, err := downstream.BeginTxx(ctx, nil)
+			require.NoError(t, err)
+			fresh, err := store.Record(ctx, tx, dedup.Key{Handler: "shipping", MessageID: s.msg.UUID}, "")
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit())
+			if fresh {
+				processed = append(processed, s.msg.UUID)
+			}
+		}
+		require.Equal(t, ids, processed)
+	})
+}
+
+func TestRelay_TwoRelaysOfOneGroupSendEachMessageOnce(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		rec := newRecorder()
+		a := start(t, relayConfig(e, open(t, e.url), rec))
+		b := start(t, relayConfig(e, open(t, e.url), rec))
+
+		// Four producers publish 25 messages each while both relays run.
+		const producers, perProducer = 4, 25
+		want := make([][]string, producers)
+		var wg sync.WaitGroup
+		errs := make([]error, producers)
+		for p := range producers {
+			wg.Go(func() {
+				for i := range perProducer {
+					in := fmt.Sprintf("p%d-%02d", p, i)
+					id := outbox.DerivedID(in, "shipped")
+					if err := e.process(context.Background(), in, nil, message.NewMessage(id, []byte(in))); err != nil {
+						errs[p] = err
+						return
+					}
+					want[p] = append(want[p], id)
+				}
+			})
+		}
+		wg.Wait()
+		require.NoError(t, errors.Join(errs...))
+
+		rec.waitFor(t, producers*perProducer)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, a.stop(t))
+		require.NoError(t, b.stop(t))
+
+		got := rec.ids()
+		require.Len(t, got, producers*perProducer, "each message exactly once")
+		// Each producer's messages arrive in the order it committed them.
+		for p := range producers {
+			var order []string
+			for _, id := range got {
+				for _, w := range want[p] {
+					if id == w {
+						order = append(order, id)
+					}
+				}
+			}
+			require.Equal(t, want[p], order, "producer %d", p)
+		}
+	})
+}
+
+func TestRelay_TransactionCommittingLateIsNotOvertaken(t *testing.T) {
+	t.Parallel()
+	// SQLite has one writer at a time: a later transaction cannot commit before an earlier one.
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, testsvc.Databases()[1], outbox.Config{})
+		ctx := context.Background()
+		rec := newRecorder()
+		r := start(t, relayConfig(e, open(t, e.url), rec))
+
+		slow, err := e.db.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer slow.Rollback()
+		require.NoError(t, e.ob.PublishTx(ctx, slow, topic, message.NewMessage("early", []byte("written first, committed last"))))
+		fast, err := e.db.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		require.NoError(t, e.ob.PublishTx(ctx, fast, topic, message.NewMessage("late", []byte("written second, committed first"))))
+		require.NoError(t, fast.Commit())
+
+		// The relay looks at the outbox while the slow transaction is open, and must not send
+		// the late message: its offset would then pass the early one's.
+		polls := r.Polls()
+		testsvc.Eventually(t, waitTimeout, func() bool { return r.Polls() >= polls+2 }, "the relay did not poll")
+		require.Empty(t, rec.ids())
+
+		require.NoError(t, slow.Commit())
+		rec.waitFor(t, 2)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r.stop(t))
+		require.Equal(t, []string{"early", "late"}, rec.ids())
+	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, testsvc.Databases()[2], outbox.Config{Table: testsvc.UniqueName("late")})
+		ctx := context.Background()
+		rec := newRecorder()
+		r := start(t, relayConfig(e, open(t, e.url), rec))
+
+		slow, err := e.db.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer slow.Rollback()
+		require.NoError(t, e.ob.PublishTx(ctx, slow, topic, message.NewMessage("early", []byte("written first, committed last"))))
+
+		// The second publishing transaction waits for the first to end: offsets commit in the
+		// order they were allocated.
+		fastDone := make(chan error, 1)
+		go func() {
+			fast, err := e.db.DB.BeginTx(ctx, nil)
+			if err == nil {
+				err = e.ob.PublishTx(ctx, fast, topic, message.NewMessage("late", []byte("written second")))
+				if err == nil {
+					err = fast.Commit()
+				} else {
+					_ = fast.Rollback()
+				}
+			}
+			fastDone <- err
+		}()
+		testsvc.Eventually(t, waitTimeout, func() bool {
+			// It is running its lock statement, which cannot finish while the first holds the lock.
+			var n int
+			require.NoError(t, e.db.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+WHERE db = DATABASE() AND info LIKE ?`, "SELECT id FROM `"+e.ob.Table()+"_lock`%").Scan(&n))
+			return n > 0
+		}, "the second publishing transaction does not wait for the first")
+		require.Empty(t, rec.ids())
+
+		require.NoError(t, slow.Commit())
+		require.NoError(t, <-fastDone)
+		rec.waitFor(t, 2)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r.stop(t))
+		require.Equal(t, []string{"early", "late"}, rec.ids())
+	})
+}
+
+func TestRelay_RegisterMetricsReportsBacklogAndLag(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		e.commitN(t, "order", 2)
+		r, err := outbox.NewRelay(relayConfig(e, e.db, newRecorder()))
+		require.NoError(t, err)
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		reg, err := r.RegisterMetrics(mp.Meter("test"))
+		require.NoError(t, err)
+		defer reg.Unregister()
+
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(context.Background(), &rm))
+		want := attribute.NewSet(outbox.AttrOutbox.String(outbox.DefaultTable), outbox.AttrConsumerGroup.String(outbox.DefaultConsumerGroup))
+		found := map[string]bool{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				switch m.Name {
+				case "onceflow.outbox.backlog":
+					dp := m.Data.(metricdata.Gauge[int64]).DataPoints
+					require.Len(t, dp, 1)
+					require.Equal(t, int64(2), dp[0].Value)
+					require.Equal(t, want, dp[0].Attributes)
+					require.Equal(t, "{message}", m.Unit)
+				case "onceflow.outbox.lag":
+					dp := m.Data.(metricdata.Gauge[float64]).DataPoints
+					require.Len(t, dp, 1)
+					require.GreaterOrEqual(t, dp[0].Value, 0.0)
+					require.Less(t, dp[0].Value, waitTimeout.Seconds())
+					require.Equal(t, want, dp[0].Attributes)
+					require.Equal(t, "s", m.Unit)
+				default:
+					continue
+				}
+				found[m.Name] = true
+			}
+		}
+		require.Equal(t, map[string]bool{"onceflow.outbox.backlog": true, "onceflow.outbox.lag": true}, found)
+	})
+}
+
+func TestRelay_RunWithoutTablesFailsNamingMigrate(t *testing.T) {
+	t.Parallel()
+	db := testsvc.SQLite(t)
+	r, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: newRecorder()})
+	require.NoError(t, err)
+	err = r.Run(context.Background())
+	require.ErrorContains(t, err, "has Outbox.Migrate run?")
+	require.ErrorIs(t, r.Run(context.Background()), outbox.ErrClosed)
+	require.NoError(t, r.Close())
+}
+
+func TestRelay_RunEndsWhenItsContextEnds(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testsvc.Databases()[0], outbox.Config{})
+	ids := e.commitN(t, "order", 2)
+	rec := newRecorder()
+	r, err := outbox.NewRelay(relayConfig(e, e.db, rec))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	rec.waitFor(t, 2)
+	waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(waitTimeout):
+		t.Fatal("Run did not return after its context ended")
+	}
+	require.Equal(t, ids, rec.ids())
+	require.NoError(t, r.Close())
+}
+
+func TestNewRelay_RejectsInvalidConfigNamingTheField(t *testing.T) {
+	t.Parallel()
+	db := testsvc.SQLite(t)
+	valid := outbox.RelayConfig{DB: db, Publisher: newRecorder()}
+	for field, mutate := range map[string]func(c *outbox.RelayConfig){
+		"DB":             func(c *outbox.RelayConfig) { c.DB = nil },
+		"Publisher":      func(c *outbox.RelayConfig) { c.Publisher = nil },
+		"Table":          func(c *outbox.RelayConfig) { c.Table = "no-dashes" },
+		"ConsumerGroup":  func(c *outbox.RelayConfig) { c.ConsumerGroup = strings.Repeat("g", 256) },
+		"BatchSize":      func(c *outbox.RelayConfig) { c.BatchSize = 10001 },
+		"PollInterval":   func(c *outbox.RelayConfig) { c.PollInterval = -time.Second },
+		"ResendInterval": func(c *outbox.RelayConfig) { c.ResendInterval = -time.Second },
+		"RetryInterval":  func(c *outbox.RelayConfig) { c.RetryInterval = -time.Second },
+		"AckDeadline":    func(c *outbox.RelayConfig) { c.AckDeadline = -time.Second },
+		"CloseTimeout":   func(c *outbox.RelayConfig) { c.CloseTimeout = -time.Second },
+	} {
+		cfg := valid
+		mutate(&cfg)
+		_, err := outbox.NewRelay(cfg)
+		require.ErrorContains(t, err, "outbox.NewRelay: "+field+": ", field)
+	}
+	r, err := outbox.NewRelay(valid)
+	require.NoError(t, err)
+	require.Equal(t, outbox.DefaultTable, r.Table())
+	require.Equal(t, outbox.DefaultConsumerGroup, r.ConsumerGroup())
+	require.NoError(t, r.Close())
+	require.ErrorIs(t, r.Run(context.Background()), outbox.ErrClosed)
+}
+
+func TestRelay_CloseRacingRunStopsPromptly(t *testing.T) {
+	t.Parallel()
+	e := setup(t, testsvc.Databases()[0], outbox.Config{})
+	for range 20 {
+		cfg := relayConfig(e, e.db, newRecorder())
+		cfg.CloseTimeout = time.Minute // a stall would show
+		r, err := outbox.NewRelay(cfg)
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		began := time.Now()
+		require.NoError(t, r.Close())
+		select {
+		case err := <-done:
+			if err != nil {
+				require.ErrorIs(t, err, outbox.ErrClosed)
+			}
+		case <-time.After(waitTimeout):
+			t.Fatal("Run did not return after Close")
+		}
+		require.Less(t, time.Since(began), 5*time.Second)
+	}
+}
