@@ -49,7 +49,10 @@ type Config struct {
 
 	// TracerProvider, MeterProvider and Propagator are used by the tracing and metrics
 	// interceptors and by the router's own spans and metrics. Each defaults to the global one
-	// from go.opentelemetry.io/otel.
+	// from go.opentelemetry.io/otel. The Propagator reads the parent context from the headers
+	// of incoming messages and writes it into dead-lettered ones; the global default
+	// propagates nothing until the application sets one. docs/observability.md lists every
+	// span and metric.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
 	Propagator     propagation.TextMapPropagator

@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -22,6 +23,13 @@ const (
 	InterceptorDeduplicate        = "deduplicate"
 	InterceptorNaturalIdempotency = "natural-idempotency"
 	InterceptorInOrder            = "in-order"
+	// InterceptorGroupCommit processes concurrent deliveries in one transaction and records
+	// their ids in it (middleware.GroupCommit): it takes the place of "transaction" and
+	// "deduplicate".
+	InterceptorGroupCommit = "group-commit"
+	// InterceptorGroupTransaction is group commit without duplicate detection
+	// (middleware.GroupTransaction): it takes the place of "transaction".
+	InterceptorGroupTransaction = "group-transaction"
 )
 
 // HandlerInfo is what an InterceptorFactory knows of the handler it builds a middleware for.
@@ -41,11 +49,34 @@ type HandlerInfo struct {
 // InterceptorFactory builds the middleware an interceptor name stands for, for one handler.
 type InterceptorFactory func(h HandlerInfo) (middleware.Middleware, error)
 
-// chainFor returns the interceptor names of the canonical chain for q, outermost first.
+// chainFor returns the interceptor names of the canonical chain for q, outermost first; with
+// group, group commit takes the place of "transaction" and "deduplicate".
 //
 // Middlewares run in the order given: the first is the outermost, so it sees the message first
 // and the outcome last.
-func chainFor(q QoS) []string {
+func chainFor(q QoS, group bool) []string {
+	names := qosChain(q)
+	if !group {
+		return names
+	}
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		switch n {
+		case InterceptorTransaction:
+			if slices.Contains(names, InterceptorDeduplicate) {
+				out = append(out, InterceptorGroupCommit)
+			} else {
+				out = append(out, InterceptorGroupTransaction)
+			}
+		case InterceptorDeduplicate:
+		default:
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func qosChain(q QoS) []string {
 	switch q {
 	case BestEffort:
 		return []string{InterceptorTracing, InterceptorMetrics, InterceptorRecover, InterceptorTimeout, InterceptorTransaction}
@@ -65,7 +96,7 @@ func chainFor(q QoS) []string {
 // recordsKeys reports whether a chain records message ids in a dedup store.
 func recordsKeys(names []string) bool {
 	for _, n := range names {
-		if n == InterceptorDeduplicate || n == InterceptorInOrder {
+		if n == InterceptorDeduplicate || n == InterceptorInOrder || n == InterceptorGroupCommit {
 			return true
 		}
 	}
@@ -74,7 +105,8 @@ func recordsKeys(names []string) bool {
 
 // checkOrder enforces the two rules every chain keeps: Retry outside Transaction, so each
 // attempt gets a fresh transaction, and the interceptors that write through the transaction
-// inside it.
+// inside it. A group-commit interceptor stands for the transaction, and owns duplicate
+// detection: it does not go with "transaction" or "deduplicate".
 func checkOrder(names []string) error {
 	pos := map[string]int{}
 	for i, n := range names {
@@ -83,14 +115,26 @@ func checkOrder(names []string) error {
 		}
 		pos[n] = i
 	}
-	tx, hasTx := pos[InterceptorTransaction]
+	txName := InterceptorTransaction
+	for _, group := range []string{InterceptorGroupCommit, InterceptorGroupTransaction} {
+		if _, ok := pos[group]; !ok {
+			continue
+		}
+		for _, other := range []string{InterceptorTransaction, InterceptorDeduplicate, InterceptorGroupCommit, InterceptorGroupTransaction} {
+			if _, ok := pos[other]; ok && other != group {
+				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group, other)
+			}
+		}
+		txName = group
+	}
+	tx, hasTx := pos[txName]
 	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency} {
 		if i, ok := pos[inner]; ok && (!hasTx || i < tx) {
-			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner, InterceptorTransaction)
+			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner, txName)
 		}
 	}
 	if r, ok := pos[InterceptorRetry]; ok && hasTx && r > tx {
-		return fmt.Errorf("Handler.Interceptors: %q must come before %q (each attempt needs a fresh transaction)", InterceptorRetry, InterceptorTransaction)
+		return fmt.Errorf("Handler.Interceptors: %q must come before %q (each attempt needs a fresh transaction)", InterceptorRetry, txName)
 	}
 	return nil
 }
@@ -164,7 +208,39 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 		InterceptorNaturalIdempotency: func(HandlerInfo) (middleware.Middleware, error) {
 			return middleware.NaturalIdempotency(), nil
 		},
+		InterceptorGroupCommit: func(h HandlerInfo) (middleware.Middleware, error) {
+			if h.Handler.Dedup.CheckFirst {
+				return nil, errors.New("Handler.Dedup.CheckFirst: not supported with group commit (a group records its ids with one multi-row insert, without internal ids)")
+			}
+			store, ok := h.Dedup.(middleware.GroupStore)
+			if !ok {
+				return nil, fmt.Errorf("Handler.Dedup.Store: %T cannot record a group's ids (group commit needs RecordMany and Forget, as *dedup.SQLStore has)", h.Dedup)
+			}
+			opts := groupOptions(h.Handler)
+			if h.Handler.Dedup.WithTimestamp {
+				opts = append(opts, middleware.WithTimestampKey())
+			}
+			return middleware.GroupCommit(h.DB, store, h.Name, opts...)
+		},
+		InterceptorGroupTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
+			return middleware.GroupTransaction(h.DB, groupOptions(h.Handler)...)
+		},
 	}
+}
+
+// groupOptions are the options of a group-commit interceptor for h.
+func groupOptions(h Handler) []middleware.GroupOption {
+	opts := []middleware.GroupOption{middleware.WithConcurrency(max(h.Concurrency, 1))}
+	if h.GroupCommit.MaxSize > 0 {
+		opts = append(opts, middleware.WithMaxGroupSize(h.GroupCommit.MaxSize))
+	}
+	if h.GroupCommit.MaxWait > 0 {
+		opts = append(opts, middleware.WithMaxWait(h.GroupCommit.MaxWait))
+	}
+	if h.Isolation != 0 {
+		opts = append(opts, middleware.WithIsolation(h.Isolation))
+	}
+	return opts
 }
 
 // RegisterInterceptor makes a custom interceptor available to Handler.Interceptors under name.

@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
@@ -110,7 +109,7 @@ func (r *Router) AddHandler(h Handler) error {
 	}
 	names := h.Interceptors
 	if len(names) == 0 {
-		names = chainFor(h.QoS)
+		names = chainFor(h.QoS, h.GroupCommit.Enabled)
 	}
 	if err := checkOrder(names); err != nil {
 		return err
@@ -138,7 +137,8 @@ func (r *Router) AddHandler(h Handler) error {
 	if err != nil {
 		return err
 	}
-	chain := wrap(mws, h.Processor)
+	// The onceflow.process span is innermost: one per attempt, around the user's processor only.
+	chain := wrap(mws, traceProcessor(h.Processor))
 
 	// A message that cannot be converted goes through the interceptors that do not touch the
 	// database, to a processor that fails permanently with the conversion error: it is traced,
@@ -167,7 +167,7 @@ func (r *Router) AddHandler(h Handler) error {
 		conv:         converter.New(converter.Config{IDHeader: h.IDHeader}),
 		chain:        chain,
 		reject:       reject,
-		ackOnReceipt: len(h.Interceptors) == 0 && h.QoS == BestEffort,
+		ackOnReceipt: h.QoS == BestEffort,
 		logger:       info.Logger,
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
 	}
@@ -181,6 +181,7 @@ func (r *Router) AddHandler(h Handler) error {
 		r.wr.AddNoPublisherHandler(name, h.Topic, sub, hd.handle)
 	}
 	r.names[h.Name] = true
+	r.initHandlerMetrics(h.Name)
 	return nil
 }
 
@@ -211,13 +212,19 @@ func (r *Router) AddMigration(fn func(context.Context) error) {
 
 // Run creates the tables the handlers need (unless Config.SkipMigrate), starts the purge loop
 // and the handlers, and blocks until ctx ends or Close is called. When ctx ends it closes the
-// router gracefully, as Close does.
+// router gracefully, as Close does. While it runs, the gauges of the dedup tables
+// (onceflow.dedup.*) are observed on Config.MeterProvider.
 func (r *Router) Run(ctx context.Context) error {
 	if !r.cfg.SkipMigrate {
 		if err := r.Migrate(ctx); err != nil {
 			return err
 		}
 	}
+	gauges, err := r.registerDedupGauges()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = gauges.Unregister() }()
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	defer stopPurge()
 	if r.cfg.PurgeInterval > 0 {
@@ -336,6 +343,9 @@ func (h *handler) handle(msg *message.Message) error {
 	ctx := delivery.With(msg.Context(), st)
 	if h.ackOnReceipt {
 		msg.Ack()
+		// The delivery is over for the broker, and subscribers end a message's context once it
+		// is acked: the processing that follows must not end with it.
+		ctx = context.WithoutCancel(ctx)
 	}
 
 	md, convErr := h.conv.FromMessage(h.topic, msg)
@@ -347,26 +357,13 @@ func (h *handler) handle(msg *message.Message) error {
 	}
 
 	outcome := processor.OutcomeOf(err)
-	spanCtx := ctx
-	if st.Span != nil {
-		spanCtx = trace.ContextWithSpan(ctx, st.Span)
-	}
 	if !h.ackOnReceipt {
-		_, end := telemetry.Child(spanCtx, telemetry.SpanAck)
-		if outcome.Acks() {
-			msg.Ack()
-			if !st.CommittedAt.IsZero() {
-				h.router.instruments.CommitToAck.Record(ctx, time.Since(st.CommittedAt).Seconds(), h.attrs)
-			}
-		} else {
-			msg.Nack()
-		}
-		end(nil)
-	}
-	if st.Span != nil {
-		st.Span.End()
+		h.settle(ctx, msg, md, st, outcome)
 	}
 	h.log(md, st, outcome, err)
+	if st.Span != nil {
+		st.Span.End() // last: the delivery's ack, metrics and log are done
+	}
 	return nil
 }
 

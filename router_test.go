@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -58,6 +60,49 @@ func applyEffect(ctx context.Context, msg *messagedata.MessageData) error {
 type fixture struct {
 	db     *sqldb.DB
 	broker *brokertest.Broker
+	mode   mode
+}
+
+// mode is how a router test commits: one transaction per message, or group commit.
+type mode struct {
+	name string
+	// companions is how many other messages a scenario publishes with its own in this mode,
+	// so that the scenario's message shares its group's transaction with them.
+	companions int
+}
+
+var modes = []mode{{name: "per-message"}, {name: "group-commit", companions: 3}}
+
+func (m mode) group() bool { return m.companions > 0 }
+
+// handler returns h for the mode. With group commit, a QoS chain gets GroupCommit.Enabled and a
+// named chain "group-commit" in place of "transaction" and "deduplicate" ("group-transaction"
+// when it has no "deduplicate"); the handler runs one subscription per message of a scenario.
+func (m mode) handler(h onceflow.Handler) onceflow.Handler {
+	if !m.group() {
+		return h
+	}
+	h.Concurrency = m.companions + 1
+	if len(h.Interceptors) == 0 {
+		h.GroupCommit.Enabled = true
+		return h
+	}
+	group := onceflow.InterceptorGroupTransaction
+	if slices.Contains(h.Interceptors, onceflow.InterceptorDeduplicate) {
+		group = onceflow.InterceptorGroupCommit
+	}
+	var names []string
+	for _, n := range h.Interceptors {
+		switch n {
+		case onceflow.InterceptorTransaction:
+			names = append(names, group)
+		case onceflow.InterceptorDeduplicate:
+		default:
+			names = append(names, n)
+		}
+	}
+	h.Interceptors = names
+	return h
 }
 
 func newFixture(t *testing.T, d testsvc.Database) *fixture {
@@ -67,6 +112,13 @@ func newFixture(t *testing.T, d testsvc.Database) *fixture {
 	b := brokertest.New()
 	t.Cleanup(func() { _ = b.Close() })
 	return &fixture{db: db, broker: b}
+}
+
+func newModeFixture(t *testing.T, d testsvc.Database, m mode) *fixture {
+	t.Helper()
+	f := newFixture(t, d)
+	f.mode = m
+	return f
 }
 
 // startRouter runs a router with handler h (DB and Subscriber filled in when empty) until the
@@ -94,7 +146,7 @@ func (f *fixture) startRouter(t *testing.T, h onceflow.Handler, register ...func
 	if h.Retry.InitialInterval == 0 {
 		h.Retry.InitialInterval = time.Millisecond
 	}
-	require.NoError(t, r.AddHandler(h))
+	require.NoError(t, r.AddHandler(f.mode.handler(h)))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -118,6 +170,32 @@ func (f *fixture) publish(t *testing.T, id, payload string) {
 	require.NoError(t, f.broker.Publish(topic, message.NewMessage(id, []byte(payload))))
 }
 
+// publishWithCompanions publishes the message id and, in group-commit mode, its companions at
+// the same time: the handler has a subscription for each, so they are processed in one group.
+// Companions carry a payload that every processor of these tests accepts.
+func (f *fixture) publishWithCompanions(t *testing.T, id, payload string) {
+	t.Helper()
+	for i := range f.mode.companions {
+		f.publish(t, companionID(id, i), `{"amount": 1}`)
+	}
+	f.publish(t, id, payload)
+}
+
+func companionID(id string, i int) string { return fmt.Sprintf("%s-companion-%d", id, i+1) }
+
+func isCompanion(msg *messagedata.MessageData) bool { return strings.Contains(msg.ID, "-companion-") }
+
+// checkCompanions waits for the companions of id to be acked and checks that each was applied
+// effects times: whatever happened to id in their group did not spill over to them.
+func (f *fixture) checkCompanions(t *testing.T, id string, effects int) {
+	t.Helper()
+	for i := range f.mode.companions {
+		c := companionID(id, i)
+		f.waitAcks(t, c, 1)
+		require.Equal(t, effects, countEffects(t, f.db, c), c)
+	}
+}
+
 func (f *fixture) waitAcks(t *testing.T, id string, n int) {
 	t.Helper()
 	testsvc.Eventually(t, 15*time.Second, func() bool { return f.broker.Acks(id) >= n }, "message %s not acked %d times (acks %d, nacks %d)", id, n, f.broker.Acks(id), f.broker.Nacks(id))
@@ -132,12 +210,24 @@ func forEachDatabase(t *testing.T, fn func(t *testing.T, d testsvc.Database)) {
 	}
 }
 
-func TestExactlyOnce_RedeliveryAfterCommitIsAckedWithoutSecondEffect(t *testing.T) {
+// forEachDatabaseAndMode runs fn for every database, once with a transaction per message and
+// once with group commit: the exactly-once scenarios hold in both.
+func forEachDatabaseAndMode(t *testing.T, fn func(t *testing.T, f *fixture)) {
 	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+		for _, m := range modes {
+			t.Run(m.name, func(t *testing.T) {
+				t.Parallel()
+				fn(t, newModeFixture(t, d, m))
+			})
+		}
+	})
+}
+
+func TestExactlyOnce_RedeliveryAfterCommitIsAckedWithoutSecondEffect(t *testing.T) {
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		f.startRouter(t, onceflow.Handler{QoS: onceflow.ExactlyOnce})
 
-		f.publish(t, "m-1", "first")
+		f.publishWithCompanions(t, "m-1", "first")
 		f.waitAcks(t, "m-1", 1)
 		// The broker delivers the same message again, as it does when the ack was lost.
 		f.publish(t, "m-1", "first")
@@ -146,6 +236,7 @@ func TestExactlyOnce_RedeliveryAfterCommitIsAckedWithoutSecondEffect(t *testing.
 		require.Equal(t, 1, countEffects(t, f.db, "m-1"))
 		require.Equal(t, 1, countDedup(t, f.db, "m-1"))
 		require.Equal(t, 0, f.broker.Nacks("m-1"))
+		f.checkCompanions(t, "m-1", 1)
 	})
 }
 
@@ -176,45 +267,47 @@ func loseFirstAck(r *onceflow.Router) {
 }
 
 func TestExactlyOnce_CrashBetweenCommitAndAckRedeliversAndAcksOnce(t *testing.T) {
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		f.startRouter(t, onceflow.Handler{
 			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction", "deduplicate"},
 		}, loseFirstAck)
 
-		f.publish(t, "m-2", "x")
+		f.publishWithCompanions(t, "m-2", "x")
 		f.waitAcks(t, "m-2", 1)
 
 		require.Equal(t, 1, f.broker.Nacks("m-2"), "the lost ack is a nack")
 		require.Equal(t, 1, f.broker.Acks("m-2"))
 		require.Equal(t, 1, countEffects(t, f.db, "m-2"))
+		f.checkCompanions(t, "m-2", 1)
 	})
 }
 
 func TestAtLeastOnce_CrashBetweenCommitAndAckDuplicatesTheEffect(t *testing.T) {
 	// The same fault without duplicate detection: the seed's "at least once" row.
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		f.startRouter(t, onceflow.Handler{
 			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction"},
 		}, loseFirstAck)
 
-		f.publish(t, "m-3", "x")
+		f.publishWithCompanions(t, "m-3", "x")
 		f.waitAcks(t, "m-3", 1)
 
 		require.Equal(t, 2, countEffects(t, f.db, "m-3"))
+		f.checkCompanions(t, "m-3", 2)
 	})
 }
 
 func TestExactlyOnce_ProcessorErrorRollsBackEveryWriteAndRetryAppliesOnce(t *testing.T) {
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		var attempts atomic.Int32
 		var effectRowsSeenOnRetry atomic.Int32
 		f.startRouter(t, onceflow.Handler{
 			QoS:   onceflow.ExactlyOnce,
 			Retry: onceflow.RetryConfig{MaxAttempts: 1}, // every failure goes back to the broker
 			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				if isCompanion(msg) {
+					return applyEffect(ctx, msg)
+				}
 				n := attempts.Add(1)
 				if n == 2 {
 					// The first attempt's writes, dedup row included, must be gone.
@@ -235,7 +328,7 @@ func TestExactlyOnce_ProcessorErrorRollsBackEveryWriteAndRetryAppliesOnce(t *tes
 			}),
 		})
 
-		f.publish(t, "m-4", "x")
+		f.publishWithCompanions(t, "m-4", "x")
 		f.waitAcks(t, "m-4", 1)
 
 		require.Equal(t, int32(2), attempts.Load())
@@ -243,12 +336,12 @@ func TestExactlyOnce_ProcessorErrorRollsBackEveryWriteAndRetryAppliesOnce(t *tes
 		require.Equal(t, 1, f.broker.Nacks("m-4"))
 		require.Equal(t, 1, countEffects(t, f.db, "m-4"))
 		require.Equal(t, 1, countDedup(t, f.db, "m-4"))
+		f.checkCompanions(t, "m-4", 1)
 	})
 }
 
 func TestExactlyOnce_InProcessRetryGetsFreshTransaction(t *testing.T) {
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		var attempts atomic.Int32
 		f.startRouter(t, onceflow.Handler{
 			QoS:   onceflow.ExactlyOnce,
@@ -257,25 +350,25 @@ func TestExactlyOnce_InProcessRetryGetsFreshTransaction(t *testing.T) {
 				if err := applyEffect(ctx, msg); err != nil {
 					return err
 				}
-				if attempts.Add(1) < 3 {
+				if !isCompanion(msg) && attempts.Add(1) < 3 {
 					return fmt.Errorf("attempt %d fails", msg.Attempt)
 				}
 				return nil
 			}),
 		})
 
-		f.publish(t, "m-5", "x")
+		f.publishWithCompanions(t, "m-5", "x")
 		f.waitAcks(t, "m-5", 1)
 
 		require.Equal(t, int32(3), attempts.Load())
 		require.Equal(t, 0, f.broker.Nacks("m-5"), "retried in process, not through the broker")
 		require.Equal(t, 1, countEffects(t, f.db, "m-5"))
+		f.checkCompanions(t, "m-5", 1)
 	})
 }
 
 func TestExactlyOnce_TwoRoutersProcessingCopiesAtOnceGiveOneEffect(t *testing.T) {
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		// Both copies are held until both routers have one in hand, so they race into their
 		// transactions at the same time.
 		arrived := make(chan struct{}, 2)
@@ -313,8 +406,7 @@ func TestExactlyOnce_TwoRoutersProcessingCopiesAtOnceGiveOneEffect(t *testing.T)
 }
 
 func TestPanicInProcessor_IsNackedWithNothingCommitted(t *testing.T) {
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		var calls atomic.Int32
 		f.startRouter(t, onceflow.Handler{
 			QoS: onceflow.ExactlyOnce,
@@ -322,37 +414,44 @@ func TestPanicInProcessor_IsNackedWithNothingCommitted(t *testing.T) {
 				if err := applyEffect(ctx, msg); err != nil {
 					return err
 				}
-				if calls.Add(1) == 1 {
+				if !isCompanion(msg) && calls.Add(1) == 1 {
 					panic("bug in processor")
 				}
 				return nil
 			}),
 		})
 
-		f.publish(t, "m-7", "x")
+		f.publishWithCompanions(t, "m-7", "x")
 		f.waitAcks(t, "m-7", 1)
 
 		require.Equal(t, 1, f.broker.Nacks("m-7"), "the panic is a nack, not retried in process")
 		require.Equal(t, int32(2), calls.Load())
 		require.Equal(t, 1, countEffects(t, f.db, "m-7"))
 		require.Equal(t, 1, countDedup(t, f.db, "m-7"))
+		// The members of the panicking message's group committed, and were acked once.
+		f.checkCompanions(t, "m-7", 1)
+		for i := range f.mode.companions {
+			require.Equal(t, 0, f.broker.Nacks(companionID("m-7", i)))
+		}
 	})
 }
 
 func TestMessageWithoutID_IsDeadLetteredWithReason(t *testing.T) {
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		var calls atomic.Int32
 		f.startRouter(t, onceflow.Handler{
 			QoS: onceflow.ExactlyOnce,
 			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-				calls.Add(1)
+				if msg.ID == "" {
+					calls.Add(1)
+				}
 				return applyEffect(ctx, msg)
 			}),
 		})
 
-		f.publish(t, "", "no id at all")
+		f.publishWithCompanions(t, "", "no id at all")
 		f.waitAcks(t, "", 1)
+		f.checkCompanions(t, "", 1)
 
 		dead := f.broker.Drain(onceflow.DefaultDeadLetterTopic)
 		require.Len(t, dead, 1)
@@ -372,19 +471,21 @@ type order struct {
 }
 
 func TestMalformedJSONPayload_IsDeadLetteredNotRetried(t *testing.T) {
-	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		f := newFixture(t, d)
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		var calls atomic.Int32
 		f.startRouter(t, onceflow.Handler{
 			QoS: onceflow.ExactlyOnce,
 			Processor: processor.JSON(func(ctx context.Context, msg *messagedata.MessageData, o order) error {
-				calls.Add(1)
+				if !isCompanion(msg) {
+					calls.Add(1)
+				}
 				return applyEffect(ctx, msg)
 			}),
 		})
 
-		f.publish(t, "m-8", `{"amount": "not a number"`)
+		f.publishWithCompanions(t, "m-8", `{"amount": "not a number"`)
 		f.waitAcks(t, "m-8", 1)
+		f.checkCompanions(t, "m-8", 1)
 
 		dead := f.broker.Drain(onceflow.DefaultDeadLetterTopic)
 		require.Len(t, dead, 1)

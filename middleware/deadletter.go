@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/converter"
+	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
 )
@@ -29,7 +30,10 @@ const maxReasonLength = 1024
 // the message is not lost. Other outcomes pass through unchanged.
 //
 // The published message carries the incoming message's context, so a broker adapter can publish
-// it in the same unit of work as the acknowledgement (the embedded SQLite queue does).
+// it in the same unit of work as the acknowledgement (the embedded SQLite queue does), and the
+// trace context of ctx in its headers (W3C traceparent, written by the propagator of the Tracing
+// middleware outside, or the global one): its consumers continue the trace of the failed
+// delivery.
 func DeadLetter(pub message.Publisher, topic, handler string) Middleware {
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
@@ -61,6 +65,7 @@ func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handle
 	out.Metadata[messagedata.HeaderDeadLetterAttempt] = strconv.Itoa(max(msg.Attempt, 1))
 	out.Metadata[messagedata.HeaderDeadLetterTopic] = msg.Topic
 	out.Metadata[messagedata.HeaderDeadLetterTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	telemetry.Inject(ctx, out.Metadata)
 	out.SetContext(ctx)
 	if err := pub.Publish(topic, out); err != nil {
 		return fmt.Errorf("publish to dead-letter topic %q: %w", topic, err)

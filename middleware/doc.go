@@ -1,6 +1,7 @@
 // Package middleware holds the interceptors that wrap a Processor, in the spirit of seed 002's
 // Spring AOP advisors: Tracing, Metrics (the performance monitor), DeadLetter, Recover, Retry,
-// Timeout, Transaction, Deduplicate and NaturalIdempotency, composed by Chain.
+// Timeout, Transaction, Deduplicate, NaturalIdempotency, GroupCommit and GroupTransaction,
+// composed by Chain.
 //
 // Middlewares run in the order given: the first is the outermost, so it sees the message first
 // and the outcome last.
@@ -13,6 +14,10 @@
 // sits inside it so that the message id is recorded in the same transaction as the business
 // writes and commits or rolls back with them. The router builds this chain for each quality of
 // service; users who compose their own keep these two rules.
+//
+// GroupCommit takes the place of Transaction and Deduplicate when concurrent deliveries should
+// share one transaction and one commit, each under a savepoint of its own; GroupTransaction
+// takes the place of Transaction alone. Retry stays outside them.
 //
 // No middleware acknowledges a message. The chain returns an error (or nil) and the router alone
 // maps it to ack or nack, after the transaction's outcome is known.

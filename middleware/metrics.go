@@ -16,7 +16,7 @@ import (
 )
 
 // MetricsOption configures Metrics.
-type MetricsOption interface{ applyMetrics(*metricsConfig) }
+type MetricsOption interface{ apply(*metricsConfig) }
 
 type metricsConfig struct {
 	provider metric.MeterProvider
@@ -24,7 +24,7 @@ type metricsConfig struct {
 
 type metricsOptionFunc func(*metricsConfig)
 
-func (f metricsOptionFunc) applyMetrics(c *metricsConfig) { f(c) }
+func (f metricsOptionFunc) apply(c *metricsConfig) { f(c) }
 
 // WithMeterProvider sets the MeterProvider. Defaults to the global provider (otel.GetMeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) MetricsOption {
@@ -33,18 +33,27 @@ func WithMeterProvider(mp metric.MeterProvider) MetricsOption {
 
 var outcomes = []processor.Outcome{processor.Processed, processor.Duplicate, processor.DeadLettered, processor.Failed, processor.Panicked}
 
-// Metrics is seed 002's performance monitor, with OpenTelemetry instruments: it counts
-// deliveries by handler and outcome (onceflow.messages), measures the processing time of each
-// (onceflow.process.duration, retries included), tracks the deliveries in flight
-// (onceflow.inflight) and counts retries (onceflow.retries). Every measurement carries the
-// attribute onceflow.handler; the first two also onceflow.outcome. docs/observability.md lists
-// all of onceflow's metrics.
+// Metrics is seed 002's performance monitor, with OpenTelemetry instruments. For each
+// delivery it
 //
+//   - counts it once, by its final outcome, in onceflow.messages (processed, duplicate,
+//     dead_lettered, failed, panicked): the outcomes add up to the deliveries;
+//   - records the time from entering the middleware to the outcome, retries and their waits
+//     included, in the histogram onceflow.process.duration;
+//   - holds it in the up-down counter onceflow.inflight while it runs;
+//   - counts its in-process retries (attempts after the first) in onceflow.retries. A retry is
+//     not an outcome: a delivery that was retried ends processed, failed or dead-lettered.
+//
+// Every measurement carries onceflow.handler; the first two also onceflow.outcome. Retries are
+// known from the delivery state the router keeps: outside the router, onceflow.retries stays 0.
+// docs/observability.md lists all of onceflow's metrics, the router's included.
+//
+// Attribute sets are built once, when Metrics is called: a message costs no allocation here.
 // It returns an error only when the meter rejects an instrument.
 func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
 	var cfg metricsConfig
 	for _, o := range opts {
-		o.applyMetrics(&cfg)
+		o.apply(&cfg)
 	}
 	if cfg.provider == nil {
 		cfg.provider = otel.GetMeterProvider()
@@ -66,6 +75,13 @@ func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
 		set := metric.WithAttributeSet(attribute.NewSet(handlerAttr, AttrOutcome.String(string(o))))
 		byOutcome[o] = outcomeOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
 	}
+
+	// Every series starts at 0, so that rates and ratios over them are defined before the
+	// first message of each outcome.
+	for _, o := range outcomes {
+		ins.Messages.Add(context.Background(), 0, byOutcome[o].add...)
+	}
+	ins.Retries.Add(context.Background(), 0, handlerOnly...)
 
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {

@@ -17,18 +17,23 @@ import (
 	"github.com/onceflow/onceflow/processor"
 )
 
-// Attribute keys that onceflow adds to the messaging semantic conventions.
+// Attribute keys that onceflow adds to the OpenTelemetry semantic conventions, on its spans
+// and metrics. docs/observability.md lists where each appears.
 const (
 	// AttrHandler is the handler name.
-	AttrHandler = attribute.Key("onceflow.handler")
+	AttrHandler = telemetry.AttrHandler
 	// AttrOutcome is the processor.Outcome of the delivery.
-	AttrOutcome = attribute.Key("onceflow.outcome")
+	AttrOutcome = telemetry.AttrOutcome
 	// AttrAttempts is the number of processing attempts the delivery took.
-	AttrAttempts = attribute.Key("onceflow.attempts")
+	AttrAttempts = telemetry.AttrAttempts
 )
 
+// DefaultMessagingSystem is the messaging.system attribute when WithMessagingSystem is not
+// given.
+const DefaultMessagingSystem = "onceflow"
+
 // TracingOption configures Tracing.
-type TracingOption interface{ applyTracing(*tracingConfig) }
+type TracingOption interface{ apply(*tracingConfig) }
 
 type tracingConfig struct {
 	provider   trace.TracerProvider
@@ -38,21 +43,25 @@ type tracingConfig struct {
 
 type tracingOptionFunc func(*tracingConfig)
 
-func (f tracingOptionFunc) applyTracing(c *tracingConfig) { f(c) }
+func (f tracingOptionFunc) apply(c *tracingConfig) { f(c) }
 
-// WithTracerProvider sets the TracerProvider. Defaults to the global provider (otel.GetTracerProvider).
+// WithTracerProvider sets the TracerProvider. Defaults to the global provider
+// (otel.GetTracerProvider), read when the middleware is applied to a processor.
 func WithTracerProvider(tp trace.TracerProvider) TracingOption {
 	return tracingOptionFunc(func(c *tracingConfig) { c.provider = tp })
 }
 
-// WithPropagator sets the propagator that reads the parent context from message headers.
-// Defaults to the global propagator (otel.GetTextMapPropagator).
+// WithPropagator sets the propagator that reads the parent context from message headers and
+// that the middlewares inside use to write it into the messages they publish (DeadLetter).
+// Defaults to the global propagator (otel.GetTextMapPropagator), which propagates nothing until
+// the application sets one, for instance with
+// otel.SetTextMapPropagator(propagation.TraceContext{}).
 func WithPropagator(p propagation.TextMapPropagator) TracingOption {
 	return tracingOptionFunc(func(c *tracingConfig) { c.propagator = p })
 }
 
 // WithMessagingSystem sets the messaging.system attribute, such as "rabbitmq", "nats", "redis"
-// or "sqlite". Defaults to "onceflow".
+// or "sqlite". Defaults to DefaultMessagingSystem.
 func WithMessagingSystem(system string) TracingOption {
 	return tracingOptionFunc(func(c *tracingConfig) { c.system = system })
 }
@@ -60,17 +69,28 @@ func WithMessagingSystem(system string) TracingOption {
 // Tracing starts one consumer span per message, following the OpenTelemetry messaging
 // semantic conventions: named "process <topic>", kind consumer, with messaging.system,
 // messaging.destination.name, messaging.message.id, messaging.operation.type and .name
-// ("process"), and messaging.consumer.group.name (the handler), plus onceflow.handler,
-// onceflow.outcome and onceflow.attempts. The parent is the context that the producer injected
-// into the message headers (W3C traceparent), so a trace continues across brokers and across
-// the outbox relay. An outcome other than processed or duplicate records the error and sets an
-// error status. The middlewares inside add child spans for the dedup check, the processor and
-// the commit. Under the router, the consumer span ends after the acknowledgement, which it
-// records as a child span.
+// ("process"), messaging.consumer.group.name (the handler) and messaging.message.body.size,
+// plus onceflow.handler, and when the chain returns onceflow.outcome and onceflow.attempts.
+//
+// The parent is the context that the producer injected into the message headers (W3C
+// traceparent), so a trace continues across brokers and across the outbox relay. A failed,
+// panicked or dead-lettered outcome records the error, sets error.type to the outcome and the
+// status to Error; processed and duplicate leave the status unset. The middlewares inside add
+// child spans: onceflow.dedup (Deduplicate), onceflow.commit (Transaction), and under the router
+// onceflow.process around the processor. DeadLetter writes the context of this span into the
+// dead-lettered message, so its consumers continue the trace.
+//
+// Under the router, the consumer span ends after the acknowledgement, which the router records
+// as the child span onceflow.ack; elsewhere it ends when the chain returns.
+//
+// The attributes that are the same for all messages of a topic (system, destination,
+// operation, consumer group, handler) are given at span start, so samplers see them, from
+// options built once per topic; the others are set when the chain returns, and only when the
+// span is recording: with no SDK installed, or a sampled-out trace, nothing is built.
 func Tracing(handler string, opts ...TracingOption) Middleware {
-	cfg := tracingConfig{system: "onceflow"}
+	cfg := tracingConfig{system: DefaultMessagingSystem}
 	for _, o := range opts {
-		o.applyTracing(&cfg)
+		o.apply(&cfg)
 	}
 	return func(next processor.Processor) processor.Processor {
 		provider := cfg.provider
@@ -78,40 +98,32 @@ func Tracing(handler string, opts ...TracingOption) Middleware {
 			provider = otel.GetTracerProvider()
 		}
 		tracer := provider.Tracer(telemetry.ScopeName)
-		startOpts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
-		var names spanNames
+		// The attributes that are the same for every message of a topic are given at span
+		// start, where samplers see them, in options built once per topic.
+		static := []attribute.KeyValue{
+			semconv.MessagingSystemKey.String(cfg.system),
+			semconv.MessagingOperationTypeProcess,
+			semconv.MessagingOperationName("process"),
+			semconv.MessagingConsumerGroupName(handler),
+			AttrHandler.String(handler),
+		}
+		starts := &spanStarts{static: static}
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			prop := cfg.propagator
 			if prop == nil {
 				prop = otel.GetTextMapPropagator()
+			} else {
+				// Only a configured propagator travels in the context: the middlewares inside
+				// fall back to the global one by themselves.
+				ctx = telemetry.WithPropagator(ctx, prop)
 			}
 			ctx = prop.Extract(ctx, telemetry.HeaderCarrier(msg.Headers))
-			ctx, span := tracer.Start(ctx, names.get(msg.Topic), startOpts...)
-			recording := span.IsRecording()
-			if recording {
-				span.SetAttributes(
-					semconv.MessagingSystemKey.String(cfg.system),
-					semconv.MessagingDestinationName(msg.Topic),
-					semconv.MessagingMessageID(msg.ID),
-					semconv.MessagingOperationTypeProcess,
-					semconv.MessagingOperationName("process"),
-					semconv.MessagingConsumerGroupName(handler),
-					semconv.MessagingMessageBodySize(len(msg.Payload)),
-					AttrHandler.String(handler),
-				)
-			}
+			start := starts.get(msg.Topic)
+			ctx, span := tracer.Start(ctx, start.name, start.opts...)
 			err := next.Process(ctx, msg)
 			st := delivery.From(ctx)
-			if recording {
-				outcome := processor.OutcomeOf(err)
-				span.SetAttributes(AttrOutcome.String(string(outcome)))
-				if st != nil {
-					span.SetAttributes(AttrAttempts.Int(st.Retries + 1))
-				}
-				if outcome == processor.Failed || outcome == processor.Panicked || outcome == processor.DeadLettered {
-					span.RecordError(err)
-					span.SetStatus(codes.Error, err.Error())
-				}
+			if span.IsRecording() {
+				setAttributes(span, msg, st, err)
 			}
 			if st != nil && st.Span == nil {
 				// The router acknowledges after the chain returns: it records the ack as a child
@@ -125,19 +137,46 @@ func Tracing(handler string, opts ...TracingOption) Middleware {
 	}
 }
 
-// spanNames caches the span name "process <topic>" for the topic a handler consumes, so that
-// naming a span does not allocate.
-type spanNames struct {
-	cached atomic.Pointer[spanName]
+// setAttributes sets the attributes of the consumer span that vary by message, in one call.
+func setAttributes(span trace.Span, msg *messagedata.MessageData, st *delivery.State, err error) {
+	outcome := processor.OutcomeOf(err)
+	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs = append(attrs,
+		semconv.MessagingMessageID(msg.ID),
+		semconv.MessagingMessageBodySize(len(msg.Payload)),
+		AttrOutcome.String(string(outcome)),
+	)
+	if st != nil {
+		attrs = append(attrs, AttrAttempts.Int(st.Retries+1))
+	}
+	if outcome == processor.Failed || outcome == processor.Panicked || outcome == processor.DeadLettered {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(string(outcome)))
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.SetAttributes(attrs...)
 }
 
-type spanName struct{ topic, name string }
+// spanStarts caches the name ("process <topic>") and start options of the consumer span for
+// the topic a handler consumes, so that starting a span allocates nothing of ours.
+type spanStarts struct {
+	static []attribute.KeyValue
+	cached atomic.Pointer[spanStart]
+}
 
-func (c *spanNames) get(topic string) string {
-	if n := c.cached.Load(); n != nil && n.topic == topic {
-		return n.name
+type spanStart struct {
+	topic, name string
+	opts        []trace.SpanStartOption
+}
+
+func (c *spanStarts) get(topic string) *spanStart {
+	if s := c.cached.Load(); s != nil && s.topic == topic {
+		return s
 	}
-	n := &spanName{topic: topic, name: "process " + topic}
-	c.cached.Store(n)
-	return n.name
+	attrs := append(append(make([]attribute.KeyValue, 0, len(c.static)+1), c.static...), semconv.MessagingDestinationName(topic))
+	s := &spanStart{topic: topic, name: "process " + topic, opts: []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...),
+	}}
+	c.cached.Store(s)
+	return s
 }

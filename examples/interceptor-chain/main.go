@@ -194,6 +194,9 @@ func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) 
 		for _, m := range sm.Metrics {
 			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "onceflow.messages" {
 				for _, dp := range sum.DataPoints {
+					if dp.Value == 0 {
+						continue // every outcome's series exists from the start, at 0
+					}
 					outcome, _ := dp.Attributes.Value("onceflow.outcome")
 					s.ByOutcome[outcome.AsString()] += dp.Value
 				}

@@ -11,8 +11,9 @@ import (
 )
 
 // State is what the middlewares of one delivery learn about it. One goroutine owns it at a
-// time: the chain runs synchronously, and the group-commit leader writes CommittedAt only while
-// the member waits for it.
+// time: the chain runs synchronously. Under group commit, the chain inside the group runs in
+// the group's goroutine while the delivery's own goroutine waits for it; the delivery's
+// goroutine records CommittedAt itself, from the group's result.
 type State struct {
 	// Handler is the name of the handler processing the delivery.
 	Handler string

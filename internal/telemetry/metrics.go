@@ -13,6 +13,7 @@ const (
 	MetricCommitToAck      = "onceflow.commit_to_ack.duration"
 	MetricAckFailures      = "onceflow.ack.failures"
 	MetricDedupRows        = "onceflow.dedup.rows"
+	MetricDedupExpired     = "onceflow.dedup.expired"
 	MetricDedupOldestAge   = "onceflow.dedup.oldest_age"
 	MetricOutboxBacklog    = "onceflow.outbox.backlog"
 	MetricOutboxLag        = "onceflow.outbox.lag"
@@ -21,6 +22,7 @@ const (
 )
 
 // Instruments are the synchronous instruments shared by the Metrics middleware and the router.
+// Creating them twice on one meter returns the same instruments.
 type Instruments struct {
 	Messages        metric.Int64Counter
 	ProcessDuration metric.Float64Histogram
@@ -30,20 +32,22 @@ type Instruments struct {
 	AckFailures     metric.Int64Counter
 }
 
-// latencyBuckets suit message processing: from 100 µs to 10 s.
-var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+// LatencyBuckets are the histogram bucket boundaries, in seconds: from 100 µs to 10 s, which
+// suits message processing and the commit-to-ack latency alike.
+var LatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
 // NewInstruments creates the instruments on meter.
 func NewInstruments(meter metric.Meter) (*Instruments, error) {
 	var ins Instruments
 	var err error
 	if ins.Messages, err = meter.Int64Counter(MetricMessages, metric.WithUnit("{message}"),
-		metric.WithDescription("Deliveries handled, by handler and outcome (processed, duplicate, dead_lettered, failed, panicked).")); err != nil {
+		metric.WithDescription("Deliveries handled, each counted once by its final outcome (processed, duplicate, dead_lettered, failed, panicked)."),
+	); err != nil {
 		return nil, err
 	}
 	if ins.ProcessDuration, err = meter.Float64Histogram(MetricProcessDuration, metric.WithUnit("s"),
-		metric.WithDescription("Time from the start of the chain to its outcome, retries included."),
-		metric.WithExplicitBucketBoundaries(latencyBuckets...)); err != nil {
+		metric.WithDescription("Time from the start of the chain to its outcome, retries and their waits included."),
+		metric.WithExplicitBucketBoundaries(LatencyBuckets...)); err != nil {
 		return nil, err
 	}
 	if ins.Inflight, err = meter.Int64UpDownCounter(MetricInflight, metric.WithUnit("{message}"),
@@ -51,17 +55,50 @@ func NewInstruments(meter metric.Meter) (*Instruments, error) {
 		return nil, err
 	}
 	if ins.Retries, err = meter.Int64Counter(MetricRetries, metric.WithUnit("{attempt}"),
-		metric.WithDescription("Processing attempts after the first, by handler.")); err != nil {
+		metric.WithDescription("In-process retries: processing attempts after the first, each in a fresh transaction.")); err != nil {
 		return nil, err
 	}
 	if ins.CommitToAck, err = meter.Float64Histogram(MetricCommitToAck, metric.WithUnit("s"),
-		metric.WithDescription("Time from the database commit to the broker acknowledgement."),
-		metric.WithExplicitBucketBoundaries(latencyBuckets...)); err != nil {
+		metric.WithDescription("Time from the database commit to the acknowledgement handed to the subscriber."),
+		metric.WithExplicitBucketBoundaries(LatencyBuckets...)); err != nil {
 		return nil, err
 	}
 	if ins.AckFailures, err = meter.Int64Counter(MetricAckFailures, metric.WithUnit("{message}"),
-		metric.WithDescription("Acknowledgements that failed after a successful commit; the broker redelivers and deduplication absorbs the copy.")); err != nil {
+		metric.WithDescription("Acknowledgements that could not reach the subscriber because the delivery had already ended (ack deadline passed, subscription closed); the broker redelivers and deduplication absorbs the copy."),
+	); err != nil {
 		return nil, err
 	}
 	return &ins, nil
+}
+
+// DedupGauges are the observable gauges of duplicate-detection tables, observed by a callback
+// that reads the tables at collection time.
+type DedupGauges struct {
+	Rows      metric.Int64ObservableGauge
+	Expired   metric.Int64ObservableGauge
+	OldestAge metric.Float64ObservableGauge
+}
+
+// NewDedupGauges creates the gauges on meter.
+func NewDedupGauges(meter metric.Meter) (*DedupGauges, error) {
+	var g DedupGauges
+	var err error
+	if g.Rows, err = meter.Int64ObservableGauge(MetricDedupRows, metric.WithUnit("{row}"),
+		metric.WithDescription("Rows of the duplicate-detection table, expired ones included.")); err != nil {
+		return nil, err
+	}
+	if g.Expired, err = meter.Int64ObservableGauge(MetricDedupExpired, metric.WithUnit("{row}"),
+		metric.WithDescription("Rows of the duplicate-detection table past their retention, waiting for the purge; growth means purging does not keep up.")); err != nil {
+		return nil, err
+	}
+	if g.OldestAge, err = meter.Float64ObservableGauge(MetricDedupOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest key in the duplicate-detection table; 0 when empty. It should stay near the retention plus the purge interval.")); err != nil {
+		return nil, err
+	}
+	return &g, nil
+}
+
+// Observables lists the gauges, for metric.Meter.RegisterCallback.
+func (g *DedupGauges) Observables() []metric.Observable {
+	return []metric.Observable{g.Rows, g.Expired, g.OldestAge}
 }

@@ -1,0 +1,864 @@
+package middleware_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// countingDB is a Beginner that counts transactions and commits, and can hold or fail a
+// commit.
+type countingDB struct {
+	db      *sqldb.DB
+	begins  atomic.Int32
+	commits atomic.Int32
+	// beforeCommit, when set, runs before each COMMIT; an error it returns rolls the
+	// transaction back and is returned by Commit instead.
+	beforeCommit func() error
+}
+
+func (c *countingDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, error) {
+	tx, err := c.db.BeginTxx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.begins.Add(1)
+	return &countingTx{Tx: tx, db: c}, nil
+}
+
+type countingTx struct {
+	*sqlx.Tx
+	db *countingDB
+}
+
+func (t *countingTx) Commit() error {
+	if t.db.beforeCommit != nil {
+		if err := t.db.beforeCommit(); err != nil {
+			_ = t.Tx.Rollback()
+			return err
+		}
+	}
+	if err := t.Tx.Commit(); err != nil {
+		return err
+	}
+	t.db.commits.Add(1)
+	return nil
+}
+
+// groupFixture is a database with a business table gc_effects (one row per applied effect,
+// no unique key) and a migrated dedup store.
+type groupFixture struct {
+	db    *sqldb.DB
+	cdb   *countingDB
+	store *dedup.SQLStore
+}
+
+func newGroupFixture(t *testing.T, d testsvc.Database) *groupFixture {
+	t.Helper()
+	db := d.Open(t)
+	_, err := db.Exec(`CREATE TABLE gc_effects (id VARCHAR(255) NOT NULL)`)
+	require.NoError(t, err)
+	store, err := dedup.New(db, dedup.Config{})
+	require.NoError(t, err)
+	require.NoError(t, store.Migrate(context.Background()))
+	return &groupFixture{db: db, cdb: &countingDB{db: db}, store: store}
+}
+
+func (f *groupFixture) effects(t *testing.T, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.db.Get(&n, f.db.Rebind(`SELECT COUNT(*) FROM gc_effects WHERE id = ?`), id))
+	return n
+}
+
+func (f *groupFixture) recorded(t *testing.T, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.db.Get(&n, f.db.Rebind(`SELECT COUNT(*) FROM onceflow_dedup WHERE message_id = ?`), id))
+	return n
+}
+
+// insertEffect writes the message's effect row through the group's transaction.
+func insertEffect(ctx context.Context, msg *messagedata.MessageData) error {
+	tx, ok := processor.CurrentTx(ctx)
+	if !ok {
+		return errors.New("no transaction")
+	}
+	_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO gc_effects (id) VALUES (?)`), msg.ID)
+	return err
+}
+
+// outcome is what one Process call gave: its error, or the value it panicked with.
+type outcome struct {
+	err   error
+	panic any
+}
+
+// processAll runs p for every id at once, each in its own goroutine as the router would, and
+// returns the outcomes in the order of ids.
+func processAll(p processor.Processor, ids ...string) []outcome {
+	out := make([]outcome, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			defer func() { out[i].panic = recover() }()
+			out[i].err = p.Process(context.Background(), msg(id))
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func forEachDB(t *testing.T, fn func(t *testing.T, d testsvc.Database)) {
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, d)
+		})
+	}
+}
+
+// groupCommit builds GroupCommit on f for n concurrent deliveries: the group starts when all
+// n have joined, never by MaxWait.
+func (f *groupFixture) groupCommit(t *testing.T, n int, p processor.Processor, opts ...middleware.GroupOption) processor.Processor {
+	t.Helper()
+	opts = append([]middleware.GroupOption{middleware.WithConcurrency(n), middleware.WithMaxWait(time.Hour)}, opts...)
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", opts...)
+	require.NoError(t, err)
+	return mw(p)
+}
+
+func TestGroupCommit_ConcurrentMessagesShareOneTransactionAndOneCommit(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		var txs sync.Map // transaction -> members that saw it
+		p := f.groupCommit(t, 8, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			tx, _ := processor.CurrentTx(ctx)
+			n, _ := txs.LoadOrStore(tx, new(atomic.Int32))
+			n.(*atomic.Int32).Add(1)
+			return insertEffect(ctx, m)
+		}))
+
+		ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+		for i, o := range processAll(p, ids...) {
+			require.NoError(t, o.err, ids[i])
+			require.Nil(t, o.panic)
+		}
+
+		require.Equal(t, int32(1), f.cdb.begins.Load())
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		members := 0
+		txs.Range(func(_, n any) bool { members += int(n.(*atomic.Int32).Load()); return true })
+		require.Equal(t, 8, members)
+		for _, id := range ids {
+			require.Equal(t, 1, f.effects(t, id), id)
+			require.Equal(t, 1, f.recorded(t, id), id)
+		}
+	})
+}
+
+func TestGroupCommit_NoMemberReturnsBeforeTheCommit(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		committing := make(chan struct{})
+		release := make(chan struct{})
+		f.cdb.beforeCommit = func() error {
+			close(committing)
+			<-release
+			return nil
+		}
+		p := f.groupCommit(t, 4, processor.Func(insertEffect))
+
+		var returned atomic.Int32
+		done := make(chan []outcome)
+		go func() {
+			out := processAll(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+				err := p.Process(ctx, m)
+				returned.Add(1)
+				return err
+			}), "a", "b", "c", "d")
+			done <- out
+		}()
+		<-committing
+		require.Equal(t, int32(0), returned.Load(), "a member returned while its commit was still in flight")
+		close(release)
+		for _, o := range <-done {
+			require.NoError(t, o.err)
+		}
+		require.Equal(t, int32(4), returned.Load())
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+	})
+}
+
+func TestGroupCommit_FailingMemberRollsBackAloneAndItsRedeliveryAppliesOnce(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		boom := errors.New("downstream service unavailable")
+		var failed atomic.Bool
+		p := f.groupCommit(t, 3, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			if m.ID == "bad" && failed.CompareAndSwap(false, true) {
+				return boom // after writing: the write must be rolled back with the id
+			}
+			return nil
+		}))
+
+		out := processAll(p, "ok-1", "bad", "ok-2")
+		require.NoError(t, out[0].err)
+		require.ErrorIs(t, out[1].err, boom)
+		require.NotErrorIs(t, out[1].err, middleware.ErrGroupAborted)
+		require.NoError(t, out[2].err)
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Equal(t, 1, f.effects(t, "ok-1"))
+		require.Equal(t, 1, f.effects(t, "ok-2"))
+		require.Equal(t, 0, f.effects(t, "bad"))
+		require.Equal(t, 0, f.recorded(t, "bad"), "the failed member's id is forgotten, so that its redelivery is new")
+
+		// The redelivery, in a group of its own, is processed and applied once.
+		solo := f.groupCommit(t, 1, processor.Func(insertEffect))
+		require.NoError(t, solo.Process(context.Background(), msg("bad")))
+		require.Equal(t, 1, f.effects(t, "bad"))
+		require.Equal(t, 1, f.recorded(t, "bad"))
+	})
+}
+
+func TestGroupCommit_MemberFailingWithSQLErrorDoesNotSpoilTheOthers(t *testing.T) {
+	// On PostgreSQL a failed statement aborts the transaction: only the member's savepoint
+	// keeps the others alive.
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		_, err := f.db.Exec(`CREATE TABLE gc_payments (id VARCHAR(64) PRIMARY KEY)`)
+		require.NoError(t, err)
+		_, err = f.db.Exec(`INSERT INTO gc_payments (id) VALUES ('taken')`)
+		require.NoError(t, err)
+		p := f.groupCommit(t, 3, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			tx, _ := processor.CurrentTx(ctx)
+			payment := m.ID
+			if m.ID == "clash" {
+				payment = "taken"
+			}
+			_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO gc_payments (id) VALUES (?)`), payment)
+			return err
+		}))
+
+		out := processAll(p, "pay-1", "clash", "pay-2")
+		require.NoError(t, out[0].err)
+		require.True(t, sqldb.IsUniqueViolation(out[1].err), "want a unique violation, got %v", out[1].err)
+		require.NoError(t, out[2].err)
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Equal(t, 1, f.effects(t, "pay-1"))
+		require.Equal(t, 1, f.effects(t, "pay-2"))
+		require.Equal(t, 0, f.effects(t, "clash"))
+		require.Equal(t, 0, f.recorded(t, "clash"))
+		var payments int
+		require.NoError(t, f.db.Get(&payments, `SELECT COUNT(*) FROM gc_payments`))
+		require.Equal(t, 3, payments)
+	})
+}
+
+func TestGroupCommit_MemberThatEndsTheTransactionAbortsTheGroupRetryably(t *testing.T) {
+	// What a MySQL deadlock does: the server rolls the whole transaction back, so the member's
+	// savepoint is gone and the group cannot go on without it.
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		p := f.groupCommit(t, 3, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			if m.ID == "spoiler" {
+				tx, _ := processor.CurrentTx(ctx)
+				_ = tx.Rollback()
+				return errors.New("deadlock found when trying to get lock")
+			}
+			return nil
+		}))
+
+		out := processAll(p, "a", "spoiler", "b")
+		require.ErrorContains(t, out[1].err, "deadlock")
+		for _, o := range []outcome{out[0], out[2]} {
+			require.ErrorIs(t, o.err, middleware.ErrGroupAborted)
+			require.Equal(t, processor.Failed, processor.OutcomeOf(o.err), "retried, not acked")
+		}
+		require.Zero(t, f.cdb.commits.Load())
+		for _, id := range []string{"a", "spoiler", "b"} {
+			require.Equal(t, 0, f.effects(t, id), id)
+			require.Equal(t, 0, f.recorded(t, id), id)
+		}
+	})
+}
+
+func TestGroupCommit_EachMemberGetsDedupAndCommitSpansWithTheGroupSize(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	gc := f.groupCommit(t, 2, processor.Func(insertEffect))
+	p := middleware.Tracing("h", middleware.WithTracerProvider(tp))(gc)
+
+	for _, o := range processAll(p, "a", "b") {
+		require.NoError(t, o.err)
+	}
+
+	children := map[trace.SpanID][]sdktrace.ReadOnlySpan{}
+	var consumers []sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		if s.SpanKind() == trace.SpanKindConsumer {
+			consumers = append(consumers, s)
+		} else {
+			children[s.Parent().SpanID()] = append(children[s.Parent().SpanID()], s)
+		}
+	}
+	require.Len(t, consumers, 2)
+	for _, c := range consumers {
+		var names []string
+		for _, s := range children[c.SpanContext().SpanID()] {
+			names = append(names, s.Name())
+			if s.Name() == "onceflow.commit" {
+				require.Contains(t, s.Attributes(), middleware.AttrGroupSize.Int(2))
+			}
+		}
+		require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.commit"}, names)
+	}
+}
+
+func TestGroupCommit_PanicIsRaisedInTheMembersGoroutineAndRollsBackOnlyThatMember(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		p := middleware.Recover()(f.groupCommit(t, 3, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			if m.ID == "bug" {
+				panicInProcessor()
+			}
+			return nil
+		})))
+
+		out := processAll(p, "ok-1", "bug", "ok-2")
+		require.NoError(t, out[0].err)
+		require.NoError(t, out[2].err)
+		require.Nil(t, out[1].panic, "Recover, in the member's goroutine, caught it")
+		var pe *processor.PanicError
+		require.ErrorAs(t, out[1].err, &pe)
+		require.Equal(t, "bug in processor", pe.Value, "the value of the original panic, not a wrapper")
+		require.Contains(t, string(pe.Stack), "panicInProcessor", "the stack of the original panic")
+		require.Equal(t, processor.Panicked, processor.OutcomeOf(out[1].err))
+		require.Equal(t, 1, f.effects(t, "ok-1"))
+		require.Equal(t, 1, f.effects(t, "ok-2"))
+		require.Equal(t, 0, f.effects(t, "bug"))
+		require.Equal(t, 0, f.recorded(t, "bug"))
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+	})
+}
+
+func panicInProcessor() { panic("bug in processor") }
+
+func TestGroupCommit_PanicWithoutRecoverPanicsInTheMembersGoroutine(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	p := f.groupCommit(t, 2, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		if m.ID == "bug" {
+			panic("bug in processor")
+		}
+		return insertEffect(ctx, m)
+	}))
+
+	out := processAll(p, "ok", "bug")
+	require.NoError(t, out[0].err)
+	require.Nil(t, out[0].panic)
+	pe, ok := out[1].panic.(*processor.PanicError)
+	require.True(t, ok, "panic value %T", out[1].panic)
+	require.Equal(t, "bug in processor", pe.Value)
+	require.Equal(t, 1, f.effects(t, "ok"))
+}
+
+func TestGroupCommit_RecordedIDIsDuplicateAndNotProcessed(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		var calls sync.Map
+		proc := processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			n, _ := calls.LoadOrStore(m.ID, new(atomic.Int32))
+			n.(*atomic.Int32).Add(1)
+			return insertEffect(ctx, m)
+		})
+		require.NoError(t, f.groupCommit(t, 1, proc).Process(context.Background(), msg("seen")))
+
+		out := processAll(f.groupCommit(t, 3, proc), "new-1", "seen", "new-2")
+		require.NoError(t, out[0].err)
+		require.ErrorIs(t, out[1].err, processor.ErrDuplicate)
+		require.Equal(t, processor.Duplicate, processor.OutcomeOf(out[1].err))
+		require.NoError(t, out[2].err)
+		n, _ := calls.Load("seen")
+		require.Equal(t, int32(1), n.(*atomic.Int32).Load(), "the duplicate is not processed again")
+		require.Equal(t, 1, f.effects(t, "seen"))
+		require.Equal(t, 1, f.recorded(t, "seen"))
+	})
+}
+
+func TestGroupCommit_TwoCopiesInOneGroupGiveOneEffect(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		var calls atomic.Int32
+		p := f.groupCommit(t, 2, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			calls.Add(1)
+			return insertEffect(ctx, m)
+		}))
+
+		out := processAll(p, "twin", "twin")
+		applied, dup := out[0].err, out[1].err
+		if applied != nil {
+			applied, dup = dup, applied
+		}
+		require.NoError(t, applied)
+		require.ErrorIs(t, dup, processor.ErrDuplicate)
+		require.Equal(t, int32(1), calls.Load())
+		require.Equal(t, 1, f.effects(t, "twin"))
+	})
+}
+
+func TestGroupCommit_CopyOfAFailedMessageInTheSameGroupIsRetriedNotAcked(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		boom := errors.New("boom")
+		var calls atomic.Int32
+		proc := processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			if calls.Add(1) == 1 {
+				return boom
+			}
+			return insertEffect(ctx, m)
+		})
+
+		out := processAll(f.groupCommit(t, 2, proc), "twin", "twin")
+		require.Equal(t, int32(1), calls.Load(), "the second copy is not processed in the same group")
+		var failed, copyErr error
+		if errors.Is(out[0].err, boom) {
+			failed, copyErr = out[0].err, out[1].err
+		} else {
+			failed, copyErr = out[1].err, out[0].err
+		}
+		require.ErrorIs(t, failed, boom)
+		require.Error(t, copyErr)
+		require.Equal(t, processor.Failed, processor.OutcomeOf(copyErr), "a copy whose first copy failed must not be acked as a duplicate: %v", copyErr)
+		require.Equal(t, 0, f.recorded(t, "twin"))
+
+		require.NoError(t, f.groupCommit(t, 1, proc).Process(context.Background(), msg("twin")))
+		require.Equal(t, 1, f.effects(t, "twin"))
+	})
+}
+
+func TestGroupCommit_MaxSizeStartsAFullGroup(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	var mu sync.Mutex
+	sizes := map[processor.Tx]int{}
+	// No concurrency hint and an hour's wait: only a full group starts.
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(3), middleware.WithMaxWait(time.Hour))
+	require.NoError(t, err)
+	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		tx, _ := processor.CurrentTx(ctx)
+		mu.Lock()
+		sizes[tx]++
+		mu.Unlock()
+		return insertEffect(ctx, m)
+	}))
+
+	for _, o := range processAll(p, "a", "b", "c", "d", "e", "f") {
+		require.NoError(t, o.err)
+	}
+	require.Equal(t, int32(2), f.cdb.commits.Load())
+	require.Len(t, sizes, 2)
+	for _, n := range sizes {
+		require.Equal(t, 3, n)
+	}
+}
+
+func TestGroupCommit_MaxWaitStartsAGroupThatIsNotFull(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	const wait = 30 * time.Millisecond
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxWait(wait))
+	require.NoError(t, err)
+	p := mw(processor.Func(insertEffect))
+
+	start := time.Now()
+	require.NoError(t, p.Process(context.Background(), msg("alone")))
+	require.GreaterOrEqual(t, time.Since(start), wait, "the group waited for more members")
+	require.Equal(t, 1, f.effects(t, "alone"))
+}
+
+func TestGroupCommit_GroupStartsOnceEveryDeliveryHasJoined(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	// MaxWait is an hour: only the concurrency hint can start these groups.
+	p := f.groupCommit(t, 2, processor.Func(insertEffect))
+	for _, o := range processAll(p, "a", "b") {
+		require.NoError(t, o.err)
+	}
+	solo := f.groupCommit(t, 1, processor.Func(insertEffect))
+	require.NoError(t, solo.Process(context.Background(), msg("c")))
+	require.Equal(t, int32(2), f.cdb.commits.Load())
+}
+
+func TestGroupCommit_WithoutMaxWaitMessagesArrivingWhileAGroupRunsFormTheNext(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	joinedNext := make(chan struct{})
+	var once sync.Once
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxWait(0),
+		middleware.WithGroupJoined(func(size int) {
+			if size == 3 {
+				once.Do(func() { close(joinedNext) })
+			}
+		}))
+	require.NoError(t, err)
+	var mu sync.Mutex
+	sizes := map[processor.Tx]int{}
+	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		if m.ID == "first" {
+			<-joinedNext // the next three join while this group runs
+		}
+		tx, _ := processor.CurrentTx(ctx)
+		mu.Lock()
+		sizes[tx]++
+		mu.Unlock()
+		return insertEffect(ctx, m)
+	}))
+
+	first := make(chan error, 1)
+	go func() { first <- p.Process(context.Background(), msg("first")) }()
+	for _, o := range processAll(p, "a", "b", "c") {
+		require.NoError(t, o.err)
+	}
+	require.NoError(t, <-first)
+	require.Equal(t, int32(2), f.cdb.commits.Load())
+	var got []int
+	for _, n := range sizes {
+		got = append(got, n)
+	}
+	require.ElementsMatch(t, []int{1, 3}, got)
+}
+
+func TestGroupCommit_AfterWaitingInVainTheGroupExpectsFewerDeliveries(t *testing.T) {
+	// A broker that delivers one message at a time although the handler has 16 subscriptions:
+	// the first message waits MaxWait for the others; the next ones do not wait.
+	const wait = 300 * time.Millisecond
+	mw, err := middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.WithConcurrency(16), middleware.WithMaxWait(wait))
+	require.NoError(t, err)
+	p := mw(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
+
+	start := time.Now()
+	require.NoError(t, p.Process(context.Background(), msg("first")))
+	require.GreaterOrEqual(t, time.Since(start), wait)
+	start = time.Now()
+	for _, id := range []string{"second", "third"} {
+		require.NoError(t, p.Process(context.Background(), msg(id)))
+	}
+	require.Less(t, time.Since(start), wait, "the later messages waited for deliveries that do not come")
+}
+
+func TestGroupCommit_MemberWhoseContextEndsWhileWaitingLeavesTheGroup(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		joined := make(chan int, 10)
+		var calls sync.Map
+		// A group starts when it has two members, and never by waiting.
+		mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(2), middleware.WithMaxWait(time.Hour),
+			middleware.WithGroupJoined(func(size int) { joined <- size }))
+		require.NoError(t, err)
+		p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			calls.Store(m.ID, true)
+			return insertEffect(ctx, m)
+		}))
+
+		ctx, cancel := context.WithCancel(context.Background())
+		left := make(chan error, 1)
+		go func() { left <- p.Process(ctx, msg("impatient")) }()
+		require.Equal(t, 1, <-joined)
+		cancel()
+		err = <-left
+		require.ErrorIs(t, err, context.Canceled)
+		require.Equal(t, processor.Failed, processor.OutcomeOf(err))
+
+		// Had it stayed, "b" would fill the group with it and "c" would wait for an hour.
+		out := processAll(p, "b", "c")
+		require.NoError(t, out[0].err)
+		require.NoError(t, out[1].err)
+		_, processed := calls.Load("impatient")
+		require.False(t, processed)
+		require.Equal(t, 0, f.recorded(t, "impatient"))
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+	})
+}
+
+func TestGroupCommit_MemberWhoseContextEndsBeforeItsTurnIsNotProcessedAndItsIDIsForgotten(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		ctxs := map[string]context.Context{}
+		cancels := map[string]context.CancelFunc{}
+		for _, id := range []string{"x", "y"} {
+			ctxs[id], cancels[id] = context.WithCancel(context.Background())
+		}
+		other := map[string]string{"x": "y", "y": "x"}
+		// The member that runs first ends the context of the other, which waits for its turn.
+		var mu sync.Mutex
+		var ran []string
+		p := f.groupCommit(t, 2, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			mu.Lock()
+			ran = append(ran, m.ID)
+			mu.Unlock()
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			cancels[other[m.ID]]()
+			return nil
+		}))
+		errs := map[string]error{}
+		var wg sync.WaitGroup
+		for _, id := range []string{"x", "y"} {
+			wg.Go(func() {
+				err := p.Process(ctxs[id], msg(id))
+				mu.Lock()
+				errs[id] = err
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+
+		require.Len(t, ran, 1)
+		first, second := ran[0], other[ran[0]]
+		require.NoError(t, errs[first])
+		require.ErrorIs(t, errs[second], context.Canceled)
+		require.Equal(t, 1, f.effects(t, first))
+		require.Equal(t, 0, f.effects(t, second))
+		require.Equal(t, 1, f.recorded(t, first))
+		require.Equal(t, 0, f.recorded(t, second), "the id of the member that never ran is forgotten")
+	})
+}
+
+func TestGroupCommit_CommitFailureFailsEveryMember(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		for name, tc := range map[string]struct {
+			err     error
+			unknown bool
+		}{
+			"connection lost": {driver.ErrBadConn, true},
+			"refused":         {errors.New("could not serialize access"), false},
+		} {
+			t.Run(name, func(t *testing.T) {
+				f := newGroupFixture(t, d)
+				f.cdb.beforeCommit = func() error { return tc.err }
+				out := processAll(f.groupCommit(t, 3, processor.Func(insertEffect)), "a", "b", "c")
+				for _, o := range out {
+					require.ErrorIs(t, o.err, tc.err)
+					require.Equal(t, tc.unknown, errors.Is(o.err, middleware.ErrCommitOutcomeUnknown), "%v", o.err)
+					require.Equal(t, processor.Failed, processor.OutcomeOf(o.err))
+				}
+				require.Equal(t, 0, f.effects(t, "a"))
+				require.Equal(t, 0, f.recorded(t, "a"))
+			})
+		}
+	})
+}
+
+type failingBeginner struct{ err error }
+
+func (b failingBeginner) BeginTx(context.Context, *sql.TxOptions) (processor.Tx, error) {
+	return nil, b.err
+}
+
+func TestGroupCommit_BeginFailureFailsEveryMember(t *testing.T) {
+	down := errors.New("database is down")
+	mw, err := middleware.GroupCommit(failingBeginner{down}, memGroupStore{}, "h", middleware.WithConcurrency(2))
+	require.NoError(t, err)
+	var calls atomic.Int32
+	out := processAll(mw(processor.Func(func(context.Context, *messagedata.MessageData) error { calls.Add(1); return nil })), "a", "b")
+	for _, o := range out {
+		require.ErrorIs(t, o.err, down)
+		require.ErrorIs(t, o.err, middleware.ErrGroupAborted)
+	}
+	require.Zero(t, calls.Load())
+}
+
+func TestGroupCommit_InvalidIDFailsOnlyItsMemberPermanently(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		long := strings.Repeat("x", dedup.MaxMessageIDLen+1)
+		out := processAll(f.groupCommit(t, 3, processor.Func(insertEffect)), "a", long, "b")
+		require.NoError(t, out[0].err)
+		require.ErrorIs(t, out[1].err, dedup.ErrKeyTooLong)
+		require.True(t, processor.IsPermanent(out[1].err))
+		require.NoError(t, out[2].err)
+		require.Equal(t, 1, f.effects(t, "a"))
+		require.Equal(t, 1, f.effects(t, "b"))
+	})
+}
+
+func TestGroupCommit_MessageWithoutIDIsRefusedPermanently(t *testing.T) {
+	mw, err := middleware.GroupCommit(&memDB{}, memGroupStore{}, "h")
+	require.NoError(t, err)
+	err = mw(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil })).Process(context.Background(), msg(""))
+	require.ErrorIs(t, err, messagedata.ErrNoMessageID)
+	require.True(t, processor.IsPermanent(err))
+}
+
+func TestGroupCommit_TimestampKeyKeepsReusedIDsApart(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	p := f.groupCommit(t, 2, processor.Func(insertEffect), middleware.WithTimestampKey())
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			m := msg("reused")
+			m.Timestamp = time.UnixMicro(int64(1_000_000 * (i + 1)))
+			errs[i] = p.Process(context.Background(), m)
+		})
+	}
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.Equal(t, 2, f.effects(t, "reused"))
+	require.Equal(t, 2, f.recorded(t, "reused"))
+}
+
+func TestGroupTransaction_SharesOneCommitWithoutRecordingIDs(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		boom := errors.New("boom")
+		mw, err := middleware.GroupTransaction(f.cdb, middleware.WithConcurrency(3), middleware.WithMaxWait(time.Hour))
+		require.NoError(t, err)
+		p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			if m.ID == "bad" {
+				return boom
+			}
+			return nil
+		}))
+
+		out := processAll(p, "a", "bad", "a")
+		require.NoError(t, out[0].err)
+		require.ErrorIs(t, out[1].err, boom)
+		require.NoError(t, out[2].err)
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Equal(t, 2, f.effects(t, "a"), "at least once: no duplicate detection")
+		require.Equal(t, 0, f.effects(t, "bad"))
+		require.Equal(t, 0, f.recorded(t, "a"))
+	})
+}
+
+func TestGroupCommit_InvalidOptionsAreErrors(t *testing.T) {
+	for name, build := range map[string]func() (middleware.Middleware, error){
+		"size 0": func() (middleware.Middleware, error) {
+			return middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.WithMaxGroupSize(0))
+		},
+		"negative wait": func() (middleware.Middleware, error) {
+			return middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.WithMaxWait(-time.Second))
+		},
+		"check-first": func() (middleware.Middleware, error) {
+			return middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.CheckFirst())
+		},
+		"nil store": func() (middleware.Middleware, error) { return middleware.GroupCommit(&memDB{}, nil, "h") },
+		"dedup option without dedup": func() (middleware.Middleware, error) {
+			return middleware.GroupTransaction(&memDB{}, middleware.WithTimestampKey())
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mw, err := build()
+			require.Error(t, err)
+			require.Nil(t, mw)
+		})
+	}
+}
+
+// memGroupStore records nothing and reports every key as new.
+type memGroupStore struct{}
+
+func (memGroupStore) RecordMany(_ context.Context, _ sqlx.ExtContext, keys []dedup.Key) ([]bool, error) {
+	fresh := make([]bool, len(keys))
+	for i := range fresh {
+		fresh[i] = true
+	}
+	return fresh, nil
+}
+
+func (memGroupStore) Forget(context.Context, sqlx.ExtContext, dedup.Key) error { return nil }
+
+func ExampleGroupCommit() {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "groupcommit")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(dir, "app.db"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE TABLE payments (id TEXT PRIMARY KEY)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	store, _ := dedup.New(db, dedup.Config{})
+	if err := store.Migrate(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// Four deliveries in flight at once, as a handler with four subscriptions has them. Retry
+	// stays outside: every attempt joins a group of its own.
+	groupCommit, err := middleware.GroupCommit(db, store, "payments", middleware.WithConcurrency(4))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	chain := middleware.Chain(middleware.Recover(), middleware.Retry(), groupCommit)(
+		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			tx, _ := processor.TxFromContext(ctx) // the group's transaction, under this message's savepoint
+			_, err := tx.ExecContext(ctx, `INSERT INTO payments (id) VALUES (?)`, msg.ID)
+			return err
+		}))
+
+	var duplicates atomic.Int32
+	var wg sync.WaitGroup
+	for _, id := range []string{"p-1", "p-2", "p-3", "p-1"} { // p-1 is delivered twice
+		wg.Go(func() {
+			err := chain.Process(ctx, &messagedata.MessageData{ID: id})
+			if processor.IsDuplicate(err) {
+				duplicates.Add(1)
+			} else if err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	wg.Wait()
+
+	var payments int
+	_ = db.Get(&payments, `SELECT COUNT(*) FROM payments`)
+	fmt.Println("payments:", payments, "duplicates:", duplicates.Load())
+	// Output: payments: 3 duplicates: 1
+}

@@ -1,0 +1,161 @@
+package onceflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// This file holds the router's part of onceflow's telemetry: the onceflow.process and
+// onceflow.ack spans, the acknowledgement metrics, and the gauges of the dedup tables.
+// docs/observability.md lists them all.
+
+// ErrAckLost reports an acknowledgement that could not reach the subscriber: the delivery had
+// ended before the router acknowledged it (its ack deadline passed, its subscription closed,
+// its connection was lost), or it had been nacked. The broker delivers the message again; when
+// the transaction had committed, duplicate detection acknowledges the copy without applying it
+// again.
+var ErrAckLost = errors.New("acknowledgement lost")
+
+var errProcessorPanicked = errors.New("processor panicked")
+
+// traceProcessor wraps the user's processor, innermost in the chain, in the onceflow.process
+// span: one per attempt, a child of the consumer span or of nothing when the delivery is not
+// traced. A duplicate reported by the processor (natural idempotency) is not an error.
+func traceProcessor(p processor.Processor) processor.Processor {
+	return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+		ctx, span := telemetry.StartProcess(ctx, max(msg.Attempt, 1))
+		if span == nil {
+			return p.Process(ctx, msg)
+		}
+		finished := false
+		defer func() {
+			if !finished { // panicking: end the span and let the panic go on to Recover
+				telemetry.End(span, errProcessorPanicked)
+			}
+		}()
+		err := p.Process(ctx, msg)
+		finished = true
+		if err != nil && !processor.IsDuplicate(err) {
+			telemetry.End(span, err)
+		} else {
+			span.End()
+		}
+		return err
+	})
+}
+
+// settle acknowledges or rejects msg for outcome and records it: the onceflow.ack span, the
+// commit-to-ack latency, and acknowledgements lost because the delivery had ended.
+//
+// watermill's Ack only hands the acknowledgement to the subscriber, which sends it to the
+// broker later and reports nothing back. What the router can see is whether anyone still
+// listens: a delivery whose context has ended (every adapter ends it when it stops waiting for
+// the ack: ack deadline, closing subscription, lost connection) or that was nacked will not
+// pass the ack on. Those are counted in onceflow.ack.failures. An ack that the subscriber
+// accepts and then fails to send, or that is lost on the wire, is invisible here; it shows as a
+// redelivery counted with outcome duplicate.
+func (h *handler) settle(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome) {
+	if !outcome.Acks() {
+		msg.Nack()
+		telemetry.Settle(st.Span, false, nil)
+		return
+	}
+	var lost error
+	if err := msg.Context().Err(); err != nil {
+		lost = fmt.Errorf("%w: the delivery ended before the acknowledgement (%w)", ErrAckLost, err)
+	}
+	if !msg.Ack() && lost == nil {
+		lost = fmt.Errorf("%w: the delivery was nacked before", ErrAckLost)
+	}
+	switch {
+	case lost != nil:
+		h.router.instruments.AckFailures.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(h.name), telemetry.AttrOutcome.String(string(outcome))))
+		h.logger.Warn("acknowledgement lost; the broker will deliver the message again", "message_id", md.ID,
+			"attempt", st.Retries+1, "outcome", string(outcome), "committed", !st.CommittedAt.IsZero(), "error", lost)
+	case !st.CommittedAt.IsZero():
+		h.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), h.attrs)
+	}
+	telemetry.Settle(st.Span, true, lost)
+}
+
+// initHandlerMetrics starts the router's counters of a handler at 0, so that they are exported
+// before the first failure.
+func (r *Router) initHandlerMetrics(handler string) {
+	for _, o := range []processor.Outcome{processor.Processed, processor.Duplicate, processor.DeadLettered} {
+		r.instruments.AckFailures.Add(context.Background(), 0,
+			metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrOutcome.String(string(o))))
+	}
+}
+
+// registerDedupGauges registers the gauges of the router's dedup tables, observed at each
+// collection with SQLStore.Stats (one statement that reads the table). A View that drops all
+// three gauges stops the reads.
+func (r *Router) registerDedupGauges() (metric.Registration, error) {
+	mp := r.cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(telemetry.ScopeName)
+	g, err := telemetry.NewDedupGauges(meter)
+	if err != nil {
+		return nil, fmt.Errorf("create dedup gauges: %w", err)
+	}
+	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		r.mu.Lock()
+		stores := make(map[storeKey]*dedup.SQLStore, len(r.stores))
+		for k, s := range r.stores {
+			stores[k] = s
+		}
+		r.mu.Unlock()
+		for k, s := range stores {
+			st, err := s.Stats(ctx)
+			if err != nil {
+				r.logger.Warn("cannot read the dedup table for its gauges", "table", s.Table(), "error", err)
+				continue
+			}
+			attrs := metric.WithAttributeSet(attribute.NewSet(telemetry.AttrDedupTable.String(s.Table()), dbSystem(k.db)))
+			o.ObserveInt64(g.Rows, st.Rows, attrs)
+			o.ObserveInt64(g.Expired, st.Expired, attrs)
+			age := 0.0
+			if !st.Oldest.IsZero() {
+				age = max(secondsSince(st.Oldest), 0)
+			}
+			o.ObserveFloat64(g.OldestAge, age, attrs)
+		}
+		return nil
+	}, g.Observables()...)
+	if err != nil {
+		return nil, fmt.Errorf("register dedup gauges: %w", err)
+	}
+	return reg, nil
+}
+
+// dbSystem returns the db.system.name attribute of db, in the semantic conventions' values.
+func dbSystem(db *sqldb.DB) attribute.KeyValue {
+	switch db.Dialect {
+	case sqldb.Postgres:
+		return semconv.DBSystemNamePostgreSQL
+	case sqldb.MySQL:
+		return semconv.DBSystemNameMySQL
+	case sqldb.SQLite:
+		return semconv.DBSystemNameSQLite
+	}
+	return semconv.DBSystemNameKey.String(string(db.Dialect))
+}
+
+func secondsSince(t time.Time) float64 { return time.Since(t).Seconds() }
