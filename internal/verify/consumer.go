@@ -1,0 +1,259 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// CrashPoint is a moment in the processing of a message at which a consumer kills itself with
+// SIGKILL, to exercise one crash window of the guarantee model.
+type CrashPoint string
+
+// The crash points, in the order a message meets them.
+const (
+	// AfterReceive: the message was delivered, nothing was written. A BestEffort consumer has
+	// acked it already.
+	AfterReceive CrashPoint = "after-receive"
+	// BeforeCommit: the effect was written in the transaction, which has not committed.
+	BeforeCommit CrashPoint = "before-commit"
+	// AfterCommit: the transaction committed, the message is not acked yet.
+	AfterCommit CrashPoint = "after-commit"
+)
+
+// CrashPoints lists every crash point.
+var CrashPoints = []CrashPoint{AfterReceive, BeforeCommit, AfterCommit}
+
+// Crash arms a crash point: the consumer kills itself at Point while processing its Nth
+// delivery.
+type Crash struct {
+	Point CrashPoint
+	N     int
+}
+
+// String formats c as "point:n", the form ParseCrash reads.
+func (c Crash) String() string { return fmt.Sprintf("%s:%d", c.Point, c.N) }
+
+// ParseCrash reads "point:n".
+func ParseCrash(s string) (Crash, error) {
+	point, n, ok := strings.Cut(s, ":")
+	count, err := strconv.Atoi(n)
+	if !ok || err != nil || count < 1 {
+		return Crash{}, fmt.Errorf("crash %q: want point:n with n >= 1", s)
+	}
+	for _, p := range CrashPoints {
+		if string(p) == point {
+			return Crash{Point: p, N: count}, nil
+		}
+	}
+	return Crash{}, fmt.Errorf("crash %q: unknown point %q (want after-receive, before-commit or after-commit)", s, point)
+}
+
+// ConsumerConfig configures one consumer process.
+type ConsumerConfig struct {
+	BrokerURL   string
+	DBURL       string
+	Topic       string
+	Handler     string
+	Mode        onceflow.QoS
+	GroupCommit bool
+	RunID       string
+	Consumer    int
+	Concurrency int
+	Crash       *Crash
+	// Ready receives the line "ready" once the consumer is subscribed, then every 100 ms a
+	// line "delivered N" with the number of deliveries received so far.
+	Ready io.Writer
+	// Logger receives the consumer's logs.
+	Logger *slog.Logger
+}
+
+// effectsTable is the business table of a verification run: one row per applied effect,
+// without a unique key, so that a duplicate effect is a second row.
+const effectsTable = "onceflow_verify_effects"
+
+// Consume runs one consumer until ctx ends. It applies one effect per message to the effects
+// table, in the chain of the configured quality of service, with the crash point armed if any.
+func Consume(ctx context.Context, cfg ConsumerConfig) error {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	db, err := sqldb.Open(ctx, cfg.DBURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	b, err := broker.Open(ctx, cfg.BrokerURL, brokerOptions(cfg.BrokerURL))
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	sub, err := b.Subscriber()
+	if err != nil {
+		return err
+	}
+
+	router, err := onceflow.NewRouter(onceflow.Config{
+		DeadLetterPublisher: b.Publisher(),
+		Logger:              cfg.Logger,
+		PurgeInterval:       -1,
+		SkipMigrate:         true,
+		CloseTimeout:        5 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	if err := registerCrash(router, cfg.Crash); err != nil {
+		return err
+	}
+	insert := db.Rebind(`INSERT INTO ` + effectsTable + ` (run_id, message_id, consumer) VALUES (?, ?, ?)`)
+	err = router.AddHandler(onceflow.Handler{
+		Name:         cfg.Handler,
+		Topic:        cfg.Topic,
+		Subscriber:   sub,
+		DB:           db,
+		QoS:          cfg.Mode,
+		Interceptors: chainWithCrashPoints(cfg.Mode, cfg.GroupCommit),
+		Concurrency:  max(cfg.Concurrency, 1),
+		Retry:        onceflow.RetryConfig{MaxAttempts: 5, InitialInterval: 20 * time.Millisecond, MaxInterval: time.Second},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			tx, ok := processor.TxFromContext(ctx)
+			if !ok {
+				return errors.New("no transaction")
+			}
+			_, err := tx.ExecContext(ctx, insert, cfg.RunID, msg.ID, cfg.Consumer)
+			return err
+		}),
+	})
+	if err != nil {
+		return err
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	select {
+	case <-router.Running():
+		if cfg.Ready != nil {
+			fmt.Fprintln(cfg.Ready, "ready")
+		}
+	case err := <-done:
+		return fmt.Errorf("consumer stopped before subscribing: %w", err)
+	}
+	// Report the deliveries seen so far, so that verify can place its faults by progress even
+	// when effects are lost.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			if cfg.Ready != nil {
+				fmt.Fprintf(cfg.Ready, "delivered %d\n", delivered.Load())
+			}
+		}
+	}
+}
+
+// chainWithCrashPoints is the canonical chain of mode with an interceptor at each crash point.
+func chainWithCrashPoints(mode onceflow.QoS, groupCommit bool) []string {
+	names := []string{string(AfterReceive)}
+	switch mode {
+	case onceflow.BestEffort:
+		names = append(names, "recover", string(AfterCommit), "transaction")
+	case onceflow.AtLeastOnce:
+		names = append(names, "deadletter", "recover", "retry", string(AfterCommit), "transaction")
+	default:
+		names = append(names, "deadletter", "recover", "retry", string(AfterCommit))
+		if groupCommit {
+			names = append(names, "group-commit")
+		} else {
+			names = append(names, "transaction", "deduplicate")
+		}
+		if mode == onceflow.ExactlyOnceInOrder {
+			names = append(names, "in-order")
+		}
+	}
+	return append(names, string(BeforeCommit))
+}
+
+// delivered counts the deliveries this consumer received.
+var delivered atomic.Int64
+
+// registerCrash registers an interceptor under each crash point's name; the armed one kills
+// the process at its Nth delivery. The after-receive one also counts deliveries.
+func registerCrash(r *onceflow.Router, armed *Crash) error {
+	var deliveries atomic.Int64
+	for _, point := range CrashPoints {
+		point := point
+		err := r.RegisterInterceptor(string(point), func(onceflow.HandlerInfo) (middleware.Middleware, error) {
+			if armed == nil || armed.Point != point {
+				if point != AfterReceive {
+					return nil, nil
+				}
+				return func(next processor.Processor) processor.Processor {
+					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+						delivered.Add(1)
+						return next.Process(ctx, msg)
+					})
+				}, nil
+			}
+			return func(next processor.Processor) processor.Processor {
+				return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+					if point == AfterReceive {
+						delivered.Add(1)
+						if deliveries.Add(1) == int64(armed.N) {
+							// A consumer that dies on receipt has usually started working:
+							// give an acknowledgement sent on receipt the time to leave.
+							time.Sleep(20 * time.Millisecond)
+							die()
+						}
+						return next.Process(ctx, msg)
+					}
+					err := next.Process(ctx, msg)
+					if deliveries.Add(1) == int64(armed.N) {
+						die()
+					}
+					return err
+				})
+			}, nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// die ends the process the way a power cut or the OOM killer does: no deferred function, no
+// graceful close.
+func die() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
+
+// brokerOptions are the broker settings of a verification run. The embedded queue reads one
+// message per transaction, so that an acknowledgement is durable as soon as it is given, as
+// with a network broker; otherwise BestEffort's loss would hide behind the batch.
+func brokerOptions(rawURL string) broker.Options {
+	opts := broker.Options{ConsumerGroup: "onceflow_verify", AckTimeout: 5 * time.Second}
+	if strings.HasPrefix(rawURL, "sqlite:") {
+		opts.Prefetch = 1
+	}
+	return opts
+}
