@@ -71,6 +71,7 @@ func openAMQP(t *target, o Options) (*backend, error) {
 		// watermill-amqp nacks with requeue: RabbitMQ redelivers at once.
 		relayNackDelay: o.nackDelay(),
 		nackOnClose:    true,
+		view:           newAMQPView(t.dsn, group),
 	}, nil
 }
 

@@ -153,6 +153,9 @@ type backend struct {
 	// close releases what the backend shares between its publisher and subscribers, after
 	// both are closed.
 	close func() error
+	// view opens a look at a topic's messages waiting for the consumer group, for Peek and
+	// Move. Nil for a scheme that cannot be inspected.
+	view func(ctx context.Context, topic string) (view, error)
 }
 
 // Broker is a connection to one message broker, chosen by URL: it holds a shared Publisher and

@@ -62,6 +62,15 @@ type fixture struct {
 	t     *testing.T
 	url   string
 	topic string
+	sc    scheme
+	raw   string // url without the test's parameters
+}
+
+// cleanupTopic removes what the test left on a shared server for another topic it used.
+func (f *fixture) cleanupTopic(topic string) {
+	if f.sc.cleanup != nil {
+		f.sc.cleanup(f.t, f.raw, topic)
+	}
 }
 
 func setup(t *testing.T, sc scheme, params string) *fixture {
@@ -73,7 +82,7 @@ func setupTopic(t *testing.T, sc scheme, params, topic string) *fixture {
 	if sc.cleanup != nil {
 		t.Cleanup(func() { sc.cleanup(t, raw, topic) })
 	}
-	return &fixture{t: t, url: withParams(raw, params), topic: topic}
+	return &fixture{t: t, url: withParams(raw, params), topic: topic, sc: sc, raw: raw}
 }
 
 // withParams adds query parameters to rawURL.

@@ -27,6 +27,10 @@
 // The Publisher is shared and its Close does nothing; Broker.Close closes everything. The
 // Subscribers' Close is idempotent and safe to call concurrently, as the router needs.
 //
+// Broker.Peek lists the messages that wait for the consumer group on a topic without consuming
+// them, and Broker.Move publishes chosen ones elsewhere and removes them, leaving the rest in
+// place (the onceflow command's dlq list and dlq replay); every scheme but mem supports them.
+//
 // The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override
 // Options; docs/brokers.md describes each scheme: its URL, topology, and what it does on nack
 // and when a consumer dies.

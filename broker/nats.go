@@ -14,6 +14,8 @@ import (
 	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
+
+	"github.com/onceflow/onceflow/messagedata"
 )
 
 // natsCloseTimeout bounds how long a closing NATS subscriber waits for its subscriptions.
@@ -35,9 +37,10 @@ func openNATS(t *target, o Options) (*backend, error) {
 	pub, err := wnats.NewPublisherWithNatsConn(nc, wnats.PublisherPublishConfig{
 		Marshaler:         natsMarshaler{},
 		SubjectCalculator: wnats.DefaultSubjectCalculator,
-		// Nats-Msg-Id = message UUID: JetStream drops a second publish of the same message
-		// within the stream's duplicate window, so a publisher that retries does not duplicate.
-		JetStream: wnats.JetStreamConfig{TrackMsgId: true},
+		// natsMarshaler sets Nats-Msg-Id (the message UUID, or HeaderNATSMsgID): JetStream drops
+		// a second publish of the same message within the stream's duplicate window, so a
+		// publisher that retries does not duplicate. TrackMsgId would overwrite it with the UUID.
+		JetStream: wnats.JetStreamConfig{TrackMsgId: false},
 	}, o.Logger)
 	if err != nil {
 		nc.Close()
@@ -101,6 +104,7 @@ func openNATS(t *target, o Options) (*backend, error) {
 			nc.Close()
 			return nil
 		},
+		view: newNATSView(nc, js, group),
 	}, nil
 }
 
@@ -230,6 +234,29 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	return s.Subscriber.Subscribe(ctx, topic)
 }
 
+// HeaderNATSMsgID, set on a message published to a NATS broker, is the Nats-Msg-Id the message
+// is published with, in place of its UUID. JetStream drops a publish whose Nats-Msg-Id the
+// stream has seen within its duplicate window (2 minutes by default): a message that must be
+// published again with the same UUID within that window, such as a dead letter moved back to
+// the topic it came from, needs an id of its own. Broker.Move sets it. The header itself is not
+// sent; other schemes ignore it.
+const HeaderNATSMsgID = "onceflow_nats_msg_id"
+
+// natsMsgID returns the Nats-Msg-Id of msg: HeaderNATSMsgID when set; for a dead letter (a
+// message with the header messagedata.HeaderDeadLetterTime), its UUID with the handler and the
+// time it was dead-lettered, so that a message dead-lettered again (replayed, failed again)
+// within the duplicate window is not dropped from the dead-letter topic, and lost, while a
+// retried publish of one dead letter still is; otherwise the UUID.
+func natsMsgID(msg *message.Message) string {
+	if id := msg.Metadata.Get(HeaderNATSMsgID); id != "" {
+		return id
+	}
+	if at := msg.Metadata.Get(messagedata.HeaderDeadLetterTime); at != "" && msg.UUID != "" {
+		return msg.UUID + "|dead-letter|" + msg.Metadata.Get(messagedata.HeaderDeadLetterHandler) + "|" + at
+	}
+	return msg.UUID
+}
+
 // natsMarshaler is watermill-nats's NATSMarshaler with a tolerant Unmarshal: it never fails, so
 // that no message is left unacknowledged for its headers (watermill-nats drops a message it
 // cannot unmarshal without acking it, and JetStream redelivers it after every AckWait).
@@ -237,14 +264,28 @@ type natsMarshaler struct{}
 
 var _ wnats.MarshalerUnmarshaler = natsMarshaler{}
 
-// Marshal converts msg to a NATS message with the metadata as headers.
+// Marshal converts msg to a NATS message with the metadata as headers, and Nats-Msg-Id set as
+// natsMsgID says.
 func (natsMarshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, error) {
+	md := make(message.Metadata, len(msg.Metadata))
 	for k, v := range msg.Metadata {
 		if strings.ContainsAny(k, "\r\n: ") || strings.ContainsAny(v, "\r\n") {
 			return nil, fmt.Errorf("metadata %q: NATS headers cannot carry line breaks, nor ':' or spaces in names", k)
 		}
+		if k != HeaderNATSMsgID {
+			md[k] = v
+		}
 	}
-	return (&wnats.NATSMarshaler{}).Marshal(topic, msg)
+	out := message.NewMessage(msg.UUID, msg.Payload)
+	out.Metadata = md
+	m, err := (&wnats.NATSMarshaler{}).Marshal(topic, out)
+	if err != nil {
+		return nil, err
+	}
+	if id := natsMsgID(msg); id != "" {
+		m.Header.Set(nats.MsgIdHdr, id)
+	}
+	return m, nil
 }
 
 // Unmarshal converts a NATS message to a watermill message. The UUID is the header

@@ -71,6 +71,7 @@ func openRedis(ctx context.Context, t *target, o Options) (*backend, error) {
 		// watermill-redisstream sleeps NackResendSleep and delivers a nacked message again to
 		// the same consumer; the message of a closing consumer stays pending until another
 		// consumer re-claims it after MaxIdleTime. Closing the publisher closes client.
+		view: newRedisView(client, o.ConsumerGroup),
 	}, nil
 }
 

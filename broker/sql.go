@@ -108,6 +108,9 @@ func openSQL(ctx context.Context, t *target, o Options) (*backend, error) {
 		// watermill-sql waits ResendInterval before it delivers a nacked message again, and
 		// abandons the message of a closing consumer to the next one.
 		close: db.Close,
+		view: func(_ context.Context, topic string) (view, error) {
+			return &sqlView{db: raw, dialect: db.Dialect, group: o.ConsumerGroup, topic: topic, schema: schema}, nil
+		},
 	}, nil
 }
 

@@ -30,5 +30,8 @@ func openSQLite(ctx context.Context, t *target, o Options) (*backend, error) {
 		// sqlitequeue delays redelivery of a nacked message itself (ResendInterval) and hands
 		// the batch of a closing consumer to the next one.
 		close: q.Close,
+		view: func(_ context.Context, topic string) (view, error) {
+			return &sqliteView{q: q, group: o.ConsumerGroup, topic: topic}, nil
+		},
 	}, nil
 }

@@ -37,6 +37,14 @@ const (
 	HeaderDeadLetterTopic = "onceflow_dlq_topic"
 	// HeaderDeadLetterTime is when the message was dead-lettered, in RFC 3339 format.
 	HeaderDeadLetterTime = "onceflow_dlq_time"
+
+	// HeaderReplayCount is set on a dead letter that `onceflow dlq replay` puts back on its
+	// topic: how many times the message has been replayed, a positive decimal integer. The
+	// replay removes the dead-letter headers above; a message that is dead-lettered again
+	// carries its replay count into the new dead letter.
+	HeaderReplayCount = "onceflow_replay_count"
+	// HeaderReplayTime is when the message was last replayed, in RFC 3339 format.
+	HeaderReplayTime = "onceflow_replay_time"
 )
 
 // MessageData is one incoming message, independent of the broker it came from.

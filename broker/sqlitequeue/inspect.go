@@ -125,6 +125,46 @@ func (q *Queue) List(ctx context.Context, topic string, after int64, limit int) 
 	return out, nil
 }
 
+// AckedOffset returns the offset of the last message of topic that consumerGroup has
+// acknowledged: 0 for a group that has acknowledged nothing and for a topic that has never been
+// used. The messages waiting for the group are those List returns after it.
+func (q *Queue) AckedOffset(ctx context.Context, topic, consumerGroup string) (int64, error) {
+	exists, err := q.topicExists(ctx, topic)
+	if err != nil || !exists {
+		return 0, err
+	}
+	next := q.offsets.NextOffsetQuery(topic, consumerGroup)
+	var offset int64
+	if err := q.db.QueryRowContext(ctx, next.Query, next.Args...).Scan(&offset); err != nil {
+		return 0, fmt.Errorf("sqlitequeue: read the offset of consumer group %q on topic %q: %w", consumerGroup, topic, err)
+	}
+	return offset, nil
+}
+
+// Delete removes the message at offset from topic, for every consumer group, and reports
+// whether it was there. It waits for its turn to write like a publisher, so it never removes a
+// message from under a subscription that holds it in its batch: the message is delivered and
+// settled first, or not delivered at all.
+func (q *Queue) Delete(ctx context.Context, topic string, offset int64) (bool, error) {
+	exists, err := q.topicExists(ctx, topic)
+	if err != nil || !exists {
+		return false, err
+	}
+	var n int64
+	err = q.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM `+quote(MessagesTable(topic))+` WHERE "offset" = ?`, offset)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("sqlitequeue: delete offset %d of topic %q: %w", offset, topic, err)
+	}
+	return n == 1, nil
+}
+
 // trimBatch bounds the rows one Trim transaction deletes, so that the write lock is held
 // briefly.
 const trimBatch = 1000

@@ -496,3 +496,50 @@ func TestPublish_NotStarvedByAConsumerWithABacklog(t *testing.T) {
 	require.Greater(t, left, int64(0), "the backlog must still be there for the test to mean anything")
 	t.Logf("slowest publish %s, backlog left %d", slowest, left)
 }
+
+func TestInspect_AckedOffsetAndDelete(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{ConsumerGroup: "a"})
+
+	off, err := q.AckedOffset(ctx, "never-used", "a")
+	require.NoError(t, err)
+	require.Zero(t, off)
+	found, err := q.Delete(ctx, "never-used", 1)
+	require.NoError(t, err)
+	require.False(t, found)
+
+	ids := publishN(t, q, "t", 4)
+	records, err := q.List(ctx, "t", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, records, 4)
+	off, err = q.AckedOffset(ctx, "t", "a")
+	require.NoError(t, err)
+	require.Zero(t, off, "a group that never consumed has acknowledged nothing")
+
+	consumeAndClose(t, q, "t", 1)
+	off, err = q.AckedOffset(ctx, "t", "a")
+	require.NoError(t, err)
+	require.Equal(t, records[0].Offset, off)
+
+	// Deleting the third message: the group's next message is the second, then the fourth.
+	found, err = q.Delete(ctx, "t", records[2].Offset)
+	require.NoError(t, err)
+	require.True(t, found)
+	found, err = q.Delete(ctx, "t", records[2].Offset)
+	require.NoError(t, err)
+	require.False(t, found, "already deleted")
+	left, err := q.List(ctx, "t", off, 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{ids[1], ids[3]}, []string{left[0].Message.UUID, left[1].Message.UUID})
+	n, err := q.Backlog(ctx, "t", "a")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+
+	msgs := subscribe(t, q, ctx, "t")
+	for _, want := range []string{ids[1], ids[3]} {
+		m := receive(t, msgs, 10*time.Second)
+		require.Equal(t, want, m.UUID)
+		m.Ack()
+	}
+}

@@ -34,7 +34,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newMigrateCommand(), newPurgeCommand(), newVerifyCommand(), newVerifyConsumerCommand())
+	root.AddCommand(newMigrateCommand(), newPurgeCommand(), newVerifyCommand(), newVerifyConsumerCommand(), newDLQCommand())
 	return root
 }
 

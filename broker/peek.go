@@ -1,0 +1,209 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Peek and Move read a consumer group's messages directly from the broker's storage, beside the
+// Subscribers: a subscription cannot list, because it delivers one message at a time, waits for
+// its acknowledgement, and delivers a nacked message again before the next. Each scheme has its
+// own way, in its own file (peek_amqp.go, peek_sql.go, ...); docs/brokers.md compares them.
+
+// entry is a message waiting for a consumer group, and where it is.
+type entry struct {
+	msg *message.Message
+	// pos locates the message for remove: an AMQP delivery tag, an SQL offset, a NATS stream
+	// sequence, a Redis stream entry id.
+	pos any
+	// publishID, when not empty, is the Nats-Msg-Id (HeaderNATSMsgID) to publish the message
+	// with when it is moved, so that JetStream does not drop it as a duplicate of its first
+	// publish.
+	publishID string
+}
+
+// view is one look at the messages of a topic that wait for the consumer group.
+type view interface {
+	// list returns up to limit of the messages waiting for the group, oldest first, in the
+	// order the group receives them. It is called once per view.
+	list(ctx context.Context, limit int) ([]entry, error)
+	// remove takes e, which list returned, out of the topic for the group, for good.
+	remove(ctx context.Context, e entry) error
+	// close ends the view. Messages that list returned and remove did not take stay waiting,
+	// in their place.
+	close() error
+}
+
+// errNoView is the error of a scheme that cannot be inspected.
+var errNoView = fmt.Errorf("the in-process broker (mem://) keeps no inspectable store: %w", errors.ErrUnsupported)
+
+// openView opens a view of topic for the Broker's consumer group.
+func (b *Broker) openView(ctx context.Context, topic string) (view, error) {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if err := b.checkTopic(topic); err != nil {
+		return nil, err
+	}
+	if b.be.view == nil {
+		return nil, fmt.Errorf("broker: inspect topic %q: %w", topic, errNoView)
+	}
+	v, err := b.be.view(ctx, topic)
+	if err != nil {
+		return nil, b.inspectErr("inspect", topic, err)
+	}
+	return v, nil
+}
+
+func (b *Broker) inspectErr(op, topic string, err error) error {
+	return scrub(fmt.Errorf("broker: %s topic %q for consumer group %q on %s: %w", op, topic, b.opts.ConsumerGroup, b.redacted, err), b.secrets)
+}
+
+// Peek returns up to limit of the messages of topic that wait for the Broker's consumer group,
+// oldest first, in the order the group would receive them, without consuming them: the next
+// Peek, and the group's consumers, find them as before. Waiting means published and not yet
+// acknowledged by the group; a message that a consumer of the group holds unacknowledged is
+// waiting too, except on AMQP, where RabbitMQ hides it until it is given back. A topic that
+// does not exist, or that the group has consumed entirely, has no waiting messages.
+//
+// The messages carry their UUID, metadata and payload as a subscriber of the group would
+// receive them. How each scheme reads them without consuming them:
+//
+//   - amqp: basic.get without acknowledgement on the group's queue <topic>.<group>, then the
+//     channel is closed, which puts every message back in its place (with the redelivered
+//     flag set);
+//   - postgres, mysql: a SELECT from the topic's messages table past the group's offset;
+//   - sqlite: sqlitequeue's List past the group's offset;
+//   - nats: the stream's messages on the topic's subject past the ack floor of the group's
+//     durable consumer (the whole stream before the group has one);
+//   - redis: the group's pending entries and the entries past its last-delivered id (the whole
+//     stream before the group exists);
+//   - mem: not supported (the error wraps errors.ErrUnsupported).
+//
+// Peek takes no lock: it never waits for the group's consumers, nor holds them up (on AMQP,
+// the messages it reads are unavailable to them for the moment of the read).
+func (b *Broker) Peek(ctx context.Context, topic string, limit int) ([]*message.Message, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("broker: peek topic %q: limit %d is not positive", topic, limit)
+	}
+	v, err := b.openView(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := v.list(ctx, limit)
+	err = errors.Join(err, v.close())
+	if err != nil {
+		return nil, b.inspectErr("peek", topic, err)
+	}
+	msgs := make([]*message.Message, len(entries))
+	for i, e := range entries {
+		msgs[i] = e.msg
+	}
+	return msgs, nil
+}
+
+// MoveFunc decides the fate of one message in a Move. To move msg it returns the topic to
+// publish it to and the message to publish there: msg itself or a message made from it. To
+// leave msg where it is it returns an empty topic.
+type MoveFunc func(msg *message.Message) (to string, out *message.Message)
+
+// Moved is a message that Move published to another topic and then removed.
+type Moved struct {
+	// Message is the message as it waited.
+	Message *message.Message
+	// To is the topic it was published to.
+	To string
+	// Published is the message published to To.
+	Published *message.Message
+}
+
+// MoveReport says what Move did, in the order of the messages.
+type MoveReport struct {
+	// Moved are the messages published elsewhere and removed.
+	Moved []Moved
+	// Kept are the messages left waiting, in their place.
+	Kept []*message.Message
+}
+
+// Move goes through up to limit of the messages of topic that wait for the Broker's consumer
+// group, oldest first (those Peek returns), and asks pick about each one. A message that pick
+// moves is published with the Broker's Publisher and, once Publish has returned nil, removed
+// from topic; a failed publish stops Move with the message still waiting. The other messages
+// stay as they were, in their place: Move does not republish them. Messages published to topic
+// while Move runs wait for the next Move, so that a moved message that comes straight back is
+// not moved in a circle.
+//
+// A crash (or an error) between the publish and the removal leaves the message in topic as
+// well as published: it is moved again by the next Move, a duplicate that deduplication
+// absorbs. It is never lost. On NATS, the moved message is published with a Nats-Msg-Id of its
+// own (HeaderNATSMsgID), derived from its place in topic's stream, so that JetStream does not
+// drop it as a duplicate of its first publish, and does drop a second move of the same message
+// within the duplicate window.
+//
+// What removing means depends on where the broker keeps a group's messages. RabbitMQ has a queue
+// per group: the message is acknowledged on <topic>.<group>, and stays in the queues of the
+// other groups. The other schemes keep one log per topic that every group reads: the message
+// is deleted from it (DELETE of its row, JetStream's DeleteMsg, Redis XACK and XDEL), so other
+// consumer groups of topic no longer see it either.
+//
+// The report lists what was moved and kept, also when Move returns an error part way.
+func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFunc) (MoveReport, error) {
+	var rep MoveReport
+	if limit <= 0 {
+		return rep, fmt.Errorf("broker: move from topic %q: limit %d is not positive", topic, limit)
+	}
+	if pick == nil {
+		return rep, fmt.Errorf("broker: move from topic %q: pick is nil", topic)
+	}
+	v, err := b.openView(ctx, topic)
+	if err != nil {
+		return rep, err
+	}
+	entries, err := v.list(ctx, limit)
+	if err != nil {
+		return rep, b.inspectErr("move from", topic, errors.Join(err, v.close()))
+	}
+	for i, e := range entries {
+		to, out := pick(e.msg)
+		if to == "" || out == nil {
+			rep.Kept = append(rep.Kept, e.msg)
+			continue
+		}
+		if err := b.moveOne(ctx, v, e, to, out); err != nil {
+			for _, rest := range entries[i:] {
+				rep.Kept = append(rep.Kept, rest.msg)
+			}
+			return rep, b.inspectErr("move from", topic, errors.Join(err, v.close()))
+		}
+		rep.Moved = append(rep.Moved, Moved{Message: e.msg, To: to, Published: out})
+	}
+	if err := v.close(); err != nil {
+		return rep, b.inspectErr("move from", topic, err)
+	}
+	return rep, nil
+}
+
+// moveOne publishes out to topic to, then removes e.
+func (b *Broker) moveOne(ctx context.Context, v view, e entry, to string, out *message.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pub := out.Copy()
+	pub.SetContext(ctx)
+	if e.publishID != "" {
+		pub.Metadata.Set(HeaderNATSMsgID, e.publishID)
+	}
+	if err := b.pub.Publish(to, pub); err != nil {
+		return fmt.Errorf("message %q: %w", e.msg.UUID, err)
+	}
+	if err := v.remove(ctx, e); err != nil {
+		return fmt.Errorf("message %q was published to %q but not removed (the next move publishes it again): %w", e.msg.UUID, to, err)
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+)
+
+// natsView reads the stream that stores a topic by sequence, past the ack floor of the group's
+// durable consumer, through JetStream's message-get API: the messages stay in the stream and
+// the consumer is not touched. remove deletes a message from the stream (DeleteMsg).
+//
+// A message above the ack floor that the group acknowledged out of order (while an older one
+// was still pending, which several consumers of the group can do) is listed until the floor
+// passes it: JetStream does not say which messages above the floor are acknowledged.
+type natsView struct {
+	nc     *nats.Conn
+	js     nats.JetStreamContext
+	topic  string
+	stream string // empty when no stream captures the topic
+	start  uint64 // the first sequence that may wait for the group
+}
+
+func newNATSView(nc *nats.Conn, js nats.JetStreamContext, group string) func(context.Context, string) (view, error) {
+	return func(ctx context.Context, topic string) (view, error) {
+		v := &natsView{nc: nc, js: js, topic: topic}
+		stream, err := js.StreamNameBySubject(topic, nats.Context(ctx))
+		if err != nil {
+			if errors.Is(err, nats.ErrNoMatchingStream) || errors.Is(err, nats.ErrStreamNotFound) {
+				return v, nil
+			}
+			return nil, fmt.Errorf("look up the JetStream stream of subject %q: %w", topic, err)
+		}
+		v.stream = stream
+		name := natsConsumerName(group, topic)
+		info, err := js.ConsumerInfo(stream, name, nats.Context(ctx))
+		switch {
+		case err == nil:
+			v.start = info.AckFloor.Stream + 1
+		case errors.Is(err, nats.ErrConsumerNotFound):
+			v.start = 1 // the group's consumer, when created, delivers the whole stream
+		default:
+			return nil, fmt.Errorf("look up JetStream consumer %q of stream %q: %w", name, stream, err)
+		}
+		return v, nil
+	}
+}
+
+// natsMsgGetResponse is JetStream's answer to $JS.API.STREAM.MSG.GET.<stream>.
+type natsMsgGetResponse struct {
+	Error *struct {
+		Code        int    `json:"code"`
+		ErrCode     int    `json:"err_code"`
+		Description string `json:"description"`
+	} `json:"error"`
+	Message *struct {
+		Subject  string `json:"subject"`
+		Sequence uint64 `json:"seq"`
+		Header   []byte `json:"hdrs"`
+		Data     []byte `json:"data"`
+	} `json:"message"`
+}
+
+func (v *natsView) list(ctx context.Context, limit int) ([]entry, error) {
+	if v.stream == "" {
+		return nil, nil
+	}
+	var out []entry
+	subject := "$JS.API.STREAM.MSG.GET." + v.stream
+	for seq := v.start; len(out) < limit; {
+		// The first message at or after seq on the topic's subject (the stream may capture
+		// others), skipping deleted ones.
+		req, _ := json.Marshal(map[string]any{"seq": seq, "next_by_subj": v.topic})
+		reply, err := v.nc.RequestWithContext(ctx, subject, req)
+		if err != nil {
+			return nil, fmt.Errorf("get message %d of stream %q: %w", seq, v.stream, err)
+		}
+		var resp natsMsgGetResponse
+		if err := json.Unmarshal(reply.Data, &resp); err != nil {
+			return nil, fmt.Errorf("get message %d of stream %q: %w", seq, v.stream, err)
+		}
+		if resp.Error != nil {
+			if resp.Error.Code == 404 {
+				break // no message at or after seq
+			}
+			return nil, fmt.Errorf("get message %d of stream %q: %s (code %d)", seq, v.stream, resp.Error.Description, resp.Error.ErrCode)
+		}
+		m := resp.Message
+		if m == nil {
+			return nil, fmt.Errorf("get message %d of stream %q: empty answer", seq, v.stream)
+		}
+		nm := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}
+		if len(m.Header) > 0 {
+			if nm.Header, err = nats.DecodeHeadersMsg(m.Header); err != nil {
+				return nil, fmt.Errorf("message %d of stream %q: headers: %w", m.Sequence, v.stream, err)
+			}
+		}
+		msg, _ := natsMarshaler{}.Unmarshal(nm) // never fails
+		out = append(out, entry{
+			msg:       msg,
+			pos:       m.Sequence,
+			publishID: "onceflow-move:" + v.stream + ":" + strconv.FormatUint(m.Sequence, 10),
+		})
+		seq = m.Sequence + 1
+	}
+	return out, nil
+}
+
+func (v *natsView) remove(ctx context.Context, e entry) error {
+	seq := e.pos.(uint64)
+	err := v.js.DeleteMsg(v.stream, seq, nats.Context(ctx))
+	if err != nil && !errors.Is(err, nats.ErrMsgNotFound) {
+		return fmt.Errorf("delete message %d from stream %q: %w", seq, v.stream, err)
+	}
+	return nil
+}
+
+func (v *natsView) close() error { return nil }

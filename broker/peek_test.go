@@ -1,0 +1,206 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/testsvc"
+)
+
+// forEachInspectableScheme runs test as a parallel subtest for every scheme that Peek and Move
+// support: all but mem.
+func forEachInspectableScheme(t *testing.T, test func(t *testing.T, f *fixture)) {
+	for _, sc := range schemes() {
+		if sc.name == "mem" {
+			continue
+		}
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, setup(t, sc, testTimings))
+		})
+	}
+}
+
+// peek returns what waits on topic for b's group, failing the test on error.
+func peek(t *testing.T, b *broker.Broker, topic string, limit int) []*message.Message {
+	t.Helper()
+	msgs, err := b.Peek(context.Background(), topic, limit)
+	require.NoError(t, err)
+	return msgs
+}
+
+// uuids returns the UUIDs of msgs.
+func uuids(msgs []*message.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.UUID
+	}
+	return out
+}
+
+func TestPeek_ListsWaitingMessagesInOrderWithoutConsumingThem(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		b := f.open(broker.Options{})
+		want := []*message.Message{f.message(0), f.message(1), f.message(2)}
+		f.publish(b, want...)
+
+		got := peek(t, b, f.topic, 10)
+		require.Len(t, got, 3)
+		for i := range want {
+			requireSame(t, want[i], got[i])
+		}
+		require.Equal(t, uuids(want[:2]), uuids(peek(t, b, f.topic, 2)))
+		require.Equal(t, uuids(want), uuids(peek(t, b, f.topic, 10)), "peeking again finds the same messages")
+
+		// The group's consumers find them as before, from the first.
+		_, ch := f.subscribe(b)
+		first := receive(t, ch)
+		requireSame(t, want[0], first)
+		first.Nack()
+	})
+}
+
+func TestPeek_AcknowledgedMessagesAreNotListed(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		b := f.open(broker.Options{})
+		f.publish(b, f.message(0), f.message(1), f.message(2))
+		sub, ch := f.subscribe(b)
+		for i := range 2 {
+			m := receive(t, ch)
+			require.Equal(t, f.message(i).UUID, m.UUID)
+			m.Ack()
+		}
+		// The acks are settled once the next message is delivered (SQL queues: once the
+		// consumer closes and commits its batch). The held message stays waiting.
+		held := receive(t, ch)
+		require.Equal(t, f.message(2).UUID, held.UUID)
+		require.NoError(t, sub.Close())
+
+		require.Equal(t, []string{f.message(2).UUID}, uuids(peek(t, b, f.topic, 10)))
+	})
+}
+
+func TestPeek_TopicThatWasNeverUsedHasNoMessages(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		b := f.open(broker.Options{})
+		require.Empty(t, peek(t, b, f.topic, 10))
+	})
+}
+
+func TestPeek_OtherGroupsAndTheirProgressDoNotMatter(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		billing := f.open(broker.Options{ConsumerGroup: "billing"})
+		shipping := f.open(broker.Options{ConsumerGroup: "shipping"})
+		// Both groups' queues exist before the publish (AMQP binds a group's queue when it
+		// first subscribes or publishes).
+		_, ch := f.subscribe(shipping)
+		f.publish(billing, f.message(0), f.message(1))
+		m := receive(t, ch)
+		m.Ack()
+		m = receive(t, ch)
+		m.Ack()
+
+		require.Equal(t, uuids([]*message.Message{f.message(0), f.message(1)}), uuids(peek(t, billing, f.topic, 10)))
+	})
+}
+
+func TestMove_MovesPickedMessagesAndLeavesTheRestInPlace(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		b := f.open(broker.Options{})
+		other := testsvc.UniqueName("moved")
+		t.Cleanup(func() { f.cleanupTopic(other) })
+		msgs := []*message.Message{f.message(0), f.message(1), f.message(2), f.message(3)}
+		f.publish(b, msgs...)
+
+		picked := map[string]bool{msgs[1].UUID: true, msgs[3].UUID: true}
+		rep, err := b.Move(context.Background(), f.topic, 10, func(m *message.Message) (string, *message.Message) {
+			if !picked[m.UUID] {
+				return "", nil
+			}
+			out := m.Copy()
+			out.Metadata.Set("moved", "yes")
+			return other, out
+		})
+		require.NoError(t, err)
+		require.Len(t, rep.Moved, 2)
+		require.Equal(t, msgs[1].UUID, rep.Moved[0].Message.UUID)
+		require.Equal(t, other, rep.Moved[0].To)
+		require.Equal(t, msgs[3].UUID, rep.Moved[1].Message.UUID)
+		require.Equal(t, uuids([]*message.Message{msgs[0], msgs[2]}), uuids(rep.Kept))
+
+		require.Equal(t, uuids([]*message.Message{msgs[0], msgs[2]}), uuids(peek(t, b, f.topic, 10)), "the rest stays")
+		moved := peek(t, b, other, 10)
+		require.Equal(t, uuids([]*message.Message{msgs[1], msgs[3]}), uuids(moved))
+		for i, m := range moved {
+			require.Equal(t, "yes", m.Metadata.Get("moved"))
+			require.Equal(t, string(msgs[2*i+1].Payload), string(m.Payload))
+			_, has := m.Metadata[broker.HeaderNATSMsgID]
+			require.False(t, has, "the NATS message id is not a header")
+		}
+
+		// Moved back to the topic it was published to seconds ago, with the same UUID:
+		// JetStream's duplicate window must not swallow it.
+		rep, err = b.Move(context.Background(), other, 10, func(m *message.Message) (string, *message.Message) {
+			return f.topic, m
+		})
+		require.NoError(t, err)
+		require.Len(t, rep.Moved, 2)
+		require.Empty(t, rep.Kept)
+		require.Empty(t, peek(t, b, other, 10))
+		require.Equal(t, uuids([]*message.Message{msgs[0], msgs[2], msgs[1], msgs[3]}), uuids(peek(t, b, f.topic, 10)))
+
+		// The group's consumers get them in that order.
+		_, ch := f.subscribe(b)
+		for _, want := range []string{msgs[0].UUID, msgs[2].UUID} {
+			m := receive(t, ch)
+			require.Equal(t, want, m.UUID)
+			m.Ack()
+		}
+	})
+}
+
+func TestMove_StopsAtTheLimitAndLeavesLaterMessages(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		b := f.open(broker.Options{})
+		other := testsvc.UniqueName("moved")
+		t.Cleanup(func() { f.cleanupTopic(other) })
+		f.publish(b, f.message(0), f.message(1), f.message(2))
+		rep, err := b.Move(context.Background(), f.topic, 2, func(m *message.Message) (string, *message.Message) {
+			return other, m
+		})
+		require.NoError(t, err)
+		require.Len(t, rep.Moved, 2)
+		require.Equal(t, []string{f.message(2).UUID}, uuids(peek(t, b, f.topic, 10)))
+	})
+}
+
+func TestPeek_MemIsNotSupported(t *testing.T) {
+	t.Parallel()
+	b, err := broker.Open(context.Background(), "mem://"+testsvc.UniqueName("mem"), broker.Options{})
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = b.Peek(context.Background(), "orders", 10)
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = b.Move(context.Background(), "orders", 10, func(*message.Message) (string, *message.Message) { return "", nil })
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+}
+
+func TestPeek_LimitMustBePositive(t *testing.T) {
+	t.Parallel()
+	b, err := broker.Open(context.Background(), "sqlite://"+t.TempDir()+"/q.db", broker.Options{})
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = b.Peek(context.Background(), "orders", 0)
+	require.ErrorContains(t, err, "limit 0 is not positive")
+}

@@ -1,0 +1,451 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// dlqBroker is a broker scheme the dlq commands are tested on.
+type dlqBroker struct {
+	name string
+	// url returns a broker URL for one test: a fresh database where the broker lives in one,
+	// the shared server otherwise (each test uses topics of its own).
+	url func(t testing.TB) string
+	// cleanup removes what a test left on a shared server for its topics; nil when nothing
+	// stays.
+	cleanup func(t testing.TB, rawURL, group string, topics ...string)
+}
+
+func dlqBrokers() []dlqBroker {
+	return []dlqBroker{
+		{name: "amqp", url: testsvc.AMQPURL, cleanup: cleanupAMQP},
+		{name: "postgres", url: testsvc.PostgresSchemaURL},
+		{name: "mysql", url: testsvc.MySQLDatabaseURL},
+		{name: "sqlite", url: func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
+		{name: "nats", url: testsvc.NATSURL, cleanup: cleanupNATS},
+		{name: "redis", url: testsvc.RedisURL, cleanup: cleanupRedis},
+	}
+}
+
+// dlqTimings shortens the brokers' delays; the ack timeout stays well above any processing
+// time, so that no message is redelivered for being slow and the duplicate count is exact.
+const dlqTimings = "nack_delay=20ms&ack_timeout=20s&poll_interval=10ms"
+
+// dlqFixture is one test's broker, topics, application database and running router.
+type dlqFixture struct {
+	t       *testing.T
+	url     string // the broker URL, with the router's consumer group
+	topic   string
+	dlq     string
+	handler string
+	b       *broker.Broker
+	db      *sqldb.DB
+	fixed   atomic.Bool // the processor accepts payloads that are not JSON
+	metrics *sdkmetric.ManualReader
+}
+
+// setupDLQ starts a router whose ExactlyOnce handler applies each message of a fresh topic
+// once to an effects table, and dead-letters, on the same broker, every message whose payload
+// is not JSON until fixed is set.
+func setupDLQ(t *testing.T, sc dlqBroker) *dlqFixture {
+	const group = "billing"
+	raw := sc.url(t)
+	f := &dlqFixture{
+		t:       t,
+		topic:   testsvc.UniqueName("orders"),
+		dlq:     testsvc.UniqueName("dead"),
+		handler: "ledger",
+		metrics: sdkmetric.NewManualReader(),
+	}
+	sep := "?"
+	if strings.Contains(raw, "?") {
+		sep = "&"
+	}
+	f.url = raw + sep + "group=" + group + "&" + dlqTimings
+	if sc.cleanup != nil {
+		t.Cleanup(func() { sc.cleanup(t, raw, group, f.topic, f.dlq) })
+	}
+
+	ctx := context.Background()
+	b, err := broker.Open(ctx, f.url, broker.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	f.b = b
+	f.db = testsvc.SQLite(t)
+	_, err = f.db.ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL, replays TEXT NOT NULL, dlq_headers INTEGER NOT NULL)`)
+	require.NoError(t, err)
+
+	router, err := onceflow.NewRouter(onceflow.Config{
+		DeadLetterPublisher: b.Publisher(),
+		DeadLetterTopic:     f.dlq,
+		Logger:              slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MeterProvider:       sdkmetric.NewMeterProvider(sdkmetric.WithReader(f.metrics)),
+		PurgeInterval:       -1,
+	})
+	require.NoError(t, err)
+	sub, err := b.Subscriber()
+	require.NoError(t, err)
+	require.NoError(t, router.AddHandler(onceflow.Handler{
+		Name:       f.handler,
+		Topic:      f.topic,
+		Subscriber: sub,
+		DB:         f.db,
+		QoS:        onceflow.ExactlyOnce,
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			if !json.Valid(msg.Payload) && !f.fixed.Load() {
+				return processor.Permanent(fmt.Errorf("payload %q is not JSON", msg.Payload))
+			}
+			dlqHeaders := 0
+			for k := range msg.Headers {
+				if strings.HasPrefix(k, "onceflow_dlq_") {
+					dlqHeaders++
+				}
+			}
+			tx, _ := processor.TxFromContext(ctx)
+			_, err := tx.ExecContext(ctx, `INSERT INTO effects (id, replays, dlq_headers) VALUES (?, ?, ?)`,
+				msg.ID, msg.Header(messagedata.HeaderReplayCount), dlqHeaders)
+			return err
+		}),
+	}))
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- router.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+	})
+	select {
+	case <-router.Running():
+	case err := <-done:
+		t.Fatalf("router stopped: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("router did not start within 30 s")
+	}
+	return f
+}
+
+// publish publishes a message with id and payload to the handler's topic.
+func (f *dlqFixture) publish(id, payload string) {
+	f.t.Helper()
+	require.NoError(f.t, f.b.Publisher().Publish(f.topic, message.NewMessage(id, []byte(payload))))
+}
+
+// effects returns how many times each message was applied.
+func (f *dlqFixture) effects() map[string]int {
+	f.t.Helper()
+	rows, err := f.db.Query(`SELECT id, COUNT(*) FROM effects GROUP BY id`)
+	require.NoError(f.t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		require.NoError(f.t, rows.Scan(&id, &n))
+		out[id] = n
+	}
+	require.NoError(f.t, rows.Err())
+	return out
+}
+
+// waitApplied waits until the effects are exactly want.
+func (f *dlqFixture) waitApplied(want map[string]int) {
+	f.t.Helper()
+	testsvc.Eventually(f.t, 30*time.Second, func() bool {
+		got := f.effects()
+		for id, n := range want {
+			if got[id] != n {
+				return false
+			}
+		}
+		return len(got) == len(want)
+	}, "effects never became %v (last: %v)", want, f.effects())
+}
+
+// waitDeadLetters waits until n dead letters wait in the dead-letter topic.
+func (f *dlqFixture) waitDeadLetters(n int) {
+	f.t.Helper()
+	testsvc.Eventually(f.t, 30*time.Second, func() bool {
+		msgs, err := f.b.Peek(context.Background(), f.dlq, n+1)
+		require.NoError(f.t, err)
+		return len(msgs) == n
+	}, "%d dead letters never waited in %s", n, f.dlq)
+}
+
+// duplicates returns how many deliveries the handler acknowledged as duplicates.
+func (f *dlqFixture) duplicates() int64 {
+	f.t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(f.t, f.metrics.Collect(context.Background(), &rm))
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != telemetry.MetricMessages {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			require.True(f.t, ok, "%s is a sum", m.Name)
+			for _, dp := range sum.DataPoints {
+				if v, ok := dp.Attributes.Value(telemetry.AttrOutcome); ok && v.AsString() == string(processor.Duplicate) {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+// run runs the onceflow command with args against the fixture's broker and dead-letter topic.
+func (f *dlqFixture) run(args ...string) (string, error) {
+	f.t.Helper()
+	return run(f.t, append(args, "--broker", f.url, "--topic", f.dlq)...)
+}
+
+// list runs dlq list --json and decodes its report.
+func (f *dlqFixture) list() listReport {
+	f.t.Helper()
+	out, err := f.run("dlq", "list", "--json")
+	require.NoError(f.t, err, out)
+	var rep listReport
+	require.NoError(f.t, json.Unmarshal([]byte(out), &rep), out)
+	return rep
+}
+
+// replay runs dlq replay --json with args and decodes its report.
+func (f *dlqFixture) replay(args ...string) replayReport {
+	f.t.Helper()
+	out, err := f.run(append([]string{"dlq", "replay", "--json"}, args...)...)
+	require.NoError(f.t, err, out)
+	var rep replayReport
+	require.NoError(f.t, json.Unmarshal([]byte(out), &rep), out)
+	return rep
+}
+
+func ids(dls []deadLetter) []string {
+	out := make([]string, len(dls))
+	for i, d := range dls {
+		out[i] = d.ID
+	}
+	return out
+}
+
+func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setupDLQ(t, sc)
+			f.publish("good-1", `{"n": 1}`)
+			f.publish("bad-1", `not json 1`)
+			f.publish("bad-2", `not json, 2`)
+			f.publish("good-2", `{"n": 2}`)
+			f.waitApplied(map[string]int{"good-1": 1, "good-2": 1})
+			f.waitDeadLetters(2)
+
+			// list shows both, with why, where and when; listing again finds them again.
+			rep := f.list()
+			require.Equal(t, []string{"bad-1", "bad-2"}, ids(rep.DeadLetters))
+			require.Equal(t, 2, rep.Count)
+			require.False(t, rep.More)
+			require.Equal(t, f.dlq, rep.Topic)
+			require.Equal(t, "billing", rep.Group)
+			for i, d := range rep.DeadLetters {
+				require.Equal(t, f.topic, d.Topic)
+				require.Equal(t, f.handler, d.Handler)
+				require.Equal(t, 1, d.Attempt)
+				require.Contains(t, d.Reason, "is not JSON")
+				require.Equal(t, []int{len("not json 1"), len("not json, 2")}[i], d.PayloadSize)
+				require.Nil(t, d.Payload, "payloads only with --payload")
+				_, err := time.Parse(time.RFC3339Nano, d.Time)
+				require.NoError(t, err, "time %q", d.Time)
+			}
+			require.Equal(t, ids(rep.DeadLetters), ids(f.list().DeadLetters), "listing consumed nothing")
+
+			table, err := f.run("dlq", "list", "--payload")
+			require.NoError(t, err)
+			lines := strings.Split(strings.TrimSpace(table), "\n")
+			require.Len(t, lines, 4, table)
+			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON\s+PAYLOAD$`, lines[0])
+			require.Regexp(t, `^bad-1\s+\S+\s+`+f.topic+`\s+ledger\s+1\s+10\s+permanent: payload "not json 1" is not JSON\s+"not json 1"$`, lines[1])
+			require.Equal(t, "2 dead letters in "+f.dlq+" for consumer group billing on "+f.b.String(), lines[3])
+
+			// Replay one: it goes back to its topic and is applied once (the processor is fixed
+			// now); the other stays.
+			f.fixed.Store(true)
+			rr := f.replay("--id", "bad-1")
+			require.Equal(t, []replayed{{ID: "bad-1", To: f.topic, Handler: f.handler, Attempt: 1, Reason: rep.DeadLetters[0].Reason, Replays: 1}}, rr.Replayed)
+			require.Equal(t, []kept{{ID: "bad-2", Topic: f.topic, Handler: f.handler, Reason: rep.DeadLetters[1].Reason}}, rr.Kept)
+			require.Empty(t, rr.NotFound)
+			require.Equal(t, []string{"bad-2"}, ids(f.list().DeadLetters))
+			f.waitApplied(map[string]int{"good-1": 1, "good-2": 1, "bad-1": 1})
+
+			// The same message dead-lettered again and replayed again: deduplication
+			// acknowledges it without applying it.
+			require.NoError(t, middleware.PublishDeadLetter(context.Background(), f.b.Publisher(), f.dlq, f.handler,
+				&messagedata.MessageData{ID: "bad-1", Topic: f.topic, Payload: []byte("not json 1"), Headers: map[string]string{}},
+				errors.New("dead-lettered again by hand")))
+			f.waitDeadLetters(2)
+			rr = f.replay("--id", "bad-1")
+			require.Equal(t, []string{"bad-1"}, []string{rr.Replayed[0].ID})
+			require.Len(t, rr.Replayed, 1)
+			testsvc.Eventually(t, 30*time.Second, func() bool { return f.duplicates() == 1 }, "the second replay was never acked as a duplicate")
+
+			// An id that is not there: nothing happens, and the command says so.
+			out, err := f.run("dlq", "replay", "--id", "nope")
+			require.ErrorContains(t, err, `no dead letter with id "nope"`)
+			require.Contains(t, out, "replayed 0, kept 1 dead letters")
+
+			// Replay all: the topic is empty, and every message was applied exactly once.
+			rr = f.replay("--all")
+			require.Equal(t, []string{"bad-2"}, []string{rr.Replayed[0].ID})
+			require.Len(t, rr.Replayed, 1)
+			require.Empty(t, rr.Kept)
+			empty := f.list()
+			require.Zero(t, empty.Count)
+			require.Empty(t, empty.DeadLetters)
+			f.waitApplied(map[string]int{"good-1": 1, "good-2": 1, "bad-1": 1, "bad-2": 1})
+			require.EqualValues(t, 1, f.duplicates())
+			var replays []string
+			require.NoError(t, f.db.Select(&replays, `SELECT id || ':' || replays || ':' || dlq_headers FROM effects ORDER BY id`))
+			require.Equal(t, []string{"bad-1:1:0", "bad-2:1:0", "good-1::0", "good-2::0"}, replays,
+				"a replayed message carries its replay count and no dead-letter headers")
+			out, err = f.run("dlq", "list")
+			require.NoError(t, err)
+			require.Equal(t, "no dead letters in "+f.dlq+" for consumer group billing on "+f.b.String()+"\n", out)
+		})
+	}
+}
+
+func TestDLQ_ReplayedMessageDropsTheDeadLetterHeadersAndCountsReplays(t *testing.T) {
+	t.Parallel()
+	dead := message.NewMessage("m-1", []byte("x"))
+	dead.Metadata = message.Metadata{
+		messagedata.HeaderDeadLetterReason:  "bad",
+		messagedata.HeaderDeadLetterHandler: "h",
+		messagedata.HeaderDeadLetterAttempt: "3",
+		messagedata.HeaderDeadLetterTopic:   "orders",
+		messagedata.HeaderDeadLetterTime:    "2026-01-01T00:00:00Z",
+		messagedata.HeaderReplayCount:       "1",
+		broker.HeaderAMQPRedelivered:        "true",
+		messagedata.HeaderTimestamp:         "2025-12-31T23:59:59Z",
+		"traceparent":                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+	}
+	out := replayMessage(dead, "2026-01-02T00:00:00Z")
+	require.Equal(t, "m-1", out.UUID)
+	require.Equal(t, "x", string(out.Payload))
+	require.Equal(t, message.Metadata{
+		messagedata.HeaderReplayCount: "2",
+		messagedata.HeaderReplayTime:  "2026-01-02T00:00:00Z",
+		messagedata.HeaderTimestamp:   "2025-12-31T23:59:59Z",
+		"traceparent":                 "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+	}, out.Metadata)
+}
+
+func TestDLQ_CommandsSayWhatIsMissing(t *testing.T) {
+	t.Setenv(envBroker, "")
+	_, err := run(t, "dlq", "list")
+	require.ErrorContains(t, err, "pass --broker URL or set ONCEFLOW_BROKER")
+	url := "sqlite://" + filepath.Join(t.TempDir(), "queue.db")
+	_, err = run(t, "dlq", "replay", "--broker", url)
+	require.ErrorContains(t, err, "--id ID (repeatable) or --all")
+	_, err = run(t, "dlq", "replay", "--broker", url, "--all", "--id", "x")
+	require.ErrorContains(t, err, "--id ID (repeatable) or --all")
+	_, err = run(t, "dlq", "list", "--broker", "mem://x")
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = run(t, "dlq", "list", "--broker", url, "--limit", "0")
+	require.ErrorContains(t, err, "--limit 0")
+}
+
+func TestDLQ_GroupFlagOverridesTheURL(t *testing.T) {
+	t.Parallel()
+	url := "sqlite://" + filepath.Join(t.TempDir(), "queue.db") + "?group=billing"
+	out, err := run(t, "dlq", "list", "--broker", url, "--group", "shipping", "--json")
+	require.NoError(t, err)
+	var rep listReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Equal(t, "shipping", rep.Group)
+	require.Equal(t, onceflow.DefaultDeadLetterTopic, rep.Topic)
+}
+
+// The cleanup functions remove what a test left on a shared server. They report failures
+// without failing the test: a leftover queue is not a wrong result.
+
+func cleanupAMQP(t testing.TB, rawURL, group string, topics ...string) {
+	conn, err := amqp.Dial(rawURL)
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	defer ch.Close()
+	for _, topic := range topics {
+		if _, err := ch.QueueDelete(topic+"."+group, false, false, false); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+		if err := ch.ExchangeDelete(topic, false, false); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+	}
+}
+
+func cleanupNATS(t testing.TB, rawURL, _ string, topics ...string) {
+	nc, err := nats.Connect(rawURL)
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	defer nc.Close()
+	js, err := nc.JetStream()
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	for _, topic := range topics {
+		if err := js.DeleteStream(topic); err != nil && !errors.Is(err, nats.ErrStreamNotFound) {
+			t.Logf("cleanup: %v", err)
+		}
+	}
+}
+
+func cleanupRedis(t testing.TB, rawURL, _ string, topics ...string) {
+	opts, err := redis.ParseURL(rawURL)
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	c := redis.NewClient(opts)
+	defer c.Close()
+	if err := c.Del(context.Background(), topics...).Err(); err != nil {
+		t.Logf("cleanup: %v", err)
+	}
+}
