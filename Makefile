@@ -2,7 +2,15 @@ GO      ?= go
 PKGS    ?= ./...
 BIN     ?= bin
 
-.PHONY: all build test race lint bench demo verify services clean
+.PHONY: all build test test-order-full race lint bench bench-micro bench-e2e bench-scale bench-memory demo verify services clean FORCE
+
+# BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench.
+BENCH_QUICK ?=
+BENCH_FLAGS ?=
+BENCHTIME   ?= 1s
+ifeq ($(BENCH_QUICK),1)
+BENCHTIME := 100x
+endif
 
 all: build
 
@@ -16,6 +24,12 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
 
+## test-order-full: the ExactlyOnceInOrder multi-process test at the size of issue 7 (1,000 keys x
+## 100 messages, shuffled and duplicated, 3 consumer processes killed 12 times), on SQLite and on
+## PostgreSQL with RabbitMQ; `make test` runs it at 80 keys x 30 messages
+test-order-full:
+	ONCEFLOW_ORDER_FULL=1 $(GO) test -count=1 -timeout 40m -v -run 'TestInOrder_ShuffledDuplicated' ./ordering
+
 ## race: the tests under the race detector (slower)
 race:
 	$(GO) test -count=1 -race -timeout 30m $(PKGS)
@@ -25,9 +39,33 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## bench: the Go benchmarks and the end-to-end benchmark suite
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+## bench: the Go micro-benchmarks, then the end-to-end suite: RabbitMQ -> PostgreSQL and MariaDB and
+## the embedded SQLite default, every mode beside the watermill baseline and the database's own
+## rate; writes bench/results/latest.json and docs/performance.svg (docs/performance.md)
+bench: bench-micro bench-e2e
+
+## bench-micro: the Go benchmarks of every package
+bench-micro:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
+
+## bench-e2e: the end-to-end suite alone (about 15 minutes; BENCH_QUICK=1 for a smoke run)
+bench-e2e: $(BIN)/onceflow-bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run $(BENCH_FLAGS)
+
+## bench-scale: ExactlyOnce with 10 million dedup keys against an empty table, and with the purge
+## running (loads the keys once into PostgreSQL, about 2 GB; bench/results/scale.json)
+bench-scale: $(BIN)/onceflow-bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench scale $(BENCH_FLAGS)
+
+## bench-memory: peak RSS and growth of one consumer at concurrency 16 over 1 million messages
+## (bench/results/memory.json)
+bench-memory: $(BIN)/onceflow-bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench memory $(BENCH_FLAGS)
+
+$(BIN)/onceflow-bench: FORCE
+	$(GO) build -o $(BIN)/onceflow-bench ./bench/cmd/onceflow-bench
+
+FORCE:
 
 ## demo: the quickstart on the embedded default (no service needed)
 demo:

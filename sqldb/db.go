@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
@@ -33,6 +34,16 @@ type DB struct {
 	redacted string
 }
 
+// Pool defaults of Open. database/sql keeps only 2 idle connections unless told otherwise: a
+// handler with Concurrency 16 then closes most connections it returns and opens a new one
+// (a new server process, on PostgreSQL) for a later transaction, at a cost that can exceed
+// the transaction's own. Open keeps as many idle as a handler's deliveries use at once, up to
+// DefaultMaxIdleConns, and closes a connection idle for DefaultConnMaxIdleTime.
+const (
+	DefaultMaxIdleConns    = 64
+	DefaultConnMaxIdleTime = 5 * time.Minute
+)
+
 // Open opens the database that rawURL names and checks that it answers. The URL forms:
 //
 //	postgres://user:password@host:5432/dbname?sslmode=disable   (also postgresql://)
@@ -52,6 +63,9 @@ type DB struct {
 // (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock replaces the IMMEDIATE
 // default.
 //
+// The pool keeps up to DefaultMaxIdleConns idle connections, each for at most
+// DefaultConnMaxIdleTime; SetMaxIdleConns and SetConnMaxIdleTime change that.
+//
 // Errors and String never contain the password of the URL.
 func Open(ctx context.Context, rawURL string) (*DB, error) {
 	driverName, dsn, path, redacted, err := parseURL(rawURL)
@@ -62,6 +76,8 @@ func Open(ctx context.Context, rawURL string) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", redacted, err)
 	}
+	sdb.SetMaxIdleConns(DefaultMaxIdleConns)
+	sdb.SetConnMaxIdleTime(DefaultConnMaxIdleTime)
 	db := &DB{DB: sqlx.NewDb(sdb, driverName), Path: path, redacted: redacted}
 	db.Dialect, _ = DialectOf(driverName)
 	if err := db.PingContext(ctx); err != nil {

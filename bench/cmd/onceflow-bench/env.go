@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// services are the URLs of the services a benchmark talks to, all on loopback by default.
+type services struct {
+	postgres, mysql, amqp string
+	dir                   string // SQLite files
+}
+
+func defaultServices() services {
+	env := func(name, def string) string {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	return services{
+		postgres: env("ONCEFLOW_TEST_POSTGRES", testsvc.DefaultPostgresURL),
+		mysql:    env("ONCEFLOW_TEST_MYSQL", testsvc.DefaultMySQLURL),
+		amqp:     env("ONCEFLOW_TEST_AMQP", testsvc.DefaultAMQPURL),
+	}
+}
+
+// benchSchema is the PostgreSQL schema, and benchDatabase the MariaDB database, that a run
+// creates its tables in; both are dropped and created anew at the start of a run.
+const (
+	benchSchema   = "onceflow_bench"
+	benchDatabase = "onceflow_bench"
+)
+
+// withSearchPath returns the PostgreSQL URL base with its search_path set to schema.
+func withSearchPath(base, schema string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return base
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// withDatabase returns the MySQL URL base naming database name.
+func withDatabase(base, name string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return base
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// preparePostgres drops and creates the bench schema, and returns the URL that uses it.
+func preparePostgres(ctx context.Context, base, schema string) (string, error) {
+	admin, err := sqldb.Open(ctx, base)
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close()
+	for _, stmt := range []string{`DROP SCHEMA IF EXISTS ` + schema + ` CASCADE`, `CREATE SCHEMA ` + schema} {
+		if _, err := admin.ExecContext(ctx, stmt); err != nil {
+			return "", fmt.Errorf("%s: %w", stmt, err)
+		}
+	}
+	return withSearchPath(base, schema), nil
+}
+
+// dropSchema drops a PostgreSQL schema and everything in it, ignoring errors.
+func dropSchema(base, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if admin, err := sqldb.Open(ctx, base); err == nil {
+		_, _ = admin.ExecContext(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		_ = admin.Close()
+	}
+}
+
+// prepareMySQL drops and creates the bench database, and returns the URL that uses it.
+func prepareMySQL(ctx context.Context, base, name string) (string, error) {
+	admin, err := sqldb.Open(ctx, base)
+	if err != nil {
+		return "", err
+	}
+	defer admin.Close()
+	for _, stmt := range []string{`DROP DATABASE IF EXISTS ` + name, `CREATE DATABASE ` + name} {
+		if _, err := admin.ExecContext(ctx, stmt); err != nil {
+			return "", fmt.Errorf("%s: %w", stmt, err)
+		}
+	}
+	return withDatabase(base, name), nil
+}
+
+// newID returns a short random identifier, valid in table, topic and queue names.
+func newID() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// newPayload returns n printable bytes, the same for every message of a run.
+func newPayload(n int) []byte {
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	raw := make([]byte, n)
+	_, _ = rand.Read(raw)
+	for i, c := range raw {
+		raw[i] = alphabet[int(c)%len(alphabet)]
+	}
+	return raw
+}
+
+// Machine describes the machine a run measured on.
+type Machine struct {
+	CPU      string  `json:"cpu"`
+	Cores    int     `json:"cores"`
+	MemoryGB float64 `json:"memory_gb"`
+	Kernel   string  `json:"kernel"`
+	// LoadBefore and LoadAfter are the 1-minute load averages at the start and end of the run:
+	// the machine is shared, and a load above the core count means others were busy too.
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after,omitempty"`
+}
+
+func describeMachine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), LoadBefore: loadAverage()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb float64
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %f kB", &kb); err == nil {
+			m.MemoryGB = float64(int(kb/1024/1024*10)) / 10
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f, _ := strconv.ParseFloat(strings.Fields(string(b))[0], 64)
+	return f
+}
+
+// versions returns the versions of the services and of the Go modules that matter.
+func versions(ctx context.Context, svc services, setups []setup) map[string]string {
+	v := map[string]string{"go": runtime.Version()}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			switch d.Path {
+			case "github.com/ThreeDotsLabs/watermill", "github.com/ThreeDotsLabs/watermill-amqp/v2",
+				"github.com/jackc/pgx/v5", "github.com/go-sql-driver/mysql", "modernc.org/sqlite",
+				"github.com/rabbitmq/amqp091-go":
+				v[d.Path] = d.Version
+			}
+		}
+	}
+	query := func(rawURL, q string) string {
+		db, err := sqldb.Open(ctx, rawURL)
+		if err != nil {
+			return "unavailable: " + err.Error()
+		}
+		defer db.Close()
+		var s string
+		if err := db.QueryRowxContext(ctx, q).Scan(&s); err != nil {
+			return "unknown: " + err.Error()
+		}
+		return s
+	}
+	uses := map[string]bool{}
+	for _, s := range setups {
+		uses[s.Database] = true
+		uses[s.Broker] = true
+	}
+	if uses["postgres"] {
+		v["postgresql"] = query(svc.postgres, `SHOW server_version`)
+		if out, err := exec.CommandContext(ctx, "pgbench", "--version").Output(); err == nil {
+			v["pgbench"] = strings.TrimSpace(string(out))
+		}
+	}
+	if uses["mysql"] {
+		v["mariadb"] = query(svc.mysql, `SELECT VERSION()`)
+	}
+	if uses["sqlite"] {
+		v["sqlite"] = query("sqlite://"+filepath.Join(os.TempDir(), "onceflow-bench-version-"+newID()+".db"), `SELECT sqlite_version()`)
+	}
+	if uses["amqp"] {
+		if conn, err := amqp.Dial(svc.amqp); err == nil {
+			if s, ok := conn.Properties["version"].(string); ok {
+				v["rabbitmq"] = s
+			}
+			_ = conn.Close()
+		}
+	}
+	return v
+}
+
+// cpuSample is the CPU time spent so far by the machine and by the processes of interest.
+type cpuSample struct {
+	at    time.Time
+	busy  float64          // seconds of non-idle CPU time, all cores, since boot
+	procs map[int]procTime // CPU time of each process alive now
+}
+
+type procTime struct {
+	group string
+	secs  float64
+}
+
+// clockTicks is the unit of /proc's CPU times (USER_HZ), 100 on every Linux we run on.
+const clockTicks = 100
+
+// sampleCPU reads /proc/stat and the stat of every process, grouped: the bench process itself
+// (the consumer), postgres, rabbitmq (the Erlang VM), mariadb, pgbench, and everything else.
+func sampleCPU() cpuSample {
+	s := cpuSample{at: time.Now(), procs: map[int]procTime{}}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line)
+		if len(f) > 8 && f[0] == "cpu" {
+			var total float64
+			for i, x := range f[1:] {
+				n, _ := strconv.ParseFloat(x, 64)
+				if i == 3 || i == 4 { // idle, iowait
+					continue
+				}
+				total += n
+			}
+			s.busy = total / clockTicks
+		}
+	}
+	self := os.Getpid()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// comm is in parentheses and may contain spaces: the fields follow the last ')'.
+		open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		comm := string(b[open+1 : end])
+		f := strings.Fields(string(b[end+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		s.procs[pid] = procTime{group: procGroup(pid, self, comm), secs: (ut + st) / clockTicks}
+	}
+	return s
+}
+
+func procGroup(pid, self int, comm string) string {
+	switch {
+	case pid == self:
+		return "consumer"
+	case comm == "postgres" || strings.HasPrefix(comm, "postgres"):
+		return "postgres"
+	case comm == "beam.smp" || comm == "erl_child_setup" || comm == "epmd" || comm == "inet_gethost":
+		return "rabbitmq"
+	case comm == "mariadbd" || comm == "mysqld":
+		return "mariadb"
+	case comm == "pgbench":
+		return "pgbench"
+	}
+	return "other"
+}
+
+// cpuUse is the CPU used between two samples, in cores (CPU seconds per wall second): by the
+// whole machine ("machine") and by each process group. A process that started in between counts
+// with all its time; one that ended in between is missed (the machine's figure has it).
+func cpuUse(a, b cpuSample) map[string]float64 {
+	wall := b.at.Sub(a.at).Seconds()
+	if wall <= 0 {
+		return nil
+	}
+	out := map[string]float64{"machine": round2((b.busy - a.busy) / wall)}
+	groups := map[string]float64{}
+	for pid, t := range b.procs {
+		d := t.secs
+		if before, ok := a.procs[pid]; ok && before.group == t.group && before.secs <= t.secs {
+			d -= before.secs
+		}
+		groups[t.group] += d
+	}
+	for g, d := range groups {
+		out[g] = round2(d / wall)
+	}
+	return out
+}
+
+func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
+
+// walStats are PostgreSQL's WAL counters (pg_stat_wal, PostgreSQL 14 and later), for the whole
+// server: other clients add to them.
+type walStats struct {
+	ok                bool
+	syncs, fpi, bytes int64
+}
+
+// pgWAL reads the WAL counters of the server of db; ok is false on other databases.
+func pgWAL(ctx context.Context, db *sqldb.DB) walStats {
+	if db.Dialect != sqldb.Postgres {
+		return walStats{}
+	}
+	var w walStats
+	if err := db.QueryRowxContext(ctx, `SELECT wal_sync, wal_fpi, wal_bytes::bigint FROM pg_stat_wal`).Scan(&w.syncs, &w.fpi, &w.bytes); err != nil {
+		return walStats{}
+	}
+	w.ok = true
+	return w
+}
+
+// setWAL records the WAL syncs, full-page images and bytes per message between a and b.
+func (e *Entry) setWAL(a, b walStats, msgs int) {
+	if !a.ok || !b.ok || msgs <= 0 || b.syncs < a.syncs {
+		return
+	}
+	per := func(d int64, scale float64) float64 { return float64(int(float64(d)/float64(msgs)*scale)) / scale }
+	e.WALSyncsPerMsg = per(b.syncs-a.syncs, 1000)
+	e.WALFPIPerMsg = per(b.fpi-a.fpi, 1000)
+	e.WALBytesPerMsg = per(b.bytes-a.bytes, 1)
+}
+
+// readRSS returns VmRSS and VmHWM of process pid, in KiB.
+func readRSS(pid int) (rss, hwm int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		var v int64
+		switch {
+		case strings.HasPrefix(line, "VmRSS:"):
+			_, _ = fmt.Sscanf(strings.TrimPrefix(line, "VmRSS:"), "%d", &v)
+			rss = v
+		case strings.HasPrefix(line, "VmHWM:"):
+			_, _ = fmt.Sscanf(strings.TrimPrefix(line, "VmHWM:"), "%d", &v)
+			hwm = v
+		}
+	}
+	return rss, hwm, sc.Err()
+}
+
+// cpuPerMsg converts the CPU use of a measured window (cores) into microseconds per message.
+func cpuPerMsg(use map[string]float64, seconds float64, msgs int) map[string]float64 {
+	if msgs <= 0 || use == nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for g, cores := range use {
+		if g == "machine" || cores < 0.01 {
+			continue
+		}
+		out[g] = float64(int(cores * seconds / float64(msgs) * 1e6))
+	}
+	return out
+}
