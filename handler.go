@@ -65,6 +65,9 @@ type Handler struct {
 	// database transaction and one commit. Off by default.
 	GroupCommit GroupCommitConfig
 
+	// Order configures per-key ordering: the "in-order" interceptor of ExactlyOnceInOrder.
+	Order OrderConfig
+
 	// Timeout bounds each processing attempt. Defaults to no bound.
 	Timeout time.Duration
 
@@ -181,5 +184,5 @@ func (h Handler) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return h.Order.validate(h.Name)
 }

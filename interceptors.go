@@ -128,7 +128,7 @@ func checkOrder(names []string) error {
 		txName = group
 	}
 	tx, hasTx := pos[txName]
-	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency} {
+	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency, InterceptorInOrder} {
 		if i, ok := pos[inner]; ok && (!hasTx || i < tx) {
 			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner, txName)
 		}
@@ -225,6 +225,7 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 		InterceptorGroupTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
 			return middleware.GroupTransaction(h.DB, groupOptions(h.Handler)...)
 		},
+		InterceptorInOrder: r.inOrder,
 	}
 }
 

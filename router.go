@@ -53,6 +53,7 @@ type Router struct {
 	mu       sync.Mutex
 	names    map[string]bool
 	stores   map[storeKey]*dedup.SQLStore
+	orders   orderRegistry
 	migrate  []func(context.Context) error
 	gate     gate
 	closeErr error
@@ -210,10 +211,11 @@ func (r *Router) AddMigration(fn func(context.Context) error) {
 	r.migrate = append(r.migrate, fn)
 }
 
-// Run creates the tables the handlers need (unless Config.SkipMigrate), starts the purge loop
-// and the handlers, and blocks until ctx ends or Close is called. When ctx ends it closes the
-// router gracefully, as Close does. While it runs, the gauges of the dedup tables
-// (onceflow.dedup.*) are observed on Config.MeterProvider.
+// Run creates the tables the handlers need (unless Config.SkipMigrate), starts the purge loop,
+// the ordering sweepers of ExactlyOnceInOrder handlers and the handlers, and blocks until ctx
+// ends or Close is called. When ctx ends it closes the router gracefully, as Close does. While
+// it runs, the gauges of the dedup tables (onceflow.dedup.*) and of parked messages
+// (onceflow.order.parked) are observed on Config.MeterProvider.
 func (r *Router) Run(ctx context.Context) error {
 	if !r.cfg.SkipMigrate {
 		if err := r.Migrate(ctx); err != nil {
@@ -230,6 +232,11 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.cfg.PurgeInterval > 0 {
 		go r.purgeLoop(purgeCtx)
 	}
+	stopOrdering, err := r.startOrdering(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopOrdering()
 
 	errCh := make(chan error, 1)
 	go func() { errCh <- r.wr.Run(context.WithoutCancel(ctx)) }()
@@ -263,8 +270,9 @@ func (r *Router) Close() error {
 	return r.closeErr
 }
 
-// Migrate creates the tables of the handlers' duplicate-detection stores and of registered
-// components, if missing. Run calls it unless Config.SkipMigrate is set.
+// Migrate creates the tables of the handlers' duplicate-detection stores, of their ordering
+// state (ExactlyOnceInOrder) and of registered components, if missing. Run calls it unless
+// Config.SkipMigrate is set.
 func (r *Router) Migrate(ctx context.Context) error {
 	r.mu.Lock()
 	stores := make([]*dedup.SQLStore, 0, len(r.stores))
@@ -277,6 +285,9 @@ func (r *Router) Migrate(ctx context.Context) error {
 		if err := s.Migrate(ctx); err != nil {
 			return fmt.Errorf("migrate dedup table %s: %w", s.Table(), err)
 		}
+	}
+	if err := r.orders.migrate(ctx); err != nil {
+		return err
 	}
 	for _, fn := range extra {
 		if err := fn(ctx); err != nil {

@@ -1,0 +1,425 @@
+package ordering
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/onceflow/onceflow/internal/sqllock"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// Attributes of the onceflow.order.gap_timeouts counter, besides onceflow.handler.
+const (
+	// AttrGapPolicy is the gap policy that applied: wait, skip or dead-letter.
+	AttrGapPolicy = attribute.Key("onceflow.order.gap_policy")
+	// AttrGapCause is why the key waited: "gap" (its next message never arrived) or "failure"
+	// (its next message is parked and keeps failing).
+	AttrGapCause = attribute.Key("onceflow.order.gap_cause")
+)
+
+// sweepPage is how many keys one sweeper query lists.
+const sweepPage = 500
+
+// SweepResult says what one Sweep did.
+type SweepResult struct {
+	// Locked is true when another process was sweeping the same handler: nothing was done.
+	Locked bool
+	// Applied is the number of parked messages applied: retried ones that succeeded, and those
+	// released by Skip.
+	Applied int64
+	// Stalled is the number of keys whose next parked message failed again.
+	Stalled int
+	// TimedOut is the number of keys whose gap timeout was reported or acted on. Under Wait, a
+	// key is reported once per wait.
+	TimedOut int
+	// SkippedSequences is the number of sequences Skip gave up on.
+	SkippedSequences int64
+	// DeadLettered is the number of parked messages published to the dead-letter topic.
+	DeadLettered int
+}
+
+// Run sweeps every Config.SweepInterval (with jitter) until ctx ends, and returns nil then. It
+// logs the errors of a sweep and goes on. Every process may run it: the sweeps of one handler
+// take turns through a lock in the database, and the others skip theirs.
+func (o *InOrder) Run(ctx context.Context) error {
+	for {
+		wait := o.cfg.SweepInterval/2 + rand.N(o.cfg.SweepInterval)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		res, err := o.Sweep(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil:
+			o.cfg.Logger.Error("ordering sweep failed", "handler", o.cfg.Handler, "error", err)
+		case res.Applied > 0 || res.TimedOut > 0 || res.DeadLettered > 0:
+			o.cfg.Logger.Info("ordering sweep", "handler", o.cfg.Handler, "applied", res.Applied, "stalled", res.Stalled,
+				"timed_out", res.TimedOut, "skipped_sequences", res.SkippedSequences, "dead_lettered", res.DeadLettered)
+		}
+	}
+}
+
+// Sweep looks once at the handler's keys that need it, each in a transaction of its own:
+//
+//   - a stalled key (its next message is parked but failed when released): the parked
+//     messages are applied again, through the chain Middleware wraps. A message that fails
+//     with a permanent error is dead-lettered (when there is a dead-letter publisher), leaving
+//     a gap at its sequence;
+//   - a key that has waited longer than Config.GapTimeout, for a missing message or for a
+//     failing one: the timeout is logged and counted (onceflow.order.gap_timeouts), and
+//     Config.GapPolicy applies.
+//
+// Messages to dead-letter are read, published, and only then deleted in a transaction that
+// checks the key has not moved meanwhile: no database lock is held while publishing, and a
+// message is never deleted before the broker has it. A crash in between publishes it twice;
+// its replay is then a duplicate by sequence.
+//
+// One process sweeps a handler at a time (a PostgreSQL advisory lock, a MySQL named lock, a
+// lock file beside an SQLite database): when another holds the lock, Sweep returns at once
+// with Locked set. It fails when Middleware has not wrapped a processor yet.
+func (o *InOrder) Sweep(ctx context.Context) (res SweepResult, err error) {
+	nextp := o.next.Load()
+	if nextp == nil {
+		return res, errors.New("ordering: Sweep: the interceptor wraps no processor yet (apply Middleware first)")
+	}
+	next := *nextp
+	release, held, err := sqllock.TryLock(ctx, o.store.db, o.lockName())
+	if err != nil {
+		return res, fmt.Errorf("ordering: sweep handler %q: take the sweep lock: %w", o.cfg.Handler, err)
+	}
+	if !held {
+		return SweepResult{Locked: true}, nil
+	}
+	defer func() {
+		if rerr := release(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("ordering: sweep handler %q: %w", o.cfg.Handler, rerr))
+		}
+	}()
+
+	cutoff := o.now().Add(-o.cfg.GapTimeout).UnixMicro()
+	seen := map[string]int64{}
+	defer func() {
+		o.mu.Lock()
+		o.reported = seen
+		o.mu.Unlock()
+	}()
+	if err := o.eachKey(ctx, o.store.q.stalledKeys, nil, func(k blockedKey) error {
+		for {
+			more, err := o.sweepKey(ctx, next, k.Key, cutoff, &res, seen)
+			if err != nil || !more {
+				return err
+			}
+		}
+	}); err != nil {
+		return res, err
+	}
+	err = o.eachKey(ctx, o.store.q.overdueKeys, []any{cutoff}, func(k blockedKey) error {
+		if o.cfg.GapPolicy == Wait && o.alreadyReported(k) {
+			seen[k.Key] = k.Blocked
+			return nil
+		}
+		for {
+			more, err := o.sweepKey(ctx, next, k.Key, cutoff, &res, seen)
+			if err != nil || !more {
+				return err
+			}
+		}
+	})
+	return res, err
+}
+
+// lockName names the sweep lock of the handler: the table and a hash of the handler name, which
+// may hold any character.
+func (o *InOrder) lockName() string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(o.cfg.Handler))
+	return fmt.Sprintf("%s.sweep.%016x", o.store.table, h.Sum64())
+}
+
+func (o *InOrder) alreadyReported(k blockedKey) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	prev, ok := o.reported[k.Key]
+	return ok && prev == k.Blocked
+}
+
+// eachKey runs fn for every key that a paged key query lists, page by page in key order.
+func (o *InOrder) eachKey(ctx context.Context, query string, args []any, fn func(blockedKey) error) error {
+	after := ""
+	for {
+		page, err := o.store.blockedKeys(ctx, query, append(append([]any{o.cfg.Handler}, args...), after, sweepPage)...)
+		if err != nil {
+			return fmt.Errorf("ordering: sweep handler %q: list keys: %w", o.cfg.Handler, err)
+		}
+		for _, k := range page {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := fn(k); err != nil {
+				return fmt.Errorf("ordering: sweep handler %q: key %s: %w", o.cfg.Handler, quoteShort(k.Key), err)
+			}
+			after = k.Key
+		}
+		if len(page) < sweepPage {
+			return nil
+		}
+	}
+}
+
+// plan is a range of parked messages of one key to dead-letter, decided in a transaction and
+// carried out after it.
+type plan struct {
+	last     int64 // the key's last applied sequence when the plan was made
+	from, to int64
+	reason   error
+	skip     bool // record from..to as skipped and advance past it once dead-lettered
+}
+
+// sweepKey handles one key in a transaction of its own. more is true when MaxDrain stopped a
+// release of parked messages: the caller runs it again.
+func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key string, cutoff int64, res *SweepResult, seen map[string]int64) (more bool, err error) {
+	tx, err := o.store.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("begin transaction: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+				err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
+			}
+		}
+	}()
+	outer := ctx // for the dead letters, after the commit
+	ctx = processor.WithTx(ctx, tx)
+	handler := o.cfg.Handler
+	st, err := o.store.lockKey(ctx, tx, handler, key)
+	if err != nil {
+		return false, err
+	}
+	if st.parked == 0 {
+		return false, nil
+	}
+	lowest, err := o.store.load(ctx, tx, handler, key, st.last, 1)
+	if err != nil {
+		return false, err
+	}
+	if len(lowest) == 0 {
+		// The count says there are parked messages and there are none: repair it.
+		st.parked, st.blocked, st.stalled = 0, 0, false
+		if err := o.store.updateKey(ctx, tx, handler, key, st); err != nil {
+			return false, err
+		}
+		committed = true
+		return false, tx.Commit()
+	}
+
+	var p *plan
+	waited := func() time.Duration { return o.now().Sub(time.UnixMicro(st.blocked)).Round(time.Second) }
+	if lowest[0].Seq == st.last+1 {
+		// Stalled: apply the parked messages again.
+		before := st.last
+		var failed *failure
+		st, failed, more, err = o.drainFailing(ctx, tx, next, key, st, false)
+		if err != nil {
+			return false, err
+		}
+		res.Applied += st.last - before
+		if failed != nil {
+			res.Stalled++
+			seq := failed.msg.Seq
+			switch {
+			case processor.IsPermanent(failed.err) && o.cfg.DeadLetterPublisher != nil:
+				p = &plan{last: st.last, from: seq, to: seq,
+					reason: fmt.Errorf("parked sequence %d of key %s failed permanently: %w", seq, quoteShort(key), failed.err)}
+			case st.blocked <= cutoff:
+				cause := fmt.Errorf("sequence %d of key %s failed for %s (%d attempts): %w", seq, quoteShort(key), waited(), failed.msg.Attempts+1, failed.err)
+				if o.timedOut(ctx, key, st, "failure", seq, cause, seen) {
+					res.TimedOut++
+				}
+				switch o.cfg.GapPolicy {
+				case Skip:
+					p = &plan{last: st.last, from: seq, to: seq, skip: true, reason: fmt.Errorf("%w; skipped (gap policy skip)", cause)}
+				case DeadLetter:
+					p = &plan{last: st.last, from: seq, to: MaxSequence, reason: fmt.Errorf("%w (gap policy dead-letter)", cause)}
+				}
+			}
+		}
+	} else {
+		// A gap before the lowest parked message.
+		if st.blocked > cutoff {
+			return false, nil // it moved since it was listed
+		}
+		gapAt := st.last + 1
+		cause := fmt.Errorf("gap at seq %d of key %s not filled after %s", gapAt, quoteShort(key), waited())
+		if o.timedOut(ctx, key, st, "gap", gapAt, cause, seen) {
+			res.TimedOut++
+		}
+		switch o.cfg.GapPolicy {
+		case Wait:
+			return false, nil
+		case Skip:
+			to := lowest[0].Seq - 1
+			if err := o.store.skip(ctx, tx, handler, key, gapAt, to, cause.Error()+" (gap policy skip)", o.now().UnixMicro()); err != nil {
+				return false, err
+			}
+			res.SkippedSequences += to - gapAt + 1
+			st.last = to
+			before := st.last
+			if st, _, more, err = o.drainFailing(ctx, tx, next, key, st, true); err != nil {
+				return false, err
+			}
+			res.Applied += st.last - before
+		case DeadLetter:
+			p = &plan{last: st.last, from: lowest[0].Seq, to: MaxSequence, reason: cause}
+		}
+	}
+	if err := o.store.updateKey(ctx, tx, handler, key, st); err != nil {
+		return false, err
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("commit: %w", err)
+	}
+	if p == nil {
+		return more, nil
+	}
+	return false, o.deadLetter(outer, next, key, p, res)
+}
+
+// timedOut logs and counts a key whose wait passed the gap timeout, and reports whether it did:
+// under Wait it does so once per wait (per value of blocked_since).
+func (o *InOrder) timedOut(ctx context.Context, key string, st keyState, cause string, seq int64, detail error, seen map[string]int64) bool {
+	if o.cfg.GapPolicy == Wait {
+		seen[key] = st.blocked
+		if o.alreadyReported(blockedKey{Key: key, Blocked: st.blocked}) {
+			return false
+		}
+	}
+	o.timeouts.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(o.cfg.Handler),
+		AttrGapPolicy.String(o.cfg.GapPolicy.String()), AttrGapCause.String(cause)))
+	o.cfg.Logger.Warn("ordering gap timed out", "handler", o.cfg.Handler, "key", key, "seq", seq, "cause", cause,
+		"parked", st.parked, "since", time.UnixMicro(st.blocked).UTC(), "policy", o.cfg.GapPolicy.String(), "reason", detail)
+	return true
+}
+
+// deadLetter carries out p: it publishes the parked messages of key in p's range to the
+// dead-letter topic, a page at a time, without holding a transaction, then deletes them (and
+// their duplicate-detection records) in a transaction that first checks the key has not moved
+// since p was made. With p.skip it records the range as skipped and applies the parked
+// messages that follow.
+func (o *InOrder) deadLetter(ctx context.Context, next processor.Processor, key string, p *plan, res *SweepResult) error {
+	from := p.from
+	for from <= p.to {
+		page, err := o.store.load(ctx, o.store.db, o.cfg.Handler, key, from-1, drainChunk)
+		if err != nil {
+			return err
+		}
+		for len(page) > 0 && page[len(page)-1].Seq > p.to {
+			page = page[:len(page)-1]
+		}
+		if len(page) == 0 {
+			return nil
+		}
+		for _, m := range page {
+			md, _ := o.messageData(key, m) // a message whose headers cannot be decoded goes without them
+			if err := middleware.PublishDeadLetter(ctx, o.cfg.DeadLetterPublisher, o.cfg.DeadLetterTopic, o.cfg.Handler, md, p.reason); err != nil {
+				return err
+			}
+		}
+		done, err := o.removeDeadLettered(ctx, next, key, p, page, res)
+		if err != nil || done {
+			return err
+		}
+		from = page[len(page)-1].Seq + 1
+	}
+	return nil
+}
+
+// removeDeadLettered deletes the published page of p, if the key has not moved. done is true
+// when nothing more of p is to be done.
+func (o *InOrder) removeDeadLettered(ctx context.Context, next processor.Processor, key string, p *plan, page []parkedMsg, res *SweepResult) (done bool, err error) {
+	tx, err := o.store.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("begin transaction: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+				err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
+			}
+		}
+	}()
+	ctx = processor.WithTx(ctx, tx)
+	handler := o.cfg.Handler
+	st, err := o.store.lockKey(ctx, tx, handler, key)
+	if err != nil {
+		return false, err
+	}
+	if st.last != p.last {
+		// The key moved: the missing message came, or another sweep acted. What was
+		// published stays published; a replay of it is a duplicate by sequence.
+		return true, nil
+	}
+	var removed int64
+	for _, m := range page {
+		deleted, err := o.store.deleteOne(ctx, tx, handler, key, m.Seq, m.MessageID)
+		if err != nil {
+			return false, err
+		}
+		if !deleted {
+			continue
+		}
+		removed++
+		if o.cfg.Forget != nil {
+			md, _ := o.messageData(key, m)
+			if err := o.cfg.Forget(ctx, tx, md); err != nil {
+				return false, fmt.Errorf("forget the dedup record of message %q: %w", m.MessageID, err)
+			}
+		}
+	}
+	res.DeadLettered += int(removed)
+	st.parked -= removed
+	st.stalled = false
+	if p.skip {
+		if err := o.store.skip(ctx, tx, handler, key, p.from, p.to, p.reason.Error(), o.now().UnixMicro()); err != nil {
+			return false, err
+		}
+		res.SkippedSequences += p.to - p.from + 1
+		st.last = p.to
+		if st.parked > 0 {
+			before := st.last
+			if st, err = o.drain(ctx, tx, next, key, st, true); err != nil {
+				return false, err
+			}
+			res.Applied += st.last - before
+		}
+	}
+	if st.parked <= 0 {
+		st.parked, st.blocked, st.stalled = 0, 0, false
+	} else if !st.stalled {
+		st.blocked = o.now().UnixMicro() // a new wait, for the gap the removal left
+	}
+	if err := o.store.updateKey(ctx, tx, handler, key, st); err != nil {
+		return false, err
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("commit: %w", err)
+	}
+	return p.skip, nil
+}
