@@ -83,7 +83,8 @@ status is 2 when an exactly-once mode lost or duplicated anything.`,
 	f.IntVar(&cfg.Concurrency, "concurrency", 4, "handler concurrency inside each consumer")
 	f.IntVar(&cfg.Kills, "kills", 20, "SIGKILLs at random moments per mode (each restart also dies once at a crash point)")
 	f.IntVar(&cfg.Cuts, "cuts", 5, "connection cuts per mode, alternating broker and database (network services only)")
-	f.StringSliceVar(&modes, "modes", []string{"BestEffort", "AtLeastOnce", "ExactlyOnce"}, "qualities of service to measure")
+	f.StringSliceVar(&modes, "modes", []string{"BestEffort", "AtLeastOnce", "ExactlyOnce", "ExactlyOnceInOrder"}, "qualities of service to measure")
+	f.IntVar(&cfg.Keys, "keys", 100, "ordering keys in ExactlyOnceInOrder mode")
 	f.BoolVar(&cfg.GroupCommit, "group-commit", false, "run the exactly-once modes with group commit")
 	f.Uint64Var(&cfg.Seed, "seed", 0, "seed of the fault schedule (default: random; printed in the report)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object on stdout and nothing else")
@@ -94,9 +95,13 @@ status is 2 when an exactly-once mode lost or duplicated anything.`,
 func printReport(w io.Writer, r verify.Report) {
 	fmt.Fprintf(w, "broker %s, database %s, seed %d\n\n", r.Broker, r.Database, r.Seed)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tmessages\tkills\tcuts\tlost\tduplicated\tmsgs/s\t")
+	fmt.Fprintln(tw, "mode\tmessages\tkills\tcuts\tlost\tduplicated\tout of order\tmsgs/s\t")
 	for _, m := range r.Modes {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t\n", m.Mode, m.Messages, m.Kills, m.Cuts, m.Lost, m.Duplicated, m.MsgsPerSec)
+		order := "-"
+		if m.OrderViolations != nil {
+			order = fmt.Sprint(*m.OrderViolations)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%.0f\t\n", m.Mode, m.Messages, m.Kills, m.Cuts, m.Lost, m.Duplicated, order, m.MsgsPerSec)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

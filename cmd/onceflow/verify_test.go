@@ -36,6 +36,7 @@ type verifyJSON struct {
 		Cuts       int     `json:"connection_cuts"`
 		Lost       int     `json:"lost"`
 		Duplicated int     `json:"duplicated"`
+		OutOfOrder *int    `json:"order_violations"`
 		MsgsPerS   float64 `json:"msgs_per_s"`
 	} `json:"modes"`
 }
@@ -64,7 +65,7 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	dec := json.NewDecoder(&stdout)
 	require.NoError(t, dec.Decode(&report))
 	require.False(t, dec.More(), "stdout holds one JSON object and nothing else")
-	require.Len(t, report.Modes, 3)
+	require.Len(t, report.Modes, 4)
 	return report
 }
 
@@ -87,6 +88,12 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool) {
 	exactly := r.Modes[byMode["ExactlyOnce"]]
 	require.Zero(t, exactly.Lost, "ExactlyOnce lost messages")
 	require.Zero(t, exactly.Duplicated, "ExactlyOnce duplicated effects")
+	require.Nil(t, exactly.OutOfOrder, "ExactlyOnce promises no order, and reports none")
+	inOrder := r.Modes[byMode["ExactlyOnceInOrder"]]
+	require.Zero(t, inOrder.Lost, "ExactlyOnceInOrder lost messages")
+	require.Zero(t, inOrder.Duplicated, "ExactlyOnceInOrder duplicated effects")
+	require.NotNil(t, inOrder.OutOfOrder)
+	require.Zero(t, *inOrder.OutOfOrder, "ExactlyOnceInOrder applied a key's messages out of order")
 	atLeast := r.Modes[byMode["AtLeastOnce"]]
 	require.Zero(t, atLeast.Lost, "AtLeastOnce lost messages")
 	require.Positive(t, atLeast.Duplicated, "a crash after commit, before ack, duplicates without dedup")

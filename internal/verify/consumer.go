@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/ordercheck"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -87,6 +88,10 @@ type ConsumerConfig struct {
 // without a unique key, so that a duplicate effect is a second row.
 const effectsTable = "onceflow_verify_effects"
 
+// appliedTable records, in ExactlyOnceInOrder mode, each applied message's key and sequence in
+// the order of application.
+const appliedTable = "onceflow_verify_applied"
+
 // Consume runs one consumer until ctx ends. It applies one effect per message to the effects
 // table, in the chain of the configured quality of service, with the crash point armed if any.
 func Consume(ctx context.Context, cfg ConsumerConfig) error {
@@ -122,6 +127,7 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 		return err
 	}
 	insert := db.Rebind(`INSERT INTO ` + effectsTable + ` (run_id, message_id, consumer) VALUES (?, ?, ?)`)
+	inOrder := cfg.Mode == onceflow.ExactlyOnceInOrder
 	err = router.AddHandler(onceflow.Handler{
 		Name:         cfg.Handler,
 		Topic:        cfg.Topic,
@@ -136,8 +142,14 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 			if !ok {
 				return errors.New("no transaction")
 			}
-			_, err := tx.ExecContext(ctx, insert, cfg.RunID, msg.ID, cfg.Consumer)
-			return err
+			if _, err := tx.ExecContext(ctx, insert, cfg.RunID, msg.ID, cfg.Consumer); err != nil {
+				return err
+			}
+			if inOrder {
+				// The application order of each key, for counting order violations.
+				return ordercheck.Record(ctx, tx, appliedTable, cfg.RunID, msg.Key, msg.Sequence, msg.ID, cfg.Consumer)
+			}
+			return nil
 		}),
 	})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/ordercheck"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -57,7 +58,11 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 	published := make(chan error, 1)
 	pubRng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
 	go func() {
-		published <- publish(b.Publisher(), pool.topic, runID, cfg.Messages, cfg.Duplicates, pubRng)
+		keys := 0
+		if mode == onceflow.ExactlyOnceInOrder {
+			keys = cfg.Keys
+		}
+		published <- publish(b.Publisher(), pool.topic, runID, cfg.Messages, cfg.Duplicates, keys, pubRng)
 	}()
 	publishing := true
 
@@ -151,10 +156,22 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 		return res, err
 	}
 	res.Lost, res.Duplicated = lost, duplicated
+	violations := 0
+	if mode == onceflow.ExactlyOnceInOrder {
+		order, err := ordercheck.Tally(ctx, db, appliedTable, runID, wantSequences(cfg.Messages, cfg.Keys))
+		if err != nil {
+			return res, err
+		}
+		violations = order.OutOfOrder
+		res.OrderViolations = &violations
+		if order.First != "" {
+			cfg.Logger.Warn("ordering", "mode", mode.String(), "first_violation", order.First)
+		}
+	}
 	if elapsed := lastEffect.Sub(started).Seconds(); elapsed > 0 {
 		res.MsgsPerSec = float64(distinct) / elapsed
 	}
-	res.Verdict, res.OK = verdict(mode, lost, duplicated)
+	res.Verdict, res.OK = verdict(mode, lost, duplicated, violations)
 	return res, nil
 }
 
@@ -198,11 +215,13 @@ func expectation(mode onceflow.QoS) (string, bool) {
 		return "maybe (lost on consumer crash)", false
 	case onceflow.AtLeastOnce:
 		return "at least once (duplicates)", false
+	case onceflow.ExactlyOnceInOrder:
+		return "exactly once, in order per key (seed 003)", true
 	}
 	return "exactly once", true
 }
 
-func verdict(mode onceflow.QoS, lost, duplicated int) (string, bool) {
+func verdict(mode onceflow.QoS, lost, duplicated, orderViolations int) (string, bool) {
 	switch mode {
 	case onceflow.BestEffort:
 		if lost > 0 {
@@ -217,6 +236,12 @@ func verdict(mode onceflow.QoS, lost, duplicated int) (string, bool) {
 			return fmt.Sprintf("as the seed says: nothing lost, %d duplicated", duplicated), true
 		}
 		return "nothing lost; no duplicate this run", true
+	}
+	if mode == onceflow.ExactlyOnceInOrder {
+		if lost == 0 && duplicated == 0 && orderViolations == 0 {
+			return "PASS: exactly once, in order", true
+		}
+		return fmt.Sprintf("FAIL: %d lost, %d duplicated, %d out of order", lost, duplicated, orderViolations), false
 	}
 	if lost == 0 && duplicated == 0 {
 		return "PASS: exactly once", true

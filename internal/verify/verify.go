@@ -28,6 +28,8 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/ordercheck"
+	"github.com/onceflow/onceflow/ordering"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -59,11 +61,14 @@ type Config struct {
 	// broker connections. Only network services can be cut: a run with SQLite for both reports
 	// none. Defaults to 5; None disables them.
 	Cuts int
-	// Modes are the qualities of service to measure. Defaults to BestEffort, AtLeastOnce and
-	// ExactlyOnce.
+	// Modes are the qualities of service to measure. Defaults to all four: BestEffort,
+	// AtLeastOnce, ExactlyOnce and ExactlyOnceInOrder.
 	Modes []onceflow.QoS
 	// GroupCommit runs the exactly-once modes with group commit.
 	GroupCommit bool
+	// Keys is the number of ordering keys in ExactlyOnceInOrder mode: message i has key
+	// i mod Keys and the next sequence of that key. Defaults to 100.
+	Keys int
 	// Seed makes the fault schedule repeatable. Defaults to a random seed.
 	Seed uint64
 	// Settle is how long effects must stay unchanged before a mode counts as finished.
@@ -91,8 +96,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Messages: %d is negative", c.Messages)
 	case c.Duplicates < 0 || (c.Messages > 0 && c.Duplicates > c.Messages):
 		return fmt.Errorf("Duplicates: %d is not between 0 and Messages", c.Duplicates)
-	case c.Consumers < 0, c.Concurrency < 0:
-		return errors.New("Consumers and Concurrency must not be negative")
+	case c.Consumers < 0, c.Concurrency < 0, c.Keys < 0:
+		return errors.New("Consumers, Concurrency and Keys must not be negative")
 	case c.Kills < None, c.Cuts < None:
 		return errors.New("Kills and Cuts must not be negative (None disables them)")
 	}
@@ -127,7 +132,10 @@ func (c *Config) setDefaults() {
 		c.Cuts = 0
 	}
 	if len(c.Modes) == 0 {
-		c.Modes = []onceflow.QoS{onceflow.BestEffort, onceflow.AtLeastOnce, onceflow.ExactlyOnce}
+		c.Modes = []onceflow.QoS{onceflow.BestEffort, onceflow.AtLeastOnce, onceflow.ExactlyOnce, onceflow.ExactlyOnceInOrder}
+	}
+	if c.Keys == 0 {
+		c.Keys = 100
 	}
 	if c.Seed == 0 {
 		c.Seed = rand.Uint64()
@@ -153,6 +161,9 @@ type Result struct {
 	Cuts        int                `json:"connection_cuts"`
 	Lost        int                `json:"lost"`
 	Duplicated  int                `json:"duplicated"`
+	// OrderViolations counts, in ExactlyOnceInOrder mode, the messages applied after a later
+	// sequence of their key; nil in the other modes, which promise no order.
+	OrderViolations *int `json:"order_violations,omitempty"`
 	MsgsPerSec  float64            `json:"msgs_per_s"`
 	Expected    string             `json:"expected"`
 	Verdict     string             `json:"verdict"`
@@ -254,7 +265,17 @@ func migrate(ctx context.Context, db *sqldb.DB) error {
 	if err != nil {
 		return err
 	}
-	return store.Migrate(ctx)
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	order, err := ordering.NewStore(db, ordering.StoreConfig{})
+	if err != nil {
+		return err
+	}
+	if err := order.Migrate(ctx); err != nil {
+		return err
+	}
+	return ordercheck.Create(ctx, db, appliedTable)
 }
 
 func newRunID() string {
@@ -269,7 +290,9 @@ const publishers = 8
 
 // publish sends the mode's messages: every id once, then Duplicates of them a second time, in
 // batches spread over several goroutines.
-func publish(pub message.Publisher, topic, runID string, n, duplicates int, rng *rand.Rand) error {
+// In ExactlyOnceInOrder mode (keys > 0) message i carries key i mod keys and sequence
+// i/keys + 1; a duplicate carries the same.
+func publish(pub message.Publisher, topic, runID string, n, duplicates, keys int, rng *rand.Rand) error {
 	ids := make([]int, 0, n+duplicates)
 	for i := range n {
 		ids = append(ids, i)
@@ -288,6 +311,9 @@ func publish(pub message.Publisher, topic, runID string, n, duplicates int, rng 
 				msgs := make([]*message.Message, len(chunk))
 				for j, i := range chunk {
 					msgs[j] = message.NewMessage(messageID(runID, i), []byte(fmt.Sprintf(`{"n":%d}`, i)))
+					if keys > 0 {
+						ordering.SetSequence(msgs[j], orderKey(i, keys), uint64(i/keys+1))
+					}
 				}
 				if err := pub.Publish(topic, msgs...); err != nil {
 					errs <- err
@@ -317,3 +343,14 @@ loop:
 }
 
 func messageID(runID string, i int) string { return fmt.Sprintf("%s-%06d", runID, i) }
+
+func orderKey(i, keys int) string { return fmt.Sprintf("key-%04d", i%keys) }
+
+// wantSequences is what ExactlyOnceInOrder must apply: for each key, sequences 1..count.
+func wantSequences(n, keys int) map[string]uint64 {
+	want := make(map[string]uint64, keys)
+	for i := range n {
+		want[orderKey(i, keys)]++
+	}
+	return want
+}
