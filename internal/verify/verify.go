@@ -163,11 +163,11 @@ type Result struct {
 	Duplicated  int                `json:"duplicated"`
 	// OrderViolations counts, in ExactlyOnceInOrder mode, the messages applied after a later
 	// sequence of their key; nil in the other modes, which promise no order.
-	OrderViolations *int `json:"order_violations,omitempty"`
-	MsgsPerSec  float64            `json:"msgs_per_s"`
-	Expected    string             `json:"expected"`
-	Verdict     string             `json:"verdict"`
-	OK          bool               `json:"ok"`
+	OrderViolations *int    `json:"order_violations,omitempty"`
+	MsgsPerSec      float64 `json:"msgs_per_s"`
+	Expected        string  `json:"expected"`
+	Verdict         string  `json:"verdict"`
+	OK              bool    `json:"ok"`
 }
 
 // Report is the measurement of a run.
