@@ -295,6 +295,42 @@ func TestBroker_AckedMessagesAreNotDeliveredToTheNextConsumer(t *testing.T) {
 	})
 }
 
+func TestBroker_AckGivenBeforeTheContextEndsAndCloseIsKept(t *testing.T) {
+	t.Parallel()
+	forEachScheme(t, func(t *testing.T, f *fixture) {
+		if f.sc.name == "redis" {
+			// watermill-redisstream v1.4.5 skips the XACK of a message acked just as its
+			// subscriber closes (its retry strategy checks "closing" before the first attempt):
+			// the entry stays pending and another consumer re-claims it after ack_timeout.
+			// Duplicate detection absorbs the redelivery; docs/brokers.md says so.
+			t.Skip("known upstream limitation of watermill-redisstream: an ack racing Close may be dropped")
+		}
+		b := f.open(broker.Options{})
+		sub, err := b.Subscriber()
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		ch, err := sub.Subscribe(ctx, f.topic)
+		require.NoError(t, err)
+		first := f.message(1)
+		f.publish(b, first)
+		m := receive(t, ch)
+		requireSame(t, first, m)
+		m.Ack()
+		// A watermill router that closes does both at once: it cancels the context of its
+		// subscriptions and closes their Subscriber. The ack given before is not lost.
+		cancel()
+		require.NoError(t, sub.Close())
+
+		second := f.message(2)
+		f.publish(b, second)
+		_, next := f.subscribe(b)
+		m = receive(t, next)
+		requireSame(t, second, m) // not the acked first message again
+		m.Ack()
+	})
+}
+
 func TestBroker_DottedTopic(t *testing.T) {
 	t.Parallel()
 	for _, sc := range schemes() {

@@ -84,6 +84,14 @@ func newSubscriber(b *Broker, up message.Subscriber) *subscriber {
 
 // Subscribe starts one competing consumer of topic. The returned channel is closed when ctx
 // ends or the Subscriber closes.
+//
+// The adapter's subscription does not end with ctx at once: a watermill router that closes
+// cancels the context of its subscriptions at the same time as it closes their Subscriber,
+// and an adapter whose subscription is cancelled drops the acks it has not passed on yet
+// (watermill-sql rolls back the offset of the messages acked in the batch, watermill-amqp
+// requeues the message). When ctx ends, the relay stops handing out messages at once, and
+// the adapter's subscription is cancelled after closeGrace, unless Close, which lets it stop
+// on its own first, comes before.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.b.checkTopic(topic); err != nil {
 		return nil, err
@@ -93,18 +101,33 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s.mu.Unlock()
 		return nil, ErrClosed
 	}
-	upCtx, cancel := context.WithCancel(ctx)
+	upCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancels = append(s.cancels, cancel)
 	s.relays.Add(1)
 	s.mu.Unlock()
 
 	in, err := s.up.Subscribe(upCtx, topic)
 	if err != nil {
+		cancel()
 		s.relays.Done()
 		return nil, scrub(fmt.Errorf("broker: subscribe to %q on %s: %w", topic, s.b.redacted, err), s.b.secrets)
 	}
 	out := make(chan *message.Message)
-	go s.relay(upCtx, in, out)
+	go s.relay(ctx, in, out)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.closing:
+			return // Close cancels the subscription after its grace
+		}
+		t := time.NewTimer(closeGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-s.closing:
+		}
+	}()
 	return out, nil
 }
 
@@ -166,12 +189,26 @@ func (s *subscriber) relay(ctx context.Context, in <-chan *message.Message, out 
 			}
 			m.Nack()
 		case <-s.closing:
-			giveBack(m)
+			settleOrGiveBack(c, m, giveBack)
 			return
 		case <-ctx.Done():
-			giveBack(m)
+			settleOrGiveBack(c, m, giveBack)
 			return
 		}
+	}
+}
+
+// settleOrGiveBack passes on the ack or nack of c that the consumer gave before the relay
+// noticed that it must stop (both were ready, and select chose the stop), and gives m back
+// when c was not settled. An ack given before Close must not be lost.
+func settleOrGiveBack(c, m *message.Message, giveBack func(*message.Message)) {
+	select {
+	case <-c.Acked():
+		m.Ack()
+	case <-c.Nacked():
+		m.Nack()
+	default:
+		giveBack(m)
 	}
 }
 
