@@ -74,7 +74,8 @@
 //     shared row first and holds it until the transaction ends: publishing transactions take
 //     turns from their Publish to their commit. Publish as the processor's last step; several
 //     messages per transaction (group commit) raise the rate past one commit at a time. The
-//     relay reads at SERIALIZABLE, as watermill-sql's MySQL adapter requires.
+//     relay reads the committed rows at READ COMMITTED, so that it locks no gap that Publish
+//     would wait for while it sends a batch.
 //   - SQLite: one writer at a time. The relay reads without a transaction and writes its
 //     offset in a short transaction of its own, so it never holds the database's write lock
 //     while it publishes: a destination queue file whose consumers write the application

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
@@ -15,18 +16,24 @@ import (
 // Offsets are AUTO_INCREMENT values, allocated when a row is inserted, not when it commits.
 // Were two publishing transactions to run side by side, the one with the larger offset could
 // commit first, the relay would send it and record its offset, and the other's row, committed
-// later below that offset, would never be sent. (The relay's locking read at SERIALIZABLE
-// waits for rows already inserted and not committed, but not for an offset allocated whose
-// INSERT is still waiting for a lock, which the relay's own gap lock causes.) So Publish first
-// locks the row of <table>_lock (SELECT ... FOR UPDATE), and the transactions that publish
-// take turns from their Publish to their commit: offsets commit in the order they were
-// allocated. Publish as the processor's last step to keep the turn short; the rate of
-// publishing transactions is then bounded by the commit latency, which group commit (several
-// messages per transaction) divides.
+// later below that offset, would never be sent. (Even watermill-sql's locking read at
+// SERIALIZABLE waits for rows already inserted and not committed, but not for an offset
+// allocated whose INSERT is still waiting for a lock, which that read's own gap lock causes.)
+// So Publish first locks the row of <table>_lock (SELECT ... FOR UPDATE), and the
+// transactions that publish take turns from their Publish to their commit: offsets commit in
+// the order they were allocated. Publish as the processor's last step to keep the turn short;
+// the rate of publishing transactions is then bounded by the commit latency, which group
+// commit (several messages per transaction) divides.
 //
-// The relay reads at SERIALIZABLE, as watermill-sql's MySQL adapter requires: a locking read
-// that waits for uncommitted rows below its position. While it sends a batch that reached the
-// end of the table, its gap lock makes new outbox rows wait for the batch to commit.
+// The relay reads at READ COMMITTED, not at the SERIALIZABLE that watermill-sql's MySQL
+// adapter asks for. SERIALIZABLE makes the read lock the gap after the last row, and the relay
+// holds its batch's transaction open while it sends the batch: a Publish would wait for the
+// destination broker. Where the destination's consumers hold a lock of the destination while
+// they publish to the outbox (the embedded SQLite queue's write lock), the relay and they wait
+// for each other until the destination's ack deadline breaks the cycle. The locking read is not
+// needed: the publish lock makes offsets commit in the order they were allocated, so a
+// consistent read of the committed rows above the group's offset never skips one. The group's
+// offsets row is still read FOR UPDATE, so the relays of a group take turns.
 type mysql struct {
 	table, offsetsTable, lockTable string
 }
@@ -46,11 +53,20 @@ func (m *mysql) publishLock() string {
 func (m *mysql) tables() (string, string) { return m.table, m.offsetsTable }
 
 func (m *mysql) schema(batchSize int) wsql.SchemaAdapter {
-	return wsql.DefaultMySQLSchema{
+	return mysqlSchema{wsql.DefaultMySQLSchema{
 		GenerateMessagesTableName: func(string) string { return sqldb.MySQL.Quote(m.table) },
 		SubscribeBatchSize:        batchSize,
-	}
+	}}
 }
+
+// mysqlSchema is DefaultMySQLSchema read at READ COMMITTED (see mysql).
+type mysqlSchema struct {
+	wsql.DefaultMySQLSchema
+}
+
+// SubscribeIsolationLevel is READ COMMITTED: the relay's read locks no gap that Publish would
+// wait for.
+func (mysqlSchema) SubscribeIsolationLevel() sql.IsolationLevel { return sql.LevelReadCommitted }
 
 func (m *mysql) offsets() wsql.OffsetsAdapter {
 	return mysqlOffsets{

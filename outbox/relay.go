@@ -60,9 +60,8 @@ type RelayConfig struct {
 
 	// BatchSize is the number of messages a relay reads and sends at a time; their offset
 	// commits when the batch ends, so a relay that dies sends its batch again. On PostgreSQL and
-	// MySQL the batch is one transaction: on MySQL, while a batch that reached the end of the
-	// outbox is being sent, its gap lock makes new outbox writes wait. At most 10000. Defaults
-	// to DefaultBatchSize.
+	// MySQL the batch is one transaction, which holds the consumer group's offsets row; Publish
+	// never waits for it. At most 10000. Defaults to DefaultBatchSize.
 	BatchSize int
 
 	// PollInterval is how long a relay waits before looking again when it found nothing to

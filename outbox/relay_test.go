@@ -405,3 +405,52 @@ func TestRelay_CloseRacingRunStopsPromptly(t *testing.T) {
 		require.Less(t, time.Since(began), 5*time.Second)
 	}
 }
+
+// A relay keeps its batch open while the destination takes a message. A processor that
+// publishes meanwhile must not wait for it: a destination whose consumers publish to the
+// outbox while they hold a lock of the destination (the embedded queue's write lock) would
+// otherwise wait for the relay, and the relay for them, until the destination's ack deadline
+// broke the cycle, one message per deadline.
+func TestRelay_PublishDoesNotWaitForTheBatchBeingSent(t *testing.T) {
+	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
+		rec := newRecorder()
+		sending := make(chan struct{})
+		release := make(chan struct{})
+		rec.before = func(_ *message.Message, attempt int) error {
+			select {
+			case <-sending:
+			default:
+				close(sending)
+				<-release
+			}
+			return nil
+		}
+		r := start(t, relayConfig(e, open(t, e.url), rec))
+		released := false
+		defer func() {
+			if !released {
+				close(release)
+			}
+		}()
+		first := e.commitN(t, "first", 1)
+		select {
+		case <-sending:
+		case <-time.After(waitTimeout):
+			t.Fatal("the relay did not send the first message")
+		}
+
+		// The relay holds its batch, which reached the end of the outbox, open.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		second := outbox.DerivedID("second", "shipped")
+		require.NoError(t, e.process(ctx, "second", nil, message.NewMessage(second, []byte("second"))),
+			"publishing waited for the relay's batch")
+
+		close(release)
+		released = true
+		rec.waitFor(t, 2)
+		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
+		require.NoError(t, r.stop(t))
+		require.Equal(t, []string{first[0], second}, rec.ids())
+	})
+}
