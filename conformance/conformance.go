@@ -1,0 +1,235 @@
+package conformance
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Mode is how the handlers of a scenario commit: one transaction per message, or group commit
+// (Handler.GroupCommit), where concurrent deliveries share one transaction and each is acked
+// after its commit. Every scenario holds in both.
+type Mode string
+
+// The commit modes.
+const (
+	// PerMessage runs the canonical ExactlyOnce chain: a transaction per message, with its
+	// message id recorded in it. Handlers subscribe twice (Handler.Concurrency 2).
+	PerMessage Mode = "per-message"
+	// GroupCommit runs the ExactlyOnce chain with group commit: "group-commit" in place of
+	// "transaction" and "deduplicate". Handlers subscribe four times where the broker delivers
+	// concurrently, so that the deliveries it hands out at once share a transaction, and twice
+	// where the consumers of a group take turns (Features.ConcurrentDelivery).
+	GroupCommit Mode = "group-commit"
+)
+
+// Modes lists every commit mode.
+var Modes = []Mode{PerMessage, GroupCommit}
+
+// Setup says where the suite finds the broker and the database under test.
+type Setup struct {
+	// BrokerURL returns the URL of the broker under test for one test, in the form broker.Open
+	// takes. Where the broker keeps its messages in a database or a file (postgres://,
+	// mysql://, sqlite://), return a fresh one per call; a shared server is fine otherwise:
+	// every test uses topics of its own, and removes the AMQP exchanges and queues, NATS
+	// streams and Redis streams it created when it ends. Query parameters of the URL override
+	// the suite's timings (see Timings). Required.
+	BrokerURL func(t testing.TB) string
+
+	// DatabaseURL returns the URL of a fresh, empty application database for one test, in
+	// the form sqldb.Open takes (postgres://, mysql://, sqlite://). Required.
+	DatabaseURL func(t testing.TB) string
+
+	// Modes lists the commit modes every scenario runs in. Defaults to Modes (both).
+	Modes []Mode
+
+	// Timings are the broker's delays during the suite. Zero fields take the defaults of
+	// DefaultTimings.
+	Timings Timings
+}
+
+// Timings are the broker options that decide how fast the suite runs (see broker.Options).
+type Timings struct {
+	// NackDelay is how long a nacked message waits before the broker delivers it again.
+	// Defaults to 20 ms.
+	NackDelay time.Duration
+	// AckTimeout is how long a delivered message may stay unsettled before the broker delivers
+	// it again (NATS, Redis, SQL and SQLite queues). It bounds how long the suite waits for
+	// redeliveries after a connection cut. Defaults to 2 s.
+	AckTimeout time.Duration
+	// PollInterval is how often an idle SQL or SQLite consumer looks for messages. Defaults
+	// to 10 ms.
+	PollInterval time.Duration
+}
+
+// DefaultTimings are the timings of a Setup that sets none.
+var DefaultTimings = Timings{NackDelay: 20 * time.Millisecond, AckTimeout: 2 * time.Second, PollInterval: 10 * time.Millisecond}
+
+func (tm Timings) withDefaults() Timings {
+	if tm.NackDelay == 0 {
+		tm.NackDelay = DefaultTimings.NackDelay
+	}
+	if tm.AckTimeout == 0 {
+		tm.AckTimeout = DefaultTimings.AckTimeout
+	}
+	if tm.PollInterval == 0 {
+		tm.PollInterval = DefaultTimings.PollInterval
+	}
+	return tm
+}
+
+// Features says what the broker under test can do, so that the suite asks of it what it can
+// give and skips what does not apply to it. DefaultFeatures knows onceflow's brokers.
+type Features struct {
+	// ConcurrentDelivery is true when the broker hands messages of one consumer group to
+	// several consumers at once (RabbitMQ, NATS JetStream, Redis Streams). The suite then
+	// requires that the two copies of a message in ConcurrentDuplicates are, at least once,
+	// held by two consumers at the same time, and race into their transactions together.
+	// Brokers whose consumers of a group take turns (the SQL and SQLite queues, mem) cannot
+	// have two copies in flight at once; the scenario still gives the two copies to two
+	// consumers and requires one effect.
+	ConcurrentDelivery bool
+
+	// ProxyableConnection is true when the broker is a network service that the suite can
+	// put a loopback TCP proxy in front of, to cut its connections mid-stream
+	// (ConnectionCut). The embedded SQLite queue and mem have no connection to cut.
+	ProxyableConnection bool
+
+	// DeduplicatesPublishes is true when the broker drops a second publish of a message UUID
+	// (NATS JetStream within its duplicate window, through Nats-Msg-Id). An outbox relay's
+	// resend then never reaches the consumers; elsewhere it is delivered again and
+	// duplicate detection absorbs it.
+	DeduplicatesPublishes bool
+
+	// ForeignProducer publishes as a producer that is not watermill would, for
+	// ForeignProducer. Nil leaves the scenario out.
+	ForeignProducer ForeignProducer
+}
+
+// ForeignProducer publishes payload to topic on the broker at brokerURL the way a producer
+// that does not use watermill does: with id as the broker's native message id (the AMQP
+// message_id property, the NATS Nats-Msg-Id header, ...), or with no id at all when id is
+// empty. It fails t when the broker does not take the message.
+type ForeignProducer func(t testing.TB, brokerURL, topic, id string, payload []byte)
+
+// DefaultFeatures returns the features of the onceflow broker that brokerURL names; only its
+// scheme is read ("nats://" will do). An unknown scheme has none.
+func DefaultFeatures(brokerURL string) Features {
+	switch scheme(brokerURL) {
+	case "amqp", "amqps":
+		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: AMQPProducer}
+	case "nats":
+		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, ForeignProducer: NATSProducer}
+	case "redis", "rediss":
+		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: RedisProducer}
+	case "postgres", "postgresql", "mysql", "mariadb":
+		return Features{ProxyableConnection: true}
+	}
+	return Features{}
+}
+
+func scheme(rawURL string) string {
+	s, _, _ := strings.Cut(rawURL, ":")
+	return strings.ToLower(s)
+}
+
+// Scenario names, as they appear in test names.
+const (
+	ScenarioRedeliveryAfterCommit = "RedeliveryAfterCommit"
+	ScenarioNackBeforeCommit      = "NackBeforeCommit"
+	ScenarioConcurrentDuplicates  = "ConcurrentDuplicates"
+	ScenarioOutbox                = "Outbox"
+	ScenarioConnectionCut         = "ConnectionCut"
+	ScenarioForeignProducer       = "ForeignProducer"
+)
+
+type scenario struct {
+	name string
+	run  func(t *testing.T, f *fixture)
+	// applies returns "" when the scenario applies to features, or why it does not.
+	applies func(Features) string
+}
+
+var scenarios = []scenario{
+	{name: ScenarioRedeliveryAfterCommit, run: testRedeliveryAfterCommit},
+	{name: ScenarioNackBeforeCommit, run: testNackBeforeCommit},
+	{name: ScenarioConcurrentDuplicates, run: testConcurrentDuplicates},
+	{name: ScenarioOutbox, run: testOutbox},
+	{name: ScenarioConnectionCut, run: testConnectionCut, applies: func(f Features) string {
+		if !f.ProxyableConnection {
+			return "the broker has no network connection to cut"
+		}
+		return ""
+	}},
+	{name: ScenarioForeignProducer, run: testForeignProducer, applies: func(f Features) string {
+		if f.ForeignProducer == nil {
+			return "no producer that is not watermill is known for the broker"
+		}
+		return ""
+	}},
+}
+
+// Run runs every scenario that applies to features against the broker and database of s, in
+// each mode of s.Modes, as parallel subtests named <mode>/<scenario>:
+//
+//   - RedeliveryAfterCommit: a message whose acknowledgement is lost after its commit is
+//     delivered again and acked without a second effect; so is a copy that the producer
+//     publishes again later.
+//   - NackBeforeCommit: a message whose processing fails is rolled back, nacked, delivered
+//     again by the broker, and applied once by the retry.
+//   - ConcurrentDuplicates: two copies of a message given to two consumers (two routers, each
+//     with its own broker connection), at the same time where the broker can, give one effect.
+//   - Outbox: a handler that fails permanently after writing an outbox message sends nothing
+//     (its message is dead-lettered with the reason); a handler that commits has each outgoing
+//     message delivered at least once, through a relay whose publisher reports failures after
+//     publishing, and applied once by the handler downstream.
+//   - ConnectionCut: the consumers' broker connections are cut through a loopback TCP proxy
+//     while a message is in flight, halfway through 50 messages, and restored: each of the 50
+//     has exactly one effect.
+//   - ForeignProducer: a message from a producer that is not watermill, carrying the broker's
+//     native message id, is processed once; one without an id is dead-lettered with the reason.
+//
+// Each test has a database of its own (Setup.DatabaseURL), topics of its own, and asserts the
+// exact number of effects per message in a table without a unique key, and the deliveries,
+// acks and nacks the broker saw where they are determined.
+func Run(t *testing.T, s Setup, features Features) {
+	t.Helper()
+	if s.BrokerURL == nil || s.DatabaseURL == nil {
+		t.Fatal("conformance.Setup: BrokerURL and DatabaseURL are required")
+	}
+	modes := s.Modes
+	if len(modes) == 0 {
+		modes = Modes
+	}
+	for _, sc := range scenarios {
+		if sc.applies != nil {
+			if why := sc.applies(features); why != "" {
+				t.Logf("%s: not applicable: %s", sc.name, why)
+			}
+		}
+	}
+	for _, m := range modes {
+		t.Run(string(m), func(t *testing.T) {
+			t.Parallel()
+			for _, sc := range scenarios {
+				if sc.applies != nil && sc.applies(features) != "" {
+					continue
+				}
+				t.Run(sc.name, func(t *testing.T) {
+					t.Parallel()
+					sc.run(t, newFixture(t, s, features, m))
+				})
+			}
+		})
+	}
+}
+
+// redactedURL returns rawURL without a password, for logs.
+func redactedURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return scheme(rawURL) + "://..."
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,417 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// waitFor bounds every wait of the suite for something the broker and the routers do. It is
+// generous: a PostgreSQL queue delivers a message only once every older transaction on the
+// server has ended, those of other tests included.
+const waitFor = 60 * time.Second
+
+// effectsTable is the business table of the scenarios: one row per applied effect,
+// deliberately without a unique key, so that a duplicate effect shows as a second row.
+const effectsTable = "conformance_effects"
+
+// fixture is one test's broker, database and topics.
+type fixture struct {
+	t         *testing.T
+	features  Features
+	mode      Mode
+	timings   Timings
+	brokerURL string
+	db        *sqldb.DB
+	logger    *slog.Logger
+	// prefix starts every topic and message id of the test.
+	prefix string
+	// dlq is the dead-letter topic of the test's routers.
+	dlq string
+
+	mu     sync.Mutex
+	topics []string // used on the broker; removed from a shared server when the test ends
+}
+
+func newFixture(t *testing.T, s Setup, features Features, mode Mode) *fixture {
+	t.Helper()
+	f := &fixture{
+		t:        t,
+		features: features,
+		mode:     mode,
+		timings:  s.Timings.withDefaults(),
+		prefix:   testsvc.UniqueName("cf"),
+	}
+	f.logger = slog.New(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	f.brokerURL = s.BrokerURL(t)
+	// Registered before the brokers and routers, so it runs after they have closed.
+	t.Cleanup(func() { removeTopics(t, f.brokerURL, broker.DefaultConsumerGroup, f.usedTopics()) })
+	f.dlq = f.topic("dlq")
+
+	dbURL := s.DatabaseURL(t)
+	var db *sqldb.DB
+	err := retryConnect(func() (err error) {
+		db, err = sqldb.Open(context.Background(), dbURL)
+		return err
+	})
+	require.NoError(t, err, "open the application database %s", redactedURL(dbURL))
+	t.Cleanup(func() { _ = db.Close() })
+	f.db = db
+	_, err = db.Exec(`CREATE TABLE ` + effectsTable + ` (handler VARCHAR(64) NOT NULL, message_id VARCHAR(255) NOT NULL, note VARCHAR(255) NOT NULL)`)
+	require.NoError(t, err)
+	return f
+}
+
+// topic returns the test's topic called name, and remembers it for the cleanup.
+func (f *fixture) topic(name string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tp := f.prefix + "_" + name
+	f.topics = append(f.topics, tp)
+	return tp
+}
+
+func (f *fixture) usedTopics() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.topics...)
+}
+
+// id returns the test's message id called name. Ids fit the SQL queues' 36-byte UUID column.
+func (f *fixture) id(name string) string { return f.prefix[len(f.prefix)-8:] + "-" + name }
+
+// openBroker opens a Broker on rawURL with the suite's timings, closed when the test ends.
+// Each Broker is a connection of its own, as another process would have.
+func (f *fixture) openBroker(rawURL string) *broker.Broker {
+	f.t.Helper()
+	var wl watermill.LoggerAdapter
+	if os.Getenv("ONCEFLOW_CONFORMANCE_DEBUG") != "" {
+		wl = watermill.NewSlogLogger(slog.New(slog.NewTextHandler(newTestWriter(f.t), &slog.HandlerOptions{Level: slog.LevelDebug})))
+	}
+	var b *broker.Broker
+	err := retryConnect(func() (err error) {
+		b, err = broker.Open(context.Background(), rawURL, broker.Options{
+			Logger:       wl,
+			NackDelay:    f.timings.NackDelay,
+			AckTimeout:   f.timings.AckTimeout,
+			PollInterval: f.timings.PollInterval,
+		})
+		return err
+	})
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			f.t.Logf("close broker: %v", err)
+		}
+	})
+	return b
+}
+
+// connectPatience is how long the suite retries opening a connection that the server refuses
+// (PostgreSQL's "too many clients", which other tests sharing the server cause for a moment).
+const connectPatience = 30 * time.Second
+
+// retryConnect runs open until it succeeds, fails otherwise than by a refused or lost
+// connection, or connectPatience passes.
+func retryConnect(open func() error) error {
+	deadline := time.Now().Add(connectPatience)
+	for {
+		err := open()
+		if err == nil || sqldb.Classify(err) != sqldb.Connection || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// handlerSpec is a handler of a scenario; the fixture fills in the rest.
+type handlerSpec struct {
+	// Name of the handler; it is part of the dedup key, so that two routers with a handler of
+	// the same name deduplicate each other's messages.
+	Name  string
+	Topic string
+	// Processor defaults to applying one effect under the handler's name.
+	Processor processor.Processor
+	// Outer are interceptors (registered by the scenario) placed outside "retry": an error
+	// they return goes to the router as it is, and a retryable one is a nack.
+	Outer []string
+	// Inner are interceptors placed between "retry" and the transaction.
+	Inner []string
+	// MaxAttempts of the in-process retry. Defaults to 3.
+	MaxAttempts int
+	// Concurrency overrides the mode's number of subscriptions.
+	Concurrency int
+}
+
+// handler returns the onceflow handler for spec in the fixture's mode. Without custom
+// interceptors it is the canonical ExactlyOnce chain (with group commit in GroupCommit mode);
+// with them, the same chain with them inserted.
+func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Handler {
+	h := onceflow.Handler{
+		Name:        spec.Name,
+		Topic:       spec.Topic,
+		Subscriber:  sub,
+		DB:          f.db,
+		Processor:   spec.Processor,
+		Concurrency: spec.Concurrency,
+		Retry:       onceflow.RetryConfig{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+	}
+	if h.Processor == nil {
+		h.Processor = applyEffect(spec.Name)
+	}
+	if h.Concurrency == 0 {
+		h.Concurrency = 2
+		if f.mode == GroupCommit && f.features.ConcurrentDelivery {
+			// More subscriptions than two add nothing where the consumers of a group take
+			// turns, but connections (an SQL queue's consumer holds one while it waits).
+			h.Concurrency = 4
+		}
+	}
+	if len(spec.Outer) == 0 && len(spec.Inner) == 0 {
+		h.QoS = onceflow.ExactlyOnce
+		h.GroupCommit.Enabled = f.mode == GroupCommit
+		return h
+	}
+	names := []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, onceflow.InterceptorDeadLetter, onceflow.InterceptorRecover}
+	names = append(names, spec.Outer...)
+	names = append(names, onceflow.InterceptorRetry, onceflow.InterceptorTimeout)
+	names = append(names, spec.Inner...)
+	if f.mode == GroupCommit {
+		names = append(names, onceflow.InterceptorGroupCommit)
+	} else {
+		names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate)
+	}
+	h.Interceptors = names
+	return h
+}
+
+// node is one running router: what a consumer process is in production.
+type node struct {
+	router *onceflow.Router
+	probe  *probe
+	broker *broker.Broker
+	// stop closes the router gracefully, as a process that shuts down does, and reports the
+	// error of its Run. It is safe to call more than once.
+	stop func() error
+}
+
+// startNode runs a router that consumes from b with the handlers of specs, until the test
+// ends. register, if not nil, runs before the handlers are added (to register interceptors and
+// migrations). The router's dead letters go to the fixture's dead-letter topic on b.
+func (f *fixture) startNode(b *broker.Broker, register func(*onceflow.Router), specs ...handlerSpec) *node {
+	f.t.Helper()
+	r, err := onceflow.NewRouter(onceflow.Config{
+		DeadLetterPublisher: b.Publisher(),
+		DeadLetterTopic:     f.dlq,
+		Logger:              f.logger,
+		PurgeInterval:       -1,
+		CloseTimeout:        5 * time.Second,
+	})
+	require.NoError(f.t, err)
+	if register != nil {
+		register(r)
+	}
+	p := newProbe(f.t)
+	for _, spec := range specs {
+		sub, err := b.Subscriber()
+		require.NoError(f.t, err)
+		require.NoError(f.t, r.AddHandler(f.handler(spec, p.wrap(spec.Name, sub))))
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case <-r.Running():
+	case err := <-done:
+		cancel()
+		f.t.Fatalf("router stopped before running: %v", err)
+	case <-time.After(waitFor):
+		cancel()
+		f.t.Fatal("router did not start")
+	}
+	var once sync.Once
+	var runErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				runErr = err
+			}
+		})
+		return runErr
+	}
+	f.t.Cleanup(func() {
+		if err := stop(); err != nil {
+			f.t.Errorf("router: %v", err)
+		}
+	})
+	return &node{router: r, probe: p, broker: b, stop: stop}
+}
+
+// publish publishes a message with id and payload to topic on b. Extra metadata comes in
+// pairs of name and value.
+func (f *fixture) publish(b *broker.Broker, topic, id, payload string, metadata ...string) {
+	f.t.Helper()
+	m := message.NewMessage(id, []byte(payload))
+	for i := 0; i+1 < len(metadata); i += 2 {
+		m.Metadata.Set(metadata[i], metadata[i+1])
+	}
+	require.NoError(f.t, b.Publisher().Publish(topic, m), "publish %s to %s", id, topic)
+}
+
+// publishCopy publishes another copy of the message id, as a producer that retries its
+// publish does. On NATS it gets a Nats-Msg-Id of its own, or JetStream would drop it as a
+// duplicate publish before any consumer sees it.
+func (f *fixture) publishCopy(b *broker.Broker, topic, id, payload string, copyNo int) {
+	f.t.Helper()
+	f.publish(b, topic, id, payload, broker.HeaderNATSMsgID, fmt.Sprintf("%s#copy%d", id, copyNo))
+}
+
+// applyEffect is the scenarios' default processor: it writes one effect row for the handler
+// in the message's transaction.
+func applyEffect(handler string) processor.Processor {
+	return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+		return writeEffect(ctx, handler, msg)
+	})
+}
+
+func writeEffect(ctx context.Context, handler string, msg *messagedata.MessageData) error {
+	tx, ok := processor.TxFromContext(ctx)
+	if !ok {
+		return errors.New("no transaction in the context")
+	}
+	note := string(msg.Payload)
+	if len(note) > 255 {
+		note = note[:255]
+	}
+	_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO `+effectsTable+` (handler, message_id, note) VALUES (?, ?, ?)`), handler, msg.ID, note)
+	return err
+}
+
+// effects returns the number of effects of message id by handler.
+func (f *fixture) effects(handler, id string) int {
+	f.t.Helper()
+	var n int
+	require.NoError(f.t, f.db.Get(&n, f.db.Rebind(`SELECT COUNT(*) FROM `+effectsTable+` WHERE handler = ? AND message_id = ?`), handler, id))
+	return n
+}
+
+// effectCounts returns the number of effects of each message by handler.
+func (f *fixture) effectCounts(handler string) map[string]int {
+	f.t.Helper()
+	rows, err := f.db.Query(f.db.Rebind(`SELECT message_id, COUNT(*) FROM `+effectsTable+` WHERE handler = ? GROUP BY message_id`), handler)
+	require.NoError(f.t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		require.NoError(f.t, rows.Scan(&id, &n))
+		out[id] = n
+	}
+	require.NoError(f.t, rows.Err())
+	return out
+}
+
+// eventually polls cond until it holds, failing the test after waitFor.
+func (f *fixture) eventually(cond func() bool, msg string, args ...any) {
+	f.t.Helper()
+	testsvc.Eventually(f.t, waitFor, cond, msg, args...)
+}
+
+// waitAcks waits until the router acked message id of handler at least n times; the caller
+// then asserts the exact counts.
+func (f *fixture) waitAcks(p *probe, handler, id string, n int) {
+	f.t.Helper()
+	f.eventually(func() bool { return p.get(handler, id).Acks >= n }, "message %q of handler %s was not acked %d times: %v",
+		id, handler, n, lazy(func() any { return p.get(handler, id) }))
+}
+
+// deadLetters collects the messages of the fixture's dead-letter topic.
+type deadLetters struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+// collectDeadLetters consumes the fixture's dead-letter topic from b until the test ends.
+func (f *fixture) collectDeadLetters(b *broker.Broker) *deadLetters {
+	f.t.Helper()
+	sub, err := b.Subscriber()
+	require.NoError(f.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := sub.Subscribe(ctx, f.dlq)
+	require.NoError(f.t, err)
+	d := &deadLetters{}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for m := range ch {
+			d.mu.Lock()
+			d.msgs = append(d.msgs, m)
+			d.mu.Unlock()
+			m.Ack()
+		}
+	}()
+	f.t.Cleanup(func() {
+		cancel()
+		_ = sub.Close()
+		<-stopped
+	})
+	return d
+}
+
+func (d *deadLetters) all() []*message.Message {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*message.Message(nil), d.msgs...)
+}
+
+// testWriter writes log lines to the test's log until the test ends, and drops them after,
+// when a straggling goroutine may still log.
+type testWriter struct {
+	mu   sync.Mutex
+	t    *testing.T
+	done bool
+}
+
+func newTestWriter(t *testing.T) *testWriter {
+	w := &testWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return w
+}
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(string(p))
+	}
+	return len(p), nil
+}
+
+// lazy formats as the value fn returns when it is formatted: a failure message shows the
+// state at the failure, not when the wait began.
+type lazy func() any
+
+func (l lazy) String() string { return fmt.Sprint(l()) }

@@ -1,0 +1,78 @@
+package conformance
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/messagedata"
+)
+
+// publishTimeout bounds a foreign producer's publish.
+const publishTimeout = 10 * time.Second
+
+// AMQPProducer is a plain amqp091 producer: it publishes a persistent message to the topic's
+// exchange, with id as the AMQP message_id property (none when id is empty) and no watermill
+// header, and waits for the publisher confirm.
+func AMQPProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
+	t.Helper()
+	conn, err := amqp.Dial(brokerURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Confirm(false))
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, topic, "", false, false, amqp.Publishing{
+		MessageId:    id,
+		DeliveryMode: amqp.Persistent,
+		ContentType:  "text/plain",
+		Body:         payload,
+	})
+	require.NoError(t, err)
+	ok, err := conf.WaitContext(ctx)
+	require.NoError(t, err)
+	require.True(t, ok, "RabbitMQ did not confirm the publish")
+}
+
+// NATSProducer is a plain nats.go JetStream producer: it publishes to the subject topic, with
+// id as the Nats-Msg-Id header (none when id is empty), and waits for the JetStream
+// acknowledgement. The topic's stream must exist: a subscribed router has created it.
+func NATSProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
+	t.Helper()
+	nc, err := nats.Connect(brokerURL)
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := nc.JetStream()
+	require.NoError(t, err)
+	opts := []nats.PubOpt{nats.AckWait(publishTimeout)}
+	if id != "" {
+		opts = append(opts, nats.MsgId(id))
+	}
+	_, err = js.Publish(topic, payload, opts...)
+	require.NoError(t, err)
+}
+
+// RedisProducer is a plain go-redis producer: it appends an entry to the stream topic with the
+// field payload and, when id is not empty, the field onceflow_id (Redis has no message id of
+// its own: an entry id is a position in the stream).
+func RedisProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
+	t.Helper()
+	opts, err := redis.ParseURL(brokerURL)
+	require.NoError(t, err)
+	c := redis.NewClient(opts)
+	defer c.Close()
+	values := map[string]any{"payload": payload}
+	if id != "" {
+		values[messagedata.HeaderID] = id
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: topic, Values: values}).Err())
+}

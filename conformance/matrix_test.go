@@ -1,0 +1,194 @@
+package conformance_test
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/onceflow/onceflow/conformance"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// brokers are the rows of the matrix: every broker onceflow supports, each with a URL per
+// test (a fresh schema, database or file where the broker keeps its messages in one).
+var brokers = []struct {
+	name string
+	url  func(t testing.TB) string
+}{
+	{"amqp", testsvc.AMQPURL},
+	{"postgres", freshPostgres},
+	{"mysql", freshMySQL},
+	{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
+	{"nats", testsvc.NATSURL},
+	{"redis", testsvc.RedisURL},
+	{"mem", func(testing.TB) string { return "mem://" + testsvc.UniqueName("conformance") }},
+}
+
+// databases are the columns: every database dialect.
+var databases = []struct {
+	name string
+	url  func(t testing.TB) string
+}{
+	{"postgres", freshPostgres},
+	{"mysql", freshMySQL},
+	{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "app.db") }},
+}
+
+// TestConformance runs the conformance suite for every broker crossed with every database,
+// in both commit modes: TestConformance/<broker>/<database>/<mode>/<scenario>.
+func TestConformance(t *testing.T) {
+	for _, b := range brokers {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			for _, d := range databases {
+				t.Run(d.name, func(t *testing.T) {
+					t.Parallel()
+					weight := pgWeight(b.name, d.name)
+					conformance.Run(t, conformance.Setup{
+						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, weight); return b.url(t) },
+						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, weight); return d.url(t) },
+					}, conformance.DefaultFeatures(b.name+"://"))
+				})
+			}
+		})
+	}
+}
+
+// PostgreSQL serves 100 connections, shared by every package that `make test` runs at the
+// same time. A test of the matrix holds up to about 6 connections when PostgreSQL is its broker
+// (its consumers, publishers and DLQ reader; the consumers of a group wait for their turn each
+// on a connection of its own) and about 3 when it is its database. pgSlots bounds what the
+// matrix holds at once to pgBudget.
+const pgBudget = 24
+
+func pgWeight(brokerName, dbName string) int64 {
+	var w int64
+	if brokerName == "postgres" {
+		w += 6
+	}
+	if dbName == "postgres" {
+		w += 3
+	}
+	return w
+}
+
+var pgSlots = &slots{sem: semaphore.NewWeighted(pgBudget)}
+
+// slots lets each test take its weight of the budget once, before it opens a connection, and
+// gives it back when the test ends. Taking the whole weight at once keeps two tests from each
+// holding part of theirs while waiting for the rest.
+type slots struct {
+	sem   *semaphore.Weighted
+	taken sync.Map // testing.TB -> struct{}
+}
+
+func (s *slots) take(t testing.TB, weight int64) {
+	if weight == 0 {
+		return
+	}
+	if _, loaded := s.taken.LoadOrStore(t, struct{}{}); loaded {
+		return
+	}
+	if err := s.sem.Acquire(context.Background(), weight); err != nil {
+		t.Fatalf("wait for PostgreSQL connections: %v", err)
+	}
+	t.Cleanup(func() { s.sem.Release(weight) })
+}
+
+// TestConformance_Environment runs the suite against the broker and database that the
+// environment names, for users who check their own: ONCEFLOW_CONFORMANCE_BROKER (a broker URL)
+// and ONCEFLOW_CONFORMANCE_DATABASE (a database URL, of an empty database or schema: each test
+// creates and drops a schema or database of its own in it on PostgreSQL and MySQL, and uses a
+// file of its own beside it on SQLite). It is skipped when they are not set.
+func TestConformance_Environment(t *testing.T) {
+	brokerURL, dbURL := os.Getenv("ONCEFLOW_CONFORMANCE_BROKER"), os.Getenv("ONCEFLOW_CONFORMANCE_DATABASE")
+	if brokerURL == "" || dbURL == "" {
+		t.Skip("set ONCEFLOW_CONFORMANCE_BROKER and ONCEFLOW_CONFORMANCE_DATABASE to run the suite against them")
+	}
+	conformance.Run(t, conformance.Setup{
+		BrokerURL:   func(testing.TB) string { return brokerURL },
+		DatabaseURL: func(t testing.TB) string { return freshDatabaseOn(t, dbURL) },
+	}, conformance.DefaultFeatures(brokerURL))
+}
+
+// freshPostgres returns the URL of a new schema on the test PostgreSQL server, dropped when the
+// test ends.
+func freshPostgres(t testing.TB) string {
+	return freshDatabaseOn(t, testsvc.PostgresURL(t))
+}
+
+// freshMySQL returns the URL of a new database on the test MariaDB server, dropped when the
+// test ends.
+func freshMySQL(t testing.TB) string {
+	return freshDatabaseOn(t, testsvc.MySQLURL(t))
+}
+
+// admins are the connections that create and drop the tests' schemas and databases, one small
+// pool per server: the matrix runs many tests at once, and PostgreSQL's connections are few.
+var admins = struct {
+	sync.Mutex
+	m map[string]*sqldb.DB
+}{m: map[string]*sqldb.DB{}}
+
+func admin(t testing.TB, base string) *sqldb.DB {
+	admins.Lock()
+	defer admins.Unlock()
+	if db, ok := admins.m[base]; ok {
+		return db
+	}
+	db, err := sqldb.Open(context.Background(), base)
+	if err != nil {
+		testsvc.Unavailable(t, sqldb.Redact(base), err.Error())
+	}
+	db.SetMaxOpenConns(2)
+	db.SetMaxIdleConns(2)
+	admins.m[base] = db
+	return db
+}
+
+// freshDatabaseOn returns the URL of a new, empty database next to base: a schema on
+// PostgreSQL, a database on MySQL, a file in a temporary directory on SQLite. It is dropped when
+// the test ends.
+func freshDatabaseOn(t testing.TB, base string) string {
+	t.Helper()
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("database URL %q: %v", sqldb.Redact(base), err)
+	}
+	name := testsvc.UniqueName("cf")
+	switch u.Scheme {
+	case "sqlite", "sqlite3":
+		return "sqlite://" + filepath.Join(t.TempDir(), "app.db")
+	case "postgres", "postgresql":
+		exec(t, admin(t, base), "CREATE SCHEMA "+name, "DROP SCHEMA "+name+" CASCADE")
+		q := u.Query()
+		q.Set("search_path", name)
+		u.RawQuery = q.Encode()
+	case "mysql", "mariadb":
+		exec(t, admin(t, base), "CREATE DATABASE "+name, "DROP DATABASE IF EXISTS "+name)
+		u.Path = "/" + name
+	default:
+		t.Fatalf("database URL %q: want postgres://, mysql:// or sqlite://", sqldb.Redact(base))
+	}
+	return u.String()
+}
+
+// exec runs create on db, and drop when the test ends.
+func exec(t testing.TB, db *sqldb.DB, create, drop string) {
+	t.Helper()
+	if _, err := db.Exec(create); err != nil {
+		t.Fatalf("%s: %v", create, err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Exec(drop); err != nil && err != sql.ErrConnDone {
+			t.Logf("%s: %v", drop, err)
+		}
+	})
+}
