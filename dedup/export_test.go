@@ -1,10 +1,13 @@
 package dedup
 
-import "context"
+import (
+	"context"
+
+	"github.com/onceflow/onceflow/internal/sqllock"
+)
 
 // HoldPurgeLock takes s's purge lock the way a Purge in another process would, so that tests
 // can run a Purge against a held lock. held is false when someone else holds it.
 func HoldPurgeLock(ctx context.Context, s *SQLStore) (release func() error, held bool, err error) {
-	_, release, held, err = s.dialect.lockPurge(ctx)
-	return release, held, err
+	return sqllock.TryLock(ctx, s.db, s.purgeLockName())
 }

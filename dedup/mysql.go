@@ -43,11 +43,6 @@ created_at = IF(expires_at <= VALUES(created_at), VALUES(created_at), created_at
 batch_token = IF(expires_at <= VALUES(created_at), VALUES(batch_token), batch_token),
 expires_at = IF(expires_at <= VALUES(created_at), VALUES(expires_at), expires_at)`
 
-// mysqlLockName is the name of a GET_LOCK lock for purpose ($1) on table ($2) of the current
-// database. Named locks are server-wide, hence the database in the name; hashed, because names
-// are limited to 64 characters.
-const mysqlLockName = `CONCAT('onceflow.dedup.', ?, '.', SHA1(CONCAT(IFNULL(DATABASE(), ''), '.', ?)))`
-
 // mysqlCollations are the binary no-pad collations, by preference; utf8mb4_bin, which pads, is
 // the fallback on servers that have neither (MySQL 5.7, MariaDB before 10.2).
 var mysqlCollations = []string{"utf8mb4_0900_bin", "utf8mb4_nopad_bin"}
@@ -191,41 +186,4 @@ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME IN ('handler'
 			"convert the columns to a binary collation such as %s", strings.Join(bad, ", "), mysqlCollations[1])
 	}
 	return nil
-}
-
-// lockPurge takes a named lock on a connection of its own; the batches run on that connection,
-// and release gives the lock up before handing the connection back to the pool.
-func (m *mysql) lockPurge(ctx context.Context) (execer, func() error, bool, error) {
-	conn, err := m.s.db.Conn(ctx)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+mysqlLockName+`, 0)`, "purge", m.s.table).Scan(&got); err != nil {
-		discardConn(conn)
-		return nil, nil, false, err
-	}
-	if !got.Valid {
-		discardConn(conn)
-		return nil, nil, false, errors.New("GET_LOCK returned NULL")
-	}
-	if got.Int64 != 1 {
-		return nil, nil, false, conn.Close()
-	}
-	release := func() error {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		var released sql.NullInt64
-		err := conn.QueryRowContext(ctx, `SELECT RELEASE_LOCK(`+mysqlLockName+`)`, "purge", m.s.table).Scan(&released)
-		if err == nil && released.Int64 != 1 {
-			err = fmt.Errorf("RELEASE_LOCK returned %v: the lock was not held", released)
-		}
-		if err != nil {
-			// Closing the session releases every named lock it holds.
-			discardConn(conn)
-			return fmt.Errorf("release: %w", err)
-		}
-		return conn.Close()
-	}
-	return conn, release, true, nil
 }

@@ -2,8 +2,6 @@ package dedup
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -97,38 +95,4 @@ func (p *postgres) migrate(ctx context.Context) error {
 		_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", p.s.table)
 		return err
 	})
-}
-
-// lockPurge takes a session advisory lock on a connection of its own; the batches run on that
-// connection, and release unlocks it before handing the connection back to the pool.
-func (p *postgres) lockPurge(ctx context.Context) (execer, func() error, bool, error) {
-	conn, err := p.s.db.Conn(ctx)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	var held bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+pgLockKey+`)`, "purge", p.s.table).Scan(&held); err != nil {
-		discardConn(conn)
-		return nil, nil, false, err
-	}
-	if !held {
-		return nil, nil, false, conn.Close()
-	}
-	release := func() error {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		var unlocked bool
-		err := conn.QueryRowContext(ctx, `SELECT pg_advisory_unlock(`+pgLockKey+`)`, "purge", p.s.table).Scan(&unlocked)
-		if err == nil && !unlocked {
-			err = errors.New("pg_advisory_unlock: the lock was not held")
-		}
-		if err != nil {
-			// A connection that may still hold the lock must not go back to the pool: closing
-			// it ends the session, and the server releases the lock.
-			discardConn(conn)
-			return fmt.Errorf("unlock: %w", err)
-		}
-		return conn.Close()
-	}
-	return conn, release, true, nil
 }

@@ -2,11 +2,8 @@ package dedup
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/jmoiron/sqlx"
 
@@ -24,10 +21,6 @@ type sqlite struct {
 	s *SQLStore
 
 	manyPrefix, manySuffix string
-
-	// memLock stands in for the file lock when the database has no file (in memory): purges
-	// through this store then take turns within the process.
-	memLock sync.Mutex
 }
 
 const sqliteUpsert = ` ON CONFLICT (handler, message_id, message_ts) DO UPDATE
@@ -94,46 +87,4 @@ func (q *sqlite) migrate(ctx context.Context) error {
 )`,
 		`CREATE INDEX IF NOT EXISTS ` + sqldb.SQLite.Quote(indexName(q.s.table)) + ` ON ` + t + ` (expires_at)`,
 	}, nil)
-}
-
-// lockPurgePath returns the lock file of the store's purge, beside the database file.
-func (q *sqlite) lockPurgePath() string {
-	return q.s.db.Path + "." + q.s.table + ".purge.lock"
-}
-
-// lockPurge takes an exclusive file lock without waiting on the lock file beside the database;
-// the batches run on the pool. The file is left in place when the lock is released: removing
-// it would let two processes lock two different files of the same name.
-func (q *sqlite) lockPurge(context.Context) (execer, func() error, bool, error) {
-	if q.s.db.Path == "" {
-		if !q.memLock.TryLock() {
-			return nil, nil, false, nil
-		}
-		return q.s.db, func() error { q.memLock.Unlock(); return nil }, true, nil
-	}
-	path := q.lockPurgePath()
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	held, err := tryLockFile(f)
-	if err != nil || !held {
-		_ = f.Close()
-		if err != nil {
-			return nil, nil, false, fmt.Errorf("lock %s: %w", path, err)
-		}
-		return nil, nil, false, nil
-	}
-	release := func() error {
-		// Closing the file releases the lock too; unlocking first says so explicitly.
-		uerr := unlockFile(f)
-		if cerr := f.Close(); uerr == nil && cerr != nil {
-			uerr = cerr
-		}
-		if uerr != nil {
-			return fmt.Errorf("unlock %s: %w", path, uerr)
-		}
-		return nil
-	}
-	return q.s.db, release, true, nil
 }

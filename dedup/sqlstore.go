@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/sqllock"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -121,14 +121,6 @@ type dialect interface {
 	recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error)
 	// migrate creates the table and its index if they are missing.
 	migrate(ctx context.Context) error
-	// lockPurge takes the purge lock without waiting. When another session holds it, held is
-	// false. Otherwise the batches run on conn and release gives the lock up.
-	lockPurge(ctx context.Context) (conn execer, release func() error, held bool, err error)
-}
-
-// execer runs one statement outside any transaction: a *sql.Conn or the pool.
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // New returns the store for db, whose Dialect chooses the SQL. It does not touch the database:
@@ -345,6 +337,9 @@ const DefaultPurgeBatchSize = 1000
 // "<database file>.<table>.purge.lock" beside the database. When another purge holds the lock,
 // Purge returns at once with Skipped set and a nil error. On error, the result counts what was
 // deleted before it.
+// purgeLockName names the lock that one Purge of the table holds at a time.
+func (s *SQLStore) purgeLockName() string { return s.table + ".purge" }
+
 func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
 	if opts.BatchSize < 0 {
 		return res, fmt.Errorf("dedup: Purge: BatchSize: must not be negative, got %d", opts.BatchSize)
@@ -354,7 +349,7 @@ func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResul
 	}
 	batch := cmp.Or(opts.BatchSize, DefaultPurgeBatchSize)
 
-	conn, release, held, err := s.dialect.lockPurge(ctx)
+	release, held, err := sqllock.TryLock(ctx, s.db, s.purgeLockName())
 	if err != nil {
 		return res, fmt.Errorf("dedup: purge %s: take the purge lock: %w", s.table, err)
 	}
@@ -372,7 +367,7 @@ func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResul
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("dedup: purge %s: %w", s.table, err)
 		}
-		r, err := conn.ExecContext(ctx, s.q.purge, now, batch)
+		r, err := s.db.ExecContext(ctx, s.q.purge, now, batch)
 		if err != nil {
 			return res, fmt.Errorf("dedup: purge %s: batch %d: %w", s.table, res.Batches+1, err)
 		}
@@ -478,10 +473,6 @@ func indexName(table string) string {
 	return fmt.Sprintf("%s_%08x%s", table[:63-len(suffix)-9], h.Sum32(), suffix)
 }
 
-// releaseTimeout bounds the release of a purge lock, which runs even when the purge's context
-// has ended.
-const releaseTimeout = 10 * time.Second
-
 // queryKeys runs query on tx and scans the keys it returns as (handler, message_id, message_ts).
 func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any, capHint int) ([]Key, error) {
 	rows, err := tx.QueryContext(ctx, query, args...)
@@ -528,11 +519,4 @@ func inTx(ctx context.Context, db *sqldb.DB, stmts []string, first func(*sqlx.Tx
 		}
 	}
 	return tx.Commit()
-}
-
-// discardConn closes conn's underlying connection instead of returning it to the pool: the
-// database ends the session and with it every session lock the connection held.
-func discardConn(conn *sql.Conn) {
-	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
-	_ = conn.Close() // ErrConnDone: Raw has closed it already
 }

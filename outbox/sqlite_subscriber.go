@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/sqllock"
 )
 
 // sqliteSubscriber is the relay's subscriber on SQLite. It is watermill-sql's subscriber
@@ -110,7 +112,7 @@ func (s *sqliteSubscriber) consume(ctx context.Context, topic string, lockFile *
 // there was nothing to send or another relay of the group had the turn.
 func (s *sqliteSubscriber) batch(ctx context.Context, topic string, lockFile *os.File, out chan<- *message.Message) (noMsg bool, err error) {
 	if lockFile != nil {
-		held, err := tryLockFile(lockFile)
+		held, err := sqllock.TryLockFile(lockFile)
 		if err != nil {
 			return false, fmt.Errorf("lock the relays' lock file: %w", err)
 		}
@@ -118,7 +120,7 @@ func (s *sqliteSubscriber) batch(ctx context.Context, topic string, lockFile *os
 			return true, nil
 		}
 		defer func() {
-			if uerr := unlockFile(lockFile); uerr != nil {
+			if uerr := sqllock.UnlockFile(lockFile); uerr != nil {
 				err = errors.Join(err, fmt.Errorf("unlock the relays' lock file: %w", uerr))
 			}
 		}()

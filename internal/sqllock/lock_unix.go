@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tryLockFile takes an exclusive flock on f without waiting; held is false when another open
+// TryLockFile takes an exclusive flock on f without waiting; held is false when another open
 // file, in this process or another, holds it.
-func tryLockFile(f *os.File) (held bool, err error) {
+func TryLockFile(f *os.File) (held bool, err error) {
 	for {
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		switch {
@@ -26,4 +26,5 @@ func tryLockFile(f *os.File) (held bool, err error) {
 	}
 }
 
-func unlockFile(f *os.File) error { return unix.Flock(int(f.Fd()), unix.LOCK_UN) }
+// UnlockFile releases the lock TryLockFile took on f.
+func UnlockFile(f *os.File) error { return unix.Flock(int(f.Fd()), unix.LOCK_UN) }

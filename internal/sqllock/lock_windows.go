@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/windows"
 )
 
-// tryLockFile takes an exclusive lock on the first byte of f without waiting; held is false
+// TryLockFile takes an exclusive lock on the first byte of f without waiting; held is false
 // when another open handle, in this process or another, holds it.
-func tryLockFile(f *os.File) (held bool, err error) {
+func TryLockFile(f *os.File) (held bool, err error) {
 	err = windows.LockFileEx(windows.Handle(f.Fd()), windows.LOCKFILE_EXCLUSIVE_LOCK|windows.LOCKFILE_FAIL_IMMEDIATELY,
 		0, 1, 0, new(windows.Overlapped))
 	switch {
@@ -23,6 +23,7 @@ func tryLockFile(f *os.File) (held bool, err error) {
 	return false, err
 }
 
-func unlockFile(f *os.File) error {
+// UnlockFile releases the lock TryLockFile took on f.
+func UnlockFile(f *os.File) error {
 	return windows.UnlockFileEx(windows.Handle(f.Fd()), 0, 1, 0, new(windows.Overlapped))
 }

@@ -1,8 +1,9 @@
 // Package sqllock takes named, session-scoped locks that exclude the other processes sharing a
 // database, without waiting: PostgreSQL advisory locks, MySQL and MariaDB named locks
 // (GET_LOCK), and, for SQLite, an flock on a file beside the database file. Background jobs
-// that must run on one node at a time (the gap sweeper of package ordering) take one for the
-// length of a run.
+// that must run on one node at a time (the dedup purge, the gap sweeper of package ordering)
+// take one for the length of a run; TryLockFile is the file lock alone, for the SQLite outbox
+// relay's turns.
 package sqllock
 
 import (
@@ -33,8 +34,13 @@ const pgKey = `('x' || substr(md5('onceflow.lock.' || coalesce(current_schema(),
 const mysqlName = `CONCAT('onceflow.lock.', SHA1(CONCAT(IFNULL(DATABASE(), ''), '.', ?)))`
 
 // memLocks stand in for the file lock of SQLite databases without a file (in memory): the
-// processes cannot share those, so a lock within the process is enough.
-var memLocks sync.Map // name -> *sync.Mutex
+// processes cannot share those, so a lock within the process, per database, is enough.
+var memLocks sync.Map // memLock -> *sync.Mutex
+
+type memLock struct {
+	db   *sqldb.DB
+	name string
+}
 
 // TryLock takes the lock called name on db without waiting. When another session (another
 // process, or another connection of this one) holds it, held is false and release is nil.
@@ -99,7 +105,7 @@ func tryServer(ctx context.Context, db *sqldb.DB, lock, unlock, name string) (fu
 // the same name.
 func tryFile(db *sqldb.DB, name string) (func() error, bool, error) {
 	if db.Path == "" || strings.HasPrefix(db.Path, ":memory:") {
-		v, _ := memLocks.LoadOrStore(name, &sync.Mutex{})
+		v, _ := memLocks.LoadOrStore(memLock{db, name}, &sync.Mutex{})
 		mu := v.(*sync.Mutex)
 		if !mu.TryLock() {
 			return nil, false, nil
@@ -111,7 +117,7 @@ func tryFile(db *sqldb.DB, name string) (func() error, bool, error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("sqllock: %w", err)
 	}
-	held, err := tryLockFile(f)
+	held, err := TryLockFile(f)
 	if err != nil || !held {
 		_ = f.Close()
 		if err != nil {
@@ -120,7 +126,7 @@ func tryFile(db *sqldb.DB, name string) (func() error, bool, error) {
 		return nil, false, nil
 	}
 	release := func() error {
-		uerr := unlockFile(f)
+		uerr := UnlockFile(f)
 		if cerr := f.Close(); uerr == nil {
 			uerr = cerr
 		}
