@@ -7,6 +7,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -80,7 +81,7 @@ func (p *postgres) migrate(ctx context.Context) error {
 	t := sqldb.Postgres.Quote(p.s.table)
 	// Concurrent CREATE TABLE IF NOT EXISTS can fail with a unique violation on pg_type: the
 	// transaction-scoped advisory lock makes concurrent migrations take turns.
-	return inTx(ctx, p.s.db, []string{
+	return sqltx.Exec(ctx, p.s.db, []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
 	handler     VARCHAR(200) NOT NULL,
 	message_id  VARCHAR(255) NOT NULL,

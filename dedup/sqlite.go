@@ -7,6 +7,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -75,7 +76,7 @@ func (q *sqlite) migrate(ctx context.Context) error {
 	t := sqldb.SQLite.Quote(q.s.table)
 	// One transaction: SQLite runs one writer at a time, so concurrent migrations take turns.
 	// A rowid table, which Purge's batches address by rowid.
-	return inTx(ctx, q.s.db, []string{
+	return sqltx.Exec(ctx, q.s.db, []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
 	handler     VARCHAR(200) NOT NULL,
 	message_id  VARCHAR(255) NOT NULL,

@@ -493,30 +493,3 @@ func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any
 	}
 	return keys, rows.Close()
 }
-
-// inTx runs first and then stmts in one transaction on db, and commits. Any error rolls the
-// transaction back; a failed rollback is joined to the error.
-func inTx(ctx context.Context, db *sqldb.DB, stmts []string, first func(*sqlx.Tx) error) (err error) {
-	tx, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-				err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
-			}
-		}
-	}()
-	if first != nil {
-		if err := first(tx); err != nil {
-			return err
-		}
-	}
-	for _, stmt := range stmts {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return err
-		}
-	}
-	return tx.Commit()
-}

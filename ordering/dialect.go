@@ -2,12 +2,11 @@ package ordering
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -69,33 +68,6 @@ WHERE handler = ? AND blocked_since > 0`,
 const parkColumns = ` (handler, order_key, seq, message_id, message_ts, topic, headers, payload, internal_id, parked_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
-// inTx runs first and then stmts in one transaction on db, and commits. Any error rolls the
-// transaction back; a failed rollback is joined to the error.
-func inTx(ctx context.Context, db *sqldb.DB, stmts []string, first func(*sqlx.Tx) error) (err error) {
-	tx, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-				err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
-			}
-		}
-	}()
-	if first != nil {
-		if err := first(tx); err != nil {
-			return err
-		}
-	}
-	for _, stmt := range stmts {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return err
-		}
-	}
-	return tx.Commit()
-}
-
 // postgres is the PostgreSQL dialect. The key's state row is locked with SELECT ... FOR UPDATE;
 // a missing row is created with INSERT ... ON CONFLICT DO NOTHING, which does not abort the
 // transaction when a concurrent one created it first (it waits for that one, then sees its row).
@@ -117,7 +89,7 @@ func (postgres) queries(state, parked, skipped string) queries {
 
 func (postgres) migrate(ctx context.Context, db *sqldb.DB, state, parked, skipped string) error {
 	q := sqldb.Postgres.Quote
-	return inTx(ctx, db, []string{
+	return sqltx.Exec(ctx, db, []string{
 		`CREATE TABLE IF NOT EXISTS ` + q(state) + ` (
 	handler       VARCHAR(200) NOT NULL,
 	order_key     VARCHAR(255) NOT NULL,
@@ -167,7 +139,7 @@ ON CONFLICT (topic, order_key) DO UPDATE SET last_seq = s.last_seq + EXCLUDED.la
 }
 
 func (postgres) migrateSeq(ctx context.Context, db *sqldb.DB, table string) error {
-	return inTx(ctx, db, []string{`CREATE TABLE IF NOT EXISTS ` + sqldb.Postgres.Quote(table) + ` (
+	return sqltx.Exec(ctx, db, []string{`CREATE TABLE IF NOT EXISTS ` + sqldb.Postgres.Quote(table) + ` (
 	topic     VARCHAR(255) NOT NULL,
 	order_key VARCHAR(255) NOT NULL,
 	last_seq  BIGINT       NOT NULL,
@@ -277,7 +249,7 @@ func (sqlite) queries(state, parked, skipped string) queries {
 
 func (sqlite) migrate(ctx context.Context, db *sqldb.DB, state, parked, skipped string) error {
 	q := sqldb.SQLite.Quote
-	return inTx(ctx, db, []string{
+	return sqltx.Exec(ctx, db, []string{
 		`CREATE TABLE IF NOT EXISTS ` + q(state) + ` (
 	handler       TEXT    NOT NULL,
 	order_key     TEXT    NOT NULL,
@@ -324,7 +296,7 @@ ON CONFLICT (topic, order_key) DO UPDATE SET last_seq = last_seq + excluded.last
 }
 
 func (sqlite) migrateSeq(ctx context.Context, db *sqldb.DB, table string) error {
-	return inTx(ctx, db, []string{`CREATE TABLE IF NOT EXISTS ` + sqldb.SQLite.Quote(table) + ` (
+	return sqltx.Exec(ctx, db, []string{`CREATE TABLE IF NOT EXISTS ` + sqldb.SQLite.Quote(table) + ` (
 	topic     TEXT    NOT NULL,
 	order_key TEXT    NOT NULL,
 	last_seq  INTEGER NOT NULL,
