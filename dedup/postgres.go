@@ -2,8 +2,6 @@ package dedup
 
 import (
 	"context"
-	"strconv"
-	"strings"
 
 	"github.com/jmoiron/sqlx"
 
@@ -54,27 +52,8 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE expires_at <= $1 LIMIT $
 // recordMany runs one INSERT ... ON CONFLICT ... RETURNING: the rows it returns are the keys it
 // inserted or renewed. created_at and expires_at are $1 and $2 in every row.
 func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error) {
-	var b strings.Builder
-	b.Grow(len(p.manyPrefix) + len(p.manySuffix) + len(keys)*32)
-	b.WriteString(p.manyPrefix)
-	args := make([]any, 2, 2+3*len(keys))
-	args[0], args[1] = created, expires
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		n := 3 + 3*i
-		b.WriteString("($")
-		b.WriteString(strconv.Itoa(n))
-		b.WriteString(",$")
-		b.WriteString(strconv.Itoa(n + 1))
-		b.WriteString(",$")
-		b.WriteString(strconv.Itoa(n + 2))
-		b.WriteString(",$1,$2)")
-		args = append(args, k.Handler, k.MessageID, k.Timestamp)
-	}
-	b.WriteString(p.manySuffix)
-	return queryKeys(ctx, tx, b.String(), args, len(keys))
+	query, args := recordManyStatement(p.manyPrefix, p.manySuffix, "$", keys, created, expires)
+	return queryKeys(ctx, tx, query, args, len(keys))
 }
 
 func (p *postgres) migrate(ctx context.Context) error {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -471,6 +472,33 @@ func indexName(table string) string {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(table))
 	return fmt.Sprintf("%s_%08x%s", table[:63-len(suffix)-9], h.Sum32(), suffix)
+}
+
+// recordManyStatement builds the multi-row INSERT of recordMany on PostgreSQL ($n) and SQLite
+// (?n), whose placeholders are numbered: created and expires are the first two, and every row
+// refers to them.
+func recordManyStatement(prefix, suffix, mark string, keys []Key, created, expires int64) (string, []any) {
+	var b strings.Builder
+	b.Grow(len(prefix) + len(suffix) + len(keys)*32)
+	b.WriteString(prefix)
+	args := make([]any, 2, 2+3*len(keys))
+	args[0], args[1] = created, expires
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		n := 3 + 3*i
+		b.WriteString("(" + mark)
+		b.WriteString(strconv.Itoa(n))
+		b.WriteString("," + mark)
+		b.WriteString(strconv.Itoa(n + 1))
+		b.WriteString("," + mark)
+		b.WriteString(strconv.Itoa(n + 2))
+		b.WriteString("," + mark + "1," + mark + "2)")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp)
+	}
+	b.WriteString(suffix)
+	return b.String(), args
 }
 
 // queryKeys runs query on tx and scans the keys it returns as (handler, message_id, message_ts).
