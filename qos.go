@@ -12,8 +12,9 @@ type QoS int
 // The qualities of service. The zero value is not valid: a handler must choose.
 const (
 	// BestEffort acknowledges a message on receipt, then processes it in a transaction. A crash
-	// or an error after the ack loses the message. It exists to show, by measurement, what
-	// early acknowledgement costs.
+	// or an error after the ack loses the message. A handler acks a message only once one of
+	// its Concurrency slots is free, so it processes no more messages at once than the other
+	// levels. It exists to show, by measurement, what early acknowledgement costs.
 	BestEffort QoS = iota + 1
 	// AtLeastOnce processes each message in a transaction and acknowledges it after the commit,
 	// without duplicate detection: nothing is lost, and a redelivery after a commit (a crash

@@ -169,6 +169,7 @@ func (r *Router) AddHandler(h Handler) error {
 		chain:        chain,
 		reject:       reject,
 		ackOnReceipt: h.QoS == BestEffort,
+		slots:        make(chan struct{}, max(h.Concurrency, 1)),
 		logger:       info.Logger,
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
 	}
@@ -337,8 +338,13 @@ type handler struct {
 	chain        processor.Processor
 	reject       processor.Processor
 	ackOnReceipt bool
-	logger       *slog.Logger
-	attrs        metric.MeasurementOption
+	// slots bounds the deliveries being processed after an ack on receipt to Concurrency: the
+	// subscriber hands over the next message as soon as one is acked, and watermill runs each
+	// in a goroutine of its own, so without it a BestEffort handler would take every message
+	// the broker has, each holding a database connection.
+	slots  chan struct{}
+	logger *slog.Logger
+	attrs  metric.MeasurementOption
 }
 
 // handle is the watermill handler function. It acks or nacks the message itself and always
@@ -353,6 +359,8 @@ func (h *handler) handle(msg *message.Message) error {
 	st := &delivery.State{Handler: h.name, Received: time.Now()}
 	ctx := delivery.With(msg.Context(), st)
 	if h.ackOnReceipt {
+		h.slots <- struct{}{}
+		defer func() { <-h.slots }()
 		msg.Ack()
 		// The delivery is over for the broker, and subscribers end a message's context once it
 		// is acked: the processing that follows must not end with it.

@@ -498,3 +498,42 @@ func TestMalformedJSONPayload_IsDeadLetteredNotRetried(t *testing.T) {
 		require.Equal(t, 0, countDedup(t, f.db, "m-8"), "the dead-lettered message is not recorded: a replay is processed")
 	})
 }
+
+// A BestEffort handler acks on receipt, and the subscriber then hands over the next message at
+// once: the handler still processes at most Concurrency messages at a time, or it would take
+// every message the broker holds, each with a database connection of its own.
+func TestBestEffort_ProcessesAtMostConcurrencyMessagesAtOnce(t *testing.T) {
+	t.Parallel()
+	const concurrency, messages = 2, 12
+	f := newFixture(t, testsvc.Databases()[0]) // sqlite
+	var inflight, peak, done atomic.Int32
+	release := make(chan struct{})
+	f.startRouter(t, onceflow.Handler{
+		QoS:         onceflow.BestEffort,
+		Concurrency: concurrency,
+		// No transaction: SQLite would make the deliveries take turns at its one writer.
+		Interceptors: []string{onceflow.InterceptorRecover},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			n := inflight.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			<-release
+			inflight.Add(-1)
+			done.Add(1)
+			return nil
+		}),
+	})
+	for i := range messages {
+		f.publish(t, fmt.Sprintf("best-effort-%d", i), `{}`)
+	}
+
+	testsvc.Eventually(t, 15*time.Second, func() bool { return inflight.Load() >= concurrency },
+		"the processor never held %d messages at once", concurrency)
+	require.Never(t, func() bool { return inflight.Load() > concurrency }, 200*time.Millisecond, 5*time.Millisecond,
+		"more messages than Concurrency were processed at once")
+	close(release)
+	testsvc.Eventually(t, 15*time.Second, func() bool { return done.Load() == messages },
+		"not every one of %d messages was processed", messages)
+	require.EqualValues(t, concurrency, peak.Load())
+	require.Equal(t, messages, f.broker.TotalAcks())
+}
