@@ -19,10 +19,11 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(BIN)/onceflow ./cmd/onceflow
 
-## test: vet, then every test against the embedded default and the loopback services
+## test: vet, then every test against the embedded default and the loopback services, one package at
+## a time: several packages at once would share PostgreSQL's 100 connections and the 2 cores
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test -count=1 -timeout 15m $(PKGS)
+	$(GO) test -count=1 -p 1 -timeout 15m $(PKGS)
 
 ## test-order-full: the ExactlyOnceInOrder multi-process test at the size of issue 7 (1,000 keys x
 ## 100 messages, shuffled and duplicated, 3 consumer processes killed 12 times), on SQLite and on
