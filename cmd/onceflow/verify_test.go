@@ -30,14 +30,15 @@ func TestMain(m *testing.M) {
 
 type verifyJSON struct {
 	Modes []struct {
-		Mode       string  `json:"mode"`
-		Messages   int     `json:"messages"`
-		Kills      int     `json:"kills"`
-		Cuts       int     `json:"connection_cuts"`
-		Lost       int     `json:"lost"`
-		Duplicated int     `json:"duplicated"`
-		OutOfOrder *int    `json:"order_violations"`
-		MsgsPerS   float64 `json:"msgs_per_s"`
+		Mode       string         `json:"mode"`
+		Messages   int            `json:"messages"`
+		Kills      int            `json:"kills"`
+		Cuts       int            `json:"connection_cuts"`
+		Lost       int            `json:"lost"`
+		Duplicated int            `json:"duplicated"`
+		Crashes    map[string]int `json:"crash_point_kills"`
+		OutOfOrder *int           `json:"order_violations"`
+		MsgsPerS   float64        `json:"msgs_per_s"`
 	} `json:"modes"`
 }
 
@@ -96,7 +97,14 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool) {
 	require.Zero(t, *inOrder.OutOfOrder, "ExactlyOnceInOrder applied a key's messages out of order")
 	atLeast := r.Modes[byMode["AtLeastOnce"]]
 	require.Zero(t, atLeast.Lost, "AtLeastOnce lost messages")
-	require.Positive(t, atLeast.Duplicated, "a crash after commit, before ack, duplicates without dedup")
+	// A consumer killed after its commit and before its ack duplicates the effect without
+	// dedup. A random kill may do it too, but only the armed crash point is certain to; it
+	// fires unless the run ends before the armed consumer receives its next messages.
+	if atLeast.Crashes["after-commit"] > 0 {
+		require.Positive(t, atLeast.Duplicated, "a crash after commit, before ack, duplicates without dedup")
+	} else {
+		t.Logf("AtLeastOnce: the after-commit crash point did not fire (%d duplicated)", atLeast.Duplicated)
+	}
 	require.Positive(t, r.Modes[byMode["BestEffort"]].Lost, "acking on receipt loses the messages in flight at a kill")
 }
 

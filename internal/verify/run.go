@@ -68,7 +68,9 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 
 	// Faults are placed by progress, evenly over the run: a kill each Messages/(Kills+1)
 	// processed messages, and likewise a cut.
-	killsDone, cutsDone, crashTurn := 0, 0, rng.IntN(len(CrashPoints))
+	// The crash points take turns from after-commit, the window that tells AtLeastOnce from
+	// ExactlyOnce, so that even a short run arms it.
+	killsDone, cutsDone, crashTurn := 0, 0, slices.Index(CrashPoints, AfterCommit)
 	cuts := cfg.Cuts
 	if !px.cuttable() {
 		cuts = 0
