@@ -328,6 +328,9 @@ type PurgeResult struct {
 // DefaultPurgeBatchSize is the batch size of a Purge whose BatchSize is zero.
 const DefaultPurgeBatchSize = 1000
 
+// purgeLockName names the lock that one Purge of the table holds at a time.
+func (s *SQLStore) purgeLockName() string { return s.table + ".purge" }
+
 // Purge deletes expired keys in batches of BatchSize, each its own statement outside any
 // transaction, until a batch deletes fewer than BatchSize rows, MaxBatches batches have run,
 // or ctx ends. It deletes exactly the rows that Record and Lookup treat as expired at the
@@ -338,9 +341,6 @@ const DefaultPurgeBatchSize = 1000
 // "<database file>.<table>.purge.lock" beside the database. When another purge holds the lock,
 // Purge returns at once with Skipped set and a nil error. On error, the result counts what was
 // deleted before it.
-// purgeLockName names the lock that one Purge of the table holds at a time.
-func (s *SQLStore) purgeLockName() string { return s.table + ".purge" }
-
 func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
 	if opts.BatchSize < 0 {
 		return res, fmt.Errorf("dedup: Purge: BatchSize: must not be negative, got %d", opts.BatchSize)
