@@ -180,7 +180,7 @@ func (r *Router) AddHandler(h Handler) error {
 		if n > 1 {
 			name = fmt.Sprintf("%s#%d", h.Name, i+1)
 		}
-		r.wr.AddNoPublisherHandler(name, h.Topic, sub, hd.handle)
+		r.wr.AddConsumerHandler(name, h.Topic, sub, hd.handle)
 	}
 	r.names[h.Name] = true
 	r.initHandlerMetrics(h.Name)

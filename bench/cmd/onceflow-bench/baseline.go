@@ -93,7 +93,7 @@ func (s *suite) startBaseline(ctx context.Context, st setup, brokerURL string, d
 		return nil, err
 	}
 	for i := range c {
-		r.AddNoPublisherHandler(fmt.Sprintf("baseline-%d", i), topic, sub, handle)
+		r.AddConsumerHandler(fmt.Sprintf("baseline-%d", i), topic, sub, handle)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, 1)
