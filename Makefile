@@ -31,7 +31,8 @@ test:
 test-order-full:
 	ONCEFLOW_ORDER_FULL=1 $(GO) test -count=1 -timeout 40m -v -run 'TestInOrder_ShuffledDuplicated' ./ordering
 
-## race: the tests under the race detector (slower)
+## race: the tests under the race detector (slower; docs/brokers.md lists two races inside
+## watermill-amqp and watermill-nats that it may report)
 race:
 	$(GO) test -count=1 -race -timeout 30m $(PKGS)
 
