@@ -25,7 +25,7 @@ type amqpFixture struct {
 }
 
 func setupAMQP(t *testing.T) *amqpFixture {
-	f := setup(t, scheme{name: "amqp", url: testsvc.AMQPURL, cleanup: cleanupAMQP}, testTimings)
+	f := setup(t, scheme{name: "amqp", url: testsvc.AMQPURL, cleanup: removeTopic}, testTimings)
 	conn, err := amqp.Dial(testsvc.AMQPURL(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

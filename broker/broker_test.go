@@ -29,12 +29,12 @@ type scheme struct {
 
 func schemes() []scheme {
 	return []scheme{
-		{name: "amqp", url: testsvc.AMQPURL, cleanup: cleanupAMQP},
+		{name: "amqp", url: testsvc.AMQPURL, cleanup: removeTopic},
 		{name: "postgres", url: testsvc.PostgresSchemaURL},
 		{name: "mysql", url: testsvc.MySQLDatabaseURL},
 		{name: "sqlite", url: testsvc.SQLiteURL},
-		{name: "nats", url: testsvc.NATSURL, cleanup: cleanupNATS},
-		{name: "redis", url: testsvc.RedisURL, cleanup: cleanupRedis},
+		{name: "nats", url: testsvc.NATSURL, cleanup: removeTopic},
+		{name: "redis", url: testsvc.RedisURL, cleanup: removeTopic},
 		{name: "mem", url: func(testing.TB) string { return "mem://" + testsvc.UniqueName("mem") }},
 	}
 }

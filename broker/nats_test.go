@@ -13,7 +13,7 @@ import (
 
 func TestNATS_RepublishOfTheSameUUIDIsDroppedWithinTheDuplicateWindow(t *testing.T) {
 	t.Parallel()
-	f := setup(t, scheme{name: "nats", url: testsvc.NATSURL, cleanup: cleanupNATS}, testTimings)
+	f := setup(t, scheme{name: "nats", url: testsvc.NATSURL, cleanup: removeTopic}, testTimings)
 	b := f.open(broker.Options{})
 	f.publish(b, f.message(1))
 	f.publish(b, f.message(1)) // a publisher retrying after a lost JetStream ack
@@ -22,7 +22,7 @@ func TestNATS_RepublishOfTheSameUUIDIsDroppedWithinTheDuplicateWindow(t *testing
 
 func TestNATS_HeaderNATSMsgIDReplacesTheUUIDAsNatsMsgID(t *testing.T) {
 	t.Parallel()
-	f := setup(t, scheme{name: "nats", url: testsvc.NATSURL, cleanup: cleanupNATS}, testTimings)
+	f := setup(t, scheme{name: "nats", url: testsvc.NATSURL, cleanup: removeTopic}, testTimings)
 	b := f.open(broker.Options{})
 	f.publish(b, f.message(1))
 	again := f.message(1)
@@ -41,7 +41,7 @@ func TestNATS_HeaderNATSMsgIDReplacesTheUUIDAsNatsMsgID(t *testing.T) {
 
 func TestNATS_MessageDeadLetteredTwiceWithinTheDuplicateWindowIsKeptTwice(t *testing.T) {
 	t.Parallel()
-	f := setup(t, scheme{name: "nats", url: testsvc.NATSURL, cleanup: cleanupNATS}, testTimings)
+	f := setup(t, scheme{name: "nats", url: testsvc.NATSURL, cleanup: removeTopic}, testTimings)
 	b := f.open(broker.Options{})
 	deadLetter := func(at string) *message.Message {
 		m := f.message(1)

@@ -61,7 +61,7 @@ func newFixture(t *testing.T, s Setup, features Features, mode Mode) *fixture {
 	f.logger = slog.New(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	f.brokerURL = s.BrokerURL(t)
 	// Registered before the brokers and routers, so it runs after they have closed.
-	t.Cleanup(func() { removeTopics(t, f.brokerURL, broker.DefaultConsumerGroup, f.usedTopics()) })
+	t.Cleanup(func() { testsvc.RemoveTopics(t, f.brokerURL, []string{broker.DefaultConsumerGroup}, f.usedTopics()...) })
 	f.dlq = f.topic("dlq")
 
 	dbURL := s.DatabaseURL(t)

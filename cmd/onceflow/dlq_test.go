@@ -14,9 +14,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/nats-io/nats.go"
-	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -44,12 +41,12 @@ type dlqBroker struct {
 
 func dlqBrokers() []dlqBroker {
 	return []dlqBroker{
-		{name: "amqp", url: testsvc.AMQPURL, cleanup: cleanupAMQP},
+		{name: "amqp", url: testsvc.AMQPURL, cleanup: removeTopics},
 		{name: "postgres", url: testsvc.PostgresSchemaURL},
 		{name: "mysql", url: testsvc.MySQLDatabaseURL},
 		{name: "sqlite", url: func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
-		{name: "nats", url: testsvc.NATSURL, cleanup: cleanupNATS},
-		{name: "redis", url: testsvc.RedisURL, cleanup: cleanupRedis},
+		{name: "nats", url: testsvc.NATSURL, cleanup: removeTopics},
+		{name: "redis", url: testsvc.RedisURL, cleanup: removeTopics},
 	}
 }
 
@@ -392,60 +389,7 @@ func TestDLQ_GroupFlagOverridesTheURL(t *testing.T) {
 	require.Equal(t, onceflow.DefaultDeadLetterTopic, rep.Topic)
 }
 
-// The cleanup functions remove what a test left on a shared server. They report failures
-// without failing the test: a leftover queue is not a wrong result.
-
-func cleanupAMQP(t testing.TB, rawURL, group string, topics ...string) {
-	conn, err := amqp.Dial(rawURL)
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer ch.Close()
-	for _, topic := range topics {
-		if _, err := ch.QueueDelete(topic+"."+group, false, false, false); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-		if err := ch.ExchangeDelete(topic, false, false); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	}
-}
-
-func cleanupNATS(t testing.TB, rawURL, _ string, topics ...string) {
-	nc, err := nats.Connect(rawURL)
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer nc.Close()
-	js, err := nc.JetStream()
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	for _, topic := range topics {
-		if err := js.DeleteStream(topic); err != nil && !errors.Is(err, nats.ErrStreamNotFound) {
-			t.Logf("cleanup: %v", err)
-		}
-	}
-}
-
-func cleanupRedis(t testing.TB, rawURL, _ string, topics ...string) {
-	opts, err := redis.ParseURL(rawURL)
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	c := redis.NewClient(opts)
-	defer c.Close()
-	if err := c.Del(context.Background(), topics...).Err(); err != nil {
-		t.Logf("cleanup: %v", err)
-	}
+// removeTopics removes what a test left on a shared server for its topics.
+func removeTopics(t testing.TB, rawURL, group string, topics ...string) {
+	testsvc.RemoveTopics(t, rawURL, []string{group}, topics...)
 }

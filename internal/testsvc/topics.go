@@ -1,0 +1,118 @@
+package testsvc
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+)
+
+// RemoveTopics removes what a test left on a shared broker server for its topics: on RabbitMQ
+// the topics' exchanges and the queues of groups (and of the group the URL names), on NATS the
+// streams that hold the topics (with their consumers), on Redis the streams. Brokers that keep
+// their messages in a database or a file of the test's own need nothing. Failures are logged,
+// not reported: a leftover queue is not a wrong result.
+func RemoveTopics(t testing.TB, brokerURL string, groups []string, topics ...string) {
+	if len(topics) == 0 {
+		return
+	}
+	u, err := url.Parse(brokerURL)
+	if err != nil {
+		t.Logf("cleanup of topics %v: %v", topics, err)
+		return
+	}
+	if g := u.Query().Get("group"); g != "" {
+		groups = append(groups, g)
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "amqp", "amqps":
+		err = removeAMQP(brokerURL, groups, topics)
+	case "nats":
+		err = removeNATS(brokerURL, topics)
+	case "redis", "rediss":
+		err = removeRedis(brokerURL, topics)
+	}
+	if err != nil {
+		t.Logf("cleanup of topics %v: %v", topics, err)
+	}
+}
+
+// removeAMQP deletes the queues <topic>.<group> and the exchanges <topic>.
+func removeAMQP(brokerURL string, groups, topics []string) error {
+	conn, err := amqp.Dial(brokerURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var errs []error
+	// A name that was never declared makes RabbitMQ close the channel with NOT_FOUND: one
+	// channel per deletion.
+	del := func(f func(*amqp.Channel) error) {
+		ch, err := conn.Channel()
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		defer ch.Close()
+		var e *amqp.Error
+		if err := f(ch); err != nil && !(errors.As(err, &e) && e.Code == amqp.NotFound) {
+			errs = append(errs, err)
+		}
+	}
+	for _, topic := range topics {
+		for _, group := range groups {
+			del(func(ch *amqp.Channel) error {
+				_, err := ch.QueueDelete(topic+"."+group, false, false, false)
+				return err
+			})
+		}
+		del(func(ch *amqp.Channel) error { return ch.ExchangeDelete(topic, false, false) })
+	}
+	return errors.Join(errs...)
+}
+
+// removeNATS deletes the stream that holds each topic's subject.
+func removeNATS(brokerURL string, topics []string) error {
+	nc, err := nats.Connect(brokerURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := nc.JetStream()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, topic := range topics {
+		name, err := js.StreamNameBySubject(topic)
+		if errors.Is(err, nats.ErrNoMatchingStream) || errors.Is(err, nats.ErrStreamNotFound) {
+			continue
+		}
+		if err == nil {
+			err = js.DeleteStream(name)
+		}
+		if err != nil && !errors.Is(err, nats.ErrStreamNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeRedis deletes the topics' streams.
+func removeRedis(brokerURL string, topics []string) error {
+	opts, err := redis.ParseURL(brokerURL)
+	if err != nil {
+		return err
+	}
+	c := redis.NewClient(opts)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return c.Del(ctx, topics...).Err()
+}
