@@ -57,21 +57,9 @@ func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 }
 
 func (p *postgres) migrate(ctx context.Context) error {
-	t := sqldb.Postgres.Quote(p.s.table)
 	// Concurrent CREATE TABLE IF NOT EXISTS can fail with a unique violation on pg_type: the
 	// transaction-scoped advisory lock makes concurrent migrations take turns.
-	return sqltx.Exec(ctx, p.s.db, []string{
-		`CREATE TABLE IF NOT EXISTS ` + t + ` (
-	handler     VARCHAR(200) NOT NULL,
-	message_id  VARCHAR(255) NOT NULL,
-	message_ts  BIGINT       NOT NULL DEFAULT 0,
-	internal_id VARCHAR(64),
-	created_at  BIGINT       NOT NULL,
-	expires_at  BIGINT       NOT NULL,
-	PRIMARY KEY (handler, message_id, message_ts)
-)`,
-		`CREATE INDEX IF NOT EXISTS ` + sqldb.Postgres.Quote(indexName(p.s.table)) + ` ON ` + t + ` (expires_at)`,
-	}, func(tx *sqlx.Tx) error {
+	return sqltx.Exec(ctx, p.s.db, createTable(sqldb.Postgres, p.s.table), func(tx *sqlx.Tx) error {
 		_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", p.s.table)
 		return err
 	})

@@ -52,19 +52,7 @@ func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key,
 }
 
 func (q *sqlite) migrate(ctx context.Context) error {
-	t := sqldb.SQLite.Quote(q.s.table)
 	// One transaction: SQLite runs one writer at a time, so concurrent migrations take turns.
 	// A rowid table, which Purge's batches address by rowid.
-	return sqltx.Exec(ctx, q.s.db, []string{
-		`CREATE TABLE IF NOT EXISTS ` + t + ` (
-	handler     VARCHAR(200) NOT NULL,
-	message_id  VARCHAR(255) NOT NULL,
-	message_ts  BIGINT       NOT NULL DEFAULT 0,
-	internal_id VARCHAR(64),
-	created_at  BIGINT       NOT NULL,
-	expires_at  BIGINT       NOT NULL,
-	PRIMARY KEY (handler, message_id, message_ts)
-)`,
-		`CREATE INDEX IF NOT EXISTS ` + sqldb.SQLite.Quote(indexName(q.s.table)) + ` ON ` + t + ` (expires_at)`,
-	}, nil)
+	return sqltx.Exec(ctx, q.s.db, createTable(sqldb.SQLite, q.s.table), nil)
 }

@@ -474,6 +474,24 @@ func indexName(table string) string {
 	return fmt.Sprintf("%s_%08x%s", table[:63-len(suffix)-9], h.Sum32(), suffix)
 }
 
+// createTable returns the statements that create the table and its expiry index on PostgreSQL
+// and SQLite, which share them (MySQL declares the index inside CREATE TABLE).
+func createTable(d sqldb.Dialect, table string) []string {
+	t := d.Quote(table)
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + t + ` (
+	handler     VARCHAR(200) NOT NULL,
+	message_id  VARCHAR(255) NOT NULL,
+	message_ts  BIGINT       NOT NULL DEFAULT 0,
+	internal_id VARCHAR(64),
+	created_at  BIGINT       NOT NULL,
+	expires_at  BIGINT       NOT NULL,
+	PRIMARY KEY (handler, message_id, message_ts)
+)`,
+		`CREATE INDEX IF NOT EXISTS ` + d.Quote(indexName(table)) + ` ON ` + t + ` (expires_at)`,
+	}
+}
+
 // recordManyStatement builds the multi-row INSERT of recordMany on PostgreSQL ($n) and SQLite
 // (?n), whose placeholders are numbered: created and expires are the first two, and every row
 // refers to them.
