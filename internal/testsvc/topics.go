@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ func RemoveTopics(t testing.TB, brokerURL string, groups []string, topics ...str
 		return
 	}
 	if g := u.Query().Get("group"); g != "" {
-		groups = append(groups, g)
+		groups = append(slices.Clip(groups), g)
 	}
 	switch strings.ToLower(u.Scheme) {
 	case "amqp", "amqps":
