@@ -144,6 +144,11 @@ type backend struct {
 	preparePublish func(topic string) error
 	// newSubscriber makes an upstream subscriber: one consumer.
 	newSubscriber func() (message.Subscriber, error)
+	// native says that the upstream subscriber keeps many deliveries in flight per
+	// subscription, delays redelivery of nacked messages itself, gives back what a closing
+	// consumer holds, and puts a redelivery.Info in each message's context: the Broker's
+	// subscriber hands its messages through untouched, without the relay below.
+	native bool
 	// relayNackDelay is the delay the relay applies before passing a nack upstream, for
 	// adapters that would redeliver at once. Zero when the adapter delays itself.
 	relayNackDelay time.Duration

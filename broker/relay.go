@@ -96,6 +96,9 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := s.b.checkTopic(topic); err != nil {
 		return nil, err
 	}
+	if s.b.be.native {
+		return s.subscribeNative(ctx, topic)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -129,6 +132,23 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 	}()
 	return out, nil
+}
+
+// subscribeNative subscribes on an adapter that keeps many deliveries in flight itself
+// (backend.native): its channel is handed out as it is. The adapter ends the subscription when
+// ctx ends or it closes, and settles what it has handed out as its documentation says.
+func (s *subscriber) subscribeNative(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	in, err := s.up.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, scrub(fmt.Errorf("broker: subscribe to %q on %s: %w", topic, s.b.redacted, err), s.b.secrets)
+	}
+	return in, nil
 }
 
 // relay passes messages from in to out, one at a time, and each one's ack or nack back.
