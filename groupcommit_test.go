@@ -75,10 +75,10 @@ func TestGroupCommit_ConcurrentDeliveriesShareOneCommitAndNoneIsAckedBeforeIt(t 
 		require.NoError(t, err)
 		require.NoError(t, store.Migrate(context.Background()))
 		held := &heldDB{db: f.db, committing: make(chan struct{}), release: make(chan struct{})}
-		// The group starts once all n deliveries have joined it, never by waiting.
+		// The group starts once all n deliveries have joined it (it is full), never by waiting.
 		register := func(r *onceflow.Router) {
 			require.NoError(t, r.RegisterInterceptor("held-group-commit", func(h onceflow.HandlerInfo) (middleware.Middleware, error) {
-				return middleware.GroupCommit(held, store, h.Name, middleware.WithConcurrency(n), middleware.WithMaxWait(time.Minute))
+				return middleware.GroupCommit(held, store, h.Name, middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Minute))
 			}))
 		}
 		f.startRouter(t, onceflow.Handler{
@@ -154,7 +154,7 @@ func TestGroupCommit_CloseLetsAGroupInFlightCommitAndAck(t *testing.T) {
 	// Both messages are in the group, which waits for nothing else.
 	require.NoError(t, r.AddHandler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: b.Subscriber(), DB: db, QoS: onceflow.ExactlyOnce,
-		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxWait: time.Minute},
+		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxSize: 2, MaxWait: time.Minute},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			first.Do(func() {
 				close(entered)
@@ -199,7 +199,7 @@ func TestGroupCommit_CloseNeverAcksAGroupThatDidNotCommit(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.AddHandler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: b.Subscriber(), DB: db, QoS: onceflow.ExactlyOnce,
-		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxWait: time.Minute},
+		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxSize: 2, MaxWait: time.Minute},
 		Retry: onceflow.RetryConfig{MaxAttempts: 1},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if err := applyEffect(ctx, msg); err != nil {

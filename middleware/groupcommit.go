@@ -37,13 +37,13 @@ var _ GroupStore = (*dedup.SQLStore)(nil)
 
 // Group commit defaults.
 const (
-	// DefaultMaxGroupSize is the most members of one group. It is PostgreSQL's per-session
-	// cache of subtransaction ids: every member that writes under its savepoint takes one, and
-	// a transaction with more overflows the cache, which slows every snapshot taken on the
-	// server while it runs.
+	// DefaultMaxGroupSize is the most members of one group.
 	DefaultMaxGroupSize = 64
-	// DefaultMaxGroupWait is the longest a group waits for more members after its first.
-	DefaultMaxGroupWait = 5 * time.Millisecond
+	// DefaultMaxGroupWait is how long a group waits for more members after its first when a
+	// transaction could start at once: none. Messages that arrive while the handler's
+	// transactions are busy form the next group by themselves, so groups grow with the load
+	// and a message arriving at a quiet moment is not held back.
+	DefaultMaxGroupWait time.Duration = 0
 )
 
 // AttrGroupSize is the number of members of the group whose transaction committed a message,
@@ -51,20 +51,20 @@ const (
 const AttrGroupSize = attribute.Key("onceflow.group.size")
 
 // ErrGroupAborted reports a member of a group whose own processing succeeded, or never ran,
-// but whose group's transaction was rolled back: a statement of the group itself failed (the
-// savepoint of another member could not be rolled back, the connection was lost, ...). Nothing
-// of the member was committed; the error is retryable.
+// but whose group's transaction was rolled back: a statement of the group itself failed (BEGIN,
+// the id insert, a savepoint, the connection was lost, ...). Nothing of the member was
+// committed; the error is retryable.
 var ErrGroupAborted = errors.New("group transaction rolled back")
 
 // errCopyFailed reports an in-group copy of a message whose first copy in the same group was
 // not committed: the copy is retried rather than taken for a duplicate.
 var errCopyFailed = errors.New("another copy of this message in the same group was not committed")
 
-// savepointName is the savepoint set before each member; PostgreSQL, MySQL, MariaDB and SQLite
-// share the syntax. Every member reuses the name and none is released, which saves a round
-// trip per member: PostgreSQL and SQLite nest a savepoint inside the one of the same name before
-// it, MySQL replaces that one, and either way ROLLBACK TO SAVEPOINT returns to the newest, the
-// failing member's own. COMMIT ends them all.
+// savepointName is the savepoint set before each member once a member of its group has failed;
+// PostgreSQL, MySQL, MariaDB and SQLite share the syntax. Every member reuses the name and none
+// is released, which saves a round trip per member: PostgreSQL and SQLite nest a savepoint
+// inside the one of the same name before it, MySQL replaces that one, and either way ROLLBACK
+// TO SAVEPOINT returns to the newest, the failing member's own. COMMIT ends them all.
 const savepointName = "onceflow_member"
 
 // GroupOption configures GroupCommit and GroupTransaction. Besides the options below,
@@ -83,30 +83,36 @@ func (o DedupOption) applyGroup(c *groupConfig) {
 	c.dedupOptions = true
 }
 
-// WithMaxGroupSize sets the most messages one group holds; a full group starts at once.
-// Defaults to DefaultMaxGroupSize. 1 turns grouping off: every message has a transaction of its
-// own.
+// WithMaxGroupSize sets the most messages one group holds; a full group starts as soon as a
+// transaction may. Defaults to DefaultMaxGroupSize. 1 turns grouping off: every message has a
+// transaction of its own.
 func WithMaxGroupSize(n int) GroupOption {
 	return groupOptionFunc(func(c *groupConfig) { c.maxSize = n })
 }
 
-// WithMaxWait sets the longest a group waits for more members after its first one joined.
-// Defaults to DefaultMaxGroupWait. 0 sets no timer: a group starts as soon as no other group
-// of the chain is running, so the messages that arrive while one runs form the next.
+// WithMaxWait sets how long a group that is not full waits for more members after its first
+// one joined, when a transaction could start at once. Defaults to DefaultMaxGroupWait (0: it
+// starts at once). A group never waits for a transaction to be free longer than that takes:
+// while every transaction is busy, the messages that arrive form the next group, which starts
+// as soon as one is free.
 func WithMaxWait(d time.Duration) GroupOption {
 	return groupOptionFunc(func(c *groupConfig) { c.maxWait = d })
 }
 
-// WithConcurrency tells the middleware how many deliveries can be in it at once (the router
-// passes Handler.Concurrency). When no other group is running and every delivery expected in
-// flight has joined the open group, waiting cannot bring another member, so the group starts
-// at once instead of waiting for MaxWait. The expectation starts at n; a group that waited
-// MaxWait lowers it to the deliveries that had come by then (a broker that delivers fewer
-// messages at once than n, such as a queue that serialises its consumers, then costs no wait
-// after the first), and it grows back, up to n, when more deliveries are in flight. Defaults to
-// 0, unknown: a group waits until it is full or MaxWait passes.
+// WithConcurrency sets how many groups may have their transactions running at once, each on a
+// connection of its own: while some commit, the next ones collect their members. The router
+// passes Handler.Concurrency. Defaults to 1.
 func WithConcurrency(n int) GroupOption {
 	return groupOptionFunc(func(c *groupConfig) { c.concurrency = n })
+}
+
+// WithBatch makes the group hand its new messages to b in one call, instead of running the
+// rest of the chain for each: b's ProcessBatch runs in the group's transaction and may write
+// all of them with one statement. The middleware then ignores the processor it wraps; nothing
+// may stand between it and the processor in the chain. processor.Batch documents what b's
+// result does to each message.
+func WithBatch(b processor.Batch) GroupOption {
+	return groupOptionFunc(func(c *groupConfig) { c.batch = b })
 }
 
 type groupConfig struct {
@@ -116,6 +122,7 @@ type groupConfig struct {
 	txOpts       sql.TxOptions
 	dedup        dedupConfig
 	dedupOptions bool
+	batch        processor.Batch
 	hooks        groupHooks
 }
 
@@ -126,7 +133,7 @@ type groupHooks struct {
 }
 
 func newGroupConfig(opts []GroupOption) (groupConfig, error) {
-	cfg := groupConfig{maxSize: DefaultMaxGroupSize, maxWait: DefaultMaxGroupWait}
+	cfg := groupConfig{maxSize: DefaultMaxGroupSize, maxWait: DefaultMaxGroupWait, concurrency: 1}
 	for _, o := range opts {
 		o.applyGroup(&cfg)
 	}
@@ -140,6 +147,7 @@ func newGroupConfig(opts []GroupOption) (groupConfig, error) {
 	case cfg.dedup.checkFirst:
 		return cfg, errors.New("CheckFirst: not supported by group commit (a group records its keys with one multi-row insert, without internal ids)")
 	}
+	cfg.concurrency = max(cfg.concurrency, 1)
 	return cfg, nil
 }
 
@@ -148,28 +156,38 @@ func newGroupConfig(opts []GroupOption) (groupConfig, error) {
 // work of Transaction and Deduplicate, with one commit for many messages. It replaces both in
 // a chain; Retry stays outside it, so each attempt of a message joins a group of its own.
 //
-// Each message joins the open group and waits. A group starts when it holds MaxSize messages,
-// when MaxWait has passed since its first message joined, or when no other group is running
-// and every delivery expected in flight has joined it (see WithConcurrency). Its transaction
-// then:
+// Each message joins the open group and waits. Up to WithConcurrency groups run at once; a
+// group starts when a transaction may start and it is full, or its MaxWait has passed (at
+// once by default). While every transaction is busy, arriving messages collect in the next
+// group, up to MaxSize, so groups grow with the load. A group's transaction:
 //
 //  1. records the ids of all members with one multi-row statement (GroupStore.RecordMany);
 //     a member whose id is recorded already is a duplicate and is not processed;
-//  2. runs the rest of the chain for each new member in turn, in the order they joined, under a
-//     SAVEPOINT of its own: a member that returns an error or panics is rolled back to its
-//     savepoint and its id is deleted again, so that its redelivery is processed, while the
-//     others go on (on PostgreSQL, a failed statement spoils only the savepoint);
+//  2. runs the rest of the chain for each new member in turn, in the order they joined (or,
+//     with WithBatch, hands all of them to the batch processor in one call);
 //  3. commits once.
 //
+// Nothing is paid per member for isolating failures on the way to a commit that succeeds.
+// When a member fails (an error or a panic of its own), the transaction is rolled back and the
+// group runs again without it, each remaining member then under a SAVEPOINT of its own, so
+// that a further failure rolls back alone. A batch that fails names its failing messages
+// (processor.ErrorFor) and runs again without them, or, when it names none, is split in halves
+// that run on their own until the failing messages are found; a lost connection, a
+// serialization failure or a deadlock fails the whole group retryably instead.
+//
 // Each message then gets its own outcome, as Transaction and Deduplicate would give it, and
-// only after the transaction's outcome is known: nil once the commit succeeded (the router
-// acks); its own error or panic, re-raised in its own goroutine, when it was rolled back alone;
+// only after the outcome of the transaction that holds its effect is known: nil once that
+// commit succeeded (the router acks); its own error or panic, re-raised in its own goroutine;
 // an error wrapping processor.ErrDuplicate for a duplicate. When a statement of the group
 // itself fails (BEGIN, the id insert, a savepoint, COMMIT) every member gets an error, which
 // wraps ErrCommitOutcomeUnknown when the connection was lost during COMMIT and ErrGroupAborted
 // for a member whose own processing had succeeded: none is acknowledged, and each is retried.
-// A group of one runs without a savepoint. A message without an id is refused with a permanent
-// error wrapping messagedata.ErrNoMessageID, before it joins a group.
+// A message without an id is refused with a permanent error wrapping
+// messagedata.ErrNoMessageID, before it joins a group.
+//
+// A processor may thus run more than once for one message within one delivery: its database
+// writes commit exactly once; effects outside the database must tolerate a repeat, as they must
+// for Retry.
 //
 // Contexts: the group's own statements (BEGIN, the id insert, savepoints, COMMIT) run under a
 // context that no single member ends; it ends only when every member's context has ended, and
@@ -181,8 +199,8 @@ func newGroupConfig(opts []GroupOption) (groupConfig, error) {
 //
 // The members of a group run one after the other on one connection: group commit pays off
 // when the commit dominates the time of a message, and loses when the processor spends its
-// time elsewhere (a remote call, a long query), which per-message transactions run in parallel.
-// A group also holds the locks of all its members until it commits.
+// time elsewhere (a remote call, a long query), which per-message transactions run in
+// parallel. A group also holds the locks of all its members until it commits.
 //
 // It returns an error for an invalid option, or for CheckFirst, which group commit does not
 // support.
@@ -198,9 +216,8 @@ func GroupCommit(db Beginner, store GroupStore, handler string, opts ...GroupOpt
 }
 
 // GroupTransaction is GroupCommit without duplicate detection: concurrent deliveries share one
-// transaction, each under its own savepoint, and each is acknowledged after the one commit. It
-// replaces Transaction in an at-least-once chain. It returns an error for an invalid option,
-// or for a Deduplicate option.
+// transaction and each is acknowledged after the one commit. It replaces Transaction in an
+// at-least-once chain. It returns an error for an invalid option, or for a Deduplicate option.
 func GroupTransaction(db Beginner, opts ...GroupOption) (Middleware, error) {
 	cfg, err := newGroupConfig(opts)
 	if err == nil && cfg.dedupOptions {
@@ -218,7 +235,7 @@ func groupMiddleware(db Beginner, store GroupStore, handler string, cfg groupCon
 		txOpts = &cfg.txOpts
 	}
 	return func(next processor.Processor) processor.Processor {
-		g := &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next, expected: cfg.concurrency}
+		g := &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next}
 		return processor.Func(g.process)
 	}
 }
@@ -232,23 +249,21 @@ type grouper struct {
 	txOpts  *sql.TxOptions
 	next    processor.Processor
 
-	mu       sync.Mutex
-	open     *group // the group that members join; nil when there is none
-	inGroups int    // members in open or running groups that have no result yet
-	running  int    // groups running
-	// expected is how many deliveries are in flight at once, as far as the grouper can tell:
-	// WithConcurrency at first, lowered to what a group found when MaxWait passed, raised
-	// (up to WithConcurrency) when more members are in groups. 0 without WithConcurrency.
-	expected int
+	mu      sync.Mutex
+	open    *group   // the group that members join; nil when there is none
+	ready   []*group // full, or done waiting, and waiting for a transaction
+	running int      // groups whose transactions run
 }
 
 type group struct {
 	members []*member
 	timer   *time.Timer
+	waited  bool // MaxWait has passed, or there was none
 }
 
-// Member states. A member waits until the group claims it (for its turn, or to hand it a result
-// early) or it leaves; whichever comes first decides. A claimed member waits for its result.
+// Member states. A member waits until its group claims it (its group starts, or hands it a
+// result early) or it leaves; whichever comes first decides. A claimed member waits for its
+// result.
 const (
 	memberWaiting int32 = iota
 	memberClaimed
@@ -287,11 +302,7 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 		return fmt.Errorf("group commit: %w", err)
 	}
 
-	if ready := g.join(m); ready != nil {
-		// This member filled the group: it runs the group in its own goroutine, and finds its
-		// own result waiting when the group is done.
-		g.run(ready)
-	}
+	g.join(m)
 	select {
 	case r := <-m.done:
 		return m.settle(r)
@@ -317,150 +328,168 @@ func (m *member) settle(r memberResult) error {
 	return r.err
 }
 
-// join adds m to the open group, creating it if needed. When the group is ready to start, join
-// takes it out of reach of other members and returns its members: the caller runs it.
-//
-// A group starts when it is full, when MaxWait has passed since its first member joined, or,
-// when no other group is running, as soon as every delivery expected in flight has joined it:
-// waiting longer could not bring another member. While a group runs, the next one collects
-// the deliveries that arrive meanwhile instead of starting beside it with a few: the members of
-// the running group come back as new deliveries once it ends.
-func (g *grouper) join(m *member) []*member {
+// join adds m to the open group, creating it if needed, and starts what may start.
+func (g *grouper) join(m *member) {
 	g.mu.Lock()
-	g.inGroups++
-	if g.expected > 0 && g.inGroups > g.expected {
-		g.expected = min(g.inGroups, g.cfg.concurrency)
-	}
 	grp := g.open
 	if grp == nil {
-		grp = &group{}
+		grp = &group{waited: g.cfg.maxWait == 0}
 		g.open = grp
 	}
 	grp.members = append(grp.members, m)
 	size := len(grp.members)
-	var ready []*member
 	switch {
-	case size >= g.cfg.maxSize, g.everyoneJoinedLocked():
-		ready = g.startLocked(grp)
-	case grp.timer == nil && g.cfg.maxWait > 0:
+	case size >= g.cfg.maxSize:
+		g.open = nil
+		g.stopTimer(grp)
+		g.ready = append(g.ready, grp)
+	case !grp.waited && grp.timer == nil && g.running < g.cfg.concurrency:
 		grp.timer = time.AfterFunc(g.cfg.maxWait, func() { g.expire(grp) })
 	}
+	starts := g.startLocked()
 	g.mu.Unlock()
 	if g.cfg.hooks.joined != nil {
 		g.cfg.hooks.joined(size)
 	}
-	return ready
+	g.launch(starts)
 }
 
-// everyoneJoinedLocked reports whether the open group should start because no other group is
-// running and no other delivery is expected to join it (or, without MaxWait, because no other
-// group is running).
-func (g *grouper) everyoneJoinedLocked() bool {
-	if g.running > 0 {
-		return false
-	}
-	return g.cfg.maxWait == 0 || (g.expected > 0 && g.inGroups >= g.expected)
-}
-
-// expire starts grp when MaxWait has passed, unless it has started already. The members that
-// came in that time are what the grouper expects from now on.
+// expire marks grp as done waiting and starts it if a transaction is free.
 func (g *grouper) expire(grp *group) {
 	g.mu.Lock()
-	var ready []*member
-	if g.open == grp {
-		if g.expected > 0 {
-			g.expected = max(g.inGroups, 1)
-		}
-		ready = g.startLocked(grp)
-	}
+	grp.waited = true
+	grp.timer = nil
+	starts := g.startLocked()
 	g.mu.Unlock()
-	if len(ready) > 0 {
-		g.run(ready)
+	g.launch(starts)
+}
+
+// startLocked takes the groups that may start now: ready ones first, then the open group when
+// it is done waiting, or when it has waited for a transaction to be free (its members came
+// while every transaction was busy). It counts them as running.
+func (g *grouper) startLocked() []*group {
+	var starts []*group
+	for g.running < g.cfg.concurrency {
+		var grp *group
+		switch {
+		case len(g.ready) > 0:
+			grp = g.ready[0]
+			g.ready = g.ready[1:]
+		case g.open != nil && len(g.open.members) > 0 && g.open.waited:
+			grp = g.open
+			g.open = nil
+			g.stopTimer(grp)
+		default:
+			return starts
+		}
+		g.running++
+		starts = append(starts, grp)
 	}
+	// Every transaction is busy: the open group collects until one is free, and starts then
+	// without waiting further.
+	if g.open != nil {
+		g.stopTimer(g.open)
+		g.open.waited = true
+	}
+	return starts
 }
 
-// startLocked takes grp out of reach of joining members and counts it as running.
-func (g *grouper) startLocked(grp *group) []*member {
-	g.dropLocked(grp)
-	g.running++
-	return grp.members
-}
-
-func (g *grouper) dropLocked(grp *group) {
-	g.open = nil
+func (g *grouper) stopTimer(grp *group) {
 	if grp.timer != nil {
 		grp.timer.Stop()
+		grp.timer = nil
 	}
 }
 
-// finished records the end of a group whose members have their results, and starts the open
-// group if it was waiting only for that.
-func (g *grouper) finished(held int) {
+func (g *grouper) launch(groups []*group) {
+	for _, grp := range groups {
+		go g.run(grp.members)
+	}
+}
+
+// finished records the end of a group and starts what may start now.
+func (g *grouper) finished() {
 	g.mu.Lock()
-	g.inGroups -= held
 	g.running--
-	var ready []*member
-	if g.open != nil && g.everyoneJoinedLocked() {
-		ready = g.startLocked(g.open)
-	}
+	starts := g.startLocked()
 	g.mu.Unlock()
-	if len(ready) > 0 {
-		go g.run(ready)
-	}
+	g.launch(starts)
 }
 
-// leave takes m, which has left, out of the open group if it is still there.
+// leave takes m, which has left, out of the group it waits in if that has not started.
 func (g *grouper) leave(m *member) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.inGroups--
-	grp := g.open
-	if grp == nil {
+	remove := func(grp *group) bool {
+		for i, other := range grp.members {
+			if other == m {
+				grp.members = append(grp.members[:i], grp.members[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+	if g.open != nil && remove(g.open) {
+		if len(g.open.members) == 0 {
+			g.stopTimer(g.open)
+			g.open = nil
+		}
 		return
 	}
-	for i, other := range grp.members {
-		if other == m {
-			grp.members = append(grp.members[:i], grp.members[i+1:]...)
-			break
+	for i, grp := range g.ready {
+		if remove(grp) {
+			if len(grp.members) == 0 {
+				g.ready = append(g.ready[:i], g.ready[i+1:]...)
+			}
+			return
 		}
-	}
-	if len(grp.members) == 0 {
-		g.dropLocked(grp)
 	}
 }
 
 // slot is one member's part in a running group.
 type slot struct {
-	m       *member
-	fresh   bool  // its id was newly recorded (always, without duplicate detection)
-	first   *slot // the first copy of the same message in the group, for a later copy
-	claimed bool
-	ok      bool // processed successfully, waiting for the commit
-	res     memberResult
-	sent    bool
+	m     *member
+	first *slot // the first copy of the same message in the transaction, for a later copy
+	ok    bool  // processed successfully in the current transaction, waiting for its commit
+	final bool  // res is its result
+	res   memberResult
+	sent  bool
 }
 
-// groupRun is one group's transaction.
+// finish gives s its result.
+func (s *slot) finish(res memberResult) {
+	s.ok = false
+	s.final = true
+	s.res = res
+}
+
+// groupRun is one group: its members and the transactions it takes to settle them.
 type groupRun struct {
 	g     *grouper
+	size  int
 	slots []slot
 	ctx   context.Context // the group's context: ends when every member's context has ended
-	tx    processor.Tx
-	held  int // results handed out whose members still count in g.inGroups
 }
 
-// run runs the group of members in the calling goroutine and hands every member its result.
+// run runs the group of members and hands every member its result.
 func (g *grouper) run(members []*member) {
-	r := &groupRun{g: g, slots: make([]slot, len(members))}
-	for i, m := range members {
-		r.slots[i].m = m
+	defer g.finished()
+	r := &groupRun{g: g}
+	for _, m := range members {
+		if m.claim() { // the others have left
+			r.slots = append(r.slots, slot{m: m})
+		}
 	}
+	if len(r.slots) == 0 {
+		return
+	}
+	r.size = len(r.slots)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	var alive atomic.Int32
-	alive.Store(int32(len(members)))
-	for _, m := range members {
-		stop := context.AfterFunc(m.ctx, func() {
+	alive.Store(int32(len(r.slots)))
+	for i := range r.slots {
+		stop := context.AfterFunc(r.slots[i].m.ctx, func() {
 			if alive.Add(-1) == 0 {
 				cancel(errors.New("the context of every member has ended"))
 			}
@@ -469,126 +498,205 @@ func (g *grouper) run(members []*member) {
 	}
 	r.ctx = ctx
 
+	all := make([]*slot, len(r.slots))
+	for i := range r.slots {
+		all[i] = &r.slots[i]
+	}
 	completed := false
 	defer func() {
-		if !completed {
-			// A bug here, or runtime.Goexit in a processor: no member may be left waiting.
-			// Each member gets a panic of the group, re-raised in its own goroutine.
-			if v := recover(); v != nil {
-				r.abort(&processor.PanicError{Value: v, Stack: debug.Stack()})
-			} else {
-				r.abort(errors.New("group commit stopped before its outcome was known"))
-			}
-			r.deliver()
+		if completed {
+			return
 		}
-		g.finished(r.held)
+		// A bug here, or runtime.Goexit in a processor: no member may be left waiting. Each
+		// member gets a panic of the group, re-raised in its own goroutine.
+		res := memberResult{err: errors.New("group commit stopped before its outcome was known")}
+		if v := recover(); v != nil {
+			res = memberResult{panic: &processor.PanicError{Value: v, Stack: debug.Stack()}}
+		}
+		for _, s := range all {
+			if !s.final {
+				s.finish(res)
+			}
+			r.send(s)
+		}
 	}()
-	r.execute()
-	r.deliver()
+	r.settle(all, false)
+	for _, s := range all {
+		r.send(s)
+	}
 	completed = true
 }
 
-func (r *groupRun) execute() {
-	var err error
-	r.tx, err = r.g.db.BeginTx(r.ctx, r.g.txOpts)
-	if err != nil {
-		r.tx = nil
-		r.abort(fmt.Errorf("begin transaction: %w", err))
-		return
-	}
-	if r.g.store != nil {
-		if err := r.record(); err != nil {
-			r.abort(err)
-			return
-		}
-	} else {
-		for i := range r.slots {
-			r.slots[i].fresh = true
-		}
-	}
+// step is what one transaction of a group left to do.
+type step int
 
-	var todo []*slot
-	for i := range r.slots {
-		if r.slots[i].fresh {
-			todo = append(todo, &r.slots[i])
+const (
+	settled step = iota // every member of the set has its result
+	rerun               // some members failed on their own: run the others again
+	split               // a failure no member could be blamed for: run the set again in halves
+)
+
+// settle settles the members of set: it runs them in one transaction, and again without the
+// members that fail, until every member has a result. With savepoints, each member runs under
+// one, so that a failure rolls back alone.
+func (r *groupRun) settle(set []*slot, savepoints bool) {
+	for {
+		var pending []*slot
+		for _, s := range set {
+			if !s.final {
+				pending = append(pending, s)
+			}
 		}
-	}
-	savepoints := len(todo) > 1
-	for _, s := range todo {
-		if err := r.runMember(s, savepoints); err != nil {
-			r.abort(err)
+		if len(pending) == 0 {
+			return
+		}
+		switch r.attempt(pending, savepoints) {
+		case settled:
+			return
+		case rerun:
+			savepoints = r.g.cfg.batch == nil
+		case split:
+			half := len(pending) / 2
+			r.settle(pending[:half], false)
+			r.settle(pending[half:], false)
 			return
 		}
 	}
-	r.commit()
 }
 
-// record records the ids of the members still waiting and sorts them into new members,
-// duplicates (answered at once) and later copies of a message in the group (answered with the
-// first copy's outcome).
-func (r *groupRun) record() error {
-	var keys []dedup.Key
-	var slots []*slot
-	for i := range r.slots {
-		s := &r.slots[i]
-		if s.m.state.Load() == memberLeft {
-			s.sent = true
-			continue
-		}
-		keys = append(keys, s.m.key)
-		slots = append(slots, s)
+// attempt runs set, whose members have no result yet, in one transaction.
+func (r *groupRun) attempt(set []*slot, savepoints bool) step {
+	for _, s := range set {
+		s.first, s.ok = nil, false
 	}
-	if len(keys) == 0 {
+	tx, err := r.g.db.BeginTx(r.ctx, r.g.txOpts)
+	if err != nil {
+		r.failAll(set, fmt.Errorf("%w: begin transaction: %w", ErrGroupAborted, err))
+		return settled
+	}
+	rollback := func() error {
+		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+			return fmt.Errorf("rollback: %w", err)
+		}
 		return nil
 	}
-	ends := make([]func(error), len(slots))
-	for i, s := range slots {
+	abort := func(cause error) step {
+		if rbErr := rollback(); rbErr != nil {
+			cause = errors.Join(cause, rbErr)
+		}
+		r.failAll(set, fmt.Errorf("%w: %w", ErrGroupAborted, cause))
+		return settled
+	}
+
+	todo, err := r.record(tx, set)
+	if err != nil {
+		return abort(err)
+	}
+	if r.g.cfg.batch != nil {
+		switch next, err := r.runBatch(tx, todo); {
+		case err != nil:
+			return abort(err)
+		case next != settled:
+			if err := rollback(); err != nil {
+				return abort(err)
+			}
+			return next
+		}
+	} else {
+		for _, s := range todo {
+			if savepoints {
+				if err := r.runSaved(tx, s); err != nil {
+					return abort(err)
+				}
+				continue
+			}
+			if !r.runMember(tx, s) || s.ok {
+				continue
+			}
+			// s failed on its own: roll back, and run the others again.
+			if err := rollback(); err != nil {
+				return abort(err)
+			}
+			return rerun
+		}
+	}
+	// The ids of members that did not run (their context ended before their turn) were
+	// recorded with the others: they must not commit.
+	if r.g.store != nil && !savepoints {
+		for _, s := range todo {
+			if !s.ok {
+				if err := r.g.store.Forget(r.ctx, tx, s.m.key); err != nil {
+					return abort(fmt.Errorf("forget the id of message %q: %w", s.m.msg.ID, err))
+				}
+			}
+		}
+	}
+	return r.commit(tx, set)
+}
+
+// record records the ids of set in tx and returns the members to process: the new ones. A
+// duplicate gets its result; a later copy of a message in the set waits for the first copy's
+// outcome. Without duplicate detection every member is new.
+func (r *groupRun) record(tx processor.Tx, set []*slot) ([]*slot, error) {
+	if r.g.store == nil {
+		return set, nil
+	}
+	keys := make([]dedup.Key, len(set))
+	for i, s := range set {
+		keys[i] = s.m.key
+	}
+	ends := make([]func(error), len(set))
+	for i, s := range set {
 		_, ends[i] = telemetry.Child(s.m.ctx, telemetry.SpanDedup)
 	}
-	fresh, err := r.g.store.RecordMany(r.ctx, r.tx, keys)
+	fresh, err := r.g.store.RecordMany(r.ctx, tx, keys)
 	if errors.Is(err, dedup.ErrInvalidKey) {
-		fresh, err = r.recordOneByOne(keys, slots)
+		fresh, err = r.recordOneByOne(tx, keys, set)
 	}
 	for _, end := range ends {
 		end(err)
 	}
 	if err != nil {
-		return fmt.Errorf("record %d message ids: %w", len(keys), err)
+		return nil, fmt.Errorf("record %d message ids: %w", len(keys), err)
 	}
 
-	firsts := make(map[dedup.Key]*slot, len(slots))
-	for i, s := range slots {
-		if s.sent { // an invalid key, refused already
+	todo := make([]*slot, 0, len(set))
+	firsts := make(map[dedup.Key]*slot, len(set))
+	for i, s := range set {
+		if s.final { // an invalid key, refused already
 			continue
 		}
-		s.fresh = fresh[i]
 		first, repeated := firsts[s.m.key]
 		switch {
 		case !repeated:
 			firsts[s.m.key] = s
-			if !s.fresh {
-				r.send(s, memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
+			if fresh[i] {
+				todo = append(todo, s)
+			} else {
+				s.finish(memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
+				r.send(s) // at once: nothing it waits for
 			}
-		case first.fresh:
-			s.first = first // answered with the first copy's outcome
+		case first.final: // the first copy is a duplicate
+			s.finish(memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
+			r.send(s)
 		default:
-			r.send(s, memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
+			s.first = first // answered with the first copy's outcome
 		}
 	}
-	r.release()
-	return nil
+	return todo, nil
 }
 
 // recordOneByOne records keys one statement each, after RecordMany refused the batch for an
 // invalid key: a member whose key is invalid fails permanently (redelivering it cannot change
 // its id), the others go on.
-func (r *groupRun) recordOneByOne(keys []dedup.Key, slots []*slot) ([]bool, error) {
+func (r *groupRun) recordOneByOne(tx processor.Tx, keys []dedup.Key, set []*slot) ([]bool, error) {
 	fresh := make([]bool, len(keys))
 	for i, k := range keys {
-		f, err := r.g.store.RecordMany(r.ctx, r.tx, []dedup.Key{k})
+		f, err := r.g.store.RecordMany(r.ctx, tx, []dedup.Key{k})
 		switch {
 		case errors.Is(err, dedup.ErrInvalidKey):
-			r.send(slots[i], memberResult{err: processor.Permanent(fmt.Errorf("record message %q: %w", slots[i].m.msg.ID, err))})
+			set[i].finish(memberResult{err: processor.Permanent(fmt.Errorf("record message %q: %w", set[i].m.msg.ID, err))})
+			r.send(set[i])
 		case err != nil:
 			return nil, err
 		default:
@@ -598,213 +706,234 @@ func (r *groupRun) recordOneByOne(keys []dedup.Key, slots []*slot) ([]bool, erro
 	return fresh, nil
 }
 
-// runMember runs s under its savepoint, or, when s is the only member to run, without one:
-// then a failure rolls the whole transaction back, as Transaction's would. It returns an error
-// only when a statement of the group fails, which ends the group.
-func (r *groupRun) runMember(s *slot, savepoint bool) error {
-	if !r.start(s) {
-		if !savepoint {
-			return nil // nothing to commit: commit rolls back, and the id with it
-		}
-		return r.forget(s)
-	}
-	if savepoint {
-		if _, err := r.tx.ExecContext(r.ctx, "SAVEPOINT "+savepointName); err != nil {
-			return fmt.Errorf("set savepoint: %w", err)
-		}
-	}
-	pe, err := r.call(s)
-	if pe == nil && err == nil {
-		s.ok = true
-		return nil
-	}
-	s.res = memberResult{err: err, panic: pe}
-	if !savepoint {
-		if rbErr := r.rollback(); rbErr != nil && pe == nil {
-			s.res.err = errors.Join(err, rbErr)
-		}
-		return nil
-	}
-	if _, err := r.tx.ExecContext(r.ctx, "ROLLBACK TO SAVEPOINT "+savepointName); err != nil {
-		return fmt.Errorf("roll back to savepoint after message %q failed: %w", s.m.msg.ID, err)
-	}
-	// The id was recorded before the savepoint: delete it, so that the redelivery is new.
-	return r.forget(s)
-}
-
-// start claims s for its turn. It returns false, with s's result set, when s will not run: it
-// left the group, or its context ended before its turn.
-func (r *groupRun) start(s *slot) bool {
-	if !s.claimed {
-		if !s.m.claim() {
-			s.sent = true // it left; nobody waits for a result
-			return false
-		}
-		s.claimed = true
-	}
+// runMember runs the rest of the chain for s on tx. It returns false, with s's result set,
+// when s does not run because its context ended before its turn. Otherwise s.ok says whether
+// it succeeded; when it did not, its failure is its result.
+func (r *groupRun) runMember(tx processor.Tx, s *slot) bool {
 	if err := s.m.ctx.Err(); err != nil {
-		s.res.err = fmt.Errorf("group commit: context ended before processing: %w", err)
+		s.finish(memberResult{err: fmt.Errorf("group commit: context ended before processing: %w", err)})
 		return false
 	}
+	pe, err := r.call(tx, s)
+	if pe == nil && err == nil {
+		s.ok = true
+		return true
+	}
+	s.finish(memberResult{err: err, panic: pe})
 	return true
 }
 
-// call runs the rest of the chain for s on the group's transaction, under s's own context, and
-// catches a panic.
-func (r *groupRun) call(s *slot) (pe *processor.PanicError, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			if p, ok := v.(*processor.PanicError); ok {
-				pe = p
-			} else {
-				pe = &processor.PanicError{Value: v, Stack: debug.Stack()}
-			}
-		}
-	}()
-	return nil, r.g.next.Process(processor.WithTx(s.m.ctx, r.tx), s.m.msg)
-}
-
-// forget deletes the id of a fresh member that was not applied.
-func (r *groupRun) forget(s *slot) error {
-	if r.g.store == nil {
+// runSaved runs s under its savepoint: a failure rolls back to it and forgets s's id, and the
+// others go on. It returns an error only when a statement of the group fails, which ends the
+// transaction.
+func (r *groupRun) runSaved(tx processor.Tx, s *slot) error {
+	if _, err := tx.ExecContext(r.ctx, "SAVEPOINT "+savepointName); err != nil {
+		return fmt.Errorf("set savepoint: %w", err)
+	}
+	if r.runMember(tx, s) && s.ok {
 		return nil
 	}
-	if err := r.g.store.Forget(r.ctx, r.tx, s.m.key); err != nil {
-		return fmt.Errorf("forget the id of message %q: %w", s.m.msg.ID, err)
+	if _, err := tx.ExecContext(r.ctx, "ROLLBACK TO SAVEPOINT "+savepointName); err != nil {
+		return fmt.Errorf("roll back to savepoint after message %q failed: %w", s.m.msg.ID, err)
+	}
+	// The id was recorded before the savepoint: delete it, so that the redelivery is new.
+	if r.g.store != nil {
+		if err := r.g.store.Forget(r.ctx, tx, s.m.key); err != nil {
+			return fmt.Errorf("forget the id of message %q: %w", s.m.msg.ID, err)
+		}
 	}
 	return nil
 }
 
-// commit commits the group, or rolls it back when no member has anything to commit, and sets
-// every result.
-func (r *groupRun) commit() {
+// call runs the rest of the chain for s on tx, under s's own context, and catches a panic.
+func (r *groupRun) call(tx processor.Tx, s *slot) (pe *processor.PanicError, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe = asPanicError(v)
+		}
+	}()
+	return nil, r.g.next.Process(processor.WithTx(s.m.ctx, tx), s.m.msg)
+}
+
+func asPanicError(v any) *processor.PanicError {
+	if p, ok := v.(*processor.PanicError); ok {
+		return p
+	}
+	return &processor.PanicError{Value: v, Stack: debug.Stack()}
+}
+
+// runBatch hands the members of todo to the batch processor in tx. It returns settled when the
+// batch succeeded (every member that took part is ok), rerun when the batch named failing
+// messages (they have their results), split when it failed without naming any, and an error
+// when it failed for a reason of the database or the moment (a lost connection, a conflict, a
+// canceled context), which ends the whole transaction retryably.
+func (r *groupRun) runBatch(tx processor.Tx, todo []*slot) (step, error) {
+	live := make([]*slot, 0, len(todo))
+	for _, s := range todo {
+		if err := s.m.ctx.Err(); err != nil {
+			s.finish(memberResult{err: fmt.Errorf("group commit: context ended before processing: %w", err)})
+			continue
+		}
+		live = append(live, s)
+	}
+	if len(live) == 0 {
+		return settled, nil
+	}
+	msgs := make([]*messagedata.MessageData, len(live))
+	for i, s := range live {
+		msgs[i] = s.m.msg
+	}
+	pe, err := r.callBatch(tx, msgs)
+	if pe == nil && err == nil {
+		for _, s := range live {
+			s.ok = true
+		}
+		return settled, nil
+	}
+	if pe == nil {
+		if named := processor.MessageErrors(err); len(named) > 0 {
+			byMsg := make(map[*messagedata.MessageData]error, len(named))
+			for _, e := range named {
+				byMsg[e.Message] = e.Err
+			}
+			blamed := false
+			for _, s := range live {
+				if e, ok := byMsg[s.m.msg]; ok {
+					s.finish(memberResult{err: e})
+					blamed = true
+				}
+			}
+			if blamed {
+				return rerun, nil
+			}
+			// It named only messages that are not in the batch: nobody is to blame yet.
+		}
+		if transient(r.ctx, err) {
+			return settled, fmt.Errorf("batch processor: %w", err)
+		}
+	}
+	if len(live) == 1 {
+		live[0].finish(memberResult{err: err, panic: pe})
+		return rerun, nil
+	}
+	return split, nil
+}
+
+// callBatch runs the batch processor on tx and catches a panic.
+func (r *groupRun) callBatch(tx processor.Tx, msgs []*messagedata.MessageData) (pe *processor.PanicError, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe = asPanicError(v)
+		}
+	}()
+	return nil, r.g.cfg.batch.ProcessBatch(processor.WithTx(r.ctx, tx), msgs)
+}
+
+// transient reports whether err is a failure of the database or of the moment, not of any
+// message: running the same messages again may succeed.
+func transient(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch sqldb.Classify(err) {
+	case sqldb.Conflict, sqldb.Connection:
+		return true
+	}
+	return false
+}
+
+// commit commits tx for the members of set that succeeded, or rolls it back when none did, and
+// sets the results. A commit that fails for a reason one of several members may have caused (a
+// deferred constraint) asks for the set to be run again in halves.
+func (r *groupRun) commit(tx processor.Tx, set []*slot) step {
 	var ok []*slot
-	for i := range r.slots {
-		if r.slots[i].ok {
-			ok = append(ok, &r.slots[i])
+	for _, s := range set {
+		if s.ok {
+			ok = append(ok, s)
 		}
 	}
 	if len(ok) == 0 {
-		_ = r.rollback() // nothing to keep: the ids of failed members go with it
-		r.settleCopies()
-		return
+		_ = tx.Rollback() // nothing to keep: the ids of failed members go with it
+		r.settleCopies(set)
+		return settled
 	}
 	ends := make([]func(error), len(ok))
 	for i, s := range ok {
 		var cctx context.Context
 		cctx, ends[i] = telemetry.Child(s.m.ctx, telemetry.SpanCommit)
 		if span := trace.SpanFromContext(cctx); span.IsRecording() {
-			span.SetAttributes(AttrGroupSize.Int(len(r.slots)))
+			span.SetAttributes(AttrGroupSize.Int(r.size))
 		}
 	}
-	err := r.tx.Commit()
+	err := tx.Commit()
 	for _, end := range ends {
 		end(err)
 	}
-	r.tx = nil
 	if err != nil {
-		if sqldb.Classify(err) == sqldb.Connection || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)
-		} else {
-			err = fmt.Errorf("commit: %w", err)
+		if c := sqldb.Classify(err); (c == sqldb.Data || c == sqldb.UniqueViolation) && len(ok) > 1 {
+			for _, s := range set {
+				s.ok = false
+			}
+			return split
 		}
+		err = commitError(err)
 		for _, s := range ok {
-			s.ok = false
-			s.res.err = err
+			s.finish(memberResult{err: err})
 		}
-		r.settleCopies()
-		return
+		r.settleCopies(set)
+		return settled
 	}
 	at := time.Now()
 	for _, s := range ok {
-		s.res.committedAt = at
+		s.finish(memberResult{committedAt: at})
 	}
-	r.settleCopies()
+	r.settleCopies(set)
+	return settled
 }
 
-// settleCopies sets the result of the later copies of a message from the first copy's.
-func (r *groupRun) settleCopies() {
-	for i := range r.slots {
-		s := &r.slots[i]
-		if s.first == nil || s.sent {
+// commitError is the error of a failed COMMIT: one wrapping ErrCommitOutcomeUnknown when the
+// connection was lost while it was in flight (it may have committed), or ctx ended.
+func commitError(err error) error {
+	if sqldb.Classify(err) == sqldb.Connection || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)
+	}
+	return fmt.Errorf("commit: %w", err)
+}
+
+// settleCopies sets the result of the later copies of a message in set from the first copy's,
+// once the first copy's is known.
+func (r *groupRun) settleCopies(set []*slot) {
+	for _, s := range set {
+		if s.first == nil || s.final {
 			continue
 		}
-		if s.first.ok {
-			s.res.err = fmt.Errorf("%w: id %q applied by another copy in the same group", processor.ErrDuplicate, s.m.msg.ID)
+		if !s.first.res.committedAt.IsZero() {
+			s.finish(memberResult{err: fmt.Errorf("%w: id %q applied by another copy in the same group", processor.ErrDuplicate, s.m.msg.ID)})
 		} else {
-			s.res.err = fmt.Errorf("message %q: %w", s.m.msg.ID, errCopyFailed)
+			s.finish(memberResult{err: fmt.Errorf("message %q: %w", s.m.msg.ID, errCopyFailed)})
 		}
 	}
 }
 
-// abort rolls the group back: every member that has no result of its own gets cause, or,
-// when cause is a panic of the group itself, that panic. It may run more than once.
-func (r *groupRun) abort(cause error) {
-	pe, panicked := cause.(*processor.PanicError)
-	if err := r.rollback(); err != nil && !panicked {
-		cause = errors.Join(cause, err)
-	}
-	for i := range r.slots {
-		s := &r.slots[i]
-		s.ok = false
-		switch {
-		case s.sent || s.res.err != nil || s.res.panic != nil:
-		case panicked:
-			s.res.panic = pe
-		default:
-			s.res.err = fmt.Errorf("%w: %w", ErrGroupAborted, cause)
+// failAll gives every member of set that has no result yet cause.
+func (r *groupRun) failAll(set []*slot, cause error) {
+	for _, s := range set {
+		if !s.final {
+			s.finish(memberResult{err: cause})
 		}
 	}
 }
 
-// rollback rolls back the transaction if it is still open.
-func (r *groupRun) rollback() error {
-	if r.tx == nil {
-		return nil
-	}
-	err := r.tx.Rollback()
-	r.tx = nil
-	if err != nil && !errors.Is(err, sql.ErrTxDone) {
-		return fmt.Errorf("rollback: %w", err)
-	}
-	return nil
-}
-
-// send hands s its result now, before the group ends.
-func (r *groupRun) send(s *slot, res memberResult) {
+// send hands s its result, once.
+func (r *groupRun) send(s *slot) {
 	if s.sent {
 		return
 	}
 	s.sent = true
-	if !s.claimed && !s.m.claim() {
-		return // it left
-	}
-	s.claimed = true
-	if res.err == nil && res.panic == nil && res.committedAt.IsZero() {
+	res := s.res
+	if !s.final || (res.err == nil && res.panic == nil && res.committedAt.IsZero()) {
 		// Never reached; a nil error would be acknowledged, and nothing was committed.
-		res.err = fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)
+		res = memberResult{err: fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)}
 	}
 	s.m.done <- res
-	r.held++
-}
-
-// deliver hands every member that has none yet its result.
-func (r *groupRun) deliver() {
-	for i := range r.slots {
-		s := &r.slots[i]
-		if !s.sent {
-			r.send(s, s.res)
-		}
-	}
-}
-
-// release stops counting the members that have their result as in a group.
-func (r *groupRun) release() {
-	if r.held == 0 {
-		return
-	}
-	r.g.mu.Lock()
-	r.g.inGroups -= r.held
-	r.g.mu.Unlock()
-	r.held = 0
 }

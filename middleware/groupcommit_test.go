@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -31,9 +32,10 @@ import (
 // countingDB is a Beginner that counts transactions and commits, and can hold or fail a
 // commit.
 type countingDB struct {
-	db      *sqldb.DB
-	begins  atomic.Int32
-	commits atomic.Int32
+	db         *sqldb.DB
+	begins     atomic.Int32
+	commits    atomic.Int32
+	savepoints atomic.Int32
 	// beforeCommit, when set, runs before each COMMIT; an error it returns rolls the
 	// transaction back and is returned by Commit instead.
 	beforeCommit func() error
@@ -51,6 +53,13 @@ func (c *countingDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (processo
 type countingTx struct {
 	*sqlx.Tx
 	db *countingDB
+}
+
+func (t *countingTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if strings.HasPrefix(query, "SAVEPOINT") {
+		t.db.savepoints.Add(1)
+	}
+	return t.Tx.ExecContext(ctx, query, args...)
 }
 
 func (t *countingTx) Commit() error {
@@ -140,11 +149,11 @@ func forEachDB(t *testing.T, fn func(t *testing.T, d testsvc.Database)) {
 	}
 }
 
-// groupCommit builds GroupCommit on f for n concurrent deliveries: the group starts when all
-// n have joined, never by MaxWait.
+// groupCommit builds GroupCommit on f for groups of n: a group starts when all n have joined,
+// never by MaxWait.
 func (f *groupFixture) groupCommit(t *testing.T, n int, p processor.Processor, opts ...middleware.GroupOption) processor.Processor {
 	t.Helper()
-	opts = append([]middleware.GroupOption{middleware.WithConcurrency(n), middleware.WithMaxWait(time.Hour)}, opts...)
+	opts = append([]middleware.GroupOption{middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Hour)}, opts...)
 	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", opts...)
 	require.NoError(t, err)
 	return mw(p)
@@ -283,9 +292,9 @@ func TestGroupCommit_MemberFailingWithSQLErrorDoesNotSpoilTheOthers(t *testing.T
 	})
 }
 
-func TestGroupCommit_MemberThatEndsTheTransactionAbortsTheGroupRetryably(t *testing.T) {
-	// What a MySQL deadlock does: the server rolls the whole transaction back, so the member's
-	// savepoint is gone and the group cannot go on without it.
+func TestGroupCommit_MemberThatEndsTheTransactionFailsAloneAndTheOthersCommit(t *testing.T) {
+	// What a MySQL deadlock does: the server rolls the whole transaction back. The group runs
+	// again without the member, and the others commit.
 	forEachDB(t, func(t *testing.T, d testsvc.Database) {
 		f := newGroupFixture(t, d)
 		p := f.groupCommit(t, 3, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
@@ -302,16 +311,71 @@ func TestGroupCommit_MemberThatEndsTheTransactionAbortsTheGroupRetryably(t *test
 
 		out := processAll(p, "a", "spoiler", "b")
 		require.ErrorContains(t, out[1].err, "deadlock")
-		for _, o := range []outcome{out[0], out[2]} {
-			require.ErrorIs(t, o.err, middleware.ErrGroupAborted)
-			require.Equal(t, processor.Failed, processor.OutcomeOf(o.err), "retried, not acked")
-		}
+		require.NoError(t, out[0].err)
+		require.NoError(t, out[2].err)
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Equal(t, 1, f.effects(t, "a"))
+		require.Equal(t, 1, f.effects(t, "b"))
+		require.Equal(t, 0, f.effects(t, "spoiler"))
+		require.Equal(t, 0, f.recorded(t, "spoiler"))
+	})
+}
+
+func TestGroupCommit_MemberThatEndsTheTransactionAfterAFailureAbortsTheRestRetryably(t *testing.T) {
+	// Once a member has failed, the others run under savepoints; one that then ends the
+	// transaction takes the savepoints with it, and the rest cannot commit.
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		boom := errors.New("boom")
+		p, ordered := f.orderedGroup(t, 3, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			switch m.ID {
+			case "first-failure":
+				return boom
+			case "spoiler":
+				tx, _ := processor.CurrentTx(ctx)
+				_ = tx.Rollback()
+				return errors.New("deadlock found when trying to get lock")
+			}
+			return nil
+		}))
+
+		out := ordered(p, "first-failure", "spoiler", "b")
+		require.ErrorIs(t, out[0].err, boom)
+		require.ErrorContains(t, out[1].err, "deadlock")
+		require.ErrorIs(t, out[2].err, middleware.ErrGroupAborted)
+		require.Equal(t, processor.Failed, processor.OutcomeOf(out[2].err), "retried, not acked")
 		require.Zero(t, f.cdb.commits.Load())
-		for _, id := range []string{"a", "spoiler", "b"} {
+		for _, id := range []string{"first-failure", "spoiler", "b"} {
 			require.Equal(t, 0, f.effects(t, id), id)
 			require.Equal(t, 0, f.recorded(t, id), id)
 		}
 	})
+}
+
+// orderedGroup builds GroupCommit on f for groups of n, and a function that processes ids with
+// p, each in its own goroutine, joining the group in the order given: a group runs its members
+// in the order they joined.
+func (f *groupFixture) orderedGroup(t *testing.T, n int, p processor.Processor, opts ...middleware.GroupOption) (processor.Processor, func(processor.Processor, ...string) []outcome) {
+	t.Helper()
+	joined := make(chan int, n)
+	opts = append(opts, middleware.WithGroupJoined(func(size int) { joined <- size }))
+	gc := f.groupCommit(t, n, p, opts...)
+	return gc, func(p processor.Processor, ids ...string) []outcome {
+		out := make([]outcome, len(ids))
+		var wg sync.WaitGroup
+		for i, id := range ids {
+			wg.Go(func() {
+				defer func() { out[i].panic = recover() }()
+				out[i].err = p.Process(context.Background(), msg(id))
+			})
+			<-joined
+		}
+		wg.Wait()
+		return out
+	}
 }
 
 func TestGroupCommit_EachMemberGetsDedupAndCommitSpansWithTheGroupSize(t *testing.T) {
@@ -441,7 +505,7 @@ func TestGroupCommit_TwoCopiesInOneGroupGiveOneEffect(t *testing.T) {
 	})
 }
 
-func TestGroupCommit_CopyOfAFailedMessageInTheSameGroupIsRetriedNotAcked(t *testing.T) {
+func TestGroupCommit_CopyOfAFailedMessageInTheSameGroupIsAppliedOnceByTheRerun(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d testsvc.Database) {
 		f := newGroupFixture(t, d)
 		boom := errors.New("boom")
@@ -454,19 +518,21 @@ func TestGroupCommit_CopyOfAFailedMessageInTheSameGroupIsRetriedNotAcked(t *test
 		})
 
 		out := processAll(f.groupCommit(t, 2, proc), "twin", "twin")
-		require.Equal(t, int32(1), calls.Load(), "the second copy is not processed in the same group")
-		var failed, copyErr error
+		require.Equal(t, int32(2), calls.Load(), "the copy runs in the group's second transaction")
+		var failed, applied error
 		if errors.Is(out[0].err, boom) {
-			failed, copyErr = out[0].err, out[1].err
+			failed, applied = out[0].err, out[1].err
 		} else {
-			failed, copyErr = out[1].err, out[0].err
+			failed, applied = out[1].err, out[0].err
 		}
 		require.ErrorIs(t, failed, boom)
-		require.Error(t, copyErr)
-		require.Equal(t, processor.Failed, processor.OutcomeOf(copyErr), "a copy whose first copy failed must not be acked as a duplicate: %v", copyErr)
-		require.Equal(t, 0, f.recorded(t, "twin"))
+		require.NoError(t, applied)
+		require.Equal(t, 1, f.effects(t, "twin"))
+		require.Equal(t, 1, f.recorded(t, "twin"))
 
-		require.NoError(t, f.groupCommit(t, 1, proc).Process(context.Background(), msg("twin")))
+		// The failed copy's redelivery finds the id recorded.
+		err := f.groupCommit(t, 1, proc).Process(context.Background(), msg("twin"))
+		require.ErrorIs(t, err, processor.ErrDuplicate)
 		require.Equal(t, 1, f.effects(t, "twin"))
 	})
 }
@@ -509,18 +575,6 @@ func TestGroupCommit_MaxWaitStartsAGroupThatIsNotFull(t *testing.T) {
 	require.Equal(t, 1, f.effects(t, "alone"))
 }
 
-func TestGroupCommit_GroupStartsOnceEveryDeliveryHasJoined(t *testing.T) {
-	f := newGroupFixture(t, testsvc.Databases()[0])
-	// MaxWait is an hour: only the concurrency hint can start these groups.
-	p := f.groupCommit(t, 2, processor.Func(insertEffect))
-	for _, o := range processAll(p, "a", "b") {
-		require.NoError(t, o.err)
-	}
-	solo := f.groupCommit(t, 1, processor.Func(insertEffect))
-	require.NoError(t, solo.Process(context.Background(), msg("c")))
-	require.Equal(t, int32(2), f.cdb.commits.Load())
-}
-
 func TestGroupCommit_WithoutMaxWaitMessagesArrivingWhileAGroupRunsFormTheNext(t *testing.T) {
 	f := newGroupFixture(t, testsvc.Databases()[0])
 	joinedNext := make(chan struct{})
@@ -557,24 +611,6 @@ func TestGroupCommit_WithoutMaxWaitMessagesArrivingWhileAGroupRunsFormTheNext(t 
 		got = append(got, n)
 	}
 	require.ElementsMatch(t, []int{1, 3}, got)
-}
-
-func TestGroupCommit_AfterWaitingInVainTheGroupExpectsFewerDeliveries(t *testing.T) {
-	// A broker that delivers one message at a time although the handler has 16 subscriptions:
-	// the first message waits MaxWait for the others; the next ones do not wait.
-	const wait = 300 * time.Millisecond
-	mw, err := middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.WithConcurrency(16), middleware.WithMaxWait(wait))
-	require.NoError(t, err)
-	p := mw(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
-
-	start := time.Now()
-	require.NoError(t, p.Process(context.Background(), msg("first")))
-	require.GreaterOrEqual(t, time.Since(start), wait)
-	start = time.Now()
-	for _, id := range []string{"second", "third"} {
-		require.NoError(t, p.Process(context.Background(), msg(id)))
-	}
-	require.Less(t, time.Since(start), wait, "the later messages waited for deliveries that do not come")
 }
 
 func TestGroupCommit_MemberWhoseContextEndsWhileWaitingLeavesTheGroup(t *testing.T) {
@@ -745,7 +781,7 @@ func TestGroupTransaction_SharesOneCommitWithoutRecordingIDs(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d testsvc.Database) {
 		f := newGroupFixture(t, d)
 		boom := errors.New("boom")
-		mw, err := middleware.GroupTransaction(f.cdb, middleware.WithConcurrency(3), middleware.WithMaxWait(time.Hour))
+		mw, err := middleware.GroupTransaction(f.cdb, middleware.WithMaxGroupSize(3), middleware.WithMaxWait(time.Hour))
 		require.NoError(t, err)
 		p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 			if err := insertEffect(ctx, m); err != nil {
@@ -829,16 +865,16 @@ func ExampleGroupCommit() {
 		return
 	}
 
-	// Four deliveries in flight at once, as a handler with four subscriptions has them. Retry
-	// stays outside: every attempt joins a group of its own.
-	groupCommit, err := middleware.GroupCommit(db, store, "payments", middleware.WithConcurrency(4))
+	// Deliveries in flight at once share a transaction; Retry stays outside, so every attempt
+	// joins a group of its own.
+	groupCommit, err := middleware.GroupCommit(db, store, "payments", middleware.WithMaxGroupSize(4), middleware.WithMaxWait(time.Second))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	chain := middleware.Chain(middleware.Recover(), middleware.Retry(), groupCommit)(
 		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			tx, _ := processor.TxFromContext(ctx) // the group's transaction, under this message's savepoint
+			tx, _ := processor.TxFromContext(ctx) // the group's transaction
 			_, err := tx.ExecContext(ctx, `INSERT INTO payments (id) VALUES (?)`, msg.ID)
 			return err
 		}))
@@ -861,4 +897,308 @@ func ExampleGroupCommit() {
 	_ = db.Get(&payments, `SELECT COUNT(*) FROM payments`)
 	fmt.Println("payments:", payments, "duplicates:", duplicates.Load())
 	// Output: payments: 3 duplicates: 1
+}
+
+func TestGroupCommit_HappyPathSetsNoSavepoint(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		out := processAll(f.groupCommit(t, 6, processor.Func(insertEffect)), "a", "b", "c", "d", "e", "f")
+		for _, o := range out {
+			require.NoError(t, o.err)
+		}
+		require.Equal(t, int32(1), f.cdb.begins.Load())
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Zero(t, f.cdb.savepoints.Load(), "no round trip per member for a group that commits")
+	})
+}
+
+func TestGroupCommit_AfterAFailureTheRestRunOnceMoreUnderSavepoints(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		boom := errors.New("boom")
+		var mu sync.Mutex
+		runs := map[string]int{}
+		p, ordered := f.orderedGroup(t, 4, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			mu.Lock()
+			runs[m.ID]++
+			mu.Unlock()
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			if strings.HasPrefix(m.ID, "bad") {
+				return boom
+			}
+			return nil
+		}))
+		out := ordered(p, "ok-1", "bad-1", "ok-2", "bad-2")
+		require.NoError(t, out[0].err)
+		require.ErrorIs(t, out[1].err, boom)
+		require.NoError(t, out[2].err)
+		require.ErrorIs(t, out[3].err, boom)
+		require.Equal(t, int32(2), f.cdb.begins.Load(), "the optimistic run, then one with savepoints")
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Equal(t, int32(3), f.cdb.savepoints.Load(), "one per member of the second run")
+		require.Equal(t, map[string]int{"ok-1": 2, "bad-1": 1, "ok-2": 1, "bad-2": 1}, runs)
+		for id, want := range map[string]int{"ok-1": 1, "ok-2": 1, "bad-1": 0, "bad-2": 0} {
+			require.Equal(t, want, f.effects(t, id), id)
+			require.Equal(t, want, f.recorded(t, id), id)
+		}
+	})
+}
+
+func TestGroupCommit_SeveralGroupsRunAtOnceUpToConcurrency(t *testing.T) {
+	// Not on SQLite, whose second writer waits for the first.
+	f := newGroupFixture(t, testsvc.Databases()[1])
+	require.Equal(t, "postgres", testsvc.Databases()[1].Name)
+	var running, most atomic.Int32
+	release := make(chan struct{})
+	p := f.groupCommit(t, 1, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		n := running.Add(1)
+		for {
+			old := most.Load()
+			if n <= old || most.CompareAndSwap(old, n) {
+				break
+			}
+		}
+		if n == 2 {
+			close(release) // two transactions are open at the same time
+		}
+		<-release
+		running.Add(-1)
+		return nil
+	}), middleware.WithConcurrency(2))
+	for _, o := range processAll(p, "a", "b", "c", "d") {
+		require.NoError(t, o.err)
+	}
+	require.Equal(t, int32(2), most.Load())
+	require.Equal(t, int32(4), f.cdb.commits.Load())
+}
+
+func TestGroupCommit_MessagesArrivingWhileEveryTransactionIsBusyFormOneGroup(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	inFirst := make(chan struct{})
+	joined := make(chan int, 16)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	sizes := map[processor.Tx]int{}
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithGroupJoined(func(n int) { joined <- n }))
+	require.NoError(t, err)
+	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		tx, _ := processor.CurrentTx(ctx)
+		mu.Lock()
+		sizes[tx]++
+		mu.Unlock()
+		if m.ID == "first" {
+			close(inFirst)
+			<-release
+		}
+		return insertEffect(ctx, m)
+	}))
+	first := make(chan error, 1)
+	go func() { first <- p.Process(context.Background(), msg("first")) }()
+	<-inFirst
+	<-joined
+	rest := make(chan []outcome, 1)
+	go func() { rest <- processAll(p, "a", "b", "c", "d", "e") }()
+	for range 5 {
+		<-joined
+	}
+	close(release)
+	require.NoError(t, <-first)
+	for _, o := range <-rest {
+		require.NoError(t, o.err)
+	}
+	var got []int
+	for _, n := range sizes {
+		got = append(got, n)
+	}
+	require.ElementsMatch(t, []int{1, 5}, got, "the five that came during the first commit share the next")
+}
+
+func batchGroup(t *testing.T, f *groupFixture, n int, b processor.Batch) processor.Processor {
+	t.Helper()
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Hour), middleware.WithBatch(b))
+	require.NoError(t, err)
+	return mw(processor.Func(func(context.Context, *messagedata.MessageData) error {
+		return errors.New("the per-message processor of a batch chain ran")
+	}))
+}
+
+// insertAll writes the effects of msgs with one multi-row INSERT.
+func insertAll(ctx context.Context, msgs []*messagedata.MessageData) error {
+	tx, _ := processor.CurrentTx(ctx)
+	var q strings.Builder
+	args := make([]any, len(msgs))
+	q.WriteString(`INSERT INTO gc_effects (id) VALUES `)
+	for i, m := range msgs {
+		if i > 0 {
+			q.WriteString(",")
+		}
+		q.WriteString("(?)")
+		args[i] = m.ID
+	}
+	_, err := tx.ExecContext(ctx, tx.Rebind(q.String()), args...)
+	return err
+}
+
+func TestGroupCommit_BatchGetsTheNewMessagesOfTheGroupInOneCall(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		require.NoError(t, batchGroup(t, f, 1, processor.BatchFunc(insertAll)).Process(context.Background(), msg("seen")))
+		var calls [][]string
+		var mu sync.Mutex
+		p := batchGroup(t, f, 5, processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+			var ids []string
+			for _, m := range msgs {
+				ids = append(ids, m.ID)
+			}
+			mu.Lock()
+			calls = append(calls, ids)
+			mu.Unlock()
+			return insertAll(ctx, msgs)
+		}))
+		out := processAll(p, "a", "b", "seen", "c", "d")
+		for i, o := range out {
+			if i == 2 {
+				require.ErrorIs(t, o.err, processor.ErrDuplicate)
+				continue
+			}
+			require.NoError(t, o.err)
+		}
+		require.Len(t, calls, 1)
+		require.ElementsMatch(t, []string{"a", "b", "c", "d"}, calls[0], "the duplicate is left out")
+		require.Equal(t, int32(2), f.cdb.commits.Load())
+		for _, id := range []string{"a", "b", "c", "d", "seen"} {
+			require.Equal(t, 1, f.effects(t, id), id)
+		}
+	})
+}
+
+func TestGroupCommit_BatchThatNamesAFailingMessageRunsAgainWithoutIt(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		var calls atomic.Int32
+		p := batchGroup(t, f, 4, processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+			calls.Add(1)
+			for _, m := range msgs {
+				if m.ID == "bad" {
+					return processor.ErrorFor(m, processor.Permanent(errors.New("amount is negative")))
+				}
+			}
+			return insertAll(ctx, msgs)
+		}))
+		out := processAll(p, "a", "bad", "b", "c")
+		require.True(t, processor.IsPermanent(out[1].err))
+		require.ErrorContains(t, out[1].err, "amount is negative")
+		for _, i := range []int{0, 2, 3} {
+			require.NoError(t, out[i].err)
+		}
+		require.Equal(t, int32(2), calls.Load())
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Equal(t, 0, f.effects(t, "bad"))
+		require.Equal(t, 0, f.recorded(t, "bad"))
+		require.Equal(t, 1, f.effects(t, "c"))
+	})
+}
+
+func TestGroupCommit_BatchFailureNamingNobodyIsSplitUntilTheBadMessageIsAlone(t *testing.T) {
+	// A multi-row INSERT that one value too long makes fail: the database does not say which.
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		_, err := f.db.Exec(`CREATE TABLE gc_short (id VARCHAR(8) NOT NULL)`)
+		require.NoError(t, err)
+		var calls atomic.Int32
+		p := batchGroup(t, f, 8, processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+			calls.Add(1)
+			tx, _ := processor.CurrentTx(ctx)
+			for _, m := range msgs {
+				if len(m.ID) > 8 && d.Name == "sqlite" { // SQLite does not enforce the length
+					return errors.New("value too long for type character varying(8)")
+				}
+				if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO gc_short (id) VALUES (?)`), m.ID); err != nil {
+					return err
+				}
+			}
+			return insertAll(ctx, msgs)
+		}))
+		ids := []string{"m1", "m2", "m3", "m4", "too-long-id", "m6", "m7", "m8"}
+		out := processAll(p, ids...)
+		for i, o := range out {
+			if ids[i] == "too-long-id" {
+				require.Error(t, o.err)
+				require.Equal(t, processor.Failed, processor.OutcomeOf(o.err))
+				require.Equal(t, 0, f.effects(t, ids[i]))
+				continue
+			}
+			require.NoError(t, o.err, ids[i])
+			require.Equal(t, 1, f.effects(t, ids[i]), ids[i])
+			require.Equal(t, 1, f.recorded(t, ids[i]), ids[i])
+		}
+		// 8 fail; 4 fail, 4 commit; 2 fail, 2 commit; 1 fails, 1 commits.
+		require.Equal(t, int32(7), calls.Load())
+		require.Equal(t, int32(3), f.cdb.commits.Load())
+	})
+}
+
+func TestGroupCommit_BatchFailingForTheDatabasesSakeFailsEveryMemberRetryably(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	conflict := &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+	var calls atomic.Int32
+	p := batchGroup(t, f, 3, processor.BatchFunc(func(context.Context, []*messagedata.MessageData) error {
+		calls.Add(1)
+		return conflict
+	}))
+	for _, o := range processAll(p, "a", "b", "c") {
+		require.ErrorIs(t, o.err, conflict)
+		require.Equal(t, processor.Failed, processor.OutcomeOf(o.err))
+	}
+	require.Equal(t, int32(1), calls.Load(), "no split: no message is to blame")
+}
+
+func TestGroupCommit_BatchPanicIsFoundAndRaisedInItsMembersGoroutine(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	p := middleware.Recover()(batchGroup(t, f, 4, processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+		for _, m := range msgs {
+			if m.ID == "bug" {
+				panic("index out of range")
+			}
+		}
+		return insertAll(ctx, msgs)
+	})))
+	out := processAll(p, "a", "bug", "b", "c")
+	require.Equal(t, processor.Panicked, processor.OutcomeOf(out[1].err))
+	for _, i := range []int{0, 2, 3} {
+		require.NoError(t, out[i].err)
+	}
+	require.Equal(t, 0, f.effects(t, "bug"))
+	require.Equal(t, 1, f.effects(t, "c"))
+}
+
+func TestGroupCommit_JSONBatchDeadLettersWhatDoesNotDecodeAndAppliesTheRest(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	type payment struct{ Cents int }
+	var seen []int
+	p := batchGroup(t, f, 3, processor.JSONBatch(func(ctx context.Context, msgs []*messagedata.MessageData, vs []payment) error {
+		for _, v := range vs {
+			seen = append(seen, v.Cents)
+		}
+		return insertAll(ctx, msgs)
+	}))
+	ids := []string{"p1", "p2", "p3"}
+	payloads := map[string]string{"p1": `{"Cents": 1}`, "p2": `{"Cents": `, "p3": `{"Cents": 3}`}
+	out := make([]outcome, 3)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			m := msg(id)
+			m.Payload = []byte(payloads[id])
+			out[i].err = p.Process(context.Background(), m)
+		})
+	}
+	wg.Wait()
+	require.NoError(t, out[0].err)
+	require.True(t, processor.IsPermanent(out[1].err), "%v", out[1].err)
+	require.NoError(t, out[2].err)
+	require.ElementsMatch(t, []int{1, 3}, seen)
+	require.Equal(t, 0, f.effects(t, "p2"))
 }
