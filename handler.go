@@ -4,11 +4,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -31,8 +33,16 @@ type Handler struct {
 	// Concurrency times.
 	Subscriber message.Subscriber
 
-	// Processor applies each message's effect. Required.
+	// Processor applies each message's effect. Required unless BatchProcessor is set.
 	Processor processor.Processor
+
+	// BatchProcessor, set instead of Processor, applies the effects of a group of messages in
+	// one call and one transaction, so that it can write them with one multi-row statement
+	// (processor.Batch documents what its result does to each message). It implies group
+	// commit: the QoS chain uses "group-commit" ("group-transaction" for AtLeastOnce), whatever
+	// GroupCommit.Enabled says, and a chain named in Interceptors must end with one of them.
+	// Not supported with BestEffort, ExactlyOnceInOrder or Dedup.CheckFirst.
+	BatchProcessor processor.Batch
 
 	// QoS selects the canonical chain of interceptors for the quality of service. Required
 	// unless Interceptors is set. With Interceptors set, QoS only decides when the message is
@@ -50,10 +60,30 @@ type Handler struct {
 	// recorded. Required by every built-in chain.
 	DB *sqldb.DB
 
-	// Concurrency is how many messages of this handler are processed at once, as that many
-	// subscriptions to Topic. Defaults to 1. Brokers that serialise a consumer group (the SQL
-	// queues) deliver one message at a time whatever the value.
+	// Concurrency is how many messages of this handler are processed at once; with group
+	// commit (GroupCommit.Enabled or BatchProcessor), how many group transactions run at once.
+	// The router subscribes to Topic that many times; each subscription holds up to the
+	// broker's prefetch of deliveries (broker.Options.Prefetch), which wait for their turn.
+	// Defaults to 1.
 	Concurrency int
+
+	// MaxDeliveries is how many times a message may be delivered without succeeding before it
+	// is dead-lettered with the reason "delivery limit reached after N deliveries: <the last
+	// error>" and acknowledged: a message that fails every time, panics every time, or makes
+	// its consumer crash every time. The count comes from the broker where it counts
+	// deliveries, and is otherwise kept durably in the handler's database (table
+	// dedup.DefaultCounterTable), so that it survives a crash loop. Defaults to
+	// DefaultMaxDeliveries (10); negative turns the limit off. It applies to chains with the
+	// "deadletter" interceptor; BestEffort has none.
+	MaxDeliveries int
+
+	// Redelivery configures how long a failed message waits before it is delivered again.
+	Redelivery RedeliveryConfig
+
+	// Classifier tells errors that running a message again cannot cure (dead-lettered on first
+	// sight) from the others (retried, then redelivered). Defaults to
+	// middleware.DefaultClassifier, whose table says which is which.
+	Classifier middleware.Classifier
 
 	// Dedup configures duplicate detection.
 	Dedup DedupConfig
@@ -104,12 +134,14 @@ type DedupConfig struct {
 	Store dedup.Store
 }
 
-// GroupCommitConfig configures group commit for a handler (see middleware.GroupCommit). Up to
-// Concurrency deliveries are processed in one transaction, each under its own savepoint, so
-// that a failing message rolls back alone; their ids are recorded with one statement, and each
-// message is acknowledged only after the one commit. It pays off when the commit dominates the
-// processing time of a message; it loses when the processor waits on something else (a remote
-// call, a slow query), since a group's messages run one after the other on one connection.
+// GroupCommitConfig configures group commit for a handler (see middleware.GroupCommit): the
+// deliveries waiting for the handler share one transaction, their ids are recorded with one
+// statement, and each message is acknowledged only after the one commit. Up to Concurrency
+// groups run at once; the deliveries that arrive meanwhile, up to the broker's prefetch per
+// subscription, form the next ones. A message that fails is rolled back alone: its group runs
+// again without it. It pays off when the commit dominates the processing time of a message; it
+// loses when the processor waits on something else (a remote call, a slow query), since a
+// group's messages run one after the other on one connection.
 type GroupCommitConfig struct {
 	// Enabled makes the QoS chain use group commit: "group-commit" in place of "transaction"
 	// and "deduplicate", or, for AtLeastOnce and BestEffort, "group-transaction" in place of
@@ -118,13 +150,45 @@ type GroupCommitConfig struct {
 	Enabled bool
 
 	// MaxSize is the most messages in one group. Defaults to middleware.DefaultMaxGroupSize
-	// (64). A group never holds more than Concurrency messages.
+	// (64).
 	MaxSize int
 
-	// MaxWait is the longest a group waits for more messages after its first one. Defaults to
-	// middleware.DefaultMaxGroupWait (5 ms). A group starts before that when no other group of
-	// the handler is running and every delivery in flight (at most Concurrency) has joined it.
+	// MaxWait is how long a group that is not full waits for more messages after its first,
+	// when one of the handler's Concurrency transactions is free. Defaults to
+	// middleware.DefaultMaxGroupWait (0: it starts at once; the messages that arrive while
+	// every transaction is busy form the next group).
 	MaxWait time.Duration
+}
+
+// DefaultMaxDeliveries is the delivery limit of a handler whose MaxDeliveries is zero.
+const DefaultMaxDeliveries = 10
+
+// DefaultRedeliveryDelays are the waits before a failed message is delivered again, by the
+// delivery that failed: 1 s after the first, 5 s after the second, 30 s after the third, and
+// 2 min after each later one.
+var DefaultRedeliveryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute}
+
+// RedeliveryConfig configures the delay before a failed message (an error that its in-process
+// retries did not cure, or a panic) is delivered again. The delay grows with the message's
+// delivery count, so that a message that keeps failing stops spinning while the messages
+// behind it keep flowing. Brokers that can delay a redelivery do it themselves (NATS, Redis,
+// the SQL and SQLite queues: the message is nacked at once and stays invisible for the delay);
+// for the others (RabbitMQ) the subscriber holds the message for the delay, then nacks it.
+type RedeliveryConfig struct {
+	// Delays are the waits after the first, second, ... failed delivery; the last one repeats.
+	// Defaults to DefaultRedeliveryDelays. A message whose delivery count is unknown waits the
+	// first.
+	Delays []time.Duration
+}
+
+// delay returns the wait before the delivery after delivery number n (1 for the first; 0
+// unknown).
+func (c RedeliveryConfig) delay(n int) time.Duration {
+	delays := c.Delays
+	if len(delays) == 0 {
+		delays = DefaultRedeliveryDelays
+	}
+	return delays[min(max(n, 1), len(delays))-1]
 }
 
 // RetryConfig configures the in-process retries of a handler.
@@ -153,8 +217,14 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Topic: %q is not a valid topic name (letters, digits, '_', '-' and '.')", h.Topic)
 	case h.Subscriber == nil:
 		return fmt.Errorf("Handler.Subscriber: nil (handler %q)", h.Name)
-	case h.Processor == nil:
-		return fmt.Errorf("Handler.Processor: nil (handler %q)", h.Name)
+	case h.Processor == nil && h.BatchProcessor == nil:
+		return fmt.Errorf("Handler.Processor: nil (handler %q; set Processor or BatchProcessor)", h.Name)
+	case h.Processor != nil && h.BatchProcessor != nil:
+		return fmt.Errorf("Handler.BatchProcessor: set together with Processor (handler %q; set one of them)", h.Name)
+	case h.BatchProcessor != nil && (h.QoS == BestEffort || h.QoS == ExactlyOnceInOrder):
+		return fmt.Errorf("Handler.BatchProcessor: not supported with %s (handler %q; use ExactlyOnce or AtLeastOnce)", h.QoS, h.Name)
+	case h.BatchProcessor != nil && h.Dedup.CheckFirst:
+		return fmt.Errorf("Handler.BatchProcessor: not supported with Dedup.CheckFirst (handler %q)", h.Name)
 	case (len(h.Interceptors) == 0 || h.QoS != 0) && !h.QoS.Valid():
 		return fmt.Errorf("Handler.QoS: %s is not a quality of service (handler %q; want BestEffort, AtLeastOnce, ExactlyOnce or ExactlyOnceInOrder)", h.QoS, h.Name)
 	case h.DB == nil:
@@ -167,6 +237,8 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Retry.MaxAttempts: %d is negative", h.Retry.MaxAttempts)
 	case h.Retry.InitialInterval < 0 || h.Retry.MaxInterval < 0:
 		return errors.New("Handler.Retry: negative interval")
+	case slices.ContainsFunc(h.Redelivery.Delays, func(d time.Duration) bool { return d < 0 }):
+		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
 	case h.Dedup.Retention < 0:
 		return fmt.Errorf("Handler.Dedup.Retention: %s is negative", h.Dedup.Retention)
 	case h.GroupCommit.MaxSize < 0:

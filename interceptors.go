@@ -161,12 +161,22 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			return middleware.Metrics(h.Name)
 		},
 		InterceptorDeadLetter: func(h HandlerInfo) (middleware.Middleware, error) {
-			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name), nil
+			var opts []middleware.DeadLetterOption
+			if limit := h.Handler.MaxDeliveries; limit >= 0 && h.Handler.QoS != BestEffort {
+				if limit == 0 {
+					limit = DefaultMaxDeliveries
+				}
+				opts = append(opts, middleware.WithMaxDeliveries(limit))
+			}
+			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
 		},
 		InterceptorRecover: func(HandlerInfo) (middleware.Middleware, error) { return middleware.Recover(), nil },
 		InterceptorRetry: func(h HandlerInfo) (middleware.Middleware, error) {
 			rc := h.Handler.Retry
 			opts := []middleware.RetryOption{}
+			if h.Handler.Classifier != nil {
+				opts = append(opts, middleware.WithClassifier(h.Handler.Classifier))
+			}
 			if rc.MaxAttempts > 0 {
 				opts = append(opts, middleware.WithMaxAttempts(rc.MaxAttempts))
 			}
@@ -240,6 +250,9 @@ func groupOptions(h Handler) []middleware.GroupOption {
 	}
 	if h.Isolation != 0 {
 		opts = append(opts, middleware.WithIsolation(h.Isolation))
+	}
+	if h.BatchProcessor != nil {
+		opts = append(opts, middleware.WithBatch(h.BatchProcessor))
 	}
 	return opts
 }

@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/onceflow/onceflow/dedup"
-	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
@@ -57,40 +55,6 @@ func traceProcessor(p processor.Processor) processor.Processor {
 		}
 		return err
 	})
-}
-
-// settle acknowledges or rejects msg for outcome and records it: the onceflow.ack span, the
-// commit-to-ack latency, and acknowledgements lost because the delivery had ended.
-//
-// watermill's Ack only hands the acknowledgement to the subscriber, which sends it to the
-// broker later and reports nothing back. What the router can see is whether anyone still
-// listens: a delivery whose context has ended (every adapter ends it when it stops waiting for
-// the ack: ack deadline, closing subscription, lost connection) or that was nacked will not
-// pass the ack on. Those are counted in onceflow.ack.failures. An ack that the subscriber
-// accepts and then fails to send, or that is lost on the wire, is invisible here; it shows as a
-// redelivery counted with outcome duplicate.
-func (h *handler) settle(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome) {
-	if !outcome.Acks() {
-		msg.Nack()
-		telemetry.Settle(st.Span, false, nil)
-		return
-	}
-	var lost error
-	if err := msg.Context().Err(); err != nil {
-		lost = fmt.Errorf("%w: the delivery ended before the acknowledgement (%w)", ErrAckLost, err)
-	}
-	if !msg.Ack() && lost == nil {
-		lost = fmt.Errorf("%w: the delivery was nacked before", ErrAckLost)
-	}
-	switch {
-	case lost != nil:
-		h.router.instruments.AckFailures.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(h.name), telemetry.AttrOutcome.String(string(outcome))))
-		h.logger.Warn("acknowledgement lost; the broker will deliver the message again", "message_id", md.ID,
-			"attempt", st.Retries+1, "outcome", string(outcome), "committed", !st.CommittedAt.IsZero(), "error", lost)
-	case !st.CommittedAt.IsZero():
-		h.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), h.attrs)
-	}
-	telemetry.Settle(st.Span, true, lost)
 }
 
 // initHandlerMetrics starts the router's counters of a handler at 0, so that they are exported

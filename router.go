@@ -18,7 +18,6 @@ import (
 
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
-	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -56,6 +55,8 @@ type Router struct {
 	orders   orderRegistry
 	migrate  []func(context.Context) error
 	gate     gate
+	holds    holds
+	counters map[storeKey]*dedup.Counter
 	closeErr error
 	closed   sync.Once
 }
@@ -91,6 +92,7 @@ func NewRouter(cfg Config) (*Router, error) {
 		instruments: ins,
 		names:       map[string]bool{},
 		stores:      map[storeKey]*dedup.SQLStore{},
+		counters:    map[storeKey]*dedup.Counter{},
 		gate:        gate{idle: make(chan struct{})},
 	}
 	r.interceptors = r.builtinInterceptors()
@@ -110,10 +112,17 @@ func (r *Router) AddHandler(h Handler) error {
 	}
 	names := h.Interceptors
 	if len(names) == 0 {
-		names = chainFor(h.QoS, h.GroupCommit.Enabled)
+		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
 	}
 	if err := checkOrder(names); err != nil {
 		return err
+	}
+	grouped := slices.Contains(names, InterceptorGroupCommit) || slices.Contains(names, InterceptorGroupTransaction)
+	if h.BatchProcessor != nil {
+		if last := names[len(names)-1]; last != InterceptorGroupCommit && last != InterceptorGroupTransaction {
+			return fmt.Errorf("Handler.BatchProcessor: the chain must end with %q or %q, which hand the batch to it (handler %q ends with %q)",
+				InterceptorGroupCommit, InterceptorGroupTransaction, h.Name, last)
+		}
 	}
 
 	// The dedup table is created only for chains that record keys: a chain that relies on
@@ -139,7 +148,11 @@ func (r *Router) AddHandler(h Handler) error {
 		return err
 	}
 	// The onceflow.process span is innermost: one per attempt, around the user's processor only.
-	chain := wrap(mws, traceProcessor(h.Processor))
+	var inner processor.Processor = batchOnly{}
+	if h.Processor != nil {
+		inner = traceProcessor(h.Processor)
+	}
+	chain := wrap(mws, inner)
 
 	// A message that cannot be converted goes through the interceptors that do not touch the
 	// database, to a processor that fails permanently with the conversion error: it is traced,
@@ -161,7 +174,8 @@ func (r *Router) AddHandler(h Handler) error {
 		return processor.Permanent(ctx.Value(convErrKey{}).(error))
 	}))
 
-	hd := &handler{
+	n := max(h.Concurrency, 1)
+	c := &consumer{
 		router:       r,
 		name:         h.Name,
 		topic:        h.Topic,
@@ -169,22 +183,53 @@ func (r *Router) AddHandler(h Handler) error {
 		chain:        chain,
 		reject:       reject,
 		ackOnReceipt: h.QoS == BestEffort,
-		slots:        make(chan struct{}, max(h.Concurrency, 1)),
+		redelivery:   h.Redelivery,
 		logger:       info.Logger,
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
 	}
+	if !grouped {
+		c.slots = make(chan struct{}, n)
+	}
+	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
+		counter, err := r.counterFor(h)
+		if err != nil {
+			return err
+		}
+		c.counter = counter
+	}
 	sub := &onceClosingSubscriber{Subscriber: h.Subscriber}
-	n := max(h.Concurrency, 1)
 	for i := range n {
 		name := h.Name
 		if n > 1 {
 			name = fmt.Sprintf("%s#%d", h.Name, i+1)
 		}
-		r.wr.AddConsumerHandler(name, h.Topic, sub, hd.handle)
+		r.wr.AddConsumerHandler(name, h.Topic, sub, c.handle)
 	}
 	r.names[h.Name] = true
 	r.initHandlerMetrics(h.Name)
 	return nil
+}
+
+// batchOnly is the innermost processor of a handler with a BatchProcessor: the group-commit
+// interceptor hands the messages to the batch processor and never calls it.
+type batchOnly struct{}
+
+func (batchOnly) Process(context.Context, *messagedata.MessageData) error {
+	return errors.New("onceflow: a handler with a BatchProcessor reached its per-message processor (the chain must end with group commit)")
+}
+
+// counterFor returns the delivery counter of h's database, one per database and table.
+func (r *Router) counterFor(h Handler) (*dedup.Counter, error) {
+	key := storeKey{db: h.DB, table: dedup.DefaultCounterTable}
+	if c, ok := r.counters[key]; ok {
+		return c, nil
+	}
+	c, err := dedup.NewCounter(h.DB, dedup.CounterConfig{Retention: h.Dedup.Retention})
+	if err != nil {
+		return nil, fmt.Errorf("Handler.MaxDeliveries: %w", err)
+	}
+	r.counters[key] = c
+	return c, nil
 }
 
 func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {
@@ -261,6 +306,7 @@ func (r *Router) Running() chan struct{} { return r.wr.Running() }
 func (r *Router) Close() error {
 	r.closed.Do(func() {
 		idle := r.gate.close()
+		r.holds.release() // failed messages held for their redelivery delay go back now
 		select {
 		case <-idle:
 		case <-time.After(r.cfg.CloseTimeout):
@@ -280,11 +326,20 @@ func (r *Router) Migrate(ctx context.Context) error {
 	for _, s := range r.stores {
 		stores = append(stores, s)
 	}
+	counters := make([]*dedup.Counter, 0, len(r.counters))
+	for _, c := range r.counters {
+		counters = append(counters, c)
+	}
 	extra := append([]func(context.Context) error(nil), r.migrate...)
 	r.mu.Unlock()
 	for _, s := range stores {
 		if err := s.Migrate(ctx); err != nil {
 			return fmt.Errorf("migrate dedup table %s: %w", s.Table(), err)
+		}
+	}
+	for _, c := range counters {
+		if err := c.Migrate(ctx); err != nil {
+			return err
 		}
 	}
 	if err := r.orders.migrate(ctx); err != nil {
@@ -312,7 +367,19 @@ func (r *Router) purgeLoop(ctx context.Context) {
 		for _, s := range r.stores {
 			stores = append(stores, s)
 		}
+		counters := make([]*dedup.Counter, 0, len(r.counters))
+		for _, c := range r.counters {
+			counters = append(counters, c)
+		}
 		r.mu.Unlock()
+		for _, c := range counters {
+			res, err := c.Purge(ctx, dedup.PurgeOptions{BatchSize: r.cfg.PurgeBatchSize})
+			if err != nil {
+				r.logger.Error("purge of old delivery counts failed", "table", c.Table(), "error", err)
+			} else if !res.Skipped && res.Deleted > 0 {
+				r.logger.Info("purged old delivery counts", "table", c.Table(), "deleted", res.Deleted)
+			}
+		}
 		for _, s := range stores {
 			res, err := s.Purge(ctx, dedup.PurgeOptions{BatchSize: r.cfg.PurgeBatchSize})
 			switch {
@@ -327,145 +394,9 @@ func (r *Router) purgeLoop(ctx context.Context) {
 	}
 }
 
-type convErrKey struct{}
-
-// handler is one Handler at run time.
-type handler struct {
-	router       *Router
-	name         string
-	topic        string
-	conv         *converter.Converter
-	chain        processor.Processor
-	reject       processor.Processor
-	ackOnReceipt bool
-	// slots bounds the deliveries being processed after an ack on receipt to Concurrency: the
-	// subscriber hands over the next message as soon as one is acked, and watermill runs each
-	// in a goroutine of its own, so without it a BestEffort handler would take every message
-	// the broker has, each holding a database connection.
-	slots  chan struct{}
-	logger *slog.Logger
-	attrs  metric.MeasurementOption
-}
-
-// handle is the watermill handler function. It acks or nacks the message itself and always
-// returns nil, so that watermill's own ack after a nil return is a no-op.
-func (h *handler) handle(msg *message.Message) error {
-	if !h.router.gate.enter() {
-		msg.Nack()
-		return nil
-	}
-	defer h.router.gate.leave()
-
-	st := &delivery.State{Handler: h.name, Received: time.Now()}
-	ctx := delivery.With(msg.Context(), st)
-	if h.ackOnReceipt {
-		h.slots <- struct{}{}
-		defer func() { <-h.slots }()
-		msg.Ack()
-		// The delivery is over for the broker, and subscribers end a message's context once it
-		// is acked: the processing that follows must not end with it.
-		ctx = context.WithoutCancel(ctx)
-	}
-
-	md, convErr := h.conv.FromMessage(h.topic, msg)
-	var err error
-	if convErr != nil {
-		err = h.reject.Process(context.WithValue(ctx, convErrKey{}, convErr), md)
-	} else {
-		err = h.chain.Process(ctx, md)
-	}
-
-	outcome := processor.OutcomeOf(err)
-	if !h.ackOnReceipt {
-		h.settle(ctx, msg, md, st, outcome)
-	}
-	h.log(md, st, outcome, err)
-	if st.Span != nil {
-		st.Span.End() // last: the delivery's ack, metrics and log are done
-	}
-	return nil
-}
-
-func (h *handler) log(md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome, err error) {
-	attempt := st.Retries + 1
-	switch outcome {
-	case processor.Processed, processor.Duplicate:
-		if h.logger.Enabled(context.Background(), slog.LevelDebug) {
-			h.logger.Debug("message "+string(outcome), "message_id", md.ID, "attempt", attempt)
-		}
-	case processor.DeadLettered:
-		h.logger.Warn("message dead-lettered", "message_id", md.ID, "attempt", attempt, "reason", err)
-	case processor.Panicked:
-		var p *processor.PanicError
-		errors.As(err, &p)
-		h.logger.Error("processor panicked; rolled back, message nacked", "message_id", md.ID, "attempt", attempt,
-			"panic", fmt.Sprint(p.Value), "stack", string(p.Stack))
-	default:
-		level := slog.LevelWarn
-		if h.ackOnReceipt {
-			level = slog.LevelError // the message is acked already: its effect is lost
-		}
-		h.logger.Log(context.Background(), level, "message processing failed", "message_id", md.ID, "attempt", attempt,
-			"error", err, "lost", h.ackOnReceipt)
-	}
-}
-
 func wrap(mws []middleware.Middleware, p processor.Processor) processor.Processor {
 	for i := len(mws) - 1; i >= 0; i-- {
 		p = mws[i](p)
 	}
 	return p
-}
-
-// gate counts deliveries in flight and refuses new ones once closing.
-type gate struct {
-	mu      sync.Mutex
-	n       int
-	closing bool
-	idle    chan struct{}
-}
-
-func (g *gate) enter() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closing {
-		return false
-	}
-	g.n++
-	return true
-}
-
-func (g *gate) leave() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.n--
-	if g.closing && g.n == 0 {
-		close(g.idle)
-	}
-}
-
-// close refuses new deliveries and returns a channel closed when none is in flight.
-func (g *gate) close() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !g.closing {
-		g.closing = true
-		if g.n == 0 {
-			close(g.idle)
-		}
-	}
-	return g.idle
-}
-
-// onceClosingSubscriber lets the watermill router close one subscriber from each of the
-// handler's subscriptions: only the first Close reaches it.
-type onceClosingSubscriber struct {
-	message.Subscriber
-	once sync.Once
-	err  error
-}
-
-func (s *onceClosingSubscriber) Close() error {
-	s.once.Do(func() { s.err = s.Subscriber.Close() })
-	return s.err
 }

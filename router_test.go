@@ -77,12 +77,17 @@ func (m mode) group() bool { return m.companions > 0 }
 
 // handler returns h for the mode. With group commit, a QoS chain gets GroupCommit.Enabled and a
 // named chain "group-commit" in place of "transaction" and "deduplicate" ("group-transaction"
-// when it has no "deduplicate"); the handler runs one subscription per message of a scenario.
+// when it has no "deduplicate"); the handler runs one subscription per message of a scenario,
+// and a group starts when every message of the scenario has joined it, or after 100 ms.
 func (m mode) handler(h onceflow.Handler) onceflow.Handler {
 	if !m.group() {
 		return h
 	}
 	h.Concurrency = m.companions + 1
+	if h.GroupCommit.MaxSize == 0 {
+		h.GroupCommit.MaxSize = m.companions + 1
+		h.GroupCommit.MaxWait = 100 * time.Millisecond
+	}
 	if len(h.Interceptors) == 0 {
 		h.GroupCommit.Enabled = true
 		return h
@@ -145,6 +150,9 @@ func (f *fixture) startRouter(t *testing.T, h onceflow.Handler, register ...func
 	}
 	if h.Retry.InitialInterval == 0 {
 		h.Retry.InitialInterval = time.Millisecond
+	}
+	if h.Redelivery.Delays == nil {
+		h.Redelivery.Delays = []time.Duration{5 * time.Millisecond}
 	}
 	require.NoError(t, r.AddHandler(f.mode.handler(h)))
 

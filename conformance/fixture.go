@@ -171,6 +171,8 @@ func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Han
 		Processor:   spec.Processor,
 		Concurrency: spec.Concurrency,
 		Retry:       onceflow.RetryConfig{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		// A failed message comes back after the suite's nack delay, whichever delivery it is.
+		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{f.timings.NackDelay}},
 	}
 	if h.Processor == nil {
 		h.Processor = applyEffect(spec.Name)

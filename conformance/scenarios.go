@@ -121,7 +121,7 @@ func testNackBeforeCommit(t *testing.T, f *fixture) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, id := range ids {
-		require.Equal(t, 2, attempts[id], "%s: one failed attempt, one retry by the broker", id)
+		require.Equal(t, 2, attempts[id], "%s: one failed attempt, one retry by the broker (%+v)", id, n.probe.get("effects", id))
 		require.Equal(t, 0, seenOnRetry[id], "%s: the failed attempt's effect was rolled back", id)
 		require.Equal(t, deliveryCounts{Deliveries: 2, Acks: 1, Nacks: 1}, n.probe.get("effects", id), id)
 		require.Equal(t, 1, f.effects("effects", id), "%s: one effect", id)

@@ -37,6 +37,18 @@ const (
 	HeaderDeadLetterTopic = "onceflow_dlq_topic"
 	// HeaderDeadLetterTime is when the message was dead-lettered, in RFC 3339 format.
 	HeaderDeadLetterTime = "onceflow_dlq_time"
+	// HeaderDeadLetterDeliveries is how many times the message had been delivered when it was
+	// dead-lettered, when that is known.
+	HeaderDeadLetterDeliveries = "onceflow_dlq_deliveries"
+	// HeaderDeadLetterOriginalID carries the id of a dead-lettered message whose own id the
+	// dead-letter broker refused (too long for it, say): the dead letter is published under an
+	// id derived from the original one, which this header keeps.
+	HeaderDeadLetterOriginalID = "onceflow_dlq_original_id"
+	// HeaderDeadLetterPayloadDropped is set on a dead letter whose payload the dead-letter
+	// broker refused even under a new id (too large for it, say): the dead letter carries the
+	// headers and the reason without the payload, and this header says how many bytes were
+	// dropped and why.
+	HeaderDeadLetterPayloadDropped = "onceflow_dlq_payload_dropped"
 
 	// HeaderReplayCount is set on a dead letter that `onceflow dlq replay` puts back on its
 	// topic: how many times the message has been replayed, a positive decimal integer. The
@@ -46,6 +58,19 @@ const (
 	// HeaderReplayTime is when the message was last replayed, in RFC 3339 format.
 	HeaderReplayTime = "onceflow_replay_time"
 )
+
+// DeadLetterHeaders are the headers that dead-lettering adds to a message, and that a replay
+// of the dead letter removes.
+var DeadLetterHeaders = []string{
+	HeaderDeadLetterReason,
+	HeaderDeadLetterHandler,
+	HeaderDeadLetterAttempt,
+	HeaderDeadLetterDeliveries,
+	HeaderDeadLetterTopic,
+	HeaderDeadLetterTime,
+	HeaderDeadLetterOriginalID,
+	HeaderDeadLetterPayloadDropped,
+}
 
 // MessageData is one incoming message, independent of the broker it came from.
 //
@@ -81,6 +106,12 @@ type MessageData struct {
 	// Attempt counts processing attempts of this delivery within this process, starting at 1.
 	// The Retry middleware increments it for each new attempt.
 	Attempt int
+	// Delivery counts the deliveries of the message, this one included: 1 the first time the
+	// broker hands it out, 2 when it comes again after a nack, a lost acknowledgement or a
+	// consumer that died. The router takes it from the broker where the broker counts, and
+	// otherwise keeps the count durably in the handler's database; the DeadLetter middleware
+	// gives a message up at the handler's delivery limit. Zero when nobody counted.
+	Delivery int
 }
 
 // Header returns the value of header name, or "" when it is absent.

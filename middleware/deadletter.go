@@ -2,12 +2,16 @@ package middleware
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/internal/telemetry"
@@ -18,57 +22,191 @@ import (
 // maxReasonLength bounds the reason header; some brokers limit header sizes.
 const maxReasonLength = 1024
 
-// DeadLetter publishes a message whose processing failed permanently to topic on pub, then
-// reports it as handled.
+// ErrDeliveryLimit reports a message given up because it reached its handler's delivery limit
+// (WithMaxDeliveries) without succeeding. The dead letter's reason says after how many
+// deliveries, and the last error.
+var ErrDeliveryLimit = errors.New("delivery limit reached")
+
+// ErrDeadLetterFailed reports a message that was to be dead-lettered but that the dead-letter
+// broker refused under every form PublishDeadLetter tries: the broker is failing, not the
+// message. The error is retryable: the router nacks the message, which comes back later.
+var ErrDeadLetterFailed = errors.New("dead-letter publish failed")
+
+// DeadLetterOption configures DeadLetter.
+type DeadLetterOption func(*deadLetterConfig)
+
+type deadLetterConfig struct {
+	maxDeliveries int
+}
+
+// WithMaxDeliveries makes DeadLetter give up a message at its n-th delivery
+// (messagedata.MessageData.Delivery): a message whose n-th delivery fails, with an error that
+// running again might cure or with a panic, is dead-lettered with the reason "delivery limit
+// reached after n deliveries: <its error>" instead of being nacked; a message delivered more
+// than n times (its n-th delivery ended without an outcome: the consumer died or its
+// acknowledgement was lost) is dead-lettered before it is processed. A message whose delivery
+// count is unknown (0) is never given up this way. Defaults to 0: no limit.
+func WithMaxDeliveries(n int) DeadLetterOption {
+	return func(c *deadLetterConfig) { c.maxDeliveries = n }
+}
+
+// DeadLetter publishes a message that cannot succeed to topic on pub, then reports it as
+// handled.
 //
-// A permanent error (processor.Permanent, a malformed payload, a message without an id) reaches
-// DeadLetter from the chain inside. DeadLetter publishes the message, with its id, payload and
-// headers, plus the headers messagedata.HeaderDeadLetterReason (the error text),
-// HeaderDeadLetterHandler, HeaderDeadLetterAttempt, HeaderDeadLetterTopic and
-// HeaderDeadLetterTime, and returns an error wrapping processor.ErrDeadLettered: the router acks
-// the message. If the publish fails, DeadLetter returns that failure and the router nacks, so
-// the message is not lost. Other outcomes pass through unchanged.
+// A message cannot succeed when the chain inside returns a permanent error (processor.Permanent,
+// a malformed payload, a message without an id, an error that the Retry middleware classified
+// as permanent), and, with WithMaxDeliveries, when it reaches the delivery limit. DeadLetter
+// publishes the message, with its id, payload and headers, plus the headers
+// messagedata.HeaderDeadLetterReason (the error text), HeaderDeadLetterHandler,
+// HeaderDeadLetterAttempt, HeaderDeadLetterDeliveries, HeaderDeadLetterTopic and
+// HeaderDeadLetterTime, and returns an error wrapping processor.ErrDeadLettered: the router
+// acks the message. Other outcomes pass through unchanged.
 //
-// The published message carries the incoming message's context, so a broker adapter can publish
-// it in the same unit of work as the acknowledgement (the embedded SQLite queue does), and the
-// trace context of ctx in its headers (W3C traceparent, written by the propagator of the Tracing
-// middleware outside, or the global one): its consumers continue the trace of the failed
-// delivery.
-func DeadLetter(pub message.Publisher, topic, handler string) Middleware {
+// A dead letter is never refused for the message's own sake: when pub refuses it (an id the
+// broker cannot carry, a payload too large), DeadLetter publishes it again under an id derived
+// from the original one, which goes in HeaderDeadLetterOriginalID, and if that is refused too,
+// without its payload, saying so in HeaderDeadLetterPayloadDropped. When even that fails, the
+// dead-letter broker itself is failing: DeadLetter returns the failure, which is not permanent,
+// and the router nacks the message so that it is not lost and comes back later.
+//
+// The published message carries the incoming message's context and the trace context of ctx
+// in its headers (W3C traceparent, written by the propagator of the Tracing middleware outside,
+// or the global one): its consumers continue the trace of the failed delivery.
+func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetterOption) Middleware {
+	var cfg deadLetterConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			err := next.Process(ctx, msg)
+			var err error
+			if limit := cfg.maxDeliveries; limit > 0 && msg.Delivery > limit {
+				err = processor.Permanent(fmt.Errorf("%w after %d deliveries: the last one ended without an outcome (its consumer stopped, or its acknowledgement was lost)",
+					ErrDeliveryLimit, msg.Delivery-1))
+			} else {
+				err = next.Process(ctx, msg)
+				if cfg.maxDeliveries > 0 && msg.Delivery >= cfg.maxDeliveries && givesUp(ctx, err) {
+					err = processor.Permanent(fmt.Errorf("%w after %d deliveries: %w", ErrDeliveryLimit, msg.Delivery, err))
+				}
+			}
 			if err == nil || !processor.IsPermanent(err) {
 				return err
 			}
 			if pubErr := PublishDeadLetter(ctx, pub, topic, handler, msg, err); pubErr != nil {
-				return fmt.Errorf("dead-letter after %v: %w", err, pubErr)
+				return fmt.Errorf("%w after %v: %w", ErrDeadLetterFailed, err, pubErr)
 			}
 			return fmt.Errorf("%w to %s: %w", processor.ErrDeadLettered, topic, err)
 		})
 	}
 }
 
+// givesUp reports whether err, the outcome of the last allowed delivery, is a failure that the
+// delivery limit ends: an error or panic of the message's own, not the end of the delivery (a
+// consumer shutting down, an ack deadline) nor a commit whose outcome is unknown, after which
+// the message may well have been applied.
+func givesUp(ctx context.Context, err error) bool {
+	switch processor.OutcomeOf(err) {
+	case processor.Failed, processor.Panicked:
+	default:
+		return false
+	}
+	if processor.IsPermanent(err) || errors.Is(err, ErrCommitOutcomeUnknown) {
+		return false
+	}
+	return ctx.Err() == nil
+}
+
 // PublishDeadLetter publishes msg to topic on pub with the dead-letter headers for reason. A
-// message without an id gets a fresh one, so that it can be listed and replayed.
+// message without an id gets a fresh one, so that it can be listed and replayed. When pub
+// refuses the message, it tries again under an id derived from the original one (kept in
+// messagedata.HeaderDeadLetterOriginalID), and then without the payload
+// (messagedata.HeaderDeadLetterPayloadDropped says why); it returns an error only when every
+// attempt failed, which means the dead-letter broker is failing, not the message.
 func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handler string, msg *messagedata.MessageData, reason error) error {
+	out := deadLetter(ctx, handler, msg, reason)
+	first := pub.Publish(topic, out)
+	if first == nil {
+		return nil
+	}
+	// The broker may refuse the id (too long, characters it cannot carry): a derived id, which
+	// every broker accepts, keeps retried dead letters of one message under one id.
+	again := deadLetter(ctx, handler, msg, reason)
+	again.Metadata[messagedata.HeaderDeadLetterOriginalID] = headerSafe(out.UUID)
+	again.UUID = derivedID(out.UUID)
+	second := pub.Publish(topic, again)
+	if second == nil {
+		return nil
+	}
+	// The payload or a header may be what it refuses: keep the reason and the ids.
+	bare := message.NewMessage(again.UUID, nil)
+	for _, k := range []string{messagedata.HeaderDeadLetterReason, messagedata.HeaderDeadLetterHandler,
+		messagedata.HeaderDeadLetterAttempt, messagedata.HeaderDeadLetterDeliveries, messagedata.HeaderDeadLetterTopic,
+		messagedata.HeaderDeadLetterTime, messagedata.HeaderDeadLetterOriginalID, messagedata.HeaderKey, messagedata.HeaderSequence} {
+		if v, ok := again.Metadata[k]; ok {
+			bare.Metadata[k] = v
+		}
+	}
+	bare.Metadata[messagedata.HeaderDeadLetterPayloadDropped] = truncate(fmt.Sprintf("%d bytes and %d headers dropped: the dead-letter broker refused the message: %v",
+		len(msg.Payload), len(msg.Headers), second), maxReasonLength)
+	bare.SetContext(out.Context())
+	third := pub.Publish(topic, bare)
+	if third == nil {
+		return nil
+	}
+	return fmt.Errorf("publish to dead-letter topic %q: %w", topic, errors.Join(first, second, third))
+}
+
+// deadLetter returns the dead letter of msg: the message with the dead-letter headers.
+func deadLetter(ctx context.Context, handler string, msg *messagedata.MessageData, reason error) *message.Message {
 	out := converter.ToMessage(msg)
 	if out.UUID == "" {
 		out.UUID = watermill.NewULID()
 	}
-	text := reason.Error()
-	if len(text) > maxReasonLength {
-		text = text[:maxReasonLength]
-	}
-	out.Metadata[messagedata.HeaderDeadLetterReason] = text
+	out.Metadata[messagedata.HeaderDeadLetterReason] = truncate(reason.Error(), maxReasonLength)
 	out.Metadata[messagedata.HeaderDeadLetterHandler] = handler
 	out.Metadata[messagedata.HeaderDeadLetterAttempt] = strconv.Itoa(max(msg.Attempt, 1))
+	if msg.Delivery > 0 {
+		out.Metadata[messagedata.HeaderDeadLetterDeliveries] = strconv.Itoa(msg.Delivery)
+	}
 	out.Metadata[messagedata.HeaderDeadLetterTopic] = msg.Topic
 	out.Metadata[messagedata.HeaderDeadLetterTime] = time.Now().UTC().Format(time.RFC3339Nano)
 	telemetry.Inject(ctx, out.Metadata)
 	out.SetContext(ctx)
-	if err := pub.Publish(topic, out); err != nil {
-		return fmt.Errorf("publish to dead-letter topic %q: %w", topic, err)
-	}
-	return nil
+	return out
 }
+
+// derivedID returns an id for a dead letter whose own id the broker refused: a ULID-shaped
+// string (26 characters of Crockford base32, accepted by every broker onceflow supports)
+// made from the SHA-256 of id, so that every attempt for one message uses the same one.
+func derivedID(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	var u ulid.ULID
+	copy(u[:], sum[:])
+	return u.String()
+}
+
+// headerSafe returns id as a header value: printable, at most maxReasonLength bytes, so that
+// the header itself is not what the broker refuses.
+func headerSafe(id string) string {
+	id = strings.ToValidUTF8(id, "\uFFFD")
+	id = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return '\uFFFD'
+		}
+		return r
+	}, id)
+	return truncate(id, maxReasonLength)
+}
+
+// truncate cuts s to at most n bytes, at a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !isRuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }

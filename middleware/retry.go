@@ -21,6 +21,7 @@ type retryConfig struct {
 	maxInterval     time.Duration
 	multiplier      float64
 	onRetry         func(ctx context.Context, msg *messagedata.MessageData, err error)
+	permanent       Classifier
 }
 
 // Retry defaults.
@@ -41,6 +42,10 @@ func WithBackoff(initial, max time.Duration) RetryOption {
 	return func(c *retryConfig) { c.initialInterval, c.maxInterval = initial, max }
 }
 
+// WithClassifier sets the Classifier that tells permanent errors from retryable ones.
+// Defaults to DefaultClassifier.
+func WithClassifier(c Classifier) RetryOption { return func(cfg *retryConfig) { cfg.permanent = c } }
+
 // OnRetry registers fn, called before each retry with the error of the failed attempt.
 func OnRetry(fn func(ctx context.Context, msg *messagedata.MessageData, err error)) RetryOption {
 	return func(c *retryConfig) { c.onRetry = fn }
@@ -50,20 +55,26 @@ func OnRetry(fn func(ctx context.Context, msg *messagedata.MessageData, err erro
 // exponential backoff between attempts.
 //
 // Every attempt re-runs everything inside Retry: placed outside Transaction, each attempt gets
-// a fresh transaction. Retry does not retry a duplicate, a permanent error, a dead-lettered
-// message, or an attempt that failed because ctx ended; a panic passes through it. When the
-// attempts are used up it returns the last error, and the router nacks the message so the
-// broker redelivers it. Each attempt sees a copy of the message whose Attempt field counts from
-// 1.
+// a fresh transaction. Retry does not retry a duplicate, a dead-lettered message, an attempt
+// that failed because ctx ended, or a permanent error: an error that its Classifier
+// (DefaultClassifier unless WithClassifier) finds permanent is returned at once, made
+// processor.Permanent, so that DeadLetter outside dead-letters it on first sight. A panic
+// passes through it. When the attempts are used up it returns the last error, and the router
+// nacks the message so the broker redelivers it, after a delay that grows with its delivery
+// count. Each attempt sees a copy of the message whose Attempt field counts from 1.
 func Retry(opts ...RetryOption) Middleware {
 	cfg := retryConfig{
 		maxAttempts:     DefaultRetryMaxAttempts,
 		initialInterval: DefaultRetryInitialInterval,
 		maxInterval:     DefaultRetryMaxInterval,
 		multiplier:      2,
+		permanent:       DefaultClassifier,
 	}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.permanent == nil {
+		cfg.permanent = DefaultClassifier
 	}
 	if cfg.maxAttempts < 1 {
 		cfg.maxAttempts = 1
@@ -81,7 +92,16 @@ func Retry(opts ...RetryOption) Middleware {
 			var bo *backoff.ExponentialBackOff
 			for {
 				err := next.Process(ctx, cur)
-				if err == nil || !retryable(err) || cur.Attempt >= cfg.maxAttempts {
+				if err == nil || processor.IsDuplicate(err) || processor.IsDeadLettered(err) || processor.IsPanic(err) {
+					return err
+				}
+				if cfg.permanent(err) {
+					if !processor.IsPermanent(err) {
+						err = processor.Permanent(err)
+					}
+					return err
+				}
+				if cur.Attempt >= cfg.maxAttempts {
 					return err
 				}
 				if ctx.Err() != nil {
@@ -118,8 +138,4 @@ func Retry(opts ...RetryOption) Middleware {
 			}
 		})
 	}
-}
-
-func retryable(err error) bool {
-	return !processor.IsDuplicate(err) && !processor.IsPermanent(err) && !processor.IsDeadLettered(err)
 }

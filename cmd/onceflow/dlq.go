@@ -38,13 +38,7 @@ const (
 )
 
 // deadLetterHeaders are the headers the router adds to a dead letter; replay removes them.
-var deadLetterHeaders = []string{
-	messagedata.HeaderDeadLetterReason,
-	messagedata.HeaderDeadLetterHandler,
-	messagedata.HeaderDeadLetterAttempt,
-	messagedata.HeaderDeadLetterTopic,
-	messagedata.HeaderDeadLetterTime,
-}
+var deadLetterHeaders = messagedata.DeadLetterHeaders
 
 func newDLQCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -418,10 +412,15 @@ The exit status is 1 when an --id matched no dead letter or a chosen dead letter
 	return cmd
 }
 
-// replayMessage returns the message that replays dead letter m: its id, payload and headers,
-// without the dead-letter headers, with the replay count and time.
+// replayMessage returns the message that replays dead letter m: its id (the original one, when
+// the dead-letter broker could not carry it and the dead letter kept it in a header), payload
+// and headers, without the dead-letter headers, with the replay count and time.
 func replayMessage(m *message.Message, now string) *message.Message {
-	out := message.NewMessage(m.UUID, m.Payload)
+	id := m.UUID
+	if orig := m.Metadata.Get(messagedata.HeaderDeadLetterOriginalID); orig != "" {
+		id = orig
+	}
+	out := message.NewMessage(id, m.Payload)
 	for k, v := range m.Metadata {
 		out.Metadata[k] = v
 	}

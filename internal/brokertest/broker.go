@@ -1,6 +1,7 @@
 // Package brokertest is an in-memory broker for tests of the router: a watermill Publisher and
 // Subscriber whose subscriptions to one topic compete for its messages, which redelivers nacked
-// messages, and which counts every ack and nack per message id.
+// messages after the delay the router asks for (redelivery.NackAfter), counts the deliveries of
+// each message as a broker does (redelivery.Info), and counts every ack and nack per message id.
 //
 // It stands in for the narrow message.Publisher and message.Subscriber interfaces only; the
 // conformance suite runs the same scenarios against the real brokers.
@@ -12,19 +13,25 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // Broker is an in-memory, competing-consumer broker. The zero value is not usable; call New.
 type Broker struct {
-	mu      sync.Mutex
-	topics  map[string]chan *message.Message
-	acks    map[string]int
-	nacks   map[string]int
-	pending sync.WaitGroup
-	closed  chan struct{}
-	once    sync.Once
+	mu     sync.Mutex
+	topics map[string]chan *message.Message
+	acks   map[string]int
+	nacks  map[string]int
+	// deliveries counts each message's deliveries, by message value: a redelivery is a copy
+	// that carries its count on.
+	deliveries map[*message.Message]int
+	pending    sync.WaitGroup
+	closed     chan struct{}
+	once       sync.Once
 
-	// RedeliveryDelay is how long a nacked message waits before it is delivered again.
+	// RedeliveryDelay is how long a nacked message waits before it is delivered again, unless
+	// the router asked for another delay.
 	RedeliveryDelay time.Duration
 }
 
@@ -34,6 +41,7 @@ func New() *Broker {
 		topics:          map[string]chan *message.Message{},
 		acks:            map[string]int{},
 		nacks:           map[string]int{},
+		deliveries:      map[*message.Message]int{},
 		closed:          make(chan struct{}),
 		RedeliveryDelay: 5 * time.Millisecond,
 	}
@@ -108,12 +116,13 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			case m = <-in:
 			}
 			msgCtx, cancel := context.WithCancel(ctx)
-			m.SetContext(msgCtx)
+			count := b.delivered(m)
+			m.SetContext(redelivery.NewContext(msgCtx, redelivery.Info{Count: count, DelaysNacks: true}))
 			select {
 			case out <- m:
 			case <-ctx.Done():
 				cancel()
-				in <- m.Copy()
+				in <- b.again(m)
 				return
 			}
 			select {
@@ -129,7 +138,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 				default:
 					// The consumer went away without settling the message: like a broker
 					// whose consumer died, deliver it again.
-					in <- m.Copy()
+					in <- b.again(m)
 				}
 				cancel()
 				return
@@ -140,13 +149,35 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
-func (b *Broker) redeliver(topic string, m *message.Message) {
+// delivered counts a delivery of m and returns its count.
+func (b *Broker) delivered(m *message.Message) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.deliveries[m]++
+	return b.deliveries[m]
+}
+
+// again returns the copy of m that is delivered next, carrying m's delivery count on.
+func (b *Broker) again(m *message.Message) *message.Message {
 	c := m.Copy()
+	b.mu.Lock()
+	b.deliveries[c] = b.deliveries[m]
+	delete(b.deliveries, m)
+	b.mu.Unlock()
+	return c
+}
+
+func (b *Broker) redeliver(topic string, m *message.Message) {
+	delay := b.RedeliveryDelay
+	if d, ok := redelivery.RequestedDelay(m.Context()); ok {
+		delay = d
+	}
+	c := b.again(m)
 	b.pending.Add(1)
 	go func() {
 		defer b.pending.Done()
 		select {
-		case <-time.After(b.RedeliveryDelay):
+		case <-time.After(delay):
 			b.topic(topic) <- c
 		case <-b.closed:
 		}

@@ -1,0 +1,184 @@
+package dedup
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/onceflow/onceflow/internal/sqllock"
+	"github.com/onceflow/onceflow/internal/sqltx"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// DefaultCounterTable is the table of a Counter whose CounterConfig names none.
+const DefaultCounterTable = "onceflow_deliveries"
+
+// CounterConfig configures a Counter. The zero value is valid.
+type CounterConfig struct {
+	// Table is the name of the counter table, a plain SQL identifier. Defaults to
+	// DefaultCounterTable.
+	Table string
+	// Retention is how long a count is kept after the message's last delivery. Defaults to
+	// DefaultRetention.
+	Retention time.Duration
+	// Now returns the current time. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Counter counts the deliveries of messages durably, for brokers that do not count them (a
+// RabbitMQ classic queue says only whether a delivery is the first): the router gives a
+// message up at its handler's delivery limit even when every delivery ends with its consumer
+// dying, which no count kept in memory survives. A count is written outside any transaction,
+// before the message is processed, and only for deliveries the broker does not count itself.
+// It is safe for concurrent use.
+type Counter struct {
+	db        *sqldb.DB
+	table     string
+	retention time.Duration
+	now       func() time.Time
+	count     string // handler, message_id, initial, now
+	read      string // handler, message_id (MySQL)
+	purge     string // before, batch size
+}
+
+// NewCounter returns the Counter of db. It does not touch the database: call Migrate first.
+func NewCounter(db *sqldb.DB, cfg CounterConfig) (*Counter, error) {
+	if db == nil || db.DB == nil {
+		return nil, errors.New("dedup.NewCounter: db is nil")
+	}
+	if cfg.Table != "" {
+		if err := sqldb.CheckIdentifier("Table", cfg.Table); err != nil {
+			return nil, fmt.Errorf("dedup.NewCounter: %w", err)
+		}
+	}
+	if cfg.Retention < 0 {
+		return nil, fmt.Errorf("dedup.NewCounter: Retention: must not be negative, got %s", cfg.Retention)
+	}
+	c := &Counter{db: db, table: cmp.Or(cfg.Table, DefaultCounterTable), retention: cmp.Or(cfg.Retention, DefaultRetention), now: cfg.Now}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	t := db.Dialect.Quote(c.table)
+	switch db.Dialect {
+	case sqldb.Postgres:
+		c.count = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, updated_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = c.deliveries + 1, updated_at = EXCLUDED.updated_at
+RETURNING c.deliveries`
+		c.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE updated_at <= $1 LIMIT $2))`
+	case sqldb.SQLite:
+		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = deliveries + 1, updated_at = excluded.updated_at
+RETURNING deliveries`
+		c.purge = `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE updated_at <= ?1 LIMIT ?2)`
+	case sqldb.MySQL:
+		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE deliveries = deliveries + 1, updated_at = VALUES(updated_at)`
+		c.read = `SELECT deliveries FROM ` + t + ` WHERE handler = ? AND message_id = ?`
+		c.purge = `DELETE FROM ` + t + ` WHERE updated_at <= ? LIMIT ?`
+	default:
+		return nil, fmt.Errorf("dedup.NewCounter: db.Dialect: unsupported dialect %q (want postgres, mysql or sqlite)", db.Dialect)
+	}
+	return c, nil
+}
+
+// Table returns the name of the counter's table.
+func (c *Counter) Table() string { return c.table }
+
+// Migrate creates the table if it does not exist. It is idempotent.
+func (c *Counter) Migrate(ctx context.Context) error {
+	t := c.db.Dialect.Quote(c.table)
+	idType, opts := "VARCHAR(255)", ""
+	if c.db.Dialect == sqldb.MySQL {
+		idType = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+		opts = " ENGINE=InnoDB"
+	}
+	stmt := `CREATE TABLE IF NOT EXISTS ` + t + ` (
+	handler    ` + idType + ` NOT NULL,
+	message_id ` + idType + ` NOT NULL,
+	deliveries INTEGER NOT NULL,
+	updated_at BIGINT NOT NULL,
+	PRIMARY KEY (handler, message_id)
+)` + opts
+	var lock func(tx *sqlx.Tx) error
+	if c.db.Dialect == sqldb.Postgres {
+		lock = func(tx *sqlx.Tx) error {
+			_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", c.table)
+			return err
+		}
+	}
+	if err := sqltx.Exec(ctx, c.db, []string{stmt}, lock); err != nil {
+		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
+	}
+	return nil
+}
+
+// Count records one more delivery of the message with id for handler and returns how many
+// there have been, this one included. A message seen for the first time starts at initial:
+// 1 when every delivery is counted, 2 when the first one went uncounted (the broker said it was
+// the first). The write is committed when Count returns.
+func (c *Counter) Count(ctx context.Context, handler, id string, initial int) (int, error) {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return 0, err
+	}
+	now := c.now().UnixMicro()
+	if c.read == "" {
+		var n int
+		if err := c.db.QueryRowxContext(ctx, c.count, handler, id, initial, now).Scan(&n); err != nil {
+			return 0, fmt.Errorf("dedup: count a delivery of message %s in %s: %w", quoteShort(id), c.table, err)
+		}
+		return n, nil
+	}
+	var n int
+	err := sqltx.Run(ctx, c.db, func(tx *sqlx.Tx) error {
+		if _, err := tx.ExecContext(ctx, c.count, handler, id, initial, now); err != nil {
+			return err
+		}
+		return tx.QueryRowxContext(ctx, c.read, handler, id).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("dedup: count a delivery of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return n, nil
+}
+
+// Purge deletes the counts of messages last delivered more than Retention ago, in batches, as
+// SQLStore.Purge does, and with the same cross-process lock discipline.
+func (c *Counter) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
+	if opts.BatchSize < 0 || opts.MaxBatches < 0 {
+		return res, fmt.Errorf("dedup: Purge: BatchSize and MaxBatches must not be negative, got %d and %d", opts.BatchSize, opts.MaxBatches)
+	}
+	batch := cmp.Or(opts.BatchSize, DefaultPurgeBatchSize)
+	release, held, err := sqllock.TryLock(ctx, c.db, c.table+".purge")
+	if err != nil {
+		return res, fmt.Errorf("dedup: purge %s: take the purge lock: %w", c.table, err)
+	}
+	if !held {
+		return PurgeResult{Skipped: true}, nil
+	}
+	defer func() {
+		if rerr := release(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("dedup: purge %s: release the purge lock: %w", c.table, rerr))
+		}
+	}()
+	before := c.now().Add(-c.retention).UnixMicro()
+	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
+		r, err := c.db.ExecContext(ctx, c.purge, before, batch)
+		if err != nil {
+			return res, fmt.Errorf("dedup: purge %s: batch %d: %w", c.table, res.Batches+1, err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return res, fmt.Errorf("dedup: purge %s: read rows affected: %w", c.table, err)
+		}
+		res.Deleted += n
+		res.Batches++
+		if n < int64(batch) {
+			break
+		}
+	}
+	return res, nil
+}

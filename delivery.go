@@ -1,0 +1,285 @@
+package onceflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/converter"
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// This file holds one delivery at run time: from the subscriber's message to its ack or nack.
+
+type convErrKey struct{}
+
+// consumer is one Handler at run time: what every delivery of its messages goes through.
+type consumer struct {
+	router       *Router
+	name         string
+	topic        string
+	conv         *converter.Converter
+	chain        processor.Processor
+	reject       processor.Processor
+	ackOnReceipt bool
+	// slots bounds the deliveries being processed at once to Concurrency. Subscriptions hold
+	// up to the broker's prefetch of deliveries each, and watermill runs each in a goroutine
+	// of its own: the ones beyond Concurrency wait here. Nil with group commit, where
+	// GroupCommit bounds the transactions and the waiting deliveries form its groups.
+	slots chan struct{}
+	// counter counts deliveries that the broker does not count, for the delivery limit; nil
+	// when the handler has no limit.
+	counter    *dedup.Counter
+	redelivery RedeliveryConfig
+	logger     *slog.Logger
+	attrs      metric.MeasurementOption
+}
+
+// handle is the watermill handler function. It acks or nacks the message itself and always
+// returns nil, so that watermill's own ack after a nil return is a no-op.
+func (c *consumer) handle(msg *message.Message) error {
+	if !c.router.gate.enter() {
+		msg.Nack()
+		return nil
+	}
+	defer c.router.gate.leave()
+
+	st := &delivery.State{Handler: c.name, Received: time.Now()}
+	ctx := delivery.With(msg.Context(), st)
+	if c.slots != nil {
+		select {
+		case c.slots <- struct{}{}:
+		case <-msg.Context().Done():
+			// The delivery ended while it waited for its turn (its ack deadline passed, its
+			// subscription closed): the broker delivers it again.
+			msg.Nack()
+			return nil
+		}
+	}
+	if c.ackOnReceipt {
+		msg.Ack()
+		// The delivery is over for the broker, and subscribers end a message's context once it
+		// is acked: the processing that follows must not end with it.
+		ctx = context.WithoutCancel(ctx)
+	}
+
+	md, convErr := c.conv.FromMessage(c.topic, msg)
+	var err error
+	if convErr != nil {
+		err = c.reject.Process(context.WithValue(ctx, convErrKey{}, convErr), md)
+	} else {
+		if !c.ackOnReceipt {
+			md.Delivery = c.deliveries(ctx, msg, md)
+		}
+		err = c.chain.Process(ctx, md)
+	}
+	if c.slots != nil {
+		<-c.slots // the next delivery may start while this one is settled
+	}
+
+	outcome := processor.OutcomeOf(err)
+	if !c.ackOnReceipt {
+		c.settle(ctx, msg, md, st, outcome)
+	}
+	c.log(md, st, outcome, err)
+	if st.Span != nil {
+		st.Span.End() // last: the delivery's ack, metrics and log are done
+	}
+	return nil
+}
+
+// deliveries returns the delivery count of msg: the broker's, when it counts; 1 for a
+// delivery the broker says is the first; otherwise the durable count of the handler's counter
+// (0 when the handler has none, or it cannot be read).
+func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *messagedata.MessageData) int {
+	info, known := redelivery.FromContext(msg.Context())
+	switch {
+	case known && info.Count > 0:
+		return info.Count
+	case known && !info.Redelivered:
+		return 1
+	case c.counter == nil || md.ID == "":
+		return 0
+	}
+	initial := 1 // every delivery is counted here
+	if known {
+		initial = 2 // the first went uncounted: the broker said it was the first
+	}
+	n, err := c.counter.Count(ctx, c.name, md.ID, initial)
+	if err != nil {
+		c.logger.Warn("cannot count the delivery; the delivery limit does not apply to it", "message_id", md.ID, "error", err)
+		return 0
+	}
+	return n
+}
+
+// settle acknowledges or rejects msg for outcome and records it: the onceflow.ack span, the
+// commit-to-ack latency, and acknowledgements lost because the delivery had ended. A message
+// that failed is nacked so that the broker delivers it again after the handler's redelivery
+// delay for its delivery count.
+//
+// watermill's Ack only hands the acknowledgement to the subscriber, which sends it to the
+// broker later and reports nothing back. What the router can see is whether anyone still
+// listens: a delivery whose context has ended (every adapter ends it when it stops waiting for
+// the ack: ack deadline, closing subscription, lost connection) or that was nacked will not
+// pass the ack on. Those are counted in onceflow.ack.failures. An ack that the subscriber
+// accepts and then fails to send, or that is lost on the wire, is invisible here; it shows as a
+// redelivery counted with outcome duplicate.
+func (c *consumer) settle(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome) {
+	if !outcome.Acks() {
+		c.router.nackLater(msg, c.redelivery.delay(md.Delivery))
+		telemetry.Settle(st.Span, false, nil)
+		return
+	}
+	var lost error
+	if err := msg.Context().Err(); err != nil {
+		lost = fmt.Errorf("%w: the delivery ended before the acknowledgement (%w)", ErrAckLost, err)
+	}
+	if !msg.Ack() && lost == nil {
+		lost = fmt.Errorf("%w: the delivery was nacked before", ErrAckLost)
+	}
+	switch {
+	case lost != nil:
+		c.router.instruments.AckFailures.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(c.name), telemetry.AttrOutcome.String(string(outcome))))
+		c.logger.Warn("acknowledgement lost; the broker will deliver the message again", "message_id", md.ID,
+			"attempt", st.Retries+1, "delivery", md.Delivery, "outcome", string(outcome), "committed", !st.CommittedAt.IsZero(), "error", lost)
+	case !st.CommittedAt.IsZero():
+		c.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), c.attrs)
+	}
+	telemetry.Settle(st.Span, true, lost)
+}
+
+func (c *consumer) log(md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome, err error) {
+	attempt := st.Retries + 1
+	switch outcome {
+	case processor.Processed, processor.Duplicate:
+		if c.logger.Enabled(context.Background(), slog.LevelDebug) {
+			c.logger.Debug("message "+string(outcome), "message_id", md.ID, "attempt", attempt, "delivery", md.Delivery)
+		}
+	case processor.DeadLettered:
+		c.logger.Warn("message dead-lettered", "message_id", md.ID, "attempt", attempt, "delivery", md.Delivery, "reason", err)
+	case processor.Panicked:
+		var p *processor.PanicError
+		errors.As(err, &p)
+		c.logger.Error("processor panicked; rolled back, message nacked", "message_id", md.ID, "attempt", attempt, "delivery", md.Delivery,
+			"redelivery_in", c.redelivery.delay(md.Delivery), "panic", fmt.Sprint(p.Value), "stack", string(p.Stack))
+	default:
+		level := slog.LevelWarn
+		if c.ackOnReceipt {
+			level = slog.LevelError // the message is acked already: its effect is lost
+		} else if errors.Is(err, middleware.ErrDeadLetterFailed) {
+			level = slog.LevelError // the dead-letter broker refuses messages: an operator must look
+		}
+		attrs := []any{"message_id", md.ID, "attempt", attempt, "delivery", md.Delivery, "error", err, "lost", c.ackOnReceipt}
+		if !c.ackOnReceipt {
+			attrs = append(attrs, "redelivery_in", c.redelivery.delay(md.Delivery))
+		}
+		c.logger.Log(context.Background(), level, "message processing failed", attrs...)
+	}
+}
+
+// nackLater nacks msg so that the broker delivers it again no sooner than after d: at once,
+// with the delay, when its subscriber can delay redelivery; otherwise after holding it for d,
+// in the delivery's goroutine (watermill acks a message whose handler returns, so the nack must
+// come first). Close ends the holds at once.
+func (r *Router) nackLater(msg *message.Message, d time.Duration) {
+	if d > 0 && !redelivery.NackAfter(msg, d) {
+		r.holds.wait(d)
+	}
+	msg.Nack() // a no-op after NackAfter
+}
+
+// holds lets the deliveries that wait out their redelivery delay in the router go at once when
+// the router closes.
+type holds struct {
+	once    sync.Once
+	closing chan struct{}
+}
+
+func (h *holds) init() { h.once.Do(func() { h.closing = make(chan struct{}) }) }
+
+// wait waits for d, or until release.
+func (h *holds) wait(d time.Duration) {
+	h.init()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-h.closing:
+	}
+}
+
+// release ends every wait, now and from now on.
+func (h *holds) release() {
+	h.init()
+	select {
+	case <-h.closing:
+	default:
+		close(h.closing)
+	}
+}
+
+// gate counts deliveries in flight and refuses new ones once closing.
+type gate struct {
+	mu      sync.Mutex
+	n       int
+	closing bool
+	idle    chan struct{}
+}
+
+func (g *gate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.n++
+	return true
+}
+
+func (g *gate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.closing && g.n == 0 {
+		close(g.idle)
+	}
+}
+
+// close refuses new deliveries and returns a channel closed when none is in flight.
+func (g *gate) close() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closing {
+		g.closing = true
+		if g.n == 0 {
+			close(g.idle)
+		}
+	}
+	return g.idle
+}
+
+// onceClosingSubscriber lets the watermill router close one subscriber from each of the
+// handler's subscriptions: only the first Close reaches it.
+type onceClosingSubscriber struct {
+	message.Subscriber
+	once sync.Once
+	err  error
+}
+
+func (s *onceClosingSubscriber) Close() error {
+	s.once.Do(func() { s.err = s.Subscriber.Close() })
+	return s.err
+}

@@ -1,0 +1,232 @@
+package middleware_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/brokertest"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+)
+
+func delivered(id string, n int) *messagedata.MessageData {
+	m := msg(id)
+	m.Delivery = n
+	return m
+}
+
+func TestDeadLetter_LastAllowedDeliveryThatFailsIsDeadLetteredWithTheLimitAndItsError(t *testing.T) {
+	b := brokertest.New()
+	boom := errors.New("downstream says no")
+	var calls int
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+		calls++
+		return boom
+	}))
+
+	for n := 1; n < 3; n++ {
+		err := p.Process(context.Background(), delivered("a", n))
+		require.ErrorIs(t, err, boom)
+		require.Equal(t, processor.Failed, processor.OutcomeOf(err), "delivery %d is nacked", n)
+	}
+	require.Empty(t, b.Drain("dead"))
+
+	err := p.Process(context.Background(), delivered("a", 3))
+	require.ErrorIs(t, err, middleware.ErrDeliveryLimit)
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
+	require.Equal(t, 3, calls)
+	dead := b.Drain("dead")
+	require.Len(t, dead, 1)
+	require.Equal(t, "permanent: delivery limit reached after 3 deliveries: downstream says no", dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason))
+	require.Equal(t, "3", dead[0].Metadata.Get(messagedata.HeaderDeadLetterDeliveries))
+}
+
+func TestDeadLetter_PanicAtTheLimitIsDeadLettered(t *testing.T) {
+	b := brokertest.New()
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(2))(middleware.Recover()(
+		processor.Func(func(context.Context, *messagedata.MessageData) error { panic("nil map") })))
+	err := p.Process(context.Background(), delivered("a", 2))
+	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
+	dead := b.Drain("dead")
+	require.Len(t, dead, 1)
+	require.Equal(t, "permanent: delivery limit reached after 2 deliveries: processor panicked: nil map", dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason))
+}
+
+func TestDeadLetter_MessageBeyondTheLimitIsDeadLetteredWithoutProcessing(t *testing.T) {
+	// Its last allowed delivery ended without an outcome: the consumer died processing it.
+	b := brokertest.New()
+	called := false
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+		called = true
+		return nil
+	}))
+	err := p.Process(context.Background(), delivered("a", 4))
+	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
+	require.False(t, called, "a message that killed its consumer three times is not run a fourth time")
+	dead := b.Drain("dead")
+	require.Len(t, dead, 1)
+	require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), "delivery limit reached after 3 deliveries: the last one ended without an outcome")
+}
+
+func TestDeadLetter_LimitSparesWhatIsNotTheMessagesFault(t *testing.T) {
+	b := brokertest.New()
+	for name, tc := range map[string]struct {
+		err    error
+		cancel bool
+	}{
+		"commit outcome unknown": {err: fmt.Errorf("%w: connection reset", middleware.ErrCommitOutcomeUnknown)},
+		"delivery ended":         {err: context.Canceled, cancel: true},
+		"duplicate":              {err: processor.AlreadyProcessed("seen")},
+		"success":                {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancel {
+				cancel()
+			}
+			p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1))(processor.Func(func(context.Context, *messagedata.MessageData) error { return tc.err }))
+			err := p.Process(ctx, delivered("a", 1))
+			require.Equal(t, tc.err, err)
+			require.Empty(t, b.Drain("dead"))
+		})
+	}
+}
+
+func TestDeadLetter_UnknownDeliveryCountIsNeverGivenUp(t *testing.T) {
+	b := brokertest.New()
+	boom := errors.New("boom")
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1))(processor.Func(func(context.Context, *messagedata.MessageData) error { return boom }))
+	require.ErrorIs(t, p.Process(context.Background(), delivered("a", 0)), boom)
+	require.Empty(t, b.Drain("dead"))
+}
+
+// pickyPublisher refuses messages whose id is longer than maxID, or whose payload is longer
+// than maxPayload, as brokers do; it keeps the rest.
+type pickyPublisher struct {
+	maxID, maxPayload int
+	kept              []*message.Message
+	refused           int
+}
+
+func (p *pickyPublisher) Publish(_ string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if len(m.UUID) > p.maxID {
+			p.refused++
+			return fmt.Errorf("message id %q is %d bytes, the broker allows %d", m.UUID, len(m.UUID), p.maxID)
+		}
+		if len(m.Payload) > p.maxPayload {
+			p.refused++
+			return errors.New("maximum payload exceeded")
+		}
+	}
+	p.kept = append(p.kept, msgs...)
+	return nil
+}
+
+func (*pickyPublisher) Close() error { return nil }
+
+func TestPublishDeadLetter_IDTheBrokerRefusesIsReplacedAndKeptInAHeader(t *testing.T) {
+	pub := &pickyPublisher{maxID: 36, maxPayload: 1 << 20}
+	long := strings.Repeat("x", 300)
+	m := msg(long)
+	m.Payload = []byte("body")
+	for range 2 { // the same derived id each time
+		require.NoError(t, middleware.PublishDeadLetter(context.Background(), pub, "dead", "h", m, errors.New("bad")))
+	}
+	require.Len(t, pub.kept, 2)
+	require.Equal(t, 2, pub.refused)
+	d := pub.kept[0]
+	require.Len(t, d.UUID, 26)
+	require.Equal(t, d.UUID, pub.kept[1].UUID)
+	require.Equal(t, long, d.Metadata.Get(messagedata.HeaderDeadLetterOriginalID))
+	require.Equal(t, "body", string(d.Payload))
+	require.Equal(t, "bad", d.Metadata.Get(messagedata.HeaderDeadLetterReason))
+}
+
+func TestPublishDeadLetter_PayloadTheBrokerRefusesIsDroppedAndSaid(t *testing.T) {
+	pub := &pickyPublisher{maxID: 255, maxPayload: 10}
+	m := msg("big")
+	m.Payload = []byte(strings.Repeat("y", 100))
+	m.Headers = map[string]string{"h1": "v"}
+	require.NoError(t, middleware.PublishDeadLetter(context.Background(), pub, "dead", "h", m, errors.New("bad")))
+	require.Len(t, pub.kept, 1)
+	d := pub.kept[0]
+	require.Empty(t, d.Payload)
+	require.Equal(t, "big", d.Metadata.Get(messagedata.HeaderDeadLetterOriginalID))
+	require.Contains(t, d.Metadata.Get(messagedata.HeaderDeadLetterPayloadDropped), "100 bytes and 1 headers dropped")
+	require.Equal(t, "bad", d.Metadata.Get(messagedata.HeaderDeadLetterReason))
+}
+
+func TestDeadLetter_FailingDeadLetterBrokerIsRetryableAndSaysSo(t *testing.T) {
+	p := middleware.DeadLetter(failingPublisher{errors.New("broker down")}, "dead", "h")(
+		processor.Func(func(context.Context, *messagedata.MessageData) error { return processor.Permanent(errors.New("bad")) }))
+	err := p.Process(context.Background(), msg("a"))
+	require.ErrorIs(t, err, middleware.ErrDeadLetterFailed)
+	require.False(t, processor.IsPermanent(err), "the broker's failure, not the message's")
+	require.Equal(t, processor.Failed, processor.OutcomeOf(err))
+}
+
+func TestDefaultClassifier(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("insert: %w", &pgconn.PgError{Code: code}) }
+	var v map[string]any
+	syntax := json.Unmarshal([]byte(`{"a": tru}`), &v)
+	require.Error(t, syntax)
+	for name, tc := range map[string]struct {
+		err       error
+		permanent bool
+	}{
+		"value too long (22001)":         {pg("22001"), true},
+		"not null (23502)":               {pg("23502"), true},
+		"check (23514)":                  {pg("23514"), true},
+		"business unique key (23505)":    {pg("23505"), true},
+		"serialization failure (40001)":  {pg("40001"), false},
+		"deadlock (40P01)":               {pg("40P01"), false},
+		"connection":                     {pg("08006"), false},
+		"JSON syntax":                    {syntax, true},
+		"no id":                          {messagedata.ErrNoMessageID, true},
+		"processor.Permanent":            {processor.Permanent(errors.New("x")), true},
+		"commit outcome unknown":         {fmt.Errorf("%w: %w", middleware.ErrCommitOutcomeUnknown, pg("22001")), false},
+		"another member's group failure": {fmt.Errorf("%w: %w", middleware.ErrGroupAborted, pg("23502")), false},
+		"canceled":                       {context.Canceled, false},
+		"unknown":                        {errors.New("remote service 503"), false},
+	} {
+		require.Equal(t, tc.permanent, middleware.DefaultClassifier(tc.err), name)
+	}
+}
+
+func TestRetry_PermanentClassIsNotRetriedAndBecomesPermanent(t *testing.T) {
+	var calls int
+	tooLong := &pgconn.PgError{Code: "22001", Message: "value too long for type character varying(10)"}
+	p := middleware.Retry(middleware.WithBackoff(0, 0))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+		calls++
+		return fmt.Errorf("insert: %w", tooLong)
+	}))
+	err := p.Process(context.Background(), msg("a"))
+	require.Equal(t, 1, calls)
+	require.True(t, processor.IsPermanent(err))
+	require.ErrorIs(t, err, tooLong)
+}
+
+func TestRetry_ClassifierOverridesTheDefault(t *testing.T) {
+	var calls int
+	retryAnyway := func(error) bool { return false }
+	p := middleware.Retry(middleware.WithBackoff(0, 0), middleware.WithMaxAttempts(3), middleware.WithClassifier(retryAnyway))(
+		processor.Func(func(context.Context, *messagedata.MessageData) error {
+			calls++
+			return &pgconn.PgError{Code: "23502"}
+		}))
+	err := p.Process(context.Background(), msg("a"))
+	require.Equal(t, 3, calls)
+	require.False(t, processor.IsPermanent(err))
+}
