@@ -189,6 +189,25 @@ func TestAMQP_PrefetchComesFromTheURL(t *testing.T) {
 	held.Ack()
 }
 
+func TestOpen_AMQPQueueParametersAreCheckedBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ params, want string }{
+		{"delivery_limit=5", "delivery_limit=5) needs a quorum queue (queue_type=quorum)"},
+		{"queue_type=classic&delivery_limit=5", "needs a quorum queue"},
+		{"queue_type=lazy", `queue_type="lazy"`},
+		{"queue_type=quorum&delivery_limit=-1", `delivery_limit="-1"`},
+		{"dead_letter_exchange=", "dead_letter_exchange is empty"},
+	} {
+		t.Run(tc.params, func(t *testing.T) {
+			t.Parallel()
+			// Nothing listens on port 1: the error comes before any connection.
+			_, err := broker.Open(context.Background(), "amqp://user:S3cr3t@127.0.0.1:1/?"+tc.params, broker.Options{})
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), "S3cr3t")
+		})
+	}
+}
+
 // The marshaler on its own: no RabbitMQ needed.
 
 func TestAMQPMarshaler_UnmarshalNeverFails(t *testing.T) {
