@@ -2,11 +2,14 @@ package amqp_test
 
 import (
 	"testing"
+	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 func TestParseQueueParams(t *testing.T) {
@@ -68,4 +71,53 @@ func TestTopology_CheckTopic(t *testing.T) {
 	require.Equal(t, "orders.billing", tp.QueueName("orders"))
 	require.ErrorContains(t, tp.CheckTopic(string(make([]byte, 250))), "would be 258 bytes, AMQP allows 255")
 	require.ErrorContains(t, tp.CheckTopic(""), "topic is empty")
+}
+
+// The publisher declared the group's queue as a quorum queue; a subscriber that would declare
+// it classic is refused at Subscribe, with RabbitMQ's reason.
+func TestSubscriber_QueueArgumentsOtherThanThePublishersAreRefused(t *testing.T) {
+	t.Parallel()
+	f := setup(t, amqp.Queue{Type: amqp.Quorum})
+	f.publish("m", 1)
+	cfg := f.config(1)
+	cfg.Topology.Queue = amqp.Queue{}
+	s := f.subscriber(cfg)
+	_, err := s.Subscribe(t.Context(), f.topic)
+	require.ErrorContains(t, err, "PRECONDITION_FAILED")
+	require.ErrorContains(t, err, "x-queue-type")
+	require.ErrorContains(t, err, f.topology.QueueName(f.topic))
+}
+
+// RabbitMQ's delivery limit on a quorum queue: with delivery_limit=2 a message that keeps
+// failing is delivered 3 times, then goes to the dead-letter exchange.
+func TestSubscriber_QuorumDeliveryLimitDeadLettersToTheExchange(t *testing.T) {
+	t.Parallel()
+	url := testsvc.AMQPURL(t)
+	dlx := testsvc.UniqueName("dlx")
+	t.Cleanup(func() { testsvc.RemoveTopics(t, url, []string{"all"}, dlx) })
+	conn, err := amqp091.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, amqp.Topology{ConsumerGroup: "all"}.Declare(ch, dlx))
+
+	f := setup(t, amqp.Queue{Type: amqp.Quorum, DeliveryLimit: 2, DeadLetterExchange: dlx})
+	id := f.publish("m", 1)[0]
+	msgs := f.subscribe(f.subscriber(f.config(10)))
+	for want := 1; want <= 3; want++ {
+		m := receive(t, msgs)
+		require.Equal(t, id, m.UUID)
+		require.Equal(t, want, infoOf(t, m).Count)
+		require.True(t, redelivery.NackAfter(m, 0))
+	}
+	var dead amqp091.Delivery
+	testsvc.Eventually(t, within, func() bool {
+		d, ok, err := ch.Get(dlx+".all", true)
+		require.NoError(t, err)
+		dead = d
+		return ok
+	}, "the message did not reach the dead-letter exchange %s", dlx)
+	require.Equal(t, id, dead.MessageId)
+	requireNothing(t, msgs, 300*time.Millisecond)
 }
