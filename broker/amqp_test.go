@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
@@ -187,6 +188,58 @@ func TestAMQP_PrefetchComesFromTheURL(t *testing.T) {
 		return err == nil && info.Messages == 2
 	}, "queue %s should keep 5 - 3 prefetched = 2 messages ready", q)
 	held.Ack()
+}
+
+// queue_type=quorum makes the publisher and the subscriber declare quorum queues, with the
+// delivery limit of the URL; the delivery count then comes from RabbitMQ.
+func TestAMQP_QuorumQueueWithADeliveryLimitFromTheURL(t *testing.T) {
+	t.Parallel()
+	f := setupAMQP(t)
+	f.url = withParams(f.url, "queue_type=quorum&delivery_limit=10")
+	b := f.open(broker.Options{})
+	_, msgs := f.subscribe(b)
+	f.publish(b, f.message(1))
+
+	first := receive(t, msgs)
+	info, ok := redelivery.FromContext(first.Context())
+	require.True(t, ok, "the Broker hands the subscriber's messages through, with their redelivery.Info")
+	require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info)
+	require.True(t, redelivery.NackAfter(first, 0))
+	again := receive(t, msgs)
+	info, _ = redelivery.FromContext(again.Context())
+	require.Equal(t, 2, info.Count)
+	again.Ack()
+
+	// RabbitMQ holds the queue as declared: the same arguments are equivalent, none are not.
+	q := broker.AMQPQueueName(f.topic, broker.DefaultConsumerGroup)
+	conn, err := amqp.Dial(testsvc.AMQPURL(t))
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(10)})
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(q, true, false, false, false, nil)
+	require.ErrorContains(t, err, "PRECONDITION_FAILED")
+}
+
+func TestOpen_AMQPQueueParametersAreCheckedBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ params, want string }{
+		{"delivery_limit=5", "delivery_limit=5) needs a quorum queue (queue_type=quorum)"},
+		{"queue_type=classic&delivery_limit=5", "needs a quorum queue"},
+		{"queue_type=lazy", `queue_type="lazy"`},
+		{"queue_type=quorum&delivery_limit=-1", `delivery_limit="-1"`},
+		{"dead_letter_exchange=", "dead_letter_exchange is empty"},
+	} {
+		t.Run(tc.params, func(t *testing.T) {
+			t.Parallel()
+			// Nothing listens on port 1: the error comes before any connection.
+			_, err := broker.Open(context.Background(), "amqp://user:S3cr3t@127.0.0.1:1/?"+tc.params, broker.Options{})
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), "S3cr3t")
+		})
+	}
 }
 
 // The marshaler on its own: no RabbitMQ needed.

@@ -184,7 +184,7 @@ type Broker struct {
 
 // Open connects to the broker that rawURL names and returns a Broker over it. The URL forms:
 //
-//	amqp://user:password@host:5672/vhost, amqps://...      RabbitMQ (watermill-amqp)
+//	amqp://user:password@host:5672/vhost, amqps://...      RabbitMQ (broker/amqp)
 //	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (watermill-sql); also postgresql://
 //	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (watermill-sql); also mariadb://
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
@@ -193,7 +193,9 @@ type Broker struct {
 //	mem://name                                              in-process, for tests only (watermill gochannel)
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override the
-// fields of opts; the other query parameters go to the driver. Open checks that the broker
+// fields of opts. For amqp, queue_type, delivery_limit and dead_letter_exchange set the
+// arguments of the queues (broker/amqp's ParseQueueParams). The other query parameters go to
+// the driver. Open checks that the broker
 // answers (database ping, connection, JetStream enabled) before it returns.
 //
 // Errors and String never contain a password or token of the URL.

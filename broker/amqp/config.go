@@ -1,0 +1,125 @@
+package amqp
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefetch is how many deliveries a subscription holds unsettled when
+	// Config.Prefetch is zero.
+	DefaultPrefetch = 10
+	// DefaultAckDelay bounds how long an ack waits to be sent with others, when Config.AckDelay
+	// is zero.
+	DefaultAckDelay = 2 * time.Millisecond
+	// DefaultReconnectInitial is the first wait before reconnecting, when
+	// Config.ReconnectInitial is zero.
+	DefaultReconnectInitial = 100 * time.Millisecond
+	// DefaultReconnectMax bounds the wait between reconnection attempts, when
+	// Config.ReconnectMax is zero.
+	DefaultReconnectMax = 5 * time.Second
+	// DefaultCloseTimeout bounds Close when Config.CloseTimeout is zero.
+	DefaultCloseTimeout = 2 * time.Second
+)
+
+// maxPrefetch is the largest prefetch count AMQP can carry (a short integer).
+const maxPrefetch = 1<<16 - 1
+
+// Config configures a Subscriber. Fields left zero take their defaults; URL and
+// Topology.ConsumerGroup are required.
+type Config struct {
+	// URL is the RabbitMQ server's URL, amqp://user:password@host:5672/vhost or amqps://...,
+	// as amqp091-go's Dial takes it (without onceflow's parameters: see ParseQueueParams).
+	URL string
+
+	// Topology names the queue of each topic and declares it; it must be the publishers'.
+	Topology Topology
+
+	// Prefetch is the channel prefetch (basic.qos) of each subscription: how many deliveries
+	// RabbitMQ hands it before their acks. All of them are handed out at once, so up to
+	// Prefetch messages are in processing, or held after a nack, at a time. At most 65535.
+	// Defaults to DefaultPrefetch.
+	Prefetch int
+
+	// NackDelay is how long a nacked message is held before it is given back to RabbitMQ, when
+	// the router did not ask for a delay of its own (redelivery.NackAfter). Zero gives it back
+	// at once. A held message keeps its prefetch slot.
+	NackDelay time.Duration
+
+	// AckDelay bounds how long an ack waits to be sent together with others: a run of acks
+	// contiguous from the oldest unsettled delivery goes as one basic.ack with multiple set (at
+	// once when half the prefetch window is acked), the others one by one. All go at once when
+	// no other delivery is being processed. Defaults to DefaultAckDelay.
+	AckDelay time.Duration
+
+	// ReconnectInitial is the wait before the first attempt to reopen a lost channel or
+	// connection; it doubles (with jitter) after each failed attempt, up to ReconnectMax.
+	// Defaults to DefaultReconnectInitial and DefaultReconnectMax.
+	ReconnectInitial, ReconnectMax time.Duration
+
+	// CloseTimeout bounds how long Close waits for RabbitMQ to take the acks and close the
+	// channels and the connection; after it, Close drops the connection, and RabbitMQ requeues
+	// what was unacked when it notices. Defaults to DefaultCloseTimeout.
+	CloseTimeout time.Duration
+
+	// Logger receives the logs of the subscriber (lost connections, reconnections). Defaults
+	// to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Validate reports the first invalid field, naming it. Zero values are valid where they select
+// a default.
+func (c Config) Validate() error {
+	if c.URL == "" {
+		return errors.New("broker/amqp: Config.URL is empty")
+	}
+	if err := c.Topology.Validate(); err != nil {
+		return err
+	}
+	if c.Prefetch < 0 || c.Prefetch > maxPrefetch {
+		return fmt.Errorf("broker/amqp: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, maxPrefetch)
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"NackDelay", c.NackDelay},
+		{"AckDelay", c.AckDelay},
+		{"ReconnectInitial", c.ReconnectInitial},
+		{"ReconnectMax", c.ReconnectMax},
+		{"CloseTimeout", c.CloseTimeout},
+	} {
+		if d.value < 0 {
+			return fmt.Errorf("broker/amqp: Config.%s: %s is negative", d.name, d.value)
+		}
+	}
+	return nil
+}
+
+// withDefaults returns c with every zero field that has a default set to it.
+func (c Config) withDefaults() Config {
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.AckDelay == 0 {
+		c.AckDelay = DefaultAckDelay
+	}
+	if c.ReconnectInitial == 0 {
+		c.ReconnectInitial = DefaultReconnectInitial
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = DefaultReconnectMax
+	}
+	c.ReconnectMax = max(c.ReconnectMax, c.ReconnectInitial)
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}

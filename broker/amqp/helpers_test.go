@@ -1,0 +1,240 @@
+package amqp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/amqp"
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
+)
+
+// group is the consumer group of the tests.
+const group = "g"
+
+// within bounds every wait for a message.
+const within = 20 * time.Second
+
+// queueTypes are the queue types every behaviour test runs on.
+var queueTypes = []amqp.QueueType{amqp.Classic, amqp.Quorum}
+
+// forEachQueueType runs test as a parallel subtest on a classic and on a quorum queue.
+func forEachQueueType(t *testing.T, test func(t *testing.T, f *fixture)) {
+	for _, qt := range queueTypes {
+		t.Run(string(qt), func(t *testing.T) {
+			t.Parallel()
+			test(t, setup(t, amqp.Queue{Type: qt}))
+		})
+	}
+}
+
+// fixture is one test's RabbitMQ, topic, topology and publisher.
+type fixture struct {
+	t        testing.TB
+	url      string
+	topic    string
+	topology amqp.Topology
+	pub      message.Publisher
+	conn     *amqp091.Connection // for looking at the queue
+}
+
+func setup(t testing.TB, q amqp.Queue) *fixture {
+	t.Helper()
+	f := &fixture{
+		t:        t,
+		url:      testsvc.AMQPURL(t),
+		topic:    testsvc.UniqueName("t"),
+		topology: amqp.Topology{ConsumerGroup: group, Queue: q},
+	}
+	t.Cleanup(func() { testsvc.RemoveTopics(t, f.url, []string{group}, f.topic) })
+	pub, err := amqp.NewPublisher(f.url, f.topology, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pub.Close()) })
+	f.pub = pub
+	conn, err := amqp091.Dial(f.url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	f.conn = conn
+	return f
+}
+
+// config returns the Config of a Subscriber of the fixture's topology on url (the fixture's
+// when empty), with prefetch.
+func (f *fixture) config(prefetch int) amqp.Config {
+	return amqp.Config{URL: f.url, Topology: f.topology, Prefetch: prefetch}
+}
+
+// subscriber returns a new Subscriber with cfg, closed when the test ends.
+func (f *fixture) subscriber(cfg amqp.Config) *amqp.Subscriber {
+	f.t.Helper()
+	s, err := amqp.NewSubscriber(cfg)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// subscribe subscribes s to the fixture's topic.
+func (f *fixture) subscribe(s *amqp.Subscriber) <-chan *message.Message {
+	f.t.Helper()
+	msgs, err := s.Subscribe(context.Background(), f.topic)
+	require.NoError(f.t, err)
+	return msgs
+}
+
+// publish publishes n messages with the payloads "<prefix>-0".."<prefix>-(n-1)", which are also
+// their UUIDs, and returns the UUIDs.
+func (f *fixture) publish(prefix string, n int) []string {
+	f.t.Helper()
+	ids := make([]string, n)
+	msgs := make([]*message.Message, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("%s-%d", prefix, i)
+		msgs[i] = message.NewMessage(ids[i], []byte(ids[i]))
+	}
+	require.NoError(f.t, f.pub.Publish(f.topic, msgs...))
+	return ids
+}
+
+// queue returns the group queue's ready messages and consumers, as RabbitMQ counts them.
+func (f *fixture) queue() (ready, consumers int) {
+	f.t.Helper()
+	ch, err := f.conn.Channel()
+	require.NoError(f.t, err)
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(f.topology.QueueName(f.topic), true, false, false, false, nil)
+	require.NoError(f.t, err)
+	return q.Messages, q.Consumers
+}
+
+// eventuallyReady waits until the group's queue has n ready messages.
+func (f *fixture) eventuallyReady(n int) {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got, _ := f.queue()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("after %s: queue %s has %d ready messages, want %d", within, f.topology.QueueName(f.topic), got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// receive returns the next message of msgs.
+func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-msgs:
+		require.True(t, ok, "subscription closed before a message arrived")
+		return m
+	case <-time.After(within):
+		t.Fatalf("no message within %s", within)
+		return nil
+	}
+}
+
+// receiveN returns the next n messages of msgs.
+func receiveN(t *testing.T, msgs <-chan *message.Message, n int) []*message.Message {
+	t.Helper()
+	out := make([]*message.Message, n)
+	for i := range out {
+		out[i] = receive(t, msgs)
+	}
+	return out
+}
+
+// requireNothing checks that msgs delivers nothing for d. It is the only way to see that
+// something does not happen; d bounds the check, it synchronises nothing.
+func requireNothing(t *testing.T, msgs <-chan *message.Message, d time.Duration) {
+	t.Helper()
+	select {
+	case m, ok := <-msgs:
+		if ok {
+			t.Fatalf("unexpected message %s", m.UUID)
+		}
+	case <-time.After(d):
+	}
+}
+
+// infoOf returns the redelivery.Info of m, failing when there is none.
+func infoOf(t *testing.T, m *message.Message) redelivery.Info {
+	t.Helper()
+	info, ok := redelivery.FromContext(m.Context())
+	require.True(t, ok, "message %s has no redelivery.Info", m.UUID)
+	return info
+}
+
+// uuids returns the UUIDs of msgs.
+func uuids(msgs []*message.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.UUID
+	}
+	return out
+}
+
+// proxy is a loopback TCP proxy in front of RabbitMQ, run in-process by toxiproxy.
+type proxy struct {
+	p   *toxiproxy.Proxy
+	url string // the RabbitMQ URL through the proxy
+}
+
+// newProxy starts a proxy in front of the host of rawURL, stopped when the test ends.
+func newProxy(t *testing.T, rawURL string) *proxy {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	upstream := u.Host
+	if u.Port() == "" {
+		upstream = net.JoinHostPort(u.Hostname(), "5672")
+	}
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	p := toxiproxy.NewProxy(server, "rabbitmq", "127.0.0.1:0", upstream)
+	require.NoError(t, p.Start())
+	t.Cleanup(p.Stop)
+	u.Host = p.Listen
+	return &proxy{p: p, url: u.String()}
+}
+
+// cut closes every connection through the proxy and refuses new ones until restore.
+func (p *proxy) cut() { p.p.Stop() }
+
+// restore accepts connections again, on the same address.
+func (p *proxy) restore(t *testing.T) {
+	t.Helper()
+	var err error
+	// The port was just released; binding it again can fail for a moment.
+	for range 100 {
+		if err = p.p.Start(); err == nil || errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("restart the proxy on %s: %v", p.p.Listen, err)
+}
+
+// blackhole makes the proxy swallow every byte both ways without closing anything: RabbitMQ
+// looks alive and never answers.
+func (p *proxy) blackhole(t *testing.T) {
+	t.Helper()
+	for _, stream := range []string{"upstream", "downstream"} {
+		_, err := p.p.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
+			`{"name":"blackhole-%s","type":"timeout","stream":%q,"toxicity":1,"attributes":{"timeout":0}}`, stream, stream)))
+		require.NoError(t, err)
+	}
+}

@@ -1,0 +1,101 @@
+package amqp_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/amqp"
+)
+
+// childEnv carries the Config of TestKilledConsumer_Child, as JSON.
+const childEnv = "ONCEFLOW_AMQP_TEST_CHILD"
+
+type childConfig struct {
+	URL   string
+	Topic string
+	Queue amqp.Queue
+}
+
+// TestKilledConsumer_Child is the consumer process of
+// TestSubscriber_DeliveryCountSurvivesAKilledConsumer: it takes one message, says so on stdout,
+// and waits to be killed.
+func TestKilledConsumer_Child(t *testing.T) {
+	raw := os.Getenv(childEnv)
+	if raw == "" {
+		t.Skip("run by TestSubscriber_DeliveryCountSurvivesAKilledConsumer")
+	}
+	var c childConfig
+	require.NoError(t, json.Unmarshal([]byte(raw), &c))
+	s, err := amqp.NewSubscriber(amqp.Config{URL: c.URL, Topology: amqp.Topology{ConsumerGroup: group, Queue: c.Queue}})
+	require.NoError(t, err)
+	msgs, err := s.Subscribe(context.Background(), c.Topic)
+	require.NoError(t, err)
+	m := receive(t, msgs)
+	fmt.Printf("HOLDING %s %d\n", m.UUID, infoOf(t, m).Count)
+	select {}
+}
+
+// A consumer process killed with SIGKILL while it holds a message leaves it to the next
+// consumer as soon as RabbitMQ sees the connection close, and a quorum queue has counted the
+// delivery: the count that bounds a crash loop survives the crash.
+func TestSubscriber_DeliveryCountSurvivesAKilledConsumer(t *testing.T) {
+	t.Parallel()
+	forEachQueueType(t, func(t *testing.T, f *fixture) {
+		id := f.publish("m", 1)[0]
+		env, err := json.Marshal(childConfig{URL: f.url, Topic: f.topic, Queue: f.topology.Queue})
+		require.NoError(t, err)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
+		cmd.Env = append(os.Environ(), childEnv+"="+string(env))
+		cmd.Stderr = os.Stderr
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		killed := false
+		defer func() {
+			if !killed {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
+		}()
+		holding := make(chan string, 1)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				if rest, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
+					holding <- rest
+				}
+			}
+		}()
+		select {
+		case got := <-holding:
+			first := "0"
+			if f.topology.Queue.Type == amqp.Quorum {
+				first = "1"
+			}
+			require.Equal(t, id+" "+first, got)
+		case <-time.After(within):
+			t.Fatal("the child consumer did not take the message")
+		}
+
+		msgs := f.subscribe(f.subscriber(f.config(10)))
+		requireNothing(t, msgs, 300*time.Millisecond) // the child holds it
+
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		_ = cmd.Wait()
+		killed = true
+		m := receive(t, msgs)
+		require.Equal(t, id, m.UUID)
+		requireAgain(t, f.topology.Queue.Type, m)
+		m.Ack()
+	})
+}

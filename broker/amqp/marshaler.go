@@ -1,0 +1,168 @@
+package amqp
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceflow/onceflow/messagedata"
+)
+
+// HeaderRedelivered is set to "true" on a message that RabbitMQ delivered with its redelivered
+// flag: it was delivered before, to this or another consumer, and not acked.
+const HeaderRedelivered = "amqp_redelivered"
+
+// HeaderMessageUUID is the header that carries a watermill message's UUID, as watermill-amqp
+// names it.
+const HeaderMessageUUID = "_watermill_message_uuid"
+
+// HeaderDeliveryCount is the header in which a quorum queue tells how many times it delivered
+// a message before without an ack; RabbitMQ sets it, publishers do not.
+const HeaderDeliveryCount = "x-delivery-count"
+
+// Marshaler converts between watermill messages and AMQP messages, tolerantly. It implements
+// watermill-amqp's Marshaler.
+//
+// Marshal stores the metadata as string headers, the message UUID in the header
+// "_watermill_message_uuid" and in the AMQP message_id property, the onceflow_timestamp header
+// (when it parses as RFC 3339) in the timestamp property, and makes the message persistent. It
+// leaves out the headers that describe a delivery rather than the message (amqp_message_id,
+// amqp_redelivered, x-delivery-count), so that a message published again from a delivered one
+// does not carry a stale delivery count.
+//
+// Unmarshal never fails, so that no delivery is nacked forever for its headers, as happens
+// with watermill-amqp's default marshaler on a header that is not a string (RabbitMQ's x-death,
+// numbers and booleans set by other producers). It turns every header into a string: numbers,
+// booleans and decimals in their usual text form, timestamps in RFC 3339 with nanoseconds,
+// byte arrays as text, tables and arrays (x-death) as JSON. The UUID comes from the header
+// "_watermill_message_uuid" and is empty without it; the AMQP message_id property goes to the
+// header amqp_message_id (messagedata.HeaderAMQPMessageID), the timestamp property to
+// onceflow_timestamp unless that header is set, and the redelivered flag to amqp_redelivered.
+type Marshaler struct{}
+
+// Marshal converts msg to an AMQP publishing. It fails only on a message id longer than the
+// 255 bytes of the message_id property.
+func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+	headers := make(amqp.Table, len(msg.Metadata)+1)
+	for k, v := range msg.Metadata {
+		switch k {
+		case messagedata.HeaderAMQPMessageID, HeaderRedelivered, HeaderDeliveryCount:
+			// Properties of a delivery, not headers of the message.
+			continue
+		}
+		headers[k] = v
+	}
+	id := msg.UUID
+	if id == "" {
+		id = msg.Metadata.Get(messagedata.HeaderAMQPMessageID)
+	}
+	if msg.UUID != "" {
+		headers[HeaderMessageUUID] = msg.UUID
+	}
+	if len(id) > 255 {
+		return amqp.Publishing{}, fmt.Errorf("message id %q is %d bytes, the AMQP message_id property allows 255", id, len(id))
+	}
+	p := amqp.Publishing{
+		Headers:      headers,
+		Body:         msg.Payload,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    id,
+	}
+	if ts, err := time.Parse(time.RFC3339Nano, msg.Metadata.Get(messagedata.HeaderTimestamp)); err == nil {
+		p.Timestamp = ts
+	}
+	return p, nil
+}
+
+// Unmarshal converts an AMQP delivery to a watermill message. It never returns an error.
+func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
+	md := make(message.Metadata, len(d.Headers)+3)
+	var id string
+	for k, v := range d.Headers {
+		if k == HeaderMessageUUID {
+			id = headerString(v)
+			continue
+		}
+		md[k] = headerString(v)
+	}
+	if d.MessageId != "" {
+		md[messagedata.HeaderAMQPMessageID] = d.MessageId
+	}
+	if _, ok := md[messagedata.HeaderTimestamp]; !ok && !d.Timestamp.IsZero() {
+		md[messagedata.HeaderTimestamp] = d.Timestamp.UTC().Format(time.RFC3339Nano)
+	}
+	if d.Redelivered {
+		md[HeaderRedelivered] = "true"
+	}
+	msg := message.NewMessage(id, d.Body)
+	msg.Metadata = md
+	return msg, nil
+}
+
+// headerString renders an AMQP field value as a string.
+func headerString(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case bool:
+		return strconv.FormatBool(v)
+	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64, uint:
+		return fmt.Sprint(v)
+	case float32:
+		return strconv.FormatFloat(float64(v), 'g', -1, 32)
+	case float64:
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case amqp.Decimal:
+		return decimalString(v)
+	}
+	b, err := json.Marshal(jsonValue(v))
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+// jsonValue prepares an AMQP field value for JSON: tables and arrays recursively, byte arrays
+// as text, timestamps in RFC 3339, decimals as numbers in text.
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case amqp.Table:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			out[k] = jsonValue(x)
+		}
+		return out
+	case map[string]any:
+		return jsonValue(amqp.Table(v))
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = jsonValue(x)
+		}
+		return out
+	case []byte:
+		return string(v)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case amqp.Decimal:
+		return json.Number(decimalString(v))
+	}
+	return v
+}
+
+// decimalString renders an AMQP decimal (Value × 10^-Scale) exactly.
+func decimalString(d amqp.Decimal) string {
+	r := new(big.Rat).SetFrac(big.NewInt(int64(d.Value)), new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(d.Scale)), nil))
+	return r.FloatString(int(d.Scale))
+}

@@ -1,0 +1,47 @@
+package amqp
+
+import (
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+)
+
+// publishChannels is the number of AMQP channels the publisher keeps open: concurrent Publish
+// calls up to that number proceed in parallel, each waiting for its confirms.
+const publishChannels = 8
+
+var _ wamqp.Marshaler = Marshaler{}
+
+// NewPublisher returns watermill-amqp's publisher for the RabbitMQ server at url (without the
+// queue parameters, see ParseQueueParams), publishing with Marshaler to the exchange named
+// after each topic and declaring topology's exchange, queue and binding before the first
+// message of each topic. A message is stored by RabbitMQ when Publish returns nil (publisher
+// confirms); it is persistent. The publisher reconnects by itself.
+func NewPublisher(url string, topology Topology, logger watermill.LoggerAdapter) (*wamqp.Publisher, error) {
+	if err := topology.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	cfg := wamqp.Config{
+		Connection: wamqp.ConnectionConfig{AmqpURI: url, Reconnect: wamqp.DefaultReconnectConfig()},
+		Marshaler:  Marshaler{},
+		Exchange: wamqp.ExchangeConfig{
+			GenerateName: func(topic string) string { return topic },
+			Type:         "fanout",
+			Durable:      true,
+		},
+		Queue: wamqp.QueueConfig{
+			GenerateName: topology.QueueName,
+			Durable:      true,
+		},
+		QueueBind: wamqp.QueueBindConfig{GenerateRoutingKey: func(string) string { return "" }},
+		Publish: wamqp.PublishConfig{
+			GenerateRoutingKey: func(string) string { return "" },
+			ConfirmDelivery:    true,
+			ChannelPoolSize:    publishChannels,
+		},
+		TopologyBuilder: topology,
+	}
+	return wamqp.NewPublisher(cfg, logger)
+}

@@ -1,0 +1,143 @@
+package amqp
+
+// tagState is what a subscription knows of one delivery tag of its channel.
+type tagState uint8
+
+const (
+	// open: delivered, neither acked nor nacked by the consumer yet.
+	open tagState = iota
+	// acked by the consumer; the ack is not sent yet.
+	acked
+	// held: nacked by the consumer, waiting for its delay before the nack is sent.
+	held
+	// gone: settled at RabbitMQ (ack or nack sent).
+	gone
+)
+
+// window tracks the delivery tags of one AMQP channel that RabbitMQ counts as unacked, and
+// says how to send the acks the consumer gave in as few frames as possible. Tags on a channel
+// are 1, 2, 3, ... in delivery order (the channel has one consumer and no basic.get). An ack
+// with multiple set settles every unacked tag up to its own, so it may only cover a run of
+// tags that are all acked (or already settled): never an open or held one.
+//
+// A window is not safe for concurrent use; the session's goroutine owns it.
+type window struct {
+	// base is the highest tag below which every tag is gone.
+	base uint64
+	// states[i] is the state of tag base+1+i; states[0] is never gone.
+	states []tagState
+	// nAcked counts the acked tags, nOpen the open ones.
+	nAcked, nOpen int
+}
+
+// add records the delivery of tag. A tag below or at one already known is ignored; a gap
+// (which a consume-only channel never has) is recorded as gone.
+func (w *window) add(tag uint64) {
+	next := w.base + uint64(len(w.states)) + 1
+	if tag < next {
+		return
+	}
+	for ; next < tag; next++ {
+		w.states = append(w.states, gone)
+	}
+	w.states = append(w.states, open)
+	w.nOpen++
+	w.trim()
+}
+
+// state returns the state of tag: gone for a tag the window does not know.
+func (w *window) state(tag uint64) tagState {
+	if tag <= w.base || tag > w.base+uint64(len(w.states)) {
+		return gone
+	}
+	return w.states[tag-w.base-1]
+}
+
+// set moves tag to state s, keeping the counts.
+func (w *window) set(tag uint64, s tagState) {
+	old := w.state(tag)
+	if old == gone || old == s {
+		return
+	}
+	switch old {
+	case open:
+		w.nOpen--
+	case acked:
+		w.nAcked--
+	}
+	switch s {
+	case open:
+		w.nOpen++
+	case acked:
+		w.nAcked++
+	}
+	w.states[tag-w.base-1] = s
+	if s == gone {
+		w.trim()
+	}
+}
+
+// ack records that the consumer acked tag.
+func (w *window) ack(tag uint64) { w.set(tag, acked) }
+
+// hold records that the consumer nacked tag and the nack waits.
+func (w *window) hold(tag uint64) { w.set(tag, held) }
+
+// settle records that an ack or nack of tag was sent.
+func (w *window) settle(tag uint64) { w.set(tag, gone) }
+
+// trim advances base over the gone tags at the front.
+func (w *window) trim() {
+	i := 0
+	for i < len(w.states) && w.states[i] == gone {
+		i++
+	}
+	if i == 0 {
+		return
+	}
+	w.base += uint64(i)
+	w.states = w.states[i:]
+	if len(w.states) == 0 {
+		w.states = w.states[:0:0] // let the old array go
+	}
+}
+
+// pending returns how many acks wait to be sent.
+func (w *window) pending() int { return w.nAcked }
+
+// busy reports whether a delivery is still open: handed out (or about to be) and not settled
+// by the consumer.
+func (w *window) busy() bool { return w.nOpen > 0 }
+
+// take returns the acks to send now, and records them as sent: prefix, when not zero, is the
+// last tag of the run of acked tags at the front of the window (prefixLen acks in it, sent as
+// one ack with multiple set when more than one); with all, singles are the other acked tags,
+// each to be sent alone.
+func (w *window) take(all bool) (prefix uint64, prefixLen int, singles []uint64) {
+	for i := 0; i < len(w.states) && (w.states[i] == acked || w.states[i] == gone); i++ {
+		if w.states[i] == acked {
+			prefix = w.base + uint64(i) + 1
+			prefixLen++
+		}
+	}
+	// The run ends at an open or held tag, or at the end; everything in it up to prefix is now
+	// settled.
+	if prefix != 0 {
+		for j := range prefix - w.base {
+			w.states[j] = gone
+		}
+		w.nAcked -= prefixLen
+	}
+	if all && w.nAcked > 0 {
+		singles = make([]uint64, 0, w.nAcked)
+		for j, s := range w.states {
+			if s == acked {
+				singles = append(singles, w.base+uint64(j)+1)
+				w.states[j] = gone
+			}
+		}
+		w.nAcked = 0
+	}
+	w.trim()
+	return prefix, prefixLen, singles
+}
