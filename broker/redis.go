@@ -2,25 +2,19 @@ package broker
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
-	"github.com/vmihailenco/msgpack"
-)
 
-// Redis stream fields that watermill-redisstream writes.
-const (
-	redisFieldMetadata = "metadata"
-	redisFieldPayload  = "payload"
+	redissub "github.com/onceflow/onceflow/broker/redis"
 )
 
 // HeaderRedisMetadata carries the raw "metadata" field of a Redis stream entry that did not
 // decode as watermill metadata (an entry written by another producer).
-const HeaderRedisMetadata = "redis_metadata"
+const HeaderRedisMetadata = redissub.HeaderMetadata
 
 // redisBlockTime is how long one XREADGROUP waits for new entries; it also bounds how long a
 // closing subscriber waits for its reads.
@@ -75,52 +69,7 @@ func openRedis(ctx context.Context, t *target, o Options) (*backend, error) {
 	}, nil
 }
 
-// redisMarshaller is watermill-redisstream's marshaller with a tolerant Unmarshal: it never
-// fails, because watermill-redisstream ends the whole subscription on a message it cannot
+// redisMarshaller is the stream entry format of watermill-redisstream, with an Unmarshal that
+// never fails: watermill-redisstream ends the whole subscription on a message it cannot
 // unmarshal.
-type redisMarshaller struct{}
-
-var _ redisstream.MarshallerUnmarshaller = redisMarshaller{}
-
-// Marshal converts msg to the fields of a stream entry: the UUID, the msgpack-encoded
-// metadata and the payload.
-func (redisMarshaller) Marshal(topic string, msg *message.Message) (map[string]any, error) {
-	return redisstream.DefaultMarshallerUnmarshaller{}.Marshal(topic, msg)
-}
-
-// Unmarshal converts the fields of a stream entry to a watermill message. An entry without a
-// UUID field gets an empty UUID; fields other than the UUID, metadata and payload (written by
-// another producer) become metadata; metadata that does not decode is kept in the header
-// redis_metadata.
-func (redisMarshaller) Unmarshal(values map[string]any) (*message.Message, error) {
-	md := message.Metadata{}
-	var id, payload string
-	for k, v := range values {
-		s := fmt.Sprint(v)
-		switch k {
-		case redisstream.UUIDHeaderKey:
-			id = s
-		case redisFieldPayload:
-			payload = s
-		case redisFieldMetadata:
-			if s == "" {
-				continue
-			}
-			decoded := message.Metadata{}
-			if err := msgpack.Unmarshal([]byte(s), &decoded); err != nil {
-				md[HeaderRedisMetadata] = s
-				continue
-			}
-			for mk, mv := range decoded {
-				md[mk] = mv
-			}
-		default:
-			if _, ok := md[k]; !ok {
-				md[k] = s
-			}
-		}
-	}
-	msg := message.NewMessage(id, []byte(payload))
-	msg.Metadata = md
-	return msg, nil
-}
+type redisMarshaller = redissub.Marshaller
