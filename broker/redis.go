@@ -2,9 +2,9 @@ package broker
 
 import (
 	"context"
-	"time"
+	"errors"
+	"sync"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
@@ -16,16 +16,13 @@ import (
 // decode as watermill metadata (an entry written by another producer).
 const HeaderRedisMetadata = redissub.HeaderMetadata
 
-// redisBlockTime is how long one XREADGROUP waits for new entries; it also bounds how long a
-// closing subscriber waits for its reads.
-const redisBlockTime = 100 * time.Millisecond
+// redisMarshaller is the stream entry format of watermill-redisstream, with an Unmarshal that
+// never fails.
+type redisMarshaller = redissub.Marshaller
 
-// redisClaimInterval returns how often a consumer looks for pending entries that another
-// consumer has left idle for longer than ackTimeout: a tenth of it, between 100 ms and 1 s.
-func redisClaimInterval(ackTimeout time.Duration) time.Duration {
-	return min(max(ackTimeout/10, 100*time.Millisecond), time.Second)
-}
-
+// openRedis publishes with watermill-redisstream's publisher and subscribes with
+// broker/redis, which keeps many deliveries in flight per subscription, delays nacked entries
+// in Redis (their idle time), and gives back at once what a closing consumer holds.
 func openRedis(ctx context.Context, t *target, o Options) (*backend, error) {
 	ropts, err := redis.ParseURL(t.dsn)
 	if err != nil {
@@ -41,35 +38,55 @@ func openRedis(ctx context.Context, t *target, o Options) (*backend, error) {
 		_ = client.Close()
 		return nil, err
 	}
-	nackSleep := o.nackDelay()
-	if nackSleep == 0 {
-		nackSleep = redisstream.NoSleep
+	// A subscription notices a lost connection by a failed command: the subscribers' clients
+	// do not retry.
+	subOpts := *ropts
+	subOpts.MaxRetries = -1
+	nackDelay := o.NackDelay
+	if nackDelay == NoNackDelay {
+		nackDelay = redissub.NoNackDelay
+	}
+	cfg := redissub.Config{
+		ConsumerGroup: o.ConsumerGroup,
+		Prefetch:      o.Prefetch,
+		NackDelay:     nackDelay,
+		AckTimeout:    o.AckTimeout,
+		CloseTimeout:  closeGrace,
+		Logger:        o.Logger,
+	}
+	if err := cfg.Validate(); err != nil {
+		_ = pub.Close()
+		return nil, err
 	}
 	return &backend{
 		pub: pub,
 		newSubscriber: func() (message.Subscriber, error) {
-			// The subscriber closes its client when it closes: give it one of its own.
-			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client:                        redis.NewClient(ropts),
-				Unmarshaller:                  redisMarshaller{},
-				Consumer:                      "onceflow-" + watermill.NewShortUUID(),
-				ConsumerGroup:                 o.ConsumerGroup,
-				NackResendSleep:               nackSleep,
-				BlockTime:                     redisBlockTime,
-				ClaimInterval:                 redisClaimInterval(o.AckTimeout),
-				MaxIdleTime:                   o.AckTimeout,
-				OldestId:                      "0",
-				DisableIndefiniteInitialBlock: true,
-			}, o.Logger)
+			// Each Subscriber has a connection pool of its own, closed with it.
+			c := redis.NewClient(&subOpts)
+			sub, err := redissub.NewSubscriber(c, cfg)
+			if err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			return &redisSubscriber{Subscriber: sub, client: c}, nil
 		},
-		// watermill-redisstream sleeps NackResendSleep and delivers a nacked message again to
-		// the same consumer; the message of a closing consumer stays pending until another
-		// consumer re-claims it after MaxIdleTime. Closing the publisher closes client.
+		native: true,
+		// Closing the publisher closes client.
 		view: newRedisView(client, o.ConsumerGroup),
 	}, nil
 }
 
-// redisMarshaller is the stream entry format of watermill-redisstream, with an Unmarshal that
-// never fails: watermill-redisstream ends the whole subscription on a message it cannot
-// unmarshal.
-type redisMarshaller = redissub.Marshaller
+// redisSubscriber is a broker/redis Subscriber with the client that it alone uses.
+type redisSubscriber struct {
+	*redissub.Subscriber
+	client *redis.Client
+
+	once sync.Once
+	err  error
+}
+
+// Close closes the Subscriber, then its client.
+func (s *redisSubscriber) Close() error {
+	s.once.Do(func() { s.err = errors.Join(s.Subscriber.Close(), s.client.Close()) })
+	return s.err
+}
