@@ -61,8 +61,10 @@ func openRedis(ctx context.Context, t *target, o Options) (*backend, error) {
 	return &backend{
 		pub: pub,
 		newSubscriber: func() (message.Subscriber, error) {
-			// Each Subscriber has a connection pool of its own, closed with it.
-			c := redis.NewClient(&subOpts)
+			// Each Subscriber has a connection pool of its own, closed with it. NewClient
+			// writes to its options: give each its copy.
+			opts := subOpts
+			c := redis.NewClient(&opts)
 			sub, err := redissub.NewSubscriber(c, cfg)
 			if err != nil {
 				_ = c.Close()
