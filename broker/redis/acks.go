@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"fmt"
 	"time"
 )
 
@@ -38,11 +39,10 @@ func (s *subscription) flushAcks() {
 	}
 }
 
-// sendAcks sends every ack given so far, retrying while Redis cannot be reached, until
-// opCtx ends. Acks that an error other than a lost connection refuses (the stream or group
-// was deleted) are dropped; those left unsent at the end of opCtx stay in acks.
+// sendAcks sends every ack given so far, in batches of at most maxAckBatch, until opCtx
+// ends; those left unsent then stay in acks.
 func (s *subscription) sendAcks() {
-	for n := 0; ; {
+	for {
 		s.mu.Lock()
 		k := min(len(s.acks), maxAckBatch)
 		batch := s.acks[:k:k]
@@ -51,33 +51,41 @@ func (s *subscription) sendAcks() {
 		if len(batch) == 0 {
 			return
 		}
-		for {
-			err := s.client.XAck(s.opCtx, s.topic, s.group, batch...).Err()
-			if err == nil || !isConnErr(err) || s.opCtx.Err() != nil {
-				if err != nil && s.opCtx.Err() != nil {
-					s.mu.Lock()
-					s.acks = append(batch, s.acks...)
-					s.mu.Unlock()
-					return
-				}
-				if err != nil {
-					s.cfg.Logger.Error("XACK refused; those entries will be delivered again", err, s.fields)
-				}
-				break
-			}
-			n++
-			t := time.NewTimer(backoff(n))
-			select {
-			case <-t.C:
-			case <-s.opCtx.Done():
-			}
-			t.Stop()
+		if !s.xack(batch) {
+			s.mu.Lock()
+			s.acks = append(batch, s.acks...)
+			s.mu.Unlock()
+			return
 		}
-		n = 0
 		s.mu.Lock()
 		for _, id := range batch {
 			delete(s.acking, id)
 		}
 		s.mu.Unlock()
+	}
+}
+
+// xack acknowledges ids with one XACK, retrying while Redis cannot be reached. It reports
+// false when opCtx ends first. An error other than a lost connection (the stream or the group
+// was deleted) is logged, and the acks are dropped: the entries, if they still exist, are
+// delivered again.
+func (s *subscription) xack(ids []string) bool {
+	for n := 1; ; n++ {
+		err := s.client.XAck(s.opCtx, s.topic, s.group, ids...).Err()
+		switch {
+		case err == nil:
+			return true
+		case s.opCtx.Err() != nil:
+			return false
+		case !isConnErr(err):
+			s.cfg.Logger.Error(fmt.Sprintf("XACK of %d entries refused; they will be delivered again", len(ids)), err, s.fields)
+			return true
+		}
+		t := time.NewTimer(backoff(n))
+		select {
+		case <-t.C:
+		case <-s.opCtx.Done():
+		}
+		t.Stop()
 	}
 }
