@@ -26,6 +26,8 @@ func (s *subscription) claimIdle(room int) error {
 		MinIdle: ceilMs(s.cfg.AckTimeout), Start: s.cursor, Count: int64(room),
 	}).Result()
 	if err != nil {
+		// The pass ends here: reads go on, and the next pass starts from the beginning.
+		s.cursor, s.nextClaim = "0-0", time.Now().Add(s.cfg.ClaimInterval)
 		return fmt.Errorf("XAUTOCLAIM: %w", err)
 	}
 	replied := time.Now()

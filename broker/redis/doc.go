@@ -54,7 +54,11 @@
 // consumer from the group when nothing is pending for it; consumers that have nothing
 // pending and have not been seen for 10 minutes are deleted by the others.
 //
-// # Connections
+// # Server and connections
+//
+// The subscriber needs Redis 7.0 or later: XAUTOCLAIM, and claims that drop from the pending
+// entries list the entries deleted from the stream (XDEL, as the broker's Move does, or XTRIM)
+// instead of replying with nil as 6.2 does.
 //
 // A subscription sends its XREADGROUPs on a connection of its own, taken from the client's
 // pool for as long as it lives, so that Close can end a blocked read at once (CLIENT
