@@ -57,9 +57,11 @@ type Options struct {
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
 	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
 	// consumer group (for the group as a whole, as JetStream counts it), the batch size of an
-	// SQL or SQLite consumer. Redis and mem deliver one message at a time and ignore it.
-	// URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the
-	// server's default) for NATS and to sqlitequeue.DefaultBatchSize for SQLite.
+	// SQL or SQLite consumer, the unsettled deliveries of each Redis subscription (its
+	// XREADGROUP COUNT). mem delivers one message at a time and ignores it. URL parameter:
+	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the server's default)
+	// for NATS, to sqlitequeue.DefaultBatchSize for SQLite and to redis.DefaultPrefetch
+	// (package broker/redis) for Redis.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a
@@ -72,9 +74,9 @@ type Options struct {
 	// pending-entry idle time before re-claim, the ack deadline of SQL and SQLite consumers.
 	// It bounds how long the messages of a consumer that died stay unavailable, and it must
 	// exceed the longest processing time, retries included, or a slow message is processed
-	// twice (deduplication absorbs that, at a cost). Where the adapter enforces it (NATS, SQL,
-	// SQLite) the delivered message's context is cancelled when it passes, so that the
-	// processing of a message that will be delivered again is abandoned. AMQP and mem ignore
+	// twice (deduplication absorbs that, at a cost). Where the adapter enforces it (NATS,
+	// Redis, SQL, SQLite) the delivered message's context is cancelled when it passes, so that
+	// the processing of a message that will be delivered again is abandoned. AMQP and mem ignore
 	// it: RabbitMQ gives the messages of a consumer back when its connection closes, mem when
 	// its Subscriber closes. URL parameter: ack_timeout. Defaults to DefaultAckTimeout.
 	AckTimeout time.Duration
@@ -189,7 +191,7 @@ type Broker struct {
 //	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (watermill-sql); also mariadb://
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
 //	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (watermill-nats)
-//	redis://user:password@host:6379/0, rediss://...         Redis Streams (watermill-redisstream)
+//	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis)
 //	mem://name                                              in-process, for tests only (watermill gochannel)
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override the

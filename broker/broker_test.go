@@ -244,8 +244,8 @@ func TestBroker_MessageOfAConsumerThatWentAwayGoesToAnother(t *testing.T) {
 		requireSame(t, want, held)
 
 		// A second consumer joins while the first holds the message unacknowledged; then the
-		// first goes away without acking it. For Redis, the second re-claims the pending entry
-		// once it has been idle for ack_timeout.
+		// first goes away without acking it. For Redis, the closing consumer makes the pending
+		// entry claimable at once, and the second claims it on its next claim pass.
 		_, chB := f.subscribe(b)
 		require.NoError(t, subA.Close())
 		again := receive(t, chB)
@@ -298,13 +298,6 @@ func TestBroker_AckedMessagesAreNotDeliveredToTheNextConsumer(t *testing.T) {
 func TestBroker_AckGivenBeforeTheContextEndsAndCloseIsKept(t *testing.T) {
 	t.Parallel()
 	forEachScheme(t, func(t *testing.T, f *fixture) {
-		if f.sc.name == "redis" {
-			// watermill-redisstream v1.4.5 skips the XACK of a message acked just as its
-			// subscriber closes (its retry strategy checks "closing" before the first attempt):
-			// the entry stays pending and another consumer re-claims it after ack_timeout.
-			// Duplicate detection absorbs the redelivery; docs/brokers.md says so.
-			t.Skip("known upstream limitation of watermill-redisstream: an ack racing Close may be dropped")
-		}
 		b := f.open(broker.Options{})
 		sub, err := b.Subscriber()
 		require.NoError(t, err)

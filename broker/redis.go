@@ -2,36 +2,27 @@ package broker
 
 import (
 	"context"
-	"fmt"
-	"time"
+	"errors"
+	"sync"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
-	"github.com/vmihailenco/msgpack"
-)
 
-// Redis stream fields that watermill-redisstream writes.
-const (
-	redisFieldMetadata = "metadata"
-	redisFieldPayload  = "payload"
+	redissub "github.com/onceflow/onceflow/broker/redis"
 )
 
 // HeaderRedisMetadata carries the raw "metadata" field of a Redis stream entry that did not
 // decode as watermill metadata (an entry written by another producer).
-const HeaderRedisMetadata = "redis_metadata"
+const HeaderRedisMetadata = redissub.HeaderMetadata
 
-// redisBlockTime is how long one XREADGROUP waits for new entries; it also bounds how long a
-// closing subscriber waits for its reads.
-const redisBlockTime = 100 * time.Millisecond
+// redisMarshaller is the stream entry format of watermill-redisstream, with an Unmarshal that
+// never fails.
+type redisMarshaller = redissub.Marshaller
 
-// redisClaimInterval returns how often a consumer looks for pending entries that another
-// consumer has left idle for longer than ackTimeout: a tenth of it, between 100 ms and 1 s.
-func redisClaimInterval(ackTimeout time.Duration) time.Duration {
-	return min(max(ackTimeout/10, 100*time.Millisecond), time.Second)
-}
-
+// openRedis publishes with watermill-redisstream's publisher and subscribes with
+// broker/redis, which keeps many deliveries in flight per subscription, delays nacked entries
+// in Redis (their idle time), and gives back at once what a closing consumer holds.
 func openRedis(ctx context.Context, t *target, o Options) (*backend, error) {
 	ropts, err := redis.ParseURL(t.dsn)
 	if err != nil {
@@ -47,80 +38,57 @@ func openRedis(ctx context.Context, t *target, o Options) (*backend, error) {
 		_ = client.Close()
 		return nil, err
 	}
-	nackSleep := o.nackDelay()
-	if nackSleep == 0 {
-		nackSleep = redisstream.NoSleep
+	// A subscription notices a lost connection by a failed command: the subscribers' clients
+	// do not retry.
+	subOpts := *ropts
+	subOpts.MaxRetries = -1
+	nackDelay := o.NackDelay
+	if nackDelay == NoNackDelay {
+		nackDelay = redissub.NoNackDelay
+	}
+	cfg := redissub.Config{
+		ConsumerGroup: o.ConsumerGroup,
+		Prefetch:      o.Prefetch,
+		NackDelay:     nackDelay,
+		AckTimeout:    o.AckTimeout,
+		CloseTimeout:  closeGrace,
+		Logger:        o.Logger,
+	}
+	if err := cfg.Validate(); err != nil {
+		_ = pub.Close()
+		return nil, err
 	}
 	return &backend{
 		pub: pub,
 		newSubscriber: func() (message.Subscriber, error) {
-			// The subscriber closes its client when it closes: give it one of its own.
-			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client:                        redis.NewClient(ropts),
-				Unmarshaller:                  redisMarshaller{},
-				Consumer:                      "onceflow-" + watermill.NewShortUUID(),
-				ConsumerGroup:                 o.ConsumerGroup,
-				NackResendSleep:               nackSleep,
-				BlockTime:                     redisBlockTime,
-				ClaimInterval:                 redisClaimInterval(o.AckTimeout),
-				MaxIdleTime:                   o.AckTimeout,
-				OldestId:                      "0",
-				DisableIndefiniteInitialBlock: true,
-			}, o.Logger)
+			// Each Subscriber has a connection pool of its own, closed with it. NewClient
+			// writes to its options: give each its copy.
+			opts := subOpts
+			c := redis.NewClient(&opts)
+			sub, err := redissub.NewSubscriber(c, cfg)
+			if err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			return &redisSubscriber{Subscriber: sub, client: c}, nil
 		},
-		// watermill-redisstream sleeps NackResendSleep and delivers a nacked message again to
-		// the same consumer; the message of a closing consumer stays pending until another
-		// consumer re-claims it after MaxIdleTime. Closing the publisher closes client.
+		native: true,
+		// Closing the publisher closes client.
 		view: newRedisView(client, o.ConsumerGroup),
 	}, nil
 }
 
-// redisMarshaller is watermill-redisstream's marshaller with a tolerant Unmarshal: it never
-// fails, because watermill-redisstream ends the whole subscription on a message it cannot
-// unmarshal.
-type redisMarshaller struct{}
+// redisSubscriber is a broker/redis Subscriber with the client that it alone uses.
+type redisSubscriber struct {
+	*redissub.Subscriber
+	client *redis.Client
 
-var _ redisstream.MarshallerUnmarshaller = redisMarshaller{}
-
-// Marshal converts msg to the fields of a stream entry: the UUID, the msgpack-encoded
-// metadata and the payload.
-func (redisMarshaller) Marshal(topic string, msg *message.Message) (map[string]any, error) {
-	return redisstream.DefaultMarshallerUnmarshaller{}.Marshal(topic, msg)
+	once sync.Once
+	err  error
 }
 
-// Unmarshal converts the fields of a stream entry to a watermill message. An entry without a
-// UUID field gets an empty UUID; fields other than the UUID, metadata and payload (written by
-// another producer) become metadata; metadata that does not decode is kept in the header
-// redis_metadata.
-func (redisMarshaller) Unmarshal(values map[string]any) (*message.Message, error) {
-	md := message.Metadata{}
-	var id, payload string
-	for k, v := range values {
-		s := fmt.Sprint(v)
-		switch k {
-		case redisstream.UUIDHeaderKey:
-			id = s
-		case redisFieldPayload:
-			payload = s
-		case redisFieldMetadata:
-			if s == "" {
-				continue
-			}
-			decoded := message.Metadata{}
-			if err := msgpack.Unmarshal([]byte(s), &decoded); err != nil {
-				md[HeaderRedisMetadata] = s
-				continue
-			}
-			for mk, mv := range decoded {
-				md[mk] = mv
-			}
-		default:
-			if _, ok := md[k]; !ok {
-				md[k] = s
-			}
-		}
-	}
-	msg := message.NewMessage(id, []byte(payload))
-	msg.Metadata = md
-	return msg, nil
+// Close closes the Subscriber, then its client.
+func (s *redisSubscriber) Close() error {
+	s.once.Do(func() { s.err = errors.Join(s.Subscriber.Close(), s.client.Close()) })
+	return s.err
 }

@@ -1,0 +1,143 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefetch is how many unsettled deliveries a subscription holds when
+	// Config.Prefetch is zero: enough that one XREADGROUP and one XACK serve many messages, few
+	// enough that the entries a dead consumer strands for AckTimeout stay few, and that the
+	// consumers of a group share a backlog.
+	DefaultPrefetch = 100
+	// DefaultNackDelay is how long a nacked entry waits before it is delivered again when
+	// Config.NackDelay is zero.
+	DefaultNackDelay = time.Second
+	// DefaultAckTimeout is how long a delivery may stay unsettled before the entry may be
+	// claimed by another consumer, when Config.AckTimeout is zero.
+	DefaultAckTimeout = 30 * time.Second
+	// DefaultBlockTime is how long one XREADGROUP waits for new entries when Config.BlockTime
+	// is zero.
+	DefaultBlockTime = 100 * time.Millisecond
+	// DefaultCloseTimeout bounds Close when Config.CloseTimeout is zero.
+	DefaultCloseTimeout = 5 * time.Second
+)
+
+// NoNackDelay as Config.NackDelay delivers a nacked entry again at once.
+const NoNackDelay time.Duration = -1
+
+// maxPrefetch bounds Config.Prefetch: a subscription keeps one goroutine per unsettled
+// delivery.
+const maxPrefetch = 100_000
+
+// Config configures a Subscriber. Only ConsumerGroup is required; every other zero field
+// selects its default.
+type Config struct {
+	// ConsumerGroup is the Redis consumer group of the subscriptions. It is created on each
+	// topic's stream when first subscribed (XGROUP CREATE ... 0 MKSTREAM), from the start of
+	// the stream, so that it gets the entries published before it existed. Required.
+	ConsumerGroup string
+
+	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
+	// nacked) at most: it reads with XREADGROUP COUNT <room left>. A nacked delivery leaves
+	// the window at once, whatever its delay. Defaults to DefaultPrefetch.
+	Prefetch int
+
+	// NackDelay is how long a nacked entry waits before it is delivered again, unless the
+	// consumer asked for another delay with redelivery.NackAfter. NoNackDelay redelivers at
+	// once. Defaults to DefaultNackDelay.
+	NackDelay time.Duration
+
+	// AckTimeout is how long a delivery may stay unsettled. When it passes, the delivery's
+	// context is cancelled, and the entry, idle in the group's pending entries list for that
+	// long, may be claimed by any consumer of the group: the entries of a consumer that died
+	// come back after it. It must exceed the longest processing time. Defaults to
+	// DefaultAckTimeout.
+	AckTimeout time.Duration
+
+	// ClaimInterval is how often a subscription claims the entries that have been idle for
+	// AckTimeout (left by consumers that died or closed, or nacked by one whose delay has
+	// passed). Defaults to a tenth of AckTimeout, between 100 ms and 1 s.
+	ClaimInterval time.Duration
+
+	// BlockTime is how long one XREADGROUP waits for new entries. It bounds how long Close
+	// waits for a read in progress, and how late a nacked entry whose delay ends during a
+	// read comes back. Defaults to DefaultBlockTime.
+	BlockTime time.Duration
+
+	// CloseTimeout bounds Close, and a subscription's end when its context ends: stopping the
+	// reads, sending the acks given before, and giving back the unsettled deliveries. Defaults
+	// to DefaultCloseTimeout.
+	CloseTimeout time.Duration
+
+	// Logger receives the subscriptions' logs. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	if c.ConsumerGroup == "" {
+		return errors.New("redis: Config.ConsumerGroup is empty")
+	}
+	if c.Prefetch < 0 || c.Prefetch > maxPrefetch {
+		return fmt.Errorf("redis: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, maxPrefetch)
+	}
+	if c.NackDelay < 0 && c.NackDelay != NoNackDelay {
+		return fmt.Errorf("redis: Config.NackDelay: %s is negative (0 selects the default, NoNackDelay disables the delay)", c.NackDelay)
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"AckTimeout", c.AckTimeout},
+		{"ClaimInterval", c.ClaimInterval},
+		{"BlockTime", c.BlockTime},
+		{"CloseTimeout", c.CloseTimeout},
+	} {
+		if d.value < 0 {
+			return fmt.Errorf("redis: Config.%s: %s is negative (0 selects the default)", d.name, d.value)
+		}
+	}
+	if c.AckTimeout > 0 && c.AckTimeout < 10*time.Millisecond {
+		return fmt.Errorf("redis: Config.AckTimeout: %s is shorter than 10ms", c.AckTimeout)
+	}
+	if c.BlockTime > 0 && c.BlockTime < time.Millisecond {
+		// XREADGROUP counts in milliseconds, and BLOCK 0 waits for ever.
+		return fmt.Errorf("redis: Config.BlockTime: %s is shorter than 1ms", c.BlockTime)
+	}
+	return nil
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	switch c.NackDelay {
+	case 0:
+		c.NackDelay = DefaultNackDelay
+	case NoNackDelay:
+		c.NackDelay = 0
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.ClaimInterval == 0 {
+		c.ClaimInterval = min(max(c.AckTimeout/10, 100*time.Millisecond), time.Second)
+	}
+	if c.BlockTime == 0 {
+		c.BlockTime = DefaultBlockTime
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}

@@ -1,0 +1,67 @@
+// Package redis is a watermill message.Subscriber on Redis Streams that keeps many deliveries
+// in flight per subscription, built on go-redis. It reads the stream entry format of
+// watermill-redisstream (the UUID in "_watermill_message_uuid", msgpack metadata in
+// "metadata", the payload in "payload"), so that watermill-redisstream's publisher and the
+// streams it wrote keep working; Marshaller is that format, with an Unmarshal that never fails.
+//
+// # Delivery
+//
+// Each Subscribe call is one consumer (a name of its own) of the stream in the configured
+// consumer group, which is created from the start of the stream when it does not exist. Every
+// group gets every entry; within a group, an entry is pending for one consumer at a time. A
+// subscription:
+//
+//   - reads new entries with XREADGROUP COUNT <room> BLOCK, keeping up to Config.Prefetch
+//     deliveries unsettled, handed out on its channel in stream order;
+//   - claims the group's entries that have been idle for Config.AckTimeout (XAUTOCLAIM, every
+//     Config.ClaimInterval): those of consumers that died, closed, or were nacked with a
+//     delay that has ended;
+//   - puts a redelivery.Info in each message's context: Count is the entry's delivery count
+//     from the group's pending entries list (1 for a new entry; each claim adds one), durable
+//     in Redis, so that it survives the death of any consumer; DelaysNacks is true;
+//   - cancels a delivery's context when it ends unsettled: AckTimeout passes (another
+//     consumer may claim the entry), the connection is lost, or the subscription ends; and
+//     after an ack or a nack.
+//
+// # Ack
+//
+// An ack settles its entry by id (XACK), coalesced with the acks given within a few
+// milliseconds into one XACK; it leaves the window at once. An ack or nack given before a
+// delivery ends counts, also when the subscription sees it just after (Close never drops an
+// ack given before it). One given after the subscription has settled the ended delivery,
+// which it does at once, is dropped: the entry is delivered again, which onceflow's
+// deduplication absorbs, and an old delivery never settles a newer delivery of the same
+// entry by this subscription.
+//
+// # Nack
+//
+// A nacked entry is delivered again, with its delivery count up by one, no sooner than
+// redelivery.RequestedDelay, or else Config.NackDelay. It leaves the window at once: the
+// entries behind it go on. The delay is kept in Redis as the entry's idle time (the entry is
+// claimable when its idle time reaches AckTimeout), so a nacked entry comes back on time also
+// when its consumer dies. Redis cannot set an idle time ahead of the clock: for a delay
+// longer than AckTimeout the consumer pushes the idle time back while it lives, and if it
+// dies or closes first, the entry comes back within AckTimeout, sooner than asked.
+//
+// # Close, lost connections, dead consumers
+//
+// Close (and the end of a subscription's context) stops reading, sends the acks given before
+// it, makes the unsettled deliveries claimable by the other consumers at once, and returns
+// within Config.CloseTimeout; a subscription's channel is closed when that is done. After a
+// lost connection the subscription cancels the deliveries in flight, waits for Redis, gives
+// them back (and entries whose read reply was lost) and goes on. The entries of a consumer
+// that dies without closing come back after AckTimeout. A closing subscription deletes its
+// consumer from the group when nothing is pending for it; consumers that have nothing
+// pending and have not been seen for 10 minutes are deleted by the others.
+//
+// # Server and connections
+//
+// The subscriber needs Redis 7.0 or later: XAUTOCLAIM, and claims that drop from the pending
+// entries list the entries deleted from the stream (XDEL, as the broker's Move does, or XTRIM)
+// instead of replying with nil as 6.2 does.
+//
+// A subscription sends its XREADGROUPs on a connection of its own, taken from the client's
+// pool for as long as it lives, so that Close can end a blocked read at once (CLIENT
+// UNBLOCK); past half the pool's size, or with a client that cannot lend one (a cluster
+// client), it reads on the pool, and Close waits up to Config.BlockTime for the read.
+package redis

@@ -1,0 +1,197 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	redissub "github.com/onceflow/onceflow/broker/redis"
+	"github.com/onceflow/onceflow/internal/testsvc"
+)
+
+const group = "g"
+
+// fixture is one test's Redis server and stream.
+type fixture struct {
+	t     *testing.T
+	url   string
+	topic string
+	admin *redis.Client // for assertions, beside the subscribers
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	u := testsvc.RedisURL(t)
+	f := &fixture{t: t, url: u, topic: testsvc.UniqueName("t")}
+	t.Cleanup(func() { testsvc.RemoveTopics(t, u, nil, f.topic) })
+	f.admin = f.client(u)
+	return f
+}
+
+// client returns a client of the server at rawURL as a subscriber should have it (no
+// retries), closed when the test ends.
+func (f *fixture) client(rawURL string) *redis.Client {
+	f.t.Helper()
+	opts, err := redis.ParseURL(rawURL)
+	require.NoError(f.t, err)
+	opts.MaxRetries = -1
+	c := redis.NewClient(opts)
+	f.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// subscriber returns a Subscriber over a client of its own of rawURL, closed when the test
+// ends.
+func (f *fixture) subscriber(rawURL string, cfg redissub.Config) *redissub.Subscriber {
+	f.t.Helper()
+	if cfg.ConsumerGroup == "" {
+		cfg.ConsumerGroup = group
+	}
+	sub, err := redissub.NewSubscriber(f.client(rawURL), cfg)
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = sub.Close() })
+	return sub
+}
+
+// subscribe subscribes a new Subscriber with cfg to the fixture's stream.
+func (f *fixture) subscribe(cfg redissub.Config) (*redissub.Subscriber, <-chan *message.Message) {
+	f.t.Helper()
+	sub := f.subscriber(f.url, cfg)
+	ch, err := sub.Subscribe(context.Background(), f.topic)
+	require.NoError(f.t, err)
+	return sub, ch
+}
+
+// publish publishes n messages with watermill-redisstream's publisher and returns them.
+func (f *fixture) publish(n int) []*message.Message {
+	f.t.Helper()
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: f.admin, Marshaller: redissub.Marshaller{}}, nil)
+	require.NoError(f.t, err)
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("%s-%04d", f.topic, i), []byte(fmt.Sprintf("payload %d", i)))
+		msgs[i].Metadata.Set("i", fmt.Sprint(i))
+	}
+	require.NoError(f.t, pub.Publish(f.topic, msgs...))
+	return msgs
+}
+
+// pendingCount returns how many entries of the stream are pending for the group.
+func (f *fixture) pendingCount() int64 {
+	f.t.Helper()
+	p, err := f.admin.XPending(context.Background(), f.topic, group).Result()
+	require.NoError(f.t, err)
+	return p.Count
+}
+
+// pendingOf returns the pending entry of the group for the message with uuid, failing the
+// test when there is none.
+func (f *fixture) pendingOf(uuid string) redis.XPendingExt {
+	f.t.Helper()
+	ctx := context.Background()
+	xps, err := f.admin.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: f.topic, Group: group, Start: "-", End: "+", Count: 10000}).Result()
+	require.NoError(f.t, err)
+	for _, xp := range xps {
+		got, err := f.admin.XRange(ctx, f.topic, xp.ID, xp.ID).Result()
+		require.NoError(f.t, err)
+		if len(got) == 1 && got[0].Values[redisstream.UUIDHeaderKey] == uuid {
+			return xp
+		}
+	}
+	f.t.Fatalf("message %s is not pending", uuid)
+	return redis.XPendingExt{}
+}
+
+// receive returns the next message of ch, failing the test after timeout.
+func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		require.True(t, ok, "subscription closed before a message arrived")
+		return m
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s", timeout)
+		return nil
+	}
+}
+
+// receiveN returns the next n messages of ch.
+func receiveN(t *testing.T, ch <-chan *message.Message, n int, timeout time.Duration) []*message.Message {
+	t.Helper()
+	out := make([]*message.Message, n)
+	for i := range out {
+		out[i] = receive(t, ch, timeout)
+	}
+	return out
+}
+
+// requireNothing fails the test if ch delivers a message within d.
+func requireNothing(t *testing.T, ch <-chan *message.Message, d time.Duration) {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		if ok {
+			t.Fatalf("unexpected message %s", m.UUID)
+		}
+	case <-time.After(d):
+	}
+}
+
+// requireDone fails the test unless ctx is done within timeout.
+func requireDone(t *testing.T, ctx context.Context, timeout time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(timeout):
+		t.Fatalf("the context of %s is not cancelled after %s", what, timeout)
+	}
+}
+
+// tcpProxy is an in-process loopback TCP proxy in front of the Redis server.
+type tcpProxy struct {
+	p   *toxiproxy.Proxy
+	url string // the server's URL through the proxy
+}
+
+func (f *fixture) proxy() *tcpProxy {
+	f.t.Helper()
+	u, err := url.Parse(f.url)
+	require.NoError(f.t, err)
+	upstream := u.Host
+	if u.Port() == "" {
+		upstream = net.JoinHostPort(u.Hostname(), "6379")
+	}
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	p := toxiproxy.NewProxy(server, "redis", "127.0.0.1:0", upstream)
+	require.NoError(f.t, p.Start())
+	f.t.Cleanup(p.Stop)
+	u.Host = p.Listen
+	return &tcpProxy{p: p, url: u.String()}
+}
+
+// cut closes every connection through the proxy and refuses new ones until restore.
+func (p *tcpProxy) cut() { p.p.Stop() }
+
+// restore accepts connections again, on the same address.
+func (p *tcpProxy) restore(t *testing.T) {
+	t.Helper()
+	var err error
+	for range 100 { // the port was just released; binding it again can fail for a moment
+		if err = p.p.Start(); err == nil || err == toxiproxy.ErrProxyAlreadyStarted {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("restart the proxy on %s: %v", p.p.Listen, err)
+}

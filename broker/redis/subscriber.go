@@ -1,0 +1,127 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrClosed is returned by Subscribe on a closed Subscriber.
+var ErrClosed = errors.New("redis: subscriber closed")
+
+// Subscriber is a watermill message.Subscriber on Redis Streams that keeps many deliveries in
+// flight per subscription. NewSubscriber makes one; the package documentation describes what
+// it guarantees. It is safe for concurrent use.
+type Subscriber struct {
+	client redis.UniversalClient
+	cfg    Config
+
+	mu     sync.Mutex
+	closed bool
+	subs   map[*subscription]struct{}
+
+	// readConns counts the subscriptions' connections of their own (subscription.reader).
+	readConns atomic.Int32
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ message.Subscriber = (*Subscriber)(nil)
+
+// NewSubscriber returns a Subscriber that reads with client. The Subscriber does not close
+// client. Give it a client whose commands are not retried (redis.Options.MaxRetries -1): a
+// subscription notices a lost connection by the failure of a command, and an XREADGROUP sent
+// again after its reply was lost leaves the entries of the first one pending until AckTimeout
+// instead of giving them back at once.
+func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error) {
+	if client == nil {
+		return nil, errors.New("redis: NewSubscriber: client is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Subscriber{client: client, cfg: cfg.withDefaults(), subs: map[*subscription]struct{}{}}, nil
+}
+
+// Subscribe starts one consumer of the stream topic in the configured consumer group, under a
+// consumer name of its own, creating the stream and the group when they do not exist. Its
+// channel delivers each entry of the stream to one consumer of the group at a time, with up to
+// Config.Prefetch deliveries unsettled, and is closed when ctx ends or the Subscriber closes.
+//
+// Each message's context derives from ctx, carries a redelivery.Info (the entry's delivery
+// count from the group's pending entries list, DelaysNacks true) and is cancelled when the
+// delivery ends without an ack: Config.AckTimeout passes, the connection is lost, or the
+// subscription ends. It is cancelled after an ack or a nack too.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("redis: subscribe: topic is empty")
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s.mu.Unlock()
+
+	sub := newSubscription(s, ctx, topic, "onceflow-"+watermill.NewShortUUID())
+	start, cancel := context.WithTimeout(context.Background(), s.cfg.CloseTimeout)
+	defer cancel()
+	if err := sub.ensureGroup(start); err != nil {
+		sub.cancel()
+		sub.opCancel()
+		return nil, fmt.Errorf("redis: subscribe to stream %q: create consumer group %q: %w", topic, s.cfg.ConsumerGroup, err)
+	}
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		sub.cancel()
+		sub.opCancel()
+		return nil, ErrClosed
+	}
+	s.subs[sub] = struct{}{}
+	s.mu.Unlock()
+	sub.start()
+	return sub.out, nil
+}
+
+func (s *Subscriber) forget(sub *subscription) {
+	s.mu.Lock()
+	delete(s.subs, sub)
+	s.mu.Unlock()
+}
+
+// Close ends every subscription: it stops reading, sends every ack given before it (one XACK
+// per stream), makes the unsettled deliveries claimable by the group's other consumers at
+// once, and closes the channels. Nacked entries still waiting for their delay stay pending
+// and come back when it ends (see the package documentation for delays longer than
+// AckTimeout). Close returns within Config.CloseTimeout even if Redis is gone; it reports
+// acks it could not send. It is idempotent; concurrent calls all return when the first is
+// done, with its result.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		subs := make([]*subscription, 0, len(s.subs))
+		for sub := range s.subs {
+			subs = append(subs, sub)
+		}
+		s.mu.Unlock()
+
+		errs := make([]error, len(subs))
+		var wg sync.WaitGroup
+		for i, sub := range subs {
+			wg.Go(func() { errs[i] = sub.stop() })
+		}
+		wg.Wait()
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
