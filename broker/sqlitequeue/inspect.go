@@ -111,9 +111,11 @@ func (q *Queue) list(ctx context.Context, topic, group string, waiting bool, aft
 	}
 	where, args := `"offset" > ?`, []any{after}
 	if waiting {
+		// Start the scan at the group's first waiting message, not at the topic's first.
+		from, fargs := t.waitingFrom(topic, group)
 		w, wargs := t.waiting(topic, group)
-		where += ` AND (` + w + `)`
-		args = append(args, wargs...)
+		where = `"offset" > max(?, ` + from + `) AND (` + w + `)`
+		args = append(append(args, fargs...), wargs...)
 	}
 	rows, err := q.db.QueryContext(ctx, `SELECT "offset", uuid, payload, metadata, created_at FROM `+
 		quote(MessagesTable(topic))+` WHERE `+where+` ORDER BY "offset" LIMIT ?`, append(args, limit)...)
@@ -243,6 +245,17 @@ func (t topicTables) waiting(topic, group string) (string, []any) {
 		args = append(args, group)
 	}
 	return cond, args
+}
+
+// waitingFrom returns an expression for an offset below every message waiting for group: its
+// cursor, or less than its lowest lease.
+func (t topicTables) waitingFrom(topic, group string) (string, []any) {
+	cursor := `COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?), 0)`
+	if !t.leases {
+		return cursor, []any{group}
+	}
+	return `min(` + cursor + `, COALESCE((SELECT min("offset") FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?) - 1, ` + cursor + `))`,
+		[]any{group, group, group}
 }
 
 // topicTables returns which of topic's tables exist. An invalid topic name is an error.

@@ -150,8 +150,9 @@ func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 //     delivered and not settled and gives them back at once, for the next consumer of the
 //     group.
 //
-// Delivery is at-least-once, in offset order as far as no message is nacked or redelivered;
-// onceflow's deduplication makes the processing exactly-once.
+// A subscription hands out new messages in offset order; a nacked or redelivered message comes
+// back after the ones behind it. Delivery is at-least-once; onceflow's deduplication makes the
+// processing exactly-once.
 func (q *Queue) Subscriber() (message.Subscriber, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
