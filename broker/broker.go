@@ -57,7 +57,8 @@ type Options struct {
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
 	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
 	// consumer group (for the group as a whole, as JetStream counts it), the batch size of an
-	// SQL or SQLite consumer. Redis and mem deliver one message at a time and ignore it.
+	// SQL consumer, the window of leased messages of each SQLite subscription. Redis and mem
+	// deliver one message at a time and ignore it.
 	// URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the
 	// server's default) for NATS and to sqlitequeue.DefaultBatchSize for SQLite.
 	Prefetch int
