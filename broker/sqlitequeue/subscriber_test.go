@@ -452,3 +452,39 @@ func TestSubscriber_ForeignRowsAreDelivered(t *testing.T) {
 		"broken":  {},
 	}, got)
 }
+
+// A subscription whose queries fail (here: the file stays locked longer than the queue's busy
+// timeout) backs off and goes on by itself once the file is free again: the acknowledgement
+// given meanwhile is committed then, and the other messages are delivered.
+func TestSubscriber_GoesOnAfterFailedQueries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testFile(t)
+	q := openQueue(t, "sqlite://"+path+"?_pragma=busy_timeout(50)", sqlitequeue.Config{BatchSize: 1, PollInterval: 10 * time.Millisecond})
+	ids := publishN(t, q, "t", 3)
+	msgs := subscribe(t, q, ctx, "t")
+	first := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], first.UUID)
+
+	locker, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, locker.Close()) }()
+	tx, err := locker.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES ('locker', NULL, '{}')`)
+	require.NoError(t, err)
+	require.True(t, first.Ack())
+	requireNothing(t, msgs, 500*time.Millisecond) // the settle-and-claim fails meanwhile
+	n, err := q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "the acknowledgement is not committed yet")
+	require.NoError(t, tx.Rollback())
+
+	for _, want := range ids[1:] {
+		m := receive(t, msgs, 5*time.Second)
+		require.Equal(t, want, m.UUID)
+		require.Equal(t, 1, deliveryCount(t, m))
+		require.True(t, m.Ack())
+	}
+	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup) }, "backlog")
+}
