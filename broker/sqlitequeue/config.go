@@ -19,8 +19,8 @@ const (
 	DefaultAckDeadline    = 30 * time.Second
 )
 
-// maxBatchSize bounds BatchSize: a subscription claims up to a window of messages in one
-// statement, whose parameters SQLite limits.
+// maxBatchSize bounds BatchSize: a subscription holds its window in memory and claims it in one
+// transaction, which holds the file's write lock.
 const maxBatchSize = 10000
 
 // minLease is the smallest AckDeadline and ResendInterval: leases are kept in milliseconds.

