@@ -57,11 +57,11 @@ type Options struct {
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
 	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
 	// consumer group (for the group as a whole, as JetStream counts it), the batch size of an
-	// SQL or SQLite consumer, the unsettled deliveries of each Redis subscription (its
-	// XREADGROUP COUNT). mem delivers one message at a time and ignores it. URL parameter:
-	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the server's default)
-	// for NATS, to sqlitequeue.DefaultBatchSize for SQLite and to redis.DefaultPrefetch
-	// (package broker/redis) for Redis.
+	// SQL consumer, the window of leased messages of each SQLite subscription, the unsettled
+	// deliveries of each Redis subscription (its XREADGROUP COUNT). mem delivers one message
+	// at a time and ignores it. URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP
+	// and SQL, to 1000 (the server's default) for NATS, to sqlitequeue.DefaultBatchSize for
+	// SQLite and to redis.DefaultPrefetch (package broker/redis) for Redis.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a

@@ -79,7 +79,8 @@ func (b *Broker) inspectErr(op, topic string, err error) error {
 //     channel is closed, which puts every message back in its place (with the redelivered
 //     flag set);
 //   - postgres, mysql: a SELECT from the topic's messages table past the group's offset;
-//   - sqlite: sqlitequeue's List past the group's offset;
+//   - sqlite: sqlitequeue's Waiting: the messages the group has leased and those past its
+//     cursor;
 //   - nats: the stream's messages on the topic's subject past the ack floor of the group's
 //     durable consumer (the whole stream before the group has one);
 //   - redis: the group's pending entries and the entries past its last-delivered id (the whole

@@ -6,9 +6,10 @@ import (
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 )
 
-// sqliteView reads the queue file with sqlitequeue's inspection methods: the messages past the
-// group's acknowledged offset. Reads take no lock; remove deletes a message in its turn to
-// write, after any batch a subscription holds.
+// sqliteView reads the queue file with sqlitequeue's inspection methods: the messages waiting
+// for the group, those it has leased (held by a consumer, or nacked and waiting for their
+// delay) and those after its cursor, in offset order. Reads take no lock; remove deletes the
+// message, and its leases, in its turn to write.
 type sqliteView struct {
 	q     *sqlitequeue.Queue
 	group string
@@ -16,11 +17,7 @@ type sqliteView struct {
 }
 
 func (v *sqliteView) list(ctx context.Context, limit int) ([]entry, error) {
-	acked, err := v.q.AckedOffset(ctx, v.topic, v.group)
-	if err != nil {
-		return nil, err
-	}
-	recs, err := v.q.List(ctx, v.topic, acked, limit)
+	recs, err := v.q.Waiting(ctx, v.topic, v.group, 0, limit)
 	if err != nil {
 		return nil, err
 	}

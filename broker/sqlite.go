@@ -27,9 +27,11 @@ func openSQLite(ctx context.Context, t *target, o Options) (*backend, error) {
 		pub:           q.Publisher(),
 		checkTopic:    sqlitequeue.CheckTopic,
 		newSubscriber: q.Subscriber,
-		// sqlitequeue delays redelivery of a nacked message itself (ResendInterval) and hands
-		// the batch of a closing consumer to the next one.
-		close: q.Close,
+		// sqlitequeue keeps a window of Prefetch leased messages per subscription, delays a
+		// nacked message by its lease (NackAfter's delay, else NackDelay), counts deliveries in
+		// the leases table and gives back what a closing consumer holds.
+		native: true,
+		close:  q.Close,
 		view: func(_ context.Context, topic string) (view, error) {
 			return &sqliteView{q: q, group: o.ConsumerGroup, topic: topic}, nil
 		},

@@ -25,14 +25,15 @@ import (
 // watermill-sql's subscriber reads, delivers and records the offset in one transaction, and on
 // SQLite a transaction that will write holds the database's write lock from its BEGIN
 // IMMEDIATE. The relay would then hold the application database's write lock while it
-// publishes, and when the destination is a queue file whose consumer holds that file's write
-// lock while it writes the application database (any onceflow handler on the embedded queue),
-// each waits for the other until SQLite's busy timeout ends it. So sqliteSubscriber reads
-// without a transaction (in WAL mode a reader never waits for the writer, and since SQLite has
-// one writer at a time, offsets become visible in increasing order), and records the offset in
-// a short transaction of its own once the batch is done. Relays of one consumer group take
-// turns through an exclusive lock on a file beside the database, tried without waiting at each
-// poll.
+// publishes, so that every writer of the application database, a handler's transaction
+// among them, waits for the broker; and when the destination holds a lock of its own while
+// its consumer writes the application database (as the embedded queue's subscriber did before
+// it had leases), each waits for the other until SQLite's busy timeout ends it. So
+// sqliteSubscriber reads without a transaction (in WAL mode a reader never waits for the
+// writer, and since SQLite has one writer at a time, offsets become visible in increasing
+// order), and records the offset in a short transaction of its own once the batch is done.
+// Relays of one consumer group take turns through an exclusive lock on a file beside the
+// database, tried without waiting at each poll.
 type sqliteSubscriber struct {
 	db          *sql.DB
 	schema      wsql.SchemaAdapter

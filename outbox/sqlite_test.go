@@ -15,9 +15,11 @@ import (
 )
 
 // The embedded default: the relay sends to a queue file whose consumer writes the application
-// database while its delivery holds the queue file's write lock. The relay must not hold the
-// application database's write lock while it publishes to the queue file, or the two wait for
-// each other until SQLite's busy timeout (30 s) breaks the tie.
+// database for each delivery. The relay must not hold the application database's write lock
+// while it publishes to the queue file, or the consumer's writes wait for it (and with a
+// destination that holds a lock of its own while its consumer writes, as the queue's subscriber
+// did before it had leases, the two would wait for each other until SQLite's busy timeout,
+// 30 s, broke the tie).
 func TestRelay_SQLiteQueueDestinationConsumedIntoTheSameDatabaseDoesNotStall(t *testing.T) {
 	t.Parallel()
 	e := setup(t, testsvc.Databases()[0], outbox.Config{})

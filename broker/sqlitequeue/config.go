@@ -7,9 +7,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// Default configuration values, chosen for an embedded queue: small batches so that the write
-// lock a consumer holds while its handler runs is held briefly, and short intervals so that
-// latency stays low.
+// Default configuration values, chosen for an embedded queue: a window that keeps a router's
+// handlers busy without leasing far ahead of them, and short intervals so that latency stays
+// low.
 const (
 	DefaultConsumerGroup  = "default"
 	DefaultBatchSize      = 16
@@ -19,28 +19,36 @@ const (
 	DefaultAckDeadline    = 30 * time.Second
 )
 
-// maxBatchSize bounds BatchSize: a batch is consumed under one write lock.
+// maxBatchSize bounds BatchSize: a subscription holds its window in memory and claims it in one
+// transaction, which holds the file's write lock.
 const maxBatchSize = 10000
+
+// minLease is the smallest AckDeadline and ResendInterval: leases are kept in milliseconds.
+const minLease = time.Millisecond
 
 // Config configures a Queue. The zero value is valid: every field has a default.
 type Config struct {
 	// ConsumerGroup names the consumer group of the subscribers the queue makes. Every consumer
-	// group receives every message of a topic; within a group, each message goes to one
-	// subscription at a time and the group's offset advances only when it is acknowledged.
-	// Defaults to "default".
+	// group receives every message of a topic; within a group, each message is leased to one
+	// subscription at a time. At most 255 bytes. Defaults to "default".
 	ConsumerGroup string
 
-	// BatchSize is the number of messages a subscription reads in one transaction. The
-	// transaction, and with it the queue file's write lock, stays open until the last message
-	// of the batch is acknowledged, so a larger batch lets publishers wait longer. A consumer
-	// that dies mid-batch leaves the whole batch to be delivered again. Defaults to 16.
+	// BatchSize is the window of each subscription: how many messages it keeps delivered and
+	// not yet settled (acknowledged or nacked), each under a lease of its own. A subscription
+	// claims messages whenever its window has room, and never holds a transaction while they
+	// are processed. A larger window lets more messages be processed at once (a watermill
+	// router runs each delivered message in a goroutine of its own); the messages of a
+	// consumer that dies wait for their leases to expire. 1 to 10000. Defaults to 16.
 	BatchSize int
 
-	// PollInterval is how long a subscription waits before looking again when it found no
-	// message. Defaults to 20 ms.
+	// PollInterval is how long an idle subscription waits before it looks for messages again.
+	// A publish through a Queue of the same process wakes the subscriptions of its topic at
+	// once. Defaults to 20 ms.
 	PollInterval time.Duration
 
-	// ResendInterval is how long a subscription waits before delivering a nacked message again.
+	// ResendInterval is the default nack delay: a nacked message may be delivered again this
+	// long after the nack, unless the nack asked for another delay
+	// (redelivery.NackAfter). The messages behind it are delivered meanwhile. At least 1 ms.
 	// Defaults to 50 ms.
 	ResendInterval time.Duration
 
@@ -48,11 +56,11 @@ type Config struct {
 	// database, which is retried after PollInterval). Defaults to 1 s.
 	RetryInterval time.Duration
 
-	// AckDeadline is how long a delivered message may stay neither acked nor nacked, counted
-	// from its first delivery in the batch. When it passes, the message's context is cancelled,
-	// what was published in its delivery's transaction is rolled back, the batch ends (about a
-	// second later) committing the messages acknowledged before it, and the message is
-	// delivered again. Defaults to 30 s.
+	// AckDeadline is the lease: how long a delivered message may stay neither acknowledged
+	// nor nacked. When it passes, the delivered message's context is cancelled and the message
+	// may be claimed again, by any consumer of the group, with its delivery count one higher.
+	// It is also how long the messages of a consumer that died wait before they are delivered
+	// again. At least 1 ms. Defaults to 30 s.
 	AckDeadline time.Duration
 
 	// Logger receives the subscribers' logs. Defaults to no logging.
@@ -70,14 +78,18 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name  string
 		value time.Duration
+		min   time.Duration
 	}{
-		{"PollInterval", c.PollInterval},
-		{"ResendInterval", c.ResendInterval},
-		{"RetryInterval", c.RetryInterval},
-		{"AckDeadline", c.AckDeadline},
+		{"PollInterval", c.PollInterval, 0},
+		{"ResendInterval", c.ResendInterval, minLease},
+		{"RetryInterval", c.RetryInterval, 0},
+		{"AckDeadline", c.AckDeadline, minLease},
 	} {
 		if d.value < 0 {
 			return fmt.Errorf("sqlitequeue: Config.%s: %s is negative (0 selects the default)", d.name, d.value)
+		}
+		if d.value != 0 && d.value < d.min {
+			return fmt.Errorf("sqlitequeue: Config.%s: %s is shorter than %s (0 selects the default)", d.name, d.value, d.min)
 		}
 	}
 	return nil

@@ -14,174 +14,77 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 )
 
-// publishFromHandler publishes a message to topic with the context of the delivered message in,
-// as a handler (or the router's dead-letter path) does, and fails the test if that takes long:
-// a publish that waited for the write lock its own subscription holds would take the 30 s busy
-// timeout.
-func publishFromHandler(t *testing.T, pub message.Publisher, in *message.Message, topic, payload string) {
-	t.Helper()
-	out := message.NewMessage("out-of-"+in.UUID, []byte(payload))
-	out.SetContext(in.Context())
-	start := time.Now()
-	require.NoError(t, pub.Publish(topic, out))
-	require.Less(t, time.Since(start), 2*time.Second, "publish from inside the handler must not wait for the lock")
-}
-
-func TestPublishInHandler_SameQueue_CommitsWithTheAck(t *testing.T) {
+// A handler that publishes with the delivered message's context publishes like anyone else:
+// the message is stored at once, through this Queue or another over the file, and stays
+// whatever becomes of the delivery.
+func TestPublishInHandler_IsAnOrdinaryPublish(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	path := testFile(t)
 	q := openQueue(t, path, sqlitequeue.Config{})
-	other := openQueue(t, path, sqlitequeue.Config{}) // another Queue over the same file
-	ids := publishN(t, q, "in", 2)
-	msgs := subscribe(t, q, ctx, "in")
-
-	first := receive(t, msgs, 5*time.Second)
-	publishFromHandler(t, q.Publisher(), first, "out", "from the queue's own publisher")
-	publishFromHandler(t, other.Publisher(), first, "in", "back onto the consumed topic, through another Queue")
-	n, err := q.Len(ctx, "out")
-	require.NoError(t, err)
-	require.Zero(t, n, "not visible before the delivery's transaction commits")
-	require.True(t, first.Ack())
-	<-first.Context().Done()
-	late := message.NewMessage("late", nil)
-	late.SetContext(first.Context())
-	require.ErrorIs(t, q.Publisher().Publish("out", late), sqlitequeue.ErrDeliveryEnded, "a handler publishes before it acknowledges")
-
-	second := receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[1], second.UUID)
-	second.Ack()
-	third := receive(t, msgs, 5*time.Second)
-	require.Equal(t, "out-of-"+ids[0], third.UUID, "the message published back to \"in\" is consumed after the others")
-	third.Ack()
-
-	eventuallyEqual(t, 1, func() (int64, error) { return q.Len(ctx, "out") }, "messages on out")
-	records, err := q.List(ctx, "out", 0, 10)
-	require.NoError(t, err)
-	require.Equal(t, "out-of-"+ids[0], records[0].Message.UUID)
-	require.Equal(t, "from the queue's own publisher", string(records[0].Message.Payload))
-}
-
-func TestPublishInHandler_NackUndoesWhatTheAttemptPublished(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	q := setup(t, sqlitequeue.Config{})
-	ids := publishN(t, q, "in", 2)
-	msgs := subscribe(t, q, ctx, "in")
-	pub := q.Publisher()
-
-	first := receive(t, msgs, 5*time.Second)
-	require.True(t, first.Ack()) // an acked delivery before it in the same batch stays
-	second := receive(t, msgs, 5*time.Second)
-	publishFromHandler(t, pub, second, "out", "attempt 1")
-	second.Nack()
-	retry := receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[1], retry.UUID)
-	publishFromHandler(t, pub, retry, "out", "attempt 2")
-	retry.Ack()
-
-	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "in", sqlitequeue.DefaultConsumerGroup) }, "backlog")
-	records, err := q.List(ctx, "out", 0, 10)
-	require.NoError(t, err)
-	require.Len(t, records, 1)
-	require.Equal(t, "attempt 2", string(records[0].Message.Payload))
-}
-
-func TestPublishInHandler_AckDeadlineUndoesWhatTheAttemptPublished(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	q := setup(t, sqlitequeue.Config{AckDeadline: 300 * time.Millisecond})
-	publishN(t, q, "in", 1)
-	msgs := subscribe(t, q, ctx, "in")
-	pub := q.Publisher()
-
-	slow := receive(t, msgs, 5*time.Second)
-	publishFromHandler(t, pub, slow, "out", "too late")
-	<-slow.Context().Done()
-	late := message.NewMessage("late", nil)
-	late.SetContext(slow.Context())
-	require.Error(t, pub.Publish("out", late), "a publish in an expired delivery fails")
-
-	again := receive(t, msgs, 5*time.Second)
-	require.Equal(t, slow.UUID, again.UUID)
-	again.Ack()
-	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "in", sqlitequeue.DefaultConsumerGroup) }, "backlog")
-	n, err := q.Len(ctx, "out")
-	require.NoError(t, err)
-	require.Zero(t, n)
-}
-
-func TestPublishInHandler_ConsumerDiesBeforeCommit(t *testing.T) {
-	t.Parallel()
-	q := setup(t, sqlitequeue.Config{})
+	other := openQueue(t, path, sqlitequeue.Config{})
 	ids := publishN(t, q, "in", 1)
-
-	ctx, die := context.WithCancel(context.Background())
 	msgs := subscribe(t, q, ctx, "in")
-	m := receive(t, msgs, 5*time.Second)
-	publishFromHandler(t, q.Publisher(), m, "out", "lost with the consumer")
-	die()
 
-	next := subscribe(t, q, context.Background(), "in")
-	again := receive(t, next, 5*time.Second)
+	in := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], in.UUID)
+	for i, pub := range []message.Publisher{q.Publisher(), other.Publisher()} {
+		out := message.NewMessage(fmt.Sprintf("out-%d", i), nil)
+		out.SetContext(in.Context())
+		start := time.Now()
+		require.NoError(t, pub.Publish("out", out))
+		require.Less(t, time.Since(start), 2*time.Second)
+	}
+	n, err := q.Len(ctx, "out")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n, "stored before the delivery is settled")
+
+	in.Nack()
+	again := receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], again.UUID)
-	again.Ack()
-	n, err := q.Len(context.Background(), "out")
+	require.True(t, again.Ack())
+	<-again.Context().Done()
+	late := message.NewMessage("late", nil)
+	late.SetContext(again.Context())
+	require.NoError(t, q.Publisher().Publish("out", late), "a settled delivery's context is no obstacle either")
+	n, err = q.Len(ctx, "out")
 	require.NoError(t, err)
-	require.Zero(t, n)
+	require.EqualValues(t, 3, n, "a nack undoes nothing that was published")
 }
 
-// A publish whose context is not a delivery of the queue file is independent of any
-// consumer: it commits at once.
-func TestPublish_WithForeignContextCommitsAtOnce(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	q := setup(t, sqlitequeue.Config{})
-	m := message.NewMessage("m", nil)
-	m.SetContext(context.WithValue(ctx, struct{ k string }{"k"}, "v"))
-	require.NoError(t, q.Publisher().Publish("t", m))
-	n, err := q.Len(ctx, "t")
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-}
+const (
+	childQueueEnv  = "ONCEFLOW_SQLITEQUEUE_TEST_CHILD_QUEUE"
+	childLeaseTime = 500 * time.Millisecond
+)
 
-const childQueueEnv = "ONCEFLOW_SQLITEQUEUE_TEST_CHILD_QUEUE"
-
-// TestKilledConsumer_Child is the consumer process of TestKilledConsumer_RedeliversToNextConsumer.
-// It takes the first message of "in", publishes to "out" in the delivery's transaction, says
-// so on stdout and waits to be killed.
+// TestKilledConsumer_Child is the consumer process of TestKilledConsumer_DeliveryCountSurvives.
+// It takes the first message of "in", says so on stdout with the message's delivery count,
+// and waits to be killed.
 func TestKilledConsumer_Child(t *testing.T) {
 	path := os.Getenv(childQueueEnv)
 	if path == "" {
-		t.Skip("run by TestKilledConsumer_RedeliversToNextConsumer")
+		t.Skip("run by TestKilledConsumer_DeliveryCountSurvives")
 	}
-	q, err := sqlitequeue.Open(context.Background(), path, sqlitequeue.Config{ConsumerGroup: "g"})
+	q, err := sqlitequeue.Open(context.Background(), path, sqlitequeue.Config{ConsumerGroup: "g", BatchSize: 1, AckDeadline: childLeaseTime})
 	require.NoError(t, err)
 	sub, err := q.Subscriber()
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(context.Background(), "in")
 	require.NoError(t, err)
-	m := receive(t, msgs, 10*time.Second)
-	out := message.NewMessage("out-of-"+m.UUID, nil)
-	out.SetContext(m.Context())
-	require.NoError(t, q.Publisher().Publish("out", out))
-	fmt.Printf("HOLDING %s\n", m.UUID)
+	m := receive(t, msgs, 20*time.Second)
+	info, _ := redelivery.FromContext(m.Context())
+	fmt.Printf("HOLDING %s %d\n", m.UUID, info.Count)
 	select {}
 }
 
-// A consumer process killed with SIGKILL in the middle of a batch loses nothing: its
-// transaction rolls back, what it published in the delivery's transaction vanishes, and the
-// batch goes to the next consumer of the group, which could not have it while the first held it.
-func TestKilledConsumer_RedeliversToNextConsumer(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	path := testFile(t)
-	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
-	ids := publishN(t, q, "in", 3)
-
+// startChild starts a consumer process over the queue file at path and returns the id and
+// delivery count of the message it holds, and a function that kills it with SIGKILL.
+func startChild(t *testing.T, path string) (id string, count int, kill func()) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
 	cmd.Env = append(os.Environ(), childQueueEnv+"="+path)
 	cmd.Stderr = os.Stderr
@@ -189,43 +92,63 @@ func TestKilledConsumer_RedeliversToNextConsumer(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	killed := false
-	defer func() {
+	kill = func() {
 		if !killed {
-			_ = cmd.Process.Kill()
+			killed = true
+			_ = cmd.Process.Signal(syscall.SIGKILL)
 			_ = cmd.Wait()
 		}
-	}()
+	}
+	t.Cleanup(kill)
 	holding := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if id, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
-				holding <- id
+			if line, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
+				holding <- line
 			}
 		}
 	}()
 	select {
-	case id := <-holding:
-		require.Equal(t, ids[0], id)
+	case line := <-holding:
+		_, err := fmt.Sscanf(line, "%s %d", &id, &count)
+		require.NoError(t, err, line)
+		return id, count, kill
 	case <-time.After(30 * time.Second):
 		t.Fatal("the child consumer did not take a message")
+		return "", 0, nil
+	}
+}
+
+// A message that kills its consumer every time is delivered with a higher count each time: the
+// count is in the leases table, not in the dead process, so a router can dead-letter the
+// message at its delivery limit and end the crash loop. Each killed consumer's lease expires
+// after its ack deadline, and the next consumer claims the message then.
+func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testFile(t)
+	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
+	poison := publishN(t, q, "in", 1)[0]
+
+	for attempt := 1; attempt <= 3; attempt++ {
+		id, count, kill := startChild(t, path)
+		require.Equal(t, poison, id)
+		require.Equal(t, attempt, count, "delivery count of attempt %d", attempt)
+		kill()
 	}
 
-	// While the child holds the batch, a competing consumer of the group gets nothing.
+	ids := publishN(t, q, "in", 2)
 	msgs := subscribe(t, q, ctx, "in")
-	requireNothing(t, msgs, 300*time.Millisecond)
-
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
-	killed = true
-
-	for i, id := range ids {
+	got := map[string]int{}
+	for range 3 {
 		m := receive(t, msgs, 10*time.Second)
-		require.Equal(t, id, m.UUID, "message %d", i)
-		m.Ack()
+		info, ok := redelivery.FromContext(m.Context())
+		require.True(t, ok)
+		require.True(t, info.DelaysNacks)
+		got[m.UUID] = info.Count
+		require.True(t, m.Ack())
 	}
+	require.Equal(t, map[string]int{poison: 4, ids[0]: 1, ids[1]: 1}, got)
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "in", "g") }, "backlog of g")
-	n, err := q.Len(ctx, "out")
-	require.NoError(t, err)
-	require.Zero(t, n, "the killed consumer's publish rolled back with its transaction")
 }

@@ -1,59 +1,59 @@
 // Package sqlitequeue is onceflow's embedded broker: a durable message queue in one SQLite file,
 // offered as a watermill Publisher and Subscriber, that needs no server.
 //
-// It is built on watermill-sql v3 with an SQLite SchemaAdapter and OffsetsAdapter. Each topic
-// has a messages table, "onceflow_queue_<topic>", where every message gets an increasing
-// offset, and an offsets table, "onceflow_offsets_<topic>", with the last offset each consumer
-// group acknowledged. Messages are not deleted when they are consumed: Trim removes those every
-// known consumer group has acknowledged. The file is opened through sqldb.Open: WAL journal,
-// synchronous=FULL, a 30 s busy timeout and BEGIN IMMEDIATE transactions. Keep the queue in a
-// file of its own, apart from the application database, as a broker is apart from a database.
+// Each topic has three tables. The messages table, "onceflow_queue_<topic>", gives every
+// message an increasing offset. The offsets table, "onceflow_offsets_<topic>", has a cursor
+// per consumer group: every message at or below it has been claimed by the group. The leases
+// table, "onceflow_leases_<topic>", has a row per message that a group has claimed and not
+// acknowledged: (consumer_group, offset, deliveries, visible_at). Messages are not deleted when
+// they are consumed: Trim removes those every known consumer group has acknowledged. The file
+// is opened through sqldb.Open: WAL journal, synchronous=FULL, a 30 s busy timeout and BEGIN
+// IMMEDIATE transactions. Keep the queue in a file of its own, apart from the application
+// database, as a broker is apart from a database.
 //
 // # Delivery
 //
-// Every consumer group receives every message of a topic, in offset order. A subscription reads
-// a batch (Config.BatchSize messages) in one transaction and hands the messages out one at a
-// time, each after the previous one is acknowledged. The transaction holds the file's write lock
-// from the read until the batch ends: after its last message is acknowledged, when the
-// subscriber closes, or when a message's ack deadline passes. So:
+// Every consumer group receives every message of a topic. A subscription keeps a window of
+// Config.BatchSize messages in flight. When its window has room it claims messages in one
+// short transaction: the group's leases that are due, then the messages after the group's
+// cursor, each leased for Config.AckDeadline. Acknowledgements delete leases, nacks move a
+// lease's visible_at to the end of the nack's delay; those given within a few milliseconds are
+// committed together, in the transaction of the next claim when there is room. No transaction,
+// and no lock of the file, is held while messages are processed. So:
 //
-//   - consumers of one group, in one process or several, never receive the same message at
-//     the same time;
-//   - acknowledgements become durable when the batch's transaction commits;
-//   - a consumer that dies (even by SIGKILL) or is cancelled before that leaves the whole batch
-//     to the next consumer of the group: nothing is lost, and messages it had acknowledged in
-//     that batch are delivered again. Delivery is at-least-once; onceflow's deduplication makes
-//     the processing exactly-once;
-//   - a nacked message is delivered again, before the next one, after Config.ResendInterval;
-//   - a message neither acked nor nacked within Config.AckDeadline is delivered again.
+//   - consumers of one group, in one process or several, never hold the same message at the
+//     same time, unless a lease expires while its consumer still works on the message;
+//   - a nacked message is delivered again, with its delivery count up by one, after the delay
+//     the router asked for (redelivery.NackAfter) or else after Config.ResendInterval; the
+//     messages behind it go on being delivered meanwhile;
+//   - a message neither acked nor nacked within Config.AckDeadline has its context cancelled
+//     and is delivered again. A consumer that dies (even by SIGKILL) leaves its messages to
+//     the others once their leases expire, and since the delivery count is in the leases table,
+//     a message that kills its consumer every time reaches the router's delivery limit;
+//   - Close commits the acknowledgements given before it and gives back the leases of the
+//     messages not settled, at once;
+//   - delivery is at-least-once: an acknowledgement given just before its consumer dies may
+//     not have been committed. onceflow's deduplication makes the processing exactly-once.
 //
-// # Publishing from a handler
-//
-// Because a subscription holds the write lock while its handler runs, a handler that publishes
-// to the same queue file (a dead letter, a follow-up message) must give the published message
-// the delivered message's context:
-//
-//	out := message.NewMessage(watermill.NewUUID(), payload)
-//	out.SetContext(in.Context())
-//	err := publisher.Publish("next-topic", out)
-//
-// Such a message is written in the delivery's transaction: it becomes visible exactly when the
-// acknowledgement of the delivered message commits, and it is undone if the delivery is nacked,
-// passes its ack deadline, or its consumer dies. This works through any Queue over the same
-// file in the process. A publish with any other context waits for the lock that its own
-// subscription holds, and times out. Messages that a watermill router handler returns are
-// published with a fresh context, so they are not covered: publish them from the handler.
+// Each delivered message's context carries a redelivery.Info: Count is the number of times
+// the group has been handed the message (1 the first time), DelaysNacks is true.
 //
 // # Concurrency
 //
-// The file has one writer at a time, and a subscription is a writer for as long as its batch
-// lasts: all consumers of a file, of every topic and group, take turns, and so do publishers.
-// More consumers add availability, not throughput. Within a process, writers get their turns in
-// the order they asked for them, so a publisher waits at most about one batch even while a
-// consumer works through a backlog. Between processes SQLite's lock decides with no such order;
-// a consumer pauses briefly after each batch so that writers of other processes get in. Keep
-// handlers short, and read and acknowledge delivered messages promptly: a subscription whose
-// messages are not read keeps the turn until the ack deadline.
+// The file has one writer at a time, but every write is short: a publish, a claim, a commit
+// of settlements. Within a process, writers take their turns in arrival order; between
+// processes SQLite's lock decides. Publishers, in this process or another, never wait for a
+// consumer's handlers. Reading (Topics, Len, Backlog, List, Waiting) never waits for writers.
 //
-// Reading (Topics, Len, Backlog, List) never waits for writers.
+// # Files of earlier versions
+//
+// A file written before the queue had leases is consumed as it is: a group's acknowledged
+// offset becomes its cursor, and the leases table is created at the first subscription. Stop
+// every process of the file that runs the earlier version before consumers of the new one
+// start: the earlier subscriber knows nothing of leases.
+//
+// The earlier subscriber held a transaction while handlers ran, and wrote a message published
+// with a delivered message's context in that transaction, so that it committed with the
+// acknowledgement. There is no such transaction any more: Publish stores every message at once
+// in a transaction of its own, whatever its context, and ErrDeliveryEnded is gone.
 package sqlitequeue

@@ -6,9 +6,11 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 )
 
@@ -42,7 +44,7 @@ func Example() {
 	msg := <-msgs
 	fmt.Printf("received %s %s\n", msg.UUID, msg.Payload)
 	msg.Ack()
-	if err := sub.Close(); err != nil { // ends the batch: the acknowledgement is committed
+	if err := sub.Close(); err != nil { // commits the acknowledgement
 		log.Fatal(err)
 	}
 
@@ -56,9 +58,9 @@ func Example() {
 	// backlog: 0
 }
 
-// A handler publishes to the queue it consumes with the delivered message's context: the
-// published message commits together with the acknowledgement.
-func ExampleQueue_Subscriber_publishFromHandler() {
+// A nacked message comes back after its delay, with its delivery count up by one, and the
+// message behind it does not wait for it.
+func ExampleQueue_Subscriber_nack() {
 	dir, err := os.MkdirTemp("", "sqlitequeue-example")
 	if err != nil {
 		log.Fatal(err)
@@ -71,8 +73,8 @@ func ExampleQueue_Subscriber_publishFromHandler() {
 		log.Fatal(err)
 	}
 	defer func() { _ = q.Close() }()
-	pub := q.Publisher()
-	if err := pub.Publish("orders", message.NewMessage("order-1", nil)); err != nil {
+	err = q.Publisher().Publish("orders", message.NewMessage("order-1", nil), message.NewMessage("order-2", nil))
+	if err != nil {
 		log.Fatal(err)
 	}
 
@@ -80,28 +82,23 @@ func ExampleQueue_Subscriber_publishFromHandler() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer func() { _ = sub.Close() }()
 	msgs, err := sub.Subscribe(ctx, "orders")
 	if err != nil {
 		log.Fatal(err)
 	}
-	in := <-msgs
-	out := message.NewMessage("shipment-of-"+in.UUID, nil)
-	out.SetContext(in.Context()) // written in the delivery's transaction
-	if err := pub.Publish("shipments", out); err != nil {
-		log.Fatal(err)
-	}
-	in.Ack()
-	if err := sub.Close(); err != nil {
-		log.Fatal(err)
-	}
-
-	records, err := q.List(ctx, "shipments", 0, 10)
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, r := range records {
-		fmt.Println(r.Offset, r.Message.UUID)
+	for range 3 {
+		msg := <-msgs
+		info, _ := redelivery.FromContext(msg.Context())
+		fmt.Printf("%s, delivery %d\n", msg.UUID, info.Count)
+		if msg.UUID == "order-1" && info.Count == 1 {
+			redelivery.NackAfter(msg, 100*time.Millisecond)
+			continue
+		}
+		msg.Ack()
 	}
 	// Output:
-	// 1 shipment-of-order-1
+	// order-1, delivery 1
+	// order-2, delivery 1
+	// order-1, delivery 2
 }

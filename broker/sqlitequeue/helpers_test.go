@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 )
 
@@ -113,4 +114,13 @@ func eventually(t *testing.T, cond func() bool, what string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// deliveryCount returns the delivery count in the context of delivered message m.
+func deliveryCount(t *testing.T, m *message.Message) int {
+	t.Helper()
+	info, ok := redelivery.FromContext(m.Context())
+	require.True(t, ok, "message %s carries no redelivery.Info", m.UUID)
+	require.True(t, info.DelaysNacks)
+	return info.Count
 }

@@ -11,8 +11,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// The inspection methods read without taking the write lock, so they never wait for consumers
-// and see the last committed state.
+// The inspection methods read without taking the write lock, so they never wait for writers
+// and see the last committed state. A message that a consumer group has leased (delivered, or
+// nacked and waiting for its delay, and not acknowledged) counts as waiting for the group,
+// like one after the group's cursor.
 
 // Record is a message stored in the queue, with its place in the topic.
 type Record struct {
@@ -58,23 +60,24 @@ func (q *Queue) Len(ctx context.Context, topic string) (int64, error) {
 	return q.count(ctx, topic, "", false)
 }
 
-// Backlog returns the number of messages of topic that consumerGroup has not acknowledged yet.
-// For a group that has never consumed topic, that is every message on it.
+// Backlog returns the number of messages of topic that consumerGroup has not acknowledged yet:
+// those it has leased and those after its cursor. For a group that has never consumed topic,
+// that is every message on it.
 func (q *Queue) Backlog(ctx context.Context, topic, consumerGroup string) (int64, error) {
 	return q.count(ctx, topic, consumerGroup, true)
 }
 
 func (q *Queue) count(ctx context.Context, topic, group string, backlog bool) (int64, error) {
-	exists, err := q.topicExists(ctx, topic)
-	if err != nil || !exists {
+	t, err := q.inspectTables(ctx, topic)
+	if err != nil || !t.exist() {
 		return 0, err
 	}
 	query := `SELECT count(*) FROM ` + quote(MessagesTable(topic))
 	var args []any
 	if backlog {
-		next := q.offsets.NextOffsetQuery(topic, group)
-		query += ` WHERE "offset" > (` + next.Query + `)`
-		args = next.Args
+		where, wargs := t.waiting(topic, group)
+		query += ` WHERE ` + where
+		args = wargs
 	}
 	var n int64
 	if err := q.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
@@ -86,15 +89,36 @@ func (q *Queue) count(ctx context.Context, topic, group string, backlog bool) (i
 // List returns up to limit messages of topic with offsets greater than after, in offset order.
 // Pass 0 to start at the beginning and the last returned Offset to page on.
 func (q *Queue) List(ctx context.Context, topic string, after int64, limit int) ([]Record, error) {
+	return q.list(ctx, topic, "", false, after, limit)
+}
+
+// Waiting returns up to limit of the messages of topic that wait for consumerGroup, with
+// offsets greater than after, in offset order: the messages the group has leased (being
+// processed, or nacked and waiting for their delay) and those after its cursor. These are the
+// messages Backlog counts. Pass 0 to start at the beginning and the last returned Offset to
+// page on.
+func (q *Queue) Waiting(ctx context.Context, topic, consumerGroup string, after int64, limit int) ([]Record, error) {
+	return q.list(ctx, topic, consumerGroup, true, after, limit)
+}
+
+func (q *Queue) list(ctx context.Context, topic, group string, waiting bool, after int64, limit int) ([]Record, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("sqlitequeue: list topic %q: limit %d is not positive", topic, limit)
 	}
-	exists, err := q.topicExists(ctx, topic)
-	if err != nil || !exists {
+	t, err := q.inspectTables(ctx, topic)
+	if err != nil || !t.exist() {
 		return nil, err
 	}
+	where, args := `"offset" > ?`, []any{after}
+	if waiting {
+		// Start the scan at the group's first waiting message, not at the topic's first.
+		from, fargs := t.waitingFrom(topic, group)
+		w, wargs := t.waiting(topic, group)
+		where = `"offset" > max(?, ` + from + `) AND (` + w + `)`
+		args = append(append(args, fargs...), wargs...)
+	}
 	rows, err := q.db.QueryContext(ctx, `SELECT "offset", uuid, payload, metadata, created_at FROM `+
-		quote(MessagesTable(topic))+` WHERE "offset" > ? ORDER BY "offset" LIMIT ?`, after, limit)
+		quote(MessagesTable(topic))+` WHERE `+where+` ORDER BY "offset" LIMIT ?`, append(args, limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitequeue: list topic %q: %w", topic, err)
 	}
@@ -125,29 +149,12 @@ func (q *Queue) List(ctx context.Context, topic string, after int64, limit int) 
 	return out, nil
 }
 
-// AckedOffset returns the offset of the last message of topic that consumerGroup has
-// acknowledged: 0 for a group that has acknowledged nothing and for a topic that has never been
-// used. The messages waiting for the group are those List returns after it.
-func (q *Queue) AckedOffset(ctx context.Context, topic, consumerGroup string) (int64, error) {
-	exists, err := q.topicExists(ctx, topic)
-	if err != nil || !exists {
-		return 0, err
-	}
-	next := q.offsets.NextOffsetQuery(topic, consumerGroup)
-	var offset int64
-	if err := q.db.QueryRowContext(ctx, next.Query, next.Args...).Scan(&offset); err != nil {
-		return 0, fmt.Errorf("sqlitequeue: read the offset of consumer group %q on topic %q: %w", consumerGroup, topic, err)
-	}
-	return offset, nil
-}
-
 // Delete removes the message at offset from topic, for every consumer group, and reports
-// whether it was there. It waits for its turn to write like a publisher, so it never removes a
-// message from under a subscription that holds it in its batch: the message is delivered and
-// settled first, or not delivered at all.
+// whether it was there. A message that a consumer holds is removed too: the consumer's
+// acknowledgement or nack of it then does nothing, and it is never delivered again.
 func (q *Queue) Delete(ctx context.Context, topic string, offset int64) (bool, error) {
-	exists, err := q.topicExists(ctx, topic)
-	if err != nil || !exists {
+	t, err := q.inspectTables(ctx, topic)
+	if err != nil || !t.exist() {
 		return false, err
 	}
 	var n int64
@@ -156,7 +163,12 @@ func (q *Queue) Delete(ctx context.Context, topic string, offset int64) (bool, e
 		if err != nil {
 			return err
 		}
-		n, err = res.RowsAffected()
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		if t.leases {
+			_, err = tx.ExecContext(ctx, `DELETE FROM `+quote(LeasesTable(topic))+` WHERE "offset" = ?`, offset)
+		}
 		return err
 	})
 	if err != nil {
@@ -170,20 +182,25 @@ func (q *Queue) Delete(ctx context.Context, topic string, offset int64) (bool, e
 const trimBatch = 1000
 
 // Trim deletes the messages of topic that every consumer group known to the topic (every group
-// that has subscribed to it) has acknowledged, and returns how many it deleted. It deletes
-// nothing from a topic no group has subscribed to. A consumer group that subscribes for the
-// first time after a Trim does not see the deleted messages.
+// that has subscribed to it) has acknowledged, and returns how many it deleted: the messages at
+// or below every group's cursor that no group has leased. It deletes nothing from a topic no
+// group has subscribed to. A consumer group that subscribes for the first time after a Trim
+// does not see the deleted messages.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	if err := CheckTopic(topic); err != nil {
 		return 0, err
 	}
-	exists, err := q.topicExists(ctx, topic)
-	if err != nil || !exists {
+	t, err := q.inspectTables(ctx, topic)
+	if err != nil || !t.exist() {
 		return 0, err
+	}
+	leased := ``
+	if t.leases {
+		leased = ` AND "offset" NOT IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + `)`
 	}
 	del := `DELETE FROM ` + quote(MessagesTable(topic)) + ` WHERE "offset" IN (
 	SELECT "offset" FROM ` + quote(MessagesTable(topic)) + `
-	WHERE "offset" <= (SELECT min(offset_acked) FROM ` + quote(OffsetsTable(topic)) + `)
+	WHERE "offset" <= (SELECT min(offset_acked) FROM ` + quote(OffsetsTable(topic)) + `)` + leased + `
 	ORDER BY "offset" LIMIT ?)`
 	var total int64
 	for {
@@ -206,35 +223,85 @@ func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	}
 }
 
-// topicExists reports whether topic's tables exist. An invalid topic name is an error, and so
-// is a topic with only one of its tables.
-func (q *Queue) topicExists(ctx context.Context, topic string) (bool, error) {
-	n, err := q.topicTables(ctx, topic)
-	if err != nil {
-		return false, err
-	}
-	if n == 1 {
-		return false, fmt.Errorf("sqlitequeue: topic %q has only one of its tables %s and %s; subscribe to it to create the other", topic, MessagesTable(topic), OffsetsTable(topic))
-	}
-	return n == 2, nil
+// topicTables says which of a topic's tables exist.
+type topicTables struct {
+	messages, offsets, leases bool
 }
 
-// topicTables returns how many of topic's two tables exist.
-func (q *Queue) topicTables(ctx context.Context, topic string) (int, error) {
+// exist reports whether the topic exists: its messages and offsets tables do. (A file written
+// before the queue had leases has no leases table until a consumer subscribes.)
+func (t topicTables) exist() bool { return t.messages && t.offsets }
+
+// all reports whether every table of the topic exists.
+func (t topicTables) all() bool { return t.messages && t.offsets && t.leases }
+
+// waiting returns the condition on the messages table of topic that selects the messages
+// waiting for group: leased, or after its cursor.
+func (t topicTables) waiting(topic, group string) (string, []any) {
+	cond := `"offset" > COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?), 0)`
+	args := []any{group}
+	if t.leases {
+		cond += ` OR "offset" IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?)`
+		args = append(args, group)
+	}
+	return cond, args
+}
+
+// waitingFrom returns an expression for an offset below every message waiting for group: its
+// cursor, or less than its lowest lease.
+func (t topicTables) waitingFrom(topic, group string) (string, []any) {
+	cursor := `COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?), 0)`
+	if !t.leases {
+		return cursor, []any{group}
+	}
+	return `min(` + cursor + `, COALESCE((SELECT min("offset") FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?) - 1, ` + cursor + `))`,
+		[]any{group, group, group}
+}
+
+// topicTables returns which of topic's tables exist. An invalid topic name is an error.
+func (q *Queue) topicTables(ctx context.Context, topic string) (topicTables, error) {
 	if q.isClosed() {
-		return 0, ErrClosed
+		return topicTables{}, ErrClosed
 	}
 	if err := CheckTopic(topic); err != nil {
-		return 0, err
+		return topicTables{}, err
 	}
 	if _, ok := q.initialized.Load(topic); ok {
-		return 2, nil
+		return topicTables{true, true, true}, nil
 	}
-	var n int
-	err := q.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?)`,
-		MessagesTable(topic), OffsetsTable(topic)).Scan(&n)
+	rows, err := q.db.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?, ?)`,
+		MessagesTable(topic), OffsetsTable(topic), LeasesTable(topic))
 	if err != nil {
-		return 0, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
+		return topicTables{}, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
 	}
-	return n, nil
+	defer func() { _ = rows.Close() }()
+	var t topicTables
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return topicTables{}, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
+		}
+		switch name {
+		case MessagesTable(topic):
+			t.messages = true
+		case OffsetsTable(topic):
+			t.offsets = true
+		case LeasesTable(topic):
+			t.leases = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return topicTables{}, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
+	}
+	return t, nil
+}
+
+// inspectTables is topicTables for the inspection methods, which cannot read a topic with only
+// one of its messages and offsets tables.
+func (q *Queue) inspectTables(ctx context.Context, topic string) (topicTables, error) {
+	t, err := q.topicTables(ctx, topic)
+	if err == nil && t.messages != t.offsets {
+		err = fmt.Errorf("sqlitequeue: topic %q has only one of its tables %s and %s; subscribe to it to create the other", topic, MessagesTable(topic), OffsetsTable(topic))
+	}
+	return t, err
 }

@@ -69,8 +69,8 @@ func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlitequeue: %w", err)
 	}
-	// Every subscription holds a connection for the length of its batch and publishers take
-	// others; keep a few idle so that each publish does not reopen one.
+	// Subscriptions and publishers each take a connection for a short transaction at a time;
+	// keep a few idle so that each one does not reopen one.
 	db.SetMaxIdleConns(8)
 	q, err := New(db, cfg)
 	if err != nil {
@@ -83,9 +83,9 @@ func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
 
 // New returns a Queue over db, an SQLite database that must have been opened with sqldb.Open
 // (or with the same settings: above all BEGIN IMMEDIATE transactions, without which consumers
-// of one group are not kept apart and acknowledgements fail under concurrent publishing). Use a
-// file of its own for the queue, not the application database: while a handler runs, its
-// subscription holds the file's write lock.
+// of one group are not kept apart and claims fail under concurrent publishing). Use a file of
+// its own for the queue, apart from the application database, as a broker is apart from a
+// database.
 //
 // The Queue does not own db: Close leaves it open.
 func New(db *sqldb.DB, cfg Config) (*Queue, error) {
@@ -119,31 +119,40 @@ func (q *Queue) Config() Config { return q.cfg }
 // router handler, which closes its publisher when it stops) one of its own. Closing a
 // Publisher does not close the Queue.
 //
-// A message is stored when Publish returns nil: its row is committed with synchronous=FULL, or,
-// for a message whose context is that of a message delivered by a subscriber of the same queue
-// file, it is written in that delivery's transaction and committed with its acknowledgement.
+// A message is stored when Publish returns nil: its row is committed with synchronous=FULL.
+// The messages of one Publish call are committed together, in their order.
 func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 
 // Subscriber returns a new Subscriber of the queue in the configured consumer group. Each call
-// of its Subscribe is one consumer: messages of a topic are delivered in offset order, one at a
-// time, the next only after the previous is acknowledged. Closing the Subscriber ends its
+// of its Subscribe is one competing consumer of the topic. Closing the Subscriber ends its
 // subscriptions, not the Queue; Close of the Queue closes it too.
 //
-// A subscription reads a batch of messages in a transaction that holds the queue file's write
-// lock until the batch ends, so consumers in the same group, in this process or another, never
-// receive the same message at the same time. Acknowledgements are committed when the batch ends:
-// after its last message is acknowledged, when the Subscriber closes, or when an ack deadline
-// passes. A consumer that dies (or whose context is cancelled) before that leaves the whole
-// batch to the next consumer. A nacked message is delivered again after ResendInterval, and
-// whatever was published in its delivery's transaction (see Publisher) is rolled back first.
+// A subscription keeps up to Config.BatchSize messages delivered and not yet settled (its
+// window). It claims them in a short transaction: first the group's leases that are due (of
+// nacked messages whose delay has passed, of deliveries whose lease expired), then the messages
+// after the group's cursor, each getting a lease of Config.AckDeadline; it holds no
+// transaction, and no lock of the file, while the messages are processed. So:
 //
-// While a subscription's batch lasts, every other writer of the file waits: keep handlers
-// short, and read and acknowledge messages promptly. A handler that publishes to the same queue
-// file must publish messages whose context is the delivered message's context
-// (out.SetContext(in.Context())); a publish with any other context waits for the lock its own
-// subscription holds, and times out. Messages that a watermill router handler returns get a
-// fresh context, so a router handler that publishes back to the same file must publish them
-// itself, with the incoming context.
+//   - consumers of one group, in one process or several, never hold the same message at the
+//     same time, unless a lease expired while its consumer was still processing the message;
+//   - an acknowledgement deletes the message's lease. The acknowledgements (and nacks) given
+//     within a few milliseconds are committed together; Close commits those given before it;
+//   - a nacked message may be delivered again, to any consumer of the group, after the delay
+//     the nack asked for (redelivery.NackAfter) or else after Config.ResendInterval, while the
+//     messages behind it go on being delivered;
+//   - a message neither acknowledged nor nacked within Config.AckDeadline has its context
+//     cancelled and may be delivered again; so are, once their leases expire, the messages of
+//     a consumer that died, even by SIGKILL;
+//   - every delivered message's context carries a redelivery.Info whose Count is the number
+//     of times the group has been handed the message, this time included, kept in the leases
+//     table: it survives the death of consumers. DelaysNacks is true;
+//   - Close (or the end of the subscription's context) cancels the contexts of the messages
+//     delivered and not settled and gives them back at once, for the next consumer of the
+//     group.
+//
+// A subscription hands out new messages in offset order; a nacked or redelivered message comes
+// back after the ones behind it. Delivery is at-least-once; onceflow's deduplication makes the
+// processing exactly-once.
 func (q *Queue) Subscriber() (message.Subscriber, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -200,9 +209,12 @@ func (q *Queue) createTables(ctx context.Context, tx *sql.Tx, topic string) erro
 	if _, ok := q.initialized.Load(topic); ok {
 		return nil
 	}
-	queries := append(q.schema.SchemaInitializingQueries(topic), q.offsets.SchemaInitializingQueries(topic)...)
-	for _, query := range queries {
-		if _, err := tx.ExecContext(ctx, query.Query, query.Args...); err != nil {
+	var queries []string
+	for _, query := range append(q.schema.SchemaInitializingQueries(topic), q.offsets.SchemaInitializingQueries(topic)...) {
+		queries = append(queries, query.Query)
+	}
+	for _, query := range append(queries, leasesSchema(topic)...) {
+		if _, err := tx.ExecContext(ctx, query); err != nil {
 			return fmt.Errorf("create tables of topic %q: %w", topic, err)
 		}
 	}
@@ -212,16 +224,16 @@ func (q *Queue) createTables(ctx context.Context, tx *sql.Tx, topic string) erro
 // tablesCreated remembers that topic's tables exist.
 func (q *Queue) tablesCreated(topic string) { q.initialized.Store(topic, struct{}{}) }
 
-// prepareTopic makes sure that topic's tables exist and that group has its row in the offsets
-// table (offset 0 for a new group), so that Backlog and Trim know the group from its first
-// subscription on. It looks before it writes: when everything exists, it needs no write lock,
-// which a consumer of the file may be holding.
+// prepareTopic makes sure that topic's tables exist (the leases table too, in a file written
+// before the queue had leases) and that group has its row in the offsets table (cursor 0 for a
+// new group), so that Backlog and Trim know the group from its first subscription on. It looks
+// before it writes: when everything exists, it takes no turn to write.
 func (q *Queue) prepareTopic(ctx context.Context, topic, group string) error {
-	n, err := q.topicTables(ctx, topic)
+	t, err := q.topicTables(ctx, topic)
 	if err != nil {
 		return err
 	}
-	if n == 2 {
+	if t.all() {
 		var known bool
 		err := q.db.QueryRowContext(ctx, `SELECT count(*) FROM `+quote(OffsetsTable(topic))+` WHERE consumer_group = ?`, group).Scan(&known)
 		if err != nil {

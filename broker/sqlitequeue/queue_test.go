@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,7 +34,11 @@ func TestConfig_ValidateNamesTheField(t *testing.T) {
 		require.ErrorContains(t, err, "Config."+field, field)
 	}
 	require.ErrorContains(t, sqlitequeue.Config{BatchSize: 10001}.Validate(), "Config.BatchSize")
+	require.ErrorContains(t, sqlitequeue.Config{AckDeadline: time.Microsecond}.Validate(), "Config.AckDeadline: 1µs is shorter than 1ms")
+	require.ErrorContains(t, sqlitequeue.Config{ResendInterval: time.Microsecond}.Validate(), "Config.ResendInterval: 1µs is shorter than 1ms")
+	require.ErrorContains(t, sqlitequeue.Config{ConsumerGroup: strings.Repeat("g", 256)}.Validate(), "Config.ConsumerGroup")
 	require.NoError(t, sqlitequeue.Config{}.Validate())
+	require.NoError(t, sqlitequeue.Config{BatchSize: 1, AckDeadline: time.Millisecond, ResendInterval: time.Millisecond}.Validate())
 }
 
 func TestOpen_DefaultsFilledIn(t *testing.T) {
@@ -297,26 +302,9 @@ func TestConsumerGroups_EachGroupGetsEveryMessageOnce(t *testing.T) {
 	}
 }
 
-func TestSubscriber_NackedMessageIsDeliveredAgainInOrder(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	q := setup(t, sqlitequeue.Config{})
-	ids := publishN(t, q, "t", 2)
-	msgs := subscribe(t, q, ctx, "t")
-
-	first := receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[0], first.UUID)
-	first.Nack()
-	again := receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[0], again.UUID, "a nacked message comes back before the next one")
-	again.Ack()
-	second := receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[1], second.UUID)
-	second.Ack()
-}
-
-// A subscription whose context ends before it acknowledges leaves the message to the next
-// consumer of the group.
+// A subscription whose context ends gives back the messages it holds unsettled, after
+// committing the acknowledgements given before: the next consumer of the group gets the rest,
+// and a message the consumer had been handed comes with its delivery count up by one.
 func TestSubscriber_UnackedMessageGoesToTheNextConsumer(t *testing.T) {
 	t.Parallel()
 	q := setup(t, sqlitequeue.Config{})
@@ -329,21 +317,17 @@ func TestSubscriber_UnackedMessageGoesToTheNextConsumer(t *testing.T) {
 	require.True(t, m.Ack())
 	m = receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[1], m.UUID)
-	cancel() // dies holding ids[1], without acking it
+	cancel() // dies holding ids[1], without acking it; ids[2] was claimed, not handed out
 
 	next := subscribe(t, q, context.Background(), "t")
-	var got []string
-	for range 3 {
+	got := map[string]int{}
+	for range 2 {
 		m := receive(t, next, 5*time.Second)
-		got = append(got, m.UUID)
-		m.Ack()
-		if m.UUID == ids[2] {
-			break
-		}
+		got[m.UUID] = deliveryCount(t, m)
+		require.True(t, m.Ack())
 	}
-	// The whole batch rolled back, so ids[0] (acked, but its offset never committed) comes
-	// back too: at-least-once.
-	require.Equal(t, ids, got)
+	require.Equal(t, map[string]int{ids[1]: 2, ids[2]: 1}, got, "the acknowledged ids[0] is not delivered again")
+	requireNothing(t, next, 200*time.Millisecond)
 }
 
 func TestSubscriber_AckDeadlineRedelivers(t *testing.T) {
@@ -355,13 +339,16 @@ func TestSubscriber_AckDeadlineRedelivers(t *testing.T) {
 
 	first := receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], first.UUID)
+	require.Equal(t, 1, deliveryCount(t, first))
 	select {
 	case <-first.Context().Done():
+		require.ErrorIs(t, first.Context().Err(), context.DeadlineExceeded)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the message's context must end at the ack deadline")
 	}
 	again := receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], again.UUID)
+	require.Equal(t, 2, deliveryCount(t, again))
 	require.True(t, again.Ack())
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup) }, "backlog")
 }
@@ -406,8 +393,8 @@ func TestInspect_LenBacklogListTrim(t *testing.T) {
 		}
 	}
 
-	// Group a consumes 3 and closes (a graceful Close commits what was acknowledged), group b
-	// subscribes and consumes nothing.
+	// Group a consumes 3 and closes (a graceful Close commits what was acknowledged and gives
+	// back the rest, still waiting), group b subscribes and consumes nothing.
 	consumeAndClose(t, q, "t", 3)
 	n, err = q.Backlog(ctx, "t", "a")
 	require.NoError(t, err)
@@ -446,7 +433,8 @@ func TestTableNames(t *testing.T) {
 }
 
 // consumeAndClose subscribes to topic with a new subscriber of q, acknowledges n messages and
-// closes the subscriber, which commits the acknowledgements.
+// closes the subscriber, which commits the acknowledgements and gives back what it claimed
+// beyond them.
 func consumeAndClose(t *testing.T, q *sqlitequeue.Queue, topic string, n int) {
 	t.Helper()
 	sub, err := q.Subscriber()
@@ -459,9 +447,9 @@ func consumeAndClose(t *testing.T, q *sqlitequeue.Queue, topic string, n int) {
 	require.NoError(t, sub.Close())
 }
 
-// A consumer working through a backlog takes the write lock again right after each batch; a
-// publisher of the same process (here through another Queue over the file) still gets its turn
-// after at most about one batch, instead of waiting for the backlog to drain.
+// A consumer working through a backlog takes the write lock only for its short claims and
+// settlements; a publisher of the same process (here through another Queue over the file) gets
+// its turn promptly, instead of waiting for the backlog to drain.
 func TestPublish_NotStarvedByAConsumerWithABacklog(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -497,14 +485,14 @@ func TestPublish_NotStarvedByAConsumerWithABacklog(t *testing.T) {
 	t.Logf("slowest publish %s, backlog left %d", slowest, left)
 }
 
-func TestInspect_AckedOffsetAndDelete(t *testing.T) {
+func TestInspect_WaitingAndDelete(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	q := setup(t, sqlitequeue.Config{ConsumerGroup: "a"})
 
-	off, err := q.AckedOffset(ctx, "never-used", "a")
+	waiting, err := q.Waiting(ctx, "never-used", "a", 0, 10)
 	require.NoError(t, err)
-	require.Zero(t, off)
+	require.Empty(t, waiting)
 	found, err := q.Delete(ctx, "never-used", 1)
 	require.NoError(t, err)
 	require.False(t, found)
@@ -513,25 +501,22 @@ func TestInspect_AckedOffsetAndDelete(t *testing.T) {
 	records, err := q.List(ctx, "t", 0, 10)
 	require.NoError(t, err)
 	require.Len(t, records, 4)
-	off, err = q.AckedOffset(ctx, "t", "a")
-	require.NoError(t, err)
-	require.Zero(t, off, "a group that never consumed has acknowledged nothing")
+	require.Equal(t, ids, uuidsOf(mustWaiting(t, q, "t", "a")), "a group that never consumed has everything to do")
 
 	consumeAndClose(t, q, "t", 1)
-	off, err = q.AckedOffset(ctx, "t", "a")
-	require.NoError(t, err)
-	require.Equal(t, records[0].Offset, off)
+	require.Equal(t, ids[1:], uuidsOf(mustWaiting(t, q, "t", "a")), "given back, the claimed messages still wait")
 
-	// Deleting the third message: the group's next message is the second, then the fourth.
+	// Deleting the third message: the group's next messages are the second, then the fourth.
 	found, err = q.Delete(ctx, "t", records[2].Offset)
 	require.NoError(t, err)
 	require.True(t, found)
 	found, err = q.Delete(ctx, "t", records[2].Offset)
 	require.NoError(t, err)
 	require.False(t, found, "already deleted")
-	left, err := q.List(ctx, "t", off, 10)
+	require.Equal(t, []string{ids[1], ids[3]}, uuidsOf(mustWaiting(t, q, "t", "a")))
+	page, err := q.Waiting(ctx, "t", "a", records[1].Offset, 10)
 	require.NoError(t, err)
-	require.Equal(t, []string{ids[1], ids[3]}, []string{left[0].Message.UUID, left[1].Message.UUID})
+	require.Equal(t, []string{ids[3]}, uuidsOf(page))
 	n, err := q.Backlog(ctx, "t", "a")
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
@@ -542,4 +527,44 @@ func TestInspect_AckedOffsetAndDelete(t *testing.T) {
 		require.Equal(t, want, m.UUID)
 		m.Ack()
 	}
+	requireNothing(t, msgs, 100*time.Millisecond)
+}
+
+// Delete removes a message that a consumer holds: its lease goes with it, so the message is
+// never delivered again, and the consumer's nack of it does nothing.
+func TestInspect_DeleteOfAHeldMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{ConsumerGroup: "a", ResendInterval: time.Millisecond})
+	ids := publishN(t, q, "t", 2)
+	msgs := subscribe(t, q, ctx, "t")
+	held := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], held.UUID)
+	records := mustWaiting(t, q, "t", "a")
+	require.Equal(t, ids, uuidsOf(records), "a held message waits until it is acknowledged")
+
+	found, err := q.Delete(ctx, "t", records[0].Offset)
+	require.NoError(t, err)
+	require.True(t, found)
+	held.Nack()
+	second := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[1], second.UUID)
+	require.True(t, second.Ack())
+	requireNothing(t, msgs, 200*time.Millisecond)
+	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "t", "a") }, "backlog")
+}
+
+func mustWaiting(t *testing.T, q *sqlitequeue.Queue, topic, group string) []sqlitequeue.Record {
+	t.Helper()
+	records, err := q.Waiting(context.Background(), topic, group, 0, 100)
+	require.NoError(t, err)
+	return records
+}
+
+func uuidsOf(records []sqlitequeue.Record) []string {
+	out := make([]string, len(records))
+	for i, r := range records {
+		out[i] = r.Message.UUID
+	}
+	return out
 }

@@ -30,8 +30,8 @@ func deadLetter(pub message.Publisher, topic string) message.HandlerMiddleware {
 }
 
 // A watermill router consuming the queue sends a failing message to a dead-letter topic of the
-// same queue file: the dead letter commits with the acknowledgement, without waiting for the
-// lock the handler's own subscription holds.
+// same queue file, with the incoming message's context, while the subscription keeps other
+// messages in flight: no writer waits for another.
 func TestRouter_DeadLetterToTheSameQueueFile(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -62,8 +62,7 @@ func TestRouter_DeadLetterToTheSameQueueFile(t *testing.T) {
 		message.NewMessage("bad-1", []byte("bad")),
 		message.NewMessage("good-2", []byte("good")),
 	))
-	require.Equal(t, "good-1", <-processed)
-	require.Equal(t, "good-2", <-processed)
+	require.ElementsMatch(t, []string{"good-1", "good-2"}, []string{<-processed, <-processed})
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "orders", sqlitequeue.DefaultConsumerGroup) }, "backlog")
 	require.Less(t, time.Since(start), 5*time.Second)
 

@@ -13,11 +13,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Table name prefixes. The two prefixes differ before either ends, so no topic's messages
-// table can be another topic's offsets table.
+// Table and index name prefixes. SQLite keeps tables and indexes in one namespace; the prefixes
+// differ from one another before any of them ends, so no name made for one topic can be a name
+// made for another.
 const (
 	messagesTablePrefix = "onceflow_queue_"
 	offsetsTablePrefix  = "onceflow_offsets_"
+	leasesTablePrefix   = "onceflow_leases_"
+	dueIndexPrefix      = "onceflow_due_"
 )
 
 // maxTopicLength bounds topic names, which become part of table names.
@@ -95,6 +98,38 @@ func MessagesTable(topic string) string { return messagesTablePrefix + tableSuff
 // topic, spelled as in MessagesTable.
 func OffsetsTable(topic string) string { return offsetsTablePrefix + tableSuffix(topic) }
 
+// LeasesTable returns the unquoted name of topic's leases table: "onceflow_leases_" and the
+// topic, spelled as in MessagesTable.
+func LeasesTable(topic string) string { return leasesTablePrefix + tableSuffix(topic) }
+
+// leasesSchema returns the statements that create topic's leases table and its index of due
+// leases, if missing:
+//
+//	"onceflow_leases_<topic>" (
+//	    consumer_group TEXT    NOT NULL,
+//	    "offset"       INTEGER NOT NULL,  -- of the message in "onceflow_queue_<topic>"
+//	    deliveries     INTEGER NOT NULL,  -- how many times the group has been handed the message
+//	    visible_at     INTEGER NOT NULL,  -- Unix milliseconds from which the lease may be claimed
+//	    PRIMARY KEY (consumer_group, "offset")
+//	)
+//
+// with the index "onceflow_due_<topic>" on (consumer_group, visible_at). A row is a message
+// that its consumer group has claimed (its offset is at or below the group's cursor in the
+// offsets table) and not acknowledged.
+func leasesSchema(topic string) []string {
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + quote(LeasesTable(topic)) + ` (
+	consumer_group TEXT    NOT NULL,
+	"offset"       INTEGER NOT NULL,
+	deliveries     INTEGER NOT NULL,
+	visible_at     INTEGER NOT NULL,
+	PRIMARY KEY (consumer_group, "offset")
+) WITHOUT ROWID`,
+		`CREATE INDEX IF NOT EXISTS ` + quote(dueIndexPrefix+tableSuffix(topic)) + ` ON ` +
+			quote(LeasesTable(topic)) + ` (consumer_group, visible_at)`,
+	}
+}
+
 // SchemaAdapter is the watermill-sql SchemaAdapter of the queue. Each topic has a table
 //
 //	"onceflow_queue_<topic>" (
@@ -108,7 +143,11 @@ func OffsetsTable(topic string) string { return offsetsTablePrefix + tableSuffix
 // AUTOINCREMENT never reuses an offset, even after rows are deleted, and SQLite runs one write
 // transaction at a time, so offsets become visible in increasing order: a consumer that has
 // seen offset n will never later find a new message below n. That is what lets a consumer
-// group keep a single acknowledged offset.
+// group keep a single offset: the queue's cursor, or watermill-sql's acknowledged offset.
+//
+// The queue's Publisher writes through InsertQuery; its Subscriber reads the tables itself,
+// without watermill-sql. The adapter is for watermill-sql subscribers over tables of this
+// form (onceflow's outbox relay on SQLite keeps its outbox so).
 //
 // Topics must pass CheckTopic; callers of the queue's Publisher and Subscriber get that check
 // for free. Table names are always quoted.
@@ -192,24 +231,44 @@ func (s SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
 // serializable, and the queue's transactions begin with BEGIN IMMEDIATE.
 func (s SchemaAdapter) SubscribeIsolationLevel() sql.IsolationLevel { return sql.LevelDefault }
 
+// newMessage makes the message of a stored row. Its error reports metadata that is not a JSON
+// object; a value that is not a string (written by a producer other than the queue's Publisher)
+// is kept as its JSON text.
 func newMessage(uuid string, payload []byte, metadata sql.NullString) (*message.Message, error) {
 	msg := message.NewMessage(uuid, payload)
-	if metadata.Valid && metadata.String != "" {
-		if err := json.Unmarshal([]byte(metadata.String), &msg.Metadata); err != nil {
-			return nil, fmt.Errorf("metadata is not a JSON object of strings: %w", err)
+	if !metadata.Valid || metadata.String == "" {
+		return msg, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(metadata.String), &fields); err != nil {
+		return msg, fmt.Errorf("metadata %q is not a JSON object: %w", truncate(metadata.String, 80), err)
+	}
+	for k, raw := range fields {
+		var v string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			v = string(raw)
 		}
-		if msg.Metadata == nil { // the JSON was null
-			msg.Metadata = message.Metadata{}
-		}
+		msg.Metadata[k] = v
 	}
 	return msg, nil
+}
+
+// truncate shortens s to at most n bytes for an error message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 // OffsetsAdapter is the watermill-sql OffsetsAdapter of the queue. Each topic has a table
 //
 //	"onceflow_offsets_<topic>" (consumer_group TEXT PRIMARY KEY, offset_acked INTEGER NOT NULL)
 //
-// with one row per consumer group: the offset of the last message the group acknowledged.
+// with one row per consumer group. For a watermill-sql subscriber it is the offset of the last
+// message the group acknowledged. The queue's own Subscriber keeps its cursor there instead:
+// every offset at or below it is acknowledged or has a lease (see Queue.Subscriber), so the
+// acknowledged offset of a file written before the queue had leases is a valid cursor.
 //
 // It takes no row locks, because SQLite has none: consumers of one group are kept apart by the
 // subscriber's transaction, which begins with BEGIN IMMEDIATE and so holds the database's write
@@ -250,7 +309,7 @@ func (OffsetsAdapter) ConsumedMessageQuery(topic string, row wsql.Row, consumerG
 	return wsql.Query{}
 }
 
-// BeforeSubscribingQueries returns no query. (The queue's subscriber records a new consumer
+// BeforeSubscribingQueries returns no query. (The queue's Subscriber records a new consumer
 // group itself, and only when it is missing, so that subscribing to a topic whose tables and
 // group exist needs no write lock.)
 func (OffsetsAdapter) BeforeSubscribingQueries(topic, consumerGroup string) []wsql.Query {

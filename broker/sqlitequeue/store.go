@@ -4,42 +4,38 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 )
 
-// A queue file has one writer at a time: a subscription holds the write lock for its whole
-// batch, a publisher for its insert. SQLite lets writers that find the lock taken sleep and try
-// again (up to 100 ms apart), and a consumer with a backlog takes the lock again microseconds
-// after it commits, so without help a waiting publisher almost never gets in until the backlog
-// is gone. Within a process the queue therefore hands the file's writers their turns in arrival
-// order, through a store shared by every Queue over the file; SQLite's lock still rules
-// between processes.
+// A queue file has one writer at a time. Every write of the queue is a short transaction (a
+// publish, a subscription's claim of messages, its settling of acknowledgements and nacks), but
+// SQLite lets a writer that finds the lock taken sleep and try again, up to 100 ms apart, so
+// that writers of one process that collide wait far longer than the writes take. Within a
+// process the queue therefore hands the file's writers their turns in arrival order, through a
+// store shared by every Queue over the file; SQLite's lock still rules between processes.
+// Measured with four subscriptions of one process draining a backlog: a publisher of the
+// process waited about 2 ms on average and at most about 10 ms with the turns, 4 to 9 ms on
+// average and up to 80 ms without them.
+//
+// The store also tells the subscriptions of this process when a topic gets new messages, so
+// that an idle subscription claims them at once rather than at its next poll.
 
 // busyTimeout is the busy timeout that sqldb sets: how long SQLite lets a writer wait for
 // the lock.
 const busyTimeout = 30 * time.Second
 
-// writeWait bounds how long a publisher waits for its turn: the busy timeout, and at least as
-// long as a subscription that has stopped reading its messages can keep the turn (until its ack
-// deadline, plus the margin).
-func writeWait(ackDeadline time.Duration) time.Duration {
-	return max(busyTimeout, ackDeadline+deadlineMargin(ackDeadline)+5*time.Second)
-}
-
-// store is one queue file as this process sees it: its identity, so that a publisher
-// recognises the deliveries of any Queue over the file, and its turn to write.
+// store is one queue file as this process sees it: its identity, its turn to write, and the
+// wake-ups of its subscriptions.
 type store struct {
 	file os.FileInfo   // nil when the file cannot be identified (in-memory databases)
 	turn chan struct{} // holds a token while a writer of this process has the turn
 	refs int           // Queues using the store; guarded by stores.mu
+
+	mu   sync.Mutex
+	wake map[string]chan struct{} // per topic: closed when messages are published to it
 }
 
 var stores struct {
@@ -64,7 +60,7 @@ func openStore(path string) *store {
 			}
 		}
 	}
-	s := &store{file: fi, turn: make(chan struct{}, 1), refs: 1}
+	s := &store{file: fi, turn: make(chan struct{}, 1), refs: 1, wake: map[string]chan struct{}{}}
 	if fi != nil {
 		stores.list = append(stores.list, s)
 	}
@@ -87,10 +83,8 @@ func closeStore(s *store) {
 	}
 }
 
-// errNoTurn reports a publisher that waited writeWait for its turn.
-var errNoTurn = errors.New("timed out waiting for the queue file's write lock, which a subscription of this process holds " +
-	"(a handler that publishes to the queue file it consumes must publish with the delivered message's context, " +
-	"and a subscription's messages must be read and acknowledged)")
+// errNoTurn reports a writer that waited busyTimeout for its turn.
+var errNoTurn = errors.New("timed out waiting for the queue file's turn to write: another writer of this process held it for 30 s")
 
 // lock waits for the turn to write, in arrival order, until ctx ends or, if wait is positive,
 // for at most wait.
@@ -121,52 +115,32 @@ func (s *store) unlock() { <-s.turn }
 
 // write runs fn in a transaction of the queue file, in this process's turn.
 func (q *Queue) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	if err := q.store.lock(ctx, writeWait(q.cfg.AckDeadline)); err != nil {
+	if err := q.store.lock(ctx, busyTimeout); err != nil {
 		return err
 	}
 	defer q.store.unlock()
 	return runInTx(ctx, rawDB(q.db), fn)
 }
 
-// subscriptionDB is the database handle and BackoffManager of one watermill-sql subscription.
-// It takes the file's turn before each transaction and gives it back when watermill-sql, having
-// committed or rolled back, asks how long to back off. (watermill-sql v3.1.0 follows every
-// BeginTx of its polling loop with exactly one HandleError; the queue's OffsetsAdapter has no
-// queries before subscribing, so no other BeginTx happens.)
-type subscriptionDB struct {
-	*sql.DB
-	store   *store
-	backoff backoff
-	held    atomic.Bool
-}
-
-var (
-	_ wsql.Beginner       = (*subscriptionDB)(nil)
-	_ wsql.BackoffManager = (*subscriptionDB)(nil)
-)
-
-// BeginTx waits for the file's turn and begins a transaction.
-func (d *subscriptionDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
-	if err := d.store.lock(ctx, 0); err != nil {
-		return nil, fmt.Errorf("wait for the queue file's turn: %w", err)
+// woken returns a channel that is closed when messages are next published to topic through a
+// Queue of this process over the file.
+func (s *store) woken(topic string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch, ok := s.wake[topic]
+	if !ok {
+		ch = make(chan struct{})
+		s.wake[topic] = ch
 	}
-	d.held.Store(true)
-	tx, err := d.DB.BeginTx(ctx, opts)
-	if err != nil {
-		d.release()
-		return nil, err
-	}
-	return tx, nil
+	return ch
 }
 
-// HandleError gives back the turn and returns the backoff.
-func (d *subscriptionDB) HandleError(logger watermill.LoggerAdapter, noMsg bool, err error) time.Duration {
-	d.release()
-	return d.backoff.HandleError(logger, noMsg, err)
-}
-
-func (d *subscriptionDB) release() {
-	if d.held.CompareAndSwap(true, false) {
-		d.store.unlock()
+// published wakes the subscriptions waiting for messages of topic.
+func (s *store) published(topic string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch, ok := s.wake[topic]; ok {
+		close(ch)
+		delete(s.wake, topic)
 	}
 }

@@ -81,7 +81,8 @@ func main() {
 }
 
 func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) {
-	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group})
+	// One message in flight at a time, so that the audit lines come in publishing order.
+	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group, BatchSize: 1})
 	if err != nil {
 		return Summary{}, err
 	}

@@ -82,7 +82,10 @@ func main() {
 }
 
 func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, error) {
-	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group})
+	// One message in flight at a time: a version-checked UPDATE needs the messages of an
+	// account in their order, and with more in flight the router would process a later
+	// version before an earlier one (and take the earlier one for a duplicate).
+	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group, BatchSize: 1})
 	if err != nil {
 		return Summary{}, err
 	}

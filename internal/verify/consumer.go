@@ -103,7 +103,7 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 		return err
 	}
 	defer db.Close()
-	b, err := broker.Open(ctx, cfg.BrokerURL, brokerOptions(cfg.BrokerURL))
+	b, err := broker.Open(ctx, cfg.BrokerURL, brokerOptions())
 	if err != nil {
 		return err
 	}
@@ -259,13 +259,9 @@ func die() {
 	select {}
 }
 
-// brokerOptions are the broker settings of a verification run. The embedded queue reads one
-// message per transaction, so that an acknowledgement is durable as soon as it is given, as
-// with a network broker; otherwise BestEffort's loss would hide behind the batch.
-func brokerOptions(rawURL string) broker.Options {
-	opts := broker.Options{ConsumerGroup: "onceflow_verify", AckTimeout: 5 * time.Second}
-	if strings.HasPrefix(rawURL, "sqlite:") {
-		opts.Prefetch = 1
-	}
-	return opts
+// brokerOptions are the broker settings of a verification run, the same for every broker: its
+// default prefetch, and an ack timeout short enough for the messages of a killed consumer to
+// come back within the run.
+func brokerOptions() broker.Options {
+	return broker.Options{ConsumerGroup: "onceflow_verify", AckTimeout: 5 * time.Second}
 }

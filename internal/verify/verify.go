@@ -229,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err := migrate(ctx, db); err != nil {
 		return Report{}, err
 	}
-	b, err := broker.Open(ctx, cfg.BrokerURL, brokerOptions(cfg.BrokerURL))
+	b, err := broker.Open(ctx, cfg.BrokerURL, brokerOptions())
 	if err != nil {
 		return Report{}, err
 	}

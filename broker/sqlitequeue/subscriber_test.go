@@ -1,0 +1,490 @@
+package sqlitequeue_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// A subscription hands out a window of BatchSize messages without waiting for any ack, and one
+// more for each message settled.
+func TestSubscriber_WindowOfMessagesWithoutAcks(t *testing.T) {
+	t.Parallel()
+	q := setup(t, sqlitequeue.Config{BatchSize: 8})
+	ids := publishN(t, q, "t", 20)
+	msgs := subscribe(t, q, context.Background(), "t")
+
+	held := make([]*message.Message, 8)
+	for i := range held {
+		held[i] = receive(t, msgs, 5*time.Second)
+		require.Equal(t, ids[i], held[i].UUID, "new messages are handed out in offset order")
+		require.Equal(t, 1, deliveryCount(t, held[i]))
+	}
+	requireNothing(t, msgs, 200*time.Millisecond)
+
+	require.True(t, held[3].Ack())
+	next := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[8], next.UUID)
+	requireNothing(t, msgs, 200*time.Millisecond)
+	held[5].Nack()
+	next = receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[9], next.UUID, "a nacked message waits for its delay; the next one comes first")
+}
+
+// An acknowledgement given right before Close is committed by Close: the message is not
+// delivered again, and the backlog is empty as soon as Close returns.
+func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{})
+	publishN(t, q, "t", 5)
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	var got []*message.Message
+	for range 5 {
+		got = append(got, receive(t, msgs, 5*time.Second))
+	}
+	for _, m := range got {
+		require.True(t, m.Ack())
+	}
+	require.NoError(t, sub.Close())
+
+	n, err := q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup)
+	require.NoError(t, err)
+	require.Zero(t, n, "Close returns once the acknowledgements are committed")
+	requireNothing(t, subscribe(t, q, ctx, "t"), 300*time.Millisecond)
+}
+
+// A nack comes back no sooner than the delay NackAfter asked for, else than ResendInterval,
+// each time with its delivery count up by one.
+func TestSubscriber_NackComesBackAfterItsDelayWithCountPlusOne(t *testing.T) {
+	t.Parallel()
+	const resend = 200 * time.Millisecond
+	q := setup(t, sqlitequeue.Config{ResendInterval: resend})
+	ids := publishN(t, q, "t", 1)
+	msgs := subscribe(t, q, context.Background(), "t")
+
+	m := receive(t, msgs, 5*time.Second)
+	require.Equal(t, 1, deliveryCount(t, m))
+	const asked = 400 * time.Millisecond
+	nacked := time.Now()
+	require.True(t, redelivery.NackAfter(m, asked))
+	m = receive(t, msgs, 5*time.Second)
+	require.GreaterOrEqual(t, time.Since(nacked), asked)
+	require.Equal(t, ids[0], m.UUID)
+	require.Equal(t, 2, deliveryCount(t, m))
+
+	nacked = time.Now()
+	m.Nack()
+	m = receive(t, msgs, 5*time.Second)
+	require.GreaterOrEqual(t, time.Since(nacked), resend)
+	require.Equal(t, 3, deliveryCount(t, m))
+
+	nacked = time.Now()
+	require.True(t, redelivery.NackAfter(m, 0), "no delay: at once")
+	m = receive(t, msgs, 5*time.Second)
+	require.Less(t, time.Since(nacked), resend)
+	require.Equal(t, 4, deliveryCount(t, m))
+	require.True(t, m.Ack())
+}
+
+// A message nacked with a delay does not hold back the messages behind it: all of them are
+// acknowledged while it waits.
+func TestSubscriber_NackedMessageDoesNotBlockTheOnesBehindIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{})
+	pub := q.Publisher()
+	poison := message.NewMessage("poison", []byte("poison"))
+	require.NoError(t, pub.Publish("t", poison))
+	good := publishN(t, q, "t", 100)
+	msgs := subscribe(t, q, ctx, "t")
+
+	acked := map[string]bool{}
+	nacks := 0
+	for len(acked) < len(good) {
+		m := receive(t, msgs, 5*time.Second)
+		if m.UUID == poison.UUID {
+			nacks++
+			require.True(t, redelivery.NackAfter(m, time.Minute))
+			continue
+		}
+		require.False(t, acked[m.UUID], "%s delivered twice", m.UUID)
+		acked[m.UUID] = true
+		require.True(t, m.Ack())
+	}
+	require.Equal(t, 1, nacks, "the poison message waits for its minute")
+	eventuallyEqual(t, 1, func() (int64, error) { return q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup) }, "backlog")
+	require.Equal(t, []string{poison.UUID}, uuidsOf(mustWaiting(t, q, "t", sqlitequeue.DefaultConsumerGroup)))
+}
+
+// Close cancels the contexts of the messages handed out and not settled, and gives every
+// unsettled lease back at once: another consumer of the group gets the messages long before
+// the ack deadline, those the closed consumer had been handed with their count up by one.
+func TestSubscriber_CloseGivesBackUnsettledMessages(t *testing.T) {
+	t.Parallel()
+	path := testFile(t)
+	cfg := sqlitequeue.Config{ConsumerGroup: "g", BatchSize: 4, AckDeadline: time.Minute}
+	q := openQueue(t, path, cfg)
+	ids := publishN(t, q, "t", 6)
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	held := []*message.Message{receive(t, msgs, 5*time.Second), receive(t, msgs, 5*time.Second)}
+
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	require.Less(t, time.Since(start), time.Second)
+	for _, m := range held {
+		require.ErrorIs(t, m.Context().Err(), context.Canceled)
+	}
+	_, open := <-msgs
+	require.False(t, open)
+
+	other := subscribe(t, openQueue(t, path, cfg), context.Background(), "t")
+	got := map[string]int{}
+	for range ids {
+		m := receive(t, other, 5*time.Second)
+		got[m.UUID] = deliveryCount(t, m)
+		require.True(t, m.Ack())
+	}
+	require.Less(t, time.Since(start), 10*time.Second, "given back, not expired")
+	require.Equal(t, map[string]int{ids[0]: 2, ids[1]: 2, ids[2]: 1, ids[3]: 1, ids[4]: 1, ids[5]: 1}, got,
+		"handed out: counted; claimed but not handed out: not counted")
+}
+
+func TestSubscriber_CloseIsIdempotentAndSafeConcurrently(t *testing.T) {
+	t.Parallel()
+	q := setup(t, sqlitequeue.Config{})
+	publishN(t, q, "t", 3)
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	m := receive(t, msgs, 5*time.Second)
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			require.NoError(t, sub.Close())
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, sub.Close())
+	require.Error(t, m.Context().Err())
+	_, err = sub.Subscribe(context.Background(), "t")
+	require.ErrorIs(t, err, sqlitequeue.ErrClosed)
+}
+
+// Consumers of one group, each with many messages in flight, never hold the same message at
+// once; each message is delivered once when every delivery is acknowledged in time.
+func TestCompetingConsumers_NeverHoldTheSameMessageAtOnce(t *testing.T) {
+	t.Parallel()
+	const n = 400
+	path := testFile(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	producer := openQueue(t, path, sqlitequeue.Config{})
+
+	var (
+		mu         sync.Mutex
+		holding    = map[string]int{} // message -> consumer holding it
+		deliveries = map[string]int{}
+		maxHeld    int
+		done       = make(chan struct{})
+		work       sync.WaitGroup
+	)
+	for c := range 3 {
+		msgs := subscribe(t, openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g", BatchSize: 8}), ctx, "jobs")
+		go func() {
+			for m := range msgs {
+				mu.Lock()
+				if other, ok := holding[m.UUID]; ok {
+					t.Errorf("consumer %d got %s while consumer %d holds it", c, m.UUID, other)
+				}
+				holding[m.UUID] = c
+				deliveries[m.UUID]++
+				maxHeld = max(maxHeld, len(holding))
+				if len(deliveries) == n {
+					close(done)
+				}
+				mu.Unlock()
+				work.Add(1)
+				go func() {
+					defer work.Done()
+					time.Sleep(time.Duration(2+m.UUID[0]%3) * time.Millisecond) // some work
+					mu.Lock()
+					delete(holding, m.UUID)
+					mu.Unlock()
+					m.Ack()
+				}()
+			}
+		}()
+	}
+
+	publishN(t, producer, "jobs", n)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not every message was delivered within 30 s")
+	}
+	work.Wait()
+	eventuallyEqual(t, 0, func() (int64, error) { return producer.Backlog(ctx, "jobs", "g") }, "backlog of group g")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, deliveries, n)
+	for id, k := range deliveries {
+		require.Equal(t, 1, k, "deliveries of %s", id)
+	}
+	require.Greater(t, maxHeld, 8, "more messages in flight at once than one consumer's window")
+	t.Logf("at most %d messages held at once", maxHeld)
+}
+
+// While handlers hold their messages, no transaction and no lock of the file is held:
+// a connection that waits for no lock at all (busy timeout 0, as another process might have)
+// publishes at once, again and again.
+func TestPublish_NeverWaitsForHandlers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testFile(t)
+	q := openQueue(t, path, sqlitequeue.Config{BatchSize: 16})
+	publishN(t, q, "t", 16)
+	msgs := subscribe(t, q, ctx, "t")
+	for range 16 {
+		receive(t, msgs, 5*time.Second) // held, unsettled, like running handlers
+	}
+
+	impatient, err := sqldb.Open(ctx, "sqlite://"+path+"?_pragma=busy_timeout(0)")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, impatient.Close()) }()
+	for i := range 20 {
+		_, err := impatient.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES (?, ?, '{}')`,
+			fmt.Sprintf("raw-%d", i), []byte("x"))
+		require.NoError(t, err, "insert %d", i)
+	}
+	n, err := q.Len(ctx, "t")
+	require.NoError(t, err)
+	require.EqualValues(t, 36, n)
+}
+
+// A message that panics on every delivery, redelivered as fast as the queue allows, neither
+// holds back the other messages nor makes publishers of the process wait.
+func TestRouter_PanickingMessageStarvesNobody(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	q := setup(t, sqlitequeue.Config{ResendInterval: time.Millisecond})
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	var (
+		mu     sync.Mutex
+		panics int
+		done   = map[string]bool{}
+	)
+	router.AddConsumerHandler("h", "t", sub, func(m *message.Message) error {
+		if string(m.Payload) == "panic" {
+			mu.Lock()
+			panics++
+			mu.Unlock()
+			panic("cannot process this one")
+		}
+		mu.Lock()
+		done[m.UUID] = true
+		mu.Unlock()
+		return nil
+	})
+	running := make(chan error, 1)
+	go func() { running <- router.Run(ctx) }()
+	<-router.Running()
+
+	pub := q.Publisher()
+	require.NoError(t, pub.Publish("t", message.NewMessage("poison", []byte("panic"))))
+	var slowest time.Duration
+	for i := range 50 {
+		start := time.Now()
+		require.NoError(t, pub.Publish("t", message.NewMessage(fmt.Sprintf("good-%d", i), nil)))
+		slowest = max(slowest, time.Since(start))
+	}
+	eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(done) == 50
+	}, "every good message is processed")
+	require.Less(t, slowest, 500*time.Millisecond)
+	require.NoError(t, router.Close())
+	require.NoError(t, <-running)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Greater(t, panics, 1)
+	t.Logf("the poison message panicked %d times; slowest publish %s", panics, slowest)
+}
+
+// Close returns within a bounded time even when another connection keeps the file locked, so
+// that the subscription cannot commit; what it could not commit is delivered again once its
+// lease expires.
+func TestClose_BoundedWhenTheFileStaysLocked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testFile(t)
+	cfg := sqlitequeue.Config{AckDeadline: time.Second}
+	q := openQueue(t, path, cfg)
+	ids := publishN(t, q, "t", 1)
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	m := receive(t, msgs, 5*time.Second)
+
+	locker, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, locker.Close()) }()
+	tx, err := locker.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES ('locker', NULL, '{}')`)
+	require.NoError(t, err)
+
+	require.True(t, m.Ack())
+	start := time.Now()
+	require.NoError(t, sub.Close())
+	took := time.Since(start)
+	require.Less(t, took, 8*time.Second)
+	require.NoError(t, tx.Rollback())
+	t.Logf("Close took %s with the file locked", took)
+
+	again := receive(t, subscribe(t, q, ctx, "t"), 10*time.Second)
+	require.Equal(t, ids[0], again.UUID, "the acknowledgement could not be committed: at-least-once")
+	require.Equal(t, 2, deliveryCount(t, again))
+}
+
+// A queue file written before the queue had leases (messages and offsets tables only, the
+// group's acknowledged offset in its offsets row) is consumed from that offset on.
+func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testFile(t)
+	old, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	// The tables as the queue created them before it had leases, and what its publisher and
+	// subscriber wrote: five messages, of which group "g" acknowledged the first two.
+	for _, stmt := range []string{
+		`CREATE TABLE IF NOT EXISTS "onceflow_queue_orders" (
+	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
+	uuid       TEXT NOT NULL,
+	payload    BLOB,
+	metadata   TEXT,
+	created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+)`,
+		`CREATE TABLE IF NOT EXISTS "onceflow_offsets_orders" (
+	consumer_group TEXT NOT NULL PRIMARY KEY,
+	offset_acked   INTEGER NOT NULL DEFAULT 0
+)`,
+		`INSERT INTO "onceflow_queue_orders" (uuid, payload, metadata) VALUES
+	('o-1', 'p1', '{}'), ('o-2', 'p2', '{}'), ('o-3', 'p3', '{"k":"v"}'), ('o-4', 'p4', '{}'), ('o-5', 'p5', NULL)`,
+		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
+	} {
+		_, err := old.ExecContext(ctx, stmt)
+		require.NoError(t, err)
+	}
+	require.NoError(t, old.Close())
+
+	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
+	n, err := q.Backlog(ctx, "orders", "g")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "before any subscription, with no leases table")
+	require.Equal(t, []string{"o-3", "o-4", "o-5"}, uuidsOf(mustWaiting(t, q, "orders", "g")))
+
+	msgs := subscribe(t, q, ctx, "orders")
+	for _, want := range []string{"o-3", "o-4", "o-5"} {
+		m := receive(t, msgs, 5*time.Second)
+		require.Equal(t, want, m.UUID)
+		require.Equal(t, 1, deliveryCount(t, m))
+		if want == "o-3" {
+			require.Equal(t, "v", m.Metadata.Get("k"))
+		}
+		require.True(t, m.Ack())
+	}
+	requireNothing(t, msgs, 200*time.Millisecond)
+	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "orders", "g") }, "backlog of g")
+	trimmed, err := q.Trim(ctx, "orders")
+	require.NoError(t, err)
+	require.EqualValues(t, 5, trimmed)
+}
+
+// Rows that another producer wrote with metadata the queue's publisher would not write are
+// delivered, not left to block the group: values that are not strings keep their JSON text,
+// metadata that is not an object is dropped (and logged).
+func TestSubscriber_ForeignRowsAreDelivered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{})
+	require.NoError(t, q.Publisher().Publish("t", message.NewMessage("ours", nil)))
+	_, err := q.DB().ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES
+	('numbers', 'x', '{"n": 42, "ok": true, "s": "str"}'), ('array', 'y', '[1, 2]'), ('broken', 'z', '{')`)
+	require.NoError(t, err)
+
+	msgs := subscribe(t, q, ctx, "t")
+	got := map[string]message.Metadata{}
+	for range 4 {
+		m := receive(t, msgs, 5*time.Second)
+		got[m.UUID] = m.Metadata
+		require.True(t, m.Ack())
+	}
+	require.Equal(t, map[string]message.Metadata{
+		"ours":    {},
+		"numbers": {"n": "42", "ok": "true", "s": "str"},
+		"array":   {},
+		"broken":  {},
+	}, got)
+}
+
+// A subscription whose queries fail (here: the file stays locked longer than the queue's busy
+// timeout) backs off and goes on by itself once the file is free again: the acknowledgement
+// given meanwhile is committed then, and the other messages are delivered.
+func TestSubscriber_GoesOnAfterFailedQueries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testFile(t)
+	q := openQueue(t, "sqlite://"+path+"?_pragma=busy_timeout(50)", sqlitequeue.Config{BatchSize: 1, PollInterval: 10 * time.Millisecond})
+	ids := publishN(t, q, "t", 3)
+	msgs := subscribe(t, q, ctx, "t")
+	first := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[0], first.UUID)
+
+	locker, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, locker.Close()) }()
+	tx, err := locker.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES ('locker', NULL, '{}')`)
+	require.NoError(t, err)
+	require.True(t, first.Ack())
+	requireNothing(t, msgs, 500*time.Millisecond) // the settle-and-claim fails meanwhile
+	n, err := q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "the acknowledgement is not committed yet")
+	require.NoError(t, tx.Rollback())
+
+	for _, want := range ids[1:] {
+		m := receive(t, msgs, 5*time.Second)
+		require.Equal(t, want, m.UUID)
+		require.Equal(t, 1, deliveryCount(t, m))
+		require.True(t, m.Ack())
+	}
+	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup) }, "backlog")
+}

@@ -1,0 +1,332 @@
+package sqlitequeue
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// settleWait bounds how long an acknowledgement or nack waits to be committed with the ones
+// that follow it. It is not waited for when nothing else is in flight.
+const settleWait = 2 * time.Millisecond
+
+// closeWait bounds the last transaction of a closing subscription (settling what was
+// acknowledged and nacked, giving back the rest). When the file stays locked for longer, the
+// leases expire by themselves.
+const closeWait = 5 * time.Second
+
+// subscription is one consumer of a topic in the queue's consumer group: a loop (run) that
+// claims messages into its window and settles their leases in short transactions, a hand-out
+// goroutine that passes the claimed messages to the consumer, and one goroutine per message
+// handed out that waits for its ack or nack.
+type subscription struct {
+	q      *Queue
+	topic  string
+	leases *leases
+	window int
+	resend time.Duration
+	logger watermill.LoggerAdapter
+
+	// ctx ends with the subscription: when the context given to Subscribe ends or the
+	// Subscriber closes. The messages' contexts derive from it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	out    chan *message.Message
+
+	events      chan event          // from the hand-out goroutine and the deliveries' watchers
+	batches     chan []*delivery    // to the hand-out goroutine
+	handed      chan struct{}       // from the hand-out goroutine: a batch is handed out
+	handOutDone chan struct{}       // closed when the hand-out goroutine ends
+	done        chan struct{}       // closed when run ends
+	inflight    map[int64]*delivery // claimed and not settled, by offset; owned by run
+	pending     []settlement        // given and not committed yet; owned by run
+}
+
+// event reports a delivery that ended: acknowledged, nacked, or unsettled (its lease passed,
+// or it could not be handed out in time).
+type event struct {
+	d       *delivery
+	outcome outcome
+	at      time.Time
+}
+
+func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *subscription {
+	cfg := q.cfg
+	ctx, cancel := context.WithCancel(ctx)
+	return &subscription{
+		q:           q,
+		topic:       topic,
+		leases:      l,
+		window:      cfg.BatchSize,
+		resend:      cfg.ResendInterval,
+		logger:      cfg.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": cfg.ConsumerGroup}),
+		ctx:         ctx,
+		cancel:      cancel,
+		out:         make(chan *message.Message),
+		events:      make(chan event, cfg.BatchSize),
+		batches:     make(chan []*delivery, 1),
+		handed:      make(chan struct{}, 1),
+		handOutDone: make(chan struct{}),
+		done:        make(chan struct{}),
+		inflight:    make(map[int64]*delivery, cfg.BatchSize),
+	}
+}
+
+// run claims and settles until the subscription ends, then settles what it can and gives back
+// the rest, and closes the channel of messages.
+func (s *subscription) run() {
+	defer close(s.out)
+	defer s.leases.close()
+	defer close(s.done)
+	go s.handOut()
+
+	var (
+		handing   bool      // a claimed batch is being handed out
+		nextClaim time.Time // no claim before (after an empty claim or an error)
+		flushBy   time.Time // commit the pending settlements by then
+	)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for s.ctx.Err() == nil {
+		now := time.Now()
+		room := s.window - len(s.inflight)
+		canClaim := room > 0 && !handing
+		flush := len(s.pending) > 0 && (!now.Before(flushBy) || len(s.inflight) == 0)
+		// While settlements wait to be committed, a claim waits for them unless half the
+		// window is free: one transaction then does both.
+		claim := canClaim && !now.Before(nextClaim) && (len(s.pending) == 0 || 2*room >= s.window)
+		if flush || claim {
+			claimRoom := 0
+			if canClaim {
+				claimRoom = room
+			}
+			batch, err := s.round(claimRoom)
+			if err != nil {
+				if s.ctx.Err() != nil {
+					break
+				}
+				wait := s.backoff(err)
+				nextClaim, flushBy = now.Add(wait), now.Add(wait)
+				continue
+			}
+			flushBy = time.Time{}
+			if claimRoom > 0 && len(batch) < claimRoom {
+				nextClaim = now.Add(s.q.cfg.PollInterval)
+			}
+			if len(batch) > 0 {
+				handing = true
+				s.batches <- batch
+			}
+			continue
+		}
+
+		var wake time.Time
+		if len(s.pending) > 0 {
+			wake = flushBy
+		} else if canClaim {
+			wake = nextClaim
+		}
+		var timeout <-chan time.Time
+		if !wake.IsZero() {
+			timer.Reset(time.Until(wake))
+			timeout = timer.C
+		}
+		var published <-chan struct{}
+		if canClaim {
+			published = s.q.store.woken(s.topic)
+		}
+		select {
+		case e := <-s.events:
+			if len(s.pending) == 0 {
+				flushBy = time.Now().Add(settleWait)
+			}
+			s.ended(e)
+		case <-s.handed:
+			handing = false
+		case <-published:
+			nextClaim = time.Time{}
+		case <-timeout:
+		case <-s.ctx.Done():
+		}
+	}
+	s.shutdown()
+}
+
+// round commits the pending settlements and claims up to room messages, in one transaction,
+// and returns the claimed messages' deliveries. With nothing to settle, it first looks, without
+// the write lock, whether there is anything to claim.
+func (s *subscription) round(room int) ([]*delivery, error) {
+	settle := s.pending
+	if len(settle) == 0 {
+		found, err := s.leases.anyToClaim(s.ctx, time.Now())
+		if err != nil || !found {
+			return nil, err
+		}
+	}
+	var (
+		rows    []claimedRow
+		claimed time.Time
+	)
+	err := s.q.write(s.ctx, func(tx *sql.Tx) error {
+		rows = nil
+		if err := s.leases.settle(s.ctx, tx, settle); err != nil {
+			return err
+		}
+		if room == 0 {
+			return nil
+		}
+		claimed = time.Now()
+		var err error
+		rows, err = s.leases.claim(s.ctx, tx, claimed, claimed.Add(s.q.cfg.AckDeadline), room)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.pending = nil
+	batch := make([]*delivery, 0, len(rows))
+	for _, r := range rows {
+		msg, err := newMessage(r.uuid, r.payload, r.metadata)
+		if err != nil {
+			s.logger.Error("Message with unreadable metadata; delivering it without", err, watermill.LogFields{"offset": r.offset, "msg_uuid": r.uuid})
+		}
+		d := newDelivery(s.ctx, msg, r.offset, r.deliveries, claimed.Add(s.q.cfg.AckDeadline))
+		s.inflight[r.offset] = d
+		batch = append(batch, d)
+	}
+	return batch, nil
+}
+
+// ended takes note of a delivery that ended while the subscription runs.
+func (s *subscription) ended(e event) {
+	if s.inflight[e.d.offset] != e.d {
+		return // not expected: each delivery ends once
+	}
+	delete(s.inflight, e.d.offset)
+	switch {
+	case e.outcome != unsettled:
+		s.pending = append(s.pending, e.d.settlement(e.outcome, e.at, s.resend))
+	case !e.d.handed.Load():
+		// Its lease passed before the consumer took it: give the claim back.
+		s.pending = append(s.pending, e.d.settlement(unsettled, e.at, s.resend))
+	default:
+		// Its lease passed: it is due, for this subscription or another, with its count.
+		s.logger.Info("Message not acknowledged within the ack deadline; it will be delivered again",
+			watermill.LogFields{"msg_uuid": e.d.msg.UUID, "ack_deadline": s.q.cfg.AckDeadline})
+	}
+}
+
+// handOut passes the claimed batches to the consumer, in order, and starts watching each
+// message it hands out. A message whose lease passes before the consumer takes it is
+// reported unsettled. It ends with the subscription.
+func (s *subscription) handOut() {
+	defer close(s.handOutDone)
+	for {
+		var batch []*delivery
+		select {
+		case batch = <-s.batches:
+		case <-s.ctx.Done():
+			return
+		}
+		for _, d := range batch {
+			if d.ctx.Err() == nil {
+				d.handed.Store(true)
+				select {
+				case s.out <- d.msg:
+					go s.watch(d)
+					continue
+				case <-d.ctx.Done():
+					d.handed.Store(false)
+				}
+			}
+			if s.ctx.Err() != nil {
+				return // run gives back what was not handed out
+			}
+			s.report(event{d: d, outcome: unsettled, at: time.Now()})
+		}
+		s.handed <- struct{}{}
+	}
+}
+
+// watch waits for the consumer's ack or nack of a delivery, or for the end of its context,
+// and reports it. The message's context is cancelled then.
+func (s *subscription) watch(d *delivery) {
+	var o outcome
+	select {
+	case <-d.msg.Acked():
+		o = acked
+	case <-d.msg.Nacked():
+		o = nacked
+	case <-d.ctx.Done():
+		o = d.outcomeNow()
+	}
+	at := time.Now()
+	d.cancel()
+	s.report(event{d: d, outcome: o, at: at})
+}
+
+// report sends e to run, unless run has ended.
+func (s *subscription) report(e event) {
+	select {
+	case s.events <- e:
+	case <-s.done:
+	}
+}
+
+// shutdown ends a subscription: it cancels the contexts of the messages in flight, commits
+// the acknowledgements and nacks given so far and gives back the other leases, in one
+// transaction bounded by closeWait.
+func (s *subscription) shutdown() {
+	s.cancel()
+	<-s.handOutDone
+drain:
+	for {
+		select {
+		case e := <-s.events:
+			// An unsettled delivery stays in flight: it is given back below.
+			if e.outcome != unsettled && s.inflight[e.d.offset] == e.d {
+				delete(s.inflight, e.d.offset)
+				s.pending = append(s.pending, e.d.settlement(e.outcome, e.at, s.resend))
+			}
+		default:
+			break drain
+		}
+	}
+	now := time.Now()
+	for _, d := range s.inflight {
+		s.pending = append(s.pending, d.settlement(d.outcomeNow(), now, s.resend))
+		d.cancel()
+	}
+	s.inflight = nil
+	if len(s.pending) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	err := s.q.write(ctx, func(tx *sql.Tx) error { return s.leases.settle(ctx, tx, s.pending) })
+	if err != nil {
+		s.logger.Error("Cannot settle the leases of a closing subscription; the unsettled ones are delivered again when they expire", err,
+			watermill.LogFields{"leases": len(s.pending)})
+	}
+	s.pending = nil
+}
+
+// backoff logs err and returns how long the subscription waits before it tries again.
+func (s *subscription) backoff(err error) time.Duration {
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		s.logger.Debug("Query ended by its context", watermill.LogFields{"err": err.Error()})
+		return s.q.cfg.PollInterval
+	case sqldb.Classify(err) == sqldb.Conflict:
+		s.logger.Info("Queue database busy, trying again", watermill.LogFields{"err": err.Error()})
+		return s.q.cfg.PollInterval
+	}
+	s.logger.Error("Cannot claim or settle messages of the queue", err, watermill.LogFields{"wait_time": s.q.cfg.RetryInterval})
+	return s.q.cfg.RetryInterval
+}
