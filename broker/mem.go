@@ -1,13 +1,13 @@
 package broker
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/onceflow/onceflow/broker/mem"
 )
 
 // memHubs holds the in-process brokers by name: every Broker opened with mem://name shares
@@ -17,16 +17,11 @@ var memHubs = struct {
 	m map[string]*memHub
 }{m: map[string]*memHub{}}
 
-// memHub is one in-process broker: a persistent gochannel with one gochannel subscription per
-// topic and consumer group. The consumers of a group read that subscription's channel, so they
-// compete for its messages, while every group gets every message.
+// memHub is one in-process broker (package broker/mem) and its references.
 type memHub struct {
 	name string
-	gc   *gochannel.GoChannel
+	hub  *mem.Hub
 	refs int // guarded by memHubs
-
-	mu     sync.Mutex
-	groups map[[2]string]<-chan *message.Message
 }
 
 func openMem(t *target, o Options) (*backend, error) {
@@ -37,28 +32,20 @@ func openMem(t *target, o Options) (*backend, error) {
 	memHubs.Lock()
 	h, ok := memHubs.m[name]
 	if !ok {
-		h = &memHub{
-			name: name,
-			// Persistent: a consumer group that subscribes late still gets every message.
-			gc:     gochannel.NewGoChannel(gochannel.Config{Persistent: true}, o.Logger),
-			groups: map[[2]string]<-chan *message.Message{},
-		}
+		h = &memHub{name: name, hub: mem.NewHub()}
 		memHubs.m[name] = h
 	}
 	h.refs++
 	memHubs.Unlock()
 
-	group := o.ConsumerGroup
+	cfg := mem.Config{ConsumerGroup: o.ConsumerGroup, Prefetch: o.Prefetch, NackDelay: o.nackDelay()}
 	return &backend{
-		pub: memPublisher{h.gc},
+		pub: memPublisher{h.hub},
 		newSubscriber: func() (message.Subscriber, error) {
-			return memSubscriber{hub: h, group: group}, nil
+			return mem.NewSubscriber(h.hub, cfg)
 		},
-		// gochannel delivers a nacked message again at once, and waits for ever for the
-		// message of a consumer that went away: the relay delays nacks and nacks for it.
-		relayNackDelay: o.nackDelay(),
-		nackOnClose:    true,
-		close:          h.release,
+		native: true,
+		close:  h.release,
 	}, nil
 }
 
@@ -72,53 +59,16 @@ func (h *memHub) release() error {
 	}
 	memHubs.Unlock()
 	if last {
-		return h.gc.Close()
+		return h.hub.Close()
 	}
 	return nil
 }
 
-// group returns the channel of topic's messages for group, subscribing once per topic and
-// group.
-func (h *memHub) group(topic, group string) (<-chan *message.Message, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	key := [2]string{topic, group}
-	if ch, ok := h.groups[key]; ok {
-		return ch, nil
-	}
-	ch, err := h.gc.Subscribe(context.Background(), topic)
-	if err != nil {
-		return nil, err
-	}
-	h.groups[key] = ch
-	return ch, nil
-}
-
 // memPublisher publishes to a hub; the Broker closes the hub, not the publisher.
-type memPublisher struct{ gc *gochannel.GoChannel }
+type memPublisher struct{ hub *mem.Hub }
 
 func (p memPublisher) Publish(topic string, msgs ...*message.Message) error {
-	return p.gc.Publish(topic, msgs...)
+	return p.hub.Publish(topic, msgs...)
 }
 
 func (memPublisher) Close() error { return nil }
-
-// memSubscriber is one consumer of a hub. Its subscriptions read the group's channel; the
-// relay in front of it gives back what it held when it closes.
-type memSubscriber struct {
-	hub   *memHub
-	group string
-}
-
-func (s memSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	ch, err := s.hub.group(topic, s.group)
-	if err != nil {
-		return nil, err
-	}
-	return ch, nil
-}
-
-func (memSubscriber) Close() error { return nil }

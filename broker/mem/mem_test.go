@@ -1,0 +1,193 @@
+package mem_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/mem"
+	"github.com/onceflow/onceflow/broker/redelivery"
+)
+
+// TestPubSub runs watermill's universal Pub/Sub suite against the hub. Every constructor call
+// of one test shares that test's hub, as the clients of one broker do.
+//
+// Features:
+//   - ExactlyOnceDelivery is false: a subscription that ends gives back what it held, which is
+//     delivered again, and an ack racing the end may be lost (at-least-once).
+//   - GuaranteedOrder is false: a subscription keeps several deliveries in flight, and a nacked
+//     message comes back behind the ones published after it.
+//   - NewSubscriberReceivesOldMessages is false: a new subscriber of a group starts where the
+//     group is; only a new group reads the topic from its start.
+func TestPubSub(t *testing.T) {
+	var hubs sync.Map
+	hubOf := func(t *testing.T) *mem.Hub {
+		h, _ := hubs.LoadOrStore(t, mem.NewHub())
+		return h.(*mem.Hub)
+	}
+	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+		h := hubOf(t)
+		sub, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: group})
+		require.NoError(t, err)
+		return publisher{h}, sub
+	}
+	tests.TestPubSub(t, tests.Features{
+		ConsumerGroups:                   true,
+		ExactlyOnceDelivery:              false,
+		GuaranteedOrder:                  false,
+		Persistent:                       true,
+		NewSubscriberReceivesOldMessages: false,
+	}, func(t *testing.T) (message.Publisher, message.Subscriber) { return withGroup(t, "test") }, withGroup)
+}
+
+type publisher struct{ h *mem.Hub }
+
+func (p publisher) Publish(topic string, msgs ...*message.Message) error {
+	return p.h.Publish(topic, msgs...)
+}
+func (publisher) Close() error { return nil }
+
+func publish(t *testing.T, h *mem.Hub, topic string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		require.NoError(t, h.Publish(topic, message.NewMessage(id, []byte(id))))
+	}
+}
+
+func receive(t *testing.T, ch <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case m := <-ch:
+		return m
+	case <-time.After(5 * time.Second):
+		t.Fatal("no delivery within 5 s")
+		return nil
+	}
+}
+
+func none(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
+	t.Helper()
+	select {
+	case m := <-ch:
+		t.Fatalf("unexpected delivery of %s", m.UUID)
+	case <-time.After(wait):
+	}
+}
+
+func TestSubscription_HandsOutItsWindowWithoutAcks(t *testing.T) {
+	h := mem.NewHub()
+	sub, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g", Prefetch: 3})
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	publish(t, h, "t", "a", "b", "c", "d")
+	var got []*message.Message
+	for range 3 {
+		got = append(got, receive(t, ch))
+	}
+	none(t, ch, 50*time.Millisecond)
+	got[1].Ack()
+	require.Equal(t, "d", receive(t, ch).UUID)
+}
+
+func TestSubscription_NackComesBackAfterTheRequestedDelayCountedAndDoesNotBlock(t *testing.T) {
+	h := mem.NewHub()
+	sub, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g", Prefetch: 2})
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	publish(t, h, "t", "poison")
+	first := receive(t, ch)
+	info, ok := redelivery.FromContext(first.Context())
+	require.True(t, ok)
+	require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info)
+	start := time.Now()
+	require.True(t, redelivery.NackAfter(first, 300*time.Millisecond))
+
+	publish(t, h, "t", "g1", "g2", "g3")
+	for _, want := range []string{"g1", "g2", "g3"} {
+		m := receive(t, ch)
+		require.Equal(t, want, m.UUID)
+		m.Ack()
+	}
+	again := receive(t, ch)
+	require.Equal(t, "poison", again.UUID)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+	info, _ = redelivery.FromContext(again.Context())
+	require.Equal(t, 2, info.Count)
+}
+
+func TestSubscriber_CloseGivesBackWhatItHeldAndKeepsItsAcks(t *testing.T) {
+	h := mem.NewHub()
+	first, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g", Prefetch: 4})
+	require.NoError(t, err)
+	ch, err := first.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	publish(t, h, "t", "a", "b", "c")
+	a, b := receive(t, ch), receive(t, ch)
+	_ = receive(t, ch)
+	a.Ack()
+	b.Nack()
+	require.NoError(t, first.Close())
+
+	second, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g"})
+	require.NoError(t, err)
+	defer second.Close()
+	ch2, err := second.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	counts := map[string]int{}
+	for range 2 {
+		m := receive(t, ch2)
+		info, _ := redelivery.FromContext(m.Context())
+		counts[m.UUID] = info.Count
+	}
+	none(t, ch2, 50*time.Millisecond)
+	require.Equal(t, map[string]int{"b": 2, "c": 2}, counts, "the acked one is not back")
+}
+
+func TestGroups_EachGetsEveryMessageAndItsConsumersCompete(t *testing.T) {
+	h := mem.NewHub()
+	publish(t, h, "t", "m1", "m2", "m3", "m4", "m5", "m6")
+	var mu sync.Mutex
+	seen := map[string][]string{}
+	var wg sync.WaitGroup
+	for _, group := range []string{"x", "y"} {
+		for i := range 2 {
+			sub, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: group})
+			require.NoError(t, err)
+			defer sub.Close()
+			ch, err := sub.Subscribe(context.Background(), "t")
+			require.NoError(t, err)
+			wg.Go(func() {
+				for {
+					select {
+					case m := <-ch:
+						mu.Lock()
+						seen[group] = append(seen[group], fmt.Sprintf("%s@%d", m.UUID, i))
+						mu.Unlock()
+						m.Ack()
+					case <-time.After(200 * time.Millisecond):
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for _, group := range []string{"x", "y"} {
+		ids := map[string]bool{}
+		for _, s := range seen[group] {
+			ids[s[:2]] = true
+		}
+		require.Len(t, seen[group], 6, group)
+		require.Len(t, ids, 6, "group %s got each message once", group)
+	}
+}
