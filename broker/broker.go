@@ -56,8 +56,9 @@ type Options struct {
 
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
 	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
-	// consumer group (for the group as a whole, as JetStream counts it), the batch size of an
-	// SQL or SQLite consumer. Redis and mem deliver one message at a time and ignore it.
+	// consumer group (for the group as a whole, as JetStream counts it), the unsettled
+	// deliveries (leases) each PostgreSQL or MySQL subscription holds at most, the batch size
+	// of an SQLite consumer. Redis and mem deliver one message at a time and ignore it.
 	// URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the
 	// server's default) for NATS and to sqlitequeue.DefaultBatchSize for SQLite.
 	Prefetch int
@@ -185,8 +186,8 @@ type Broker struct {
 // Open connects to the broker that rawURL names and returns a Broker over it. The URL forms:
 //
 //	amqp://user:password@host:5672/vhost, amqps://...      RabbitMQ (watermill-amqp)
-//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (watermill-sql); also postgresql://
-//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (watermill-sql); also mariadb://
+//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (broker/sqlqueue); also postgresql://
+//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (broker/sqlqueue); also mariadb://
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
 //	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (watermill-nats)
 //	redis://user:password@host:6379/0, rediss://...         Redis Streams (watermill-redisstream)
