@@ -206,7 +206,7 @@ func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, 
 	}
 	// Without the group's row, its cursor is the start. Leases are at or below the cursor:
 	// ordering the union by (transaction_id, offset) lists them first.
-	cursor := `g AS (SELECT '0'::xid8 AS tx, 0::bigint AS off)`
+	cursor := `g AS (SELECT '0'::xid8 AS tx, 0::bigint AS off, $1::text AS unused_group)`
 	if haveOffsets {
 		cursor = `g AS (SELECT
 			COALESCE((SELECT last_processed_transaction_id FROM ` + t.offsets + ` WHERE consumer_group = $1), '0') AS tx,
