@@ -46,15 +46,27 @@ func forEachDatabase(t *testing.T, test func(t *testing.T, e *env)) {
 }
 
 func newEnv(t *testing.T, dialect, url string) *env {
+	return &env{t: t, dialect: dialect, url: url, db: openDB(t, url)}
+}
+
+// openDB opens a pool on url, closed when the test ends.
+func openDB(t testing.TB, url string) *sqldb.DB {
+	t.Helper()
 	db, err := sqldb.Open(context.Background(), url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	return &env{t: t, dialect: dialect, url: url, db: db}
+	return db
 }
 
 // queue returns the queue of the env's database for cfg, with the timings of fast where cfg
 // sets none.
 func (e *env) queue(cfg sqlqueue.Config) *sqlqueue.Queue {
+	e.t.Helper()
+	return e.queueOn(e.db, cfg)
+}
+
+// queueOn is queue over the pool db of the env's database.
+func (e *env) queueOn(db *sqldb.DB, cfg sqlqueue.Config) *sqlqueue.Queue {
 	e.t.Helper()
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = fast.PollInterval
@@ -65,7 +77,7 @@ func (e *env) queue(cfg sqlqueue.Config) *sqlqueue.Queue {
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = fast.AckTimeout
 	}
-	q, err := sqlqueue.New(e.db.DB.DB, e.db.Dialect, cfg)
+	q, err := sqlqueue.New(db.DB.DB, db.Dialect, cfg)
 	require.NoError(e.t, err)
 	return q
 }
@@ -130,3 +142,12 @@ func requireNothing(t testing.TB, ch <-chan *message.Message, d time.Duration) {
 
 // topic returns a fresh topic name.
 func topic() string { return testsvc.UniqueName("t") }
+
+// quote quotes name as an identifier of the env's dialect.
+func (e *env) quote(name string) string { return e.db.Dialect.Quote(name) }
+
+// messagesTable returns the quoted name of topic's messages table.
+func (e *env) messagesTable(topic string) string { return e.quote("watermill_" + topic) }
+
+// leasesTable returns the quoted name of topic's lease table.
+func (e *env) leasesTable(topic string) string { return e.quote("onceflow_leases_" + topic) }

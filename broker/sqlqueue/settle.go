@@ -261,7 +261,7 @@ func (st *settler) final(ctx context.Context) {
 				acks += len(p.acks)
 				updates += len(p.updates)
 			}
-			st.err = fmt.Errorf("%d acknowledgements and %d lease changes not written (their messages are delivered again when the leases expire): %w", acks, updates, err)
+			st.err = fmt.Errorf("acknowledgements: %d, lease changes: %d not written (their messages are delivered again when the leases expire): %w", acks, updates, err)
 			return
 		}
 		st.log.Error("writing acknowledgements at close failed; trying again", err, nil)
