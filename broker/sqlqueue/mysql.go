@@ -127,7 +127,7 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 	return sortByOffset(out), nil
 }
 
-func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) (out []row, ok bool, err error) {
+func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) (out []row, err error) {
 	t := m.tables(topic)
 	err = inTx(ctx, db, func(tx *sql.Tx) error {
 		// The group's cursor row serialises its claims; a consumer that finds it locked leaves
@@ -140,7 +140,6 @@ func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n 
 		case err != nil:
 			return err
 		}
-		ok = true
 		// The locking read waits for a lower offset that a running transaction inserted, so
 		// that the cursor never passes a message that commits later.
 		rows, err := tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.messages+
@@ -174,9 +173,9 @@ func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n 
 		return nil
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	return out, ok, nil
+	return out, nil
 }
 
 func (m mysql) settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error {

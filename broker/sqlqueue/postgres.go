@@ -3,7 +3,6 @@ package sqlqueue
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -70,10 +69,11 @@ func (p postgres) addGroup(ctx context.Context, db *sql.DB, topic, group string)
 }
 
 // pgAfterCursor is the condition "m is after the group's cursor and safe to read", with the
-// cursor in the CTE g. The two ranges, rather than a row comparison, let the planner use the
-// primary key (transaction_id, "offset") for each.
-const pgAfterCursor = `((m.transaction_id = (SELECT tx FROM g) AND m."offset" > (SELECT off FROM g))
-			OR m.transaction_id > (SELECT tx FROM g))
+// cursor in the CTE g (no row: no message). The row comparison is an index condition on the
+// primary key (transaction_id, "offset"): the scan starts at the cursor and stops at the
+// LIMIT, however long the backlog. (watermill-sql spells it as two ranges joined by OR, which
+// the planner can only filter on: it reads every row before the cursor.)
+const pgAfterCursor = `(m.transaction_id, m."offset") > ((SELECT tx FROM g), (SELECT off FROM g))
 		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())`
 
 // pgCursor is the CTE g: the group's cursor.
@@ -115,48 +115,39 @@ func (p postgres) claimDue(ctx context.Context, db *sql.DB, topic, group string,
 	})
 }
 
-func (p postgres) claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) (out []row, ok bool, err error) {
+func (p postgres) claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error) {
 	t := p.tables(topic)
-	err = inTx(ctx, db, func(tx *sql.Tx) error {
-		// The group's cursor row serialises its claims. A consumer that finds it locked leaves
-		// new messages to the one that holds it this round, rather than wait.
-		var one int
-		switch err := tx.QueryRowContext(ctx, `SELECT 1 FROM `+t.offsets+` WHERE consumer_group = $1 FOR UPDATE SKIP LOCKED`, group).Scan(&one); {
-		case errors.Is(err, sql.ErrNoRows):
-			return nil
-		case err != nil:
-			return err
-		}
-		ok = true
-		// Read committed: this statement's snapshot is taken after the lock was granted, so it
-		// sees the cursor as the previous holder left it, and every message it claimed.
-		rows, err := tx.QueryContext(ctx, `WITH `+pgCursor(t.offsets)+`,
-			batch AS MATERIALIZED (
-				SELECT * FROM (
-					SELECT m."offset", m.transaction_id, m.uuid, m.payload, m.metadata FROM `+t.messages+` m
-					WHERE `+pgAfterCursor+`
-				) AS candidates
-				ORDER BY transaction_id, "offset" LIMIT $2
-			), leased AS (
-				INSERT INTO `+t.leases+` (consumer_group, "offset", transaction_id, deliveries, visible_at)
-				SELECT $1, "offset", transaction_id, 1, now() + $3::bigint * interval '1 microsecond' FROM batch
-			), moved AS (
-				UPDATE `+t.offsets+` SET offset_acked = last."offset", last_processed_transaction_id = last.transaction_id
-				FROM (SELECT "offset", transaction_id FROM batch ORDER BY transaction_id DESC, "offset" DESC LIMIT 1) AS last
-				WHERE consumer_group = $1
-			)
-			SELECT "offset", transaction_id::text::bigint, uuid, payload, metadata FROM batch ORDER BY transaction_id, "offset"`,
-			group, n, micros(lease))
-		if err != nil {
-			return err
-		}
-		out, err = scanRows(rows, true, func(r *row) []any {
-			r.deliveries = 1
-			return []any{&r.offset, &r.txID, &r.uuid, &r.payload, &r.metadata}
-		})
-		return err
+	// One statement, committed on its own. The group's cursor row serialises its claims: a
+	// consumer that finds it locked claims nothing this round rather than wait (g is empty,
+	// and so is batch). When the row changed since the statement's snapshot, FOR UPDATE
+	// returns its latest version; batch then reads, in the statement's snapshot, the messages
+	// after that cursor of transactions that had ended when the snapshot was taken: all of
+	// them are visible, and none was claimed by the change.
+	rows, err := db.QueryContext(ctx, `WITH g AS MATERIALIZED (
+			SELECT COALESCE(offset_acked, 0) AS off, last_processed_transaction_id AS tx FROM `+t.offsets+`
+			WHERE consumer_group = $1
+			FOR UPDATE SKIP LOCKED
+		), batch AS MATERIALIZED (
+			SELECT m."offset", m.transaction_id, m.uuid, m.payload, m.metadata FROM `+t.messages+` m
+			WHERE `+pgAfterCursor+`
+			ORDER BY m.transaction_id, m."offset" LIMIT $2
+		), leased AS (
+			INSERT INTO `+t.leases+` (consumer_group, "offset", transaction_id, deliveries, visible_at)
+			SELECT $1, "offset", transaction_id, 1, now() + $3::bigint * interval '1 microsecond' FROM batch
+		), moved AS (
+			UPDATE `+t.offsets+` SET offset_acked = last."offset", last_processed_transaction_id = last.transaction_id
+			FROM (SELECT "offset", transaction_id FROM batch ORDER BY transaction_id DESC, "offset" DESC LIMIT 1) AS last
+			WHERE consumer_group = $1
+		)
+		SELECT "offset", transaction_id::text::bigint, uuid, payload, metadata FROM batch ORDER BY transaction_id, "offset"`,
+		group, n, micros(lease))
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows, true, func(r *row) []any {
+		r.deliveries = 1
+		return []any{&r.offset, &r.txID, &r.uuid, &r.payload, &r.metadata}
 	})
-	return out, ok, err
 }
 
 func (p postgres) settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error {
@@ -261,19 +252,4 @@ func scanRows(rows *sql.Rows, leased bool, dest func(*row) []any) ([]row, error)
 		out = append(out, r)
 	}
 	return out, rows.Err()
-}
-
-// inTx runs f in a read-committed transaction and commits it, or rolls it back when f fails.
-func inTx(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return err
-	}
-	if err := f(tx); err != nil {
-		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-			return errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
-		}
-		return err
-	}
-	return tx.Commit()
 }

@@ -160,9 +160,9 @@ type dialect interface {
 	// whose message is gone come back with orphan set.
 	claimDue(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error)
 	// claimNew leases up to n messages after the group's cursor, in the order the group
-	// receives them, and moves the cursor past them, in one transaction. It reports false when
-	// another consumer of the group holds the cursor.
-	claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, bool, error)
+	// receives them, and moves the cursor past them, in one transaction. It claims nothing
+	// when another consumer of the group holds the cursor.
+	claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error)
 	// settle writes a batch of acknowledgements and lease changes of the group, atomically.
 	settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error
 	// waiting lists up to limit messages waiting for the group: leased or after its cursor,
@@ -211,3 +211,18 @@ func (b *batch) empty() bool { return len(b.acks) == 0 && len(b.updates) == 0 }
 
 // micros returns d in whole microseconds, the unit of the lease arithmetic in SQL.
 func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// inTx runs f in a read-committed transaction and commits it, or rolls it back when f fails.
+func inTx(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+			return errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
+		}
+		return err
+	}
+	return tx.Commit()
+}

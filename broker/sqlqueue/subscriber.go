@@ -197,6 +197,27 @@ func (sub *subscription) room() int {
 	return sub.s.q.cfg.Prefetch - len(sub.held)
 }
 
+// waitForRoom waits until at least want places of the window are free, or until maxWait has
+// passed with at least one free, and returns how many are free: 0 when the claims end.
+func (sub *subscription) waitForRoom(want int, maxWait time.Duration) int {
+	t := time.NewTimer(maxWait)
+	defer t.Stop()
+	waited := false
+	for sub.claimCtx.Err() == nil {
+		room := sub.room()
+		if room >= want || (waited && room > 0) {
+			return room
+		}
+		select {
+		case <-sub.wake:
+		case <-t.C:
+			waited = true
+		case <-sub.claimCtx.Done():
+		}
+	}
+	return 0
+}
+
 // run claims and hands out messages until claimCtx ends, then gives back what is unsettled
 // and closes the channel.
 func (sub *subscription) run() {
@@ -206,24 +227,23 @@ func (sub *subscription) run() {
 	defer sub.release()
 
 	cfg := sub.s.q.cfg
-	busy := false // the last round found messages: claim without probing first
-	for sub.claimCtx.Err() == nil {
-		room := sub.room()
-		if room <= 0 {
-			select {
-			case <-sub.wake:
-			case <-sub.claimCtx.Done():
-			}
-			continue
+	// A claim costs a commit whether it takes one message or many: while deliveries are in
+	// flight, wait until half the window is free before claiming, or PollInterval.
+	refill := (cfg.Prefetch + 1) / 2
+	var st claimState
+	for {
+		room := sub.waitForRoom(refill, cfg.PollInterval)
+		if room == 0 {
+			return
 		}
-		n, err := sub.claim(room, busy)
+		n, err := sub.claim(room, &st)
 		if sub.claimCtx.Err() != nil {
 			return
 		}
 		wait := cfg.PollInterval
 		switch {
 		case err != nil:
-			busy = false
+			st.busy = false
 			if sqldb.Classify(err) == sqldb.Conflict {
 				sub.log.Debug("claim conflicted with another consumer; claiming again", watermill.LogFields{"err": err.Error()})
 			} else {
@@ -231,10 +251,10 @@ func (sub *subscription) run() {
 				sub.log.Error("claiming messages failed", err, watermill.LogFields{"wait_time": wait})
 			}
 		case n > 0:
-			busy = true
+			st.busy = true
 			continue
 		default:
-			busy = false
+			st.busy = false
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -245,13 +265,23 @@ func (sub *subscription) run() {
 	}
 }
 
-// claim claims up to room messages, due leases first, and hands them out. Unless busy, it
-// first probes whether there is anything to claim. It returns how many it claimed.
-func (sub *subscription) claim(room int, busy bool) (int, error) {
+// claimState is what a subscription's claims remember between rounds.
+type claimState struct {
+	// busy: the last round claimed messages, so the next claims at once, without probing.
+	busy bool
+	// dueAt is when due leases were last looked for. A busy subscription looks for them once
+	// per PollInterval, so that a backlog of new messages costs one claim per batch.
+	dueAt time.Time
+}
+
+// claim claims up to room messages, due leases first, and hands them out. An idle
+// subscription first probes whether there is anything to claim. It returns how many it
+// claimed.
+func (sub *subscription) claim(room int, st *claimState) (int, error) {
 	q := sub.s.q
 	ctx, group, lease := sub.claimCtx, q.cfg.ConsumerGroup, q.cfg.AckTimeout
-	due, fresh := true, true
-	if !busy {
+	due, fresh := time.Since(st.dueAt) >= q.cfg.PollInterval, true
+	if !st.busy {
 		var err error
 		if due, fresh, err = q.d.probe(ctx, q.db, sub.topic, group); err != nil {
 			return 0, fmt.Errorf("probe topic %q: %w", sub.topic, err)
@@ -262,16 +292,20 @@ func (sub *subscription) claim(room int, busy bool) (int, error) {
 		// The lease runs from before the claim by the local clock, from the claim's
 		// statement by the database's: the delivery's context ends first.
 		deadline := time.Now().Add(lease)
+		st.dueAt = deadline.Add(-lease)
 		rows, err := q.d.claimDue(ctx, q.db, sub.topic, group, room, lease)
 		if err != nil {
 			return 0, fmt.Errorf("claim due leases of topic %q: %w", sub.topic, err)
+		}
+		if len(rows) == room {
+			st.dueAt = time.Time{} // there may be more
 		}
 		claimed += len(rows)
 		sub.handOut(rows, deadline)
 	}
 	if fresh && claimed < room && ctx.Err() == nil {
 		deadline := time.Now().Add(lease)
-		rows, _, err := q.d.claimNew(ctx, q.db, sub.topic, group, room-claimed, lease)
+		rows, err := q.d.claimNew(ctx, q.db, sub.topic, group, room-claimed, lease)
 		if err != nil {
 			return claimed, fmt.Errorf("claim new messages of topic %q: %w", sub.topic, err)
 		}
