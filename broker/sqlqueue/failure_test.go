@@ -202,3 +202,57 @@ func runChild(t *testing.T, url, topic string) (string, int) {
 		return "", 0
 	}
 }
+
+// Publishers committing concurrently, in whatever order their offsets fall, and three
+// competing consumers: every message is handed out exactly once while no lease passes.
+func TestClaim_ConcurrentPublishersAndConsumersNeitherSkipNorRepeat(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		const publishers, each = 8, 100
+		q := e.queue(sqlqueue.Config{Prefetch: 16})
+		tp := topic()
+		require.NoError(t, q.EnsureTopic(context.Background(), tp))
+		got := make(chan string, 2*publishers*each)
+		for range 3 {
+			_, ch := e.subscribe(q, tp)
+			go func() {
+				for m := range ch {
+					got <- m.UUID
+					m.Ack()
+				}
+			}()
+		}
+		pub, err := q.NewPublisher()
+		require.NoError(t, err)
+		errs := make(chan error, publishers)
+		for p := range publishers {
+			go func() {
+				for i := range each {
+					if err := pub.Publish(tp, message.NewMessage(fmt.Sprintf("p%d-%03d", p, i), nil)); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range publishers {
+			require.NoError(t, <-errs)
+		}
+		seen := map[string]int{}
+		for len(seen) < publishers*each {
+			select {
+			case id := <-got:
+				seen[id]++
+				require.Equal(t, 1, seen[id], "message %s handed out twice", id)
+			case <-time.After(receiveWithin):
+				t.Fatalf("%d of %d messages received", len(seen), publishers*each)
+			}
+		}
+		select {
+		case id := <-got:
+			t.Fatalf("message %s handed out again", id)
+		case <-time.After(300 * time.Millisecond):
+		}
+	})
+}

@@ -21,6 +21,11 @@ import (
 // the cursor. It reads them in (transaction_id, offset) order, the order in which they become
 // safe to read. This is the rule of watermill-sql's SelectQuery; the price is that a
 // long-running transaction anywhere on the server holds back new messages until it ends.
+//
+// Claims and settlements are single statements, each its own transaction, at the server's
+// default isolation, read committed. Under a stricter default (default_transaction_isolation)
+// concurrent claims of one group fail with serialization errors now and then, and are run
+// again.
 type postgres struct{}
 
 type pgTables struct{ messages, offsets, leases, dueIndex string }

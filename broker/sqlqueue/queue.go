@@ -207,8 +207,6 @@ type batch struct {
 	updates []leaseUpdate
 }
 
-func (b *batch) empty() bool { return len(b.acks) == 0 && len(b.updates) == 0 }
-
 // micros returns d in whole microseconds, the unit of the lease arithmetic in SQL.
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
