@@ -70,12 +70,13 @@ type Options struct {
 
 	// AckTimeout is how long a delivered message may stay neither acked nor nacked before the
 	// broker delivers it again, to another consumer when there is one: NATS AckWait, Redis
-	// pending-entry idle time before re-claim, the ack deadline of SQL and SQLite consumers.
-	// It bounds how long the messages of a consumer that died stay unavailable, and it must
-	// exceed the longest processing time, retries included, or a slow message is processed
-	// twice (deduplication absorbs that, at a cost). Where the adapter enforces it (NATS, SQL,
-	// SQLite) the delivered message's context is cancelled when it passes, so that the
-	// processing of a message that will be delivered again is abandoned. AMQP and mem ignore
+	// pending-entry idle time before re-claim, the lease of a PostgreSQL or MySQL delivery,
+	// the ack deadline of SQLite consumers. It bounds how long the messages of a consumer
+	// that died stay unavailable, and it must exceed the longest processing time, retries
+	// included, or a slow message is processed twice (deduplication absorbs that, at a cost).
+	// Where the adapter enforces it (NATS, SQL, SQLite) the delivered message's context is
+	// cancelled when it passes, so that the processing of a message that will be delivered
+	// again is abandoned. AMQP and mem ignore
 	// it: RabbitMQ gives the messages of a consumer back when its connection closes, mem when
 	// its Subscriber closes. URL parameter: ack_timeout. Defaults to DefaultAckTimeout.
 	AckTimeout time.Duration
