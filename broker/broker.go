@@ -56,12 +56,13 @@ type Options struct {
 
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
 	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
-	// consumer group (for the group as a whole, as JetStream counts it), the batch size of an
-	// SQL consumer, the window of leased messages of each SQLite subscription, the unsettled
-	// deliveries of each Redis subscription (its XREADGROUP COUNT). mem delivers one message
-	// at a time and ignores it. URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP
-	// and SQL, to 1000 (the server's default) for NATS, to sqlitequeue.DefaultBatchSize for
-	// SQLite and to redis.DefaultPrefetch (package broker/redis) for Redis.
+	// consumer group (for the group as a whole, as JetStream counts it), the unsettled
+	// deliveries (leases) each PostgreSQL or MySQL subscription holds at most, the window of
+	// leased messages of each SQLite subscription, the unsettled deliveries of each Redis
+	// subscription (its XREADGROUP COUNT), the window of each mem subscription. URL parameter:
+	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the server's default)
+	// for NATS, to sqlitequeue.DefaultBatchSize for SQLite, to redis.DefaultPrefetch (package
+	// broker/redis) for Redis and to mem.DefaultPrefetch for mem.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a
@@ -71,12 +72,12 @@ type Options struct {
 
 	// AckTimeout is how long a delivered message may stay neither acked nor nacked before the
 	// broker delivers it again, to another consumer when there is one: NATS AckWait, Redis
-	// pending-entry idle time before re-claim, the ack deadline of SQL and SQLite consumers.
-	// It bounds how long the messages of a consumer that died stay unavailable, and it must
-	// exceed the longest processing time, retries included, or a slow message is processed
-	// twice (deduplication absorbs that, at a cost). Where the adapter enforces it (NATS,
-	// Redis, SQL, SQLite) the delivered message's context is cancelled when it passes, so that
-	// the processing of a message that will be delivered again is abandoned. AMQP and mem ignore
+	// pending-entry idle time before re-claim, the lease of a PostgreSQL, MySQL or SQLite
+	// delivery. It bounds how long the messages of a consumer that died stay unavailable, and
+	// it must exceed the longest processing time, retries included, or a slow message is
+	// processed twice (deduplication absorbs that, at a cost). Where the adapter enforces it
+	// (NATS, Redis, SQL, SQLite) the delivered message's context is cancelled when it passes,
+	// so that the processing of a message that will be delivered again is abandoned. AMQP and mem ignore
 	// it: RabbitMQ gives the messages of a consumer back when its connection closes, mem when
 	// its Subscriber closes. URL parameter: ack_timeout. Defaults to DefaultAckTimeout.
 	AckTimeout time.Duration
@@ -187,12 +188,12 @@ type Broker struct {
 // Open connects to the broker that rawURL names and returns a Broker over it. The URL forms:
 //
 //	amqp://user:password@host:5672/vhost, amqps://...      RabbitMQ (broker/amqp)
-//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (watermill-sql); also postgresql://
-//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (watermill-sql); also mariadb://
+//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (broker/sqlqueue); also postgresql://
+//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (broker/sqlqueue); also mariadb://
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
 //	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (watermill-nats)
 //	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis)
-//	mem://name                                              in-process, for tests only (watermill gochannel)
+//	mem://name                                              in-process, for tests only (broker/mem)
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override the
 // fields of opts. For amqp, queue_type, delivery_limit and dead_letter_exchange set the

@@ -9,9 +9,9 @@ import (
 )
 
 // Peek and Move read a consumer group's messages directly from the broker's storage, beside the
-// Subscribers: a subscription cannot list, because it delivers one message at a time, waits for
-// its acknowledgement, and delivers a nacked message again before the next. Each scheme has its
-// own way, in its own file (peek_amqp.go, peek_sql.go, ...); docs/brokers.md compares them.
+// Subscribers: a subscription cannot list, because what it hands out it takes from the group's
+// other consumers until it is settled, and a nacked message comes back to it. Each scheme has
+// its own way, in its own file (peek_amqp.go, peek_sql.go, ...); docs/brokers.md compares them.
 
 // entry is a message waiting for a consumer group, and where it is.
 type entry struct {
@@ -78,7 +78,9 @@ func (b *Broker) inspectErr(op, topic string, err error) error {
 //   - amqp: basic.get without acknowledgement on the group's queue <topic>.<group>, then the
 //     channel is closed, which puts every message back in its place (with the redelivered
 //     flag set);
-//   - postgres, mysql: a SELECT from the topic's messages table past the group's offset;
+//   - postgres, mysql: sqlqueue's Waiting, a SELECT of the messages the group has leased
+//     (handed out and not acknowledged, or nacked and waiting for their delay), then of
+//     those past its cursor;
 //   - sqlite: sqlitequeue's Waiting: the messages the group has leased and those past its
 //     cursor;
 //   - nats: the stream's messages on the topic's subject past the ack floor of the group's
@@ -150,8 +152,8 @@ type MoveReport struct {
 // What removing means depends on where the broker keeps a group's messages. RabbitMQ has a queue
 // per group: the message is acknowledged on <topic>.<group>, and stays in the queues of the
 // other groups. The other schemes keep one log per topic that every group reads: the message
-// is deleted from it (DELETE of its row, JetStream's DeleteMsg, Redis XACK and XDEL), so other
-// consumer groups of topic no longer see it either.
+// is deleted from it (DELETE of its row and its leases, JetStream's DeleteMsg, Redis XACK and
+// XDEL), so other consumer groups of topic no longer see it either.
 //
 // The report lists what was moved and kept, also when Move returns an error part way.
 func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFunc) (MoveReport, error) {

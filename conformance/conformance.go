@@ -86,9 +86,10 @@ type Features struct {
 	// several consumers at once (RabbitMQ, NATS JetStream, Redis Streams). The suite then
 	// requires that the two copies of a message in ConcurrentDuplicates are, at least once,
 	// held by two consumers at the same time, and race into their transactions together.
-	// Brokers whose consumers of a group take turns (the SQL and SQLite queues, mem) cannot
-	// have two copies in flight at once; the scenario still gives the two copies to two
-	// consumers and requires one effect.
+	// Brokers whose consumers of a group take turns (the SQLite queue, mem) cannot have two
+	// copies in flight at once, and the SQL queues seldom do: the first consumer to look
+	// claims both copies of a burst (up to prefetch); the scenario still gives the two copies
+	// to two consumers and requires one effect.
 	ConcurrentDelivery bool
 
 	// ProxyableConnection is true when the broker is a network service that the suite can

@@ -257,10 +257,11 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
 			f := setupDLQ(t, sc)
+			// Subscribers with many deliveries in flight process messages in any order: the
+			// second bad message comes once the first is dead-lettered, so that the dead
+			// letters wait in a known order.
 			f.publish("good-1", `{"n": 1}`)
 			f.publish("bad-1", `not json 1`)
-			// A subscriber with many deliveries in flight may dead-letter two messages in either
-			// order: the second goes out once the first is dead-lettered.
 			f.waitDeadLetters(1)
 			f.publish("bad-2", `not json, 2`)
 			f.publish("good-2", `{"n": 2}`)

@@ -1,0 +1,115 @@
+package sqlqueue
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// Defaults of Config.
+const (
+	DefaultConsumerGroup = "default"
+	DefaultPrefetch      = 10
+	DefaultAckTimeout    = 30 * time.Second
+	DefaultPollInterval  = 50 * time.Millisecond
+	DefaultRetryInterval = time.Second
+	DefaultCloseTimeout  = 5 * time.Second
+)
+
+// MaxPrefetch bounds Config.Prefetch: each delivery in flight holds a lease row and a
+// goroutine.
+const MaxPrefetch = 10000
+
+// Config configures a Queue. The zero value is valid: every field has a default.
+type Config struct {
+	// ConsumerGroup names the consumer group of the Queue's subscribers. Every group receives
+	// every message of a topic; within a group a message is leased to one subscription at a
+	// time. Defaults to DefaultConsumerGroup.
+	ConsumerGroup string
+
+	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
+	// nacked, lease not expired) at most: it claims that many messages without waiting for
+	// their acknowledgements. Defaults to DefaultPrefetch; at most MaxPrefetch.
+	Prefetch int
+
+	// AckTimeout is the length of a lease: a delivery neither acked nor nacked within it has
+	// its context cancelled, and the message is claimed again, by any subscription of the
+	// group, with its delivery count one higher. It bounds how long the messages of a
+	// consumer that died stay unavailable. Defaults to DefaultAckTimeout.
+	AckTimeout time.Duration
+
+	// NackDelay is how long a nacked message waits before it can be claimed again, when the
+	// nack did not ask for a delay of its own (redelivery.NackAfter). Zero, the default, makes
+	// it available at once.
+	NackDelay time.Duration
+
+	// PollInterval is how long an idle subscription waits before it looks for messages again.
+	// A subscription that found messages looks again at once while it has room. Defaults to
+	// DefaultPollInterval.
+	PollInterval time.Duration
+
+	// RetryInterval is how long a subscription, or the writing of acknowledgements, waits
+	// after a failed query before it tries again. A transient conflict (deadlock, serialization
+	// failure) is retried after PollInterval. Defaults to DefaultRetryInterval.
+	RetryInterval time.Duration
+
+	// CloseTimeout bounds Subscriber.Close: the time it has to stop its subscriptions, write
+	// the acknowledgements given before it and give back the unsettled leases. What is not
+	// written by then waits for its lease to expire. Defaults to DefaultCloseTimeout.
+	CloseTimeout time.Duration
+
+	// Logger receives the subscribers' logs. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Validate reports the first invalid field. Zero values are valid: they select the defaults.
+func (c Config) Validate() error {
+	if len(c.ConsumerGroup) > 255 {
+		return fmt.Errorf("sqlqueue: Config.ConsumerGroup: %d bytes is longer than 255 (the consumer_group column)", len(c.ConsumerGroup))
+	}
+	if c.Prefetch < 0 || c.Prefetch > MaxPrefetch {
+		return fmt.Errorf("sqlqueue: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, MaxPrefetch)
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{
+		{"AckTimeout", c.AckTimeout},
+		{"NackDelay", c.NackDelay},
+		{"PollInterval", c.PollInterval},
+		{"RetryInterval", c.RetryInterval},
+		{"CloseTimeout", c.CloseTimeout},
+	} {
+		if d.value < 0 {
+			return fmt.Errorf("sqlqueue: Config.%s: %s is negative", d.name, d.value)
+		}
+	}
+	return nil
+}
+
+// withDefaults returns c with every zero field that has a default set to it.
+func (c Config) withDefaults() Config {
+	if c.ConsumerGroup == "" {
+		c.ConsumerGroup = DefaultConsumerGroup
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = DefaultRetryInterval
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}

@@ -1,0 +1,258 @@
+package sqlqueue_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/sqlqueue"
+)
+
+func TestClaim_AMessageThatCommitsAfterAHigherOffsetIsNotSkipped(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		q := e.queue(sqlqueue.Config{})
+		tp := topic()
+		require.NoError(t, q.EnsureTopic(ctx, tp))
+		_, ch := e.subscribe(q, tp)
+
+		// The first publishing transaction takes the lower offset and stays open; the second
+		// takes the next offset and commits first.
+		tx, err := e.db.DB.DB.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+		inTx, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: q.SchemaAdapter()}, nil)
+		require.NoError(t, err)
+		require.NoError(t, inTx.Publish(tp, message.NewMessage("low", []byte("l"))))
+		pub, err := q.NewPublisher()
+		require.NoError(t, err)
+		require.NoError(t, pub.Publish(tp, message.NewMessage("high", []byte("h"))))
+
+		// Neither is handed out while the lower one is uncommitted: the cursor must not pass it.
+		requireNothing(t, ch, 500*time.Millisecond)
+		require.NoError(t, tx.Commit())
+		var order []string
+		require.NoError(t, e.db.Select(&order, "SELECT uuid FROM "+e.messagesTable(tp)+" ORDER BY "+e.quote("offset")))
+		require.Equal(t, []string{"low", "high"}, order, "the transaction that committed last has the lower offset")
+
+		for _, want := range []string{"low", "high"} {
+			m := receive(t, ch)
+			require.Equal(t, want, m.UUID)
+			m.Ack()
+		}
+		requireNothing(t, ch, 300*time.Millisecond)
+	})
+}
+
+func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		const ackTimeout = 4 * time.Second
+		px := e.proxy()
+		q := e.queueOn(openDB(t, px.url), sqlqueue.Config{AckTimeout: ackTimeout})
+		direct := e.queue(sqlqueue.Config{})
+		tp := topic()
+		ids := e.publish(direct, tp, "m", 4)
+		_, ch := e.subscribe(q, tp)
+		var held []*message.Message
+		for range ids {
+			held = append(held, receive(t, ch))
+		}
+
+		px.cut()
+		// Acks given while the database is unreachable are written once it is back; the
+		// leases of the others pass, and they come again.
+		held[0].Ack()
+		held[1].Ack()
+		time.Sleep(300 * time.Millisecond) // the outage
+		px.restore(t)
+		later := e.publish(direct, tp, "later", 1)[0]
+
+		counts := map[string]int{}
+		for len(counts) < 3 {
+			m := receive(t, ch)
+			info, _ := redelivery.FromContext(m.Context())
+			counts[m.UUID] = info.Count
+			m.Ack()
+		}
+		require.Equal(t, map[string]int{held[2].UUID: 2, held[3].UUID: 2, later: 1}, counts)
+		requireNothing(t, ch, time.Second)
+	})
+}
+
+func TestSubscriber_CloseReturnsInTimeWhenTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		const closeTimeout = time.Second
+		px := e.proxy()
+		q := e.queueOn(openDB(t, px.url), sqlqueue.Config{CloseTimeout: closeTimeout})
+		tp := topic()
+		e.publish(e.queue(sqlqueue.Config{}), tp, "m", 3)
+		sub, ch := e.subscribe(q, tp)
+		first := receive(t, ch)
+		receive(t, ch)
+		receive(t, ch)
+
+		px.cut()
+		first.Ack()
+		start := time.Now()
+		err := sub.Close()
+		require.Less(t, time.Since(start), closeTimeout+time.Second)
+		require.ErrorContains(t, err, "acknowledgements: 1, lease changes: 2 not written")
+		_, open := <-ch
+		require.False(t, open)
+	})
+}
+
+// childEnv names the environment variables of TestKilledConsumer_Child.
+const (
+	childURLEnv   = "ONCEFLOW_SQLQUEUE_TEST_CHILD_URL"
+	childTopicEnv = "ONCEFLOW_SQLQUEUE_TEST_CHILD_TOPIC"
+)
+
+// childAckTimeout is the lease of the child consumers' deliveries.
+const childAckTimeout = 2 * time.Second
+
+// TestKilledConsumer_Child is the consumer process of TestKilledConsumer_DeliveryCountSurvives.
+// It takes one message, says so on stdout with its delivery count, and waits to be killed.
+func TestKilledConsumer_Child(t *testing.T) {
+	url := os.Getenv(childURLEnv)
+	if url == "" {
+		t.Skip("run by TestKilledConsumer_DeliveryCountSurvives")
+	}
+	db := openDB(t, url)
+	q, err := sqlqueue.New(db.DB.DB, db.Dialect, sqlqueue.Config{AckTimeout: childAckTimeout, PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	msgs, err := q.Subscriber().Subscribe(context.Background(), os.Getenv(childTopicEnv))
+	require.NoError(t, err)
+	m := receive(t, msgs)
+	info, _ := redelivery.FromContext(m.Context())
+	fmt.Printf("HOLDING %s %d\n", m.UUID, info.Count)
+	select {}
+}
+
+// A consumer process killed with SIGKILL while it holds a message leaves it to the others once
+// its lease passes, and the delivery count it had survives: a message that kills every
+// consumer that takes it is counted up to the router's limit.
+func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		q := e.queue(sqlqueue.Config{AckTimeout: childAckTimeout})
+		tp := topic()
+		id := e.publish(q, tp, "m", 1)[0]
+		for want := 1; want <= 2; want++ {
+			got, count := runChild(t, e.url, tp)
+			require.Equal(t, id, got)
+			require.Equal(t, want, count, "delivery count seen by consumer process %d", want)
+		}
+		_, ch := e.subscribe(q, tp)
+		m := receive(t, ch)
+		require.Equal(t, id, m.UUID)
+		info, _ := redelivery.FromContext(m.Context())
+		require.Equal(t, 3, info.Count)
+		m.Ack()
+		requireNothing(t, ch, childAckTimeout+500*time.Millisecond)
+	})
+}
+
+// runChild starts TestKilledConsumer_Child on topic, waits until it holds a message, kills it
+// with SIGKILL and returns the message's UUID and delivery count.
+func runChild(t *testing.T, url, topic string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=120s")
+	cmd.Env = append(os.Environ(), childURLEnv+"="+url, childTopicEnv+"="+topic)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_ = cmd.Wait()
+	}()
+	holding := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
+				holding <- rest
+			}
+		}
+	}()
+	select {
+	case line := <-holding:
+		id, n, _ := strings.Cut(line, " ")
+		count, err := strconv.Atoi(n)
+		require.NoError(t, err)
+		return id, count
+	case <-time.After(receiveWithin):
+		t.Fatal("the consumer process took no message")
+		return "", 0
+	}
+}
+
+// Publishers committing concurrently, in whatever order their offsets fall, and three
+// competing consumers: every message is handed out exactly once while no lease passes.
+func TestClaim_ConcurrentPublishersAndConsumersNeitherSkipNorRepeat(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		const publishers, each = 8, 100
+		q := e.queue(sqlqueue.Config{Prefetch: 16})
+		tp := topic()
+		require.NoError(t, q.EnsureTopic(context.Background(), tp))
+		got := make(chan string, 2*publishers*each)
+		for range 3 {
+			_, ch := e.subscribe(q, tp)
+			go func() {
+				for m := range ch {
+					got <- m.UUID
+					m.Ack()
+				}
+			}()
+		}
+		pub, err := q.NewPublisher()
+		require.NoError(t, err)
+		errs := make(chan error, publishers)
+		for p := range publishers {
+			go func() {
+				for i := range each {
+					if err := pub.Publish(tp, message.NewMessage(fmt.Sprintf("p%d-%03d", p, i), nil)); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range publishers {
+			require.NoError(t, <-errs)
+		}
+		seen := map[string]int{}
+		for len(seen) < publishers*each {
+			select {
+			case id := <-got:
+				seen[id]++
+				require.Equal(t, 1, seen[id], "message %s handed out twice", id)
+			case <-time.After(receiveWithin):
+				t.Fatalf("%d of %d messages received", len(seen), publishers*each)
+			}
+		}
+		select {
+		case id := <-got:
+			t.Fatalf("message %s handed out again", id)
+		case <-time.After(300 * time.Millisecond):
+		}
+	})
+}

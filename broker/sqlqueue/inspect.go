@@ -1,0 +1,68 @@
+package sqlqueue
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Waiting is a message that waits for the Queue's consumer group: leased (handed out and not
+// acknowledged, or nacked and waiting for its delay) or after the group's cursor (not yet
+// handed out).
+type Waiting struct {
+	// Message has the UUID, metadata and payload a subscriber would receive.
+	Message *message.Message
+	// Offset is the message's offset in its topic.
+	Offset int64
+	// TransactionID is the id of the PostgreSQL transaction that wrote the message; 0 on
+	// MySQL.
+	TransactionID int64
+	// Leased reports that the group has a lease on the message.
+	Leased bool
+	// Deliveries is the message's delivery count in the group: 0 for a message that was
+	// never handed out.
+	Deliveries int
+}
+
+// Waiting returns up to limit of the messages of topic that wait for the group, in the order
+// its consumers receive them: the leased ones first, then those after the cursor. It takes no
+// lock, so it neither waits for the group's consumers nor holds them up. A topic whose tables
+// do not exist has no waiting messages.
+func (q *Queue) Waiting(ctx context.Context, topic string, limit int) ([]Waiting, error) {
+	if err := CheckTopic(topic); err != nil {
+		return nil, fmt.Errorf("sqlqueue: %w", err)
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("sqlqueue: list topic %q: limit %d is not positive", topic, limit)
+	}
+	rows, err := q.d.waiting(ctx, q.db, topic, q.cfg.ConsumerGroup, limit)
+	if err != nil {
+		return nil, fmt.Errorf("sqlqueue: list topic %q: %w", topic, err)
+	}
+	out := make([]Waiting, len(rows))
+	for i, r := range rows {
+		out[i] = Waiting{
+			Message:       newMessage(r.uuid, r.payload, r.metadata),
+			Offset:        r.offset,
+			TransactionID: r.txID,
+			Leased:        r.leased,
+			Deliveries:    r.deliveries,
+		}
+	}
+	return out, nil
+}
+
+// Remove deletes the message w, which Waiting returned, from topic: its row and its leases,
+// in one transaction. The topic is one log that every consumer group reads, so no group
+// receives the message afterwards; a consumer that holds it has its acknowledgement come to
+// nothing. Removing a message that is gone already does nothing.
+func (q *Queue) Remove(ctx context.Context, topic string, w Waiting) error {
+	if err := CheckTopic(topic); err != nil {
+		return fmt.Errorf("sqlqueue: %w", err)
+	}
+	if err := q.d.remove(ctx, q.db, topic, row{offset: w.Offset, txID: w.TransactionID}); err != nil {
+		return fmt.Errorf("sqlqueue: delete the message at offset %d from topic %q: %w", w.Offset, topic, err)
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package sqlqueue_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/sqlqueue"
+)
+
+// waitingIDs returns the UUIDs of what waits for q's group on topic, and whether each is leased.
+func waitingIDs(t *testing.T, q *sqlqueue.Queue, topic string) (ids []string, leased []bool) {
+	t.Helper()
+	ws, err := q.Waiting(context.Background(), topic, 100)
+	require.NoError(t, err)
+	for _, w := range ws {
+		ids = append(ids, w.Message.UUID)
+		leased = append(leased, w.Leased)
+	}
+	return ids, leased
+}
+
+func TestWaiting_LeasedFirstThenAfterTheCursor_RemoveTakesExactlyTheChosenOnes(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		q := e.queue(sqlqueue.Config{Prefetch: 2})
+		other := e.queue(sqlqueue.Config{ConsumerGroup: "other"})
+		tp := topic()
+		ids := e.publish(q, tp, "m", 5)
+		sub, ch := e.subscribe(q, tp)
+		m0, m1 := receive(t, ch), receive(t, ch)
+		require.Equal(t, ids[:2], []string{m0.UUID, m1.UUID})
+
+		ws, err := q.Waiting(ctx, tp, 10)
+		require.NoError(t, err)
+		require.Len(t, ws, 5)
+		for i, w := range ws {
+			require.Equal(t, ids[i], w.Message.UUID)
+			require.Equal(t, i < 2, w.Leased, "message %d", i)
+			require.Equal(t, map[bool]int{true: 1, false: 0}[i < 2], w.Deliveries, "message %d", i)
+			require.Equal(t, fmt.Sprintf("payload %d \x00\xff", i), string(w.Message.Payload))
+		}
+		limited, err := q.Waiting(ctx, tp, 3)
+		require.NoError(t, err)
+		require.Len(t, limited, 3)
+
+		// A leased one and one after the cursor go; the rest stays, for every group.
+		require.NoError(t, q.Remove(ctx, tp, ws[1]))
+		require.NoError(t, q.Remove(ctx, tp, ws[3]))
+		got, leased := waitingIDs(t, q, tp)
+		require.Equal(t, []string{ids[0], ids[2], ids[4]}, got)
+		require.Equal(t, []bool{true, false, false}, leased)
+		got, _ = waitingIDs(t, other, tp)
+		require.Equal(t, []string{ids[0], ids[2], ids[4]}, got, "the message is gone for the other group too")
+
+		m1.Ack() // its lease is gone: nothing happens
+		require.NoError(t, sub.Close())
+		_, ch = e.subscribe(q, tp)
+		for _, want := range []string{ids[0], ids[2], ids[4]} {
+			m := receive(t, ch)
+			require.Equal(t, want, m.UUID)
+			m.Ack()
+		}
+		requireNothing(t, ch, 300*time.Millisecond)
+		got, _ = waitingIDs(t, q, tp)
+		require.Empty(t, got)
+	})
+}
+
+func TestWaiting_TopicWithoutTablesHasNone(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		got, _ := waitingIDs(t, e.queue(sqlqueue.Config{}), topic())
+		require.Empty(t, got)
+	})
+}
+
+// A database that watermill-sql's own subscriber consumed from is read as it is: the group's
+// acknowledged offset is its cursor, with no leases.
+func TestQueue_TakesOverFromWatermillSQLsSubscriber(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		q := e.queue(sqlqueue.Config{})
+		tp := topic()
+		var offsets wsql.OffsetsAdapter = wsql.DefaultPostgreSQLOffsetsAdapter{}
+		if e.dialect == "mysql" {
+			offsets = wsql.DefaultMySQLOffsetsAdapter{}
+		}
+		raw := e.db.DB.DB
+		pub, err := wsql.NewPublisher(raw, wsql.PublisherConfig{SchemaAdapter: q.SchemaAdapter(), AutoInitializeSchema: true}, nil)
+		require.NoError(t, err)
+		var ids []string
+		for _, id := range []string{"a", "b", "c", "d"} {
+			require.NoError(t, pub.Publish(tp, message.NewMessage(id, []byte(id))))
+			ids = append(ids, id)
+		}
+		old, err := wsql.NewSubscriber(raw, wsql.SubscriberConfig{
+			ConsumerGroup:    sqlqueue.DefaultConsumerGroup,
+			SchemaAdapter:    q.SchemaAdapter(),
+			OffsetsAdapter:   offsets,
+			PollInterval:     10 * time.Millisecond,
+			InitializeSchema: true,
+		}, nil)
+		require.NoError(t, err)
+		ch, err := old.Subscribe(ctx, tp)
+		require.NoError(t, err)
+		for _, want := range ids[:2] {
+			m := receive(t, ch)
+			require.Equal(t, want, m.UUID)
+			m.Ack()
+		}
+		receive(t, ch) // held when the old subscriber closes: not acknowledged
+		require.NoError(t, old.Close())
+
+		var leaseTables int
+		require.NoError(t, e.db.Get(&leaseTables, e.db.Rebind("SELECT COUNT(*) FROM information_schema.tables WHERE table_name = ?"), "onceflow_leases_"+tp))
+		require.Zero(t, leaseTables, "watermill-sql made no lease table")
+		got, _ := waitingIDs(t, q, tp)
+		require.Equal(t, ids[2:], got)
+
+		_, next := e.subscribe(q, tp)
+		for _, want := range ids[2:] {
+			m := receive(t, next)
+			require.Equal(t, want, m.UUID)
+			m.Ack()
+		}
+		requireNothing(t, next, 300*time.Millisecond)
+	})
+}

@@ -1,0 +1,313 @@
+package sqlqueue
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+)
+
+// mysql is the queue in MySQL or MariaDB: watermill-sql's DefaultMySQLSchema, whose offsets are
+// AUTO_INCREMENT, and the group's cursor is offset_acked.
+//
+// AUTO_INCREMENT values are taken before commit, so a transaction can commit a lower offset
+// after another has committed a higher one. A claim therefore reads the messages after the
+// cursor with a locking read (LOCK IN SHARE MODE): a row that a running transaction inserted is
+// waited for, not skipped, as watermill-sql's SERIALIZABLE subscribe does. Claims run at READ
+// COMMITTED, where InnoDB locks the rows it reads and not the gaps between them, so publishers
+// are never held up by a claim. FOR UPDATE SKIP LOCKED needs MySQL 8.0 or MariaDB 10.6.
+type mysql struct{}
+
+type myTables struct{ messages, offsets, leases string }
+
+func (mysql) tables(topic string) myTables {
+	q := func(name string) string { return "`" + name + "`" }
+	return myTables{messages: q(messagesPrefix + topic), offsets: q(offsetsPrefix + topic), leases: q(leasesPrefix + topic)}
+}
+
+func (mysql) messagesSchema() wsql.SchemaAdapter {
+	return wsql.DefaultMySQLSchema{GeneratePayloadType: func(string) string { return "LONGBLOB" }}
+}
+
+func (m mysql) schema(topic string) []string {
+	t := m.tables(topic)
+	var out []string
+	for _, q := range m.messagesSchema().SchemaInitializingQueries(topic) {
+		out = append(out, q.Query)
+	}
+	for _, q := range (wsql.DefaultMySQLOffsetsAdapter{}).SchemaInitializingQueries(topic) {
+		out = append(out, q.Query)
+	}
+	return append(out, "CREATE TABLE IF NOT EXISTS "+t.leases+` (
+			consumer_group VARCHAR(255) NOT NULL,
+			`+"`offset`"+` BIGINT NOT NULL,
+			deliveries INT NOT NULL,
+			visible_at DATETIME(6) NOT NULL,
+			PRIMARY KEY (consumer_group, `+"`offset`"+`),
+			KEY due (consumer_group, visible_at)
+		)`)
+}
+
+func (m mysql) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {
+	// Look before writing: an upsert of the row would wait for a consumer that holds it.
+	t := m.tables(topic)
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+t.offsets+" WHERE consumer_group = ?", group).Scan(&n); err != nil || n > 0 {
+		return err
+	}
+	_, err := db.ExecContext(ctx, "INSERT INTO "+t.offsets+" (consumer_group, offset_acked, offset_consumed) VALUES (?, 0, 0) "+
+		"ON DUPLICATE KEY UPDATE consumer_group = consumer_group", group)
+	return err
+}
+
+// myNow is the database's clock in UTC, the time of visible_at.
+const myNow = "UTC_TIMESTAMP(6)"
+
+func (m mysql) probe(ctx context.Context, db *sql.DB, topic, group string) (due, fresh bool, err error) {
+	t := m.tables(topic)
+	err = db.QueryRowContext(ctx, "SELECT "+
+		"EXISTS (SELECT 1 FROM "+t.leases+" WHERE consumer_group = ? AND visible_at <= "+myNow+"), "+
+		"EXISTS (SELECT 1 FROM "+t.messages+" WHERE `offset` > COALESCE((SELECT offset_acked FROM "+t.offsets+" WHERE consumer_group = ?), 0))",
+		group, group).Scan(&due, &fresh)
+	return due, fresh, err
+}
+
+func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error) {
+	t := m.tables(topic)
+	var out []row
+	err := inTx(ctx, db, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, "SELECT `offset`, deliveries FROM "+t.leases+
+			" WHERE consumer_group = ? AND visible_at <= "+myNow+" ORDER BY visible_at LIMIT ? FOR UPDATE SKIP LOCKED", group, n)
+		if err != nil {
+			return err
+		}
+		due, err := scanRows(rows, true, func(r *row) []any { return []any{&r.offset, &r.deliveries} })
+		if err != nil || len(due) == 0 {
+			return err
+		}
+		offsets := make([]any, len(due))
+		for i, r := range due {
+			offsets[i] = r.offset
+		}
+		in := marks(len(due))
+		if _, err := tx.ExecContext(ctx, "UPDATE "+t.leases+" SET deliveries = deliveries + 1, visible_at = "+myNow+" + INTERVAL ? MICROSECOND"+
+			" WHERE consumer_group = ? AND `offset` IN "+in, append([]any{micros(lease), group}, offsets...)...); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.messages+" WHERE `offset` IN "+in, offsets...)
+		if err != nil {
+			return err
+		}
+		found, err := scanRows(rows, true, func(r *row) []any { return []any{&r.offset, &r.uuid, &r.payload, &r.metadata} })
+		if err != nil {
+			return err
+		}
+		byOffset := make(map[int64]row, len(found))
+		for _, r := range found {
+			byOffset[r.offset] = r
+		}
+		for _, d := range due {
+			r, ok := byOffset[d.offset]
+			if !ok {
+				r = row{offset: d.offset, leased: true, orphan: true}
+			}
+			r.deliveries = d.deliveries + 1
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sortByOffset(out), nil
+}
+
+func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) (out []row, err error) {
+	t := m.tables(topic)
+	err = inTx(ctx, db, func(tx *sql.Tx) error {
+		// The group's cursor row serialises its claims; a consumer that finds it locked leaves
+		// new messages to the one that holds it this round, rather than wait.
+		var cursor int64
+		switch err := tx.QueryRowContext(ctx, "SELECT COALESCE(offset_acked, 0) FROM "+t.offsets+
+			" WHERE consumer_group = ? FOR UPDATE SKIP LOCKED", group).Scan(&cursor); {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		}
+		// The locking read waits for a lower offset that a running transaction inserted, so
+		// that the cursor never passes a message that commits later.
+		rows, err := tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.messages+
+			" WHERE `offset` > ? ORDER BY `offset` LIMIT ? LOCK IN SHARE MODE", cursor, n)
+		if err != nil {
+			return err
+		}
+		batch, err := scanRows(rows, true, func(r *row) []any {
+			r.deliveries = 1
+			return []any{&r.offset, &r.uuid, &r.payload, &r.metadata}
+		})
+		if err != nil || len(batch) == 0 {
+			return err
+		}
+		values := make([]string, len(batch))
+		args := make([]any, 0, 3*len(batch))
+		for i, r := range batch {
+			values[i] = "(?, ?, 1, " + myNow + " + INTERVAL ? MICROSECOND)"
+			args = append(args, group, r.offset, micros(lease))
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+t.leases+" (consumer_group, `offset`, deliveries, visible_at) VALUES "+
+			strings.Join(values, ", "), args...); err != nil {
+			return err
+		}
+		last := batch[len(batch)-1].offset
+		if _, err := tx.ExecContext(ctx, "UPDATE "+t.offsets+" SET offset_acked = ?, offset_consumed = ? WHERE consumer_group = ?",
+			last, last, group); err != nil {
+			return err
+		}
+		out = batch
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (m mysql) settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error {
+	t := m.tables(topic)
+	// A settlement matches its lease only while the deliveries count is the one its delivery
+	// had. The IN list of offsets lets InnoDB go by the primary key.
+	match := func(refs []leaseRef) (string, []any) {
+		offsets := make([]any, len(refs))
+		pairs := make([]any, 0, 2*len(refs))
+		for i, r := range refs {
+			offsets[i] = r.offset
+			pairs = append(pairs, r.offset, r.deliveries)
+		}
+		return "consumer_group = ? AND `offset` IN " + marks(len(refs)) +
+				" AND (`offset`, deliveries) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?), ", len(refs)), ", ") + ")",
+			append(append([]any{group}, offsets...), pairs...)
+	}
+	var stmts []string
+	var args [][]any
+	if len(b.acks) > 0 {
+		where, a := match(b.acks)
+		stmts = append(stmts, "DELETE FROM "+t.leases+" WHERE "+where)
+		args = append(args, a)
+	}
+	if len(b.updates) > 0 {
+		refs := make([]leaseRef, len(b.updates))
+		var delay, delta strings.Builder
+		var delayArgs, deltaArgs []any
+		for i, u := range b.updates {
+			refs[i] = u.leaseRef
+			delay.WriteString(" WHEN `offset` = ? AND deliveries = ? THEN ?")
+			delayArgs = append(delayArgs, u.offset, u.deliveries, micros(u.delay))
+			delta.WriteString(" WHEN `offset` = ? AND deliveries = ? THEN ?")
+			deltaArgs = append(deltaArgs, u.offset, u.deliveries, u.delta)
+		}
+		where, a := match(refs)
+		// MySQL assigns left to right: visible_at is computed before deliveries changes.
+		stmts = append(stmts, "UPDATE "+t.leases+" SET visible_at = "+myNow+" + INTERVAL (CASE"+delay.String()+" ELSE 0 END) MICROSECOND,"+
+			" deliveries = deliveries + (CASE"+delta.String()+" ELSE 0 END) WHERE "+where)
+		args = append(args, append(append(delayArgs, deltaArgs...), a...))
+	}
+	if len(stmts) == 1 {
+		_, err := db.ExecContext(ctx, stmts[0], args[0]...)
+		return err
+	}
+	return inTx(ctx, db, func(tx *sql.Tx) error {
+		for i, s := range stmts {
+			if _, err := tx.ExecContext(ctx, s, args[i]...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (m mysql) waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error) {
+	t := m.tables(topic)
+	have, err := m.existing(ctx, db, topic)
+	if err != nil {
+		return nil, err
+	}
+	if !have[messagesPrefix+topic] {
+		return nil, nil
+	}
+	cursor := "0"
+	if have[offsetsPrefix+topic] {
+		cursor = "COALESCE((SELECT offset_acked FROM " + t.offsets + " WHERE consumer_group = ?), 0)"
+	}
+	// Leases are at or below the cursor: ordering the union by offset lists them first.
+	query := "SELECT `offset`, 0 AS deliveries, 0 AS leased, `uuid`, `payload`, `metadata` FROM " + t.messages + " WHERE `offset` > " + cursor
+	var args []any
+	if have[offsetsPrefix+topic] {
+		args = append(args, group)
+	}
+	if have[leasesPrefix+topic] {
+		query += " UNION ALL SELECT m.`offset`, l.deliveries, 1, m.`uuid`, m.`payload`, m.`metadata` FROM " + t.leases + " l JOIN " +
+			t.messages + " m ON m.`offset` = l.`offset` WHERE l.consumer_group = ?"
+		args = append(args, group)
+	}
+	rows, err := db.QueryContext(ctx, "SELECT * FROM ("+query+") AS waiting ORDER BY `offset` LIMIT ?", append(args, limit)...)
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows, false, func(r *row) []any {
+		return []any{&r.offset, &r.deliveries, &r.leased, &r.uuid, &r.payload, &r.metadata}
+	})
+}
+
+// existing returns which of the topic's tables exist.
+func (m mysql) existing(ctx context.Context, db *sql.DB, topic string) (map[string]bool, error) {
+	rows, err := db.QueryContext(ctx, "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?)",
+		messagesPrefix+topic, offsetsPrefix+topic, leasesPrefix+topic)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = rows.Close() }()
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		have[name] = true
+	}
+	return have, rows.Err()
+}
+
+func (m mysql) remove(ctx context.Context, db *sql.DB, topic string, r row) error {
+	t := m.tables(topic)
+	have, err := m.existing(ctx, db, topic)
+	if err != nil {
+		return err
+	}
+	return inTx(ctx, db, func(tx *sql.Tx) error {
+		if have[leasesPrefix+topic] {
+			// The message goes for every group: its leases go with it.
+			if _, err := tx.ExecContext(ctx, "DELETE FROM "+t.leases+" WHERE `offset` = ?", r.offset); err != nil {
+				return err
+			}
+		}
+		_, err := tx.ExecContext(ctx, "DELETE FROM "+t.messages+" WHERE `offset` = ?", r.offset)
+		return err
+	})
+}
+
+// marks returns "(?, ?, ...)" with n placeholders.
+func marks(n int) string {
+	return "(" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
+}
+
+// sortByOffset sorts rows by offset, in place, and returns them.
+func sortByOffset(rows []row) []row {
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.offset, b.offset) })
+	return rows
+}

@@ -1,0 +1,260 @@
+package sqlqueue
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+)
+
+// postgres is the queue in PostgreSQL: watermill-sql's DefaultPostgreSQLSchema, where each
+// message row carries the id of the transaction that wrote it (xid8), and the group's cursor is
+// the pair (last_processed_transaction_id, offset_acked).
+//
+// Offsets (BIGSERIAL) are taken before commit, so a transaction can commit a lower offset after
+// another has committed a higher one. A claim therefore reads only rows of transactions older
+// than the oldest one still running (pg_snapshot_xmin of the current snapshot): every
+// transaction below that bound has ended, and none that commits later can write a row below
+// the cursor. It reads them in (transaction_id, offset) order, the order in which they become
+// safe to read. This is the rule of watermill-sql's SelectQuery; the price is that a
+// long-running transaction anywhere on the server holds back new messages until it ends.
+//
+// Claims and settlements are single statements, each its own transaction, at the server's
+// default isolation, read committed. Under a stricter default (default_transaction_isolation)
+// concurrent claims of one group fail with serialization errors now and then, and are run
+// again.
+type postgres struct{}
+
+type pgTables struct{ messages, offsets, leases, dueIndex string }
+
+func (postgres) tables(topic string) pgTables {
+	q := func(name string) string { return `"` + name + `"` }
+	return pgTables{
+		messages: q(messagesPrefix + topic),
+		offsets:  q(offsetsPrefix + topic),
+		leases:   q(leasesPrefix + topic),
+		dueIndex: q(dueIndexPrefix + topic),
+	}
+}
+
+func (postgres) messagesSchema() wsql.SchemaAdapter {
+	// The default payload type, JSON, refuses payloads that are not JSON.
+	return wsql.DefaultPostgreSQLSchema{GeneratePayloadType: func(string) string { return "BYTEA" }}
+}
+
+func (p postgres) schema(topic string) []string {
+	t := p.tables(topic)
+	var out []string
+	for _, q := range p.messagesSchema().SchemaInitializingQueries(topic) {
+		out = append(out, q.Query)
+	}
+	for _, q := range (wsql.DefaultPostgreSQLOffsetsAdapter{}).SchemaInitializingQueries(topic) {
+		out = append(out, q.Query)
+	}
+	return append(out, `CREATE TABLE IF NOT EXISTS `+t.leases+` (
+			consumer_group VARCHAR(255) NOT NULL,
+			"offset" BIGINT NOT NULL,
+			transaction_id xid8 NOT NULL,
+			deliveries INTEGER NOT NULL,
+			visible_at TIMESTAMPTZ NOT NULL,
+			PRIMARY KEY (consumer_group, "offset")
+		)`,
+		`CREATE INDEX IF NOT EXISTS `+t.dueIndex+` ON `+t.leases+` (consumer_group, visible_at)`,
+	)
+}
+
+func (p postgres) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {
+	// ON CONFLICT DO NOTHING does not wait for a consumer that holds the row locked.
+	_, err := db.ExecContext(ctx, `INSERT INTO `+p.tables(topic).offsets+
+		` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`, group)
+	return err
+}
+
+// pgAfterCursor is the condition "m is after the group's cursor and safe to read", with the
+// cursor in the CTE g (no row: no message). The row comparison is an index condition on the
+// primary key (transaction_id, "offset"): the scan starts at the cursor and stops at the
+// LIMIT, however long the backlog. (watermill-sql spells it as two ranges joined by OR, which
+// the planner can only filter on: it reads every row before the cursor.)
+const pgAfterCursor = `(m.transaction_id, m."offset") > ((SELECT tx FROM g), (SELECT off FROM g))
+		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())`
+
+// pgCursor is the CTE g: the group's cursor.
+func pgCursor(offsets string) string {
+	return `g AS (SELECT COALESCE(offset_acked, 0) AS off, last_processed_transaction_id AS tx FROM ` + offsets + ` WHERE consumer_group = $1)`
+}
+
+func (p postgres) probe(ctx context.Context, db *sql.DB, topic, group string) (due, fresh bool, err error) {
+	t := p.tables(topic)
+	err = db.QueryRowContext(ctx, `WITH `+pgCursor(t.offsets)+`
+		SELECT
+			EXISTS (SELECT 1 FROM `+t.leases+` WHERE consumer_group = $1 AND visible_at <= now()),
+			EXISTS (SELECT 1 FROM `+t.messages+` m WHERE `+pgAfterCursor+`)`, group).Scan(&due, &fresh)
+	return due, fresh, err
+}
+
+func (p postgres) claimDue(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error) {
+	t := p.tables(topic)
+	// One statement: the lock of SKIP LOCKED lasts until it commits, and a lease it claims
+	// is no longer due for the next one.
+	rows, err := db.QueryContext(ctx, `WITH due AS MATERIALIZED (
+			SELECT "offset" FROM `+t.leases+`
+			WHERE consumer_group = $1 AND visible_at <= now()
+			ORDER BY visible_at LIMIT $2
+			FOR UPDATE SKIP LOCKED
+		), claimed AS (
+			UPDATE `+t.leases+` l SET deliveries = l.deliveries + 1, visible_at = now() + $3::bigint * interval '1 microsecond'
+			FROM due WHERE l.consumer_group = $1 AND l."offset" = due."offset"
+			RETURNING l."offset", l.transaction_id, l.deliveries
+		)
+		SELECT c."offset", c.transaction_id::text::bigint, c.deliveries, m.uuid IS NULL, COALESCE(m.uuid, ''), m.payload, m.metadata
+		FROM claimed c LEFT JOIN `+t.messages+` m ON m.transaction_id = c.transaction_id AND m."offset" = c."offset"
+		ORDER BY c.transaction_id, c."offset"`, group, n, micros(lease))
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows, true, func(r *row) []any {
+		return []any{&r.offset, &r.txID, &r.deliveries, &r.orphan, &r.uuid, &r.payload, &r.metadata}
+	})
+}
+
+func (p postgres) claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error) {
+	t := p.tables(topic)
+	// One statement, committed on its own. The group's cursor row serialises its claims: a
+	// consumer that finds it locked claims nothing this round rather than wait (g is empty,
+	// and so is batch). When the row changed since the statement's snapshot, FOR UPDATE
+	// returns its latest version; batch then reads, in the statement's snapshot, the messages
+	// after that cursor of transactions that had ended when the snapshot was taken: all of
+	// them are visible, and none was claimed by the change.
+	rows, err := db.QueryContext(ctx, `WITH g AS MATERIALIZED (
+			SELECT COALESCE(offset_acked, 0) AS off, last_processed_transaction_id AS tx FROM `+t.offsets+`
+			WHERE consumer_group = $1
+			FOR UPDATE SKIP LOCKED
+		), batch AS MATERIALIZED (
+			SELECT m."offset", m.transaction_id, m.uuid, m.payload, m.metadata FROM `+t.messages+` m
+			WHERE `+pgAfterCursor+`
+			ORDER BY m.transaction_id, m."offset" LIMIT $2
+		), leased AS (
+			INSERT INTO `+t.leases+` (consumer_group, "offset", transaction_id, deliveries, visible_at)
+			SELECT $1, "offset", transaction_id, 1, now() + $3::bigint * interval '1 microsecond' FROM batch
+		), moved AS (
+			UPDATE `+t.offsets+` SET offset_acked = last."offset", last_processed_transaction_id = last.transaction_id
+			FROM (SELECT "offset", transaction_id FROM batch ORDER BY transaction_id DESC, "offset" DESC LIMIT 1) AS last
+			WHERE consumer_group = $1
+		)
+		SELECT "offset", transaction_id::text::bigint, uuid, payload, metadata FROM batch ORDER BY transaction_id, "offset"`,
+		group, n, micros(lease))
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows, true, func(r *row) []any {
+		r.deliveries = 1
+		return []any{&r.offset, &r.txID, &r.uuid, &r.payload, &r.metadata}
+	})
+}
+
+func (p postgres) settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error {
+	t := p.tables(topic)
+	var ackOff, updOff, updDelay []int64
+	var ackDlv, updDlv, updDelta []int32
+	for _, a := range b.acks {
+		ackOff = append(ackOff, a.offset)
+		ackDlv = append(ackDlv, int32(a.deliveries))
+	}
+	for _, u := range b.updates {
+		updOff = append(updOff, u.offset)
+		updDlv = append(updDlv, int32(u.deliveries))
+		updDelay = append(updDelay, micros(u.delay))
+		updDelta = append(updDelta, int32(u.delta))
+	}
+	// One statement, one commit. A settlement matches its lease only while the deliveries
+	// count is the one its delivery had.
+	_, err := db.ExecContext(ctx, `WITH acked AS (
+			DELETE FROM `+t.leases+` l USING unnest($2::bigint[], $3::int[]) AS a(o, d)
+			WHERE l.consumer_group = $1 AND l."offset" = a.o AND l.deliveries = a.d
+		)
+		UPDATE `+t.leases+` l SET visible_at = now() + u.us * interval '1 microsecond', deliveries = l.deliveries + u.dd
+		FROM unnest($4::bigint[], $5::int[], $6::bigint[], $7::int[]) AS u(o, d, us, dd)
+		WHERE l.consumer_group = $1 AND l."offset" = u.o AND l.deliveries = u.d`,
+		group, nonNil(ackOff), nonNil(ackDlv), nonNil(updOff), nonNil(updDlv), nonNil(updDelay), nonNil(updDelta))
+	return err
+}
+
+// nonNil returns s, or an empty slice for nil, which the driver would send as NULL.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error) {
+	t := p.tables(topic)
+	var haveMessages, haveOffsets, haveLeases bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
+		t.messages, t.offsets, t.leases).Scan(&haveMessages, &haveOffsets, &haveLeases); err != nil {
+		return nil, err
+	}
+	if !haveMessages {
+		return nil, nil
+	}
+	// Without the group's row, its cursor is the start. Leases are at or below the cursor:
+	// ordering the union by (transaction_id, offset) lists them first.
+	cursor := `g AS (SELECT '0'::xid8 AS tx, 0::bigint AS off, $1::text AS unused_group)`
+	if haveOffsets {
+		cursor = `g AS (SELECT
+			COALESCE((SELECT last_processed_transaction_id FROM ` + t.offsets + ` WHERE consumer_group = $1), '0') AS tx,
+			COALESCE((SELECT offset_acked FROM ` + t.offsets + ` WHERE consumer_group = $1), 0) AS off)`
+	}
+	query := `SELECT m."offset", m.transaction_id, 0, false, m.uuid, m.payload, m.metadata FROM ` + t.messages + ` m
+		WHERE (m.transaction_id, m."offset") > ((SELECT tx FROM g), (SELECT off FROM g))`
+	if haveLeases {
+		query += `
+		UNION ALL
+		SELECT m."offset", m.transaction_id, l.deliveries, true, m.uuid, m.payload, m.metadata
+		FROM ` + t.leases + ` l JOIN ` + t.messages + ` m ON m.transaction_id = l.transaction_id AND m."offset" = l."offset"
+		WHERE l.consumer_group = $1`
+	}
+	rows, err := db.QueryContext(ctx, `WITH `+cursor+`
+		SELECT "offset", transaction_id::text::bigint, deliveries, leased, uuid, payload, metadata
+		FROM (`+query+`) AS waiting("offset", transaction_id, deliveries, leased, uuid, payload, metadata)
+		ORDER BY transaction_id, "offset" LIMIT $2`, group, limit)
+	if err != nil {
+		return nil, err
+	}
+	return scanRows(rows, false, func(r *row) []any {
+		return []any{&r.offset, &r.txID, &r.deliveries, &r.leased, &r.uuid, &r.payload, &r.metadata}
+	})
+}
+
+func (p postgres) remove(ctx context.Context, db *sql.DB, topic string, r row) error {
+	t := p.tables(topic)
+	var haveLeases bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.leases).Scan(&haveLeases); err != nil {
+		return err
+	}
+	query := `DELETE FROM ` + t.messages + ` WHERE transaction_id = $1::text::xid8 AND "offset" = $2`
+	if haveLeases {
+		// The message goes for every group: its leases go with it.
+		query = `WITH leases AS (DELETE FROM ` + t.leases + ` WHERE "offset" = $2 AND transaction_id = $1::text::xid8) ` + query
+	}
+	_, err := db.ExecContext(ctx, query, strconv.FormatInt(r.txID, 10), r.offset)
+	return err
+}
+
+// scanRows reads every row of rows with the destinations that dest returns for each, and
+// closes rows. With leased, every row is a lease.
+func scanRows(rows *sql.Rows, leased bool, dest func(*row) []any) ([]row, error) {
+	defer func() { _ = rows.Close() }()
+	var out []row
+	for rows.Next() {
+		r := row{leased: leased}
+		if err := rows.Scan(dest(&r)...); err != nil {
+			return nil, fmt.Errorf("read message row: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}

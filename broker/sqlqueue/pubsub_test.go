@@ -1,0 +1,73 @@
+package sqlqueue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
+)
+
+// TestPubSub runs watermill's universal Pub/Sub suite against the queue on PostgreSQL and
+// MariaDB, each in a database of its own; every test of the suite uses topics of its own.
+// Every constructor call makes a Queue and Subscriber of its own over the database, as
+// separate processes would.
+//
+// Features:
+//   - ConsumerGroups is true: every group receives every message, and within a group a
+//     message is leased to one subscription at a time.
+//   - ExactlyOnceDelivery is false: delivery is at least once. A message whose lease passes
+//     before its ack is written, or whose consumer dies, is delivered again. With it false
+//     the suite also runs TestContinueAfterSubscribeClose and TestConcurrentClose.
+//   - GuaranteedOrder is false: up to Prefetch deliveries are in flight and settle in any
+//     order, and a nacked message comes back after the ones behind it. That also skips
+//     TestNoAck, which demands that nothing more arrives before an ack.
+//   - Persistent is true: messages are rows in the database.
+//   - NewSubscriberReceivesOldMessages is false: a new subscription of a group starts at the
+//     group's cursor; the queue is not a log that each subscriber replays.
+//   - RestartServiceCommand is empty, so TestReconnect is skipped: the database servers are
+//     shared with other tests and are not restarted; a lost connection is covered by
+//     TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn, which cuts it.
+//   - ContextPreserved is false: a message's context is not stored.
+func TestPubSub(t *testing.T) {
+	t.Parallel()
+	for _, d := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{
+		{"postgres", testsvc.PostgresSchemaURL},
+		{"mysql", testsvc.MySQLDatabaseURL},
+	} {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			db := openDB(t, d.url(t))
+			// The suite's tests run in parallel; keep within the servers' connection limits.
+			db.SetMaxOpenConns(40)
+			withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+				q, err := sqlqueue.New(db.DB.DB, db.Dialect, sqlqueue.Config{
+					ConsumerGroup: group,
+					PollInterval:  10 * time.Millisecond,
+					AckTimeout:    10 * time.Second,
+				})
+				require.NoError(t, err)
+				pub, err := q.NewPublisher()
+				require.NoError(t, err)
+				return pub, q.Subscriber()
+			}
+			tests.TestPubSub(t, tests.Features{
+				ConsumerGroups:                   true,
+				ExactlyOnceDelivery:              false,
+				GuaranteedOrder:                  false,
+				Persistent:                       true,
+				NewSubscriberReceivesOldMessages: false,
+				ContextPreserved:                 false,
+			}, func(t *testing.T) (message.Publisher, message.Subscriber) {
+				return withGroup(t, "test")
+			}, withGroup)
+		})
+	}
+}

@@ -1,0 +1,226 @@
+package sqlqueue
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// ErrClosed is returned by a closed Subscriber.
+var ErrClosed = errors.New("sqlqueue: subscriber closed")
+
+// Table name prefixes. The messages and offsets tables are watermill-sql's; the lease table's
+// prefix cannot collide with theirs, which all begin with "watermill_".
+const (
+	messagesPrefix = "watermill_"
+	offsetsPrefix  = "watermill_offsets_"
+	leasesPrefix   = "onceflow_leases_"
+	// dueIndexPrefix names the PostgreSQL index of due leases, an identifier of the schema as
+	// tables are. MySQL names indexes per table.
+	dueIndexPrefix = "onceflow_due_"
+)
+
+// MaxTopic is the longest topic, in bytes, whose table and index names all fit the identifier
+// limit of PostgreSQL (63 bytes; it silently truncates longer names) and MySQL (64).
+const MaxTopic = 63 - max(len(offsetsPrefix), len(leasesPrefix), len(dueIndexPrefix))
+
+// MaxUUID is the size of watermill-sql's uuid column, VARCHAR(36).
+const MaxUUID = 36
+
+// topicPattern is what watermill-sql accepts in a topic: table names are made from it.
+var topicPattern = regexp.MustCompile(`^[A-Za-z0-9\-$:._]+$`)
+
+// CheckTopic reports whether topic can name a queue: letters, digits and - $ : . _, at most
+// MaxTopic bytes.
+func CheckTopic(topic string) error {
+	if !topicPattern.MatchString(topic) {
+		return fmt.Errorf("topic %q: an SQL queue topic may contain only letters, digits and - $ : . _", topic)
+	}
+	if len(topic) > MaxTopic {
+		return fmt.Errorf("topic %q: an SQL queue topic is at most %d bytes (table names are made from it)", topic, MaxTopic)
+	}
+	return nil
+}
+
+// Queue is the message queue that a PostgreSQL or MySQL/MariaDB database holds, as one
+// consumer group sees it: watermill-sql's messages and offsets tables of each topic, and
+// beside them a lease table, "onceflow_leases_<topic>", with one row per message the group
+// has handed out and not yet acknowledged. It makes the group's Subscribers and the
+// watermill-sql Publisher that writes the same tables, and lists and removes waiting
+// messages. A Queue is safe for concurrent use; it does not own the database pool.
+type Queue struct {
+	db  *sql.DB
+	d   dialect
+	cfg Config
+
+	mu    sync.Mutex
+	ready map[string]bool // topics whose tables and group row exist
+}
+
+// New returns the queue in db, whose dialect is d (sqldb.Postgres or sqldb.MySQL), for the
+// consumer group of cfg. It checks cfg and touches no table: EnsureTopic and Subscribe create
+// a topic's tables when they are missing.
+func New(db *sql.DB, d sqldb.Dialect, cfg Config) (*Queue, error) {
+	if db == nil {
+		return nil, errors.New("sqlqueue: db is nil")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	q := &Queue{db: db, cfg: cfg.withDefaults(), ready: map[string]bool{}}
+	switch d {
+	case sqldb.Postgres:
+		q.d = postgres{}
+	case sqldb.MySQL:
+		q.d = mysql{}
+	default:
+		return nil, fmt.Errorf("sqlqueue: dialect %q: the SQL queue supports postgres and mysql", d)
+	}
+	return q, nil
+}
+
+// Config returns the Queue's configuration, defaults filled in.
+func (q *Queue) Config() Config { return q.cfg }
+
+// SchemaAdapter returns the watermill-sql schema of the messages tables, for a publisher: the
+// default schema of the dialect with a binary payload column (BYTEA, LONGBLOB), so that
+// payloads need not be JSON.
+func (q *Queue) SchemaAdapter() wsql.SchemaAdapter { return q.d.messagesSchema() }
+
+// NewPublisher returns a watermill-sql publisher that writes the Queue's messages tables.
+func (q *Queue) NewPublisher() (*wsql.Publisher, error) {
+	return wsql.NewPublisher(q.db, wsql.PublisherConfig{SchemaAdapter: q.d.messagesSchema()}, q.cfg.Logger)
+}
+
+// EnsureTopic creates the tables of topic that do not exist (messages and offsets as
+// watermill-sql creates them, and the lease table) and the consumer group's cursor row, once
+// per Queue and topic. Tables of an existing topic are left as they are: the group's
+// acknowledged offset becomes its cursor, with no leases.
+func (q *Queue) EnsureTopic(ctx context.Context, topic string) error {
+	if err := CheckTopic(topic); err != nil {
+		return fmt.Errorf("sqlqueue: %w", err)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.ready[topic] {
+		return nil
+	}
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		// Two concurrent CREATE TABLE IF NOT EXISTS of one table can fail on PostgreSQL with a
+		// unique violation: the other one won, run again.
+		if err = q.createTables(ctx, topic); err == nil {
+			break
+		}
+		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
+	}
+	if err := q.d.addGroup(ctx, q.db, topic, q.cfg.ConsumerGroup); err != nil {
+		return fmt.Errorf("sqlqueue: create consumer group %q of topic %q: %w", q.cfg.ConsumerGroup, topic, err)
+	}
+	q.ready[topic] = true
+	return nil
+}
+
+func (q *Queue) createTables(ctx context.Context, topic string) error {
+	for _, stmt := range q.d.schema(topic) {
+		if _, err := q.db.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dialect is the SQL of one database family over one topic's tables. Topics are checked by
+// CheckTopic before they reach it: they contain no quote.
+type dialect interface {
+	// messagesSchema is watermill-sql's schema of the messages tables.
+	messagesSchema() wsql.SchemaAdapter
+	// schema returns the statements that create the topic's tables, each harmless to repeat.
+	schema(topic string) []string
+	// addGroup creates the group's cursor row at the start of the topic when it has none.
+	addGroup(ctx context.Context, db *sql.DB, topic, group string) error
+	// probe reports, without taking a lock, whether the group has due leases and whether
+	// messages wait after its cursor.
+	probe(ctx context.Context, db *sql.DB, topic, group string) (due, fresh bool, err error)
+	// claimDue leases again up to n of the group's due leases, oldest first: deliveries + 1,
+	// visible until now + lease. It skips leases that another transaction holds locked. Rows
+	// whose message is gone come back with orphan set.
+	claimDue(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error)
+	// claimNew leases up to n messages after the group's cursor, in the order the group
+	// receives them, and moves the cursor past them, in one transaction. It claims nothing
+	// when another consumer of the group holds the cursor.
+	claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error)
+	// settle writes a batch of acknowledgements and lease changes of the group, atomically.
+	settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error
+	// waiting lists up to limit messages waiting for the group: leased or after its cursor,
+	// in the order the group receives them. Missing tables mean no messages.
+	waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error)
+	// remove deletes a message that waiting returned, with its leases in every group.
+	remove(ctx context.Context, db *sql.DB, topic string, r row) error
+}
+
+// row is a message as a claim or a listing reads it.
+type row struct {
+	offset int64
+	// txID is the PostgreSQL transaction id (xid8) that wrote the message; 0 on MySQL.
+	txID       int64
+	deliveries int
+	leased     bool
+	// orphan marks a lease whose message row is gone (removed while leased).
+	orphan            bool
+	uuid              string
+	payload, metadata []byte
+}
+
+// leaseRef names one lease as one delivery knows it: a lease claimed again since carries a
+// higher deliveries count, so a late settlement of an older delivery matches nothing.
+type leaseRef struct {
+	offset     int64
+	deliveries int
+}
+
+// leaseUpdate makes a lease visible again after delay, changing its deliveries count by delta
+// (-1 for a message claimed but never handed out).
+type leaseUpdate struct {
+	leaseRef
+	delay time.Duration
+	delta int
+}
+
+// batch is what one settle writes for one topic: leases to delete (acknowledged messages) and
+// leases to change (nacked, given back).
+type batch struct {
+	acks    []leaseRef
+	updates []leaseUpdate
+}
+
+// micros returns d in whole microseconds, the unit of the lease arithmetic in SQL.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// inTx runs f in a read-committed transaction and commits it, or rolls it back when f fails.
+func inTx(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
+			return errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
+		}
+		return err
+	}
+	return tx.Commit()
+}

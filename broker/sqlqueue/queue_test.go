@@ -1,0 +1,110 @@
+package sqlqueue_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+func TestConfig_ValidateNamesTheField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  sqlqueue.Config
+		want string
+	}{
+		{sqlqueue.Config{Prefetch: -1}, "Config.Prefetch: -1"},
+		{sqlqueue.Config{Prefetch: sqlqueue.MaxPrefetch + 1}, "Config.Prefetch: 10001"},
+		{sqlqueue.Config{AckTimeout: -time.Second}, "Config.AckTimeout: -1s"},
+		{sqlqueue.Config{NackDelay: -time.Second}, "Config.NackDelay: -1s"},
+		{sqlqueue.Config{CloseTimeout: -time.Second}, "Config.CloseTimeout: -1s"},
+		{sqlqueue.Config{ConsumerGroup: strings.Repeat("g", 256)}, "Config.ConsumerGroup: 256 bytes"},
+	} {
+		require.ErrorContains(t, tc.cfg.Validate(), tc.want)
+	}
+	require.NoError(t, sqlqueue.Config{}.Validate())
+}
+
+func TestNew_RejectsSQLite(t *testing.T) {
+	t.Parallel()
+	db := openDB(t, "sqlite://"+t.TempDir()+"/q.db")
+	_, err := sqlqueue.New(db.DB.DB, sqldb.SQLite, sqlqueue.Config{})
+	require.ErrorContains(t, err, `dialect "sqlite"`)
+}
+
+func TestCheckTopic_EveryTableNameFits(t *testing.T) {
+	t.Parallel()
+	// "watermill_offsets_<topic>", the longest name, within PostgreSQL's 63 bytes: the limit
+	// that the queue had before leases.
+	require.Equal(t, 45, sqlqueue.MaxTopic)
+	require.NoError(t, sqlqueue.CheckTopic(strings.Repeat("a", sqlqueue.MaxTopic)))
+	require.ErrorContains(t, sqlqueue.CheckTopic(strings.Repeat("a", sqlqueue.MaxTopic+1)), "at most 45 bytes")
+	require.ErrorContains(t, sqlqueue.CheckTopic(`a"b`), "only letters, digits and - $ : . _")
+	require.NoError(t, sqlqueue.CheckTopic("orders.created:v1-$x_y"))
+}
+
+// Two topics of the longest length that differ in their last byte have tables and indexes of
+// their own: no name is truncated.
+func TestQueue_LongestTopicsKeepTheirOwnTables(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		q := e.queue(sqlqueue.Config{})
+		prefix := topic()
+		prefix += strings.Repeat("x", sqlqueue.MaxTopic-1-len(prefix))
+		for _, tp := range []string{prefix + "1", prefix + "2"} {
+			id := e.publish(q, tp, tp[len(tp)-1:], 1)[0]
+			_, ch := e.subscribe(q, tp)
+			m := receive(t, ch)
+			require.Equal(t, id, m.UUID)
+			m.Ack()
+			requireNothing(t, ch, 100*time.Millisecond)
+		}
+		if e.dialect == "postgres" {
+			var n int
+			require.NoError(t, e.db.Get(&n, `SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() AND indexname LIKE 'onceflow_due_%'`))
+			require.Equal(t, 2, n)
+		}
+	})
+}
+
+// A row written by a producer other than watermill-sql is delivered whatever its metadata.
+func TestSubscriber_ForeignMetadataIsDeliveredAsStrings(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		q := e.queue(sqlqueue.Config{})
+		tp := topic()
+		require.NoError(t, q.EnsureTopic(context.Background(), tp))
+		insert := "INSERT INTO " + e.messagesTable(tp) + " (uuid, payload, metadata) VALUES (?, ?, ?)"
+		if e.dialect == "postgres" {
+			insert = "INSERT INTO " + e.messagesTable(tp) + " (uuid, payload, metadata, transaction_id) VALUES ($1, $2, $3, pg_current_xact_id())"
+		}
+		for _, r := range [][]any{
+			{"typed", []byte("p"), `{"s": "x", "n": 1, "b": true, "z": null, "o": {"k": [1, 2]}}`},
+			{"array", nil, `[1, 2]`},
+			{"none", []byte("q"), nil},
+		} {
+			_, err := e.db.Exec(insert, r...)
+			require.NoError(t, err)
+		}
+		_, ch := e.subscribe(q, tp)
+		typed := receive(t, ch)
+		require.Equal(t, "typed", typed.UUID)
+		require.Equal(t, "p", string(typed.Payload))
+		require.Equal(t, map[string]string{"s": "x", "n": "1", "b": "true", "z": "", "o": `{"k": [1, 2]}`}, map[string]string(typed.Metadata))
+		array := receive(t, ch)
+		require.Equal(t, "array", array.UUID)
+		require.Empty(t, array.Payload)
+		require.Equal(t, `[1, 2]`, array.Metadata.Get(sqlqueue.HeaderMetadata))
+		none := receive(t, ch)
+		require.Equal(t, "none", none.UUID)
+		require.Empty(t, none.Metadata)
+		for _, m := range []interface{ Ack() bool }{typed, array, none} {
+			m.Ack()
+		}
+	})
+}
