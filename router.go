@@ -57,8 +57,16 @@ type Router struct {
 	gate     gate
 	holds    holds
 	counters map[storeKey]*dedup.Counter
+	claims   []handlerClaim
 	closeErr error
 	closed   sync.Once
+}
+
+// handlerClaim is a handler name and the topic it consumes, recorded in its dedup store's
+// database when the router runs.
+type handlerClaim struct {
+	store       *dedup.SQLStore
+	name, topic string
 }
 
 type storeKey struct {
@@ -134,6 +142,7 @@ func (r *Router) AddHandler(h Handler) error {
 			return err
 		}
 		store = s
+		r.claims = append(r.claims, handlerClaim{store: s, name: h.Name, topic: h.Topic})
 	}
 	info := HandlerInfo{
 		Name:    h.Name,
@@ -268,6 +277,9 @@ func (r *Router) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := r.claimHandlers(ctx); err != nil {
+		return err
+	}
 	gauges, err := r.registerDedupGauges()
 	if err != nil {
 		return err
@@ -294,6 +306,22 @@ func (r *Router) Run(ctx context.Context) error {
 		runErr := <-errCh
 		return errors.Join(runErr, closeErr)
 	}
+}
+
+// claimHandlers records, in each dedup store's database, the topic each handler consumes, and
+// fails when another process uses one of the handler names for another topic: the handler name,
+// not the topic, is part of every duplicate-detection key, so the two would take each other's
+// messages for duplicates.
+func (r *Router) claimHandlers(ctx context.Context) error {
+	r.mu.Lock()
+	claims := append([]handlerClaim(nil), r.claims...)
+	r.mu.Unlock()
+	for _, c := range claims {
+		if err := c.store.ClaimHandler(ctx, c.name, c.topic); err != nil {
+			return fmt.Errorf("Handler.Name: %w", err)
+		}
+	}
+	return nil
 }
 
 // Running is closed once every handler has subscribed.

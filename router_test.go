@@ -145,7 +145,7 @@ func (f *fixture) startRouter(t *testing.T, h onceflow.Handler, register ...func
 	if h.Subscriber == nil {
 		h.Subscriber = f.broker.Subscriber()
 	}
-	if h.Processor == nil {
+	if h.Processor == nil && h.BatchProcessor == nil {
 		h.Processor = processor.Func(applyEffect)
 	}
 	if h.Retry.InitialInterval == 0 {

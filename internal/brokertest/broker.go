@@ -33,6 +33,15 @@ type Broker struct {
 	// RedeliveryDelay is how long a nacked message waits before it is delivered again, unless
 	// the router asked for another delay.
 	RedeliveryDelay time.Duration
+
+	// CountDeliveries, true by default, makes the broker count deliveries and delay nacks as
+	// the router asks (redelivery.Info with Count and DelaysNacks). False makes it a broker
+	// that only says whether a delivery is the first, and cannot delay a redelivery, as a
+	// RabbitMQ classic queue: the router then counts and holds.
+	CountDeliveries bool
+
+	// Prefetch is how many deliveries a subscription keeps unsettled. Defaults to 1.
+	Prefetch int
 }
 
 // New returns an empty broker.
@@ -44,6 +53,7 @@ func New() *Broker {
 		deliveries:      map[*message.Message]int{},
 		closed:          make(chan struct{}),
 		RedeliveryDelay: 5 * time.Millisecond,
+		CountDeliveries: true,
 	}
 }
 
@@ -90,9 +100,10 @@ func (s *Subscriber) Close() error {
 	return nil
 }
 
-// Subscribe returns a subscription that competes with the other subscriptions to topic.
-// Every delivered message waits for its ack or nack before the subscription delivers the next.
-// A message in flight when the subscription ends goes back to the topic.
+// Subscribe returns a subscription that competes with the other subscriptions to topic. It
+// keeps up to Prefetch deliveries unsettled (one by default: each delivered message waits for
+// its ack or nack before the next). A message in flight when the subscription ends goes back to
+// the topic.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	b := s.b
 	ctx, stop := context.WithCancel(ctx)
@@ -106,9 +117,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}()
 	in := b.topic(topic)
 	out := make(chan *message.Message)
+	window := make(chan struct{}, max(b.Prefetch, 1))
+	var inFlight sync.WaitGroup
 	go func() {
 		defer close(out)
+		defer inFlight.Wait()
 		for {
+			select {
+			case <-ctx.Done():
+				return
+			case window <- struct{}{}:
+			}
 			var m *message.Message
 			select {
 			case <-ctx.Done():
@@ -117,7 +136,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			}
 			msgCtx, cancel := context.WithCancel(ctx)
 			count := b.delivered(m)
-			m.SetContext(redelivery.NewContext(msgCtx, redelivery.Info{Count: count, DelaysNacks: true}))
+			info := redelivery.Info{Count: count, DelaysNacks: true}
+			if !b.CountDeliveries {
+				info = redelivery.Info{Redelivered: count > 1}
+			}
+			m.SetContext(redelivery.NewContext(msgCtx, info))
 			select {
 			case out <- m:
 			case <-ctx.Done():
@@ -125,25 +148,28 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 				in <- b.again(m)
 				return
 			}
-			select {
-			case <-m.Acked():
-				b.count(b.acks, m.UUID)
-			case <-m.Nacked():
-				b.count(b.nacks, m.UUID)
-				b.redeliver(topic, m)
-			case <-ctx.Done():
+			inFlight.Add(1)
+			go func() {
+				defer inFlight.Done()
+				defer func() { <-window }()
+				defer cancel()
 				select {
 				case <-m.Acked():
 					b.count(b.acks, m.UUID)
-				default:
-					// The consumer went away without settling the message: like a broker
-					// whose consumer died, deliver it again.
-					in <- b.again(m)
+				case <-m.Nacked():
+					b.count(b.nacks, m.UUID)
+					b.redeliver(topic, m)
+				case <-ctx.Done():
+					select {
+					case <-m.Acked():
+						b.count(b.acks, m.UUID)
+					default:
+						// The consumer went away without settling the message: like a broker
+						// whose consumer died, deliver it again.
+						in <- b.again(m)
+					}
 				}
-				cancel()
-				return
-			}
-			cancel()
+			}()
 		}
 	}()
 	return out, nil

@@ -1,0 +1,224 @@
+package onceflow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// deadLetters returns the messages waiting on the router's dead-letter topic, taking them.
+func (f *fixture) deadLetters() []*message.Message {
+	return f.broker.Drain(onceflow.DefaultDeadLetterTopic)
+}
+
+func TestPanickingMessage_IsDeadLetteredAtTheDeliveryLimitAndStarvesNobody(t *testing.T) {
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
+		var mu sync.Mutex
+		deliveries := map[string]int{}
+		f.startRouter(t, onceflow.Handler{
+			QoS:           onceflow.ExactlyOnce,
+			MaxDeliveries: 3,
+			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				mu.Lock()
+				deliveries[msg.ID]++
+				mu.Unlock()
+				if msg.ID == "poison" {
+					panic("nil map")
+				}
+				return applyEffect(ctx, msg)
+			}),
+		})
+		f.publish(t, "poison", "x")
+		for i := range 20 {
+			f.publish(t, fmt.Sprintf("good-%d", i), "x")
+		}
+		for i := range 20 {
+			f.waitAcks(t, fmt.Sprintf("good-%d", i), 1)
+			require.Equal(t, 1, countEffects(t, f.db, fmt.Sprintf("good-%d", i)))
+		}
+		f.waitAcks(t, "poison", 1)
+		require.Equal(t, 2, f.broker.Nacks("poison"), "nacked twice, dead-lettered at the third delivery")
+		mu.Lock()
+		require.Equal(t, 3, deliveries["poison"])
+		mu.Unlock()
+		dead := f.deadLetters()
+		require.Len(t, dead, 1)
+		require.Equal(t, "poison", dead[0].UUID)
+		require.Equal(t, "permanent: delivery limit reached after 3 deliveries: processor panicked: nil map", dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason))
+		require.Equal(t, "3", dead[0].Metadata.Get(messagedata.HeaderDeadLetterDeliveries))
+		require.Equal(t, 0, countEffects(t, f.db, "poison"))
+	})
+}
+
+func TestDataError_IsDeadLetteredOnFirstSight(t *testing.T) {
+	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
+		_, err := f.db.Exec(`CREATE TABLE strict (v VARCHAR(5) NOT NULL)`)
+		require.NoError(t, err)
+		var calls atomic.Int32
+		f.startRouter(t, onceflow.Handler{
+			QoS: onceflow.ExactlyOnce,
+			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				calls.Add(1)
+				tx, _ := processor.TxFromContext(ctx)
+				var v any = string(msg.Payload)
+				if msg.ID == "null" {
+					v = nil
+				}
+				_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO strict (v) VALUES (?)`), v)
+				return err
+			}),
+		})
+		f.publish(t, "null", "x")
+		f.waitAcks(t, "null", 1)
+		require.Equal(t, int32(1), calls.Load(), "not retried in process")
+		require.Equal(t, 0, f.broker.Nacks("null"), "not redelivered")
+		dead := f.deadLetters()
+		require.Len(t, dead, 1)
+		require.Contains(t, strings.ToLower(dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason)), "null")
+	})
+}
+
+func TestCrashLoop_OnABrokerThatDoesNotCountIsEndedByTheDurableCount(t *testing.T) {
+	// A subscriber that says only whether a delivery is the first (a RabbitMQ classic queue):
+	// each delivery of the message ends with its consumer gone, so no outcome is ever known.
+	// The count in the database ends the loop.
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		f.broker.CountDeliveries = false
+		var runs atomic.Int32
+		for round := 1; round <= 4; round++ {
+			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 50 * time.Millisecond})
+			require.NoError(t, err)
+			entered := make(chan struct{}, 1)
+			require.NoError(t, r.AddHandler(onceflow.Handler{
+				Name: "effects", Topic: topic, Subscriber: f.broker.Subscriber(), DB: f.db, QoS: onceflow.ExactlyOnce,
+				MaxDeliveries: 3,
+				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+					runs.Add(1)
+					entered <- struct{}{}
+					<-ctx.Done() // the consumer "dies" while processing it
+					return ctx.Err()
+				}),
+			}))
+			stop := runRouter(t, r)
+			if round == 1 {
+				f.publish(t, "killer", "x")
+			}
+			if round <= 3 {
+				<-entered
+				require.NoError(t, stop())
+				continue
+			}
+			f.waitAcks(t, "killer", 1)
+			require.NoError(t, stop())
+		}
+		require.Equal(t, int32(3), runs.Load(), "the fourth delivery is dead-lettered without running")
+		dead := f.deadLetters()
+		require.Len(t, dead, 1)
+		require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), "delivery limit reached after 3 deliveries: the last one ended without an outcome")
+		var counted int
+		require.NoError(t, f.db.Get(&counted, f.db.Rebind(`SELECT deliveries FROM `+dedup.DefaultCounterTable+` WHERE message_id = ?`), "killer"))
+		require.Equal(t, 4, counted)
+	})
+}
+
+func TestRedelivery_WaitsTheDelayOfItsDeliveryCount(t *testing.T) {
+	f := newFixture(t, testsvc.Databases()[0])
+	var mu sync.Mutex
+	var at []time.Time
+	f.startRouter(t, onceflow.Handler{
+		QoS:        onceflow.ExactlyOnce,
+		Retry:      onceflow.RetryConfig{MaxAttempts: 1},
+		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			mu.Lock()
+			at = append(at, time.Now())
+			n := len(at)
+			mu.Unlock()
+			if n < 4 {
+				return errors.New("not yet")
+			}
+			return applyEffect(ctx, msg)
+		}),
+	})
+	f.publish(t, "m", "x")
+	f.waitAcks(t, "m", 1)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, at, 4)
+	for i, want := range []time.Duration{100 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond} {
+		require.GreaterOrEqual(t, at[i+1].Sub(at[i]), want, "wait after delivery %d", i+1)
+	}
+}
+
+func TestRedelivery_OnASubscriberThatCannotDelayTheRouterHoldsTheMessageAndCloseLetsItGo(t *testing.T) {
+	f := newFixture(t, testsvc.Databases()[0])
+	f.broker.CountDeliveries = false
+	var calls atomic.Int32
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, r.AddHandler(onceflow.Handler{
+		Name: "effects", Topic: topic, Subscriber: f.broker.Subscriber(), DB: f.db, QoS: onceflow.ExactlyOnce,
+		Retry:      onceflow.RetryConfig{MaxAttempts: 1},
+		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{time.Hour}},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			calls.Add(1)
+			return errors.New("fails")
+		}),
+	}))
+	stop := runRouter(t, r)
+	f.publish(t, "held", "x")
+	testsvc.Eventually(t, 5*time.Second, func() bool { return calls.Load() == 1 }, "not processed")
+	time.Sleep(50 * time.Millisecond) // a nack in this time would show
+	require.Equal(t, 0, f.broker.Nacks("held"), "held for its delay, not nacked")
+	start := time.Now()
+	require.NoError(t, stop())
+	require.Less(t, time.Since(start), 5*time.Second, "Close does not wait out the hour")
+	require.GreaterOrEqual(t, f.broker.Nacks("held"), 1, "given back when the router closed (and nacked again while it closed)")
+	require.Equal(t, 0, f.broker.Acks("held"))
+}
+
+func TestHandlerName_UsedForAnotherTopicByAnotherProcessFailsAtStart(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		start := func(topicName string) error {
+			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1})
+			require.NoError(t, err)
+			require.NoError(t, r.AddHandler(onceflow.Handler{
+				Name: "billing", Topic: topicName, Subscriber: f.broker.Subscriber(), DB: f.db, QoS: onceflow.ExactlyOnce,
+				Processor: processor.Func(applyEffect),
+			}))
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			select {
+			case <-r.Running():
+				cancel()
+				return <-done
+			case err := <-done:
+				cancel()
+				return err
+			}
+		}
+		require.NoError(t, start("invoices"))
+		require.NoError(t, start("invoices"), "the same topic again is fine")
+		err := start("refunds")
+		require.ErrorIs(t, err, dedup.ErrHandlerTopic)
+		require.ErrorContains(t, err, `"refunds"`)
+		require.ErrorContains(t, err, `"invoices"`)
+	})
+}
