@@ -60,12 +60,19 @@ func (c *clock) Advance(d time.Duration) {
 type deadLetters struct {
 	mu   sync.Mutex
 	msgs []*message.Message
+	// refuse, when set, may refuse a message, as a failing dead-letter broker does.
+	refuse func(*message.Message) error
 }
 
 func (d *deadLetters) Publish(topic string, msgs ...*message.Message) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, m := range msgs {
+		if d.refuse != nil {
+			if err := d.refuse(m); err != nil {
+				return err
+			}
+		}
 		if topic != dlqTopic {
 			return fmt.Errorf("dead letter published to %q", topic)
 		}
@@ -266,4 +273,23 @@ func (e *env) reasons() map[string]string {
 func testDB(t *testing.T) *sqldb.DB {
 	t.Helper()
 	return testsvc.SQLite(t)
+}
+
+// sweepErrors returns the onceflow.order.sweep_errors count of the handler.
+func (e *env) sweepErrors(t *testing.T) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, e.reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == "onceflow.order.sweep_errors" {
+				var n int64
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					n += dp.Value
+				}
+				return n
+			}
+		}
+	}
+	return 0
 }

@@ -183,11 +183,12 @@ func (c Config) Validate() error {
 // exactly once, for one handler. Middleware returns its interceptor; Run (or Sweep) handles
 // keys whose gap does not fill. It is safe for concurrent use.
 type InOrder struct {
-	store    *Store
-	cfg      Config
-	now      func() time.Time
-	next     atomic.Pointer[processor.Processor]
-	timeouts metric.Int64Counter
+	store       *Store
+	cfg         Config
+	now         func() time.Time
+	next        atomic.Pointer[processor.Processor]
+	timeouts    metric.Int64Counter
+	sweepErrors metric.Int64Counter
 
 	mu       sync.Mutex
 	reported map[string]int64 // key -> blocked_since already reported as timed out (Wait)
@@ -222,7 +223,12 @@ func New(store *Store, cfg Config) (*InOrder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ordering.New: create the gap timeout counter: %w", err)
 	}
-	o := &InOrder{store: store, cfg: cfg, now: cfg.Now, timeouts: timeouts, reported: map[string]int64{}}
+	sweepErrors, err := mp.Meter(telemetry.ScopeName).Int64Counter(telemetry.MetricOrderSweepErrors, metric.WithUnit("{key}"),
+		metric.WithDescription("Keys whose sweep failed (a parked message that could not be applied or dead-lettered, a lost connection); the sweep goes on with the other keys and tries the key again next time."))
+	if err != nil {
+		return nil, fmt.Errorf("ordering.New: create the sweep error counter: %w", err)
+	}
+	o := &InOrder{store: store, cfg: cfg, now: cfg.Now, timeouts: timeouts, sweepErrors: sweepErrors, reported: map[string]int64{}}
 	if o.now == nil {
 		o.now = time.Now
 	}

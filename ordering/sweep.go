@@ -46,6 +46,16 @@ type SweepResult struct {
 	SkippedSequences int64
 	// DeadLettered is the number of parked messages published to the dead-letter topic.
 	DeadLettered int
+	// Failed lists the keys whose sweep failed, and why: each was logged and counted
+	// (onceflow.order.sweep_errors), and the sweep went on with the other keys. The next sweep
+	// tries them again.
+	Failed []KeyError
+}
+
+// KeyError is the failure of one key in a Sweep.
+type KeyError struct {
+	Key string
+	Err error
 }
 
 // Run sweeps every Config.SweepInterval (with jitter) until ctx ends, and returns nil then. It
@@ -65,9 +75,10 @@ func (o *InOrder) Run(ctx context.Context) error {
 			return nil
 		case err != nil:
 			o.cfg.Logger.Error("ordering sweep failed", "handler", o.cfg.Handler, "error", err)
-		case res.Applied > 0 || res.TimedOut > 0 || res.DeadLettered > 0:
+		case res.Applied > 0 || res.TimedOut > 0 || res.DeadLettered > 0 || len(res.Failed) > 0:
 			o.cfg.Logger.Info("ordering sweep", "handler", o.cfg.Handler, "applied", res.Applied, "stalled", res.Stalled,
-				"timed_out", res.TimedOut, "skipped_sequences", res.SkippedSequences, "dead_lettered", res.DeadLettered)
+				"timed_out", res.TimedOut, "skipped_sequences", res.SkippedSequences, "dead_lettered", res.DeadLettered,
+				"failed_keys", len(res.Failed))
 		}
 	}
 }
@@ -86,6 +97,11 @@ func (o *InOrder) Run(ctx context.Context) error {
 // checks the key has not moved meanwhile: no database lock is held while publishing, and a
 // message is never deleted before the broker has it. A crash in between publishes it twice;
 // its replay is then a duplicate by sequence.
+//
+// Each key is swept on its own: a key whose sweep fails (a parked message that cannot be
+// dead-lettered, say) is logged at ERROR, counted in onceflow.order.sweep_errors and listed in
+// SweepResult.Failed, and the sweep goes on with the other keys, whose gap timeouts still fire.
+// Sweep returns an error only when it cannot list the keys, or ctx ends.
 //
 // One process sweeps a handler at a time (a PostgreSQL advisory lock, a MySQL named lock, a
 // lock file beside an SQLite database): when another holds the lock, Sweep returns at once
@@ -116,14 +132,26 @@ func (o *InOrder) Sweep(ctx context.Context) (res SweepResult, err error) {
 		o.reported = seen
 		o.mu.Unlock()
 	}()
-	if err := o.eachKey(ctx, o.store.q.stalledKeys, nil, func(k blockedKey) error {
+	failed := map[string]bool{}
+	sweep := func(k blockedKey) error {
+		if failed[k.Key] {
+			return nil // once per pass
+		}
 		for {
 			more, err := o.sweepKey(ctx, next, k.Key, cutoff, &res, seen)
-			if err != nil || !more {
+			switch {
+			case err != nil && ctx.Err() != nil:
 				return err
+			case err != nil:
+				failed[k.Key] = true
+				o.keyFailed(ctx, k.Key, err, &res)
+				return nil
+			case !more:
+				return nil
 			}
 		}
-	}); err != nil {
+	}
+	if err := o.eachKey(ctx, o.store.q.stalledKeys, nil, sweep); err != nil {
 		return res, err
 	}
 	err = o.eachKey(ctx, o.store.q.overdueKeys, []any{cutoff}, func(k blockedKey) error {
@@ -131,14 +159,17 @@ func (o *InOrder) Sweep(ctx context.Context) (res SweepResult, err error) {
 			seen[k.Key] = k.Blocked
 			return nil
 		}
-		for {
-			more, err := o.sweepKey(ctx, next, k.Key, cutoff, &res, seen)
-			if err != nil || !more {
-				return err
-			}
-		}
+		return sweep(k)
 	})
 	return res, err
+}
+
+// keyFailed records that the sweep of key failed with err, and lets the sweep go on.
+func (o *InOrder) keyFailed(ctx context.Context, key string, err error, res *SweepResult) {
+	res.Failed = append(res.Failed, KeyError{Key: key, Err: err})
+	o.sweepErrors.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(o.cfg.Handler)))
+	o.cfg.Logger.Error("ordering sweep of a key failed; the other keys go on, this one is tried again at the next sweep",
+		"handler", o.cfg.Handler, "key", key, "error", err)
 }
 
 // lockName names the sweep lock of the handler: the table and a hash of the handler name, which

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/testsvc"
@@ -233,4 +234,44 @@ func TestSweep_WaitReportsAFailingParkedMessageOnceAndKeepsRetrying(t *testing.T
 		require.Equal(t, ordering.SweepResult{Applied: 1}, e.sweep(t))
 		require.Equal(t, []string{"acct-1#1", "acct-1#2"}, e.applied(t))
 	})
+}
+
+func TestSweep_AKeyThatFailsIsLoggedAndCountedAndTheOtherKeysGoOn(t *testing.T) {
+	forEachDB(t, ordering.Config{GapPolicy: ordering.DeadLetter}, func(t *testing.T, e *env) {
+		e.mustDeliver(t, "a2", "acct-a", 2)
+		e.mustDeliver(t, "b2", "acct-b", 2)
+		e.mustDeliver(t, "c2", "acct-c", 2)
+		e.dlq.mu.Lock()
+		e.dlq.refuse = func(m *message.Message) error {
+			if m.Metadata.Get(messagedata.HeaderKey) == "acct-a" {
+				return errors.New("dead-letter broker refuses it")
+			}
+			return nil
+		}
+		e.dlq.mu.Unlock()
+		e.clock.Advance(gapTimeout + time.Second)
+
+		res := e.sweep(t)
+		require.Len(t, res.Failed, 1)
+		require.Equal(t, "acct-a", res.Failed[0].Key)
+		require.ErrorContains(t, res.Failed[0].Err, "dead-letter broker refuses it")
+		require.Equal(t, 2, res.DeadLettered, "the keys after the failing one were swept")
+		require.ElementsMatch(t, []string{"b2", "c2"}, ids(e.dlq.all()))
+		require.Equal(t, int64(1), e.sweepErrors(t))
+
+		e.dlq.mu.Lock()
+		e.dlq.refuse = nil
+		e.dlq.mu.Unlock()
+		res = e.sweep(t)
+		require.Empty(t, res.Failed)
+		require.Equal(t, 1, res.DeadLettered, "the failed key is tried again")
+	})
+}
+
+func ids(msgs []*message.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.UUID
+	}
+	return out
 }

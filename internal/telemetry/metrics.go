@@ -19,6 +19,9 @@ const (
 	MetricOutboxLag        = "onceflow.outbox.lag"
 	MetricOrderParked      = "onceflow.order.parked"
 	MetricOrderGapTimeouts = "onceflow.order.gap_timeouts"
+	MetricOrderSweepErrors = "onceflow.order.sweep_errors"
+	MetricDedupBeyond      = "onceflow.dedup.beyond_retention"
+	MetricDeadLetterErrors = "onceflow.deadletter.failures"
 )
 
 // Instruments are the synchronous instruments shared by the Metrics middleware and the router.
