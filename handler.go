@@ -132,6 +132,12 @@ type DedupConfig struct {
 
 	// Store replaces the SQL store built from DB and Table, for tests and benchmarks.
 	Store dedup.Store
+
+	// UniqueConstraints names the unique constraints whose violation the "natural-idempotency"
+	// interceptor takes for an earlier delivery of the message (see
+	// middleware.NaturalIdempotency and sqldb.UniqueConstraint for how each database names
+	// them). Required by that interceptor.
+	UniqueConstraints []string
 }
 
 // GroupCommitConfig configures group commit for a handler (see middleware.GroupCommit): the

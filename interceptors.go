@@ -215,8 +215,12 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			}
 			return middleware.Deduplicate(h.Dedup, h.Name, opts...), nil
 		},
-		InterceptorNaturalIdempotency: func(HandlerInfo) (middleware.Middleware, error) {
-			return middleware.NaturalIdempotency(), nil
+		InterceptorNaturalIdempotency: func(h HandlerInfo) (middleware.Middleware, error) {
+			names := h.Handler.Dedup.UniqueConstraints
+			if len(names) == 0 {
+				return nil, errors.New("Handler.Dedup.UniqueConstraints: empty (natural idempotency takes a unique violation for an earlier delivery of the message only on the constraints named here; any other is a conflict with another row)")
+			}
+			return middleware.NaturalIdempotency(names[0], names[1:]...), nil
 		},
 		InterceptorGroupCommit: func(h HandlerInfo) (middleware.Middleware, error) {
 			if h.Handler.Dedup.CheckFirst {

@@ -222,28 +222,63 @@ func TestDeduplicate_CheckFirstMintsTimeOrderedInternalIDs(t *testing.T) {
 	require.Equal(t, 2, countWrites(t, db))
 }
 
-func TestNaturalIdempotency_UniqueViolationIsDuplicate(t *testing.T) {
+// pkName is what each database calls the primary key of the payments table of these tests,
+// and uniqueName the unique constraint of the refs table.
+var pkName = map[string]string{"postgres": "payments_pkey", "mysql": "PRIMARY", "sqlite": "payments.id"}
+var uniqueName = map[string]string{"postgres": "uq_ref", "mysql": "uq_ref", "sqlite": "refs.ref"}
+
+func TestNaturalIdempotency_OnlyTheNamedConstraintMeansAlreadyProcessed(t *testing.T) {
 	for _, d := range testsvc.Databases() {
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			db := d.Open(t)
-			_, err := db.Exec(`CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY)`)
-			require.NoError(t, err)
+			for _, ddl := range []string{
+				`CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY)`,
+				`CREATE TABLE refs (ref VARCHAR(64) NOT NULL, CONSTRAINT uq_ref UNIQUE (ref))`,
+			} {
+				_, err := db.Exec(ddl)
+				require.NoError(t, err)
+			}
 			insert := processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 				tx, _ := processor.TxFromContext(ctx)
-				_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO payments (id) VALUES (?)`), m.ID)
+				if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO payments (id) VALUES (?)`), m.ID); err != nil {
+					return err
+				}
+				_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO refs (ref) VALUES (?)`), string(m.Payload))
 				return err
 			})
-			p := middleware.Chain(middleware.Transaction(db), middleware.NaturalIdempotency())(insert)
+			p := middleware.Chain(middleware.Transaction(db), middleware.NaturalIdempotency(pkName[d.Name]))(insert)
+			payment := func(id, ref string) *messagedata.MessageData {
+				m := msg(id)
+				m.Payload = []byte(ref)
+				return m
+			}
 
-			require.NoError(t, p.Process(context.Background(), msg("pay-1")))
-			err = p.Process(context.Background(), msg("pay-1"))
-			require.ErrorIs(t, err, processor.ErrDuplicate)
+			require.NoError(t, p.Process(context.Background(), payment("pay-1", "ref-1")))
+			err := p.Process(context.Background(), payment("pay-1", "ref-1"))
+			require.ErrorIs(t, err, processor.ErrDuplicate, "the same payment again")
+
+			// Another payment with a reference that is taken: a conflict, not a duplicate.
+			err = p.Process(context.Background(), payment("pay-2", "ref-1"))
+			require.NotErrorIs(t, err, processor.ErrDuplicate)
+			name, ok := sqldb.UniqueConstraint(err)
+			require.True(t, ok, "%v", err)
+			require.Equal(t, uniqueName[d.Name], name)
+			require.True(t, middleware.DefaultClassifier(err), "dead-lettered, not dropped")
 			var n int
 			require.NoError(t, db.Get(&n, `SELECT COUNT(*) FROM payments`))
 			require.Equal(t, 1, n)
 		})
 	}
+}
+
+func TestCheckVersion(t *testing.T) {
+	require.ErrorIs(t, processor.CheckVersion(3, 3), processor.ErrDuplicate)
+	require.ErrorIs(t, processor.CheckVersion(5, 3), processor.ErrDuplicate)
+	err := processor.CheckVersion(1, 3)
+	require.ErrorIs(t, err, processor.ErrPredecessorMissing)
+	require.False(t, middleware.DefaultClassifier(err), "retried and redelivered")
+	require.NoError(t, processor.CheckVersion(2, 3))
 }
 
 type failingPublisher struct{ err error }

@@ -23,11 +23,14 @@ func AlreadyProcessed(reason string) error {
 // IsDuplicate reports whether err says the message was already processed.
 func IsDuplicate(err error) bool { return errors.Is(err, ErrDuplicate) }
 
-// RowsAffectedOrDuplicate turns the result of a guarded UPDATE or INSERT into the outcome seed
-// 000 describes: an UPDATE whose WHERE clause checks a version or state, or an
-// INSERT ... ON CONFLICT DO NOTHING, that touches zero rows means the message was applied
-// before. It returns err when err is not nil, AlreadyProcessed when no row was touched, and nil
-// otherwise.
+// RowsAffectedOrDuplicate turns the result of a guarded INSERT into the outcome seed 000
+// describes: an INSERT ... ON CONFLICT DO NOTHING keyed by the message's own business key that
+// touches zero rows means the message was applied before. It returns err when err is not nil,
+// AlreadyProcessed when no row was touched, and nil otherwise.
+//
+// Use it only where zero rows can mean nothing else. An UPDATE guarded by a version touches
+// zero rows both when the message was applied before and when it arrived before its
+// predecessor; use CheckVersion for it, which tells the two apart.
 func RowsAffectedOrDuplicate(res sql.Result, err error) error {
 	if err != nil {
 		return err
@@ -101,3 +104,24 @@ var ErrDeadLettered = errors.New("message dead-lettered")
 
 // IsDeadLettered reports whether err says the message went to the dead-letter topic.
 func IsDeadLettered(err error) bool { return errors.Is(err, ErrDeadLettered) }
+
+// ErrPredecessorMissing reports a message that arrived before the one it follows: its version
+// is ahead of the stored one by more than one. It is retryable: the message is redelivered
+// after a delay, by when its predecessor may have been applied.
+var ErrPredecessorMissing = errors.New("the message's predecessor has not been applied yet")
+
+// CheckVersion gives the outcome of a version-checked UPDATE (... SET version = v WHERE
+// version = v - 1) that touched no row, from the version now stored and the version v the
+// message writes: AlreadyProcessed when stored >= v (this message, or a later one, was applied),
+// an error wrapping ErrPredecessorMissing when stored < v-1 (the message is early: it is retried
+// and redelivered rather than dropped), and nil when stored == v-1 (the UPDATE should have
+// matched: run it again).
+func CheckVersion(stored, v int64) error {
+	switch {
+	case stored >= v:
+		return AlreadyProcessed(fmt.Sprintf("stored version %d is at or past the message's %d", stored, v))
+	case stored < v-1:
+		return fmt.Errorf("%w: the message writes version %d, the stored version is %d", ErrPredecessorMissing, v, stored)
+	}
+	return nil
+}

@@ -99,3 +99,29 @@ func isConnectionError(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &netErr)
 }
+
+// UniqueConstraint returns the constraint that a unique violation err broke, as the database
+// names it, and whether err is a unique violation that names one:
+//
+//	PostgreSQL       the constraint or unique index name ("payments_pkey")
+//	MySQL, MariaDB   the key name ("PRIMARY", "uq_payment_ref"), without the table prefix MySQL 8 adds
+//	SQLite           the columns, as SQLite reports them ("payments.payment_id", or
+//	                 "t.a, t.b" for a key of two columns)
+//
+// PostgreSQL reports the name in a field of its own; MySQL and SQLite only in the message
+// text, which this function reads for that name alone. A row that violates several unique
+// constraints at once is reported with one of them, the first the database checked: name every
+// constraint that an earlier delivery of the same message would violate. MariaDB gives key names
+// without their table, and every primary key is "PRIMARY" there: give the unique keys that mean
+// "already processed" names of their own.
+func UniqueConstraint(err error) (string, bool) {
+	if Classify(err) != UniqueViolation {
+		return "", false
+	}
+	for _, f := range []func(error) (string, bool){postgresConstraint, mysqlConstraint, sqliteConstraint} {
+		if name, ok := f(err); ok {
+			return name, true
+		}
+	}
+	return "", false
+}

@@ -2,6 +2,7 @@ package sqldb
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -55,4 +56,23 @@ func classifyMySQL(err error) (Class, bool) {
 // reached the server.
 func isMySQLConnectionError(err error) bool {
 	return errors.Is(err, mysql.ErrInvalidConn)
+}
+
+// mysqlConstraint reads the key name of a duplicate-entry error: "... for key 'name'" (MariaDB)
+// or "... for key 'table.name'" (MySQL 8).
+func mysqlConstraint(err error) (string, bool) {
+	var myErr *mysql.MySQLError
+	if !errors.As(err, &myErr) {
+		return "", false
+	}
+	const marker = "for key '"
+	i := strings.LastIndex(myErr.Message, marker)
+	if i < 0 {
+		return "", false
+	}
+	name := strings.TrimSuffix(myErr.Message[i+len(marker):], "'")
+	if dot := strings.LastIndexByte(name, '.'); dot >= 0 {
+		name = name[dot+1:]
+	}
+	return name, name != ""
 }

@@ -55,3 +55,11 @@ func isFatal(pgErr *pgconn.PgError) bool {
 func isPostgresConnectionError(err error) bool {
 	return errors.Is(err, pgconn.ErrConnClosed) || pgconn.SafeToRetry(err) || pgconn.Timeout(err)
 }
+
+func postgresConstraint(err error) (string, bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.ConstraintName == "" {
+		return "", false
+	}
+	return pgErr.ConstraintName, true
+}

@@ -2,6 +2,7 @@ package sqldb
 
 import (
 	"errors"
+	"strings"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -24,4 +25,24 @@ func classifySQLite(err error) (Class, bool) {
 		return Data, true
 	}
 	return Unknown, true
+}
+
+// sqliteConstraint reads the columns of a unique violation: "UNIQUE constraint failed:
+// table.column[, table.column]".
+func sqliteConstraint(err error) (string, bool) {
+	var sqErr *sqlite.Error
+	if !errors.As(err, &sqErr) {
+		return "", false
+	}
+	const marker = "UNIQUE constraint failed: "
+	text := sqErr.Error()
+	i := strings.Index(text, marker)
+	if i < 0 {
+		return "", false
+	}
+	cols := text[i+len(marker):]
+	if j := strings.Index(cols, " ("); j >= 0 { // the result code modernc appends
+		cols = cols[:j]
+	}
+	return cols, cols != ""
 }

@@ -4,11 +4,14 @@
 //
 //   - A "payment received" message INSERTs a row keyed by the payment id. Delivered again, the
 //     INSERT violates the primary key; the natural-idempotency interceptor recognises the unique
-//     violation (by SQLSTATE 23505, MySQL error 1062 or SQLite's constraint code, not by message
-//     text) and the message is acknowledged as already processed.
+//     violation of that one constraint (Handler.Dedup.UniqueConstraints; a violation of any
+//     other unique key would be a conflict with another row, and dead-lettered) and the message
+//     is acknowledged as already processed.
 //   - A "balance set" message UPDATEs an account WHERE its version is the one before the
-//     message's. Delivered again, the UPDATE touches zero rows, and the processor reports the
-//     message as already processed with processor.RowsAffectedOrDuplicate.
+//     message's. When the UPDATE touches zero rows, processor.CheckVersion reads why: the stored
+//     version is at or past the message's (delivered again: already processed), or behind it by
+//     more than one (the message came before its predecessor: it is redelivered after a short
+//     delay, by when its predecessor has been applied).
 //
 // The transaction is rolled back in both cases (on PostgreSQL the violation has aborted it) and
 // the message is acked after that: nothing is applied twice and nothing is lost.
@@ -82,10 +85,9 @@ func main() {
 }
 
 func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, error) {
-	// One message in flight at a time: a version-checked UPDATE needs the messages of an
-	// account in their order, and with more in flight the router would process a later
-	// version before an earlier one (and take the earlier one for a duplicate).
-	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group, BatchSize: 1})
+	// Several messages in flight: a later version may be processed before an earlier one, and
+	// comes back after its redelivery delay.
+	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group})
 	if err != nil {
 		return Summary{}, err
 	}
@@ -138,7 +140,13 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, 
 		DB:         db,
 		// No "deduplicate": the business writes detect the second delivery themselves.
 		Interceptors: []string{"deadletter", "recover", "retry", "transaction", "natural-idempotency"},
-		Processor:    processor.JSON(apply),
+		// The primary key of payments, as each database names it.
+		Dedup:       onceflow.DedupConfig{UniqueConstraints: []string{"payments_pkey", "PRIMARY", "payments.payment_id"}},
+		Concurrency: 4,
+		// A balance that arrives before its predecessor is tried again soon.
+		Retry:      onceflow.RetryConfig{MaxAttempts: 1},
+		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{20 * time.Millisecond}},
+		Processor:  processor.JSON(apply),
 	}); err != nil {
 		return Summary{}, err
 	}
@@ -190,7 +198,17 @@ func apply(ctx context.Context, msg *messagedata.MessageData, e Event) error {
 	case "balance":
 		res, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE accounts SET cents = ?, version = ? WHERE account_id = ? AND version = ?`),
 			e.Cents, e.Version, e.ID, e.Version-1)
-		return processor.RowsAffectedOrDuplicate(res, err)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		var stored int64
+		if err := tx.GetContext(ctx, &stored, tx.Rebind(`SELECT version FROM accounts WHERE account_id = ?`), e.ID); err != nil {
+			return err
+		}
+		return processor.CheckVersion(stored, e.Version)
 	}
 	return processor.Permanent(fmt.Errorf("unknown event kind %q", e.Kind))
 }
