@@ -278,7 +278,7 @@ func TestCheckVersion(t *testing.T) {
 	err := processor.CheckVersion(1, 3)
 	require.ErrorIs(t, err, processor.ErrPredecessorMissing)
 	require.False(t, middleware.DefaultClassifier(err), "retried and redelivered")
-	require.NoError(t, processor.CheckVersion(2, 3))
+	require.ErrorIs(t, processor.CheckVersion(2, 3), processor.ErrPredecessorMissing, "its predecessor committed just now: run it again")
 }
 
 type failingPublisher struct{ err error }

@@ -111,17 +111,15 @@ func IsDeadLettered(err error) bool { return errors.Is(err, ErrDeadLettered) }
 var ErrPredecessorMissing = errors.New("the message's predecessor has not been applied yet")
 
 // CheckVersion gives the outcome of a version-checked UPDATE (... SET version = v WHERE
-// version = v - 1) that touched no row, from the version now stored and the version v the
-// message writes: AlreadyProcessed when stored >= v (this message, or a later one, was applied),
-// an error wrapping ErrPredecessorMissing when stored < v-1 (the message is early: it is retried
-// and redelivered rather than dropped), and nil when stored == v-1 (the UPDATE should have
-// matched: run it again).
+// version = v - 1) that touched no row, from the version read after it and the version v the
+// message writes. It never returns nil: the message was not applied. AlreadyProcessed when
+// stored >= v (this message, or a later one, was applied); otherwise an error wrapping
+// ErrPredecessorMissing, which is retried and redelivered rather than dropped: stored < v-1 means
+// the message is early; stored == v-1 means its predecessor committed between the UPDATE and
+// the read, and the message applies when it runs again.
 func CheckVersion(stored, v int64) error {
-	switch {
-	case stored >= v:
+	if stored >= v {
 		return AlreadyProcessed(fmt.Sprintf("stored version %d is at or past the message's %d", stored, v))
-	case stored < v-1:
-		return fmt.Errorf("%w: the message writes version %d, the stored version is %d", ErrPredecessorMissing, v, stored)
 	}
-	return nil
+	return fmt.Errorf("%w: the message writes version %d, the stored version was %d when it ran", ErrPredecessorMissing, v, stored)
 }
