@@ -90,6 +90,9 @@ func (c *consumer) handle(msg *message.Message) error {
 	}
 
 	outcome := processor.OutcomeOf(err)
+	if errors.Is(err, middleware.ErrDeadLetterFailed) {
+		c.router.instruments.DeadLetterFails.Add(ctx, 1, c.attrs)
+	}
 	if !c.ackOnReceipt {
 		c.settle(ctx, msg, md, st, outcome)
 	}

@@ -133,6 +133,13 @@ type DedupConfig struct {
 	// Store replaces the SQL store built from DB and Table, for tests and benchmarks.
 	Store dedup.Store
 
+	// BeyondRetention is what happens to a message delivered beyond Retention: its expired key
+	// still recorded (a certain duplicate), or its timestamp older than Retention. Each is
+	// counted in onceflow.dedup.beyond_retention and logged at WARN, then handled by the policy.
+	// Defaults to middleware.DeadLetterExpiredKeys: dead-letter the certain duplicates, process
+	// the old messages.
+	BeyondRetention middleware.RetentionPolicy
+
 	// UniqueConstraints names the unique constraints whose violation the "natural-idempotency"
 	// interceptor takes for an earlier delivery of the message (see
 	// middleware.NaturalIdempotency and sqldb.UniqueConstraint for how each database names
@@ -245,6 +252,8 @@ func (h Handler) Validate() error {
 		return errors.New("Handler.Retry: negative interval")
 	case slices.ContainsFunc(h.Redelivery.Delays, func(d time.Duration) bool { return d < 0 }):
 		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
+	case !h.Dedup.BeyondRetention.Valid():
+		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
 	case h.Dedup.Retention < 0:
 		return fmt.Errorf("Handler.Dedup.Retention: %s is negative", h.Dedup.Retention)
 	case h.GroupCommit.MaxSize < 0:

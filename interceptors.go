@@ -1,12 +1,17 @@
 package onceflow
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -206,7 +211,7 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			return middleware.Transaction(h.DB, opts...), nil
 		},
 		InterceptorDeduplicate: func(h HandlerInfo) (middleware.Middleware, error) {
-			var opts []middleware.DedupOption
+			opts := []middleware.DedupOption{r.retentionPolicy(h)}
 			if h.Handler.Dedup.WithTimestamp {
 				opts = append(opts, middleware.WithTimestampKey())
 			}
@@ -230,7 +235,7 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			if !ok {
 				return nil, fmt.Errorf("Handler.Dedup.Store: %T cannot record a group's ids (group commit needs RecordMany and Forget, as *dedup.SQLStore has)", h.Dedup)
 			}
-			opts := groupOptions(h.Handler)
+			opts := append(groupOptions(h.Handler), r.retentionPolicy(h))
 			if h.Handler.Dedup.WithTimestamp {
 				opts = append(opts, middleware.WithTimestampKey())
 			}
@@ -241,6 +246,19 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 		},
 		InterceptorInOrder: r.inOrder,
 	}
+}
+
+// retentionPolicy is the retention option of h's duplicate detection: its policy, and a report
+// that counts and logs each message delivered beyond the retention.
+func (r *Router) retentionPolicy(h HandlerInfo) middleware.DedupOption {
+	attrs := func(reason string) metric.AddOption {
+		return metric.WithAttributes(telemetry.AttrHandler.String(h.Name), telemetry.AttrReason.String(reason))
+	}
+	return middleware.WithRetentionPolicy(h.Handler.Dedup.BeyondRetention, func(ctx context.Context, msg *messagedata.MessageData, reason string) {
+		r.instruments.BeyondRetention.Add(ctx, 1, attrs(reason))
+		h.Logger.Warn("message delivered beyond the dedup retention", "message_id", msg.ID, "reason", reason,
+			"policy", h.Handler.Dedup.BeyondRetention.String(), "delivery", msg.Delivery)
+	})
 }
 
 // groupOptions are the options of a group-commit interceptor for h.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 
@@ -36,11 +37,12 @@ type mysql struct {
 
 // mysqlUpsert is the duplicate-key clause shared by Record and RecordMany. MySQL assigns from
 // left to right with the new values visible to later assignments, so expires_at, which every
-// condition tests, is assigned last.
+// condition tests, is assigned last. A renewed row gets the negated batch token, so that
+// RecordMany tells it from an inserted one.
 const mysqlUpsert = ` ON DUPLICATE KEY UPDATE
 internal_id = IF(expires_at <= VALUES(created_at), VALUES(internal_id), internal_id),
 created_at = IF(expires_at <= VALUES(created_at), VALUES(created_at), created_at),
-batch_token = IF(expires_at <= VALUES(created_at), VALUES(batch_token), batch_token),
+batch_token = IF(expires_at <= VALUES(created_at), -VALUES(batch_token), batch_token),
 expires_at = IF(expires_at <= VALUES(created_at), VALUES(expires_at), expires_at)`
 
 // mysqlCollations are the binary no-pad collations, by preference; utf8mb4_bin, which pads, is
@@ -51,8 +53,8 @@ func (m *mysql) queries(table string) queries {
 	t := sqldb.MySQL.Quote(table)
 	m.manyPrefix = `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at, batch_token) VALUES `
 	m.manySuffix = mysqlUpsert
-	m.selectPrefix = `SELECT handler, message_id, message_ts FROM ` + t + `
-WHERE batch_token = ? AND (handler, message_id, message_ts) IN (`
+	m.selectPrefix = `SELECT handler, message_id, message_ts, batch_token < 0 FROM ` + t + `
+WHERE batch_token IN (?, -?) AND (handler, message_id, message_ts) IN (`
 	return queries{
 		record: `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at, batch_token)
 VALUES (?, ?, ?, ?, ?, ?, NULL)` + mysqlUpsert,
@@ -67,8 +69,8 @@ WHERE handler = ? AND message_id = ? AND message_ts = ? AND expires_at > ?`,
 // recordMany runs the multi-row upsert with a fresh batch token, then, unless rows affected
 // already settles it, selects the rows carrying that token: exactly the keys this statement
 // inserted or renewed. The transaction's own writes are visible to it at any isolation level.
-func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error) {
-	token := rand.Int64()
+func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
+	token := rand.Int64N(math.MaxInt64) + 1 // positive: a renewed row gets its negation
 	var b strings.Builder
 	b.Grow(len(m.manyPrefix) + len(m.manySuffix) + len(keys)*20)
 	b.WriteString(m.manyPrefix)
@@ -93,14 +95,18 @@ func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, 
 	case 0: // every key a live duplicate
 		return nil, nil
 	case 2 * int64(len(keys)): // every key replaced an expired row
-		return keys, nil
+		all := make(map[Key]bool, len(keys))
+		for _, k := range keys {
+			all[k] = true
+		}
+		return all, nil
 	}
 
 	b.Reset()
 	b.Grow(len(m.selectPrefix) + len(keys)*8)
 	b.WriteString(m.selectPrefix)
 	args = args[:0]
-	args = append(args, token)
+	args = append(args, token, token)
 	for i, k := range keys {
 		if i > 0 {
 			b.WriteByte(',')
@@ -109,7 +115,26 @@ func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, 
 		args = append(args, k.Handler, k.MessageID, k.Timestamp)
 	}
 	b.WriteByte(')')
-	return queryKeys(ctx, tx, b.String(), args, len(keys))
+	return queryKeys(ctx, tx, b.String(), args, true)
+}
+
+// recordOne runs the upsert; rows affected, as the server reports it without clientFoundRows,
+// is 1 for an insert, 2 for a renewed expired row and 0 for a live duplicate.
+func (m *mysql) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error) {
+	res, err := tx.ExecContext(ctx, m.s.q.record, key.Handler, key.MessageID, key.Timestamp, iid, created, expires)
+	if err != nil {
+		return Duplicate, err
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return Duplicate, fmt.Errorf("read rows affected: %w", err)
+	case n == 0:
+		return Duplicate, nil
+	case n == 2:
+		return Renewed, nil
+	}
+	return Recorded, nil
 }
 
 func (m *mysql) migrate(ctx context.Context) error {

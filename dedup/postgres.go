@@ -2,6 +2,8 @@ package dedup
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 
 	"github.com/jmoiron/sqlx"
 
@@ -34,10 +36,11 @@ WHERE d.expires_at <= EXCLUDED.created_at`
 func (p *postgres) queries(table string) queries {
 	t := sqldb.Postgres.Quote(table)
 	p.manyPrefix = `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, created_at, expires_at) VALUES `
-	p.manySuffix = pgUpsert + ` RETURNING d.handler, d.message_id, d.message_ts`
+	// xmax is 0 on a row version this statement inserted, and set on one it updated: a renewal.
+	p.manySuffix = pgUpsert + ` RETURNING d.handler, d.message_id, d.message_ts, d.xmax <> 0`
 	return queries{
 		record: `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, internal_id, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6)` + pgUpsert,
+VALUES ($1, $2, $3, $4, $5, $6)` + pgUpsert + ` RETURNING d.xmax <> 0`,
 		lookup: `SELECT COALESCE(internal_id, '') FROM ` + t + `
 WHERE handler = $1 AND message_id = $2 AND message_ts = $3 AND expires_at > $4`,
 		forget: `DELETE FROM ` + t + ` WHERE handler = $1 AND message_id = $2 AND message_ts = $3`,
@@ -49,11 +52,26 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE expires_at <= $1 LIMIT $
 	}
 }
 
+// recordOne runs the upsert, which returns a row for a key it inserted or renewed.
+func (p *postgres) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error) {
+	var renewed bool
+	err := tx.QueryRowxContext(ctx, p.s.q.record, key.Handler, key.MessageID, key.Timestamp, iid, created, expires).Scan(&renewed)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return Duplicate, nil
+	case err != nil:
+		return Duplicate, err
+	case renewed:
+		return Renewed, nil
+	}
+	return Recorded, nil
+}
+
 // recordMany runs one INSERT ... ON CONFLICT ... RETURNING: the rows it returns are the keys it
 // inserted or renewed. created_at and expires_at are $1 and $2 in every row.
-func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error) {
+func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
 	query, args := recordManyStatement(p.manyPrefix, p.manySuffix, "$", keys, created, expires)
-	return queryKeys(ctx, tx, query, args, len(keys))
+	return queryKeys(ctx, tx, query, args, true)
 }
 
 func (p *postgres) migrate(ctx context.Context) error {

@@ -2,6 +2,8 @@ package dedup
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 
@@ -43,12 +45,60 @@ WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 LIMIT ?2)`,
 	}
 }
 
+// expired returns those of keys that have an expired record, before the upsert replaces it:
+// RETURNING shows only the new row, and SQLite runs one writer at a time, so nothing comes
+// between the two statements.
+func (q *sqlite) expired(ctx context.Context, tx sqlx.ExtContext, keys []Key, now int64) (map[Key]bool, error) {
+	var b strings.Builder
+	b.WriteString(`SELECT handler, message_id, message_ts FROM ` + sqldb.SQLite.Quote(q.s.table) + ` WHERE expires_at <= ? AND (handler, message_id, message_ts) IN (VALUES `)
+	args := append([]any{now}, keyList(&b, keys, func() string { return "?" })...)
+	b.WriteString(`)`)
+	found, err := queryKeys(ctx, tx, b.String(), args, false)
+	for k := range found {
+		found[k] = true
+	}
+	return found, err
+}
+
+// recordOne runs the upsert; changes() is 0 for a live duplicate.
+func (q *sqlite) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error) {
+	old, err := q.expired(ctx, tx, []Key{key}, created)
+	if err != nil {
+		return Duplicate, err
+	}
+	res, err := tx.ExecContext(ctx, q.s.q.record, key.Handler, key.MessageID, key.Timestamp, iid, created, expires)
+	if err != nil {
+		return Duplicate, err
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return Duplicate, fmt.Errorf("read rows affected: %w", err)
+	case n == 0:
+		return Duplicate, nil
+	case len(old) > 0:
+		return Renewed, nil
+	}
+	return Recorded, nil
+}
+
 // recordMany runs one INSERT ... ON CONFLICT ... RETURNING (SQLite 3.35 and later): the rows it
 // returns are the keys it inserted or renewed. created_at and expires_at are ?1 and ?2 in every
 // row.
-func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error) {
+func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
+	old, err := q.expired(ctx, tx, keys, created)
+	if err != nil {
+		return nil, err
+	}
 	query, args := recordManyStatement(q.manyPrefix, q.manySuffix, "?", keys, created, expires)
-	return queryKeys(ctx, tx, query, args, len(keys))
+	recorded, err := queryKeys(ctx, tx, query, args, false)
+	if err != nil {
+		return nil, err
+	}
+	for k := range recorded {
+		recorded[k] = old[k]
+	}
+	return recorded, nil
 }
 
 func (q *sqlite) migrate(ctx context.Context) error {

@@ -118,9 +118,12 @@ type queries struct {
 type dialect interface {
 	// queries returns the fixed SQL text for table (already validated).
 	queries(table string) queries
+	// recordOne records key in tx with the record statement and says what it did.
+	recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error)
 	// recordMany records keys (distinct, valid, at most maxKeysPerStatement) in tx with one
-	// multi-row statement, plus at most one follow-up SELECT, and returns those it recorded.
-	recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]Key, error)
+	// multi-row statement, plus at most one other statement, and returns those it recorded,
+	// each with whether it replaced an expired record.
+	recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error)
 	// migrate creates the table and its index if they are missing.
 	migrate(ctx context.Context) error
 }
@@ -164,44 +167,66 @@ func New(db *sqldb.DB, cfg Config) (*SQLStore, error) {
 // Table returns the name of the store's table.
 func (s *SQLStore) Table() string { return s.table }
 
+// Outcome is what recording a key did.
+type Outcome int
+
+// The outcomes of RecordKey and RecordKeys.
+const (
+	// Duplicate: the key is recorded and has not expired; nothing was written.
+	Duplicate Outcome = iota
+	// Recorded: the key was new, and is recorded now.
+	Recorded
+	// Renewed: an expired record of the key was still in the table, and was replaced. The
+	// message was processed before, longer ago than the retention: a redelivery beyond the
+	// retention horizon, which a store without the expired row would take for new.
+	Renewed
+)
+
+// New reports whether o recorded the key (Recorded or Renewed).
+func (o Outcome) New() bool { return o != Duplicate }
+
 // Record inserts key with internalID (which may be empty) in tx and reports whether it was
-// newly recorded; see Store.Record. It runs exactly one statement, which does not fail on an
-// existing key, so tx stays usable whatever the outcome: a duplicate leaves no error behind,
-// not even on PostgreSQL. An invalid key (ErrInvalidKey, ErrKeyTooLong) is rejected before
-// any statement runs.
+// newly recorded; see Store.Record and RecordKey, which tells a renewed expired key apart.
+func (s *SQLStore) Record(ctx context.Context, tx sqlx.ExtContext, key Key, internalID string) (bool, error) {
+	o, err := s.RecordKey(ctx, tx, key, internalID)
+	return o.New(), err
+}
+
+// RecordKey inserts key with internalID (which may be empty) in tx and says what it did. It runs
+// one statement (on SQLite two), which does not fail on an existing key, so tx stays usable
+// whatever the outcome: a duplicate leaves no error behind, not even on PostgreSQL. An invalid
+// key (ErrInvalidKey, ErrKeyTooLong) is rejected before any statement runs.
 //
 // The key expires Retention after now. A key recorded earlier but expired is replaced and
-// reported as new.
+// reported as Renewed.
 //
 // On PostgreSQL, run it at READ COMMITTED (the default): under REPEATABLE READ or SERIALIZABLE
 // a key committed concurrently by another transaction makes the statement fail with a
 // serialization failure (sqldb.Conflict, retryable) instead of reporting a duplicate.
-func (s *SQLStore) Record(ctx context.Context, tx sqlx.ExtContext, key Key, internalID string) (bool, error) {
+func (s *SQLStore) RecordKey(ctx context.Context, tx sqlx.ExtContext, key Key, internalID string) (Outcome, error) {
 	if tx == nil {
-		return false, errors.New("dedup: Record: tx is nil")
+		return Duplicate, errors.New("dedup: Record: tx is nil")
 	}
 	if err := checkKey(key); err != nil {
-		return false, err
+		return Duplicate, err
 	}
 	if err := checkValue("internal id", internalID, MaxInternalIDLen); err != nil {
-		return false, err
+		return Duplicate, err
 	}
 	var iid any // NULL for an empty internal id
 	if internalID != "" {
 		iid = internalID
 	}
 	now := s.now()
-	res, err := tx.ExecContext(ctx, s.q.record, key.Handler, key.MessageID, key.Timestamp, iid,
-		now.UnixMicro(), now.Add(s.retention).UnixMicro())
+	o, err := s.dialect.recordOne(ctx, tx, key, iid, now.UnixMicro(), now.Add(s.retention).UnixMicro())
 	if err != nil {
-		return false, s.keyErr("record", key, err)
+		return Duplicate, s.keyErr("record", key, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, s.keyErr("record", key, fmt.Errorf("read rows affected: %w", err))
-	}
-	return n > 0, nil
+	return o, nil
 }
+
+// Retention returns how long the store keeps a key.
+func (s *SQLStore) Retention() time.Duration { return s.retention }
 
 // Lookup returns the internal id recorded for key and whether an unexpired record of it exists;
 // see Store.Lookup. It only reads, takes no lock, and returns "" for a key recorded without an
@@ -225,23 +250,39 @@ func (s *SQLStore) Lookup(ctx context.Context, tx sqlx.ExtContext, key Key) (str
 }
 
 // RecordMany records keys in tx for group commit, where one transaction carries several
-// messages, and reports for each position whether that key was newly recorded, with the
-// semantics of Record: false for a key recorded before and not expired, true for a new or an
-// expired one. A key that appears more than once in keys is new at most at its first position;
-// its later positions report false. The keys are recorded without an internal id.
+// messages, and reports for each position whether that key was newly recorded; see RecordKeys.
+func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]bool, error) {
+	outcomes, err := s.RecordKeys(ctx, tx, keys)
+	if err != nil {
+		return nil, err
+	}
+	fresh := make([]bool, len(outcomes))
+	for i, o := range outcomes {
+		fresh[i] = o.New()
+	}
+	return fresh, nil
+}
+
+// RecordKeys records keys in tx for group commit, where one transaction carries several
+// messages, and says for each position what it did, with the semantics of RecordKey:
+// Duplicate for a key recorded before and not expired, Recorded for a new one, Renewed for an
+// expired one it replaced. A key that appears more than once in keys is new at most at its
+// first position; its later positions report Duplicate. The keys are recorded without an
+// internal id.
 //
 // It runs one multi-row statement per 1000 distinct keys (on MySQL and MariaDB, which lack
-// INSERT ... RETURNING, followed by at most one SELECT of the rows it wrote), never one
+// INSERT ... RETURNING, followed by at most one SELECT of the rows it wrote; on SQLite preceded
+// by one SELECT of the expired records among them), never one
 // statement per key, and leaves tx usable. Keys are written in a fixed order, so that
 // concurrent batches sharing keys wait for each other rather than deadlock; a deadlock or
 // serialization failure that happens all the same is retryable (sqldb.Conflict). An invalid key
 // anywhere in keys fails the whole call before any statement runs; the error names its
 // position.
-func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]bool, error) {
+func (s *SQLStore) RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]Outcome, error) {
 	if tx == nil {
 		return nil, errors.New("dedup: RecordMany: tx is nil")
 	}
-	fresh := make([]bool, len(keys))
+	fresh := make([]Outcome, len(keys))
 	if len(keys) == 0 {
 		return fresh, nil
 	}
@@ -265,12 +306,15 @@ func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 		if err != nil {
 			return nil, fmt.Errorf("dedup: record %d keys in %s: %w", len(chunk), s.table, err)
 		}
-		for _, k := range recorded {
+		for k, renewed := range recorded {
 			i, ok := first[k]
 			if !ok {
 				return nil, fmt.Errorf("dedup: record %d keys in %s: the database returned %s, which is not in the batch", len(chunk), s.table, describeKey(k))
 			}
-			fresh[i] = true
+			fresh[i] = Recorded
+			if renewed {
+				fresh[i] = Renewed
+			}
 		}
 	}
 	return fresh, nil
@@ -520,25 +564,45 @@ func recordManyStatement(prefix, suffix, mark string, keys []Key, created, expir
 	return b.String(), args
 }
 
-// queryKeys runs query on tx and scans the keys it returns as (handler, message_id, message_ts).
-func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any, capHint int) ([]Key, error) {
+// queryKeys runs query on tx and scans the keys it returns as (handler, message_id, message_ts)
+// and, when flagged, a fourth column that is true for a key that replaced an expired record.
+func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any, flagged bool) (map[Key]bool, error) {
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	keys := make([]Key, 0, capHint)
+	keys := map[Key]bool{}
 	for rows.Next() {
 		var k Key
-		if err := rows.Scan(&k.Handler, &k.MessageID, &k.Timestamp); err != nil {
+		var renewed bool
+		dest := []any{&k.Handler, &k.MessageID, &k.Timestamp}
+		if flagged {
+			dest = append(dest, &renewed)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
-		keys = append(keys, k)
+		keys[k] = renewed
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	return keys, rows.Close()
+}
+
+// keyList writes the row values "(p, p, p),(p, p, p)..." of keys to b, with mark the
+// placeholder for each value, and returns the arguments.
+func keyList(b *strings.Builder, keys []Key, mark func() string) []any {
+	args := make([]any, 0, 3*len(keys))
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(" + mark() + "," + mark() + "," + mark() + ")")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp)
+	}
+	return args
 }
 
 // ErrHandlerTopic reports a handler name that another process uses for another topic: the two

@@ -823,3 +823,54 @@ func BenchmarkRecord(b *testing.B) {
 		})
 	}
 }
+
+func TestRecordKey_TellsARenewedExpiredKeyFromANewOne(t *testing.T) {
+	forEachDB(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		record := func(k dedup.Key) dedup.Outcome {
+			tx := e.begin(t)
+			o, err := e.store.RecordKey(ctx, tx, k, "")
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit())
+			return o
+		}
+		k := key("m-1")
+		require.Equal(t, dedup.Recorded, record(k))
+		require.Equal(t, dedup.Duplicate, record(k))
+		e.clock.Set(t0.Add(retention))
+		require.Equal(t, dedup.Renewed, record(k), "the expired record was still there")
+		require.Equal(t, dedup.Duplicate, record(k))
+	})
+}
+
+func TestRecordKeys_TellsRenewedExpiredKeysByPosition(t *testing.T) {
+	forEachDB(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		expired, live := key("expired"), key("live")
+		e.clock.Set(t0.Add(-2 * retention))
+		require.True(t, e.recordCommitted(t, expired, ""))
+		e.clock.Set(t0)
+		require.True(t, e.recordCommitted(t, live, ""))
+
+		for _, batch := range [][]dedup.Key{
+			{key("new-1"), expired, live, key("new-2")},
+			{key("new-3"), key("new-4")},
+		} {
+			tx := e.begin(t)
+			got, err := e.store.RecordKeys(ctx, tx, batch)
+			require.NoError(t, err)
+			require.NoError(t, tx.Rollback())
+			if len(batch) == 4 {
+				require.Equal(t, []dedup.Outcome{dedup.Recorded, dedup.Renewed, dedup.Duplicate, dedup.Recorded}, got)
+			} else {
+				require.Equal(t, []dedup.Outcome{dedup.Recorded, dedup.Recorded}, got)
+			}
+		}
+		// Only renewals: MySQL's rows affected says so without reading back.
+		e.clock.Set(t0.Add(3 * retention))
+		tx := e.begin(t)
+		got, err := e.store.RecordKeys(ctx, tx, []dedup.Key{expired, live})
+		require.NoError(t, err)
+		require.Equal(t, []dedup.Outcome{dedup.Renewed, dedup.Renewed}, got)
+	})
+}

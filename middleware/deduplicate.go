@@ -23,6 +23,8 @@ type DedupOption func(*dedupConfig)
 type dedupConfig struct {
 	withTimestamp bool
 	checkFirst    bool
+	retention     RetentionPolicy
+	reportBeyond  func(ctx context.Context, msg *messagedata.MessageData, reason string)
 }
 
 // WithTimestampKey makes the message timestamp part of the key, as seed 002's message_log
@@ -48,11 +50,17 @@ func CheckFirst() DedupOption { return func(c *dedupConfig) { c.checkFirst = tru
 // Two copies of one message processed at the same time by two consumers give one effect: the
 // second insert of the key waits for the first transaction, then finds the key and reports a
 // duplicate.
+//
+// A message delivered beyond the store's retention (its expired key still recorded, or its
+// timestamp older than the retention) is reported and handled by the RetentionPolicy
+// (WithRetentionPolicy): by default dead-lettered when its expired key is still recorded.
 func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middleware {
 	var cfg dedupConfig
 	for _, o := range opts {
 		o(&cfg)
 	}
+	retention := retentionOf(store)
+	recorder, renewals := store.(keyRecorder)
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if msg.ID == "" {
@@ -83,13 +91,26 @@ func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middlew
 				// the order they were minted.
 				internalID = ulid.Make().String()
 			}
-			fresh, err := store.Record(dctx, tx, key, internalID)
+			var outcome dedup.Outcome
+			var err error
+			if renewals {
+				outcome, err = recorder.RecordKey(dctx, tx, key, internalID)
+			} else {
+				var fresh bool
+				fresh, err = store.Record(dctx, tx, key, internalID)
+				if fresh {
+					outcome = dedup.Recorded
+				}
+			}
 			end(err)
 			if err != nil {
 				return invalidKeyIsPermanent(fmt.Errorf("record message %q: %w", msg.ID, err))
 			}
-			if !fresh {
+			if !outcome.New() {
 				return fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, msg.ID, handler)
+			}
+			if err := cfg.checkRetention(ctx, msg, outcome, retention); err != nil {
+				return err // the transaction rolls back: the expired record stays as it was
 			}
 			if cfg.checkFirst {
 				ctx = processor.WithInternalID(ctx, internalID)

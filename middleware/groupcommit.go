@@ -235,7 +235,7 @@ func groupMiddleware(db Beginner, store GroupStore, handler string, cfg groupCon
 		txOpts = &cfg.txOpts
 	}
 	return func(next processor.Processor) processor.Processor {
-		g := &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next}
+		g := &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next, retention: retentionOf(store)}
 		return processor.Func(g.process)
 	}
 }
@@ -248,6 +248,8 @@ type grouper struct {
 	cfg     groupConfig
 	txOpts  *sql.TxOptions
 	next    processor.Processor
+	// retention is the store's retention, when it says, for messages older than it.
+	retention time.Duration
 
 	mu      sync.Mutex
 	open    *group   // the group that members join; nil when there is none
@@ -588,9 +590,17 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 		return settled
 	}
 
-	todo, err := r.record(tx, set)
+	todo, refused, err := r.record(tx, set)
 	if err != nil {
 		return abort(err)
+	}
+	if refused {
+		// A member beyond the retention is dead-lettered; its key, recorded with the others,
+		// must not commit: run the others again without it.
+		if err := rollback(); err != nil {
+			return abort(err)
+		}
+		return rerun
 	}
 	if r.g.cfg.batch != nil {
 		switch next, err := r.runBatch(tx, todo); {
@@ -636,10 +646,12 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 
 // record records the ids of set in tx and returns the members to process: the new ones. A
 // duplicate gets its result; a later copy of a message in the set waits for the first copy's
-// outcome. Without duplicate detection every member is new.
-func (r *groupRun) record(tx processor.Tx, set []*slot) ([]*slot, error) {
+// outcome. Without duplicate detection every member is new. refused reports a member beyond
+// the retention horizon that the retention policy dead-letters: it has its result, and the
+// transaction must not commit the key recorded for it.
+func (r *groupRun) record(tx processor.Tx, set []*slot) (todo []*slot, refused bool, err error) {
 	if r.g.store == nil {
-		return set, nil
+		return set, false, nil
 	}
 	keys := make([]dedup.Key, len(set))
 	for i, s := range set {
@@ -649,7 +661,7 @@ func (r *groupRun) record(tx processor.Tx, set []*slot) ([]*slot, error) {
 	for i, s := range set {
 		_, ends[i] = telemetry.Child(s.m.ctx, telemetry.SpanDedup)
 	}
-	fresh, err := r.g.store.RecordMany(r.ctx, tx, keys)
+	fresh, err := r.recordKeys(tx, keys)
 	if errors.Is(err, dedup.ErrInvalidKey) {
 		fresh, err = r.recordOneByOne(tx, keys, set)
 	}
@@ -657,10 +669,10 @@ func (r *groupRun) record(tx processor.Tx, set []*slot) ([]*slot, error) {
 		end(err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("record %d message ids: %w", len(keys), err)
+		return nil, false, fmt.Errorf("record %d message ids: %w", len(keys), err)
 	}
 
-	todo := make([]*slot, 0, len(set))
+	todo = make([]*slot, 0, len(set))
 	firsts := make(map[dedup.Key]*slot, len(set))
 	for i, s := range set {
 		if s.final { // an invalid key, refused already
@@ -670,7 +682,12 @@ func (r *groupRun) record(tx processor.Tx, set []*slot) ([]*slot, error) {
 		switch {
 		case !repeated:
 			firsts[s.m.key] = s
-			if fresh[i] {
+			if fresh[i].New() {
+				if err := r.g.cfg.dedup.checkRetention(s.m.ctx, s.m.msg, fresh[i], r.g.retention); err != nil {
+					s.finish(memberResult{err: err})
+					refused = true
+					continue
+				}
 				todo = append(todo, s)
 			} else {
 				s.finish(memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
@@ -683,16 +700,35 @@ func (r *groupRun) record(tx processor.Tx, set []*slot) ([]*slot, error) {
 			s.first = first // answered with the first copy's outcome
 		}
 	}
-	return todo, nil
+	return todo, refused, nil
+}
+
+// recordKeys records keys with the store's RecordKeys when it has one, which tells renewed
+// expired keys apart, and with RecordMany otherwise.
+func (r *groupRun) recordKeys(tx processor.Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
+	if kr, ok := r.g.store.(keysRecorder); ok {
+		return kr.RecordKeys(r.ctx, tx, keys)
+	}
+	fresh, err := r.g.store.RecordMany(r.ctx, tx, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]dedup.Outcome, len(fresh))
+	for i, f := range fresh {
+		if f {
+			out[i] = dedup.Recorded
+		}
+	}
+	return out, nil
 }
 
 // recordOneByOne records keys one statement each, after RecordMany refused the batch for an
 // invalid key: a member whose key is invalid fails permanently (redelivering it cannot change
 // its id), the others go on.
-func (r *groupRun) recordOneByOne(tx processor.Tx, keys []dedup.Key, set []*slot) ([]bool, error) {
-	fresh := make([]bool, len(keys))
+func (r *groupRun) recordOneByOne(tx processor.Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
+	fresh := make([]dedup.Outcome, len(keys))
 	for i, k := range keys {
-		f, err := r.g.store.RecordMany(r.ctx, tx, []dedup.Key{k})
+		f, err := r.recordKeys(tx, []dedup.Key{k})
 		switch {
 		case errors.Is(err, dedup.ErrInvalidKey):
 			set[i].finish(memberResult{err: processor.Permanent(fmt.Errorf("record message %q: %w", set[i].m.msg.ID, err))})

@@ -16,6 +16,9 @@ const (
 	AttrAttempts = attribute.Key("onceflow.attempts")
 	// AttrAttempt is the number of one processing attempt, from 1, on the onceflow.process span.
 	AttrAttempt = attribute.Key("onceflow.attempt")
+	// AttrReason is why a message was counted where a metric has several causes, such as
+	// expired_key or old_message on onceflow.dedup.beyond_retention.
+	AttrReason = attribute.Key("onceflow.reason")
 	// AttrDedupTable is the table of a duplicate-detection store, on the dedup gauges.
 	AttrDedupTable = attribute.Key("onceflow.dedup.table")
 )

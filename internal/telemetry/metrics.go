@@ -33,6 +33,8 @@ type Instruments struct {
 	Retries         metric.Int64Counter
 	CommitToAck     metric.Float64Histogram
 	AckFailures     metric.Int64Counter
+	BeyondRetention metric.Int64Counter
+	DeadLetterFails metric.Int64Counter
 }
 
 // LatencyBuckets are the histogram bucket boundaries, in seconds: from 100 µs to 10 s, which
@@ -68,6 +70,16 @@ func NewInstruments(meter metric.Meter) (*Instruments, error) {
 	}
 	if ins.AckFailures, err = meter.Int64Counter(MetricAckFailures, metric.WithUnit("{message}"),
 		metric.WithDescription("Acknowledgements that could not reach the subscriber because the delivery had already ended (ack deadline passed, subscription closed); the broker redelivers and deduplication absorbs the copy."),
+	); err != nil {
+		return nil, err
+	}
+	if ins.BeyondRetention, err = meter.Int64Counter(MetricDedupBeyond, metric.WithUnit("{message}"),
+		metric.WithDescription("Messages delivered beyond the dedup retention: reason expired_key (their expired key was still recorded: a certain duplicate) or old_message (older than the retention), handled by the handler's retention policy."),
+	); err != nil {
+		return nil, err
+	}
+	if ins.DeadLetterFails, err = meter.Int64Counter(MetricDeadLetterErrors, metric.WithUnit("{message}"),
+		metric.WithDescription("Messages that were to be dead-lettered but that the dead-letter broker refused under every form; they are nacked and come back after their redelivery delay."),
 	); err != nil {
 		return nil, err
 	}
