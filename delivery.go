@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/converter"
@@ -45,6 +47,16 @@ type consumer struct {
 	redelivery RedeliveryConfig
 	logger     *slog.Logger
 	attrs      metric.MeasurementOption
+	settlement *telemetry.Settlement
+}
+
+// newSettlement returns the settle span starts of a handler's topic.
+func newSettlement(topic, system, group string) *telemetry.Settlement {
+	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String(system)}
+	if group != "" {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(group))
+	}
+	return telemetry.NewSettlement(topic, attrs...)
 }
 
 // handle is the watermill handler function. It acks or nacks the message itself and always
@@ -128,7 +140,7 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 	return n
 }
 
-// settle acknowledges or rejects msg for outcome and records it: the onceflow.ack span, the
+// settle acknowledges or rejects msg for outcome and records it: the settle span ("ack <topic>" or "nack <topic>"), the
 // commit-to-ack latency, and acknowledgements lost because the delivery had ended. A message
 // that failed is nacked so that the broker delivers it again after the handler's redelivery
 // delay for its delivery count.
@@ -143,7 +155,7 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 func (c *consumer) settle(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome) {
 	if !outcome.Acks() {
 		c.router.nackLater(msg, c.redelivery.delay(md.Delivery))
-		telemetry.Settle(st.Span, false, nil)
+		c.settlement.Settle(st.Span, false, nil)
 		return
 	}
 	var lost error
@@ -161,7 +173,7 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 	case !st.CommittedAt.IsZero():
 		c.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), c.attrs)
 	}
-	telemetry.Settle(st.Span, true, lost)
+	c.settlement.Settle(st.Span, true, lost)
 }
 
 func (c *consumer) log(md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome, err error) {

@@ -108,8 +108,12 @@ type Handler struct {
 	// (see package converter). Defaults to messagedata.HeaderID.
 	IDHeader string
 
-	// MessagingSystem is the messaging.system attribute of the handler's spans, such as
-	// "rabbitmq". Defaults to "onceflow".
+	// MessagingSystem is the messaging.system attribute of the handler's spans and
+	// semantic-convention metrics, such as "rabbitmq". Defaults to what the Subscriber says
+	// through a method MessagingSystem() string (the Subscribers of package broker say the
+	// broker's name: rabbitmq, postgresql, mysql, sqlite, nats, redis), else
+	// middleware.DefaultMessagingSystem. The consumer group, messaging.consumer.group.name,
+	// comes the same way from a method ConsumerGroup() string, and is left out without one.
 	MessagingSystem string
 }
 

@@ -47,6 +47,9 @@ type HandlerInfo struct {
 	Dedup dedup.Store
 	// Logger is the router's logger, with the handler name attached.
 	Logger *slog.Logger
+	// MessagingSystem and ConsumerGroup describe the broker for telemetry: the OpenTelemetry
+	// messaging.system and messaging.consumer.group.name (see Handler.MessagingSystem).
+	MessagingSystem, ConsumerGroup string
 	// Handler is the whole handler configuration.
 	Handler Handler
 }
@@ -154,16 +157,21 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			if r.cfg.Propagator != nil {
 				opts = append(opts, middleware.WithPropagator(r.cfg.Propagator))
 			}
-			if h.Handler.MessagingSystem != "" {
-				opts = append(opts, middleware.WithMessagingSystem(h.Handler.MessagingSystem))
+			opts = append(opts, middleware.WithMessagingSystem(h.MessagingSystem))
+			if h.ConsumerGroup != "" {
+				opts = append(opts, middleware.WithConsumerGroup(h.ConsumerGroup))
 			}
 			return middleware.Tracing(h.Name, opts...), nil
 		},
 		InterceptorMetrics: func(h HandlerInfo) (middleware.Middleware, error) {
-			if r.cfg.MeterProvider != nil {
-				return middleware.Metrics(h.Name, middleware.WithMeterProvider(r.cfg.MeterProvider))
+			opts := []middleware.MetricsOption{middleware.WithMessagingSystem(h.MessagingSystem)}
+			if h.ConsumerGroup != "" {
+				opts = append(opts, middleware.WithConsumerGroup(h.ConsumerGroup))
 			}
-			return middleware.Metrics(h.Name)
+			if r.cfg.MeterProvider != nil {
+				opts = append(opts, middleware.WithMeterProvider(r.cfg.MeterProvider))
+			}
+			return middleware.Metrics(h.Name, opts...)
 		},
 		InterceptorDeadLetter: func(h HandlerInfo) (middleware.Middleware, error) {
 			var opts []middleware.DeadLetterOption

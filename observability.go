@@ -18,8 +18,9 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// This file holds the router's part of onceflow's telemetry: the onceflow.process and
-// onceflow.ack spans, the acknowledgement metrics, and the gauges of the dedup tables.
+// This file holds the router's part of onceflow's telemetry: the onceflow.process span, the
+// acknowledgement metrics, and the gauges of the dedup tables (the settle spans are in
+// delivery.go).
 // docs/observability.md lists them all.
 
 // ErrAckLost reports an acknowledgement that could not reach the subscriber: the delivery had
@@ -74,7 +75,7 @@ func (r *Router) registerDedupGauges() (metric.Registration, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	meter := mp.Meter(telemetry.ScopeName)
+	meter := telemetry.Meter(mp)
 	g, err := telemetry.NewDedupGauges(meter)
 	if err != nil {
 		return nil, fmt.Errorf("create dedup gauges: %w", err)

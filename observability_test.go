@@ -23,9 +23,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
@@ -302,23 +304,26 @@ func TestTracing_ConsumerSpanContinuesTheProducersTraceWithDedupProcessCommitAnd
 	require.Equal(t, producer.SpanID(), consumer.Parent().SpanID(), "the parent comes from the traceparent header")
 	require.True(t, consumer.Parent().IsRemote())
 	require.Equal(t, map[attribute.Key]attribute.Value{
-		"messaging.system":              attribute.StringValue("memory"),
-		"messaging.destination.name":    attribute.StringValue("orders"),
-		"messaging.message.id":          attribute.StringValue("m-1"),
-		"messaging.operation.type":      attribute.StringValue("process"),
-		"messaging.operation.name":      attribute.StringValue("process"),
-		"messaging.consumer.group.name": attribute.StringValue("effects"),
-		"messaging.message.body.size":   attribute.IntValue(12),
-		"onceflow.handler":              attribute.StringValue("effects"),
-		"onceflow.outcome":              attribute.StringValue("processed"),
-		"onceflow.attempts":             attribute.IntValue(1),
+		"messaging.system":            attribute.StringValue("memory"),
+		"messaging.destination.name":  attribute.StringValue("orders"),
+		"messaging.message.id":        attribute.StringValue("m-1"),
+		"messaging.operation.type":    attribute.StringValue("process"),
+		"messaging.operation.name":    attribute.StringValue("process"),
+		"messaging.message.body.size": attribute.IntValue(12),
+		"onceflow.handler":            attribute.StringValue("effects"),
+		"onceflow.outcome":            attribute.StringValue("processed"),
+		"onceflow.attempts":           attribute.IntValue(1),
 	}, attrs(consumer))
 	require.Equal(t, codes.Unset, consumer.Status().Code)
 
 	children := o.childrenOf(consumer)
-	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.process", "onceflow.commit", "onceflow.ack"}, keys(children))
+	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.process", "onceflow.commit", "ack orders"}, keys(children))
 	for name, s := range children {
-		require.Equal(t, trace.SpanKindInternal, s.SpanKind(), name)
+		kind := trace.SpanKindInternal
+		if name == "ack orders" {
+			kind = trace.SpanKindClient // a settlement, as the messaging conventions have it
+		}
+		require.Equal(t, kind, s.SpanKind(), name)
 		require.Equal(t, codes.Unset, s.Status().Code, name)
 		require.Equal(t, consumer.SpanContext().TraceID(), s.SpanContext().TraceID(), name)
 	}
@@ -326,15 +331,17 @@ func TestTracing_ConsumerSpanContinuesTheProducersTraceWithDedupProcessCommitAnd
 	require.Empty(t, attrs(children["onceflow.commit"]))
 	require.Equal(t, map[attribute.Key]attribute.Value{"onceflow.attempt": attribute.IntValue(1)}, attrs(children["onceflow.process"]))
 	require.Equal(t, map[attribute.Key]attribute.Value{
-		"messaging.operation.type": attribute.StringValue("settle"),
-		"messaging.operation.name": attribute.StringValue("ack"),
-	}, attrs(children["onceflow.ack"]))
+		"messaging.operation.type":   attribute.StringValue("settle"),
+		"messaging.operation.name":   attribute.StringValue("ack"),
+		"messaging.system":           attribute.StringValue("memory"),
+		"messaging.destination.name": attribute.StringValue("orders"),
+	}, attrs(children["ack orders"]))
 
 	// The order of a delivery: dedup, then the processor, then the commit, then the ack.
 	require.False(t, children["onceflow.process"].StartTime().Before(children["onceflow.dedup"].EndTime()))
 	require.False(t, children["onceflow.commit"].StartTime().Before(children["onceflow.process"].EndTime()))
-	require.False(t, children["onceflow.ack"].StartTime().Before(children["onceflow.commit"].EndTime()))
-	require.False(t, consumer.EndTime().Before(children["onceflow.ack"].EndTime()), "the consumer span ends after the ack")
+	require.False(t, children["ack orders"].StartTime().Before(children["onceflow.commit"].EndTime()))
+	require.False(t, consumer.EndTime().Before(children["ack orders"].EndTime()), "the consumer span ends after the ack")
 }
 
 func keys[V any](m map[string]V) []string {
@@ -412,7 +419,7 @@ func TestMetrics_DuplicateIsCountedAndAckedWithoutCommit(t *testing.T) {
 	dup := spans[0]
 	require.Equal(t, attribute.StringValue("duplicate"), attrs(dup)["onceflow.outcome"])
 	require.Equal(t, codes.Unset, dup.Status().Code, "a duplicate is not an error")
-	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.ack"}, keys(o.childrenOf(dup)),
+	require.ElementsMatch(t, []string{"onceflow.dedup", "ack orders"}, keys(o.childrenOf(dup)),
 		"the processor does not run and nothing commits")
 }
 
@@ -454,13 +461,13 @@ func TestMetrics_FailureIsNackedCountedAndRecordedAsAnError(t *testing.T) {
 	require.Equal(t, "exception", failed.Events()[0].Name)
 
 	children := o.childrenOf(failed)
-	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.dedup#2", "onceflow.process", "onceflow.process#2", "onceflow.ack"}, keys(children),
+	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.dedup#2", "onceflow.process", "onceflow.process#2", "nack orders"}, keys(children),
 		"one dedup and one process span per attempt, no commit")
 	require.Equal(t, attribute.IntValue(1), attrs(children["onceflow.process"])["onceflow.attempt"])
 	require.Equal(t, attribute.IntValue(2), attrs(children["onceflow.process#2"])["onceflow.attempt"])
 	require.Equal(t, codes.Error, children["onceflow.process"].Status().Code)
 	require.Equal(t, codes.Error, children["onceflow.process#2"].Status().Code)
-	require.Equal(t, attribute.StringValue("nack"), attrs(children["onceflow.ack"])["messaging.operation.name"])
+	require.Equal(t, attribute.StringValue("nack"), attrs(children["nack orders"])["messaging.operation.name"])
 
 	redelivered := spans[1]
 	require.Equal(t, codes.Unset, redelivered.Status().Code)
@@ -499,7 +506,7 @@ func TestMetrics_RetryThenSuccessIsProcessedWithOneRetry(t *testing.T) {
 	require.Equal(t, codes.Unset, consumer.Status().Code)
 	require.Equal(t, attribute.IntValue(2), attrs(consumer)["onceflow.attempts"])
 	children := o.childrenOf(consumer)
-	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.dedup#2", "onceflow.process", "onceflow.process#2", "onceflow.commit", "onceflow.ack"}, keys(children))
+	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.dedup#2", "onceflow.process", "onceflow.process#2", "onceflow.commit", "ack orders"}, keys(children))
 	require.Equal(t, codes.Error, children["onceflow.process"].Status().Code)
 	require.Equal(t, codes.Unset, children["onceflow.process#2"].Status().Code)
 }
@@ -527,13 +534,16 @@ func TestMetrics_DeadLetterIsCountedAndTheDeadLetterContinuesTheTrace(t *testing
 
 	require.Equal(t, codes.Error, consumer.Status().Code)
 	require.Equal(t, attribute.StringValue("dead_lettered"), attrs(consumer)["error.type"])
-	require.Equal(t, attribute.StringValue("ack"), attrs(o.childrenOf(consumer)["onceflow.ack"])["messaging.operation.name"])
+	require.Equal(t, attribute.StringValue("ack"), attrs(o.childrenOf(consumer)["ack orders"])["messaging.operation.name"])
 
 	dead := o.broker.Drain(onceflow.DefaultDeadLetterTopic)
 	require.Len(t, dead, 1)
 	parent := trace.SpanContextFromContext(traceContext.Extract(context.Background(), propagation.MapCarrier(dead[0].Metadata)))
 	require.Equal(t, consumer.SpanContext().TraceID(), parent.TraceID())
-	require.Equal(t, consumer.SpanContext().SpanID(), parent.SpanID(), "the dead letter is a child of the failed delivery's span")
+	send := o.childrenOf(consumer)["send "+onceflow.DefaultDeadLetterTopic]
+	require.NotNil(t, send, "the dead letter is sent under a producer span of the failed delivery")
+	require.Equal(t, trace.SpanKindProducer, send.SpanKind())
+	require.Equal(t, send.SpanContext().SpanID(), parent.SpanID(), "the dead letter's parent is its send span")
 }
 
 // expiringSubscriber gives each delivery a context that the test ends, as a subscriber does
@@ -592,7 +602,7 @@ func TestMetrics_AckAfterTheDeliveryEndedIsCountedAsAnAckFailure(t *testing.T) {
 	require.Equal(t, 0, dataPoints(rm, "onceflow.commit_to_ack.duration"), "no latency for an ack that did not reach the subscriber")
 	require.Equal(t, 1, countEffects(t, o.db, "m-1"), "the commit stands")
 
-	ack := o.childrenOf(consumer)["onceflow.ack"]
+	ack := o.childrenOf(consumer)["ack orders"]
 	require.Equal(t, codes.Error, ack.Status().Code)
 	require.Contains(t, ack.Status().Description, onceflow.ErrAckLost.Error())
 	require.Contains(t, o.logs.String(), `"msg":"acknowledgement lost; the broker will deliver the message again"`)
@@ -681,7 +691,7 @@ func TestTracing_OnTheEmbeddedQueueTheTraceContinuesAndTheAckIsRecorded(t *testi
 	consumer := o.waitDeliveries(t, 1)[0]
 	require.Equal(t, span.SpanContext().SpanID(), consumer.Parent().SpanID())
 	require.Equal(t, attribute.StringValue("sqlite"), attrs(consumer)["messaging.system"])
-	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.process", "onceflow.commit", "onceflow.ack"}, keys(o.childrenOf(consumer)))
+	require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.process", "onceflow.commit", "ack orders"}, keys(o.childrenOf(consumer)))
 
 	rm := o.metrics(t)
 	require.Equal(t, map[processor.Outcome]int64{processor.Processed: 1}, outcomes(t, rm))
@@ -691,4 +701,54 @@ func TestTracing_OnTheEmbeddedQueueTheTraceContinuesAndTheAckIsRecorded(t *testi
 		n, err := q.Backlog(context.Background(), topic, "effects")
 		return err == nil && n == 0
 	}, "the acknowledgement did not commit the consumer group's offset")
+}
+
+func TestTelemetry_FollowsTheMessagingConventionsWithTheBrokersNameAndGroup(t *testing.T) {
+	o := newObserved(t)
+	b, err := broker.Open(context.Background(), "mem://conventions?group=billing", broker.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	sub, err := b.Subscriber()
+	require.NoError(t, err)
+	o.start(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, Subscriber: sub})
+	require.NoError(t, b.Publisher().Publish(topic, message.NewMessage("m-1", []byte("a"))))
+
+	consumer := o.waitDeliveries(t, 1)[0]
+	a := attrs(consumer)
+	require.Equal(t, attribute.StringValue("mem"), a["messaging.system"], "the broker's name, never onceflow")
+	require.Equal(t, attribute.StringValue("billing"), a["messaging.consumer.group.name"], "the broker's consumer group")
+	require.Equal(t, attribute.StringValue("effects"), a["onceflow.handler"])
+	require.Equal(t, "github.com/onceflow/onceflow", consumer.InstrumentationScope().Name)
+	require.Equal(t, semconv.SchemaURL, consumer.InstrumentationScope().SchemaURL)
+	ack := o.childrenOf(consumer)["ack "+topic]
+	require.NotNil(t, ack)
+	require.Equal(t, trace.SpanKindClient, ack.SpanKind())
+	require.Equal(t, attribute.StringValue("billing"), attrs(ack)["messaging.consumer.group.name"])
+
+	rm := o.metrics(t)
+	want := attribute.NewSet(attribute.String("messaging.system", "mem"), attribute.String("messaging.destination.name", topic),
+		attribute.String("messaging.consumer.group.name", "billing"), attribute.String("messaging.operation.name", "process"))
+	var consumed int64
+	var durations uint64
+	for _, sm := range rm.ScopeMetrics {
+		require.Equal(t, semconv.SchemaURL, sm.Scope.SchemaURL, sm.Scope.Name)
+		for _, m := range sm.Metrics {
+			switch m.Name {
+			case "messaging.client.consumed.messages":
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					if dp.Attributes.Equals(&want) {
+						consumed += dp.Value
+					}
+				}
+			case "messaging.process.duration":
+				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+					if dp.Attributes.Equals(&want) {
+						durations += dp.Count
+					}
+				}
+			}
+		}
+	}
+	require.Equal(t, int64(1), consumed)
+	require.Equal(t, uint64(1), durations)
 }

@@ -186,7 +186,7 @@ func (r *Router) startOrdering(ctx context.Context) (stop func(), err error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	meter := mp.Meter(telemetry.ScopeName)
+	meter := telemetry.Meter(mp)
 	parked, err := meter.Int64ObservableGauge(telemetry.MetricOrderParked, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages parked because they arrived before one of their predecessors (ExactlyOnceInOrder); a key whose messages stay parked waits for a gap to fill."))
 	if err != nil {

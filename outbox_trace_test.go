@@ -70,6 +70,6 @@ func TestTracing_TraceContinuesAcrossTheOutboxRelay(t *testing.T) {
 		"the relayed message's parent is the span that called outbox.Publish")
 	require.True(t, shipmentsSpan.Parent().IsRemote())
 	require.Equal(t, trace.SpanKindConsumer, shipmentsSpan.SpanKind())
-	require.Equal(t, "shipments", attrs(shipmentsSpan)["messaging.consumer.group.name"].AsString())
+	require.Equal(t, "shipments", attrs(shipmentsSpan)["onceflow.handler"].AsString())
 	require.Equal(t, outbox.DerivedID("m-1", "shipment"), attrs(shipmentsSpan)["messaging.message.id"].AsString())
 }

@@ -89,7 +89,7 @@ func NewRouter(cfg Config) (*Router, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	ins, err := telemetry.NewInstruments(mp.Meter(telemetry.ScopeName))
+	ins, err := telemetry.NewInstruments(telemetry.Meter(mp))
 	if err != nil {
 		return nil, fmt.Errorf("create metric instruments: %w", err)
 	}
@@ -144,13 +144,16 @@ func (r *Router) AddHandler(h Handler) error {
 		store = s
 		r.claims = append(r.claims, handlerClaim{store: s, name: h.Name, topic: h.Topic})
 	}
+	system, group := describeBroker(h)
 	info := HandlerInfo{
-		Name:    h.Name,
-		Topic:   h.Topic,
-		DB:      h.DB,
-		Dedup:   store,
-		Logger:  r.logger.With("handler", h.Name),
-		Handler: h,
+		Name:            h.Name,
+		Topic:           h.Topic,
+		DB:              h.DB,
+		Dedup:           store,
+		Logger:          r.logger.With("handler", h.Name),
+		Handler:         h,
+		MessagingSystem: system,
+		ConsumerGroup:   group,
 	}
 	mws, err := r.buildChain(info, names)
 	if err != nil {
@@ -195,6 +198,7 @@ func (r *Router) AddHandler(h Handler) error {
 		redelivery:   h.Redelivery,
 		logger:       info.Logger,
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
+		settlement:   newSettlement(h.Topic, system, group),
 	}
 	if !grouped {
 		c.slots = make(chan struct{}, n)
@@ -217,6 +221,23 @@ func (r *Router) AddHandler(h Handler) error {
 	r.names[h.Name] = true
 	r.initHandlerMetrics(h.Name)
 	return nil
+}
+
+// describeBroker returns the messaging.system and consumer group of h's broker: what
+// h.MessagingSystem says, else what the subscriber says (onceflow's brokers say both), else
+// middleware.DefaultMessagingSystem and no group.
+func describeBroker(h Handler) (system, group string) {
+	system = h.MessagingSystem
+	if d, ok := h.Subscriber.(interface{ MessagingSystem() string }); ok && system == "" {
+		system = d.MessagingSystem()
+	}
+	if system == "" {
+		system = middleware.DefaultMessagingSystem
+	}
+	if g, ok := h.Subscriber.(interface{ ConsumerGroup() string }); ok {
+		group = g.ConsumerGroup()
+	}
+	return system, group
 }
 
 // batchOnly is the innermost processor of a handler with a BatchProcessor: the group-commit

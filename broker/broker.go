@@ -259,6 +259,17 @@ func (b *Broker) String() string { return b.redacted }
 // parameters.
 func (b *Broker) ConsumerGroup() string { return b.opts.ConsumerGroup }
 
+// messagingSystems are the OpenTelemetry messaging.system values of the schemes.
+var messagingSystems = map[string]string{
+	"amqp": "rabbitmq", "postgres": "postgresql", "mysql": "mysql", "sqlite": "sqlite",
+	"nats": "nats", "redis": "redis", "mem": "mem",
+}
+
+// MessagingSystem returns the broker's name as the OpenTelemetry messaging semantic conventions
+// spell messaging.system: rabbitmq, postgresql, mysql, sqlite, nats, redis (mem for the
+// in-process broker).
+func (b *Broker) MessagingSystem() string { return messagingSystems[b.scheme] }
+
 // Publisher returns the Broker's publisher. It is shared and safe for concurrent use. A
 // message is stored by the broker when Publish returns nil (publisher confirms for AMQP, a
 // JetStream acknowledgement for NATS, a committed row for SQL and SQLite). Its Close does

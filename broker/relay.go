@@ -78,6 +78,14 @@ type subscriber struct {
 
 var _ message.Subscriber = (*subscriber)(nil)
 
+// MessagingSystem returns the messaging.system of the subscriber's broker (see
+// Broker.MessagingSystem); the router reads it for its spans and metrics.
+func (s *subscriber) MessagingSystem() string { return s.b.MessagingSystem() }
+
+// ConsumerGroup returns the consumer group of the subscriber's subscriptions; the router reads
+// it for its spans and metrics.
+func (s *subscriber) ConsumerGroup() string { return s.b.ConsumerGroup() }
+
 func newSubscriber(b *Broker, up message.Subscriber) *subscriber {
 	return &subscriber{b: b, up: up, closing: make(chan struct{})}
 }

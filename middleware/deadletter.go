@@ -69,9 +69,11 @@ func WithMaxDeliveries(n int) DeadLetterOption {
 // dead-letter broker itself is failing: DeadLetter returns the failure, which is not permanent,
 // and the router nacks the message so that it is not lost and comes back later.
 //
-// The published message carries the incoming message's context and the trace context of ctx
-// in its headers (W3C traceparent, written by the propagator of the Tracing middleware outside,
-// or the global one): its consumers continue the trace of the failed delivery.
+// The dead letter is published under a producer span "send <topic>", a child of the failed
+// delivery's consumer span, whose trace context goes in its headers (W3C traceparent, written by
+// the propagator of the Tracing middleware outside, or the global one): its consumers continue
+// the trace of the failed delivery. The published message carries the incoming message's
+// context.
 func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetterOption) Middleware {
 	var cfg deadLetterConfig
 	for _, o := range opts {
@@ -122,7 +124,11 @@ func givesUp(ctx context.Context, err error) bool {
 // messagedata.HeaderDeadLetterOriginalID), and then without the payload
 // (messagedata.HeaderDeadLetterPayloadDropped says why); it returns an error only when every
 // attempt failed, which means the dead-letter broker is failing, not the message.
-func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handler string, msg *messagedata.MessageData, reason error) error {
+func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handler string, msg *messagedata.MessageData, reason error) (err error) {
+	ctx, span := telemetry.Send(ctx, topic, AttrHandler.String(handler))
+	if span != nil {
+		defer func() { telemetry.End(span, err) }()
+	}
 	out := deadLetter(ctx, handler, msg, reason)
 	first := pub.Publish(topic, out)
 	if first == nil {

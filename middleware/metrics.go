@@ -3,11 +3,13 @@ package middleware
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
@@ -15,16 +17,18 @@ import (
 	"github.com/onceflow/onceflow/processor"
 )
 
-// MetricsOption configures Metrics.
-type MetricsOption interface{ apply(*metricsConfig) }
+// MetricsOption configures Metrics. Besides WithMeterProvider, WithMessagingSystem and
+// WithConsumerGroup describe the broker in the semantic-convention metrics.
+type MetricsOption interface{ applyMetrics(*metricsConfig) }
 
 type metricsConfig struct {
-	provider metric.MeterProvider
+	provider  metric.MeterProvider
+	messaging messagingConfig
 }
 
 type metricsOptionFunc func(*metricsConfig)
 
-func (f metricsOptionFunc) apply(c *metricsConfig) { f(c) }
+func (f metricsOptionFunc) applyMetrics(c *metricsConfig) { f(c) }
 
 // WithMeterProvider sets the MeterProvider. Defaults to the global provider (otel.GetMeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) MetricsOption {
@@ -42,26 +46,37 @@ var outcomes = []processor.Outcome{processor.Processed, processor.Duplicate, pro
 //     included, in the histogram onceflow.process.duration;
 //   - holds it in the up-down counter onceflow.inflight while it runs;
 //   - counts its in-process retries (attempts after the first) in onceflow.retries. A retry is
-//     not an outcome: a delivery that was retried ends processed, failed or dead-lettered.
+//     not an outcome: a delivery that was retried ends processed, failed or dead-lettered;
+//   - records the OpenTelemetry messaging semantic-convention metrics beside onceflow's own:
+//     messaging.client.consumed.messages (counter) and messaging.process.duration (histogram),
+//     with messaging.system, messaging.destination.name, messaging.consumer.group.name (when
+//     known), messaging.operation.name "process", and error.type (the outcome) for a delivery
+//     that failed, panicked or was dead-lettered.
 //
-// Every measurement carries onceflow.handler; the first two also onceflow.outcome. Retries are
+// Every onceflow measurement carries onceflow.handler; the first two also onceflow.outcome. Retries are
 // known from the delivery state the router keeps: outside the router, onceflow.retries stays 0.
 // docs/observability.md lists all of onceflow's metrics, the router's included.
 //
 // Attribute sets are built once, when Metrics is called: a message costs no allocation here.
 // It returns an error only when the meter rejects an instrument.
 func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
-	var cfg metricsConfig
+	cfg := metricsConfig{messaging: messagingConfig{system: DefaultMessagingSystem}}
 	for _, o := range opts {
-		o.apply(&cfg)
+		o.applyMetrics(&cfg)
 	}
 	if cfg.provider == nil {
 		cfg.provider = otel.GetMeterProvider()
 	}
-	ins, err := telemetry.NewInstruments(cfg.provider.Meter(telemetry.ScopeName))
+	meter := telemetry.Meter(cfg.provider)
+	ins, err := telemetry.NewInstruments(meter)
 	if err != nil {
 		return nil, fmt.Errorf("create metric instruments: %w", err)
 	}
+	conv, err := telemetry.NewConventionInstruments(meter)
+	if err != nil {
+		return nil, fmt.Errorf("create metric instruments: %w", err)
+	}
+	convSets := &conventionSets{messaging: cfg.messaging}
 	handlerAttr := AttrHandler.String(handler)
 	// Options are built once: passing a prebuilt slice to the variadic instrument methods
 	// allocates nothing per message.
@@ -96,11 +111,50 @@ func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
 			outcome := byOutcome[processor.OutcomeOf(err)]
 			ins.Inflight.Add(ctx, -1, handlerOnly...)
 			ins.Messages.Add(ctx, 1, outcome.add...)
-			ins.ProcessDuration.Record(ctx, time.Since(start).Seconds(), outcome.record...)
+			elapsed := time.Since(start).Seconds()
+			ins.ProcessDuration.Record(ctx, elapsed, outcome.record...)
+			cs := convSets.get(msg.Topic).byOutcome[processor.OutcomeOf(err)]
+			conv.Consumed.Add(ctx, 1, cs.add...)
+			conv.ProcessDuration.Record(ctx, elapsed, cs.record...)
 			if st != nil && st.Retries > retriesBefore {
 				ins.Retries.Add(ctx, int64(st.Retries-retriesBefore), handlerOnly...)
 			}
 			return err
 		})
 	}, nil
+}
+
+// conventionSets caches the attribute sets of the semantic-convention metrics for the topic a
+// handler consumes, by outcome, so that a message costs no allocation here.
+type conventionSets struct {
+	messaging messagingConfig
+	cached    atomic.Pointer[topicSets]
+}
+
+type measureOpts struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
+}
+
+type topicSets struct {
+	topic     string
+	byOutcome map[processor.Outcome]measureOpts
+}
+
+func (c *conventionSets) get(topic string) *topicSets {
+	if s := c.cached.Load(); s != nil && s.topic == topic {
+		return s
+	}
+	base := append(c.messaging.attrs(), semconv.MessagingDestinationName(topic), semconv.MessagingOperationName("process"))
+	s := &topicSets{topic: topic, byOutcome: make(map[processor.Outcome]measureOpts, len(outcomes))}
+	for _, o := range outcomes {
+		attrs := base
+		if o == processor.Failed || o == processor.Panicked || o == processor.DeadLettered {
+			attrs = append(append([]attribute.KeyValue(nil), base...), semconv.ErrorTypeKey.String(string(o)))
+		}
+		set := metric.WithAttributeSet(attribute.NewSet(attrs...))
+		s.byOutcome[o] = measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
+	}
+	c.cached.Store(s)
+	return s
 }

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/onceflow/onceflow/internal/brokertest"
@@ -64,7 +65,6 @@ func TestTracing_OutsideTheRouterEndsTheConsumerSpanWhenTheChainReturns(t *testi
 		"messaging.message.id":          attribute.StringValue("a"),
 		"messaging.operation.type":      attribute.StringValue("process"),
 		"messaging.operation.name":      attribute.StringValue("process"),
-		"messaging.consumer.group.name": attribute.StringValue("h"),
 		"messaging.message.body.size":   attribute.IntValue(5),
 		"onceflow.handler":              attribute.StringValue("h"),
 		"onceflow.outcome":              attribute.StringValue("processed"),
@@ -99,12 +99,17 @@ func TestTracing_DeadLetterCarriesTheConsumerSpansContext(t *testing.T) {
 
 	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(p.Process(context.Background(), tracedMsg("a"))))
 
-	consumer := spans.Ended()[0]
+	ended := spans.Ended()
+	require.Len(t, ended, 2)
+	send, consumer := ended[0], ended[1]
+	require.Equal(t, "send dead", send.Name())
+	require.Equal(t, trace.SpanKindProducer, send.SpanKind())
+	require.Equal(t, consumer.SpanContext().SpanID(), send.Parent().SpanID(), "the dead letter is sent within the failed delivery")
 	dead := b.Drain("dead")
 	require.Len(t, dead, 1)
-	sc := consumer.SpanContext()
+	sc := send.SpanContext()
 	require.Equal(t, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01", dead[0].Metadata.Get("traceparent"),
-		"the dead letter's parent is the failed delivery's span, not the original producer")
+		"the dead letter's parent is its send span, in the failed delivery's trace, not the original producer's")
 	require.Equal(t, codes.Error, consumer.Status().Code)
 }
 

@@ -29,21 +29,44 @@ const (
 )
 
 // DefaultMessagingSystem is the messaging.system attribute when WithMessagingSystem is not
-// given.
-const DefaultMessagingSystem = "onceflow"
+// given: the framework the messages come through, when the broker is not known.
+const DefaultMessagingSystem = "watermill"
 
 // TracingOption configures Tracing.
-type TracingOption interface{ apply(*tracingConfig) }
+type TracingOption interface{ applyTracing(*tracingConfig) }
 
 type tracingConfig struct {
 	provider   trace.TracerProvider
 	propagator propagation.TextMapPropagator
-	system     string
+	messaging  messagingConfig
 }
 
 type tracingOptionFunc func(*tracingConfig)
 
-func (f tracingOptionFunc) apply(c *tracingConfig) { f(c) }
+func (f tracingOptionFunc) applyTracing(c *tracingConfig) { f(c) }
+
+// messagingConfig is what Tracing and Metrics say of the broker, in the messaging semantic
+// conventions' attributes.
+type messagingConfig struct {
+	system, group string
+}
+
+// attrs returns messaging.system and, when known, messaging.consumer.group.name.
+func (m messagingConfig) attrs() []attribute.KeyValue {
+	a := []attribute.KeyValue{semconv.MessagingSystemKey.String(m.system)}
+	if m.group != "" {
+		a = append(a, semconv.MessagingConsumerGroupName(m.group))
+	}
+	return a
+}
+
+// MessagingOption describes the broker to both Tracing and Metrics.
+type MessagingOption struct {
+	apply func(*messagingConfig)
+}
+
+func (o MessagingOption) applyTracing(c *tracingConfig) { o.apply(&c.messaging) }
+func (o MessagingOption) applyMetrics(c *metricsConfig) { o.apply(&c.messaging) }
 
 // WithTracerProvider sets the TracerProvider. Defaults to the global provider
 // (otel.GetTracerProvider), read when the middleware is applied to a processor.
@@ -60,17 +83,27 @@ func WithPropagator(p propagation.TextMapPropagator) TracingOption {
 	return tracingOptionFunc(func(c *tracingConfig) { c.propagator = p })
 }
 
-// WithMessagingSystem sets the messaging.system attribute, such as "rabbitmq", "nats", "redis"
-// or "sqlite". Defaults to DefaultMessagingSystem.
-func WithMessagingSystem(system string) TracingOption {
-	return tracingOptionFunc(func(c *tracingConfig) { c.system = system })
+// WithMessagingSystem sets the messaging.system attribute of spans and semantic-convention
+// metrics: the broker, such as "rabbitmq", "nats", "redis", "postgresql", "mysql" or "sqlite".
+// Defaults to DefaultMessagingSystem.
+func WithMessagingSystem(system string) MessagingOption {
+	return MessagingOption{apply: func(c *messagingConfig) { c.system = system }}
+}
+
+// WithConsumerGroup sets the messaging.consumer.group.name attribute: the broker's consumer
+// group the handler consumes in. Without it the attribute is left out; the handler's name is
+// in onceflow.handler either way.
+func WithConsumerGroup(group string) MessagingOption {
+	return MessagingOption{apply: func(c *messagingConfig) { c.group = group }}
 }
 
 // Tracing starts one consumer span per message, following the OpenTelemetry messaging
-// semantic conventions: named "process <topic>", kind consumer, with messaging.system,
-// messaging.destination.name, messaging.message.id, messaging.operation.type and .name
-// ("process"), messaging.consumer.group.name (the handler) and messaging.message.body.size,
-// plus onceflow.handler, and when the chain returns onceflow.outcome and onceflow.attempts.
+// semantic conventions: named "process <topic>", kind consumer, with messaging.system (the
+// broker, WithMessagingSystem), messaging.destination.name, messaging.message.id,
+// messaging.operation.type and .name ("process"), messaging.consumer.group.name (the broker's
+// consumer group, WithConsumerGroup) and messaging.message.body.size, plus onceflow.handler,
+// and when the chain returns onceflow.outcome and onceflow.attempts. The instrumentation scope
+// is github.com/onceflow/onceflow with the module's version and the conventions' schema URL.
 //
 // The parent is the context that the producer injected into the message headers (W3C
 // traceparent), so a trace continues across brokers and across the outbox relay. A failed,
@@ -81,32 +114,31 @@ func WithMessagingSystem(system string) TracingOption {
 // dead-lettered message, so its consumers continue the trace.
 //
 // Under the router, the consumer span ends after the acknowledgement, which the router records
-// as the child span onceflow.ack; elsewhere it ends when the chain returns.
+// as the child span "ack <topic>" or "nack <topic>" (kind client); elsewhere it ends when the
+// chain returns. A dead letter gets a producer span "send <dead-letter topic>" (DeadLetter).
 //
 // The attributes that are the same for all messages of a topic (system, destination,
 // operation, consumer group, handler) are given at span start, so samplers see them, from
 // options built once per topic; the others are set when the chain returns, and only when the
 // span is recording: with no SDK installed, or a sampled-out trace, nothing is built.
 func Tracing(handler string, opts ...TracingOption) Middleware {
-	cfg := tracingConfig{system: DefaultMessagingSystem}
+	cfg := tracingConfig{messaging: messagingConfig{system: DefaultMessagingSystem}}
 	for _, o := range opts {
-		o.apply(&cfg)
+		o.applyTracing(&cfg)
 	}
 	return func(next processor.Processor) processor.Processor {
 		provider := cfg.provider
 		if provider == nil {
 			provider = otel.GetTracerProvider()
 		}
-		tracer := provider.Tracer(telemetry.ScopeName)
+		tracer := telemetry.Tracer(provider)
 		// The attributes that are the same for every message of a topic are given at span
 		// start, where samplers see them, in options built once per topic.
-		static := []attribute.KeyValue{
-			semconv.MessagingSystemKey.String(cfg.system),
+		static := append(cfg.messaging.attrs(),
 			semconv.MessagingOperationTypeProcess,
 			semconv.MessagingOperationName("process"),
-			semconv.MessagingConsumerGroupName(handler),
 			AttrHandler.String(handler),
-		}
+		)
 		starts := &spanStarts{static: static}
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			prop := cfg.propagator

@@ -218,12 +218,12 @@ func New(store *Store, cfg Config) (*InOrder, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	timeouts, err := mp.Meter(telemetry.ScopeName).Int64Counter(telemetry.MetricOrderGapTimeouts, metric.WithUnit("{key}"),
+	timeouts, err := telemetry.Meter(mp).Int64Counter(telemetry.MetricOrderGapTimeouts, metric.WithUnit("{key}"),
 		metric.WithDescription("Keys whose next message was not applied within the gap timeout (missing, or parked and failing), by gap policy."))
 	if err != nil {
 		return nil, fmt.Errorf("ordering.New: create the gap timeout counter: %w", err)
 	}
-	sweepErrors, err := mp.Meter(telemetry.ScopeName).Int64Counter(telemetry.MetricOrderSweepErrors, metric.WithUnit("{key}"),
+	sweepErrors, err := telemetry.Meter(mp).Int64Counter(telemetry.MetricOrderSweepErrors, metric.WithUnit("{key}"),
 		metric.WithDescription("Keys whose sweep failed (a parked message that could not be applied or dead-lettered, a lost connection); the sweep goes on with the other keys and tries the key again next time."))
 	if err != nil {
 		return nil, fmt.Errorf("ordering.New: create the sweep error counter: %w", err)

@@ -25,5 +25,5 @@ func TestInterceptorChain_ComposedByNameWithMessageLog(t *testing.T) {
 	require.Contains(t, s.Spans, "process orders")
 	require.Contains(t, s.Spans, "onceflow.commit")
 	require.Contains(t, s.Spans, "onceflow.dedup")
-	require.Contains(t, s.Spans, "onceflow.ack")
+	require.Contains(t, s.Spans, "ack orders")
 }

@@ -174,7 +174,7 @@ func TestObservability_ServesOnceflowMetricsAndWritesTraces(t *testing.T) {
 			processSpans[s.SpanContext.SpanID] = s
 		}
 	}
-	for _, name := range []string{"send orders", "process orders", "process shipments", "onceflow.dedup", "onceflow.process", "onceflow.commit", "onceflow.ack"} {
+	for _, name := range []string{"send orders", "process orders", "process shipments", "onceflow.dedup", "onceflow.process", "onceflow.commit", "ack orders"} {
 		require.Positive(t, names[name], "no %q span in the traces", name)
 	}
 	for _, s := range spans {

@@ -117,3 +117,32 @@ func NewDedupGauges(meter metric.Meter) (*DedupGauges, error) {
 func (g *DedupGauges) Observables() []metric.Observable {
 	return []metric.Observable{g.Rows, g.Expired, g.OldestAge}
 }
+
+// Names of the OpenTelemetry messaging semantic-convention metrics onceflow records beside its
+// own.
+const (
+	MetricConsumedMessages         = "messaging.client.consumed.messages"
+	MetricMessagingProcessDuration = "messaging.process.duration"
+)
+
+// ConventionInstruments are the semantic-convention instruments of the Metrics middleware.
+type ConventionInstruments struct {
+	Consumed        metric.Int64Counter
+	ProcessDuration metric.Float64Histogram
+}
+
+// NewConventionInstruments creates them on meter.
+func NewConventionInstruments(meter metric.Meter) (*ConventionInstruments, error) {
+	var ins ConventionInstruments
+	var err error
+	if ins.Consumed, err = meter.Int64Counter(MetricConsumedMessages, metric.WithUnit("{message}"),
+		metric.WithDescription("Number of messages that were delivered to the application.")); err != nil {
+		return nil, err
+	}
+	if ins.ProcessDuration, err = meter.Float64Histogram(MetricMessagingProcessDuration, metric.WithUnit("s"),
+		metric.WithDescription("Duration of processing operation."),
+		metric.WithExplicitBucketBoundaries(LatencyBuckets...)); err != nil {
+		return nil, err
+	}
+	return &ins, nil
+}

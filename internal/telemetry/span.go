@@ -8,6 +8,7 @@ package telemetry
 import (
 	"context"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
@@ -17,19 +18,19 @@ import (
 const ScopeName = "github.com/onceflow/onceflow"
 
 // Span names of the child spans of a delivery's consumer span. The consumer span itself is
-// named "process <topic>" (the messaging semantic conventions' "{operation} {destination}").
+// named "process <topic>" (the messaging semantic conventions' "{operation} {destination}"),
+// its settlement "ack <topic>" or "nack <topic>", a dead letter's producer span
+// "send <dead-letter topic>".
 const (
 	SpanDedup   = "onceflow.dedup"
 	SpanProcess = "onceflow.process"
 	SpanCommit  = "onceflow.commit"
-	SpanAck     = "onceflow.ack"
 )
 
 // Span start options, built once: building them per span would allocate.
 var (
 	internalKind = trace.WithSpanKind(trace.SpanKindInternal)
-	ackOpts      = []trace.SpanStartOption{internalKind, trace.WithAttributes(semconv.MessagingOperationTypeSettle, semconv.MessagingOperationName("ack"))}
-	nackOpts     = []trace.SpanStartOption{internalKind, trace.WithAttributes(semconv.MessagingOperationTypeSettle, semconv.MessagingOperationName("nack"))}
+	clientKind   = trace.WithSpanKind(trace.SpanKindClient)
 	// processOpts[n] starts the onceflow.process span of attempt n, for the usual few attempts.
 	processOpts = func() [][]trace.SpanStartOption {
 		opts := make([][]trace.SpanStartOption, 11)
@@ -48,7 +49,7 @@ func Child(ctx context.Context, name string) (context.Context, func(err error)) 
 	if !parent.IsRecording() {
 		return ctx, noEnd
 	}
-	ctx, span := parent.TracerProvider().Tracer(ScopeName).Start(ctx, name, internalKind)
+	ctx, span := Tracer(parent.TracerProvider()).Start(ctx, name, internalKind)
 	return ctx, func(err error) { End(span, err) }
 }
 
@@ -60,27 +61,61 @@ func StartProcess(ctx context.Context, attempt int) (context.Context, trace.Span
 	if !parent.IsRecording() {
 		return ctx, nil
 	}
-	tracer := parent.TracerProvider().Tracer(ScopeName)
+	tracer := Tracer(parent.TracerProvider())
 	if attempt > 0 && attempt < len(processOpts) {
 		return tracer.Start(ctx, SpanProcess, processOpts[attempt]...)
 	}
 	return tracer.Start(ctx, SpanProcess, internalKind, trace.WithAttributes(AttrAttempt.Int(attempt)))
 }
 
-// Settle records the acknowledgement (ack true) or negative acknowledgement of a delivery as
-// the onceflow.ack child span of consumer, which may be nil. lost reports an acknowledgement
-// that did not reach the subscriber (see the router); it gets an error status.
-func Settle(consumer trace.Span, ack bool, lost error) {
+// Settlement is the start of the settle spans of one destination: "ack <destination>" and
+// "nack <destination>", kind client, as the messaging semantic conventions name a settlement.
+// Build it once per handler: it holds the span options, so that a span costs no allocation of
+// ours.
+type Settlement struct {
+	ackName, nackName string
+	ackOpts, nackOpts []trace.SpanStartOption
+}
+
+// NewSettlement returns the settle span starts of destination with the static attributes of
+// its consumer span (messaging.system, the destination, the consumer group).
+func NewSettlement(destination string, attrs ...attribute.KeyValue) *Settlement {
+	opts := func(op string) []trace.SpanStartOption {
+		a := append(append([]attribute.KeyValue{semconv.MessagingOperationTypeSettle, semconv.MessagingOperationName(op)}, attrs...),
+			semconv.MessagingDestinationName(destination))
+		return []trace.SpanStartOption{clientKind, trace.WithAttributes(a...)}
+	}
+	return &Settlement{ackName: "ack " + destination, nackName: "nack " + destination, ackOpts: opts("ack"), nackOpts: opts("nack")}
+}
+
+// Settle records the acknowledgement (ack true) or negative acknowledgement of a delivery as a
+// child span of consumer, which may be nil. lost reports an acknowledgement that did not reach
+// the subscriber (see the router); it gets an error status.
+func (s *Settlement) Settle(consumer trace.Span, ack bool, lost error) {
 	if consumer == nil || !consumer.IsRecording() {
 		return
 	}
-	opts := nackOpts
+	name, opts := s.nackName, s.nackOpts
 	if ack {
-		opts = ackOpts
+		name, opts = s.ackName, s.ackOpts
 	}
 	ctx := trace.ContextWithSpan(context.Background(), consumer)
-	_, span := consumer.TracerProvider().Tracer(ScopeName).Start(ctx, SpanAck, opts...)
+	_, span := Tracer(consumer.TracerProvider()).Start(ctx, name, opts...)
 	End(span, lost)
+}
+
+// Send starts the producer span of a message that onceflow publishes itself (a dead letter, a
+// message the outbox relays): "send <destination>", a child of the span in ctx when that span
+// is recording; otherwise it returns ctx and a nil span, allocating nothing. Inject the
+// returned context into the message, so that its consumers continue from this span.
+func Send(ctx context.Context, destination string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return ctx, nil
+	}
+	a := append(append([]attribute.KeyValue{semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send")}, attrs...),
+		semconv.MessagingDestinationName(destination))
+	return Tracer(parent.TracerProvider()).Start(ctx, "send "+destination, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(a...))
 }
 
 // End ends span, first recording err with an error status when err is not nil.
