@@ -60,14 +60,14 @@ func TestTracing_OutsideTheRouterEndsTheConsumerSpanWhenTheChainReturns(t *testi
 	require.Equal(t, "0af7651916cd43dd8448eb211c80319c", consumer.SpanContext().TraceID().String())
 	require.Equal(t, "b7ad6b7169203331", consumer.Parent().SpanID().String())
 	require.Equal(t, map[attribute.Key]attribute.Value{
-		"messaging.system":              attribute.StringValue("rabbitmq"),
-		"messaging.destination.name":    attribute.StringValue("t"),
-		"messaging.message.id":          attribute.StringValue("a"),
-		"messaging.operation.type":      attribute.StringValue("process"),
-		"messaging.operation.name":      attribute.StringValue("process"),
-		"messaging.message.body.size":   attribute.IntValue(5),
-		"onceflow.handler":              attribute.StringValue("h"),
-		"onceflow.outcome":              attribute.StringValue("processed"),
+		"messaging.system":            attribute.StringValue("rabbitmq"),
+		"messaging.destination.name":  attribute.StringValue("t"),
+		"messaging.message.id":        attribute.StringValue("a"),
+		"messaging.operation.type":    attribute.StringValue("process"),
+		"messaging.operation.name":    attribute.StringValue("process"),
+		"messaging.message.body.size": attribute.IntValue(5),
+		"onceflow.handler":            attribute.StringValue("h"),
+		"onceflow.outcome":            attribute.StringValue("processed"),
 	}, spanAttrs(consumer), "no onceflow.attempts without the router's delivery state")
 }
 
