@@ -2,19 +2,17 @@ package broker
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	natsbroker "github.com/onceflow/onceflow/broker/nats"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
@@ -46,7 +44,12 @@ func openNATS(t *target, o Options) (*backend, error) {
 		nc.Close()
 		return nil, err
 	}
-	streams := &natsStreams{js: js, known: map[string]string{}}
+	njs, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	streams := natsbroker.NewStreams(njs)
 	group := o.ConsumerGroup
 	var nak wnats.Delay
 	if d := o.nackDelay(); d > 0 {
@@ -58,7 +61,7 @@ func openNATS(t *target, o Options) (*backend, error) {
 		pub:        pub,
 		checkTopic: checkNATSTopic,
 		preparePublish: func(topic string) error {
-			_, err := streams.ensure(topic)
+			_, err := streams.Ensure(context.Background(), topic)
 			return err
 		},
 		newSubscriber: func() (message.Subscriber, error) {
@@ -71,14 +74,14 @@ func openNATS(t *target, o Options) (*backend, error) {
 				snc.Close()
 				return nil, err
 			}
-			name := func(_, topic string) string { return natsConsumerName(group, topic) }
+			name := func(_, topic string) string { return natsbroker.ConsumerName(group, topic) }
 			up, err := wnats.NewSubscriberWithNatsConn(snc, wnats.SubscriberSubscriptionConfig{
 				Unmarshaler:      natsMarshaler{},
 				SubscribersCount: 1,
 				AckWaitTimeout:   o.AckTimeout,
 				CloseTimeout:     natsCloseTimeout,
 				SubjectCalculator: func(_, topic string) *wnats.SubjectDetail {
-					return &wnats.SubjectDetail{Primary: topic, QueueGroup: natsConsumerName(group, topic)}
+					return &wnats.SubjectDetail{Primary: topic, QueueGroup: natsbroker.ConsumerName(group, topic)}
 				},
 				NakDelay: nak,
 				JetStream: wnats.JetStreamConfig{
@@ -94,8 +97,13 @@ func openNATS(t *target, o Options) (*backend, error) {
 				snc.Close()
 				return nil, err
 			}
-			streams := &natsStreams{js: sjs, known: map[string]string{}}
-			return &natsSubscriber{Subscriber: up, streams: streams, group: group, consumer: consumer}, nil
+			snjs, err := jetstream.New(snc)
+			if err != nil {
+				snc.Close()
+				return nil, err
+			}
+			streams := natsbroker.NewStreams(snjs)
+			return &natsSubscriber{Subscriber: up, js: sjs, streams: streams, group: group, consumer: consumer}, nil
 		},
 		// Nak with a delay is native; a closing consumer naks what it holds, so that the
 		// message does not wait for AckWait.
@@ -120,69 +128,6 @@ func checkNATSTopic(topic string) error {
 	return nil
 }
 
-// natsName turns s into a valid JetStream stream or consumer name: s itself when it has only
-// letters, digits, '-' and '_'; otherwise s with the other characters replaced by '_' and a
-// hash of s appended, so that different topics never share a name.
-func natsName(s string) string {
-	clean := true
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			b[i] = '_'
-			clean = false
-		}
-	}
-	if clean {
-		return s
-	}
-	sum := sha256.Sum256([]byte(s))
-	return string(b) + "_" + hex.EncodeToString(sum[:4])
-}
-
-// natsConsumerName names the durable consumer (and its deliver group) of a consumer group on a
-// topic.
-func natsConsumerName(group, topic string) string { return natsName(group + "_" + topic) }
-
-// natsStreams finds or creates the JetStream stream that stores a topic.
-type natsStreams struct {
-	js nats.JetStreamContext
-
-	mu    sync.Mutex
-	known map[string]string // topic -> stream
-}
-
-// ensure returns the stream that captures topic's subject, creating one named after the topic
-// (file storage, limits retention: messages stay until the stream's limits remove them, so
-// every consumer group can read them) when none does.
-func (s *natsStreams) ensure(topic string) (string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if name, ok := s.known[topic]; ok {
-		return name, nil
-	}
-	name, err := s.js.StreamNameBySubject(topic)
-	if err != nil {
-		name = natsName(topic)
-		_, err = s.js.AddStream(&nats.StreamConfig{
-			Name:      name,
-			Subjects:  []string{topic},
-			Storage:   nats.FileStorage,
-			Retention: nats.LimitsPolicy,
-		})
-		if err != nil {
-			// Another process may have created it in the meantime.
-			if found, err2 := s.js.StreamNameBySubject(topic); err2 == nil {
-				name, err = found, nil
-			}
-		}
-		if err != nil {
-			return "", fmt.Errorf("create JetStream stream %q for subject %q: %w", name, topic, err)
-		}
-	}
-	s.known[topic] = name
-	return name, nil
-}
-
 // natsConsumer is the configuration of the durable consumers onceflow creates.
 type natsConsumer struct {
 	ackWait       time.Duration
@@ -195,7 +140,8 @@ type natsConsumer struct {
 // would lose its position, and its other members their consumer.
 type natsSubscriber struct {
 	*wnats.Subscriber
-	streams  *natsStreams
+	js       nats.JetStreamContext
+	streams  *natsbroker.Streams
 	group    string
 	consumer natsConsumer
 }
@@ -203,12 +149,12 @@ type natsSubscriber struct {
 // Subscribe ensures the stream and the durable consumer, then joins the consumer's deliver
 // group.
 func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	stream, err := s.streams.ensure(topic)
+	stream, err := s.streams.Ensure(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	name := natsConsumerName(s.group, topic)
-	js := s.streams.js
+	name := natsbroker.ConsumerName(s.group, topic)
+	js := s.js
 	if _, err := js.ConsumerInfo(stream, name); err != nil {
 		if !errors.Is(err, nats.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("look up JetStream consumer %q of stream %q: %w", name, stream, err)
@@ -288,32 +234,8 @@ func (natsMarshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, err
 	return m, nil
 }
 
-// Unmarshal converts a NATS message to a watermill message. The UUID is the header
-// "_watermill_message_uuid", or the Nats-Msg-Id header of a producer that sets only that. A
-// header with several values becomes a JSON array.
+// Unmarshal converts a NATS message to a watermill message as natsbroker.Unmarshal does: it
+// never fails.
 func (natsMarshaler) Unmarshal(m *nats.Msg) (*message.Message, error) {
-	id := m.Header.Get(wnats.WatermillUUIDHdr)
-	if id == "" {
-		id = m.Header.Get(nats.MsgIdHdr)
-	}
-	md := make(message.Metadata, len(m.Header))
-	for k, vs := range m.Header {
-		switch k {
-		case wnats.WatermillUUIDHdr, nats.MsgIdHdr, nats.ExpectedLastMsgIdHdr, nats.ExpectedStreamHdr,
-			nats.ExpectedLastSubjSeqHdr, nats.ExpectedLastSeqHdr:
-			continue
-		}
-		switch len(vs) {
-		case 0:
-			md[k] = ""
-		case 1:
-			md[k] = vs[0]
-		default:
-			b, _ := json.Marshal(vs)
-			md[k] = string(b)
-		}
-	}
-	msg := message.NewMessage(id, m.Data)
-	msg.Metadata = md
-	return msg, nil
+	return natsbroker.Unmarshal(m), nil
 }
