@@ -55,11 +55,13 @@ type Options struct {
 	Logger watermill.LoggerAdapter
 
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
-	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
-	// consumer group (for the group as a whole, as JetStream counts it), the batch size of an
+	// the channel prefetch (QoS) of each AMQP subscription, the window of unsettled
+	// deliveries of each NATS subscription (JetStream's AckWait runs for each from its
+	// delivery, also while it waits for its turn in the consumer), the batch size of an
 	// SQL or SQLite consumer. Redis and mem deliver one message at a time and ignore it.
-	// URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the
-	// server's default) for NATS and to sqlitequeue.DefaultBatchSize for SQLite.
+	// URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to
+	// nats.DefaultPrefetch (package broker/nats) for NATS and to
+	// sqlitequeue.DefaultBatchSize for SQLite.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a
@@ -188,7 +190,7 @@ type Broker struct {
 //	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (watermill-sql); also postgresql://
 //	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (watermill-sql); also mariadb://
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
-//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (watermill-nats)
+//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (broker/nats; watermill-nats publisher)
 //	redis://user:password@host:6379/0, rediss://...         Redis Streams (watermill-redisstream)
 //	mem://name                                              in-process, for tests only (watermill gochannel)
 //

@@ -2,10 +2,8 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -15,9 +13,6 @@ import (
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
 	"github.com/onceflow/onceflow/messagedata"
 )
-
-// natsCloseTimeout bounds how long a closing NATS subscriber waits for its subscriptions.
-const natsCloseTimeout = 10 * time.Second
 
 func openNATS(t *target, o Options) (*backend, error) {
 	nc, err := nats.Connect(t.dsn, nats.Name("onceflow publisher"))
@@ -50,12 +45,14 @@ func openNATS(t *target, o Options) (*backend, error) {
 		return nil, err
 	}
 	streams := natsbroker.NewStreams(njs)
-	group := o.ConsumerGroup
-	var nak wnats.Delay
-	if d := o.nackDelay(); d > 0 {
-		nak = wnats.NewStaticDelay(d)
+	cfg := natsbroker.Config{
+		URL:           t.dsn,
+		ConsumerGroup: o.ConsumerGroup,
+		Prefetch:      o.Prefetch,
+		AckWait:       o.AckTimeout,
+		NackDelay:     o.nackDelay(),
+		Logger:        o.Logger,
 	}
-	consumer := natsConsumer{ackWait: o.AckTimeout, maxAckPending: o.Prefetch}
 
 	return &backend{
 		pub:        pub,
@@ -64,55 +61,16 @@ func openNATS(t *target, o Options) (*backend, error) {
 			_, err := streams.Ensure(context.Background(), topic)
 			return err
 		},
-		newSubscriber: func() (message.Subscriber, error) {
-			snc, err := nats.Connect(t.dsn, nats.Name("onceflow subscriber "+group))
-			if err != nil {
-				return nil, err
-			}
-			sjs, err := snc.JetStream()
-			if err != nil {
-				snc.Close()
-				return nil, err
-			}
-			name := func(_, topic string) string { return natsbroker.ConsumerName(group, topic) }
-			up, err := wnats.NewSubscriberWithNatsConn(snc, wnats.SubscriberSubscriptionConfig{
-				Unmarshaler:      natsMarshaler{},
-				SubscribersCount: 1,
-				AckWaitTimeout:   o.AckTimeout,
-				CloseTimeout:     natsCloseTimeout,
-				SubjectCalculator: func(_, topic string) *wnats.SubjectDetail {
-					return &wnats.SubjectDetail{Primary: topic, QueueGroup: natsbroker.ConsumerName(group, topic)}
-				},
-				NakDelay: nak,
-				JetStream: wnats.JetStreamConfig{
-					// Without ManualAck, nats.go acks every message when the callback returns,
-					// even one that was never processed.
-					SubscribeOptions:  []nats.SubOpt{nats.ManualAck()},
-					DurableCalculator: name,
-					AckAsync:          false,
-				},
-				QueueGroupPrefix: group,
-			}, o.Logger)
-			if err != nil {
-				snc.Close()
-				return nil, err
-			}
-			snjs, err := jetstream.New(snc)
-			if err != nil {
-				snc.Close()
-				return nil, err
-			}
-			streams := natsbroker.NewStreams(snjs)
-			return &natsSubscriber{Subscriber: up, js: sjs, streams: streams, group: group, consumer: consumer}, nil
-		},
-		// Nak with a delay is native; a closing consumer naks what it holds, so that the
-		// message does not wait for AckWait.
-		nackOnClose: true,
+		// The subscriber pulls many deliveries in flight per subscription, delays nacks with
+		// NakWithDelay, naks what it holds when it closes and counts deliveries with
+		// JetStream's NumDelivered.
+		newSubscriber: func() (message.Subscriber, error) { return natsbroker.NewSubscriber(cfg) },
+		native:        true,
 		close: func() error {
 			nc.Close()
 			return nil
 		},
-		view: newNATSView(nc, js, group),
+		view: newNATSView(nc, js, o.ConsumerGroup),
 	}, nil
 }
 
@@ -126,58 +84,6 @@ func checkNATSTopic(topic string) error {
 		return fmt.Errorf("broker: topic %q: a NATS topic is a subject of non-empty tokens separated by '.'", topic)
 	}
 	return nil
-}
-
-// natsConsumer is the configuration of the durable consumers onceflow creates.
-type natsConsumer struct {
-	ackWait       time.Duration
-	maxAckPending int
-}
-
-// natsSubscriber creates the stream and the consumer group's durable consumer before
-// watermill-nats subscribes. It creates the consumer itself, because nats.go deletes a
-// consumer that a subscription created when that subscription ends, durable or not: the group
-// would lose its position, and its other members their consumer.
-type natsSubscriber struct {
-	*wnats.Subscriber
-	js       nats.JetStreamContext
-	streams  *natsbroker.Streams
-	group    string
-	consumer natsConsumer
-}
-
-// Subscribe ensures the stream and the durable consumer, then joins the consumer's deliver
-// group.
-func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	stream, err := s.streams.Ensure(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	name := natsbroker.ConsumerName(s.group, topic)
-	js := s.js
-	if _, err := js.ConsumerInfo(stream, name); err != nil {
-		if !errors.Is(err, nats.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("look up JetStream consumer %q of stream %q: %w", name, stream, err)
-		}
-		_, err = js.AddConsumer(stream, &nats.ConsumerConfig{
-			Durable:        name,
-			DeliverSubject: nats.NewInbox(),
-			DeliverGroup:   name,
-			DeliverPolicy:  nats.DeliverAllPolicy,
-			AckPolicy:      nats.AckExplicitPolicy,
-			AckWait:        s.consumer.ackWait,
-			MaxDeliver:     -1,
-			MaxAckPending:  s.consumer.maxAckPending,
-			FilterSubject:  topic,
-		})
-		if err != nil {
-			// Another member of the group may have created it in the meantime.
-			if _, err2 := js.ConsumerInfo(stream, name); err2 != nil {
-				return nil, fmt.Errorf("create JetStream consumer %q of stream %q: %w", name, stream, err)
-			}
-		}
-	}
-	return s.Subscriber.Subscribe(ctx, topic)
 }
 
 // HeaderNATSMsgID, set on a message published to a NATS broker, is the Nats-Msg-Id the message
@@ -203,9 +109,9 @@ func natsMsgID(msg *message.Message) string {
 	return msg.UUID
 }
 
-// natsMarshaler is watermill-nats's NATSMarshaler with a tolerant Unmarshal: it never fails, so
-// that no message is left unacknowledged for its headers (watermill-nats drops a message it
-// cannot unmarshal without acking it, and JetStream redelivers it after every AckWait).
+// natsMarshaler is the wire format of the NATS scheme: watermill-nats's NATSMarshaler for the
+// publisher, with Nats-Msg-Id set as natsMsgID says, and the tolerant natsbroker.Unmarshal of
+// the subscriber for Peek and Move, which never fails on foreign headers.
 type natsMarshaler struct{}
 
 var _ wnats.MarshalerUnmarshaler = natsMarshaler{}

@@ -259,6 +259,10 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 			f := setupDLQ(t, sc)
 			f.publish("good-1", `{"n": 1}`)
 			f.publish("bad-1", `not json 1`)
+			// A subscriber that keeps many deliveries in flight (NATS) dead-letters in the
+			// order the handlers finish: bad-2 goes after bad-1 is in the dead-letter topic,
+			// so that the listing's order is known.
+			f.waitDeadLetters(1)
 			f.publish("bad-2", `not json, 2`)
 			f.publish("good-2", `{"n": 2}`)
 			f.waitApplied(map[string]int{"good-1": 1, "good-2": 1})
