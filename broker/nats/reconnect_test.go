@@ -91,3 +91,23 @@ func TestSubscriber_LostConnectionEndsTheDeliveriesInFlightAndTheSubscriptionGoe
 	require.Equal(t, want, got, "delivery counts after the reconnection")
 	requireNothing(t, ch, 3*time.Second) // more than AckWait: the acks after the reconnection hold
 }
+
+func TestSubscriber_CloseReturnsInTimeWhenTheServerIsGone(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p, through := proxy(t, f.url)
+	f.publish(0, 1)
+	s := f.subscriber(natsbroker.Config{URL: through, CloseTimeout: time.Second})
+	ch := f.subscribe(s)
+	m := receive(t, ch, within)
+	p.Stop()
+	requireCause(t, m, natsbroker.ErrConnectionLost, within)
+	m.Ack() // the delivery has ended: ignored
+
+	start := time.Now()
+	err := s.Close()
+	require.Less(t, time.Since(start), 3*time.Second)
+	require.ErrorContains(t, err, "may not have reached the server")
+	_, open := <-ch
+	require.False(t, open, "channel closed by Close")
+}
