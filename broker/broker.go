@@ -55,14 +55,15 @@ type Options struct {
 	Logger watermill.LoggerAdapter
 
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
-	// the channel prefetch (QoS) of each AMQP subscription, the MaxAckPending of a NATS
-	// consumer group (for the group as a whole, as JetStream counts it), the unsettled
-	// deliveries (leases) each PostgreSQL or MySQL subscription holds at most, the window of
-	// leased messages of each SQLite subscription, the unsettled deliveries of each Redis
+	// the channel prefetch (QoS) of each AMQP subscription, the window of unsettled
+	// deliveries of each NATS subscription (JetStream's AckWait runs for each from its
+	// delivery, also while it waits for its turn in the consumer), the unsettled deliveries
+	// (leases) each PostgreSQL or MySQL subscription holds at most, the window of leased
+	// messages of each SQLite subscription, the unsettled deliveries of each Redis
 	// subscription (its XREADGROUP COUNT), the window of each mem subscription. URL parameter:
-	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to 1000 (the server's default)
-	// for NATS, to sqlitequeue.DefaultBatchSize for SQLite, to redis.DefaultPrefetch (package
-	// broker/redis) for Redis and to mem.DefaultPrefetch for mem.
+	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to nats.DefaultPrefetch
+	// (package broker/nats) for NATS, to sqlitequeue.DefaultBatchSize for SQLite, to
+	// redis.DefaultPrefetch (package broker/redis) for Redis and to mem.DefaultPrefetch for mem.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a
@@ -191,8 +192,8 @@ type Broker struct {
 //	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (broker/sqlqueue); also postgresql://
 //	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (broker/sqlqueue); also mariadb://
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
-//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (watermill-nats)
-//	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis)
+//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (broker/nats; watermill-nats publisher)
+//	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis; watermill-redisstream publisher)
 //	mem://name                                              in-process, for tests only (broker/mem)
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override the

@@ -3,12 +3,14 @@ package broker
 import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
+
+	natsbroker "github.com/onceflow/onceflow/broker/nats"
 )
 
 // Internals that the tests of package broker_test use.
 var (
 	RedactURL      = redactURL
-	NATSStreamName = natsName
+	NATSStreamName = natsbroker.StreamName
 	AMQPQueueName  = amqpQueueName
 )
 

@@ -2,24 +2,17 @@ package broker
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"time"
 
 	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	natsbroker "github.com/onceflow/onceflow/broker/nats"
 	"github.com/onceflow/onceflow/messagedata"
 )
-
-// natsCloseTimeout bounds how long a closing NATS subscriber waits for its subscriptions.
-const natsCloseTimeout = 10 * time.Second
 
 func openNATS(t *target, o Options) (*backend, error) {
 	nc, err := nats.Connect(t.dsn, nats.Name("onceflow publisher"))
@@ -46,65 +39,38 @@ func openNATS(t *target, o Options) (*backend, error) {
 		nc.Close()
 		return nil, err
 	}
-	streams := &natsStreams{js: js, known: map[string]string{}}
-	group := o.ConsumerGroup
-	var nak wnats.Delay
-	if d := o.nackDelay(); d > 0 {
-		nak = wnats.NewStaticDelay(d)
+	njs, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
 	}
-	consumer := natsConsumer{ackWait: o.AckTimeout, maxAckPending: o.Prefetch}
+	streams := natsbroker.NewStreams(njs)
+	cfg := natsbroker.Config{
+		URL:           t.dsn,
+		ConsumerGroup: o.ConsumerGroup,
+		Prefetch:      o.Prefetch,
+		AckWait:       o.AckTimeout,
+		NackDelay:     o.nackDelay(),
+		Logger:        o.Logger,
+	}
 
 	return &backend{
 		pub:        pub,
 		checkTopic: checkNATSTopic,
 		preparePublish: func(topic string) error {
-			_, err := streams.ensure(topic)
+			_, err := streams.Ensure(context.Background(), topic)
 			return err
 		},
-		newSubscriber: func() (message.Subscriber, error) {
-			snc, err := nats.Connect(t.dsn, nats.Name("onceflow subscriber "+group))
-			if err != nil {
-				return nil, err
-			}
-			sjs, err := snc.JetStream()
-			if err != nil {
-				snc.Close()
-				return nil, err
-			}
-			name := func(_, topic string) string { return natsConsumerName(group, topic) }
-			up, err := wnats.NewSubscriberWithNatsConn(snc, wnats.SubscriberSubscriptionConfig{
-				Unmarshaler:      natsMarshaler{},
-				SubscribersCount: 1,
-				AckWaitTimeout:   o.AckTimeout,
-				CloseTimeout:     natsCloseTimeout,
-				SubjectCalculator: func(_, topic string) *wnats.SubjectDetail {
-					return &wnats.SubjectDetail{Primary: topic, QueueGroup: natsConsumerName(group, topic)}
-				},
-				NakDelay: nak,
-				JetStream: wnats.JetStreamConfig{
-					// Without ManualAck, nats.go acks every message when the callback returns,
-					// even one that was never processed.
-					SubscribeOptions:  []nats.SubOpt{nats.ManualAck()},
-					DurableCalculator: name,
-					AckAsync:          false,
-				},
-				QueueGroupPrefix: group,
-			}, o.Logger)
-			if err != nil {
-				snc.Close()
-				return nil, err
-			}
-			streams := &natsStreams{js: sjs, known: map[string]string{}}
-			return &natsSubscriber{Subscriber: up, streams: streams, group: group, consumer: consumer}, nil
-		},
-		// Nak with a delay is native; a closing consumer naks what it holds, so that the
-		// message does not wait for AckWait.
-		nackOnClose: true,
+		// The subscriber pulls many deliveries in flight per subscription, delays nacks with
+		// NakWithDelay, naks what it holds when it closes and counts deliveries with
+		// JetStream's NumDelivered.
+		newSubscriber: func() (message.Subscriber, error) { return natsbroker.NewSubscriber(cfg) },
+		native:        true,
 		close: func() error {
 			nc.Close()
 			return nil
 		},
-		view: newNATSView(nc, js, group),
+		view: newNATSView(nc, js, o.ConsumerGroup),
 	}, nil
 }
 
@@ -118,120 +84,6 @@ func checkNATSTopic(topic string) error {
 		return fmt.Errorf("broker: topic %q: a NATS topic is a subject of non-empty tokens separated by '.'", topic)
 	}
 	return nil
-}
-
-// natsName turns s into a valid JetStream stream or consumer name: s itself when it has only
-// letters, digits, '-' and '_'; otherwise s with the other characters replaced by '_' and a
-// hash of s appended, so that different topics never share a name.
-func natsName(s string) string {
-	clean := true
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			b[i] = '_'
-			clean = false
-		}
-	}
-	if clean {
-		return s
-	}
-	sum := sha256.Sum256([]byte(s))
-	return string(b) + "_" + hex.EncodeToString(sum[:4])
-}
-
-// natsConsumerName names the durable consumer (and its deliver group) of a consumer group on a
-// topic.
-func natsConsumerName(group, topic string) string { return natsName(group + "_" + topic) }
-
-// natsStreams finds or creates the JetStream stream that stores a topic.
-type natsStreams struct {
-	js nats.JetStreamContext
-
-	mu    sync.Mutex
-	known map[string]string // topic -> stream
-}
-
-// ensure returns the stream that captures topic's subject, creating one named after the topic
-// (file storage, limits retention: messages stay until the stream's limits remove them, so
-// every consumer group can read them) when none does.
-func (s *natsStreams) ensure(topic string) (string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if name, ok := s.known[topic]; ok {
-		return name, nil
-	}
-	name, err := s.js.StreamNameBySubject(topic)
-	if err != nil {
-		name = natsName(topic)
-		_, err = s.js.AddStream(&nats.StreamConfig{
-			Name:      name,
-			Subjects:  []string{topic},
-			Storage:   nats.FileStorage,
-			Retention: nats.LimitsPolicy,
-		})
-		if err != nil {
-			// Another process may have created it in the meantime.
-			if found, err2 := s.js.StreamNameBySubject(topic); err2 == nil {
-				name, err = found, nil
-			}
-		}
-		if err != nil {
-			return "", fmt.Errorf("create JetStream stream %q for subject %q: %w", name, topic, err)
-		}
-	}
-	s.known[topic] = name
-	return name, nil
-}
-
-// natsConsumer is the configuration of the durable consumers onceflow creates.
-type natsConsumer struct {
-	ackWait       time.Duration
-	maxAckPending int
-}
-
-// natsSubscriber creates the stream and the consumer group's durable consumer before
-// watermill-nats subscribes. It creates the consumer itself, because nats.go deletes a
-// consumer that a subscription created when that subscription ends, durable or not: the group
-// would lose its position, and its other members their consumer.
-type natsSubscriber struct {
-	*wnats.Subscriber
-	streams  *natsStreams
-	group    string
-	consumer natsConsumer
-}
-
-// Subscribe ensures the stream and the durable consumer, then joins the consumer's deliver
-// group.
-func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	stream, err := s.streams.ensure(topic)
-	if err != nil {
-		return nil, err
-	}
-	name := natsConsumerName(s.group, topic)
-	js := s.streams.js
-	if _, err := js.ConsumerInfo(stream, name); err != nil {
-		if !errors.Is(err, nats.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("look up JetStream consumer %q of stream %q: %w", name, stream, err)
-		}
-		_, err = js.AddConsumer(stream, &nats.ConsumerConfig{
-			Durable:        name,
-			DeliverSubject: nats.NewInbox(),
-			DeliverGroup:   name,
-			DeliverPolicy:  nats.DeliverAllPolicy,
-			AckPolicy:      nats.AckExplicitPolicy,
-			AckWait:        s.consumer.ackWait,
-			MaxDeliver:     -1,
-			MaxAckPending:  s.consumer.maxAckPending,
-			FilterSubject:  topic,
-		})
-		if err != nil {
-			// Another member of the group may have created it in the meantime.
-			if _, err2 := js.ConsumerInfo(stream, name); err2 != nil {
-				return nil, fmt.Errorf("create JetStream consumer %q of stream %q: %w", name, stream, err)
-			}
-		}
-	}
-	return s.Subscriber.Subscribe(ctx, topic)
 }
 
 // HeaderNATSMsgID, set on a message published to a NATS broker, is the Nats-Msg-Id the message
@@ -257,9 +109,9 @@ func natsMsgID(msg *message.Message) string {
 	return msg.UUID
 }
 
-// natsMarshaler is watermill-nats's NATSMarshaler with a tolerant Unmarshal: it never fails, so
-// that no message is left unacknowledged for its headers (watermill-nats drops a message it
-// cannot unmarshal without acking it, and JetStream redelivers it after every AckWait).
+// natsMarshaler is the wire format of the NATS scheme: watermill-nats's NATSMarshaler for the
+// publisher, with Nats-Msg-Id set as natsMsgID says, and the tolerant natsbroker.Unmarshal of
+// the subscriber for Peek and Move, which never fails on foreign headers.
 type natsMarshaler struct{}
 
 var _ wnats.MarshalerUnmarshaler = natsMarshaler{}
@@ -288,32 +140,8 @@ func (natsMarshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, err
 	return m, nil
 }
 
-// Unmarshal converts a NATS message to a watermill message. The UUID is the header
-// "_watermill_message_uuid", or the Nats-Msg-Id header of a producer that sets only that. A
-// header with several values becomes a JSON array.
+// Unmarshal converts a NATS message to a watermill message as natsbroker.Unmarshal does: it
+// never fails.
 func (natsMarshaler) Unmarshal(m *nats.Msg) (*message.Message, error) {
-	id := m.Header.Get(wnats.WatermillUUIDHdr)
-	if id == "" {
-		id = m.Header.Get(nats.MsgIdHdr)
-	}
-	md := make(message.Metadata, len(m.Header))
-	for k, vs := range m.Header {
-		switch k {
-		case wnats.WatermillUUIDHdr, nats.MsgIdHdr, nats.ExpectedLastMsgIdHdr, nats.ExpectedStreamHdr,
-			nats.ExpectedLastSubjSeqHdr, nats.ExpectedLastSeqHdr:
-			continue
-		}
-		switch len(vs) {
-		case 0:
-			md[k] = ""
-		case 1:
-			md[k] = vs[0]
-		default:
-			b, _ := json.Marshal(vs)
-			md[k] = string(b)
-		}
-	}
-	msg := message.NewMessage(id, m.Data)
-	msg.Metadata = md
-	return msg, nil
+	return natsbroker.Unmarshal(m), nil
 }

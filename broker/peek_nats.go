@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"github.com/nats-io/nats.go"
+
+	natsbroker "github.com/onceflow/onceflow/broker/nats"
 )
 
 // natsView reads the stream that stores a topic by sequence, past the ack floor of the group's
@@ -36,7 +38,7 @@ func newNATSView(nc *nats.Conn, js nats.JetStreamContext, group string) func(con
 			return nil, fmt.Errorf("look up the JetStream stream of subject %q: %w", topic, err)
 		}
 		v.stream = stream
-		name := natsConsumerName(group, topic)
+		name := natsbroker.ConsumerName(group, topic)
 		info, err := js.ConsumerInfo(stream, name, nats.Context(ctx))
 		switch {
 		case err == nil:

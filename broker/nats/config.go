@@ -1,0 +1,101 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/nats-io/nats.go"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefetch is how many deliveries a subscription holds unsettled when
+	// Config.Prefetch is zero. JetStream's AckWait runs for each of them from its delivery,
+	// also while it waits for its turn in the consumer: the window must drain well within
+	// AckWait, so it stays small; 64 is enough to keep the fetch round trips out of the way
+	// (one fetch per half window or less).
+	DefaultPrefetch = 64
+	// DefaultAckWait is the AckWait of the consumers when Config.AckWait is zero.
+	DefaultAckWait = 30 * time.Second
+	// DefaultCloseTimeout bounds how long Close waits for the server to confirm that it has
+	// the acknowledgements, when Config.CloseTimeout is zero.
+	DefaultCloseTimeout = 5 * time.Second
+)
+
+// Config configures a Subscriber. URL and ConsumerGroup are required; the other fields have
+// defaults.
+type Config struct {
+	// URL names the NATS server, or several separated by commas, as nats.Connect takes it,
+	// credentials included. Required.
+	URL string
+
+	// ConnectOptions are passed to nats.Connect before the subscriber's own: a connection
+	// name ("onceflow subscriber <group>", which they may replace), reconnecting for ever,
+	// and the handlers that tell the subscriber about a lost connection (which they must not
+	// replace).
+	ConnectOptions []nats.Option
+
+	// ConsumerGroup names the durable consumer that the subscriptions pull from, with the
+	// topic (ConsumerName). Subscriptions of one group compete for the messages; every group
+	// gets every message. Required.
+	ConsumerGroup string
+
+	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
+	// nacked, their AckWait not passed) at most. Defaults to DefaultPrefetch.
+	Prefetch int
+
+	// AckWait is how long a delivery may stay unsettled before JetStream delivers the message
+	// again; the delivery's context is cancelled when it passes. Subscribe sets it on the
+	// group's consumer. Defaults to DefaultAckWait.
+	AckWait time.Duration
+
+	// NackDelay is how long a nacked message waits before JetStream delivers it again, when
+	// the nack does not ask for a delay of its own (redelivery.NackAfter). Zero delivers it
+	// again at once.
+	NackDelay time.Duration
+
+	// CloseTimeout bounds how long Close waits for the server to confirm the
+	// acknowledgements given before Close. Defaults to DefaultCloseTimeout.
+	CloseTimeout time.Duration
+
+	// Logger receives the subscriber's logs. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Validate reports the first invalid field. Zero values select the defaults, except for URL
+// and ConsumerGroup, which are required.
+func (c Config) Validate() error {
+	switch {
+	case c.URL == "":
+		return errors.New("nats: Config.URL is empty")
+	case c.ConsumerGroup == "":
+		return errors.New("nats: Config.ConsumerGroup is empty")
+	case c.Prefetch < 0:
+		return fmt.Errorf("nats: Config.Prefetch: %d is negative (0 selects the default)", c.Prefetch)
+	case c.AckWait < 0:
+		return fmt.Errorf("nats: Config.AckWait: %s is negative (0 selects the default)", c.AckWait)
+	case c.NackDelay < 0:
+		return fmt.Errorf("nats: Config.NackDelay: %s is negative (0 redelivers at once)", c.NackDelay)
+	case c.CloseTimeout < 0:
+		return fmt.Errorf("nats: Config.CloseTimeout: %s is negative (0 selects the default)", c.CloseTimeout)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}

@@ -1,0 +1,133 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// consumerConfig is the configuration of the durable pull consumer of the subscriber's group on
+// topic, delivering from policy (and start, for jetstream.DeliverByStartSequencePolicy).
+func (s *Subscriber) consumerConfig(name, topic string, policy jetstream.DeliverPolicy, start uint64) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       name,
+		FilterSubject: topic,
+		DeliverPolicy: policy,
+		OptStartSeq:   start,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.cfg.AckWait,
+		// No delivery limit at the server. onceflow's router counts deliveries (NumDelivered)
+		// and dead-letters a message at its handler's limit, with the reason. A server-side
+		// MaxDeliver would instead stop delivering the message silently: the handler would
+		// never see it again, and nothing would say why, which loses it.
+		MaxDeliver: -1,
+		// No limit on unacknowledged messages at the server: each subscription pulls no more
+		// than its free window (Config.Prefetch), so the group holds at most Prefetch per
+		// subscription, however many subscriptions there are in however many processes. A
+		// finite MaxAckPending would have to be the sum of those windows, which no subscriber
+		// knows.
+		MaxAckPending: -1,
+	}
+}
+
+// settings reports whether cfg already has what consumerConfig sets on every consumer, and
+// returns cfg with them set.
+func (s *Subscriber) settings(cfg jetstream.ConsumerConfig) (jetstream.ConsumerConfig, bool) {
+	want := cfg
+	want.AckWait = s.cfg.AckWait
+	want.MaxDeliver = -1
+	want.MaxAckPending = -1
+	// A BackOff would replace AckWait for redeliveries after a timeout: the deadline of a
+	// delivery's context would no longer match the server's.
+	want.BackOff = nil
+	same := cfg.AckWait == want.AckWait && cfg.MaxDeliver == want.MaxDeliver &&
+		cfg.MaxAckPending == want.MaxAckPending && len(cfg.BackOff) == 0
+	return want, same
+}
+
+// ensureConsumer returns the durable pull consumer of the subscriber's group on topic, in
+// stream, creating it when there is none (it delivers the whole stream), and updating its
+// AckWait and limits to the subscriber's when they differ (the last subscriber to subscribe
+// sets them). A push consumer of that name, which onceflow's earlier watermill-nats subscriber
+// created, is replaced by a pull consumer, as replacePushConsumer says.
+func (s *Subscriber) ensureConsumer(ctx context.Context, stream, topic string) (jetstream.Consumer, error) {
+	name := ConsumerName(s.cfg.ConsumerGroup, topic)
+	for attempt := 1; ; attempt++ {
+		c, err := s.js.Consumer(ctx, stream, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			c, err = s.js.CreateConsumer(ctx, stream, s.consumerConfig(name, topic, jetstream.DeliverAllPolicy, 0))
+			if errors.Is(err, jetstream.ErrConsumerExists) && attempt < 3 {
+				continue // another subscriber created it in the meantime: look again
+			}
+			if err != nil {
+				return nil, fmt.Errorf("create JetStream consumer %q of stream %q: %w", name, stream, err)
+			}
+			return c, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up JetStream consumer %q of stream %q: %w", name, stream, err)
+		}
+		info := c.CachedInfo()
+		if isPush(info) {
+			return s.replacePushConsumer(ctx, stream, topic, info)
+		}
+		if info.Config.AckPolicy != jetstream.AckExplicitPolicy {
+			return nil, fmt.Errorf("JetStream consumer %q of stream %q acknowledges with policy %s, not explicitly: onceflow did not create it; delete it, or use another consumer group", name, stream, info.Config.AckPolicy)
+		}
+		want, same := s.settings(info.Config)
+		if same {
+			return c, nil
+		}
+		c, err = s.js.UpdateConsumer(ctx, stream, want)
+		if err != nil {
+			return nil, fmt.Errorf("update JetStream consumer %q of stream %q (AckWait %s, no delivery or pending limit): %w", name, stream, s.cfg.AckWait, err)
+		}
+		return c, nil
+	}
+}
+
+// replacePushConsumer replaces the push consumer that info describes by a pull consumer of the
+// same name. JetStream cannot turn one into the other, and the NATS server keeps consumers
+// across restarts, so a group that consumed with onceflow's earlier subscriber (watermill-nats,
+// push) still has one.
+//
+// The pull consumer starts right after the push consumer's ack floor: every message that was
+// not acknowledged is delivered again, nothing is lost. Messages acknowledged out of order
+// above the floor are delivered again too (deduplication absorbs them), and delivery counts
+// start again from 1.
+//
+// While a subscriber still receives from the push consumer (an older process of the group),
+// replacing it would take its messages away in the middle of their processing: the
+// subscription fails instead, with an error that says what to do.
+func (s *Subscriber) replacePushConsumer(ctx context.Context, stream, topic string, info *jetstream.ConsumerInfo) (jetstream.Consumer, error) {
+	name := info.Name
+	if info.PushBound {
+		return nil, fmt.Errorf("JetStream consumer %q of stream %q is a push consumer that a subscriber still receives from "+
+			"(an onceflow process of group %q from before pull consumers, or another watermill-nats subscriber): "+
+			"stop those consumers of %q, then subscribe again; the pull consumer that replaces it starts after its ack floor (stream sequence %d)",
+			name, stream, s.cfg.ConsumerGroup, topic, info.AckFloor.Stream)
+	}
+	policy, start := jetstream.DeliverAllPolicy, uint64(0)
+	if floor := info.AckFloor.Stream; floor > 0 {
+		policy, start = jetstream.DeliverByStartSequencePolicy, floor+1
+	}
+	s.logger.Info("Replacing the push consumer of a consumer group by a pull consumer", watermill.LogFields{
+		"consumer": name, "stream": stream, "ack_floor": info.AckFloor.Stream, "pending": info.NumAckPending,
+	})
+	if err := s.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("delete push consumer %q of stream %q to replace it by a pull consumer: %w", name, stream, err)
+	}
+	c, err := s.js.CreateConsumer(ctx, stream, s.consumerConfig(name, topic, policy, start))
+	if err != nil {
+		return nil, fmt.Errorf("create pull consumer %q of stream %q from stream sequence %d, in place of the push consumer deleted: %w", name, stream, start, err)
+	}
+	return c, nil
+}
+
+// isPush reports whether info describes a push consumer. The jetstream package, made for pull
+// consumers, leaves out the DeliverSubject of the configuration; but JetStream gives every
+// pull consumer a MaxWaiting (512 by default, never 0) and refuses one for a push consumer.
+func isPush(info *jetstream.ConsumerInfo) bool { return info.Config.MaxWaiting == 0 }

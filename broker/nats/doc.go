@@ -1,0 +1,50 @@
+// Package nats is onceflow's subscriber for NATS JetStream: a watermill message.Subscriber that
+// keeps many deliveries in flight, on nats.go's own client. It also holds the rules that the
+// nats:// scheme of package broker shares with it: the names of streams and consumers
+// (StreamName, ConsumerName), the creation of a topic's stream (Streams) and the tolerant
+// unmarshaler of the wire format that watermill-nats's publisher writes (Unmarshal).
+//
+// # Consumers
+//
+// Every consumer group has one durable pull consumer per topic, named ConsumerName(group,
+// topic), with explicit acknowledgements, AckWait = Config.AckWait, no delivery limit
+// (MaxDeliver -1: onceflow's router counts deliveries and dead-letters a message at its limit,
+// with the reason; a server-side limit would stop delivering it silently) and no limit on
+// pending acknowledgements (MaxAckPending -1: each subscription bounds its own). Subscribe
+// creates it when there is none; it delivers the whole stream. Each Subscribe call is one
+// puller on it: subscriptions of a group, in any number of processes, compete for its
+// messages. A push consumer of that name, left by onceflow's earlier watermill-nats
+// subscriber, is replaced by a pull consumer that starts right after its ack floor; while a
+// subscriber still receives from the push consumer, Subscribe fails and says what to do.
+//
+// # Delivery
+//
+// A subscription asks the consumer for as many messages as its window (Config.Prefetch) has
+// room for, in batches, and hands each one out at once, without waiting for the
+// acknowledgements of the ones before. Each message's context carries a redelivery.Info: the
+// delivery count is JetStream's (NumDelivered, kept by the server, so it survives the death
+// of a consumer), and nacks are delayed (DelaysNacks). The context is cancelled when the
+// delivery ends unsettled: its AckWait passes (ErrAckWaitPassed), the connection is lost
+// (ErrConnectionLost), the subscription ends; and after it is settled.
+//
+//   - Ack acknowledges that one message, asynchronously; Close waits for the server to confirm.
+//   - Nack makes JetStream deliver the message again, its count up by one, after
+//     redelivery.RequestedDelay, or Config.NackDelay (NakWithDelay). The messages behind it
+//     are not held back.
+//   - A delivery whose AckWait passed, or whose connection was lost, is left to the server,
+//     which delivers it again once AckWait has passed; its ack or nack is ignored.
+//   - A subscription that ends, or a Subscriber that closes, gives back what it holds
+//     unsettled at once (a nak), for another consumer of the group to take.
+//   - A consumer that dies leaves its deliveries to the others after AckWait.
+//
+// The connection reconnects by itself, for ever; the subscriptions go on when it is back.
+//
+// # NATS server 2.9
+//
+// The server here, NATS 2.9, mishandles a redelivery at a moment when all the pull requests
+// waiting at a consumer have lost their listener: the message comes again as a first delivery
+// and the message before it is delivered once more (nats-server #5305, fixed in 2.11). The
+// subscriber never leaves a request of its own in that state (see fetch); the requests of a
+// consumer that dies or loses its connection stay at the server until they expire, one second
+// at most, which the subscriber keeps short for that reason.
+package nats

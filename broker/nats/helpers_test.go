@@ -1,0 +1,148 @@
+package nats_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker"
+	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
+)
+
+// within bounds every wait for something that must happen.
+const within = 20 * time.Second
+
+// fixture is one test's server, topic and consumer group, and the publisher of package broker
+// (watermill-nats's, as in production).
+type fixture struct {
+	t     *testing.T
+	url   string
+	topic string
+	group string
+	pub   message.Publisher
+}
+
+// setup returns a fixture with a topic and a group of the test's own; the topic's stream (and
+// the group's consumer) is removed when the test ends.
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	url := testsvc.NATSURL(t)
+	f := &fixture{t: t, url: url, topic: testsvc.UniqueName("t"), group: testsvc.UniqueName("g")}
+	t.Cleanup(func() { testsvc.RemoveTopics(t, url, nil, f.topic) })
+	b, err := broker.Open(context.Background(), url, broker.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	f.pub = b.Publisher()
+	return f
+}
+
+// config returns cfg with the fixture's server and group.
+func (f *fixture) config(cfg natsbroker.Config) natsbroker.Config {
+	if cfg.URL == "" {
+		cfg.URL = f.url
+	}
+	if cfg.ConsumerGroup == "" {
+		cfg.ConsumerGroup = f.group
+	}
+	return cfg
+}
+
+// subscriber returns a new Subscriber of the fixture's group, closed when the test ends.
+func (f *fixture) subscriber(cfg natsbroker.Config) *natsbroker.Subscriber {
+	f.t.Helper()
+	s, err := natsbroker.NewSubscriber(f.config(cfg))
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// subscribe subscribes s to the fixture's topic until the test ends.
+func (f *fixture) subscribe(s *natsbroker.Subscriber) <-chan *message.Message {
+	f.t.Helper()
+	ch, err := s.Subscribe(context.Background(), f.topic)
+	require.NoError(f.t, err)
+	return ch
+}
+
+// message returns the i-th test message of the fixture.
+func (f *fixture) message(i int) *message.Message {
+	m := message.NewMessage(fmt.Sprintf("%s-%04d", f.topic, i), []byte(fmt.Sprintf("payload %d \x00\xff", i)))
+	m.Metadata.Set("k", fmt.Sprintf("v%d", i))
+	return m
+}
+
+// publish publishes the messages from..to-1 of the fixture and returns their UUIDs.
+func (f *fixture) publish(from, to int) []string {
+	f.t.Helper()
+	var ids []string
+	for i := from; i < to; i++ {
+		m := f.message(i)
+		require.NoError(f.t, f.pub.Publish(f.topic, m))
+		ids = append(ids, m.UUID)
+	}
+	return ids
+}
+
+// receive returns the next message of ch, failing the test after timeout.
+func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		require.True(t, ok, "subscription closed before a message arrived")
+		return m
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s", timeout)
+		return nil
+	}
+}
+
+// requireNothing checks that no message arrives on ch for d.
+func requireNothing(t *testing.T, ch <-chan *message.Message, d time.Duration) {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		if ok {
+			t.Fatalf("unexpected message %s", m.UUID)
+		}
+		t.Fatal("subscription closed")
+	case <-time.After(d):
+	}
+}
+
+// info returns the redelivery.Info of m, failing the test when there is none.
+func info(t *testing.T, m *message.Message) redelivery.Info {
+	t.Helper()
+	i, ok := redelivery.FromContext(m.Context())
+	require.True(t, ok, "message %s has no redelivery.Info", m.UUID)
+	return i
+}
+
+// requireCause waits for the context of m to end and checks its cause.
+func requireCause(t *testing.T, m *message.Message, want error, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-m.Context().Done():
+		require.ErrorIs(t, context.Cause(m.Context()), want)
+	case <-time.After(timeout):
+		t.Fatalf("context of %s not cancelled within %s", m.UUID, timeout)
+	}
+}
+
+// mergeOf returns a channel that gets the messages of a and b.
+func mergeOf(a, b <-chan *message.Message) <-chan *message.Message {
+	out := make(chan *message.Message)
+	for _, ch := range []<-chan *message.Message{a, b} {
+		go func() {
+			for m := range ch {
+				out <- m
+			}
+		}()
+	}
+	return out
+}

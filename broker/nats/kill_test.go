@@ -1,0 +1,94 @@
+package nats_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	natsbroker "github.com/onceflow/onceflow/broker/nats"
+)
+
+// Environment of the consumer process of TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery.
+const (
+	childURLEnv   = "ONCEFLOW_NATS_TEST_CHILD_URL"
+	childTopicEnv = "ONCEFLOW_NATS_TEST_CHILD_TOPIC"
+	childGroupEnv = "ONCEFLOW_NATS_TEST_CHILD_GROUP"
+)
+
+// killAckWait is the AckWait of the killed consumer and of the one after it.
+const killAckWait = 2 * time.Second
+
+// TestKilledConsumer_Child is the consumer process of
+// TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery: it takes one message, says
+// so on stdout with its delivery count, and waits to be killed.
+func TestKilledConsumer_Child(t *testing.T) {
+	rawURL := os.Getenv(childURLEnv)
+	if rawURL == "" {
+		t.Skip("run by TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery")
+	}
+	s, err := natsbroker.NewSubscriber(natsbroker.Config{URL: rawURL, ConsumerGroup: os.Getenv(childGroupEnv), AckWait: killAckWait})
+	require.NoError(t, err)
+	ch, err := s.Subscribe(context.Background(), os.Getenv(childTopicEnv))
+	require.NoError(t, err)
+	m := receive(t, ch, within)
+	fmt.Printf("HOLDING %s %d\n", m.UUID, info(t, m).Count)
+	select {}
+}
+
+// The delivery count is the server's: a consumer process killed (SIGKILL) in the middle of a
+// delivery leaves the message to the next consumer after AckWait, counted, so that a message
+// that crashes its consumers reaches the delivery limit.
+func TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	id := f.publish(0, 1)[0]
+	for want := 1; want <= 2; want++ {
+		got := holdInAChildAndKillIt(t, f)
+		require.Equal(t, fmt.Sprintf("%s %d", id, want), got, "message and delivery count of killed consumer %d", want)
+	}
+	ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: killAckWait}))
+	m := receive(t, ch, within)
+	require.Equal(t, id, m.UUID)
+	require.Equal(t, 3, info(t, m).Count)
+	m.Ack()
+}
+
+// holdInAChildAndKillIt starts a consumer process of the fixture's group, waits for it to hold
+// a message, kills it and returns what it said it holds: the UUID and the delivery count.
+func holdInAChildAndKillIt(t *testing.T, f *fixture) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
+	cmd.Env = append(os.Environ(), childURLEnv+"="+f.url, childTopicEnv+"="+f.topic, childGroupEnv+"="+f.group)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_ = cmd.Wait()
+	}()
+	holding := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if what, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
+				holding <- what
+			}
+		}
+	}()
+	select {
+	case what := <-holding:
+		return what
+	case <-time.After(within):
+		t.Fatal("the consumer process took no message")
+		return ""
+	}
+}

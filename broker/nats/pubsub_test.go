@@ -1,0 +1,95 @@
+package nats_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker"
+	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/internal/testsvc"
+)
+
+// TestPubSub runs watermill's universal Pub/Sub suite against the subscriber, with package
+// broker's publisher (watermill-nats's) on the shared server. Each constructor call makes a
+// Subscriber with a connection of its own, as separate processes would have.
+//
+// Features:
+//   - ConsumerGroups is true: each group has a durable consumer of its own, and the
+//     subscriptions of one group compete for its messages.
+//   - ExactlyOnceDelivery is false: delivery is at-least-once. A delivery given back (by
+//     Close, a lost connection, a passed AckWait) is delivered again even if its consumer
+//     processed it; onceflow's deduplication makes the processing exactly-once. With it false
+//     the suite also runs TestContinueAfterSubscribeClose and TestConcurrentClose.
+//   - GuaranteedOrder is false: many deliveries are in flight at once, a nacked message comes
+//     back after the ones behind it, and competing subscriptions interleave. This skips
+//     TestPublishSubscribeInOrder and TestNoAck, which demand one delivery at a time.
+//   - Persistent is true: JetStream stores the messages in a file-backed stream.
+//   - NewSubscriberReceivesOldMessages is false: a new subscription of a group starts at the
+//     group's position; the stream is not replayed for each subscriber.
+//   - RestartServiceCommand is empty, so TestReconnect is skipped: the NATS server is shared
+//     with other tests and is not restarted. TestSubscriber_LostConnectionEndsTheDeliveriesInFlightAndTheSubscriptionGoesOn
+//     cuts the connection through a proxy instead.
+//   - ContextPreserved is false: a message's context is not carried over the wire.
+func TestPubSub(t *testing.T) {
+	t.Parallel()
+	rawURL := testsvc.NATSURL(t)
+	var mu sync.Mutex
+	topics := map[string]bool{}
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for topic := range topics {
+			testsvc.RemoveTopics(t, rawURL, nil, topic)
+		}
+	})
+	record := func(topic string) {
+		mu.Lock()
+		topics[topic] = true
+		mu.Unlock()
+	}
+	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+		b, err := broker.Open(context.Background(), rawURL, broker.Options{})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, b.Close()) })
+		s, err := natsbroker.NewSubscriber(natsbroker.Config{URL: rawURL, ConsumerGroup: group})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, s.Close()) })
+		return recordingPublisher{b.Publisher(), record}, recordingSubscriber{s, record}
+	}
+	tests.TestPubSub(t, tests.Features{
+		ConsumerGroups:                   true,
+		ExactlyOnceDelivery:              false,
+		GuaranteedOrder:                  false,
+		Persistent:                       true,
+		NewSubscriberReceivesOldMessages: false,
+		ContextPreserved:                 false,
+	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
+		return withGroup(t, "test")
+	}, withGroup)
+}
+
+// recordingPublisher and recordingSubscriber note the topics the suite uses, for the cleanup.
+type recordingPublisher struct {
+	message.Publisher
+	record func(topic string)
+}
+
+func (p recordingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.record(topic)
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+type recordingSubscriber struct {
+	*natsbroker.Subscriber
+	record func(topic string)
+}
+
+func (s recordingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.record(topic)
+	return s.Subscriber.Subscribe(ctx, topic)
+}

@@ -1,0 +1,221 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors that end a delivery without an acknowledgement, as the cause of its context
+// (context.Cause), and that a closed Subscriber returns.
+var (
+	// ErrClosed is returned by Subscribe on a closed Subscriber, and is the cause of the
+	// contexts of the deliveries that Close gives back.
+	ErrClosed = errors.New("nats: subscriber closed")
+	// ErrAckWaitPassed is the cause of the context of a delivery whose AckWait passed:
+	// JetStream delivers the message again, and an ack or nack of this delivery is ignored.
+	ErrAckWaitPassed = errors.New("nats: AckWait passed: JetStream delivers the message again")
+	// ErrConnectionLost is the cause of the context of a delivery whose connection to the
+	// server was lost: JetStream delivers the message again once its AckWait has passed, and
+	// an ack or nack of this delivery is ignored.
+	ErrConnectionLost = errors.New("nats: connection to the server lost: JetStream delivers the message again after AckWait")
+)
+
+// Subscriber is a watermill message.Subscriber on NATS JetStream that keeps many deliveries in
+// flight: each subscription pulls from its consumer group's durable consumer up to
+// Config.Prefetch messages ahead of their acknowledgements. NewSubscriber makes one; it has a
+// connection of its own. A Subscriber is safe for concurrent use.
+type Subscriber struct {
+	cfg     Config
+	logger  watermill.LoggerAdapter
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	streams *Streams
+
+	// ctx ends, with the cause ErrClosed, when Close starts; every subscription's context
+	// derives from it.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu     sync.Mutex
+	closed bool
+	link   *link // the current connection to the server
+
+	pullers    sync.WaitGroup // subscriptions' fetch loops
+	deliveries sync.WaitGroup // deliveries not settled or ended yet
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ message.Subscriber = (*Subscriber)(nil)
+
+// link is one connection to the server, from its loss of the one before to its own loss. A
+// delivery belongs to the link it came on: when lost is closed, the delivery ends.
+type link struct {
+	up   chan struct{} // closed once connected
+	lost chan struct{} // closed when the connection is lost
+}
+
+// NewSubscriber connects to the NATS server of cfg.URL and returns a Subscriber over that
+// connection. The connection reconnects by itself, for ever, until Close.
+func NewSubscriber(cfg Config) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Subscriber{
+		cfg:    cfg,
+		logger: cfg.Logger.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
+		link:   &link{up: make(chan struct{}), lost: make(chan struct{})},
+	}
+	close(s.link.up)
+	opts := []nats.Option{nats.Name("onceflow subscriber " + cfg.ConsumerGroup), nats.MaxReconnects(-1)}
+	opts = append(opts, cfg.ConnectOptions...)
+	opts = append(opts,
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { s.disconnected(err) }),
+		nats.ReconnectHandler(func(*nats.Conn) { s.reconnected() }),
+	)
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: connect: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("nats: JetStream API: %w", err)
+	}
+	s.nc, s.js, s.streams = nc, js, NewStreams(js)
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	return s, nil
+}
+
+// disconnected ends the deliveries that came on the connection just lost.
+func (s *Subscriber) disconnected(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	close(s.link.lost)
+	s.link = &link{up: make(chan struct{}), lost: make(chan struct{})}
+	s.logger.Info("Connection to NATS lost: the deliveries in flight end, JetStream delivers them again after AckWait", watermill.LogFields{"error": err})
+}
+
+// reconnected lets the subscriptions pull on the new connection.
+func (s *Subscriber) reconnected() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.link.up:
+	default:
+		close(s.link.up)
+	}
+	s.logger.Info("Reconnected to NATS", nil)
+}
+
+// currentLink returns the connection that deliveries come on now.
+func (s *Subscriber) currentLink() *link {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.link
+}
+
+// Subscribe starts one competing consumer of topic in the subscriber's consumer group: it
+// creates the topic's stream when no stream captures the subject, creates or updates the
+// group's durable pull consumer (see ensureConsumer), and pulls from it.
+//
+// Each message on the returned channel carries, in its context, a redelivery.Info with Count
+// set to JetStream's delivery count (NumDelivered, which the server keeps: it survives the
+// death of a consumer) and DelaysNacks. The context derives from ctx and is cancelled when
+// the delivery ends unsettled: its AckWait passes (ErrAckWaitPassed), the connection is lost
+// (ErrConnectionLost), ctx ends or the Subscriber closes (ErrClosed); and after it is settled.
+//
+// Ack acknowledges the message (asynchronously: Close makes sure the server has them). Nack
+// makes JetStream deliver it again after redelivery.RequestedDelay, or Config.NackDelay when
+// the nack asked for none. When ctx ends or the Subscriber closes, the channel is closed and
+// the deliveries not settled yet are given back (nacked, for another consumer to take at once).
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("nats: subscribe: topic is empty")
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s.pullers.Add(1)
+	s.mu.Unlock()
+	started := false
+	defer func() {
+		if !started {
+			s.pullers.Done()
+		}
+	}()
+
+	setup, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(s.ctx, stop)()
+	stream, err := s.streams.Ensure(setup, topic)
+	if err != nil {
+		return nil, fmt.Errorf("nats: subscribe to %q: %w", topic, err)
+	}
+	cons, err := s.ensureConsumer(setup, stream, topic)
+	if err != nil {
+		return nil, fmt.Errorf("nats: subscribe to %q: %w", topic, err)
+	}
+
+	subCtx, cancel := context.WithCancelCause(ctx)
+	info := cons.CachedInfo()
+	sub := &subscription{
+		s:         s,
+		topic:     topic,
+		stream:    stream,
+		subject:   pullSubject(stream, info.Name),
+		ackWait:   info.Config.AckWait,
+		ctx:       subCtx,
+		cancel:    cancel,
+		out:       make(chan *message.Message),
+		withdrawn: make(chan struct{}),
+		win:       newWindow(s.cfg.Prefetch),
+		logger:    s.logger.With(watermill.LogFields{"topic": topic, "consumer": info.Name}),
+	}
+	sub.stopWithSubscriber = context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	started = true
+	go sub.run()
+	return sub.out, nil
+}
+
+// Close stops every subscription from pulling, gives back the deliveries that are not settled
+// (nacks them, so that they do not wait for AckWait), waits up to Config.CloseTimeout for the
+// server to confirm the acknowledgements and nacks given before, closes the connection and
+// the subscriptions' channels. It is idempotent and safe to call concurrently: every call
+// returns when the first one is done, with its result. The error says when the server could
+// not confirm (it delivers again what it did not get, after AckWait).
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		s.cancel(ErrClosed)
+		s.pullers.Wait()
+		s.deliveries.Wait()
+		var err error
+		if s.nc.IsConnected() {
+			err = s.nc.FlushTimeout(s.cfg.CloseTimeout)
+		} else {
+			err = errors.New("not connected to the server")
+		}
+		s.nc.Close()
+		if err != nil {
+			s.closeErr = fmt.Errorf("nats: close: the acknowledgements given before Close may not have reached the server: %w", err)
+		}
+	})
+	return s.closeErr
+}

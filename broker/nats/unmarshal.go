@@ -1,0 +1,44 @@
+package nats
+
+import (
+	"encoding/json"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+)
+
+// UUIDHeader is the header that carries a message's UUID on the wire, as watermill-nats's
+// publisher writes it (its WatermillUUIDHdr).
+const UUIDHeader = "_watermill_message_uuid"
+
+// Unmarshal converts a NATS message to a watermill message, and never fails, so that no
+// message is left unacknowledged for its headers. The UUID is the header UUIDHeader, or the
+// Nats-Msg-Id header of a producer that sets only that. The other headers become metadata,
+// except the JetStream publish headers (Nats-Msg-Id, Nats-Expected-*); a header with several
+// values becomes a JSON array.
+func Unmarshal(m *nats.Msg) *message.Message {
+	id := m.Header.Get(UUIDHeader)
+	if id == "" {
+		id = m.Header.Get(nats.MsgIdHdr)
+	}
+	md := make(message.Metadata, len(m.Header))
+	for k, vs := range m.Header {
+		switch k {
+		case UUIDHeader, nats.MsgIdHdr, nats.ExpectedLastMsgIdHdr, nats.ExpectedStreamHdr,
+			nats.ExpectedLastSubjSeqHdr, nats.ExpectedLastSeqHdr:
+			continue
+		}
+		switch len(vs) {
+		case 0:
+			md[k] = ""
+		case 1:
+			md[k] = vs[0]
+		default:
+			b, _ := json.Marshal(vs)
+			md[k] = string(b)
+		}
+	}
+	msg := message.NewMessage(id, m.Data)
+	msg.Metadata = md
+	return msg
+}
