@@ -7,7 +7,6 @@ import (
 
 // Internals that the tests of package broker_test use.
 var (
-	RedactURL      = redactURL
 	NATSStreamName = natsName
 	AMQPQueueName  = amqpQueueName
 )

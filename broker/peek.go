@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/redact"
 )
 
 // Peek and Move read a consumer group's messages directly from the broker's storage, beside the
@@ -62,7 +64,7 @@ func (b *Broker) openView(ctx context.Context, topic string) (view, error) {
 }
 
 func (b *Broker) inspectErr(op, topic string, err error) error {
-	return scrub(fmt.Errorf("broker: %s topic %q for consumer group %q on %s: %w", op, topic, b.opts.ConsumerGroup, b.redacted, err), b.secrets)
+	return redact.Error(fmt.Errorf("broker: %s topic %q for consumer group %q on %s: %w", op, topic, b.opts.ConsumerGroup, b.redacted, err), b.secrets)
 }
 
 // Peek returns up to limit of the messages of topic that wait for the Broker's consumer group,
