@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+)
+
+// listReport is the JSON document of dlq list.
+type listReport struct {
+	Broker      string       `json:"broker"`
+	Topic       string       `json:"topic"`
+	Group       string       `json:"group"`
+	Count       int          `json:"count"`
+	More        bool         `json:"more"`
+	DeadLetters []deadLetter `json:"dead_letters"`
+}
+
+func newDLQListCommand() *cobra.Command {
+	var f dlqFlags
+	var withPayload bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "Show the dead letters waiting in the dead-letter topic, without taking them",
+		Long: `Prints, oldest first, the dead letters waiting in the dead-letter topic for the consumer group:
+id, when it was dead-lettered, the topic it came from, the handler, the attempt, the payload size
+and the reason. Nothing is consumed: listing again shows the same dead letters.
+
+How each broker is read without consuming: RabbitMQ by basic.get on the group's queue, then
+closing the channel so that every message goes back in its place (with the redelivered flag);
+SQL and SQLite queues by reading the messages table past the group's offset; NATS by reading the
+stream past the ack floor of the group's consumer; Redis by XPENDING and XRANGE. mem:// cannot
+be listed.`,
+		Example: `  onceflow dlq list --broker 'amqp://guest:guest@127.0.0.1:5672/?group=billing'
+  onceflow dlq list --broker sqlite://var/queue.db --payload --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b, err := f.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			msgs, err := b.Peek(cmd.Context(), f.topic, f.limit+1)
+			if err != nil {
+				return err
+			}
+			rep := listReport{Broker: b.String(), Topic: f.topic, Group: b.ConsumerGroup(), DeadLetters: []deadLetter{}}
+			if len(msgs) > f.limit {
+				msgs, rep.More = msgs[:f.limit], true
+			}
+			for _, m := range msgs {
+				rep.DeadLetters = append(rep.DeadLetters, describe(m, withPayload))
+			}
+			rep.Count = len(rep.DeadLetters)
+			if f.asJSON {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			printList(cmd.OutOrStdout(), rep, withPayload)
+			return nil
+		},
+	}
+	f.register(cmd, defaultListLimit, "show at most this many dead letters")
+	cmd.Flags().BoolVar(&withPayload, "payload", false, "show the payloads (as text, or base64 in --json when not UTF-8)")
+	return cmd
+}
+
+// printList writes the readable form of a list report.
+func printList(w io.Writer, rep listReport, withPayload bool) {
+	where := fmt.Sprintf("in %s for consumer group %s on %s", rep.Topic, rep.Group, rep.Broker)
+	if rep.Count == 0 {
+		fmt.Fprintf(w, "no dead letters %s\n", where)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	header := "ID\tDEAD-LETTERED\tTOPIC\tHANDLER\tATTEMPT\tSIZE\tREASON"
+	if withPayload {
+		header += "\tPAYLOAD"
+	}
+	fmt.Fprintln(tw, header)
+	for _, d := range rep.DeadLetters {
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", cell(d.ID, 0), cell(d.Time, 0), cell(d.Topic, 0), cell(d.Handler, 0),
+			d.Attempt, d.PayloadSize, cell(d.Reason, tableReasonWidth))
+		if withPayload {
+			p := ""
+			if d.Payload != nil {
+				p = *d.Payload
+			} else {
+				p = "base64:" + d.PayloadBase64
+			}
+			line += "\t" + strconv.Quote(truncate(p, tablePayloadWidth))
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+	more := ""
+	if rep.More {
+		more = " (more are waiting: raise --limit)"
+	}
+	fmt.Fprintf(w, "%d dead letters %s%s\n", rep.Count, where, more)
+}
