@@ -153,3 +153,8 @@ func writeJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// where says which dead letters a command looked at, for the last line of its text output.
+func where(topic, group, brokerURL string) string {
+	return fmt.Sprintf("in %s for consumer group %s on %s", printable(topic), printable(group), printable(brokerURL))
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"strconv"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -69,9 +68,9 @@ be listed.`,
 
 // printList writes the readable form of a list report.
 func printList(w io.Writer, rep listReport, withPayload bool) {
-	where := fmt.Sprintf("in %s for consumer group %s on %s", rep.Topic, rep.Group, rep.Broker)
+	loc := where(rep.Topic, rep.Group, rep.Broker)
 	if rep.Count == 0 {
-		fmt.Fprintf(w, "no dead letters %s\n", where)
+		fmt.Fprintf(w, "no dead letters %s\n", loc)
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -90,7 +89,7 @@ func printList(w io.Writer, rep listReport, withPayload bool) {
 			} else {
 				p = "base64:" + d.PayloadBase64
 			}
-			line += "\t" + strconv.Quote(truncate(p, tablePayloadWidth))
+			line += "\t" + quoted(truncate(p, tablePayloadWidth))
 		}
 		fmt.Fprintln(tw, line)
 	}
@@ -99,5 +98,5 @@ func printList(w io.Writer, rep listReport, withPayload bool) {
 	if rep.More {
 		more = " (more are waiting: raise --limit)"
 	}
-	fmt.Fprintf(w, "%d dead letters %s%s\n", rep.Count, where, more)
+	fmt.Fprintf(w, "%d dead letters %s%s\n", rep.Count, loc, more)
 }

@@ -196,12 +196,12 @@ func printReplay(w io.Writer, rep replayReport) {
 	if rep.Limited {
 		more = " (the first --limit; more may be waiting)"
 	}
-	fmt.Fprintf(w, "replayed %d, kept %d dead letters in %s for consumer group %s on %s%s\n",
-		len(rep.Replayed), len(rep.Kept), rep.Topic, rep.Group, rep.Broker, more)
+	fmt.Fprintf(w, "replayed %d, kept %d dead letters %s%s\n",
+		len(rep.Replayed), len(rep.Kept), where(rep.Topic, rep.Group, rep.Broker), more)
 	for _, id := range rep.NotFound {
-		fmt.Fprintf(w, "not found: %s\n", id)
+		fmt.Fprintf(w, "not found: %s\n", printable(id))
 	}
 	for _, id := range rep.NoTopic {
-		fmt.Fprintf(w, "no original topic: %s (pass --to)\n", id)
+		fmt.Fprintf(w, "no original topic: %s (pass --to)\n", printable(id))
 	}
 }

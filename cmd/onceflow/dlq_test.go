@@ -8,10 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -396,4 +399,142 @@ func TestDLQ_GroupFlagOverridesTheURL(t *testing.T) {
 // removeTopics removes what a test left on a shared server for its topics.
 func removeTopics(t testing.TB, rawURL, group string, topics ...string) {
 	testsvc.RemoveTopics(t, rawURL, []string{group}, topics...)
+}
+
+// letters is one test's broker, in consumer group billing, and fresh topics, without a router:
+// the test publishes its dead letters itself, as the router's DeadLetter middleware does.
+type letters struct {
+	t     *testing.T
+	sc    dlqBroker
+	url   string
+	topic string // the topic the dead letters came from
+	dlq   string
+	b     *broker.Broker
+}
+
+func setupLetters(t *testing.T, sc dlqBroker) *letters {
+	const group = "billing"
+	raw := sc.url(t)
+	l := &letters{t: t, sc: sc, topic: testsvc.UniqueName("orders"), dlq: testsvc.UniqueName("dead")}
+	sep := "?"
+	if strings.Contains(raw, "?") {
+		sep = "&"
+	}
+	l.url = raw + sep + "group=" + group
+	if sc.cleanup != nil {
+		t.Cleanup(func() { sc.cleanup(t, raw, group, l.topic, l.dlq) })
+	}
+	b, err := broker.Open(context.Background(), l.url, broker.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	l.b = b
+	return l
+}
+
+// deadLetter dead-letters a message of the fixture's topic as handler would for reason.
+func (l *letters) deadLetter(id, handler, reason, payload string) {
+	l.t.Helper()
+	require.NoError(l.t, middleware.PublishDeadLetter(context.Background(), l.b.Publisher(), l.dlq, handler,
+		&messagedata.MessageData{ID: id, Topic: l.topic, Payload: []byte(payload), Headers: map[string]string{}},
+		errors.New(reason)))
+}
+
+// run runs the onceflow command with args against the fixture's broker and dead-letter topic.
+func (l *letters) run(args ...string) (string, error) {
+	l.t.Helper()
+	return run(l.t, append(args, "--broker", l.url, "--topic", l.dlq)...)
+}
+
+// waiting returns the ids waiting in topic for the fixture's group.
+func (l *letters) waiting(topic string) []string {
+	l.t.Helper()
+	msgs, err := l.b.Peek(context.Background(), topic, 100)
+	require.NoError(l.t, err)
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.UUID
+	}
+	return out
+}
+
+// requireTerminalSafe checks that out holds nothing a terminal interprets but newlines, and
+// nothing text/tabwriter treats as a cell boundary or an escape.
+func requireTerminalSafe(t *testing.T, out string) {
+	t.Helper()
+	require.True(t, utf8.ValidString(out), "output is not UTF-8: %q", out)
+	for _, r := range out {
+		require.True(t, r == '\n' || unicode.IsPrint(r), "output holds %U: %q", r, out)
+	}
+}
+
+// rawCarriers are the brokers that carry any id and header value as it is: the others replace
+// the id (PostgreSQL and MySQL store it as UTF-8 text) or the headers (NATS refuses line
+// breaks in them) with header-safe ones, which the dead letter keeps.
+var rawCarriers = map[string]bool{"sqlite": true, "redis": true, "amqp": true}
+
+func TestDLQ_TextOutputEscapesWhatTheMessagesCarry(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			const (
+				erase   = "bad\x1b[2K-1"   // ESC [ 2 K erases the terminal's line
+				invalid = "bad\xff\xfe-2"  // 0xff is text/tabwriter's escape character
+				handler = "ledger\x1b[31m" // colours the rest of the screen red
+				reason  = "no\tsuch\naccount\r\x1b]0;pwned\x07 \u202edrowssap"
+				payload = "\x1b[2J\x1b[Hcleared"
+			)
+			l.deadLetter(erase, handler, reason, payload)
+			l.waitFor(1)
+			l.deadLetter(invalid, handler, reason, "{}")
+			l.waitFor(2)
+			msgs, err := l.b.Peek(context.Background(), l.dlq, 10)
+			require.NoError(t, err)
+			require.Len(t, msgs, 2)
+			if rawCarriers[sc.name] {
+				require.Equal(t, []string{erase, invalid}, []string{msgs[0].UUID, msgs[1].UUID})
+				require.Equal(t, reason, msgs[0].Metadata.Get(messagedata.HeaderDeadLetterReason))
+			}
+
+			out, err := l.run("dlq", "list", "--payload")
+			require.NoError(t, err)
+			requireTerminalSafe(t, out)
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			require.Len(t, lines, 4, out)
+			for i, m := range msgs {
+				md := m.Metadata
+				require.Regexp(t, `^`+regexp.QuoteMeta(printable(m.UUID))+`\s+\S+\s+`+l.topic+`\s+`+
+					regexp.QuoteMeta(printable(md.Get(messagedata.HeaderDeadLetterHandler)))+`\s+1\s+\d+\s+`+
+					regexp.QuoteMeta(printable(md.Get(messagedata.HeaderDeadLetterReason)))+`\s+"`, lines[1+i])
+				// The columns line up: the time starts under its header.
+				require.Equal(t, strings.Index(lines[0], "DEAD-LETTERED"), strings.Index(lines[1+i], " 20")+1, "%q under %q", lines[1+i], lines[0])
+			}
+			if rawCarriers[sc.name] {
+				require.True(t, strings.HasPrefix(lines[1], `bad\x1b[2K-1  `), lines[1])
+				require.True(t, strings.HasPrefix(lines[2], `bad\xff\xfe-2  `), lines[2])
+				require.Contains(t, lines[1], `  ledger\x1b[31m  `)
+				require.Contains(t, lines[1], `  no\tsuch\naccount\r\x1b]0;pwned\a \u202edrowssap  `)
+				require.True(t, strings.HasSuffix(lines[1], `  "\x1b[2J\x1b[Hcleared"`), lines[1])
+			}
+
+			// replay and its report: the ids as the broker carries them, given back as they are.
+			out, err = l.run("dlq", "replay", "--id", msgs[0].UUID, "--id", msgs[1].UUID, "--id", "nope\x1b[2K")
+			require.ErrorContains(t, err, `"nope\x1b[2K"`)
+			requireTerminalSafe(t, out)
+			for _, m := range msgs {
+				require.Regexp(t, `(?m)^replayed\s+`+regexp.QuoteMeta(printable(m.UUID))+`\s+-> `+l.topic+`\s+handler `+
+					regexp.QuoteMeta(printable(m.Metadata.Get(messagedata.HeaderDeadLetterHandler)))+`, attempt 1: `, out)
+			}
+			require.Contains(t, out, "not found: nope\\x1b[2K\n")
+			require.Empty(t, l.waiting(l.dlq))
+		})
+	}
+}
+
+// waitFor waits until n dead letters wait in the fixture's dead-letter topic.
+func (l *letters) waitFor(n int) {
+	l.t.Helper()
+	testsvc.Eventually(l.t, 30*time.Second, func() bool { return len(l.waiting(l.dlq)) == n },
+		"%d dead letters never waited in %s", n, l.dlq)
 }
