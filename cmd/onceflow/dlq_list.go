@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"sort"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -10,12 +11,43 @@ import (
 
 // listReport is the JSON document of dlq list.
 type listReport struct {
-	Broker      string       `json:"broker"`
-	Topic       string       `json:"topic"`
-	Group       string       `json:"group"`
-	Count       int          `json:"count"`
-	More        bool         `json:"more"`
-	DeadLetters []deadLetter `json:"dead_letters"`
+	Broker string `json:"broker"`
+	Topic  string `json:"topic"`
+	Group  string `json:"group"`
+	Count  int    `json:"count"`
+	More   bool   `json:"more"`
+	// Groups are the dead letters listed, grouped by handler and reason.
+	Groups      []letterGroup `json:"groups"`
+	DeadLetters []deadLetter  `json:"dead_letters"`
+}
+
+// letterGroup is the dead letters of one handler with one reason.
+type letterGroup struct {
+	Handler string   `json:"handler"`
+	Reason  string   `json:"reason"`
+	Count   int      `json:"count"`
+	IDs     []string `json:"ids"`
+}
+
+// groupLetters groups dls by handler and exact reason: the largest group first, groups of the
+// same size in the order of their oldest dead letter.
+func groupLetters(dls []deadLetter) []letterGroup {
+	type key struct{ handler, reason string }
+	at := map[key]int{}
+	out := []letterGroup{}
+	for _, d := range dls {
+		k := key{d.Handler, d.Reason}
+		i, ok := at[k]
+		if !ok {
+			i = len(out)
+			at[k] = i
+			out = append(out, letterGroup{Handler: d.Handler, Reason: d.Reason, IDs: []string{}})
+		}
+		out[i].Count++
+		out[i].IDs = append(out[i].IDs, d.ID)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Count > out[j].Count })
+	return out
 }
 
 func newDLQListCommand() *cobra.Command {
@@ -24,9 +56,15 @@ func newDLQListCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "Show the dead letters waiting in the dead-letter topic, without taking them",
-		Long: `Prints, oldest first, the dead letters waiting in the dead-letter topic for the consumer group:
-id, when it was dead-lettered, the topic it came from, the handler, the attempt, the payload size
-and the reason. Nothing is consumed: listing again shows the same dead letters.
+		Long: `Prints the dead letters waiting in the dead-letter topic for the consumer group: first a summary,
+how many dead letters each handler dead-lettered with each reason (the largest group first),
+then the dead letters themselves, oldest first: id, when it was dead-lettered, the topic it came
+from, the handler, the attempt, the payload size and the reason. Nothing is consumed: listing
+again shows the same dead letters. The counts are of the dead letters listed (at most --limit).
+
+Text that comes from the messages (ids, reasons, handlers, payloads) is printed with Go escapes
+for what a terminal would interpret: \x1b for ESC, \n, \t, \xff for a byte that is not UTF-8,
+\\ for a backslash. --json prints the values themselves.
 
 How each broker is read without consuming: RabbitMQ by basic.get on the group's queue, then
 closing the channel so that every message goes back in its place (with the redelivered flag);
@@ -54,6 +92,7 @@ be listed.`,
 				rep.DeadLetters = append(rep.DeadLetters, describe(m, withPayload))
 			}
 			rep.Count = len(rep.DeadLetters)
+			rep.Groups = groupLetters(rep.DeadLetters)
 			if f.asJSON {
 				return writeJSON(cmd.OutOrStdout(), rep)
 			}
@@ -74,6 +113,13 @@ func printList(w io.Writer, rep listReport, withPayload bool) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "COUNT\tHANDLER\tREASON")
+	for _, g := range rep.Groups {
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", g.Count, cell(g.Handler, 0), cell(g.Reason, tableReasonWidth))
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	header := "ID\tDEAD-LETTERED\tTOPIC\tHANDLER\tATTEMPT\tSIZE\tREASON"
 	if withPayload {
 		header += "\tPAYLOAD"
@@ -98,5 +144,5 @@ func printList(w io.Writer, rep listReport, withPayload bool) {
 	if rep.More {
 		more = " (more are waiting: raise --limit)"
 	}
-	fmt.Fprintf(w, "%d dead letters %s%s\n", rep.Count, loc, more)
+	fmt.Fprintf(w, "%s %s%s\n", plural(rep.Count, "dead letter"), loc, more)
 }

@@ -196,8 +196,8 @@ func printReplay(w io.Writer, rep replayReport) {
 	if rep.Limited {
 		more = " (the first --limit; more may be waiting)"
 	}
-	fmt.Fprintf(w, "replayed %d, kept %d dead letters %s%s\n",
-		len(rep.Replayed), len(rep.Kept), where(rep.Topic, rep.Group, rep.Broker), more)
+	fmt.Fprintf(w, "replayed %s, kept %d %s%s\n",
+		plural(len(rep.Replayed), "dead letter"), len(rep.Kept), where(rep.Topic, rep.Group, rep.Broker), more)
 	for _, id := range rep.NotFound {
 		fmt.Fprintf(w, "not found: %s\n", printable(id))
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -293,10 +294,14 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 			table, err := f.run("dlq", "list", "--payload")
 			require.NoError(t, err)
 			lines := strings.Split(strings.TrimSpace(table), "\n")
-			require.Len(t, lines, 4, table)
-			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON\s+PAYLOAD$`, lines[0])
-			require.Regexp(t, `^bad-1\s+\S+\s+`+f.topic+`\s+ledger\s+1\s+10\s+permanent: payload "not json 1" is not JSON\s+"not json 1"$`, lines[1])
-			require.Equal(t, "2 dead letters in "+f.dlq+" for consumer group billing on "+f.b.String(), lines[3])
+			require.Len(t, lines, 8, table)
+			require.Regexp(t, `^COUNT\s+HANDLER\s+REASON$`, lines[0])
+			require.Regexp(t, `^1\s+ledger\s+permanent: payload "not json 1" is not JSON$`, lines[1])
+			require.Regexp(t, `^1\s+ledger\s+permanent: payload "not json, 2" is not JSON$`, lines[2])
+			require.Empty(t, lines[3])
+			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON\s+PAYLOAD$`, lines[4])
+			require.Regexp(t, `^bad-1\s+\S+\s+`+f.topic+`\s+ledger\s+1\s+10\s+permanent: payload "not json 1" is not JSON\s+"not json 1"$`, lines[5])
+			require.Equal(t, "2 dead letters in "+f.dlq+" for consumer group billing on "+f.b.String(), lines[7])
 
 			// Replay one: it goes back to its topic and is applied once (the processor is fixed
 			// now); the other stays.
@@ -322,7 +327,7 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 			// An id that is not there: nothing happens, and the command says so.
 			out, err := f.run("dlq", "replay", "--id", "nope")
 			require.ErrorContains(t, err, `no dead letter with id "nope"`)
-			require.Contains(t, out, "replayed 0, kept 1 dead letters")
+			require.Contains(t, out, "replayed 0 dead letters, kept 1 in "+f.dlq)
 
 			// Replay all: the topic is empty, and every message was applied exactly once.
 			rr = f.replay("--all")
@@ -467,6 +472,58 @@ func requireTerminalSafe(t *testing.T, out string) {
 	}
 }
 
+func TestDLQ_ListGroupsTheDeadLettersByHandlerAndReason(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			for _, d := range []struct{ id, handler, reason string }{
+				{"a", "ledger", "account 7 is closed"},
+				{"b", "ledger", "payload is not JSON"},
+				{"c", "billing", "account 7 is closed"},
+				{"d", "ledger", "account 7 is closed"},
+				{"e", "ledger", "account 7 is closed"},
+			} {
+				l.deadLetter(d.id, d.handler, d.reason, "{}")
+			}
+			l.waitFor(5)
+
+			out, err := l.run("dlq", "list", "--json")
+			require.NoError(t, err)
+			var rep listReport
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+			require.Equal(t, []letterGroup{
+				{Handler: "ledger", Reason: "account 7 is closed", Count: 3, IDs: []string{"a", "d", "e"}},
+				{Handler: "ledger", Reason: "payload is not JSON", Count: 1, IDs: []string{"b"}},
+				{Handler: "billing", Reason: "account 7 is closed", Count: 1, IDs: []string{"c"}},
+			}, rep.Groups)
+			require.Equal(t, []string{"a", "b", "c", "d", "e"}, ids(rep.DeadLetters))
+
+			out, err = l.run("dlq", "list")
+			require.NoError(t, err)
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			require.Equal(t, []string{
+				"COUNT  HANDLER  REASON",
+				"3      ledger   account 7 is closed",
+				"1      ledger   payload is not JSON",
+				"1      billing  account 7 is closed",
+				"",
+			}, lines[:5])
+			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON$`, lines[5])
+			require.Len(t, lines, 5+1+5+1)
+			require.Equal(t, "5 dead letters in "+l.dlq+" for consumer group billing on "+l.b.String(), lines[11])
+
+			// One dead letter is one, and the counts are of those listed.
+			out, err = l.run("dlq", "list", "--limit", "1")
+			require.NoError(t, err)
+			require.True(t, strings.HasPrefix(out, "COUNT  HANDLER  REASON\n1      ledger   account 7 is closed\n\n"), out)
+			require.True(t, strings.HasSuffix(out, "\n1 dead letter in "+l.dlq+" for consumer group billing on "+l.b.String()+
+				" (more are waiting: raise --limit)\n"), out)
+		})
+	}
+}
+
 // rawCarriers are the brokers that carry any id and header value as it is: the others replace
 // the id (PostgreSQL and MySQL store it as UTF-8 text) or the headers (NATS refuses line
 // breaks in them) with header-safe ones, which the dead letter keeps.
@@ -500,7 +557,14 @@ func TestDLQ_TextOutputEscapesWhatTheMessagesCarry(t *testing.T) {
 			out, err := l.run("dlq", "list", "--payload")
 			require.NoError(t, err)
 			requireTerminalSafe(t, out)
+			// The summary, a blank line, then the dead letters.
 			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			blank := slices.Index(lines, "")
+			require.Positive(t, blank, out)
+			for _, g := range lines[1:blank] {
+				require.Regexp(t, `^[12]\s+ledger\S*\s+no\S*such`, g)
+			}
+			lines = lines[blank+1:]
 			require.Len(t, lines, 4, out)
 			for i, m := range msgs {
 				md := m.Metadata
@@ -527,6 +591,7 @@ func TestDLQ_TextOutputEscapesWhatTheMessagesCarry(t *testing.T) {
 					regexp.QuoteMeta(printable(m.Metadata.Get(messagedata.HeaderDeadLetterHandler)))+`, attempt 1: `, out)
 			}
 			require.Contains(t, out, "not found: nope\\x1b[2K\n")
+			require.Contains(t, out, "\nreplayed 2 dead letters, kept 0 in "+l.dlq)
 			require.Empty(t, l.waiting(l.dlq))
 		})
 	}

@@ -88,3 +88,11 @@ func quoteAll(ss []string) []string {
 	}
 	return out
 }
+
+// plural returns n and noun, with an s unless n is 1: "1 dead letter", "2 dead letters".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}
