@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -99,14 +100,20 @@ func (f *dlqFlags) open(ctx context.Context) (*broker.Broker, error) {
 
 // deadLetter is one dead letter as the commands print it.
 type deadLetter struct {
-	ID            string            `json:"id"`
-	Time          string            `json:"time"`
-	Topic         string            `json:"topic"`
-	Handler       string            `json:"handler"`
-	Attempt       int               `json:"attempt"`
-	Reason        string            `json:"reason"`
-	Replays       int               `json:"replays"`
-	PayloadSize   int               `json:"payload_size"`
+	ID          string `json:"id"`
+	Time        string `json:"time"`
+	Topic       string `json:"topic"`
+	Handler     string `json:"handler"`
+	Attempt     int    `json:"attempt"`
+	Reason      string `json:"reason"`
+	Replays     int    `json:"replays"`
+	PayloadSize int    `json:"payload_size"`
+	// PayloadDropped says why the dead letter carries no payload: the dead-letter broker
+	// refused the message with it (messagedata.HeaderDeadLetterPayloadDropped).
+	PayloadDropped string `json:"payload_dropped,omitempty"`
+	// OriginalID is the id of the dead-lettered message when the dead letter could not carry
+	// it (messagedata.HeaderDeadLetterOriginalID).
+	OriginalID    string            `json:"original_id,omitempty"`
 	Payload       *string           `json:"payload,omitempty"`
 	PayloadBase64 string            `json:"payload_base64,omitempty"`
 	Headers       map[string]string `json:"headers"`
@@ -123,6 +130,9 @@ func describe(m *message.Message, withPayload bool) deadLetter {
 		Reason:      md.Get(messagedata.HeaderDeadLetterReason),
 		PayloadSize: len(m.Payload),
 		Headers:     map[string]string{},
+
+		PayloadDropped: md.Get(messagedata.HeaderDeadLetterPayloadDropped),
+		OriginalID:     md.Get(messagedata.HeaderDeadLetterOriginalID),
 	}
 	d.Attempt, _ = strconv.Atoi(md.Get(messagedata.HeaderDeadLetterAttempt))
 	d.Replays, _ = strconv.Atoi(md.Get(messagedata.HeaderReplayCount))
@@ -146,6 +156,97 @@ func describe(m *message.Message, withPayload bool) deadLetter {
 		}
 	}
 	return d
+}
+
+// selection is how replay and delete choose dead letters: by id (--id, repeatable), by reason
+// (--reason, a part of the reason text) or all of them (--all), exactly one of the three.
+type selection struct {
+	ids    []string
+	reason string
+	all    bool
+
+	wanted  map[string]bool
+	found   map[string]bool // the ids that matched a dead letter
+	matched int             // dead letters matched by --reason
+}
+
+// register adds the flags of the selection to cmd; verb says what the command does.
+func (s *selection) register(cmd *cobra.Command, verb string) {
+	fl := cmd.Flags()
+	fl.StringArrayVar(&s.ids, "id", nil, "id of a dead letter to "+verb+" (repeatable); the original id of a dead letter that could not carry it matches too")
+	fl.StringVar(&s.reason, "reason", "", verb+" the dead letters whose reason contains this text (case-sensitive substring; the whole reason is an exact match)")
+	fl.BoolVar(&s.all, "all", false, verb+" every dead letter waiting (up to --limit)")
+}
+
+// check reports a selection that is not exactly one of --id, --reason and --all.
+func (s *selection) check(cmd *cobra.Command, verb string) error {
+	n := 0
+	if len(s.ids) > 0 {
+		n++
+	}
+	if cmd.Flags().Changed("reason") {
+		if s.reason == "" {
+			return errors.New("--reason is empty: give a part of the reasons of the dead letters to " + verb)
+		}
+		n++
+	}
+	if s.all {
+		n++
+	}
+	if n != 1 {
+		return errors.New("choose the dead letters to " + verb + ": --id ID (repeatable), --reason TEXT or --all")
+	}
+	s.wanted, s.found = map[string]bool{}, map[string]bool{}
+	for _, id := range s.ids {
+		s.wanted[id] = true
+	}
+	return nil
+}
+
+// matches reports whether the selection chooses dead letter m, and remembers what matched.
+func (s *selection) matches(m *message.Message) bool {
+	switch {
+	case s.all:
+		return true
+	case len(s.ids) > 0:
+		hit := false
+		for _, id := range []string{m.UUID, m.Metadata.Get(messagedata.HeaderDeadLetterOriginalID)} {
+			if id != "" && s.wanted[id] {
+				s.found[id], hit = true, true
+			}
+		}
+		return hit
+	default:
+		if strings.Contains(m.Metadata.Get(messagedata.HeaderDeadLetterReason), s.reason) {
+			s.matched++
+			return true
+		}
+		return false
+	}
+}
+
+// notFound returns the --id values that matched no dead letter, sorted.
+func (s *selection) notFound() []string {
+	out := []string{}
+	for id := range s.wanted {
+		if !s.found[id] {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// missed returns the error of a selection that did not find what it named: ids that matched
+// no dead letter, or a reason that matched none. Nil for --all.
+func (s *selection) missed(topic, group string) error {
+	if ids := s.notFound(); len(ids) > 0 {
+		return fmt.Errorf("no dead letter with id %s in %s for consumer group %s", strings.Join(quoteAll(ids), ", "), topic, group)
+	}
+	if s.reason != "" && s.matched == 0 {
+		return fmt.Errorf("no dead letter whose reason contains %s in %s for consumer group %s", quoted(s.reason), topic, group)
+	}
+	return nil
 }
 
 func writeJSON(w io.Writer, v any) error {

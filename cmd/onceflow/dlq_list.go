@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -59,8 +60,9 @@ func newDLQListCommand() *cobra.Command {
 		Long: `Prints the dead letters waiting in the dead-letter topic for the consumer group: first a summary,
 how many dead letters each handler dead-lettered with each reason (the largest group first),
 then the dead letters themselves, oldest first: id, when it was dead-lettered, the topic it came
-from, the handler, the attempt, the payload size and the reason. Nothing is consumed: listing
-again shows the same dead letters. The counts are of the dead letters listed (at most --limit).
+from, the handler, the attempt, the payload size ("dropped" when the dead-letter broker refused
+the payload) and the reason. Nothing is consumed: listing again shows the same dead letters.
+The counts are of the dead letters listed (at most --limit).
 
 Text that comes from the messages (ids, reasons, handlers, payloads) is printed with Go escapes
 for what a terminal would interpret: \x1b for ESC, \n, \t, \xff for a byte that is not UTF-8,
@@ -126,8 +128,12 @@ func printList(w io.Writer, rep listReport, withPayload bool) {
 	}
 	fmt.Fprintln(tw, header)
 	for _, d := range rep.DeadLetters {
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", cell(d.ID, 0), cell(d.Time, 0), cell(d.Topic, 0), cell(d.Handler, 0),
-			d.Attempt, d.PayloadSize, cell(d.Reason, tableReasonWidth))
+		size := strconv.Itoa(d.PayloadSize)
+		if d.PayloadDropped != "" {
+			size = "dropped"
+		}
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", cell(d.ID, 0), cell(d.Time, 0), cell(d.Topic, 0), cell(d.Handler, 0),
+			d.Attempt, size, cell(d.Reason, tableReasonWidth))
 		if withPayload {
 			p := ""
 			if d.Payload != nil {

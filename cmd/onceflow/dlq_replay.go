@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -34,6 +33,16 @@ type kept struct {
 	Reason  string `json:"reason"`
 }
 
+// dropped is a dead letter that replay keeps because the dead-letter broker refused its
+// payload: replaying it would deliver an empty message in place of the original.
+type dropped struct {
+	ID      string `json:"id"`
+	Handler string `json:"handler"`
+	Reason  string `json:"reason"`
+	// Dropped is the HeaderDeadLetterPayloadDropped header: how much was dropped, and why.
+	Dropped string `json:"dropped"`
+}
+
 // replayReport is the JSON document of dlq replay.
 type replayReport struct {
 	Broker   string     `json:"broker"`
@@ -46,21 +55,30 @@ type replayReport struct {
 	// NoTopic lists the selected dead letters left in place because they name no original
 	// topic and --to was not given.
 	NoTopic []string `json:"no_topic"`
+	// PayloadDropped lists the selected dead letters left in place because they carry no
+	// payload to replay.
+	PayloadDropped []dropped `json:"payload_dropped"`
 	// Limited is true when the replay looked at --limit dead letters: more may be waiting.
 	Limited bool `json:"limited"`
 }
 
 func newDLQReplayCommand() *cobra.Command {
 	var f dlqFlags
-	var ids []string
-	var all bool
+	var sel selection
 	var to string
 	cmd := &cobra.Command{
 		Use:   "replay",
 		Short: "Put dead letters back on the topic they came from",
-		Long: `Publishes the chosen dead letters (--id, repeatable, or --all) to the topic they were consumed
-from (their onceflow_dlq_topic header, or --to), and only once the broker has stored that
-publish removes them from the dead-letter topic. The others stay where they are, in their order.
+		Long: `Publishes the chosen dead letters to the topic they were consumed from (their
+onceflow_dlq_topic header, or --to), and only once the broker has stored that publish removes
+them from the dead-letter topic. The others stay where they are, in their order. Choose them
+with exactly one of --id (repeatable; the id dlq list shows, or the original id of a dead
+letter that could not carry it), --reason (every dead letter whose reason contains the text,
+case-sensitive: a whole reason copied from dlq list is an exact match) or --all.
+
+A dead letter whose payload the dead-letter broker refused (header
+onceflow_dlq_payload_dropped) is kept, not replayed: it would reach the handler empty. The
+report says so; dlq delete removes it once its message is dealt with otherwise.
 
 A replayed message keeps its original id, payload and headers, so it goes through the handler's
 duplicate detection again: a message that was in fact applied is acknowledged without being
@@ -76,18 +94,16 @@ stream, Redis acknowledges it for the group and deletes the entry: other consume
 dead-letter topic no longer see it either. On NATS the replay is published with a Nats-Msg-Id of
 its own, so that JetStream does not drop it as a duplicate of the original publish.
 
-The exit status is 1 when an --id matched no dead letter or a chosen dead letter names no topic.`,
+The exit status is 1 when an --id or the --reason matched no dead letter, or a chosen dead
+letter was kept (it names no topic, or its payload was dropped).`,
 		Example: `  onceflow dlq replay --broker sqlite://var/queue.db --id order-17 --id order-18
+  onceflow dlq replay --broker "$ONCEFLOW_BROKER" --reason 'account 7 is closed'
   onceflow dlq replay --broker 'nats://127.0.0.1:4222?group=billing' --all
   onceflow dlq replay --broker "$ONCEFLOW_BROKER" --all --to orders.retry --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if all == (len(ids) > 0) {
-				return errors.New("choose the dead letters to replay: --id ID (repeatable) or --all")
-			}
-			wanted := map[string]bool{}
-			for _, id := range ids {
-				wanted[id] = true
+			if err := sel.check(cmd, "replay"); err != nil {
+				return err
 			}
 			b, err := f.open(cmd.Context())
 			if err != nil {
@@ -97,13 +113,16 @@ The exit status is 1 when an --id matched no dead letter or a chosen dead letter
 
 			now := time.Now().UTC().Format(time.RFC3339Nano)
 			rep := replayReport{Broker: b.String(), Topic: f.topic, Group: b.ConsumerGroup(),
-				Replayed: []replayed{}, Kept: []kept{}, NotFound: []string{}, NoTopic: []string{}}
-			found := map[string]bool{}
+				Replayed: []replayed{}, Kept: []kept{}, NotFound: []string{}, NoTopic: []string{}, PayloadDropped: []dropped{}}
 			res, moveErr := b.Move(cmd.Context(), f.topic, f.limit, func(m *message.Message) (string, *message.Message) {
-				if !all && !wanted[m.UUID] {
+				if !sel.matches(m) {
 					return "", nil
 				}
-				found[m.UUID] = true
+				if why := m.Metadata.Get(messagedata.HeaderDeadLetterPayloadDropped); why != "" {
+					d := describe(m, false)
+					rep.PayloadDropped = append(rep.PayloadDropped, dropped{ID: d.ID, Handler: d.Handler, Reason: d.Reason, Dropped: why})
+					return "", nil
+				}
 				dest := to
 				if dest == "" {
 					dest = m.Metadata.Get(messagedata.HeaderDeadLetterTopic)
@@ -123,12 +142,7 @@ The exit status is 1 when an --id matched no dead letter or a chosen dead letter
 				d := describe(m, false)
 				rep.Kept = append(rep.Kept, kept{ID: d.ID, Topic: d.Topic, Handler: d.Handler, Reason: d.Reason})
 			}
-			for id := range wanted {
-				if !found[id] {
-					rep.NotFound = append(rep.NotFound, id)
-				}
-			}
-			sort.Strings(rep.NotFound)
+			rep.NotFound = sel.notFound()
 			rep.Limited = len(res.Moved)+len(res.Kept) >= f.limit
 
 			if f.asJSON {
@@ -142,20 +156,25 @@ The exit status is 1 when an --id matched no dead letter or a chosen dead letter
 			if moveErr != nil {
 				errs = append(errs, moveErr)
 			}
-			if len(rep.NotFound) > 0 {
-				errs = append(errs, fmt.Errorf("no dead letter with id %s in %s for consumer group %s", strings.Join(quoteAll(rep.NotFound), ", "), f.topic, b.ConsumerGroup()))
+			if err := sel.missed(f.topic, b.ConsumerGroup()); err != nil {
+				errs = append(errs, err)
 			}
 			if len(rep.NoTopic) > 0 {
 				errs = append(errs, fmt.Errorf("dead letters %s name no original topic (header %s): pass --to", strings.Join(quoteAll(rep.NoTopic), ", "), messagedata.HeaderDeadLetterTopic))
+			}
+			if len(rep.PayloadDropped) > 0 {
+				var ids []string
+				for _, d := range rep.PayloadDropped {
+					ids = append(ids, d.ID)
+				}
+				errs = append(errs, fmt.Errorf("dead letters %s carry no payload (header %s): kept, not replayed", strings.Join(quoteAll(ids), ", "), messagedata.HeaderDeadLetterPayloadDropped))
 			}
 			return errors.Join(errs...)
 		},
 	}
 	f.register(cmd, defaultReplayLimit, "look at most at this many dead letters, oldest first")
-	fl := cmd.Flags()
-	fl.StringArrayVar(&ids, "id", nil, "id of a dead letter to replay (repeatable)")
-	fl.BoolVar(&all, "all", false, "replay every dead letter waiting (up to --limit)")
-	fl.StringVar(&to, "to", "", "publish to this topic instead of the one each dead letter came from")
+	sel.register(cmd, "replay")
+	cmd.Flags().StringVar(&to, "to", "", "publish to this topic instead of the one each dead letter came from")
 	return cmd
 }
 
@@ -203,5 +222,8 @@ func printReplay(w io.Writer, rep replayReport) {
 	}
 	for _, id := range rep.NoTopic {
 		fmt.Fprintf(w, "no original topic: %s (pass --to)\n", printable(id))
+	}
+	for _, d := range rep.PayloadDropped {
+		fmt.Fprintf(w, "payload dropped, not replayed: %s: %s\n", printable(d.ID), printable(d.Dropped))
 	}
 }

@@ -380,10 +380,14 @@ func TestDLQ_CommandsSayWhatIsMissing(t *testing.T) {
 	_, err := run(t, "dlq", "list")
 	require.ErrorContains(t, err, "pass --broker URL or set ONCEFLOW_BROKER")
 	url := "sqlite://" + filepath.Join(t.TempDir(), "queue.db")
-	_, err = run(t, "dlq", "replay", "--broker", url)
-	require.ErrorContains(t, err, "--id ID (repeatable) or --all")
-	_, err = run(t, "dlq", "replay", "--broker", url, "--all", "--id", "x")
-	require.ErrorContains(t, err, "--id ID (repeatable) or --all")
+	for _, args := range [][]string{
+		{}, {"--all", "--id", "x"}, {"--reason", "x", "--id", "y"}, {"--all", "--reason", "x"},
+	} {
+		_, err = run(t, append([]string{"dlq", "replay", "--broker", url}, args...)...)
+		require.ErrorContains(t, err, "choose the dead letters to replay: --id ID (repeatable), --reason TEXT or --all", "%v", args)
+	}
+	_, err = run(t, "dlq", "replay", "--broker", url, "--reason", "")
+	require.ErrorContains(t, err, "--reason is empty")
 	_, err = run(t, "dlq", "list", "--broker", "mem://x")
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = run(t, "dlq", "list", "--broker", url, "--limit", "0")
@@ -522,6 +526,93 @@ func TestDLQ_ListGroupsTheDeadLettersByHandlerAndReason(t *testing.T) {
 				" (more are waiting: raise --limit)\n"), out)
 		})
 	}
+}
+
+// payloadRefuser refuses every message with a payload, as a dead-letter broker refuses one too
+// large for it.
+type payloadRefuser struct{ message.Publisher }
+
+func (p payloadRefuser) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if len(m.Payload) > 0 {
+			return errors.New("maximum payload exceeded")
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// replayJSON runs dlq replay --json with args and decodes its report, whatever the exit status.
+func (l *letters) replayJSON(args ...string) (replayReport, error) {
+	l.t.Helper()
+	out, err := l.run(append([]string{"dlq", "replay", "--json"}, args...)...)
+	var rep replayReport
+	require.NoError(l.t, json.Unmarshal([]byte(out), &rep), out)
+	return rep, err
+}
+
+func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			l.deadLetter("a", "ledger", "permanent: account 7 is closed", `{"n":1}`)
+			l.deadLetter("b", "ledger", "permanent: payload is not JSON", "nope")
+			l.deadLetter("c", "billing", "permanent: account 7 is closed", `{"n":3}`)
+			// The dead-letter broker refuses d's payload: its dead letter carries none, under a
+			// derived id.
+			require.NoError(t, middleware.PublishDeadLetter(context.Background(), payloadRefuser{l.b.Publisher()}, l.dlq, "ledger",
+				&messagedata.MessageData{ID: "d", Topic: l.topic, Payload: []byte(`{"n":4}`), Headers: map[string]string{}},
+				errors.New("permanent: account 7 is closed")))
+			l.waitFor(4)
+			list := l.listJSON()
+			require.Equal(t, "d", list.DeadLetters[3].OriginalID)
+			require.Contains(t, list.DeadLetters[3].PayloadDropped, "7 bytes and 0 headers dropped")
+			dID := list.DeadLetters[3].ID
+			table, err := l.run("dlq", "list")
+			require.NoError(t, err)
+			require.Regexp(t, `(?m)^`+dID+`\s+\S+\s+`+l.topic+`\s+ledger\s+1\s+dropped\s+permanent: account 7 is closed$`, table)
+
+			// A part of the reason chooses a and c, and d, which is kept for want of a payload.
+			rep, err := l.replayJSON("--reason", "account 7")
+			require.ErrorContains(t, err, `dead letters "`+dID+`" carry no payload (header onceflow_dlq_payload_dropped): kept, not replayed`)
+			require.Equal(t, []string{"a", "c"}, []string{rep.Replayed[0].ID, rep.Replayed[1].ID})
+			require.Len(t, rep.Replayed, 2)
+			require.Len(t, rep.PayloadDropped, 1)
+			require.Equal(t, dropped{ID: dID, Handler: "ledger", Reason: "permanent: account 7 is closed", Dropped: list.DeadLetters[3].PayloadDropped}, rep.PayloadDropped[0])
+			require.Equal(t, []kept{
+				{ID: "b", Topic: l.topic, Handler: "ledger", Reason: "permanent: payload is not JSON"},
+				{ID: dID, Topic: l.topic, Handler: "ledger", Reason: "permanent: account 7 is closed"},
+			}, rep.Kept)
+			require.Empty(t, rep.NotFound)
+			require.Equal(t, []string{"b", dID}, l.waiting(l.dlq))
+			require.Equal(t, []string{"a", "c"}, l.waiting(l.topic), "replayed with their payloads")
+
+			// The original id chooses d too; the text report says why it stays.
+			out, err := l.run("dlq", "replay", "--id", "d")
+			require.Error(t, err)
+			require.Contains(t, out, "payload dropped, not replayed: "+dID+": 7 bytes and 0 headers dropped: ")
+			require.Contains(t, out, "replayed 0 dead letters, kept 2 in ")
+
+			// A reason that matches nothing says so, and replays nothing; so does an exact one.
+			_, err = l.replayJSON("--reason", "Account 7")
+			require.ErrorContains(t, err, `no dead letter whose reason contains "Account 7" in `+l.dlq+` for consumer group billing`)
+			rep, err = l.replayJSON("--reason", "permanent: payload is not JSON")
+			require.NoError(t, err)
+			require.Equal(t, "b", rep.Replayed[0].ID)
+			require.Equal(t, []string{dID}, l.waiting(l.dlq))
+		})
+	}
+}
+
+// listJSON runs dlq list --json and decodes its report.
+func (l *letters) listJSON() listReport {
+	l.t.Helper()
+	out, err := l.run("dlq", "list", "--json")
+	require.NoError(l.t, err, out)
+	var rep listReport
+	require.NoError(l.t, json.Unmarshal([]byte(out), &rep), out)
+	return rep
 }
 
 // rawCarriers are the brokers that carry any id and header value as it is: the others replace
