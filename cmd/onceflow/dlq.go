@@ -41,23 +41,24 @@ var deadLetterHeaders = messagedata.DeadLetterHeaders
 func newDLQCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dlq",
-		Short: "List and replay dead letters",
+		Short: "List, replay and delete dead letters",
 		Long: `A message that fails permanently (a malformed payload, processor.Permanent, no usable id) is
 published to the dead-letter topic with headers saying why, where and when, and acknowledged.
-"dlq list" shows the dead letters waiting in that topic without taking them; "dlq replay" puts
-chosen ones back on the topic they came from, with their original message id, so that the
-handler's duplicate detection recognises a message that was in fact applied: replaying twice
-applies nothing twice.
+"dlq list" shows the dead letters waiting in that topic without taking them, grouped by handler
+and reason; "dlq replay" puts chosen ones back on the topic they came from, with their original
+message id, so that the handler's duplicate detection recognises a message that was in fact
+applied: replaying twice applies nothing twice; "dlq delete" removes chosen ones for good, after
+asking. Replay and delete choose by --id, --reason or --all.
 
 The dead letters are those waiting for one consumer group: the group of the --broker URL (its
 group= parameter), or --group, default "onceflow". On RabbitMQ, where every group has its own
 queue, use the group of the router that dead-lettered them (it publishes into <topic>.<group>).`,
 	}
-	cmd.AddCommand(newDLQListCommand(), newDLQReplayCommand())
+	cmd.AddCommand(newDLQListCommand(), newDLQReplayCommand(), newDLQDeleteCommand())
 	return cmd
 }
 
-// dlqFlags are the flags both dlq commands take.
+// dlqFlags are the flags every dlq command takes.
 type dlqFlags struct {
 	broker string
 	topic  string

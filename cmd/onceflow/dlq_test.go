@@ -388,6 +388,8 @@ func TestDLQ_CommandsSayWhatIsMissing(t *testing.T) {
 	}
 	_, err = run(t, "dlq", "replay", "--broker", url, "--reason", "")
 	require.ErrorContains(t, err, "--reason is empty")
+	_, err = run(t, "dlq", "delete", "--broker", url, "--yes")
+	require.ErrorContains(t, err, "choose the dead letters to delete: --id ID (repeatable), --reason TEXT or --all")
 	_, err = run(t, "dlq", "list", "--broker", "mem://x")
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = run(t, "dlq", "list", "--broker", url, "--limit", "0")
@@ -603,6 +605,117 @@ func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
 			require.Equal(t, []string{dID}, l.waiting(l.dlq))
 		})
 	}
+}
+
+// answer is a standard input that runs before, the first time it is read, and then reads as
+// text.
+type answer struct {
+	before func()
+	text   io.Reader
+}
+
+func (a *answer) Read(p []byte) (int, error) {
+	if a.before != nil {
+		a.before()
+		a.before = nil
+	}
+	return a.text.Read(p)
+}
+
+func TestDLQ_DeleteRemovesExactlyTheChosenDeadLetters(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			l.deadLetter("a", "ledger", "permanent: account 7 is closed", `{"n":1}`)
+			l.deadLetter("b", "ledger", "permanent: payload is not JSON", "nope")
+			l.deadLetter("c", "billing", "permanent: account 7 is closed", `{"n":3}`)
+			l.deadLetter("d", "ledger", "permanent: test message, ignore", `{}`)
+			l.deadLetter("e", "ledger", "permanent: test message, ignore", `{}`)
+			l.waitFor(5)
+			all := []string{"a", "b", "c", "d", "e"}
+			deleteArgs := func(args ...string) []string {
+				return append(append([]string{"dlq", "delete"}, args...), "--broker", l.url, "--topic", l.dlq)
+			}
+
+			// Without --yes it shows what it would delete and asks; no, or no answer at all,
+			// deletes nothing.
+			for _, in := range []string{"n\n", "", "maybe\n"} {
+				out, err := runWithInput(t, strings.NewReader(in), deleteArgs("--id", "b")...)
+				require.ErrorIs(t, err, errNotConfirmed, "answer %q", in)
+				require.Regexp(t, `(?m)^  b  `+l.topic+`  handler ledger: permanent: payload is not JSON$`, out)
+				require.Contains(t, out, "Delete 1 dead letter in "+l.dlq+" for consumer group billing on "+l.b.String()+" for good? [y/N] ")
+				require.NotContains(t, out, "deleted")
+				require.Equal(t, all, l.waiting(l.dlq))
+			}
+
+			// Yes deletes it, and only it, and says so. (The answer is not echoed here: the
+			// report follows the question on its line.)
+			out, err := runWithInput(t, strings.NewReader("y\n"), deleteArgs("--id", "b")...)
+			require.NoError(t, err)
+			require.Regexp(t, `(?m)(^|\[y/N\] )deleted  b  `+l.topic+`  handler ledger: permanent: payload is not JSON$`, out)
+			require.Contains(t, out, "\ndeleted 1 dead letter, kept 4 in "+l.dlq+" for consumer group billing on "+l.b.String()+"\n")
+			require.Equal(t, []string{"a", "c", "d", "e"}, l.waiting(l.dlq))
+
+			// By reason, without asking.
+			out, err = run(t, deleteArgs("--reason", "test message", "--yes", "--json")...)
+			require.NoError(t, err)
+			var rep deleteReport
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+			require.Equal(t, []deleted{
+				{ID: "d", Topic: l.topic, Handler: "ledger", Reason: "permanent: test message, ignore"},
+				{ID: "e", Topic: l.topic, Handler: "ledger", Reason: "permanent: test message, ignore"},
+			}, rep.Deleted)
+			require.Equal(t, []string{"a", "c"}, []string{rep.Kept[0].ID, rep.Kept[1].ID})
+			require.Len(t, rep.Kept, 2)
+			require.Equal(t, []string{"a", "c"}, l.waiting(l.dlq))
+
+			// A dead letter that arrives while the operator reads the question is not deleted,
+			// though it matches: only those shown are.
+			in := &answer{text: strings.NewReader("yes\n"), before: func() {
+				l.deadLetter("f", "ledger", "permanent: account 7 is closed", `{"n":6}`)
+				l.waitFor(3)
+			}}
+			out, err = runWithInput(t, in, deleteArgs("--reason", "account 7 is closed")...)
+			require.NoError(t, err)
+			require.Contains(t, out, "Delete 2 dead letters in ")
+			require.Contains(t, out, "\ndeleted 2 dead letters, kept 1 in ")
+			require.Equal(t, []string{"f"}, l.waiting(l.dlq))
+
+			// Ids or a reason that match nothing delete nothing, and say so.
+			out, err = run(t, deleteArgs("--id", "nope", "--id", "f", "--yes")...)
+			require.ErrorContains(t, err, `no dead letter with id "nope" in `+l.dlq+` for consumer group billing`)
+			require.Contains(t, out, "deleted 1 dead letter, kept 0 in ")
+			require.Contains(t, out, "not found: nope\n")
+			_, err = run(t, deleteArgs("--reason", "never", "--yes")...)
+			require.ErrorContains(t, err, `no dead letter whose reason contains "never"`)
+
+			// --all on an empty topic is not an error.
+			out, err = run(t, deleteArgs("--all", "--yes")...)
+			require.NoError(t, err)
+			require.Equal(t, "deleted 0 dead letters, kept 0 in "+l.dlq+" for consumer group billing on "+l.b.String()+"\n", out)
+		})
+	}
+}
+
+func TestDLQ_DeleteAllAfterConfirmationEmptiesTheTopic(t *testing.T) {
+	t.Parallel()
+	l := setupLetters(t, dlqBrokers()[3]) // sqlite
+	require.Equal(t, "sqlite", l.sc.name)
+	for _, id := range []string{"a", "b\x1b[2K", "c"} {
+		l.deadLetter(id, "ledger", "permanent: bad", "{}")
+	}
+	out, err := runWithInput(t, strings.NewReader("Y\n"), "dlq", "delete", "--all", "--broker", l.url, "--topic", l.dlq)
+	require.NoError(t, err)
+	requireTerminalSafe(t, out)
+	require.Contains(t, out, "  b\\x1b[2K  ")
+	require.Contains(t, out, "Delete 3 dead letters in ")
+	require.Contains(t, out, "\ndeleted 3 dead letters, kept 0 in ")
+	require.Empty(t, l.waiting(l.dlq))
+	out, err = run(t, "dlq", "list", "--broker", l.url, "--topic", l.dlq)
+	require.NoError(t, err)
+	require.Equal(t, "no dead letters in "+l.dlq+" for consumer group billing on "+l.b.String()+"\n", out)
 }
 
 // listJSON runs dlq list --json and decodes its report.

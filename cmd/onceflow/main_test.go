@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,11 +15,19 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// run executes the command line args in process and returns its standard output.
+// run executes the command line args in process, with an empty standard input, and returns
+// its standard output and error.
 func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	return runWithInput(t, strings.NewReader(""), args...)
+}
+
+// runWithInput is run with stdin as the standard input.
+func runWithInput(t *testing.T, stdin io.Reader, args ...string) (string, error) {
 	t.Helper()
 	cmd := newRootCommand()
 	var out bytes.Buffer
+	cmd.SetIn(stdin)
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs(args)
