@@ -70,9 +70,9 @@ for what a terminal would interpret: \x1b for ESC, \n, \t, \xff for a byte that 
 
 How each broker is read without consuming: RabbitMQ by basic.get on the group's queue, then
 closing the channel so that every message goes back in its place (with the redelivered flag);
-SQL and SQLite queues by reading the messages table past the group's offset; NATS by reading the
-stream past the ack floor of the group's consumer; Redis by XPENDING and XRANGE. mem:// cannot
-be listed.`,
+SQL and SQLite queues by reading, without a lock, the messages the group has leased and those
+past its cursor; NATS by reading the stream past the ack floor of the group's consumer; Redis by
+XPENDING and XRANGE. mem:// cannot be listed.`,
 		Example: `  onceflow dlq list --broker 'amqp://guest:guest@127.0.0.1:5672/?group=billing'
   onceflow dlq list --broker sqlite://var/queue.db --payload --json`,
 		Args: cobra.NoArgs,
