@@ -10,6 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/redact"
 )
 
 // Defaults of Options.
@@ -235,7 +237,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		err = fmt.Errorf("unknown scheme (%s)", acceptedSchemes)
 	}
 	if err != nil {
-		return nil, scrub(fmt.Errorf("broker: open %s: %w", t.redacted, err), t.secrets)
+		return nil, redact.Error(fmt.Errorf("broker: open %s: %w", t.redacted, err), t.secrets)
 	}
 	b := &Broker{
 		scheme:   t.scheme,
@@ -295,7 +297,7 @@ func (b *Broker) Subscriber() (message.Subscriber, error) {
 	b.mu.Unlock()
 	up, err := b.be.newSubscriber()
 	if err != nil {
-		return nil, scrub(fmt.Errorf("broker: new subscriber of %s: %w", b.redacted, err), b.secrets)
+		return nil, redact.Error(fmt.Errorf("broker: new subscriber of %s: %w", b.redacted, err), b.secrets)
 	}
 	s := newSubscriber(b, up)
 	b.mu.Lock()
@@ -347,7 +349,7 @@ func (b *Broker) Close() error {
 			errs = append(errs, b.be.close())
 		}
 		if err := errors.Join(errs...); err != nil {
-			b.closeErr = scrub(fmt.Errorf("broker: close %s: %w", b.redacted, err), b.secrets)
+			b.closeErr = redact.Error(fmt.Errorf("broker: close %s: %w", b.redacted, err), b.secrets)
 		}
 	})
 	return b.closeErr

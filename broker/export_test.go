@@ -9,7 +9,6 @@ import (
 
 // Internals that the tests of package broker_test use.
 var (
-	RedactURL      = redactURL
 	NATSStreamName = natsbroker.StreamName
 	AMQPQueueName  = amqpQueueName
 )

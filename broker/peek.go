@@ -6,9 +6,11 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/redact"
 )
 
-// Peek and Move read a consumer group's messages directly from the broker's storage, beside the
+// Peek, Move and Delete read a consumer group's messages directly from the broker's storage, beside the
 // Subscribers: a subscription cannot list, because what it hands out it takes from the group's
 // other consumers until it is settled, and a nacked message comes back to it. Each scheme has
 // its own way, in its own file (peek_amqp.go, peek_sql.go, ...); docs/brokers.md compares them.
@@ -62,7 +64,7 @@ func (b *Broker) openView(ctx context.Context, topic string) (view, error) {
 }
 
 func (b *Broker) inspectErr(op, topic string, err error) error {
-	return scrub(fmt.Errorf("broker: %s topic %q for consumer group %q on %s: %w", op, topic, b.opts.ConsumerGroup, b.redacted, err), b.secrets)
+	return redact.Error(fmt.Errorf("broker: %s topic %q for consumer group %q on %s: %w", op, topic, b.opts.ConsumerGroup, b.redacted, err), b.secrets)
 }
 
 // Peek returns up to limit of the messages of topic that wait for the Broker's consumer group,
@@ -149,11 +151,19 @@ type MoveReport struct {
 // drop it as a duplicate of its first publish, and does drop a second move of the same message
 // within the duplicate window.
 //
-// What removing means depends on where the broker keeps a group's messages. RabbitMQ has a queue
-// per group: the message is acknowledged on <topic>.<group>, and stays in the queues of the
-// other groups. The other schemes keep one log per topic that every group reads: the message
-// is deleted from it (DELETE of its row and its leases, JetStream's DeleteMsg, Redis XACK and
-// XDEL), so other consumer groups of topic no longer see it either.
+// What removing means depends on where the broker keeps a group's messages; it is the same for
+// Move and Delete:
+//
+//   - amqp: RabbitMQ has a queue per group: the message is acknowledged on <topic>.<group>, and
+//     stays in the queues of the other groups;
+//   - postgres, mysql: DELETE of its row and its leases, in one transaction;
+//   - sqlite: sqlitequeue's Delete: its row and its leases;
+//   - nats: JetStream's DeleteMsg on the stream;
+//   - redis: XACK for the group, then XDEL;
+//   - mem: not supported (the error wraps errors.ErrUnsupported).
+//
+// Except on AMQP, every group reads one log per topic, so other consumer groups of topic no
+// longer see a removed message either.
 //
 // The report lists what was moved and kept, also when Move returns an error part way.
 func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFunc) (MoveReport, error) {
@@ -164,32 +174,102 @@ func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFun
 	if pick == nil {
 		return rep, fmt.Errorf("broker: move from topic %q: pick is nil", topic)
 	}
+	kept, err := b.each(ctx, "move from", topic, limit, func(v view, e entry) (bool, error) {
+		to, out := pick(e.msg)
+		if to == "" || out == nil {
+			return false, nil
+		}
+		if err := b.moveOne(ctx, v, e, to, out); err != nil {
+			return false, err
+		}
+		rep.Moved = append(rep.Moved, Moved{Message: e.msg, To: to, Published: out})
+		return true, nil
+	})
+	rep.Kept = kept
+	return rep, err
+}
+
+// DeleteFunc decides the fate of one message in a Delete: true removes it, false leaves it
+// where it is.
+type DeleteFunc func(msg *message.Message) bool
+
+// DeleteReport says what Delete did, in the order of the messages.
+type DeleteReport struct {
+	// Deleted are the messages removed.
+	Deleted []*message.Message
+	// Kept are the messages left waiting, in their place.
+	Kept []*message.Message
+}
+
+// Delete goes through up to limit of the messages of topic that wait for the Broker's consumer
+// group, oldest first (those Peek returns), and removes for good each one that pick returns
+// true for, publishing nothing. The others stay as they were, in their place. Messages
+// published to topic while Delete runs are not looked at.
+//
+// Removing is what it is for Move, per scheme: an acknowledgement on the group's queue on AMQP
+// (the other groups' queues keep their copies), a deletion from the topic's one log everywhere
+// else (the row and its leases in PostgreSQL, MySQL and SQLite, DeleteMsg on NATS, XACK and XDEL
+// on Redis), which other consumer groups no longer see either. mem is not supported (the error
+// wraps errors.ErrUnsupported). A message that is already gone when Delete removes it (another
+// Delete took it) counts as deleted.
+//
+// The report lists what was deleted and kept, also when Delete returns an error part way: a
+// failed removal stops Delete, and that message and the later ones are kept.
+func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick DeleteFunc) (DeleteReport, error) {
+	var rep DeleteReport
+	if limit <= 0 {
+		return rep, fmt.Errorf("broker: delete from topic %q: limit %d is not positive", topic, limit)
+	}
+	if pick == nil {
+		return rep, fmt.Errorf("broker: delete from topic %q: pick is nil", topic)
+	}
+	kept, err := b.each(ctx, "delete from", topic, limit, func(v view, e entry) (bool, error) {
+		if !pick(e.msg) {
+			return false, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		if err := v.remove(ctx, e); err != nil {
+			return false, fmt.Errorf("message %q: %w", e.msg.UUID, err)
+		}
+		rep.Deleted = append(rep.Deleted, e.msg)
+		return true, nil
+	})
+	rep.Kept = kept
+	return rep, err
+}
+
+// each lists up to limit of the messages of topic that wait for the group and runs step on
+// each, in order, in one view. step reports whether it took the message out of topic; the
+// messages it did not take are returned as kept. An error of step stops each: that message and
+// the later ones are kept.
+func (b *Broker) each(ctx context.Context, op, topic string, limit int, step func(v view, e entry) (took bool, err error)) ([]*message.Message, error) {
 	v, err := b.openView(ctx, topic)
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
 	entries, err := v.list(ctx, limit)
 	if err != nil {
-		return rep, b.inspectErr("move from", topic, errors.Join(err, v.close()))
+		return nil, b.inspectErr(op, topic, errors.Join(err, v.close()))
 	}
+	var kept []*message.Message
 	for i, e := range entries {
-		to, out := pick(e.msg)
-		if to == "" || out == nil {
-			rep.Kept = append(rep.Kept, e.msg)
-			continue
-		}
-		if err := b.moveOne(ctx, v, e, to, out); err != nil {
+		took, err := step(v, e)
+		if err != nil {
 			for _, rest := range entries[i:] {
-				rep.Kept = append(rep.Kept, rest.msg)
+				kept = append(kept, rest.msg)
 			}
-			return rep, b.inspectErr("move from", topic, errors.Join(err, v.close()))
+			return kept, b.inspectErr(op, topic, errors.Join(err, v.close()))
 		}
-		rep.Moved = append(rep.Moved, Moved{Message: e.msg, To: to, Published: out})
+		if !took {
+			kept = append(kept, e.msg)
+		}
 	}
 	if err := v.close(); err != nil {
-		return rep, b.inspectErr("move from", topic, err)
+		return kept, b.inspectErr(op, topic, err)
 	}
-	return rep, nil
+	return kept, nil
 }
 
 // moveOne publishes out to topic to, then removes e.

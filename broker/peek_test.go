@@ -185,6 +185,60 @@ func TestMove_StopsAtTheLimitAndLeavesLaterMessages(t *testing.T) {
 	})
 }
 
+func TestDelete_RemovesPickedMessagesAndLeavesTheRestInPlace(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		billing := f.open(broker.Options{ConsumerGroup: "billing"})
+		shipping := f.open(broker.Options{ConsumerGroup: "shipping"})
+		// Both groups' queues exist before the publish (AMQP binds a group's queue when it
+		// first subscribes or publishes).
+		sub, _ := f.subscribe(shipping)
+		require.NoError(t, sub.Close())
+		msgs := []*message.Message{f.message(0), f.message(1), f.message(2), f.message(3)}
+		f.publish(billing, msgs...)
+
+		picked := map[string]bool{msgs[0].UUID: true, msgs[2].UUID: true}
+		rep, err := billing.Delete(context.Background(), f.topic, 10, func(m *message.Message) bool { return picked[m.UUID] })
+		require.NoError(t, err)
+		require.Equal(t, uuids([]*message.Message{msgs[0], msgs[2]}), uuids(rep.Deleted))
+		require.Equal(t, uuids([]*message.Message{msgs[1], msgs[3]}), uuids(rep.Kept))
+		require.Equal(t, uuids(rep.Kept), uuids(peek(t, billing, f.topic, 10)), "the rest stays, in its order")
+
+		// Removal is per group on AMQP, where every group has a queue of its own, and for
+		// every group elsewhere, where the groups read one log.
+		others := uuids(peek(t, shipping, f.topic, 10))
+		if f.sc.name == "amqp" {
+			require.Equal(t, uuids(msgs), others)
+		} else {
+			require.Equal(t, uuids(rep.Kept), others)
+		}
+
+		// Deleting nothing changes nothing; the group's consumers get the rest in order.
+		rep, err = billing.Delete(context.Background(), f.topic, 10, func(*message.Message) bool { return false })
+		require.NoError(t, err)
+		require.Empty(t, rep.Deleted)
+		require.Len(t, rep.Kept, 2)
+		_, ch := f.subscribe(billing)
+		for _, want := range []string{msgs[1].UUID, msgs[3].UUID} {
+			m := receive(t, ch)
+			require.Equal(t, want, m.UUID)
+			m.Ack()
+		}
+	})
+}
+
+func TestDelete_StopsAtTheLimit(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		b := f.open(broker.Options{})
+		f.publish(b, f.message(0), f.message(1), f.message(2))
+		rep, err := b.Delete(context.Background(), f.topic, 2, func(*message.Message) bool { return true })
+		require.NoError(t, err)
+		require.Len(t, rep.Deleted, 2)
+		require.Equal(t, []string{f.message(2).UUID}, uuids(peek(t, b, f.topic, 10)))
+	})
+}
+
 func TestPeek_MemIsNotSupported(t *testing.T) {
 	t.Parallel()
 	b, err := broker.Open(context.Background(), "mem://"+testsvc.UniqueName("mem"), broker.Options{})
@@ -193,6 +247,8 @@ func TestPeek_MemIsNotSupported(t *testing.T) {
 	_, err = b.Peek(context.Background(), "orders", 10)
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = b.Move(context.Background(), "orders", 10, func(*message.Message) (string, *message.Message) { return "", nil })
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+	_, err = b.Delete(context.Background(), "orders", 10, func(*message.Message) bool { return true })
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 }
 
@@ -203,4 +259,8 @@ func TestPeek_LimitMustBePositive(t *testing.T) {
 	defer b.Close()
 	_, err = b.Peek(context.Background(), "orders", 0)
 	require.ErrorContains(t, err, "limit 0 is not positive")
+	_, err = b.Delete(context.Background(), "orders", 0, func(*message.Message) bool { return true })
+	require.ErrorContains(t, err, "limit 0 is not positive")
+	_, err = b.Delete(context.Background(), "orders", 10, nil)
+	require.ErrorContains(t, err, "pick is nil")
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/redact"
 )
 
 // publisher is the Broker's shared message.Publisher.
@@ -44,11 +46,11 @@ func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 	}
 	if b.be.preparePublish != nil {
 		if err := b.be.preparePublish(topic); err != nil {
-			return scrub(fmt.Errorf("broker: prepare topic %q on %s: %w", topic, b.redacted, err), b.secrets)
+			return redact.Error(fmt.Errorf("broker: prepare topic %q on %s: %w", topic, b.redacted, err), b.secrets)
 		}
 	}
 	if err := b.be.pub.Publish(topic, messages...); err != nil {
-		return scrub(fmt.Errorf("broker: publish to %q on %s: %w", topic, b.redacted, err), b.secrets)
+		return redact.Error(fmt.Errorf("broker: publish to %q on %s: %w", topic, b.redacted, err), b.secrets)
 	}
 	return nil
 }
@@ -121,7 +123,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		cancel()
 		s.relays.Done()
-		return nil, scrub(fmt.Errorf("broker: subscribe to %q on %s: %w", topic, s.b.redacted, err), s.b.secrets)
+		return nil, redact.Error(fmt.Errorf("broker: subscribe to %q on %s: %w", topic, s.b.redacted, err), s.b.secrets)
 	}
 	out := make(chan *message.Message)
 	go s.relay(ctx, in, out)
@@ -154,7 +156,7 @@ func (s *subscriber) subscribeNative(ctx context.Context, topic string) (<-chan 
 	}
 	in, err := s.up.Subscribe(ctx, topic)
 	if err != nil {
-		return nil, scrub(fmt.Errorf("broker: subscribe to %q on %s: %w", topic, s.b.redacted, err), s.b.secrets)
+		return nil, redact.Error(fmt.Errorf("broker: subscribe to %q on %s: %w", topic, s.b.redacted, err), s.b.secrets)
 	}
 	return in, nil
 }
@@ -270,7 +272,7 @@ func (s *subscriber) Close() error {
 		}
 		s.b.forget(s)
 		if err != nil {
-			s.closeErr = scrub(fmt.Errorf("broker: close subscriber of %s: %w", s.b.redacted, err), s.b.secrets)
+			s.closeErr = redact.Error(fmt.Errorf("broker: close subscriber of %s: %w", s.b.redacted, err), s.b.secrets)
 		}
 	})
 	return s.closeErr

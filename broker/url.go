@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceflow/onceflow/sqldb"
+	"github.com/onceflow/onceflow/internal/redact"
 )
 
 // Query parameters that every scheme understands. They override the Options given to Open and
@@ -58,16 +58,19 @@ func parseTarget(rawURL string) (*target, error) {
 	if strings.TrimSpace(rawURL) == "" {
 		return nil, fmt.Errorf("broker: URL is empty (%s)", acceptedSchemes)
 	}
+	redacted := redact.String(rawURL)
+	if form := redact.FormOf(rawURL); form != redact.URL {
+		return nil, fmt.Errorf("broker: %q is a %s, not a URL (%s)", redacted, form, acceptedSchemes)
+	}
 	scheme, rest, ok := strings.Cut(rawURL, ":")
 	canonical := canonicalSchemes[strings.ToLower(scheme)]
 	if !ok || canonical == "" {
-		return nil, fmt.Errorf("broker: URL %q: unknown scheme %q (%s)", redactURL(rawURL), schemeForError(scheme), acceptedSchemes)
+		return nil, fmt.Errorf("broker: URL %q: unknown scheme %q (%s)", redacted, schemeForError(scheme), acceptedSchemes)
 	}
 	if !strings.HasPrefix(rest, "//") {
-		return nil, fmt.Errorf("broker: URL %q is malformed: want %s://... (%s)", redactURL(rawURL), strings.ToLower(scheme), acceptedSchemes)
+		return nil, fmt.Errorf("broker: URL %q is malformed: want %s://... (%s)", redacted, strings.ToLower(scheme), acceptedSchemes)
 	}
-	redacted := redactURL(rawURL)
-	if strayAt(rawURL) {
+	if redact.StrayAt(rawURL) {
 		return nil, fmt.Errorf("broker: URL %q is malformed: '@' after the host; percent-encode '@', '/', '?' and '#' in the user name and password (%%40, %%2F, %%3F, %%23)", redacted)
 	}
 	base, query, _ := strings.Cut(rawURL, "?")
@@ -100,106 +103,17 @@ func parseTarget(rawURL string) (*target, error) {
 		return nil, fmt.Errorf("broker: URL %q is malformed: check that special characters in the user name and password are percent-encoded", redacted)
 	}
 	t := &target{scheme: canonical, dsn: dsn, u: u, redacted: redacted, params: params}
-	t.secrets = secretsOf(rawURL, u, q)
+	t.secrets = redact.Secrets(rawURL)
 	return t, nil
-}
-
-// secretsOf lists the passwords and tokens of a URL in every form they may be echoed in.
-func secretsOf(rawURL string, u *url.URL, q url.Values) []string {
-	var out []string
-	add := func(s string) {
-		if s == "" {
-			return
-		}
-		out = append(out, s, url.QueryEscape(s), url.PathEscape(s))
-	}
-	if u.User != nil {
-		if p, ok := u.User.Password(); ok {
-			add(p)
-		} else if strings.EqualFold(u.Scheme, "nats") {
-			add(u.User.Username()) // a NATS token
-		}
-	}
-	// The password as written, percent-encoding and all.
-	if _, rest, ok := strings.Cut(rawURL, "//"); ok {
-		if end := strings.IndexAny(rest, "/?#"); end >= 0 {
-			rest = rest[:end]
-		}
-		if ui, _, ok := strings.Cut(rest, "@"); ok {
-			if _, p, ok := strings.Cut(ui, ":"); ok {
-				add(p)
-			}
-		}
-	}
-	for k, vs := range q {
-		if isPasswordParam(k) {
-			for _, v := range vs {
-				add(v)
-			}
-		}
-	}
-	return out
-}
-
-func isPasswordParam(key string) bool {
-	k := strings.ToLower(key)
-	return k == "password" || k == "sslpassword" || k == "token"
-}
-
-// redactURL returns rawURL without its password, as sqldb.Redact does, and without the token
-// of a nats://token@host URL.
-func redactURL(rawURL string) string {
-	r := sqldb.Redact(rawURL)
-	scheme, _, _ := strings.Cut(rawURL, ":")
-	if !strings.EqualFold(scheme, "nats") {
-		return r
-	}
-	u, err := url.Parse(r)
-	if err != nil {
-		return r
-	}
-	if u.User != nil {
-		if _, hasPassword := u.User.Password(); !hasPassword {
-			u.User = url.User("xxxxx")
-			return u.String()
-		}
-	}
-	q := u.Query()
-	if _, ok := q["token"]; ok {
-		q.Set("token", "xxxxx")
-		u.RawQuery = q.Encode()
-		return u.String()
-	}
-	return r
 }
 
 // schemeForError returns s if it looks like a scheme name, so that an error does not echo the
 // start of a URL that has no scheme (which may be user:password).
 func schemeForError(s string) string {
-	if s == "" || len(s) > 16 {
+	if len(s) > 16 || !redact.ValidScheme(s) {
 		return "(none)"
 	}
-	for i, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
-		case i > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'):
-		default:
-			return "(none)"
-		}
-	}
 	return s
-}
-
-// strayAt reports whether rawURL has an '@' after its authority: a '/', '?' or '#' in the
-// password was not percent-encoded, and the rest of the password would land where no
-// redaction hides it.
-func strayAt(rawURL string) bool {
-	_, rest, ok := strings.Cut(rawURL, "//")
-	if !ok {
-		return false
-	}
-	end := strings.IndexAny(rest, "/?#")
-	return end >= 0 && strings.Contains(rest[end:], "@")
 }
 
 // applyParams returns opts with the URL's query parameters applied over it.
@@ -246,33 +160,4 @@ func applyParams(opts Options, params url.Values, redacted string) (Options, err
 		}
 	}
 	return opts, nil
-}
-
-// scrubbedError is an error whose text has had secrets removed.
-type scrubbedError struct {
-	msg string
-	err error
-}
-
-func (e *scrubbedError) Error() string { return e.msg }
-func (e *scrubbedError) Unwrap() error { return e.err }
-
-// scrub returns err with every secret in its text replaced by "xxxxx". Drivers sometimes echo
-// the URL or the credentials they were given; onceflow's errors never do.
-func scrub(err error, secrets []string) error {
-	if err == nil || len(secrets) == 0 {
-		return err
-	}
-	msg := err.Error()
-	changed := false
-	for _, s := range secrets {
-		if s != "" && strings.Contains(msg, s) {
-			msg = strings.ReplaceAll(msg, s, "xxxxx")
-			changed = true
-		}
-	}
-	if !changed {
-		return err
-	}
-	return &scrubbedError{msg: msg, err: err}
 }

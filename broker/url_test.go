@@ -26,6 +26,8 @@ func TestOpen_RejectsBadURLsNamingTheAcceptedSchemes(t *testing.T) {
 		{"unknown scheme", "kafka://127.0.0.1:9092", `unknown scheme "kafka"`, true},
 		{"no scheme", "127.0.0.1:5672", "unknown scheme", true},
 		{"no slashes", "amqp:127.0.0.1", "malformed", true},
+		{"keywords", "host=127.0.0.1 user=app dbname=orders", `"host=127.0.0.1 user=app dbname=orders" is a libpq keyword/value string, not a URL`, true},
+		{"DSN", "app@tcp(127.0.0.1:3306)/orders", `"app@tcp(127.0.0.1:3306)/orders" is a go-sql-driver DSN, not a URL`, true},
 		{"fragment", "mem://x#y", "fragment", false},
 		{"bad escape in query", "mem://x?group=%zz", "malformed query", false},
 	} {
@@ -105,6 +107,16 @@ func TestOpen_ErrorsNeverShowThePassword(t *testing.T) {
 		"redis://user:S3cr3t@pw@127.0.0.1:1/",
 		"postgres://user:S3cr3t-pw%zz@127.0.0.1:1/db",
 		"user:" + secret + "@127.0.0.1:1",
+		// Not URLs: libpq keyword/value strings and go-sql-driver DSNs.
+		"host=127.0.0.1 port=1 user=app password=" + secret + " dbname=orders",
+		"host=127.0.0.1 port=1 password='" + secret + " and more' dbname=orders",
+		`host=127.0.0.1 password='S3cr3t\'s' dbname=orders`,
+		"host=127.0.0.1 password='" + secret,
+		"user:" + secret + "@tcp(127.0.0.1:1)/db",
+		"user:" + secret + "@unix(/tmp/mysql.sock)/db?parseTime=true",
+		"user:" + secret + "@/db",
+		// A query parameter that does not decode beside the password.
+		"postgres://user@127.0.0.1:1/db?password=" + secret + "&x=%zz",
 	} {
 		t.Run(raw, func(t *testing.T) {
 			t.Parallel()
@@ -112,7 +124,6 @@ func TestOpen_ErrorsNeverShowThePassword(t *testing.T) {
 			require.Error(t, err)
 			require.Nil(t, b)
 			require.NotContains(t, err.Error(), "S3cr3t")
-			require.NotContains(t, broker.RedactURL(raw), "S3cr3t")
 		})
 	}
 }
@@ -167,23 +178,4 @@ func withPassword(t testing.TB, raw, password string) string {
 	}
 	u.User = url.UserPassword(user, password)
 	return u.String()
-}
-
-func TestRedactURL(t *testing.T) {
-	t.Parallel()
-	for raw, want := range map[string]string{
-		"amqp://guest:guest@127.0.0.1:5672/":          "amqp://guest:xxxxx@127.0.0.1:5672/",
-		"postgres://u:p@h/db?sslmode=disable":         "postgres://u:xxxxx@h/db?sslmode=disable",
-		"postgres://u@h/db?password=p":                "postgres://u@h/db?password=xxxxx",
-		"mysql://root@127.0.0.1:3306/test":            "mysql://root@127.0.0.1:3306/test",
-		"nats://tok@127.0.0.1:4222":                   "nats://xxxxx@127.0.0.1:4222",
-		"nats://u:p@127.0.0.1:4222":                   "nats://u:xxxxx@127.0.0.1:4222",
-		"redis://:p@127.0.0.1:6379/0":                 "redis://:xxxxx@127.0.0.1:6379/0",
-		"sqlite:///tmp/q.db?prefetch=4":               "sqlite:///tmp/q.db?prefetch=4",
-		"mem://tests":                                 "mem://tests",
-		"amqp://u:pa/ss@h/":                           "amqp://(malformed URL)",
-		"redis://127.0.0.1:6379/0?group=g&prefetch=2": "redis://127.0.0.1:6379/0?group=g&prefetch=2",
-	} {
-		require.Equal(t, want, broker.RedactURL(raw), raw)
-	}
 }

@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -224,13 +223,4 @@ func Run(t *testing.T, s Setup, features Features) {
 			}
 		})
 	}
-}
-
-// redactedURL returns rawURL without a password, for logs.
-func redactedURL(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return scheme(rawURL) + "://..."
-	}
-	return u.Redacted()
 }

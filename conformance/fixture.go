@@ -70,7 +70,7 @@ func newFixture(t *testing.T, s Setup, features Features, mode Mode) *fixture {
 		db, err = sqldb.Open(context.Background(), dbURL)
 		return err
 	})
-	require.NoError(t, err, "open the application database %s", redactedURL(dbURL))
+	require.NoError(t, err, "open the application database %s", sqldb.Redact(dbURL))
 	t.Cleanup(func() { _ = db.Close() })
 	f.db = db
 	_, err = db.Exec(`CREATE TABLE ` + effectsTable + ` (handler VARCHAR(64) NOT NULL, message_id VARCHAR(255) NOT NULL, note VARCHAR(255) NOT NULL)`)

@@ -135,8 +135,13 @@ func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handle
 		return nil
 	}
 	// The broker may refuse the id (too long, characters it cannot carry): a derived id, which
-	// every broker accepts, keeps retried dead letters of one message under one id.
+	// every broker accepts, keeps retried dead letters of one message under one id. It may
+	// refuse the headers this function wrote (NATS refuses a line break in a header value,
+	// which a reason made by errors.Join has): they are made header-safe.
 	again := deadLetter(ctx, handler, msg, reason)
+	for _, k := range []string{messagedata.HeaderDeadLetterReason, messagedata.HeaderDeadLetterHandler, messagedata.HeaderDeadLetterTopic} {
+		again.Metadata[k] = headerSafe(again.Metadata[k])
+	}
 	again.Metadata[messagedata.HeaderDeadLetterOriginalID] = headerSafe(out.UUID)
 	again.UUID = derivedID(out.UUID)
 	second := pub.Publish(topic, again)
@@ -152,8 +157,8 @@ func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handle
 			bare.Metadata[k] = v
 		}
 	}
-	bare.Metadata[messagedata.HeaderDeadLetterPayloadDropped] = truncate(fmt.Sprintf("%d bytes and %d headers dropped: the dead-letter broker refused the message: %v",
-		len(msg.Payload), len(msg.Headers), second), maxReasonLength)
+	bare.Metadata[messagedata.HeaderDeadLetterPayloadDropped] = headerSafe(fmt.Sprintf("%d bytes and %d headers dropped: the dead-letter broker refused the message: %v",
+		len(msg.Payload), len(msg.Headers), second))
 	bare.SetContext(out.Context())
 	third := pub.Publish(topic, bare)
 	if third == nil {
@@ -191,17 +196,18 @@ func derivedID(id string) string {
 	return u.String()
 }
 
-// headerSafe returns id as a header value: printable, at most maxReasonLength bytes, so that
-// the header itself is not what the broker refuses.
-func headerSafe(id string) string {
-	id = strings.ToValidUTF8(id, "\uFFFD")
-	id = strings.Map(func(r rune) rune {
+// headerSafe returns s as a header value that every broker carries: valid UTF-8 without
+// control characters (each becomes U+FFFD), at most maxReasonLength bytes, so that the header
+// itself is not what the broker refuses.
+func headerSafe(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
 		if r < 0x20 || r == 0x7f {
 			return '\uFFFD'
 		}
 		return r
-	}, id)
-	return truncate(id, maxReasonLength)
+	}, s)
+	return truncate(s, maxReasonLength)
 }
 
 // truncate cuts s to at most n bytes, at a rune boundary.

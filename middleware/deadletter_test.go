@@ -154,6 +154,37 @@ func TestPublishDeadLetter_IDTheBrokerRefusesIsReplacedAndKeptInAHeader(t *testi
 	require.Equal(t, "bad", d.Metadata.Get(messagedata.HeaderDeadLetterReason))
 }
 
+// lineBreakRefuser refuses a message with a line break in a header value, as NATS does.
+type lineBreakRefuser struct{ kept []*message.Message }
+
+func (p *lineBreakRefuser) Publish(_ string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		for k, v := range m.Metadata {
+			if strings.ContainsAny(v, "\r\n") {
+				return fmt.Errorf("metadata %q: headers cannot carry line breaks", k)
+			}
+		}
+	}
+	p.kept = append(p.kept, msgs...)
+	return nil
+}
+
+func (*lineBreakRefuser) Close() error { return nil }
+
+func TestPublishDeadLetter_ReasonWithLineBreaksIsMadeHeaderSafeAndKeepsThePayload(t *testing.T) {
+	pub := &lineBreakRefuser{}
+	m := msg("m-1")
+	m.Payload = []byte("body")
+	require.NoError(t, middleware.PublishDeadLetter(context.Background(), pub, "dead", "h", m,
+		errors.Join(errors.New("first"), errors.New("second"))))
+	require.Len(t, pub.kept, 1)
+	d := pub.kept[0]
+	require.Equal(t, "first\uFFFDsecond", d.Metadata.Get(messagedata.HeaderDeadLetterReason))
+	require.Equal(t, "body", string(d.Payload), "the payload is kept")
+	require.Equal(t, "m-1", d.Metadata.Get(messagedata.HeaderDeadLetterOriginalID))
+	require.Empty(t, d.Metadata.Get(messagedata.HeaderDeadLetterPayloadDropped))
+}
+
 func TestPublishDeadLetter_PayloadTheBrokerRefusesIsDroppedAndSaid(t *testing.T) {
 	pub := &pickyPublisher{maxID: 255, maxPayload: 10}
 	m := msg("big")

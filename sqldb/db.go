@@ -15,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/onceflow/onceflow/internal/redact"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -72,9 +73,11 @@ func Open(ctx context.Context, rawURL string) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The drivers' errors may echo the credentials they were given.
+	secrets := redact.Secrets(rawURL)
 	sdb, err := sql.Open(driverName, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", redacted, err)
+		return nil, redact.Error(fmt.Errorf("open %s: %w", redacted, err), secrets)
 	}
 	sdb.SetMaxIdleConns(DefaultMaxIdleConns)
 	sdb.SetConnMaxIdleTime(DefaultConnMaxIdleTime)
@@ -82,7 +85,7 @@ func Open(ctx context.Context, rawURL string) (*DB, error) {
 	db.Dialect, _ = DialectOf(driverName)
 	if err := db.PingContext(ctx); err != nil {
 		_ = sdb.Close()
-		return nil, fmt.Errorf("connect to %s: %w", redacted, err)
+		return nil, redact.Error(fmt.Errorf("connect to %s: %w", redacted, err), secrets)
 	}
 	return db, nil
 }
@@ -125,74 +128,14 @@ func (db *DB) BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, e
 // String returns the database URL without its password.
 func (db *DB) String() string { return db.redacted }
 
-// Redact returns rawURL with its password, if any, replaced by "xxxxx", in the user
-// information and in query parameters named password or sslpassword. A string that does not
-// parse as a URL, or whose password may have spilled out of the user information because a
-// '/', '?' or '#' in it is not percent-encoded, is reduced to its scheme, so that a password
-// in it is not echoed back either.
-func Redact(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil || strayAt(rawURL) {
-		return malformed(rawURL)
-	}
-	q := u.Query()
-	masked := false
-	for k := range q {
-		if isPasswordParam(k) {
-			q[k] = []string{"xxxxx"}
-			masked = true
-		}
-	}
-	if masked {
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}
-
-// malformed reduces rawURL to its scheme, when it has a plausible one.
-func malformed(rawURL string) string {
-	scheme, _, ok := strings.Cut(rawURL, ":")
-	if !ok || !validScheme(scheme) {
-		return "(malformed URL)"
-	}
-	return scheme + "://(malformed URL)"
-}
-
-func validScheme(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
-		case i > 0 && (c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.'):
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-func isPasswordParam(key string) bool {
-	k := strings.ToLower(key)
-	return k == "password" || k == "sslpassword"
-}
-
-// strayAt reports whether rawURL has an '@' after its authority (host part). That happens
-// when a '/', '?' or '#' in a password is not percent-encoded: the authority then ends inside
-// the password, and the rest of the password lands in the path, query or fragment, where
-// neither url.URL.Redacted nor the drivers' messages hide it.
-func strayAt(rawURL string) bool {
-	_, rest, ok := strings.Cut(rawURL, ":")
-	if !ok {
-		return false
-	}
-	if r, ok := strings.CutPrefix(rest, "//"); ok {
-		end := strings.IndexAny(r, "/?#")
-		return end >= 0 && strings.Contains(r[end:], "@")
-	}
-	return strings.Contains(rest, "@")
-}
+// Redact returns rawURL with its passwords and tokens replaced by "xxxxx", whatever its form:
+// a URL (the password of the user information, the query parameters password, sslpassword and
+// token, the token of nats://token@host), a libpq keyword/value string (host=db
+// password='a b' ...) or a go-sql-driver DSN without a scheme (user:password@tcp(db:3306)/orders).
+// A URL that does not parse, or whose password may have spilled out of the user information
+// because a '/', '?' or '#' in it is not percent-encoded, is reduced to its scheme, so that a
+// password in it is not echoed back either. Package broker redacts its URLs the same way.
+func Redact(rawURL string) string { return redact.String(rawURL) }
 
 // hasUserinfo reports whether the authority of rawURL has user information, which may hold a
 // password.
@@ -210,8 +153,14 @@ func parseURL(rawURL string) (driverName, dsn, path, redacted string, err error)
 	if strings.TrimSpace(rawURL) == "" {
 		return "", "", "", "", fmt.Errorf("database URL is empty (%s)", wantSchemes)
 	}
+	switch redact.FormOf(rawURL) {
+	case redact.Keywords:
+		return "", "", "", "", fmt.Errorf("database URL %q is a %s, not a URL: write postgres://user:password@host:port/dbname?param=value (%s)", Redact(rawURL), redact.Keywords, wantSchemes)
+	case redact.DSN:
+		return "", "", "", "", fmt.Errorf("database URL %q is a %s, not a URL: write mysql://user:password@host:port/dbname?param=value (%s)", Redact(rawURL), redact.DSN, wantSchemes)
+	}
 	scheme, rest, ok := strings.Cut(rawURL, ":")
-	if !ok || !validScheme(scheme) {
+	if !ok || !redact.ValidScheme(scheme) {
 		return "", "", "", "", fmt.Errorf("database URL %q has no scheme (%s)", Redact(rawURL), wantSchemes)
 	}
 	switch strings.ToLower(scheme) {
@@ -244,7 +193,7 @@ func parseURL(rawURL string) (driverName, dsn, path, redacted string, err error)
 // parseServerURL parses the URL of a database server, refusing the forms in which a password
 // would not stay in the user information.
 func parseServerURL(rawURL string) (*url.URL, error) {
-	if strayAt(rawURL) {
+	if redact.StrayAt(rawURL) {
 		return nil, fmt.Errorf("malformed database URL %q: '@' after the host; percent-encode '@', '/', '?' and '#' in the user name and password (%%40, %%2F, %%3F, %%23)", Redact(rawURL))
 	}
 	u, err := url.Parse(rawURL)

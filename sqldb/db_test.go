@@ -209,6 +209,18 @@ func TestOpen_PasswordNeverInErrorsOrString(t *testing.T) {
 		// No scheme at all.
 		"app:Secret@db.internal/orders",
 		"//app:Secret@db.internal/orders",
+		// libpq keyword/value strings.
+		"host=127.0.0.1 port=1 user=app password=Secret1 dbname=orders",
+		"host=127.0.0.1 user=app password='" + password + "' dbname=orders",
+		`host=127.0.0.1 password='Secret1\'s' dbname=orders`,
+		`password=Secret\ 1 host=127.0.0.1`,
+		"host=127.0.0.1 password='Secret1",
+		"dbname='postgres://app:Secret1@127.0.0.1:1/orders'",
+		// go-sql-driver DSNs.
+		"app:" + password + "@tcp(" + closed + ")/orders",
+		"app:Secret1@tcp(" + closed + ")/orders?parseTime=true",
+		"app:Secret1@unix(/var/run/mysqld/mysqld.sock)/orders",
+		"app:Secret1@/orders",
 	} {
 		t.Run(rawURL, func(t *testing.T) {
 			t.Parallel()
@@ -229,6 +241,8 @@ func TestOpen_ErrorsNameTheProblem(t *testing.T) {
 		{"", "database URL is empty (want postgres://, mysql:// or sqlite://)"},
 		{"redis://127.0.0.1:6379/0", `database URL "redis://127.0.0.1:6379/0": unknown scheme "redis" (want postgres://, mysql:// or sqlite://)`},
 		{"sqlite://", `database URL "sqlite:": names no file`},
+		{"host=db user=app password=Secret1 dbname=orders", `database URL "host=db user=app password=xxxxx dbname=orders" is a libpq keyword/value string, not a URL: write postgres://user:password@host:port/dbname?param=value (want postgres://, mysql:// or sqlite://)`},
+		{"app:Secret1@tcp(db:3306)/orders", `database URL "app:xxxxx@tcp(db:3306)/orders" is a go-sql-driver DSN, not a URL: write mysql://user:password@host:port/dbname?param=value (want postgres://, mysql:// or sqlite://)`},
 		{"postgres://db.internal:port/orders", `malformed database URL "postgres://(malformed URL)": invalid port ":port" after host`},
 	} {
 		_, err := sqldb.Open(context.Background(), tc.in)

@@ -12,8 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -43,23 +41,24 @@ var deadLetterHeaders = messagedata.DeadLetterHeaders
 func newDLQCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dlq",
-		Short: "List and replay dead letters",
+		Short: "List, replay and delete dead letters",
 		Long: `A message that fails permanently (a malformed payload, processor.Permanent, no usable id) is
 published to the dead-letter topic with headers saying why, where and when, and acknowledged.
-"dlq list" shows the dead letters waiting in that topic without taking them; "dlq replay" puts
-chosen ones back on the topic they came from, with their original message id, so that the
-handler's duplicate detection recognises a message that was in fact applied: replaying twice
-applies nothing twice.
+"dlq list" shows the dead letters waiting in that topic without taking them, grouped by handler
+and reason; "dlq replay" puts chosen ones back on the topic they came from, with their original
+message id, so that the handler's duplicate detection recognises a message that was in fact
+applied: replaying twice applies nothing twice; "dlq delete" removes chosen ones for good, after
+asking. Replay and delete choose by --id, --reason or --all.
 
 The dead letters are those waiting for one consumer group: the group of the --broker URL (its
 group= parameter), or --group, default "onceflow". On RabbitMQ, where every group has its own
 queue, use the group of the router that dead-lettered them (it publishes into <topic>.<group>).`,
 	}
-	cmd.AddCommand(newDLQListCommand(), newDLQReplayCommand())
+	cmd.AddCommand(newDLQListCommand(), newDLQReplayCommand(), newDLQDeleteCommand())
 	return cmd
 }
 
-// dlqFlags are the flags both dlq commands take.
+// dlqFlags are the flags every dlq command takes.
 type dlqFlags struct {
 	broker string
 	topic  string
@@ -102,14 +101,20 @@ func (f *dlqFlags) open(ctx context.Context) (*broker.Broker, error) {
 
 // deadLetter is one dead letter as the commands print it.
 type deadLetter struct {
-	ID            string            `json:"id"`
-	Time          string            `json:"time"`
-	Topic         string            `json:"topic"`
-	Handler       string            `json:"handler"`
-	Attempt       int               `json:"attempt"`
-	Reason        string            `json:"reason"`
-	Replays       int               `json:"replays"`
-	PayloadSize   int               `json:"payload_size"`
+	ID          string `json:"id"`
+	Time        string `json:"time"`
+	Topic       string `json:"topic"`
+	Handler     string `json:"handler"`
+	Attempt     int    `json:"attempt"`
+	Reason      string `json:"reason"`
+	Replays     int    `json:"replays"`
+	PayloadSize int    `json:"payload_size"`
+	// PayloadDropped says why the dead letter carries no payload: the dead-letter broker
+	// refused the message with it (messagedata.HeaderDeadLetterPayloadDropped).
+	PayloadDropped string `json:"payload_dropped,omitempty"`
+	// OriginalID is the id of the dead-lettered message when the dead letter could not carry
+	// it (messagedata.HeaderDeadLetterOriginalID).
+	OriginalID    string            `json:"original_id,omitempty"`
 	Payload       *string           `json:"payload,omitempty"`
 	PayloadBase64 string            `json:"payload_base64,omitempty"`
 	Headers       map[string]string `json:"headers"`
@@ -126,6 +131,9 @@ func describe(m *message.Message, withPayload bool) deadLetter {
 		Reason:      md.Get(messagedata.HeaderDeadLetterReason),
 		PayloadSize: len(m.Payload),
 		Headers:     map[string]string{},
+
+		PayloadDropped: md.Get(messagedata.HeaderDeadLetterPayloadDropped),
+		OriginalID:     md.Get(messagedata.HeaderDeadLetterOriginalID),
 	}
 	d.Attempt, _ = strconv.Atoi(md.Get(messagedata.HeaderDeadLetterAttempt))
 	d.Replays, _ = strconv.Atoi(md.Get(messagedata.HeaderReplayCount))
@@ -151,117 +159,95 @@ func describe(m *message.Message, withPayload bool) deadLetter {
 	return d
 }
 
-// listReport is the JSON document of dlq list.
-type listReport struct {
-	Broker      string       `json:"broker"`
-	Topic       string       `json:"topic"`
-	Group       string       `json:"group"`
-	Count       int          `json:"count"`
-	More        bool         `json:"more"`
-	DeadLetters []deadLetter `json:"dead_letters"`
+// selection is how replay and delete choose dead letters: by id (--id, repeatable), by reason
+// (--reason, a part of the reason text) or all of them (--all), exactly one of the three.
+type selection struct {
+	ids    []string
+	reason string
+	all    bool
+
+	wanted  map[string]bool
+	found   map[string]bool // the ids that matched a dead letter
+	matched int             // dead letters matched by --reason
 }
 
-func newDLQListCommand() *cobra.Command {
-	var f dlqFlags
-	var withPayload bool
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "Show the dead letters waiting in the dead-letter topic, without taking them",
-		Long: `Prints, oldest first, the dead letters waiting in the dead-letter topic for the consumer group:
-id, when it was dead-lettered, the topic it came from, the handler, the attempt, the payload size
-and the reason. Nothing is consumed: listing again shows the same dead letters.
-
-How each broker is read without consuming: RabbitMQ by basic.get on the group's queue, then
-closing the channel so that every message goes back in its place (with the redelivered flag);
-SQL and SQLite queues by reading the messages table past the group's offset; NATS by reading the
-stream past the ack floor of the group's consumer; Redis by XPENDING and XRANGE. mem:// cannot
-be listed.`,
-		Example: `  onceflow dlq list --broker 'amqp://guest:guest@127.0.0.1:5672/?group=billing'
-  onceflow dlq list --broker sqlite://var/queue.db --payload --json`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			b, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer b.Close()
-			msgs, err := b.Peek(cmd.Context(), f.topic, f.limit+1)
-			if err != nil {
-				return err
-			}
-			rep := listReport{Broker: b.String(), Topic: f.topic, Group: b.ConsumerGroup(), DeadLetters: []deadLetter{}}
-			if len(msgs) > f.limit {
-				msgs, rep.More = msgs[:f.limit], true
-			}
-			for _, m := range msgs {
-				rep.DeadLetters = append(rep.DeadLetters, describe(m, withPayload))
-			}
-			rep.Count = len(rep.DeadLetters)
-			if f.asJSON {
-				return writeJSON(cmd.OutOrStdout(), rep)
-			}
-			printList(cmd.OutOrStdout(), rep, withPayload)
-			return nil
-		},
-	}
-	f.register(cmd, defaultListLimit, "show at most this many dead letters")
-	cmd.Flags().BoolVar(&withPayload, "payload", false, "show the payloads (as text, or base64 in --json when not UTF-8)")
-	return cmd
+// register adds the flags of the selection to cmd; verb says what the command does.
+func (s *selection) register(cmd *cobra.Command, verb string) {
+	fl := cmd.Flags()
+	fl.StringArrayVar(&s.ids, "id", nil, "id of a dead letter to "+verb+" (repeatable); the original id of a dead letter that could not carry it matches too")
+	fl.StringVar(&s.reason, "reason", "", verb+" the dead letters whose reason contains this text (case-sensitive substring; the whole reason is an exact match)")
+	fl.BoolVar(&s.all, "all", false, verb+" every dead letter waiting (up to --limit)")
 }
 
-// printList writes the readable form of a list report.
-func printList(w io.Writer, rep listReport, withPayload bool) {
-	where := fmt.Sprintf("in %s for consumer group %s on %s", rep.Topic, rep.Group, rep.Broker)
-	if rep.Count == 0 {
-		fmt.Fprintf(w, "no dead letters %s\n", where)
-		return
+// check reports a selection that is not exactly one of --id, --reason and --all.
+func (s *selection) check(cmd *cobra.Command, verb string) error {
+	n := 0
+	if len(s.ids) > 0 {
+		n++
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	header := "ID\tDEAD-LETTERED\tTOPIC\tHANDLER\tATTEMPT\tSIZE\tREASON"
-	if withPayload {
-		header += "\tPAYLOAD"
-	}
-	fmt.Fprintln(tw, header)
-	for _, d := range rep.DeadLetters {
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", cell(d.ID, 0), cell(d.Time, 0), cell(d.Topic, 0), cell(d.Handler, 0),
-			d.Attempt, d.PayloadSize, cell(d.Reason, tableReasonWidth))
-		if withPayload {
-			p := ""
-			if d.Payload != nil {
-				p = *d.Payload
-			} else {
-				p = "base64:" + d.PayloadBase64
-			}
-			line += "\t" + strconv.Quote(truncate(p, tablePayloadWidth))
+	if cmd.Flags().Changed("reason") {
+		if s.reason == "" {
+			return errors.New("--reason is empty: give a part of the reasons of the dead letters to " + verb)
 		}
-		fmt.Fprintln(tw, line)
+		n++
 	}
-	tw.Flush()
-	more := ""
-	if rep.More {
-		more = " (more are waiting: raise --limit)"
+	if s.all {
+		n++
 	}
-	fmt.Fprintf(w, "%d dead letters %s%s\n", rep.Count, where, more)
+	if n != 1 {
+		return errors.New("choose the dead letters to " + verb + ": --id ID (repeatable), --reason TEXT or --all")
+	}
+	s.wanted, s.found = map[string]bool{}, map[string]bool{}
+	for _, id := range s.ids {
+		s.wanted[id] = true
+	}
+	return nil
 }
 
-// cell makes s fit a table cell: one line, at most width runes (no bound for 0), "-" if empty.
-func cell(s string, width int) string {
-	if s == "" {
-		return "-"
+// matches reports whether the selection chooses dead letter m, and remembers what matched.
+func (s *selection) matches(m *message.Message) bool {
+	switch {
+	case s.all:
+		return true
+	case len(s.ids) > 0:
+		hit := false
+		for _, id := range []string{m.UUID, m.Metadata.Get(messagedata.HeaderDeadLetterOriginalID)} {
+			if id != "" && s.wanted[id] {
+				s.found[id], hit = true, true
+			}
+		}
+		return hit
+	default:
+		if strings.Contains(m.Metadata.Get(messagedata.HeaderDeadLetterReason), s.reason) {
+			s.matched++
+			return true
+		}
+		return false
 	}
-	s = strings.Join(strings.Fields(s), " ")
-	if width > 0 {
-		s = truncate(s, width)
-	}
-	return s
 }
 
-// truncate cuts s to at most n runes, marking the cut.
-func truncate(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
+// notFound returns the --id values that matched no dead letter, sorted.
+func (s *selection) notFound() []string {
+	out := []string{}
+	for id := range s.wanted {
+		if !s.found[id] {
+			out = append(out, id)
+		}
 	}
-	return string([]rune(s)[:n-1]) + "…"
+	sort.Strings(out)
+	return out
+}
+
+// missed returns the error of a selection that did not find what it named: ids that matched
+// no dead letter, or a reason that matched none. Nil for --all.
+func (s *selection) missed(topic, group string) error {
+	if ids := s.notFound(); len(ids) > 0 {
+		return fmt.Errorf("no dead letter with id %s in %s for consumer group %s", strings.Join(quoteAll(ids), ", "), topic, group)
+	}
+	if s.reason != "" && s.matched == 0 {
+		return fmt.Errorf("no dead letter whose reason contains %s in %s for consumer group %s", quoted(s.reason), topic, group)
+	}
+	return nil
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -270,199 +256,7 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// replayed and kept are the entries of a replay report.
-type replayed struct {
-	ID      string `json:"id"`
-	To      string `json:"to"`
-	Handler string `json:"handler"`
-	Attempt int    `json:"attempt"`
-	Reason  string `json:"reason"`
-	Replays int    `json:"replays"`
-}
-
-type kept struct {
-	ID      string `json:"id"`
-	Topic   string `json:"topic"`
-	Handler string `json:"handler"`
-	Reason  string `json:"reason"`
-}
-
-// replayReport is the JSON document of dlq replay.
-type replayReport struct {
-	Broker   string     `json:"broker"`
-	Topic    string     `json:"topic"`
-	Group    string     `json:"group"`
-	Replayed []replayed `json:"replayed"`
-	Kept     []kept     `json:"kept"`
-	// NotFound lists the --id values that matched no dead letter.
-	NotFound []string `json:"not_found"`
-	// NoTopic lists the selected dead letters left in place because they name no original
-	// topic and --to was not given.
-	NoTopic []string `json:"no_topic"`
-	// Limited is true when the replay looked at --limit dead letters: more may be waiting.
-	Limited bool `json:"limited"`
-}
-
-func newDLQReplayCommand() *cobra.Command {
-	var f dlqFlags
-	var ids []string
-	var all bool
-	var to string
-	cmd := &cobra.Command{
-		Use:   "replay",
-		Short: "Put dead letters back on the topic they came from",
-		Long: `Publishes the chosen dead letters (--id, repeatable, or --all) to the topic they were consumed
-from (their onceflow_dlq_topic header, or --to), and only once the broker has stored that
-publish removes them from the dead-letter topic. The others stay where they are, in their order.
-
-A replayed message keeps its original id, payload and headers, so it goes through the handler's
-duplicate detection again: a message that was in fact applied is acknowledged without being
-applied again, and replaying the same message twice applies it at most once. The dead-letter
-headers (onceflow_dlq_*) are removed; onceflow_replay_count counts the replays and
-onceflow_replay_time says when the last one was. A crash between the publish and the removal
-leaves the dead letter in place as well: it is replayed again next time, and deduplication
-absorbs the duplicate. Nothing is lost.
-
-What removal means: RabbitMQ acknowledges the message on the group's queue (other groups'
-queues keep their copies); the SQL and SQLite queues delete its row, NATS deletes it from the
-stream, Redis acknowledges it for the group and deletes the entry: other consumer groups of the
-dead-letter topic no longer see it either. On NATS the replay is published with a Nats-Msg-Id of
-its own, so that JetStream does not drop it as a duplicate of the original publish.
-
-The exit status is 1 when an --id matched no dead letter or a chosen dead letter names no topic.`,
-		Example: `  onceflow dlq replay --broker sqlite://var/queue.db --id order-17 --id order-18
-  onceflow dlq replay --broker 'nats://127.0.0.1:4222?group=billing' --all
-  onceflow dlq replay --broker "$ONCEFLOW_BROKER" --all --to orders.retry --json`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if all == (len(ids) > 0) {
-				return errors.New("choose the dead letters to replay: --id ID (repeatable) or --all")
-			}
-			wanted := map[string]bool{}
-			for _, id := range ids {
-				wanted[id] = true
-			}
-			b, err := f.open(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer b.Close()
-
-			now := time.Now().UTC().Format(time.RFC3339Nano)
-			rep := replayReport{Broker: b.String(), Topic: f.topic, Group: b.ConsumerGroup(),
-				Replayed: []replayed{}, Kept: []kept{}, NotFound: []string{}, NoTopic: []string{}}
-			found := map[string]bool{}
-			res, moveErr := b.Move(cmd.Context(), f.topic, f.limit, func(m *message.Message) (string, *message.Message) {
-				if !all && !wanted[m.UUID] {
-					return "", nil
-				}
-				found[m.UUID] = true
-				dest := to
-				if dest == "" {
-					dest = m.Metadata.Get(messagedata.HeaderDeadLetterTopic)
-				}
-				if dest == "" {
-					rep.NoTopic = append(rep.NoTopic, m.UUID)
-					return "", nil
-				}
-				return dest, replayMessage(m, now)
-			})
-			for _, mv := range res.Moved {
-				d := describe(mv.Message, false)
-				rep.Replayed = append(rep.Replayed, replayed{ID: d.ID, To: mv.To, Handler: d.Handler, Attempt: d.Attempt,
-					Reason: d.Reason, Replays: d.Replays + 1})
-			}
-			for _, m := range res.Kept {
-				d := describe(m, false)
-				rep.Kept = append(rep.Kept, kept{ID: d.ID, Topic: d.Topic, Handler: d.Handler, Reason: d.Reason})
-			}
-			for id := range wanted {
-				if !found[id] {
-					rep.NotFound = append(rep.NotFound, id)
-				}
-			}
-			sort.Strings(rep.NotFound)
-			rep.Limited = len(res.Moved)+len(res.Kept) >= f.limit
-
-			if f.asJSON {
-				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
-					return errors.Join(moveErr, err)
-				}
-			} else {
-				printReplay(cmd.OutOrStdout(), rep)
-			}
-			var errs []error
-			if moveErr != nil {
-				errs = append(errs, moveErr)
-			}
-			if len(rep.NotFound) > 0 {
-				errs = append(errs, fmt.Errorf("no dead letter with id %s in %s for consumer group %s", strings.Join(quoteAll(rep.NotFound), ", "), f.topic, b.ConsumerGroup()))
-			}
-			if len(rep.NoTopic) > 0 {
-				errs = append(errs, fmt.Errorf("dead letters %s name no original topic (header %s): pass --to", strings.Join(quoteAll(rep.NoTopic), ", "), messagedata.HeaderDeadLetterTopic))
-			}
-			return errors.Join(errs...)
-		},
-	}
-	f.register(cmd, defaultReplayLimit, "look at most at this many dead letters, oldest first")
-	fl := cmd.Flags()
-	fl.StringArrayVar(&ids, "id", nil, "id of a dead letter to replay (repeatable)")
-	fl.BoolVar(&all, "all", false, "replay every dead letter waiting (up to --limit)")
-	fl.StringVar(&to, "to", "", "publish to this topic instead of the one each dead letter came from")
-	return cmd
-}
-
-// replayMessage returns the message that replays dead letter m: its id (the original one, when
-// the dead-letter broker could not carry it and the dead letter kept it in a header), payload
-// and headers, without the dead-letter headers, with the replay count and time.
-func replayMessage(m *message.Message, now string) *message.Message {
-	id := m.UUID
-	if orig := m.Metadata.Get(messagedata.HeaderDeadLetterOriginalID); orig != "" {
-		id = orig
-	}
-	out := message.NewMessage(id, m.Payload)
-	for k, v := range m.Metadata {
-		out.Metadata[k] = v
-	}
-	for _, h := range deadLetterHeaders {
-		delete(out.Metadata, h)
-	}
-	// Properties of the delivery the dead letter was read from, not of the message.
-	delete(out.Metadata, broker.HeaderAMQPRedelivered)
-	n, _ := strconv.Atoi(m.Metadata.Get(messagedata.HeaderReplayCount))
-	out.Metadata[messagedata.HeaderReplayCount] = strconv.Itoa(n + 1)
-	out.Metadata[messagedata.HeaderReplayTime] = now
-	return out
-}
-
-// printReplay writes the readable form of a replay report.
-func printReplay(w io.Writer, rep replayReport) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, r := range rep.Replayed {
-		fmt.Fprintf(tw, "replayed\t%s\t-> %s\thandler %s, attempt %d: %s\n", cell(r.ID, 0), cell(r.To, 0), cell(r.Handler, 0), r.Attempt, cell(r.Reason, tableReasonWidth))
-	}
-	for _, k := range rep.Kept {
-		fmt.Fprintf(tw, "kept\t%s\t   %s\thandler %s: %s\n", cell(k.ID, 0), cell(k.Topic, 0), cell(k.Handler, 0), cell(k.Reason, tableReasonWidth))
-	}
-	tw.Flush()
-	more := ""
-	if rep.Limited {
-		more = " (the first --limit; more may be waiting)"
-	}
-	fmt.Fprintf(w, "replayed %d, kept %d dead letters in %s for consumer group %s on %s%s\n",
-		len(rep.Replayed), len(rep.Kept), rep.Topic, rep.Group, rep.Broker, more)
-	for _, id := range rep.NotFound {
-		fmt.Fprintf(w, "not found: %s\n", id)
-	}
-	for _, id := range rep.NoTopic {
-		fmt.Fprintf(w, "no original topic: %s (pass --to)\n", id)
-	}
-}
-
-func quoteAll(ss []string) []string {
-	out := make([]string, len(ss))
-	for i, s := range ss {
-		out[i] = strconv.Quote(s)
-	}
-	return out
+// where says which dead letters a command looked at, for the last line of its text output.
+func where(topic, group, brokerURL string) string {
+	return fmt.Sprintf("in %s for consumer group %s on %s", printable(topic), printable(group), printable(brokerURL))
 }

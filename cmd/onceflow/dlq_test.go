@@ -8,10 +8,14 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -290,10 +294,14 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 			table, err := f.run("dlq", "list", "--payload")
 			require.NoError(t, err)
 			lines := strings.Split(strings.TrimSpace(table), "\n")
-			require.Len(t, lines, 4, table)
-			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON\s+PAYLOAD$`, lines[0])
-			require.Regexp(t, `^bad-1\s+\S+\s+`+f.topic+`\s+ledger\s+1\s+10\s+permanent: payload "not json 1" is not JSON\s+"not json 1"$`, lines[1])
-			require.Equal(t, "2 dead letters in "+f.dlq+" for consumer group billing on "+f.b.String(), lines[3])
+			require.Len(t, lines, 8, table)
+			require.Regexp(t, `^COUNT\s+HANDLER\s+REASON$`, lines[0])
+			require.Regexp(t, `^1\s+ledger\s+permanent: payload "not json 1" is not JSON$`, lines[1])
+			require.Regexp(t, `^1\s+ledger\s+permanent: payload "not json, 2" is not JSON$`, lines[2])
+			require.Empty(t, lines[3])
+			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON\s+PAYLOAD$`, lines[4])
+			require.Regexp(t, `^bad-1\s+\S+\s+`+f.topic+`\s+ledger\s+1\s+10\s+permanent: payload "not json 1" is not JSON\s+"not json 1"$`, lines[5])
+			require.Equal(t, "2 dead letters in "+f.dlq+" for consumer group billing on "+f.b.String(), lines[7])
 
 			// Replay one: it goes back to its topic and is applied once (the processor is fixed
 			// now); the other stays.
@@ -319,7 +327,7 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 			// An id that is not there: nothing happens, and the command says so.
 			out, err := f.run("dlq", "replay", "--id", "nope")
 			require.ErrorContains(t, err, `no dead letter with id "nope"`)
-			require.Contains(t, out, "replayed 0, kept 1 dead letters")
+			require.Contains(t, out, "replayed 0 dead letters, kept 1 in "+f.dlq)
 
 			// Replay all: the topic is empty, and every message was applied exactly once.
 			rr = f.replay("--all")
@@ -372,10 +380,16 @@ func TestDLQ_CommandsSayWhatIsMissing(t *testing.T) {
 	_, err := run(t, "dlq", "list")
 	require.ErrorContains(t, err, "pass --broker URL or set ONCEFLOW_BROKER")
 	url := "sqlite://" + filepath.Join(t.TempDir(), "queue.db")
-	_, err = run(t, "dlq", "replay", "--broker", url)
-	require.ErrorContains(t, err, "--id ID (repeatable) or --all")
-	_, err = run(t, "dlq", "replay", "--broker", url, "--all", "--id", "x")
-	require.ErrorContains(t, err, "--id ID (repeatable) or --all")
+	for _, args := range [][]string{
+		{}, {"--all", "--id", "x"}, {"--reason", "x", "--id", "y"}, {"--all", "--reason", "x"},
+	} {
+		_, err = run(t, append([]string{"dlq", "replay", "--broker", url}, args...)...)
+		require.ErrorContains(t, err, "choose the dead letters to replay: --id ID (repeatable), --reason TEXT or --all", "%v", args)
+	}
+	_, err = run(t, "dlq", "replay", "--broker", url, "--reason", "")
+	require.ErrorContains(t, err, "--reason is empty")
+	_, err = run(t, "dlq", "delete", "--broker", url, "--yes")
+	require.ErrorContains(t, err, "choose the dead letters to delete: --id ID (repeatable), --reason TEXT or --all")
 	_, err = run(t, "dlq", "list", "--broker", "mem://x")
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = run(t, "dlq", "list", "--broker", url, "--limit", "0")
@@ -396,4 +410,400 @@ func TestDLQ_GroupFlagOverridesTheURL(t *testing.T) {
 // removeTopics removes what a test left on a shared server for its topics.
 func removeTopics(t testing.TB, rawURL, group string, topics ...string) {
 	testsvc.RemoveTopics(t, rawURL, []string{group}, topics...)
+}
+
+// letters is one test's broker, in consumer group billing, and fresh topics, without a router:
+// the test publishes its dead letters itself, as the router's DeadLetter middleware does.
+type letters struct {
+	t     *testing.T
+	sc    dlqBroker
+	url   string
+	topic string // the topic the dead letters came from
+	dlq   string
+	b     *broker.Broker
+}
+
+func setupLetters(t *testing.T, sc dlqBroker) *letters {
+	const group = "billing"
+	raw := sc.url(t)
+	l := &letters{t: t, sc: sc, topic: testsvc.UniqueName("orders"), dlq: testsvc.UniqueName("dead")}
+	sep := "?"
+	if strings.Contains(raw, "?") {
+		sep = "&"
+	}
+	l.url = raw + sep + "group=" + group
+	if sc.cleanup != nil {
+		t.Cleanup(func() { sc.cleanup(t, raw, group, l.topic, l.dlq) })
+	}
+	b, err := broker.Open(context.Background(), l.url, broker.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	l.b = b
+	return l
+}
+
+// deadLetter dead-letters a message of the fixture's topic as handler would for reason.
+func (l *letters) deadLetter(id, handler, reason, payload string) {
+	l.t.Helper()
+	require.NoError(l.t, middleware.PublishDeadLetter(context.Background(), l.b.Publisher(), l.dlq, handler,
+		&messagedata.MessageData{ID: id, Topic: l.topic, Payload: []byte(payload), Headers: map[string]string{}},
+		errors.New(reason)))
+}
+
+// run runs the onceflow command with args against the fixture's broker and dead-letter topic.
+func (l *letters) run(args ...string) (string, error) {
+	l.t.Helper()
+	return run(l.t, append(args, "--broker", l.url, "--topic", l.dlq)...)
+}
+
+// waiting returns the ids waiting in topic for the fixture's group.
+func (l *letters) waiting(topic string) []string {
+	l.t.Helper()
+	msgs, err := l.b.Peek(context.Background(), topic, 100)
+	require.NoError(l.t, err)
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.UUID
+	}
+	return out
+}
+
+// requireTerminalSafe checks that out holds nothing a terminal interprets but newlines, and
+// nothing text/tabwriter treats as a cell boundary or an escape.
+func requireTerminalSafe(t *testing.T, out string) {
+	t.Helper()
+	require.True(t, utf8.ValidString(out), "output is not UTF-8: %q", out)
+	for _, r := range out {
+		require.True(t, r == '\n' || unicode.IsPrint(r), "output holds %U: %q", r, out)
+	}
+}
+
+func TestDLQ_ListGroupsTheDeadLettersByHandlerAndReason(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			for _, d := range []struct{ id, handler, reason string }{
+				{"a", "ledger", "account 7 is closed"},
+				{"b", "ledger", "payload is not JSON"},
+				{"c", "billing", "account 7 is closed"},
+				{"d", "ledger", "account 7 is closed"},
+				{"e", "ledger", "account 7 is closed"},
+			} {
+				l.deadLetter(d.id, d.handler, d.reason, "{}")
+			}
+			l.waitFor(5)
+
+			out, err := l.run("dlq", "list", "--json")
+			require.NoError(t, err)
+			var rep listReport
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+			require.Equal(t, []letterGroup{
+				{Handler: "ledger", Reason: "account 7 is closed", Count: 3, IDs: []string{"a", "d", "e"}},
+				{Handler: "ledger", Reason: "payload is not JSON", Count: 1, IDs: []string{"b"}},
+				{Handler: "billing", Reason: "account 7 is closed", Count: 1, IDs: []string{"c"}},
+			}, rep.Groups)
+			require.Equal(t, []string{"a", "b", "c", "d", "e"}, ids(rep.DeadLetters))
+
+			out, err = l.run("dlq", "list")
+			require.NoError(t, err)
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			require.Equal(t, []string{
+				"COUNT  HANDLER  REASON",
+				"3      ledger   account 7 is closed",
+				"1      ledger   payload is not JSON",
+				"1      billing  account 7 is closed",
+				"",
+			}, lines[:5])
+			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON$`, lines[5])
+			require.Len(t, lines, 5+1+5+1)
+			require.Equal(t, "5 dead letters in "+l.dlq+" for consumer group billing on "+l.b.String(), lines[11])
+
+			// One dead letter is one, and the counts are of those listed.
+			out, err = l.run("dlq", "list", "--limit", "1")
+			require.NoError(t, err)
+			require.True(t, strings.HasPrefix(out, "COUNT  HANDLER  REASON\n1      ledger   account 7 is closed\n\n"), out)
+			require.True(t, strings.HasSuffix(out, "\n1 dead letter in "+l.dlq+" for consumer group billing on "+l.b.String()+
+				" (more are waiting: raise --limit)\n"), out)
+		})
+	}
+}
+
+// payloadRefuser refuses every message with a payload, as a dead-letter broker refuses one too
+// large for it.
+type payloadRefuser struct{ message.Publisher }
+
+func (p payloadRefuser) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if len(m.Payload) > 0 {
+			return errors.New("maximum payload exceeded")
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// replayJSON runs dlq replay --json with args and decodes its report, whatever the exit status.
+func (l *letters) replayJSON(args ...string) (replayReport, error) {
+	l.t.Helper()
+	out, err := l.run(append([]string{"dlq", "replay", "--json"}, args...)...)
+	var rep replayReport
+	require.NoError(l.t, json.Unmarshal([]byte(out), &rep), out)
+	return rep, err
+}
+
+func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			l.deadLetter("a", "ledger", "permanent: account 7 is closed", `{"n":1}`)
+			l.deadLetter("b", "ledger", "permanent: payload is not JSON", "nope")
+			l.deadLetter("c", "billing", "permanent: account 7 is closed", `{"n":3}`)
+			// The dead-letter broker refuses d's payload: its dead letter carries none, under a
+			// derived id.
+			require.NoError(t, middleware.PublishDeadLetter(context.Background(), payloadRefuser{l.b.Publisher()}, l.dlq, "ledger",
+				&messagedata.MessageData{ID: "d", Topic: l.topic, Payload: []byte(`{"n":4}`), Headers: map[string]string{}},
+				errors.New("permanent: account 7 is closed")))
+			l.waitFor(4)
+			list := l.listJSON()
+			require.Equal(t, "d", list.DeadLetters[3].OriginalID)
+			require.Contains(t, list.DeadLetters[3].PayloadDropped, "7 bytes and 0 headers dropped")
+			dID := list.DeadLetters[3].ID
+			table, err := l.run("dlq", "list")
+			require.NoError(t, err)
+			require.Regexp(t, `(?m)^`+dID+`\s+\S+\s+`+l.topic+`\s+ledger\s+1\s+dropped\s+permanent: account 7 is closed$`, table)
+
+			// A part of the reason chooses a and c, and d, which is kept for want of a payload.
+			rep, err := l.replayJSON("--reason", "account 7")
+			require.ErrorContains(t, err, `dead letters "`+dID+`" carry no payload (header onceflow_dlq_payload_dropped): kept, not replayed`)
+			require.Equal(t, []string{"a", "c"}, []string{rep.Replayed[0].ID, rep.Replayed[1].ID})
+			require.Len(t, rep.Replayed, 2)
+			require.Len(t, rep.PayloadDropped, 1)
+			require.Equal(t, dropped{ID: dID, Handler: "ledger", Reason: "permanent: account 7 is closed", Dropped: list.DeadLetters[3].PayloadDropped}, rep.PayloadDropped[0])
+			require.Equal(t, []kept{
+				{ID: "b", Topic: l.topic, Handler: "ledger", Reason: "permanent: payload is not JSON"},
+				{ID: dID, Topic: l.topic, Handler: "ledger", Reason: "permanent: account 7 is closed"},
+			}, rep.Kept)
+			require.Empty(t, rep.NotFound)
+			require.Equal(t, []string{"b", dID}, l.waiting(l.dlq))
+			require.Equal(t, []string{"a", "c"}, l.waiting(l.topic), "replayed with their payloads")
+
+			// The original id chooses d too; the text report says why it stays.
+			out, err := l.run("dlq", "replay", "--id", "d")
+			require.Error(t, err)
+			require.Contains(t, out, "payload dropped, not replayed: "+dID+": 7 bytes and 0 headers dropped: ")
+			require.Contains(t, out, "replayed 0 dead letters, kept 2 in ")
+
+			// A reason that matches nothing says so, and replays nothing; so does an exact one.
+			_, err = l.replayJSON("--reason", "Account 7")
+			require.ErrorContains(t, err, `no dead letter whose reason contains "Account 7" in `+l.dlq+` for consumer group billing`)
+			rep, err = l.replayJSON("--reason", "permanent: payload is not JSON")
+			require.NoError(t, err)
+			require.Equal(t, "b", rep.Replayed[0].ID)
+			require.Equal(t, []string{dID}, l.waiting(l.dlq))
+		})
+	}
+}
+
+// answer is a standard input that runs before, the first time it is read, and then reads as
+// text.
+type answer struct {
+	before func()
+	text   io.Reader
+}
+
+func (a *answer) Read(p []byte) (int, error) {
+	if a.before != nil {
+		a.before()
+		a.before = nil
+	}
+	return a.text.Read(p)
+}
+
+func TestDLQ_DeleteRemovesExactlyTheChosenDeadLetters(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			l.deadLetter("a", "ledger", "permanent: account 7 is closed", `{"n":1}`)
+			l.deadLetter("b", "ledger", "permanent: payload is not JSON", "nope")
+			l.deadLetter("c", "billing", "permanent: account 7 is closed", `{"n":3}`)
+			l.deadLetter("d", "ledger", "permanent: test message, ignore", `{}`)
+			l.deadLetter("e", "ledger", "permanent: test message, ignore", `{}`)
+			l.waitFor(5)
+			all := []string{"a", "b", "c", "d", "e"}
+			deleteArgs := func(args ...string) []string {
+				return append(append([]string{"dlq", "delete"}, args...), "--broker", l.url, "--topic", l.dlq)
+			}
+
+			// Without --yes it shows what it would delete and asks; no, or no answer at all,
+			// deletes nothing.
+			for _, in := range []string{"n\n", "", "maybe\n"} {
+				out, err := runWithInput(t, strings.NewReader(in), deleteArgs("--id", "b")...)
+				require.ErrorIs(t, err, errNotConfirmed, "answer %q", in)
+				require.Regexp(t, `(?m)^  b  `+l.topic+`  handler ledger: permanent: payload is not JSON$`, out)
+				require.Contains(t, out, "Delete 1 dead letter in "+l.dlq+" for consumer group billing on "+l.b.String()+" for good? [y/N] ")
+				require.NotContains(t, out, "deleted")
+				require.Equal(t, all, l.waiting(l.dlq))
+			}
+
+			// Yes deletes it, and only it, and says so. (The answer is not echoed here: the
+			// report follows the question on its line.)
+			out, err := runWithInput(t, strings.NewReader("y\n"), deleteArgs("--id", "b")...)
+			require.NoError(t, err)
+			require.Regexp(t, `(?m)(^|\[y/N\] )deleted  b  `+l.topic+`  handler ledger: permanent: payload is not JSON$`, out)
+			require.Contains(t, out, "\ndeleted 1 dead letter, kept 4 in "+l.dlq+" for consumer group billing on "+l.b.String()+"\n")
+			require.Equal(t, []string{"a", "c", "d", "e"}, l.waiting(l.dlq))
+
+			// By reason, without asking.
+			out, err = run(t, deleteArgs("--reason", "test message", "--yes", "--json")...)
+			require.NoError(t, err)
+			var rep deleteReport
+			require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+			require.Equal(t, []deleted{
+				{ID: "d", Topic: l.topic, Handler: "ledger", Reason: "permanent: test message, ignore"},
+				{ID: "e", Topic: l.topic, Handler: "ledger", Reason: "permanent: test message, ignore"},
+			}, rep.Deleted)
+			require.Equal(t, []string{"a", "c"}, []string{rep.Kept[0].ID, rep.Kept[1].ID})
+			require.Len(t, rep.Kept, 2)
+			require.Equal(t, []string{"a", "c"}, l.waiting(l.dlq))
+
+			// A dead letter that arrives while the operator reads the question is not deleted,
+			// though it matches: only those shown are.
+			in := &answer{text: strings.NewReader("yes\n"), before: func() {
+				l.deadLetter("f", "ledger", "permanent: account 7 is closed", `{"n":6}`)
+				l.waitFor(3)
+			}}
+			out, err = runWithInput(t, in, deleteArgs("--reason", "account 7 is closed")...)
+			require.NoError(t, err)
+			require.Contains(t, out, "Delete 2 dead letters in ")
+			require.Contains(t, out, "\ndeleted 2 dead letters, kept 1 in ")
+			require.Equal(t, []string{"f"}, l.waiting(l.dlq))
+
+			// Ids or a reason that match nothing delete nothing, and say so.
+			out, err = run(t, deleteArgs("--id", "nope", "--id", "f", "--yes")...)
+			require.ErrorContains(t, err, `no dead letter with id "nope" in `+l.dlq+` for consumer group billing`)
+			require.Contains(t, out, "deleted 1 dead letter, kept 0 in ")
+			require.Contains(t, out, "not found: nope\n")
+			_, err = run(t, deleteArgs("--reason", "never", "--yes")...)
+			require.ErrorContains(t, err, `no dead letter whose reason contains "never"`)
+
+			// --all on an empty topic is not an error.
+			out, err = run(t, deleteArgs("--all", "--yes")...)
+			require.NoError(t, err)
+			require.Equal(t, "deleted 0 dead letters, kept 0 in "+l.dlq+" for consumer group billing on "+l.b.String()+"\n", out)
+		})
+	}
+}
+
+func TestDLQ_DeleteAllAfterConfirmationEmptiesTheTopic(t *testing.T) {
+	t.Parallel()
+	l := setupLetters(t, dlqBrokers()[3]) // sqlite
+	require.Equal(t, "sqlite", l.sc.name)
+	for _, id := range []string{"a", "b\x1b[2K", "c"} {
+		l.deadLetter(id, "ledger", "permanent: bad", "{}")
+	}
+	out, err := runWithInput(t, strings.NewReader("Y\n"), "dlq", "delete", "--all", "--broker", l.url, "--topic", l.dlq)
+	require.NoError(t, err)
+	requireTerminalSafe(t, out)
+	require.Contains(t, out, "  b\\x1b[2K  ")
+	require.Contains(t, out, "Delete 3 dead letters in ")
+	require.Contains(t, out, "\ndeleted 3 dead letters, kept 0 in ")
+	require.Empty(t, l.waiting(l.dlq))
+	out, err = run(t, "dlq", "list", "--broker", l.url, "--topic", l.dlq)
+	require.NoError(t, err)
+	require.Equal(t, "no dead letters in "+l.dlq+" for consumer group billing on "+l.b.String()+"\n", out)
+}
+
+// listJSON runs dlq list --json and decodes its report.
+func (l *letters) listJSON() listReport {
+	l.t.Helper()
+	out, err := l.run("dlq", "list", "--json")
+	require.NoError(l.t, err, out)
+	var rep listReport
+	require.NoError(l.t, json.Unmarshal([]byte(out), &rep), out)
+	return rep
+}
+
+// rawCarriers are the brokers that carry any id and header value as it is: the others replace
+// the id (PostgreSQL and MySQL store it as UTF-8 text) or the headers (NATS refuses line
+// breaks in them) with header-safe ones, which the dead letter keeps.
+var rawCarriers = map[string]bool{"sqlite": true, "redis": true, "amqp": true}
+
+func TestDLQ_TextOutputEscapesWhatTheMessagesCarry(t *testing.T) {
+	t.Parallel()
+	for _, sc := range dlqBrokers() {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			l := setupLetters(t, sc)
+			const (
+				erase   = "bad\x1b[2K-1"   // ESC [ 2 K erases the terminal's line
+				invalid = "bad\xff\xfe-2"  // 0xff is text/tabwriter's escape character
+				handler = "ledger\x1b[31m" // colours the rest of the screen red
+				reason  = "no\tsuch\naccount\r\x1b]0;pwned\x07 \u202edrowssap"
+				payload = "\x1b[2J\x1b[Hcleared"
+			)
+			l.deadLetter(erase, handler, reason, payload)
+			l.waitFor(1)
+			l.deadLetter(invalid, handler, reason, "{}")
+			l.waitFor(2)
+			msgs, err := l.b.Peek(context.Background(), l.dlq, 10)
+			require.NoError(t, err)
+			require.Len(t, msgs, 2)
+			if rawCarriers[sc.name] {
+				require.Equal(t, []string{erase, invalid}, []string{msgs[0].UUID, msgs[1].UUID})
+				require.Equal(t, reason, msgs[0].Metadata.Get(messagedata.HeaderDeadLetterReason))
+			}
+
+			out, err := l.run("dlq", "list", "--payload")
+			require.NoError(t, err)
+			requireTerminalSafe(t, out)
+			// The summary, a blank line, then the dead letters.
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			blank := slices.Index(lines, "")
+			require.Positive(t, blank, out)
+			for _, g := range lines[1:blank] {
+				require.Regexp(t, `^[12]\s+ledger\S*\s+no\S*such`, g)
+			}
+			lines = lines[blank+1:]
+			require.Len(t, lines, 4, out)
+			for i, m := range msgs {
+				md := m.Metadata
+				require.Regexp(t, `^`+regexp.QuoteMeta(printable(m.UUID))+`\s+\S+\s+`+l.topic+`\s+`+
+					regexp.QuoteMeta(printable(md.Get(messagedata.HeaderDeadLetterHandler)))+`\s+1\s+\d+\s+`+
+					regexp.QuoteMeta(printable(md.Get(messagedata.HeaderDeadLetterReason)))+`\s+"`, lines[1+i])
+				// The columns line up: the time starts under its header.
+				require.Equal(t, strings.Index(lines[0], "DEAD-LETTERED"), strings.Index(lines[1+i], " 20")+1, "%q under %q", lines[1+i], lines[0])
+			}
+			if rawCarriers[sc.name] {
+				require.True(t, strings.HasPrefix(lines[1], `bad\x1b[2K-1  `), lines[1])
+				require.True(t, strings.HasPrefix(lines[2], `bad\xff\xfe-2  `), lines[2])
+				require.Contains(t, lines[1], `  ledger\x1b[31m  `)
+				require.Contains(t, lines[1], `  no\tsuch\naccount\r\x1b]0;pwned\a \u202edrowssap  `)
+				require.True(t, strings.HasSuffix(lines[1], `  "\x1b[2J\x1b[Hcleared"`), lines[1])
+			}
+
+			// replay and its report: the ids as the broker carries them, given back as they are.
+			out, err = l.run("dlq", "replay", "--id", msgs[0].UUID, "--id", msgs[1].UUID, "--id", "nope\x1b[2K")
+			require.ErrorContains(t, err, `"nope\x1b[2K"`)
+			requireTerminalSafe(t, out)
+			for _, m := range msgs {
+				require.Regexp(t, `(?m)^replayed\s+`+regexp.QuoteMeta(printable(m.UUID))+`\s+-> `+l.topic+`\s+handler `+
+					regexp.QuoteMeta(printable(m.Metadata.Get(messagedata.HeaderDeadLetterHandler)))+`, attempt 1: `, out)
+			}
+			require.Contains(t, out, "not found: nope\\x1b[2K\n")
+			require.Contains(t, out, "\nreplayed 2 dead letters, kept 0 in "+l.dlq)
+			require.Empty(t, l.waiting(l.dlq))
+		})
+	}
+}
+
+// waitFor waits until n dead letters wait in the fixture's dead-letter topic.
+func (l *letters) waitFor(n int) {
+	l.t.Helper()
+	testsvc.Eventually(l.t, 30*time.Second, func() bool { return len(l.waiting(l.dlq)) == n },
+		"%d dead letters never waited in %s", n, l.dlq)
 }

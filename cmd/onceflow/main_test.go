@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,11 +15,19 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// run executes the command line args in process and returns its standard output.
+// run executes the command line args in process, with an empty standard input, and returns
+// its standard output and error.
 func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	return runWithInput(t, strings.NewReader(""), args...)
+}
+
+// runWithInput is run with stdin as the standard input.
+func runWithInput(t *testing.T, stdin io.Reader, args ...string) (string, error) {
 	t.Helper()
 	cmd := newRootCommand()
 	var out bytes.Buffer
+	cmd.SetIn(stdin)
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs(args)
@@ -72,7 +82,27 @@ func TestCommands_WithoutDatabaseSayWhatIsMissing(t *testing.T) {
 }
 
 func TestCommands_NeverPrintThePassword(t *testing.T) {
-	_, err := run(t, "migrate", "--db", "postgres://app:s3cr3t-pw@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
-	require.Error(t, err)
-	require.NotContains(t, err.Error(), "s3cr3t-pw")
+	t.Parallel()
+	for _, tc := range []struct{ name, db, broker string }{
+		{"URL", "postgres://app:s3cr3t-pw@127.0.0.1:1/none?sslmode=disable&connect_timeout=1", "amqp://app:s3cr3t-pw@127.0.0.1:1/"},
+		{"keywords", "host=127.0.0.1 port=1 user=app password=s3cr3t-pw dbname=none", "host=127.0.0.1 port=1 password=s3cr3t-pw"},
+		{"quoted keywords", "host=127.0.0.1 password='s3cr3t-pw and more' dbname=none", "host=127.0.0.1 password='s3cr3t-pw and more'"},
+		{"DSN", "app:s3cr3t-pw@tcp(127.0.0.1:1)/none", "app:s3cr3t-pw@tcp(127.0.0.1:1)/none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, args := range [][]string{
+				{"migrate", "--db", tc.db},
+				{"purge", "--db", tc.db},
+				{"verify", "--db", tc.db, "--messages", "1"},
+				{"dlq", "list", "--broker", tc.broker},
+				{"dlq", "replay", "--broker", tc.broker, "--all"},
+			} {
+				out, err := run(t, args...)
+				require.Error(t, err, "%v", args)
+				require.NotContains(t, err.Error(), "s3cr3t", "%v", args)
+				require.NotContains(t, out, "s3cr3t", "%v", args)
+			}
+		})
+	}
 }
