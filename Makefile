@@ -2,7 +2,7 @@ GO      ?= go
 PKGS    ?= ./...
 BIN     ?= bin
 
-.PHONY: all build test test-order-full race lint bench bench-micro bench-e2e bench-scale bench-memory demo verify services clean FORCE
+.PHONY: all help build test test-order-full race lint bench bench-micro bench-e2e bench-scale bench-memory demo verify services up down clean FORCE
 
 # BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench.
 BENCH_QUICK ?=
@@ -13,6 +13,10 @@ BENCHTIME := 100x
 endif
 
 all: build
+
+## help: list the targets
+help:
+	@awk '/^## / { sub(/^## /, ""); doc = doc (doc == "" ? "" : " ") $$0; next } /^[a-z0-9-]+:/ && doc != "" { print "  " doc } { doc = "" }' $(MAKEFILE_LIST) | fold -s -w 100
 
 ## build: compile every package and the onceflow command into bin/
 build:
@@ -31,8 +35,8 @@ test:
 test-order-full:
 	ONCEFLOW_ORDER_FULL=1 $(GO) test -count=1 -timeout 40m -v -run 'TestInOrder_ShuffledDuplicated' ./ordering
 
-## race: the tests under the race detector (slower; docs/brokers.md lists two races inside
-## watermill-amqp and watermill-nats that it may report)
+## race: the tests under the race detector (slower; docs/brokers.md names a race inside
+## watermill-amqp's publisher that it may report)
 race:
 	$(GO) test -count=1 -race -timeout 30m $(PKGS)
 
@@ -73,9 +77,17 @@ FORCE:
 demo:
 	$(GO) run ./examples/quickstart
 
-## services: start the loopback services the integration tests use, if they are down
+## services: start the loopback services the integration tests use, if they are installed and down
 services:
 	scripts/services.sh start
+
+## up: start PostgreSQL, MariaDB, RabbitMQ, NATS and Redis in Docker on the default ports (docker-compose.yml)
+up:
+	docker compose up -d --wait
+
+## down: stop the Docker services and remove their data
+down:
+	docker compose down -v
 
 clean:
 	rm -rf $(BIN)

@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -61,9 +62,14 @@ func traceProcessor(p processor.Processor) processor.Processor {
 // initHandlerMetrics starts the router's counters of a handler at 0, so that they are exported
 // before the first failure.
 func (r *Router) initHandlerMetrics(handler string) {
+	ctx := context.Background()
 	for _, o := range []processor.Outcome{processor.Processed, processor.Duplicate, processor.DeadLettered} {
-		r.instruments.AckFailures.Add(context.Background(), 0,
+		r.instruments.AckFailures.Add(ctx, 0,
 			metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrOutcome.String(string(o))))
+	}
+	r.instruments.DeadLetterFails.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler)))
+	for _, reason := range []string{middleware.BeyondExpiredKey, middleware.BeyondOldMessage} {
+		r.instruments.BeyondRetention.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrReason.String(reason)))
 	}
 }
 

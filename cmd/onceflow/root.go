@@ -33,8 +33,10 @@ func newRootCommand() *cobra.Command {
 		Short:         "Operate and verify exactly-once message processing",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 	}
-	root.AddCommand(newMigrateCommand(), newPurgeCommand(), newVerifyCommand(), newVerifyConsumerCommand(), newDLQCommand())
+	root.SetVersionTemplate("onceflow {{.Version}}\n")
+	root.AddCommand(newVersionCommand(), newMigrateCommand(), newPurgeCommand(), newVerifyCommand(), newVerifyConsumerCommand(), newDLQCommand())
 	return root
 }
 
