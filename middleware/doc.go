@@ -15,9 +15,15 @@
 // writes and commits or rolls back with them. The router builds this chain for each quality of
 // service; users who compose their own keep these two rules.
 //
-// GroupCommit takes the place of Transaction and Deduplicate when concurrent deliveries should
-// share one transaction and one commit, each under a savepoint of its own; GroupTransaction
-// takes the place of Transaction alone. Retry stays outside them.
+// GroupCommit takes the place of Transaction and Deduplicate when the deliveries waiting for a
+// handler should share one transaction and one commit (optionally handed to a processor.Batch
+// in one call); GroupTransaction takes the place of Transaction alone. Retry stays outside them.
+//
+// Messages that cannot succeed: Retry does not retry an error its Classifier finds permanent
+// (DefaultClassifier: data errors, business unique violations, decode errors, invalid ids) and
+// makes it processor.Permanent; DeadLetter publishes permanent failures to the dead-letter
+// topic, and with WithMaxDeliveries gives up a message at its delivery limit, so that nothing
+// is redelivered for ever.
 //
 // No middleware acknowledges a message. The chain returns an error (or nil) and the router alone
 // maps it to ack or nack, after the transaction's outcome is known.
