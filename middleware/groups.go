@@ -1,0 +1,226 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// This file forms the groups of GroupCommit and GroupTransaction: members join, groups start
+// as transactions become free; grouprun.go runs one group's transactions.
+
+// grouper forms the groups of one chain and runs them.
+type grouper struct {
+	db      Beginner
+	store   GroupStore // nil: no duplicate detection
+	handler string
+	cfg     groupConfig
+	txOpts  *sql.TxOptions
+	next    processor.Processor
+	// retention is the store's retention, when it says, for messages older than it.
+	retention time.Duration
+
+	mu      sync.Mutex
+	open    *group   // the group that members join; nil when there is none
+	ready   []*group // full, or done waiting, and waiting for a transaction
+	running int      // groups whose transactions run
+}
+
+type group struct {
+	members []*member
+	timer   *time.Timer
+	waited  bool // MaxWait has passed, or there was none
+}
+
+// Member states. A member waits until its group claims it (its group starts, or hands it a
+// result early) or it leaves; whichever comes first decides. A claimed member waits for its
+// result.
+const (
+	memberWaiting int32 = iota
+	memberClaimed
+	memberLeft
+)
+
+type member struct {
+	ctx   context.Context
+	msg   *messagedata.MessageData
+	key   dedup.Key
+	state atomic.Int32
+	done  chan memberResult // buffered: the group never blocks on a member
+}
+
+type memberResult struct {
+	err         error
+	panic       *processor.PanicError
+	committedAt time.Time
+}
+
+func (m *member) claim() bool { return m.state.CompareAndSwap(memberWaiting, memberClaimed) }
+
+// process is the Processor of the chain: it runs in each delivery's goroutine.
+func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) error {
+	m := &member{ctx: ctx, msg: msg, done: make(chan memberResult, 1)}
+	if g.store != nil {
+		if msg.ID == "" {
+			return processor.Permanent(messagedata.ErrNoMessageID)
+		}
+		m.key = dedup.Key{Handler: g.handler, MessageID: msg.ID}
+		if g.cfg.dedup.withTimestamp && !msg.Timestamp.IsZero() {
+			m.key.Timestamp = msg.Timestamp.UnixMicro()
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("group commit: %w", err)
+	}
+
+	g.join(m)
+	select {
+	case r := <-m.done:
+		return m.settle(r)
+	case <-ctx.Done():
+	}
+	if m.state.CompareAndSwap(memberWaiting, memberLeft) {
+		g.leave(m)
+		return fmt.Errorf("group commit: left the group before processing: %w", ctx.Err())
+	}
+	// The group has claimed the member: its result is on the way.
+	return m.settle(<-m.done)
+}
+
+// settle returns the member's result in its own goroutine: it re-raises a panic of its chain,
+// and records the commit.
+func (m *member) settle(r memberResult) error {
+	if r.panic != nil {
+		panic(r.panic)
+	}
+	if !r.committedAt.IsZero() {
+		delivery.MarkCommitted(m.ctx, r.committedAt)
+	}
+	return r.err
+}
+
+// join adds m to the open group, creating it if needed, and starts what may start.
+func (g *grouper) join(m *member) {
+	g.mu.Lock()
+	grp := g.open
+	if grp == nil {
+		grp = &group{waited: g.cfg.maxWait == 0}
+		g.open = grp
+	}
+	grp.members = append(grp.members, m)
+	size := len(grp.members)
+	switch {
+	case size >= g.cfg.maxSize:
+		g.open = nil
+		g.stopTimer(grp)
+		g.ready = append(g.ready, grp)
+	case !grp.waited && grp.timer == nil && g.running < g.cfg.concurrency:
+		grp.timer = time.AfterFunc(g.cfg.maxWait, func() { g.expire(grp) })
+	}
+	starts := g.startLocked()
+	g.mu.Unlock()
+	if g.cfg.hooks.joined != nil {
+		g.cfg.hooks.joined(size)
+	}
+	g.launch(starts)
+}
+
+// expire marks grp as done waiting and starts it if a transaction is free.
+func (g *grouper) expire(grp *group) {
+	g.mu.Lock()
+	grp.waited = true
+	grp.timer = nil
+	starts := g.startLocked()
+	g.mu.Unlock()
+	g.launch(starts)
+}
+
+// startLocked takes the groups that may start now: ready ones first, then the open group when
+// it is done waiting, or when it has waited for a transaction to be free (its members came
+// while every transaction was busy). It counts them as running.
+func (g *grouper) startLocked() []*group {
+	var starts []*group
+	for g.running < g.cfg.concurrency {
+		var grp *group
+		switch {
+		case len(g.ready) > 0:
+			grp = g.ready[0]
+			g.ready = g.ready[1:]
+		case g.open != nil && len(g.open.members) > 0 && g.open.waited:
+			grp = g.open
+			g.open = nil
+			g.stopTimer(grp)
+		default:
+			return starts
+		}
+		g.running++
+		starts = append(starts, grp)
+	}
+	// Every transaction is busy: the open group collects until one is free, and starts then
+	// without waiting further.
+	if g.open != nil {
+		g.stopTimer(g.open)
+		g.open.waited = true
+	}
+	return starts
+}
+
+func (g *grouper) stopTimer(grp *group) {
+	if grp.timer != nil {
+		grp.timer.Stop()
+		grp.timer = nil
+	}
+}
+
+func (g *grouper) launch(groups []*group) {
+	for _, grp := range groups {
+		go g.run(grp.members)
+	}
+}
+
+// finished records the end of a group and starts what may start now.
+func (g *grouper) finished() {
+	g.mu.Lock()
+	g.running--
+	starts := g.startLocked()
+	g.mu.Unlock()
+	g.launch(starts)
+}
+
+// leave takes m, which has left, out of the group it waits in if that has not started.
+func (g *grouper) leave(m *member) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	remove := func(grp *group) bool {
+		for i, other := range grp.members {
+			if other == m {
+				grp.members = append(grp.members[:i], grp.members[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+	if g.open != nil && remove(g.open) {
+		if len(g.open.members) == 0 {
+			g.stopTimer(g.open)
+			g.open = nil
+		}
+		return
+	}
+	for i, grp := range g.ready {
+		if remove(grp) {
+			if len(grp.members) == 0 {
+				g.ready = append(g.ready[:i], g.ready[i+1:]...)
+			}
+			return
+		}
+	}
+}
