@@ -11,7 +11,6 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -24,9 +23,12 @@ import (
 // DefaultTable is the name of an outbox whose Config.Table is empty.
 const DefaultTable = "onceflow_outbox"
 
-// offsetsSuffix makes the name of the offsets table from the outbox's name on PostgreSQL and
-// MySQL.
-const offsetsSuffix = "_offsets"
+// offsetsSuffix and leasesSuffix make the names of the offsets and leases tables from the
+// outbox's name on PostgreSQL and MySQL.
+const (
+	offsetsSuffix = "_offsets"
+	leasesSuffix  = "_leases"
+)
 
 // MaxTableLen is the longest Config.Table: the offsets table's name, Table + "_offsets", must
 // fit PostgreSQL's 63-character identifiers.
@@ -44,9 +46,10 @@ var ErrNoTransaction = errors.New("outbox.Publish needs the handler's transactio
 type Config struct {
 	// Table names the outbox: the watermill-sql topic whose tables hold its messages. It must
 	// be a plain SQL identifier (see sqldb.CheckIdentifier) of at most MaxTableLen characters.
-	// The tables are <Table> and <Table>_offsets on PostgreSQL and MySQL (plus the one-row
-	// <Table>_lock on MySQL), and the embedded queue's onceflow_queue_<Table> and
-	// onceflow_offsets_<Table> on SQLite. Defaults to DefaultTable.
+	// The tables are <Table>, <Table>_offsets and <Table>_leases on PostgreSQL and MySQL (plus
+	// the one-row <Table>_lock on MySQL), and the embedded queue's onceflow_queue_<Table>,
+	// onceflow_offsets_<Table> and onceflow_leases_<Table> on SQLite. Defaults to
+	// DefaultTable.
 	Table string
 
 	// Propagator writes the trace context of Publish's ctx into each message's metadata (the
@@ -97,15 +100,17 @@ func New(db *sqldb.DB, cfg Config) (*Outbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox.New: db.Dialect: %w", err)
 	}
-	return &Outbox{db: db, table: table, d: d, insert: d.schema(0), propagator: cfg.Propagator}, nil
+	return &Outbox{db: db, table: table, d: d, insert: d.insertSchema(), propagator: cfg.Propagator}, nil
 }
 
 // Table returns the outbox's name (Config.Table or DefaultTable).
 func (o *Outbox) Table() string { return o.table }
 
 // Tables returns the names of the outbox's tables in the database: the messages table, which
-// Publish writes, and the offsets table, with one row per consumer group of relays. (On MySQL
-// a third, <Table>_lock, holds the row that publishing transactions lock in turn.)
+// Publish writes, and the offsets table, with one row per consumer group of relays, its
+// cursor. (Beside them, the leases table has a row per message that a group has handed to a
+// relay and not yet seen sent; on MySQL, <Table>_lock holds the row that publishing
+// transactions lock in turn.)
 func (o *Outbox) Tables() (messages, offsets string) { return o.d.tables() }
 
 // Publish writes msgs for the destination topic into the outbox, through the transaction
@@ -159,7 +164,7 @@ func (o *Outbox) publish(ctx context.Context, exec wsql.ContextExecutor, topic s
 	if prop == nil {
 		prop = otel.GetTextMapPropagator()
 	}
-	out := make([]*message.Message, len(msgs))
+	rows := make([]*message.Message, len(msgs))
 	for i, m := range msgs {
 		switch {
 		case m == nil:
@@ -171,7 +176,11 @@ func (o *Outbox) publish(ctx context.Context, exec wsql.ContextExecutor, topic s
 		cp.Metadata = make(message.Metadata, len(m.Metadata)+2)
 		maps.Copy(cp.Metadata, m.Metadata)
 		prop.Inject(ctx, telemetry.HeaderCarrier(cp.Metadata))
-		out[i] = cp
+		row, err := wrap(topic, cp)
+		if err != nil {
+			return fmt.Errorf("outbox: publish to topic %q: %w", topic, err)
+		}
+		rows[i] = row
 	}
 
 	if lock := o.d.publishLock(); lock != "" {
@@ -181,16 +190,13 @@ func (o *Outbox) publish(ctx context.Context, exec wsql.ContextExecutor, topic s
 		}
 	}
 	// A watermill-sql publisher on the transaction is two small structs; it never creates
-	// tables (AutoInitializeSchema is off: on MySQL, DDL would commit the transaction). The
-	// forwarder's publisher wraps each message, UUID, payload and metadata, in an envelope that
-	// names the destination topic; the relay unwraps it.
+	// tables (AutoInitializeSchema is off: on MySQL, DDL would commit the transaction).
 	wp, err := wsql.NewPublisher(exec, wsql.PublisherConfig{SchemaAdapter: o.insert}, nil)
 	if err != nil {
 		return fmt.Errorf("outbox: publish to topic %q: %w", topic, err)
 	}
-	fp := forwarder.NewPublisher(wp, forwarder.PublisherConfig{ForwarderTopic: o.table})
-	for chunk := range slices.Chunk(out, maxMessagesPerInsert) {
-		if err := fp.Publish(topic, chunk...); err != nil {
+	for chunk := range slices.Chunk(rows, maxMessagesPerInsert) {
+		if err := wp.Publish(o.table, chunk...); err != nil {
 			return fmt.Errorf("outbox: write %d messages for topic %q to %s: %w", len(chunk), topic, o.table, err)
 		}
 	}
@@ -209,16 +215,18 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 
 // Stats describes the messages that a consumer group of relays has not sent yet.
 type Stats struct {
-	// Backlog is the number of committed messages the group has not sent (or sent without
-	// committing its offset yet). Messages of transactions that have not committed are not
-	// counted.
+	// Backlog is the number of committed messages the group has not sent: not handed to a
+	// relay yet, being sent, or waiting to be sent again after a failed attempt (a message sent
+	// whose acknowledgement is not written yet counts too, for a few milliseconds). Messages
+	// of transactions that have not committed are not counted, nor dead-lettered ones.
 	Backlog int64
 	// OldestUnsent is when the oldest of them was written, by the database clock; the zero
 	// time when Backlog is 0.
 	OldestUnsent time.Time
 	// Lag is the age of that message, by the database clock; 0 when Backlog is 0. A lag that
-	// keeps growing means no relay is running, the destination refuses messages, or (on
-	// PostgreSQL) a long transaction holds the relay back.
+	// keeps growing means no relay is running, the destination is down or refuses a message
+	// that has not reached RelayConfig.MaxAttempts yet, or (on PostgreSQL) a long transaction
+	// holds the relays back.
 	Lag time.Duration
 }
 
@@ -229,7 +237,8 @@ func (o *Outbox) Stats(ctx context.Context, consumerGroup string) (Stats, error)
 	group := cmp.Or(consumerGroup, DefaultConsumerGroup)
 	var st Stats
 	var oldest, age int64
-	if err := o.db.QueryRowContext(ctx, o.d.statsQuery(), group).Scan(&st.Backlog, &oldest, &age); err != nil {
+	query, args := o.d.stats(group)
+	if err := o.db.QueryRowContext(ctx, query, args...).Scan(&st.Backlog, &oldest, &age); err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats of %s for consumer group %q: %w", o.table, group, err)
 	}
 	if st.Backlog > 0 {
@@ -260,15 +269,18 @@ type PurgeResult struct {
 	Batches int
 }
 
-// Purge deletes messages that every consumer group registered in the offsets table has sent,
-// in batches of BatchSize rows, each its own statement, until a batch deletes fewer rows,
-// MaxBatches batches have run, or ctx ends. It keeps the last message sent by the slowest
-// group. A group is registered when a relay of it first runs; with no group registered, Purge
-// deletes nothing. A group registered after a Purge does not see the deleted messages.
+// Purge deletes messages that every consumer group registered in the offsets table has sent
+// (or dead-lettered), in batches of BatchSize rows, each its own statement, until a batch
+// deletes fewer rows, MaxBatches batches have run, or ctx ends. It keeps the last message
+// passed by the slowest group's cursor, and every message a group still holds (being sent, or
+// waiting to be sent again). A group is registered when a relay of it first runs; with no
+// group registered, Purge deletes nothing. A group registered after a Purge does not see the
+// deleted messages, and a group that no relay runs any more holds every message back until
+// its row is deleted from the offsets table.
 //
-// Without Purge the outbox grows by every message ever published. Purging concurrently from
-// several processes is safe, only wasteful. On error, the result counts what was deleted
-// before it.
+// Without Purge the outbox grows by every message ever published: run it periodically from
+// one process. Purging concurrently from several processes is safe, only wasteful. On error, the result counts
+// what was deleted before it.
 func (o *Outbox) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
 	if opts.BatchSize < 0 {
 		return res, fmt.Errorf("outbox: Purge: BatchSize: must not be negative, got %d", opts.BatchSize)
