@@ -36,6 +36,9 @@ type dialect interface {
 	// purgeQuery returns the statement of one batch of Purge: its argument is the batch size;
 	// it deletes at most that many rows and reports rows affected.
 	purgeQuery() string
+	// purgeLock takes, without waiting, the lock that lets one process at a time purge the
+	// outbox. held is false when another holds it; unlock releases a lock that is held.
+	purgeLock(ctx context.Context, db *sqldb.DB) (unlock func(), held bool, err error)
 }
 
 func newDialect(d sqldb.Dialect, table string) (dialect, error) {

@@ -111,7 +111,8 @@ func (e *env) commitN(t *testing.T, prefix string, n int) []string {
 	return ids
 }
 
-// relayConfig returns the tests' relay configuration for db and dest: short intervals.
+// relayConfig returns the tests' relay configuration for db and dest: short intervals, and
+// no purge (tests that want it set PurgeInterval).
 func relayConfig(e *env, db *sqldb.DB, dest message.Publisher) outbox.RelayConfig {
 	return outbox.RelayConfig{
 		DB:                db,
@@ -122,6 +123,7 @@ func relayConfig(e *env, db *sqldb.DB, dest message.Publisher) outbox.RelayConfi
 		MaxResendInterval: 50 * time.Millisecond,
 		RetryInterval:     50 * time.Millisecond,
 		CloseTimeout:      10 * time.Second,
+		PurgeInterval:     -1,
 		Logger:            testLogger,
 	}
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
@@ -110,4 +111,28 @@ func (m *mysql) purgeQuery() string {
 	return "DELETE FROM " + t + " WHERE `offset` < (SELECT MIN(COALESCE(offset_acked, 0)) FROM " + o + ")" +
 		" AND `offset` NOT IN (SELECT `offset` FROM " + l + ")" +
 		" ORDER BY `offset` LIMIT ?"
+}
+
+// myPurgeLock names the server-wide lock of the outbox's purge ($1 the outbox) in the current
+// database, in at most 64 characters.
+const myPurgeLock = `CONCAT('onceflow_outbox_purge_', SUBSTR(SHA1(CONCAT(COALESCE(DATABASE(), ''), '.', ?)), 1, 32))`
+
+// purgeLock takes a named lock (GET_LOCK) on a connection of its own, which unlock releases
+// and closes. A process that dies loses its session, and the lock with it.
+func (m *mysql) purgeLock(ctx context.Context, db *sqldb.DB) (func(), bool, error) {
+	conn, err := db.DB.DB.Conn(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	var held *int64 // NULL on an error of the server
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+myPurgeLock+`, 0)`, m.table).Scan(&held); err != nil || held == nil || *held != 1 {
+		if err == nil && held == nil {
+			err = errors.New("GET_LOCK returned NULL")
+		}
+		return nil, false, errors.Join(err, conn.Close())
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.Background(), `SELECT RELEASE_LOCK(`+myPurgeLock+`)`, m.table)
+		_ = conn.Close()
+	}, true, nil
 }

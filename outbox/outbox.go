@@ -278,8 +278,8 @@ type PurgeResult struct {
 // deleted messages, and a group that no relay runs any more holds every message back until
 // its row is deleted from the offsets table.
 //
-// Without Purge the outbox grows by every message ever published: run it periodically from
-// one process. Purging concurrently from several processes is safe, only wasteful. On error, the result counts
+// Relays purge by themselves (RelayConfig.PurgeInterval), one process at a time. Purging
+// concurrently from several processes is safe, only wasteful. On error, the result counts
 // what was deleted before it.
 func (o *Outbox) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
 	if opts.BatchSize < 0 {

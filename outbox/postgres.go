@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
@@ -136,6 +137,23 @@ func (p *postgres) purgeQuery() string {
 	)
 	AND NOT EXISTS (SELECT 1 FROM ` + l + ` AS l WHERE l.transaction_id = m.transaction_id AND l."offset" = m."offset")
 	LIMIT $1))`
+}
+
+// purgeLock takes a session advisory lock on a connection of its own, which unlock releases
+// and closes. A process that dies loses its session, and the lock with it.
+func (p *postgres) purgeLock(ctx context.Context, db *sqldb.DB) (func(), bool, error) {
+	conn, err := db.DB.DB.Conn(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	var held bool
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+pgKey("purge")+`)`, p.table).Scan(&held); err != nil || !held {
+		return nil, false, errors.Join(err, conn.Close())
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.Background(), `SELECT pg_advisory_unlock(`+pgKey("purge")+`)`, p.table)
+		_ = conn.Close()
+	}, true, nil
 }
 
 func (p *postgres) publishLock() string { return "" }

@@ -28,6 +28,7 @@ const (
 	DefaultRetryInterval     = time.Second
 	DefaultAckDeadline       = 30 * time.Second
 	DefaultCloseTimeout      = 30 * time.Second
+	DefaultPurgeInterval     = time.Minute
 	// DefaultDeadLetterTopic is the dead-letter topic of a relay whose DeadLetterTopic is
 	// empty: the router's default (onceflow.DefaultDeadLetterTopic), so that `onceflow dlq`
 	// lists and replays what relays dead-letter beside what handlers do.
@@ -43,7 +44,10 @@ var ErrClosed = errors.New("outbox: relay closed")
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
-	// DB is the application database that holds the outbox. Required.
+	// DB is the application database that holds the outbox. Required. On SQLite, the relays
+	// that purge take turns through the lock file <database file>.<messages table>.purge.lock,
+	// which they create beside the database and leave in place; they must therefore run on the
+	// machine that has the file.
 	DB *sqldb.DB
 
 	// Publisher sends the messages to the destination broker, each to the topic given to
@@ -117,6 +121,15 @@ type RelayConfig struct {
 	// DefaultCloseTimeout.
 	CloseTimeout time.Duration
 
+	// PurgeInterval is how often a relay deletes, in bounded batches, the messages that every
+	// consumer group of the outbox has sent (Outbox.Purge), in the turn of one process at a
+	// time. A negative interval disables it. Defaults to DefaultPurgeInterval.
+	PurgeInterval time.Duration
+
+	// PurgeBatchSize is the number of rows one DELETE of the purge removes at most. Defaults to
+	// DefaultPurgeBatchSize.
+	PurgeBatchSize int
+
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -140,6 +153,9 @@ func (c RelayConfig) Validate() error {
 	}
 	if c.MaxAttempts < 0 {
 		return fmt.Errorf("MaxAttempts: %d is negative (0 selects the default)", c.MaxAttempts)
+	}
+	if c.PurgeBatchSize < 0 {
+		return fmt.Errorf("PurgeBatchSize: %d is negative (0 selects the default)", c.PurgeBatchSize)
 	}
 	for _, d := range []struct {
 		name  string
@@ -184,6 +200,8 @@ func (c RelayConfig) withDefaults(table string) RelayConfig {
 	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
 	c.AckDeadline = cmp.Or(c.AckDeadline, DefaultAckDeadline)
 	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
+	c.PurgeBatchSize = cmp.Or(c.PurgeBatchSize, DefaultPurgeBatchSize)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -219,6 +237,9 @@ func (c RelayConfig) withDefaults(table string) RelayConfig {
 // need the order of a key get it from ExactlyOnceInOrder (package ordering), whose sequence
 // numbers are assigned in the producing transaction and which reorders by them: it does not
 // rely on the relay's order.
+//
+// Every PurgeInterval, one relay of the outbox at a time deletes what every consumer group has
+// sent.
 type Relay struct {
 	cfg     RelayConfig
 	ob      *Outbox
@@ -304,6 +325,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.release()
 		return fmt.Errorf("outbox: relay of %s: %w", r.cfg.Table, err)
 	}
+	helpers, stopHelpers := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	if r.cfg.PurgeInterval > 0 {
+		running.Go(func() { r.purgeLoop(helpers) })
+	}
 	r.logger.Info("outbox relay starting", "batch_size", r.cfg.BatchSize)
 
 	loopDone := make(chan struct{})
@@ -324,6 +350,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.logger.Warn("outbox relay: the message being published did not finish within the close timeout; the next relay sends it again", "close_timeout", r.cfg.CloseTimeout)
 	}
 	timer.Stop()
+	stopHelpers()
+	running.Wait()
 	if err := r.src.close(); err != nil {
 		r.stopErr = fmt.Errorf("outbox: stop relay of %s: %w", r.cfg.Table, err)
 	}

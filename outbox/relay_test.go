@@ -399,6 +399,7 @@ func TestNewRelay_RejectsInvalidConfigNamingTheField(t *testing.T) {
 		"AckDeadline":    func(c *outbox.RelayConfig) { c.AckDeadline = time.Microsecond },
 		"CloseTimeout":   func(c *outbox.RelayConfig) { c.CloseTimeout = -time.Second },
 		"MaxAttempts":    func(c *outbox.RelayConfig) { c.MaxAttempts = -1 },
+		"PurgeBatchSize": func(c *outbox.RelayConfig) { c.PurgeBatchSize = -1 },
 		"MaxResendInterval": func(c *outbox.RelayConfig) {
 			c.MaxResendInterval = -time.Second
 		},

@@ -3,10 +3,14 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"sync"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/sqllock"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -62,3 +66,32 @@ func (s *sqlite) purgeQuery() string {
 
 // publishLock is not needed: the transaction holds the write lock already.
 func (s *sqlite) publishLock() string { return "" }
+
+// purgeLock takes an exclusive lock on the file "<database file>.<messages table>.purge.lock",
+// created beside the database and left in place, without waiting; a database without a file
+// is locked in this process only.
+func (s *sqlite) purgeLock(_ context.Context, db *sqldb.DB) (func(), bool, error) {
+	if db.Path == "" {
+		mu, _ := memoryPurgeLocks.LoadOrStore(db.DB.DB, &sync.Mutex{})
+		if !mu.(*sync.Mutex).TryLock() {
+			return nil, false, nil
+		}
+		return mu.(*sync.Mutex).Unlock, true, nil
+	}
+	path := fmt.Sprintf("%s.%s.purge.lock", db.Path, s.messagesTable)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, false, fmt.Errorf("open the purge lock file: %w", err)
+	}
+	held, err := sqllock.TryLockFile(f)
+	if err != nil || !held {
+		return nil, false, errors.Join(err, f.Close())
+	}
+	return func() {
+		_ = sqllock.UnlockFile(f)
+		_ = f.Close()
+	}, true, nil
+}
+
+// memoryPurgeLocks stands in for the lock file of databases without a file.
+var memoryPurgeLocks sync.Map // map[*sql.DB]*sync.Mutex
