@@ -26,6 +26,10 @@ type dialect interface {
 	// or "" when there is none. Its lock, held until the transaction ends, makes the
 	// transactions that publish take turns.
 	publishLock() string
+	// notify returns the statement that notifies the relays listening on the outbox, with
+	// the outbox's name as its argument, or "" when the dialect has none. Run in a transaction,
+	// the database delivers it when the transaction commits.
+	notify() string
 	// newSource returns the lease-based subscription of the relay's consumer group over the
 	// outbox's tables.
 	newSource(cfg RelayConfig) (source, error)

@@ -207,6 +207,7 @@ func waitBacklog(t *testing.T, ob *outbox.Outbox, group string, n int64) {
 type sent struct {
 	topic string
 	msg   *message.Message
+	at    time.Time // when the recorder took it
 }
 
 // recorder is the destination broker: a message.Publisher that records what it is given.
@@ -242,7 +243,7 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 			}
 		}
 		r.mu.Lock()
-		r.sent = append(r.sent, sent{topic: topic, msg: m})
+		r.sent = append(r.sent, sent{topic: topic, msg: m, at: time.Now()})
 		close(r.changed)
 		r.changed = make(chan struct{})
 		r.mu.Unlock()

@@ -43,6 +43,10 @@ func (m *mysql) publishLock() string {
 	return `SELECT id FROM ` + sqldb.MySQL.Quote(m.lockTable) + ` WHERE id = 1 FOR UPDATE`
 }
 
+// notify is empty: nothing tells another session that a MySQL transaction committed. The
+// Outbox wakes the relays of its own process instead (see Relay).
+func (m *mysql) notify() string { return "" }
+
 func (m *mysql) tables() (string, string) { return m.table, m.offsetsTable }
 
 // queueTables are the outbox's tables as broker/sqlqueue names a topic's.

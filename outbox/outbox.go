@@ -52,6 +52,18 @@ type Config struct {
 	// DefaultTable.
 	Table string
 
+	// NotifyInTransaction makes Publish, on PostgreSQL, issue its notification to the relays
+	// (pg_notify) inside the transaction, so that the database delivers it exactly when the
+	// transaction commits. By default Publish announces the coming commit from outside the
+	// transaction instead, and the relays look for it until it is visible (see Relay): a
+	// millisecond or two later, but without the cost of a notifying transaction. PostgreSQL
+	// serialises the commits of transactions that notify (a lock held through the commit), so
+	// that concurrent publishing transactions commit one at a time: measured on loopback with 8
+	// concurrent writers, 4,000 to 6,200 commits/s without a notification in the transaction,
+	// 750 to 1,230 with one. Set it where transactions that publish are few, or batched by
+	// group commit. Other dialects ignore it.
+	NotifyInTransaction bool
+
 	// Propagator writes the trace context of Publish's ctx into each message's metadata (the
 	// W3C traceparent and tracestate headers with a propagation.TraceContext), so that the
 	// trace continues in the consumers of the destination broker. Defaults to the global
@@ -83,6 +95,14 @@ type Outbox struct {
 	d          dialect
 	insert     wsql.SchemaAdapter
 	propagator propagation.TextMapPropagator
+	// local names the outbox among the relays of this process that Publish wakes.
+	local string
+	// notifyInTx is the statement that Publish runs in the transaction to notify the relays,
+	// or "".
+	notifyInTx string
+	// announcer notifies the relays of other processes, from outside the transaction; nil
+	// when the dialect cannot or notifyInTx does.
+	announcer *announcer
 }
 
 // New returns the outbox of cfg.Table on db, whose Dialect chooses the SQL. It does not touch
@@ -100,7 +120,15 @@ func New(db *sqldb.DB, cfg Config) (*Outbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox.New: db.Dialect: %w", err)
 	}
-	return &Outbox{db: db, table: table, d: d, insert: d.insertSchema(), propagator: cfg.Propagator}, nil
+	o := &Outbox{db: db, table: table, d: d, insert: d.insertSchema(), propagator: cfg.Propagator, local: localKey(db, table)}
+	if stmt := d.notify(); stmt != "" {
+		if cfg.NotifyInTransaction {
+			o.notifyInTx = stmt
+		} else {
+			o.announcer = &announcer{db: db, stmt: stmt, table: table}
+		}
+	}
+	return o, nil
 }
 
 // Table returns the outbox's name (Config.Table or DefaultTable).
@@ -122,6 +150,10 @@ func (o *Outbox) Tables() (messages, offsets string) { return o.d.tables() }
 // On MySQL and MariaDB, Publish first locks a row that every publishing transaction locks,
 // and holds it until the transaction ends, so that the outbox's AUTO_INCREMENT offsets commit
 // in order (see the package documentation): call it as the processor's last step.
+//
+// The relays hear of the commit at once (see Relay): Publish wakes the relays of this outbox
+// that run in this process, and on PostgreSQL it notifies the relays of every process, from
+// outside the transaction (or inside it: Config.NotifyInTransaction).
 //
 // It fails with ErrNoTransaction when ctx carries no transaction, and refuses nil messages,
 // messages without a UUID and an empty topic before it writes anything. It does not change
@@ -200,6 +232,15 @@ func (o *Outbox) publish(ctx context.Context, exec wsql.ContextExecutor, topic s
 			return fmt.Errorf("outbox: write %d messages for topic %q to %s: %w", len(chunk), topic, o.table, err)
 		}
 	}
+	if o.notifyInTx != "" {
+		if _, err := exec.ExecContext(ctx, o.notifyInTx, o.table); err != nil {
+			return fmt.Errorf("outbox: publish to topic %q: notify the relays of %s: %w", topic, o.table, err)
+		}
+	}
+	if o.announcer != nil {
+		o.announcer.announce()
+	}
+	wakeLocal(o.local)
 	return nil
 }
 

@@ -3,9 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
 	"github.com/onceflow/onceflow/sqldb"
@@ -21,6 +24,8 @@ import (
 // therefore never passed by the group's cursor: the relays wait for it. The price is that any
 // long-running writing transaction on the server holds every relay back until it ends.
 // Requires PostgreSQL 13 or later (xid8).
+//
+// The relays LISTEN on the outbox's channel; Publish notifies it (see wake.go).
 type postgres struct {
 	table, offsetsTable string
 }
@@ -35,6 +40,10 @@ func newPostgres(table string) *postgres {
 func pgKey(purpose string) string {
 	return `('x' || substr(md5('onceflow.outbox.` + purpose + `:' || coalesce(current_schema(), '') || '.' || $1::text), 1, 16))::bit(64)::bigint`
 }
+
+// pgChannel is the notification channel of the outbox ($1) in the current schema: a name of at
+// most 32 bytes of [a-z0-9_], whatever the schema's and the table's names.
+const pgChannel = `'onceflow_outbox_' || substr(md5(coalesce(current_schema(), '') || '.' || $1::text), 1, 16)`
 
 func (p *postgres) tables() (string, string) { return p.table, p.offsetsTable }
 
@@ -157,3 +166,41 @@ func (p *postgres) purgeLock(ctx context.Context, db *sqldb.DB) (func(), bool, e
 }
 
 func (p *postgres) publishLock() string { return "" }
+
+func (p *postgres) notify() string { return `SELECT pg_notify(` + pgChannel + `, '')` }
+
+// errCannotListen reports a database whose connections cannot LISTEN: the relays poll.
+var errCannotListen = errors.New("cannot listen for notifications")
+
+// listen calls ready once it listens on the outbox's channel, on a connection of its own,
+// then notified for each notification, until ctx ends or the connection fails. The connection
+// is closed, not returned to the pool, when it returns.
+func (p *postgres) listen(ctx context.Context, db *sqldb.DB, ready, notified func()) error {
+	conn, err := db.DB.DB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var channel string
+	if err := conn.QueryRowContext(ctx, `SELECT `+pgChannel, p.table).Scan(&channel); err != nil {
+		return fmt.Errorf("name the notification channel: %w", err)
+	}
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("%w: the connection is a %T, not pgx's", errCannotListen, dc)
+		}
+		pc := sc.Conn()
+		// The connection listens from here on: the pool must not have it back.
+		if _, err := pc.Exec(ctx, `LISTEN `+sqldb.Postgres.Quote(channel)); err != nil {
+			return errors.Join(fmt.Errorf("listen on %s: %w", channel, err), driver.ErrBadConn)
+		}
+		ready()
+		for {
+			if _, err := pc.WaitForNotification(ctx); err != nil {
+				return errors.Join(fmt.Errorf("wait for notifications on %s: %w", channel, err), driver.ErrBadConn)
+			}
+			notified()
+		}
+	})
+}

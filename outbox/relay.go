@@ -71,7 +71,8 @@ type RelayConfig struct {
 	BatchSize int
 
 	// PollInterval is how long an idle relay waits before it looks for new messages again.
-	// Defaults to DefaultPollInterval.
+	// A relay hears of Publishes sooner: from the Outbox of the same process, and on
+	// PostgreSQL from a notification (see Relay). Defaults to DefaultPollInterval.
 	PollInterval time.Duration
 
 	// ResendInterval is the delay before a message whose publish failed is published again,
@@ -107,8 +108,8 @@ type RelayConfig struct {
 	// DefaultDeadLetterTopic.
 	DeadLetterTopic string
 
-	// RetryInterval is how long a relay waits after reading the outbox failed. Defaults to
-	// DefaultRetryInterval.
+	// RetryInterval is how long a relay waits after reading the outbox failed, and before it
+	// listens for notifications again. Defaults to DefaultRetryInterval.
 	RetryInterval time.Duration
 
 	// AckDeadline is the lease of a claimed message: a message not sent (nor given back)
@@ -238,8 +239,12 @@ func (c RelayConfig) withDefaults(table string) RelayConfig {
 // numbers are assigned in the producing transaction and which reorders by them: it does not
 // rely on the relay's order.
 //
-// Every PurgeInterval, one relay of the outbox at a time deletes what every consumer group has
-// sent.
+// A relay claims new messages as soon as it hears of a Publish, and looks again 1, 2, 4, ...
+// ms later until the Publish's transaction has committed: Outbox.Publish in this process tells
+// it directly, and on PostgreSQL it also listens for the notification that Publish sends
+// (Config.NotifyInTransaction). Relays in other processes find MySQL and SQLite messages at
+// their next poll (PollInterval). Every PurgeInterval, one relay of the outbox at a time
+// deletes what every consumer group has sent.
 type Relay struct {
 	cfg     RelayConfig
 	ob      *Outbox
@@ -248,7 +253,9 @@ type Relay struct {
 	health  *health
 	handler string // the dead letters' handler header
 
-	killed atomic.Bool // stop as a crash would: settle nothing more
+	published chan struct{} // the relay heard of a Publish (see wake.go)
+	received  atomic.Int64  // when the loop last took a message, in Unix nanoseconds
+	killed    atomic.Bool   // stop as a crash would: settle nothing more
 
 	mu       sync.Mutex
 	started  bool          // Run was called
@@ -276,15 +283,16 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("outbox.NewRelay: %w", err)
 	}
 	return &Relay{
-		cfg:      cfg,
-		ob:       ob,
-		logger:   cfg.Logger,
-		src:      src,
-		health:   newHealth(),
-		handler:  "outbox:" + cfg.Table,
-		stop:     make(chan struct{}),
-		stopping: make(chan struct{}),
-		done:     make(chan struct{}),
+		cfg:       cfg,
+		ob:        ob,
+		logger:    cfg.Logger,
+		src:       src,
+		health:    newHealth(),
+		handler:   "outbox:" + cfg.Table,
+		published: make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		stopping:  make(chan struct{}),
+		done:      make(chan struct{}),
 	}, nil
 }
 
@@ -327,9 +335,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	helpers, stopHelpers := context.WithCancel(context.Background())
 	var running sync.WaitGroup
+	running.Go(func() { r.chase(helpers) })
+	if l, ok := r.ob.d.(listener); ok {
+		running.Go(func() { r.listen(helpers, l) })
+	}
 	if r.cfg.PurgeInterval > 0 {
 		running.Go(func() { r.purgeLoop(helpers) })
 	}
+	registerLocal(r)
 	r.logger.Info("outbox relay starting", "batch_size", r.cfg.BatchSize)
 
 	loopDone := make(chan struct{})
@@ -350,6 +363,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.logger.Warn("outbox relay: the message being published did not finish within the close timeout; the next relay sends it again", "close_timeout", r.cfg.CloseTimeout)
 	}
 	timer.Stop()
+	unregisterLocal(r)
 	stopHelpers()
 	running.Wait()
 	if err := r.src.close(); err != nil {
@@ -371,6 +385,7 @@ func (r *Relay) loop(msgs <-chan *message.Message) {
 			if !ok {
 				return
 			}
+			r.received.Store(time.Now().UnixNano())
 			r.send(msg)
 		}
 	}

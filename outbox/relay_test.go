@@ -252,8 +252,9 @@ func TestRelay_TransactionCommittingLateIsNotOvertaken(t *testing.T) {
 		require.NoError(t, e.ob.PublishTx(ctx, fast, topic, message.NewMessage("late", []byte("written second, committed first"))))
 		require.NoError(t, fast.Commit())
 
-		// The relay, polling every 10 ms, looks at the outbox while the slow transaction is
-		// open, and must not send the late message: its cursor would then pass the early one's.
+		// The relay, woken by the fast commit and polling every 10 ms, looks at the outbox while
+		// the slow transaction is open, and must not send the late message: its cursor would
+		// then pass the early one's.
 		time.Sleep(300 * time.Millisecond)
 		require.Empty(t, rec.ids())
 

@@ -67,6 +67,10 @@ func (s *sqlite) purgeQuery() string {
 // publishLock is not needed: the transaction holds the write lock already.
 func (s *sqlite) publishLock() string { return "" }
 
+// notify is empty: SQLite tells no other connection of a commit. The Outbox wakes the relays
+// of its own process instead (see Relay).
+func (s *sqlite) notify() string { return "" }
+
 // purgeLock takes an exclusive lock on the file "<database file>.<messages table>.purge.lock",
 // created beside the database and left in place, without waiting; a database without a file
 // is locked in this process only.
