@@ -319,8 +319,8 @@ func (p *flakyPublisher) counts(id string) (published, confirmed int) {
 // outgoing messages.
 //
 // Rollback: an order that fails permanently after its outbox write is dead-lettered with the
-// reason, and its outgoing message is never sent: the relay sends in order, so once the
-// outgoing messages of later orders have arrived, it would have been sent before them.
+// reason, and its outgoing message is never sent: its outbox row rolled back, which is checked
+// once the outgoing messages of later orders have arrived.
 //
 // Commit: each later order's outgoing message reaches "shipping" at least once (twice where the
 // relay sent it again and the broker does not drop a second publish of a UUID), and has one

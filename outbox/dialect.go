@@ -11,31 +11,38 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// dialect is what differs between the SQL dialects: the watermill-sql adapters, the tables'
-// DDL, and the statements of Stats and Purge. Everything else in the package is shared.
-//
-// The statements take their arguments in this order:
-//
-//	stats: consumer group; returns COUNT(*), the oldest created_at in Unix microseconds, and
-//	       that row's age in microseconds by the database clock (both 0 when there is no row)
-//	purge: batch size; deletes at most that many rows, returns rows affected
+// dialect is what differs between the SQL dialects: the tables' names and DDL, the watermill-sql
+// schema that Publish inserts with, the relay's queue over the tables, and the statements of
+// Stats and Purge. Everything else in the package is shared.
 type dialect interface {
 	// tables returns the unquoted names of the messages and offsets tables.
 	tables() (messages, offsets string)
-	// schema returns the watermill-sql schema adapter that reads batches of batchSize.
-	schema(batchSize int) wsql.SchemaAdapter
-	// offsets returns the watermill-sql offsets adapter. Its BeforeSubscribingQueries registers
-	// the consumer group with offset 0, so that the offsets row exists for its lock from the
-	// first poll on and Stats and Purge know the group.
-	offsets() wsql.OffsetsAdapter
-	// migrate creates the tables if they are missing.
+	// insertSchema returns the watermill-sql schema adapter whose InsertQuery Publish runs.
+	insertSchema() wsql.SchemaAdapter
+	// migrate creates the tables if they are missing: messages, offsets, the relays' leases
+	// (and on MySQL the publish lock).
 	migrate(ctx context.Context, db *sqldb.DB) error
 	// publishLock returns the statement that Publish runs in the transaction before it writes,
 	// or "" when there is none. Its lock, held until the transaction ends, makes the
 	// transactions that publish take turns.
 	publishLock() string
-	statsQuery() string
+	// notify returns the statement that notifies the relays listening on the outbox, with
+	// the outbox's name as its argument, or "" when the dialect has none. Run in a transaction,
+	// the database delivers it when the transaction commits.
+	notify() string
+	// newSource returns the lease-based subscription of the relay's consumer group over the
+	// outbox's tables.
+	newSource(cfg RelayConfig) (source, error)
+	// stats returns the statement of Stats for group and its arguments. It returns COUNT(*),
+	// the oldest created_at in Unix microseconds, and that row's age in microseconds by the
+	// database clock (both 0 when there is no row).
+	stats(group string) (query string, args []any)
+	// purgeQuery returns the statement of one batch of Purge: its argument is the batch size;
+	// it deletes at most that many rows and reports rows affected.
 	purgeQuery() string
+	// purgeLock takes, without waiting, the lock that lets one process at a time purge the
+	// outbox. held is false when another holds it; unlock releases a lock that is held.
+	purgeLock(ctx context.Context, db *sqldb.DB) (unlock func(), held bool, err error)
 }
 
 func newDialect(d sqldb.Dialect, table string) (dialect, error) {

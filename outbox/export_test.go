@@ -1,11 +1,19 @@
 package outbox
 
-// Kill stops the relay as a crash would: its transaction rolls back without committing the
-// offsets of the batch.
+import "context"
+
+// Kill stops the relay as a crash would: the message being published is not recorded as
+// sent, whatever the destination answers.
 func (r *Relay) Kill() { r.kill() }
 
-// Polls returns how many polls of the outbox have ended.
-func (r *Relay) Polls() int64 { return r.backoff.polls.Load() }
+// Stopping is closed when the relay begins to stop.
+func (r *Relay) Stopping() <-chan struct{} { return r.stopping }
 
-// Stopping is closed when Close begins.
-func (r *Relay) Stopping() <-chan struct{} { return r.sub.stopping }
+// PurgeNow runs one purge round as the relay's timer does, and reports whether it ran (no
+// other process held the purge lock).
+func (r *Relay) PurgeNow(ctx context.Context) bool { return r.purgeOnce(ctx) }
+
+// PurgeLock takes the outbox's purge lock without waiting.
+func (o *Outbox) PurgeLock(ctx context.Context) (unlock func(), held bool, err error) {
+	return o.d.purgeLock(ctx, o.db)
+}

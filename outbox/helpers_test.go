@@ -90,6 +90,14 @@ func (e *env) process(ctx context.Context, incomingID string, fail error, msgs .
 	return chain.Process(ctx, &messagedata.MessageData{ID: incomingID, Topic: "orders", Attempt: 1})
 }
 
+// inTx runs fn inside the real Transaction middleware, and commits when it returns nil.
+func (e *env) inTx(ctx context.Context, fn func(ctx context.Context) error) error {
+	chain := middleware.Transaction(e.db)(processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+		return fn(ctx)
+	}))
+	return chain.Process(ctx, &messagedata.MessageData{ID: "in-tx", Topic: "orders", Attempt: 1})
+}
+
 // commitN processes n incoming messages "<prefix>-<i>", each in its own committed transaction
 // that publishes one message, and returns the outgoing messages' ids in order.
 func (e *env) commitN(t *testing.T, prefix string, n int) []string {
@@ -103,18 +111,30 @@ func (e *env) commitN(t *testing.T, prefix string, n int) []string {
 	return ids
 }
 
-// relayConfig returns the tests' relay configuration for db and dest: short intervals.
+// relayConfig returns the tests' relay configuration for db and dest: short intervals, and
+// no purge (tests that want it set PurgeInterval).
 func relayConfig(e *env, db *sqldb.DB, dest message.Publisher) outbox.RelayConfig {
 	return outbox.RelayConfig{
-		DB:             db,
-		Publisher:      dest,
-		Table:          e.ob.Table(),
-		PollInterval:   10 * time.Millisecond,
-		ResendInterval: 10 * time.Millisecond,
-		RetryInterval:  50 * time.Millisecond,
-		CloseTimeout:   10 * time.Second,
-		Logger:         testLogger,
+		DB:                db,
+		Publisher:         dest,
+		Table:             e.ob.Table(),
+		PollInterval:      10 * time.Millisecond,
+		ResendInterval:    10 * time.Millisecond,
+		MaxResendInterval: 50 * time.Millisecond,
+		RetryInterval:     50 * time.Millisecond,
+		CloseTimeout:      10 * time.Second,
+		PurgeInterval:     -1,
+		Logger:            testLogger,
 	}
+}
+
+// rows returns the number of rows in the outbox's messages table.
+func (e *env) rows(t *testing.T) int {
+	t.Helper()
+	messages, _ := e.ob.Tables()
+	var n int
+	require.NoError(t, e.db.QueryRow(`SELECT COUNT(*) FROM `+e.db.Dialect.Quote(messages)).Scan(&n))
+	return n
 }
 
 // testLogger discards the relays' logs, unless ONCEFLOW_TEST_LOG is set: the tests make
@@ -187,6 +207,7 @@ func waitBacklog(t *testing.T, ob *outbox.Outbox, group string, n int64) {
 type sent struct {
 	topic string
 	msg   *message.Message
+	at    time.Time // when the recorder took it
 }
 
 // recorder is the destination broker: a message.Publisher that records what it is given.
@@ -222,7 +243,7 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 			}
 		}
 		r.mu.Lock()
-		r.sent = append(r.sent, sent{topic: topic, msg: m})
+		r.sent = append(r.sent, sent{topic: topic, msg: m, at: time.Now()})
 		close(r.changed)
 		r.changed = make(chan struct{})
 		r.mu.Unlock()

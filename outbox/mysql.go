@@ -2,38 +2,31 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
+	"errors"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
+	"github.com/onceflow/onceflow/broker/sqlqueue"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// mysql is the MySQL and MariaDB dialect: watermill-sql's DefaultMySQLSchema and
-// DefaultMySQLOffsetsAdapter on the tables <table> and <table>_offsets, plus a one-row table
-// <table>_lock.
+// mysql is the MySQL and MariaDB dialect: tables laid out as watermill-sql's
+// DefaultMySQLSchema and offsets adapter, <table> and <table>_offsets, the relays' leases in
+// <table>_leases (broker/sqlqueue's layout), plus a one-row table <table>_lock.
 //
 // Offsets are AUTO_INCREMENT values, allocated when a row is inserted, not when it commits.
 // Were two publishing transactions to run side by side, the one with the larger offset could
-// commit first, the relay would send it and record its offset, and the other's row, committed
-// later below that offset, would never be sent. (Even watermill-sql's locking read at
-// SERIALIZABLE waits for rows already inserted and not committed, but not for an offset
-// allocated whose INSERT is still waiting for a lock, which that read's own gap lock causes.)
-// So Publish first locks the row of <table>_lock (SELECT ... FOR UPDATE), and the
-// transactions that publish take turns from their Publish to their commit: offsets commit in
-// the order they were allocated. Publish as the processor's last step to keep the turn short;
-// the rate of publishing transactions is then bounded by the commit latency, which group
-// commit (several messages per transaction) divides.
+// commit first, a relay would claim it and move the group's cursor past it, and the other's
+// row, committed later below the cursor, would never be sent. (A locking read waits for rows
+// already inserted and not committed, but not for an offset allocated whose INSERT has not
+// placed its row yet.) So Publish first locks the row of <table>_lock (SELECT ... FOR UPDATE),
+// and the transactions that publish take turns from their Publish to their commit: offsets
+// commit in the order they were allocated. Publish as the processor's last step to keep the
+// turn short; the rate of publishing transactions is then bounded by the commit latency, which
+// group commit (several messages per transaction) divides.
 //
-// The relay reads at READ COMMITTED, not at the SERIALIZABLE that watermill-sql's MySQL
-// adapter asks for. SERIALIZABLE makes the read lock the gap after the last row, and the relay
-// holds its batch's transaction open while it sends the batch: a Publish would wait for the
-// destination broker. Where the destination's consumers hold a lock of the destination while
-// they publish to the outbox (the embedded SQLite queue's write lock), the relay and they wait
-// for each other until the destination's ack deadline breaks the cycle. The locking read is not
-// needed: the publish lock makes offsets commit in the order they were allocated, so a
-// consistent read of the committed rows above the group's offset never skips one. The group's
-// offsets row is still read FOR UPDATE, so the relays of a group take turns.
+// The relays claim at READ COMMITTED in short transactions of their own and hold none while
+// they send, so a Publish never waits for the destination broker.
 type mysql struct {
 	table, offsetsTable, lockTable string
 }
@@ -50,48 +43,24 @@ func (m *mysql) publishLock() string {
 	return `SELECT id FROM ` + sqldb.MySQL.Quote(m.lockTable) + ` WHERE id = 1 FOR UPDATE`
 }
 
+// notify is empty: nothing tells another session that a MySQL transaction committed. The
+// Outbox wakes the relays of its own process instead (see Relay).
+func (m *mysql) notify() string { return "" }
+
 func (m *mysql) tables() (string, string) { return m.table, m.offsetsTable }
 
-func (m *mysql) schema(batchSize int) wsql.SchemaAdapter {
-	return mysqlSchema{wsql.DefaultMySQLSchema{
+// queueTables are the outbox's tables as broker/sqlqueue names a topic's.
+func (m *mysql) queueTables() sqlqueue.Tables {
+	return sqlqueue.Tables{Messages: m.table, Offsets: m.offsetsTable, Leases: m.table + leasesSuffix, DueIndex: m.table + "_due"}
+}
+
+func (m *mysql) insertSchema() wsql.SchemaAdapter {
+	return wsql.DefaultMySQLSchema{
 		GenerateMessagesTableName: func(string) string { return sqldb.MySQL.Quote(m.table) },
-		SubscribeBatchSize:        batchSize,
-	}}
-}
-
-// mysqlSchema is DefaultMySQLSchema read at READ COMMITTED (see mysql).
-type mysqlSchema struct {
-	wsql.DefaultMySQLSchema
-}
-
-// SubscribeIsolationLevel is READ COMMITTED: the relay's read locks no gap that Publish would
-// wait for.
-func (mysqlSchema) SubscribeIsolationLevel() sql.IsolationLevel { return sql.LevelReadCommitted }
-
-func (m *mysql) offsets() wsql.OffsetsAdapter {
-	return mysqlOffsets{
-		DefaultMySQLOffsetsAdapter: wsql.DefaultMySQLOffsetsAdapter{
-			GenerateMessagesOffsetsTableName: func(string) string { return sqldb.MySQL.Quote(m.offsetsTable) },
-		},
-		table: sqldb.MySQL.Quote(m.offsetsTable),
 	}
 }
 
-// mysqlOffsets is DefaultMySQLOffsetsAdapter with the group registered before subscribing:
-// without its row, the FOR UPDATE of two relays' first polls would lock only a gap, which
-// both may hold at once.
-type mysqlOffsets struct {
-	wsql.DefaultMySQLOffsetsAdapter
-	table string // quoted
-}
-
-func (a mysqlOffsets) BeforeSubscribingQueries(_, consumerGroup string) []wsql.Query {
-	return []wsql.Query{{
-		Query: `INSERT INTO ` + a.table + ` (consumer_group, offset_acked, offset_consumed) VALUES (?, 0, 0)
-ON DUPLICATE KEY UPDATE consumer_group = consumer_group`,
-		Args: []any{consumerGroup},
-	}}
-}
+func (m *mysql) newSource(cfg RelayConfig) (source, error) { return newSQLSource(cfg, m.queueTables()) }
 
 func (m *mysql) migrate(ctx context.Context, db *sqldb.DB) error {
 	t, o, l := sqldb.MySQL.Quote(m.table), sqldb.MySQL.Quote(m.offsetsTable), sqldb.MySQL.Quote(m.lockTable)
@@ -122,24 +91,52 @@ func (m *mysql) migrate(ctx context.Context, db *sqldb.DB) error {
 			return err
 		}
 	}
-	return nil
+	return createQueueTables(ctx, db, m.queueTables())
 }
 
-func (m *mysql) statsQuery() string {
-	t, o := sqldb.MySQL.Quote(m.table), sqldb.MySQL.Quote(m.offsetsTable)
+// stats counts the rows after the group's cursor and the rows it has leased.
+func (m *mysql) stats(group string) (string, []any) {
+	t, o, l := sqldb.MySQL.Quote(m.table), sqldb.MySQL.Quote(m.offsetsTable), sqldb.MySQL.Quote(m.table+leasesSuffix)
 	return "SELECT COUNT(*),\n" +
-		"\tCOALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', MIN(created_at)), 0),\n" +
-		"\tCOALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0)\n" +
-		"FROM " + t + "\n" +
-		"WHERE `offset` > COALESCE((SELECT offset_acked FROM " + o + " WHERE consumer_group = ?), 0)"
+			"\tCOALESCE(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', MIN(created_at)), 0),\n" +
+			"\tCOALESCE(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)), 0)\n" +
+			"FROM " + t + "\n" +
+			"WHERE `offset` > COALESCE((SELECT offset_acked FROM " + o + " WHERE consumer_group = ?), 0)\n" +
+			"\tOR `offset` IN (SELECT `offset` FROM " + l + " WHERE consumer_group = ?)",
+		[]any{group, group}
 }
 
-// purgeQuery deletes rows strictly below the smallest acknowledged offset of the registered
-// groups. It keeps the last relayed row, so that MAX(offset) never falls below an acknowledged
-// offset: servers that recompute AUTO_INCREMENT from MAX(offset) at start-up (MySQL before 8.0)
-// would otherwise hand out offsets that the relay has already passed.
+// purgeQuery deletes rows strictly below the smallest cursor of the registered groups that no
+// group has leased. It keeps the last row a cursor passed, so that MAX(offset) never falls
+// below a cursor: servers that recompute AUTO_INCREMENT from MAX(offset) at start-up (MySQL
+// before 8.0) would otherwise hand out offsets that the relays have already passed.
 func (m *mysql) purgeQuery() string {
-	t, o := sqldb.MySQL.Quote(m.table), sqldb.MySQL.Quote(m.offsetsTable)
+	t, o, l := sqldb.MySQL.Quote(m.table), sqldb.MySQL.Quote(m.offsetsTable), sqldb.MySQL.Quote(m.table+leasesSuffix)
 	return "DELETE FROM " + t + " WHERE `offset` < (SELECT MIN(COALESCE(offset_acked, 0)) FROM " + o + ")" +
+		" AND `offset` NOT IN (SELECT `offset` FROM " + l + ")" +
 		" ORDER BY `offset` LIMIT ?"
+}
+
+// myPurgeLock names the server-wide lock of the outbox's purge ($1 the outbox) in the current
+// database, in at most 64 characters.
+const myPurgeLock = `CONCAT('onceflow_outbox_purge_', SUBSTR(SHA1(CONCAT(COALESCE(DATABASE(), ''), '.', ?)), 1, 32))`
+
+// purgeLock takes a named lock (GET_LOCK) on a connection of its own, which unlock releases
+// and closes. A process that dies loses its session, and the lock with it.
+func (m *mysql) purgeLock(ctx context.Context, db *sqldb.DB) (func(), bool, error) {
+	conn, err := db.DB.DB.Conn(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	var held *int64 // NULL on an error of the server
+	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+myPurgeLock+`, 0)`, m.table).Scan(&held); err != nil || held == nil || *held != 1 {
+		if err == nil && held == nil {
+			err = errors.New("GET_LOCK returned NULL")
+		}
+		return nil, false, errors.Join(err, conn.Close())
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.Background(), `SELECT RELEASE_LOCK(`+myPurgeLock+`)`, m.table)
+		_ = conn.Close()
+	}, true, nil
 }

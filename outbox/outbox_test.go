@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,7 +182,11 @@ func TestMigrate_IsIdempotentAndSafeConcurrently(t *testing.T) {
 			require.NoError(t, ob.Migrate(context.Background()))
 
 			messages, offsets := ob.Tables()
-			for _, table := range []string{messages, offsets} {
+			leases := "events_outbox_leases"
+			if db.Dialect == sqldb.SQLite {
+				leases = "onceflow_leases_events_outbox"
+			}
+			for _, table := range []string{messages, offsets, leases} {
 				var n int
 				require.NoError(t, db.QueryRow(`SELECT COUNT(*) FROM `+db.Dialect.Quote(table)).Scan(&n), table)
 			}
@@ -212,42 +217,47 @@ func TestPurge_DeletesOnlyWhatEveryGroupHasSent(t *testing.T) {
 		waitBacklog(t, e.ob, "fast", 0)
 		require.NoError(t, r.stop(t))
 
-		// Group "slow" sends one message per batch and is stuck on the sixth.
+		// Group "slow" sends all but the sixth, which its destination keeps failing.
+		var broken atomic.Bool
+		broken.Store(true)
 		slow := newRecorder()
 		slow.before = func(m *message.Message, _ int) error {
-			if m.UUID == ids[5] {
-				return errors.New("destination down")
+			if m.UUID == ids[5] && broken.Load() {
+				return errors.New("destination refuses it for now")
 			}
 			return nil
 		}
 		cfg = relayConfig(e, e.db, slow)
 		cfg.ConsumerGroup = "slow"
-		cfg.BatchSize = 1
+		cfg.MaxAttempts = 1000
 		r = start(t, cfg)
-		slow.waitFor(t, 5)
-		waitBacklog(t, e.ob, "slow", 5)
-		require.NoError(t, r.stop(t))
+		slow.waitFor(t, 9)
+		waitBacklog(t, e.ob, "slow", 1)
 
-		// Rows strictly before the last one "slow" has sent: the first four.
-		res, err = e.ob.Purge(ctx, outbox.PurgeOptions{BatchSize: 2})
+		// Every row before the last one the cursors passed, except the sixth, which "slow"
+		// holds: eight rows.
+		res, err = e.ob.Purge(ctx, outbox.PurgeOptions{BatchSize: 3})
 		require.NoError(t, err)
-		require.Equal(t, outbox.PurgeResult{Deleted: 4, Batches: 3}, res)
+		require.Equal(t, outbox.PurgeResult{Deleted: 8, Batches: 3}, res)
 		res, err = e.ob.Purge(ctx, outbox.PurgeOptions{})
 		require.NoError(t, err)
 		require.Equal(t, outbox.PurgeResult{Deleted: 0, Batches: 1}, res)
-
-		for group, want := range map[string]int64{"fast": 0, "slow": 5} {
+		for group, want := range map[string]int64{"fast": 0, "slow": 1} {
 			st, err := e.ob.Stats(ctx, group)
 			require.NoError(t, err)
 			require.Equal(t, want, st.Backlog, group)
 		}
-		// "slow" resumes where it stopped.
-		slow.before = nil
-		r = start(t, cfg)
+
+		// The destination takes it at last; then it goes too.
+		broken.Store(false)
 		slow.waitFor(t, 10)
 		waitBacklog(t, e.ob, "slow", 0)
 		require.NoError(t, r.stop(t))
-		require.Equal(t, ids, slow.ids())
+		require.Equal(t, append(append(ids[:5:5], ids[6:]...), ids[5]), slow.ids())
+		res, err = e.ob.Purge(ctx, outbox.PurgeOptions{})
+		require.NoError(t, err)
+		require.Equal(t, int64(1), res.Deleted)
+		require.Equal(t, 1, e.rows(t), "the last row a cursor passed is kept")
 	})
 }
 

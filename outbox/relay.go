@@ -3,34 +3,40 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
 // Relay defaults.
 const (
-	DefaultConsumerGroup  = "onceflow_relay"
-	DefaultBatchSize      = 100
-	DefaultPollInterval   = 100 * time.Millisecond
-	DefaultResendInterval = time.Second
-	DefaultRetryInterval  = time.Second
-	DefaultAckDeadline    = 30 * time.Second
-	DefaultCloseTimeout   = 30 * time.Second
+	DefaultConsumerGroup     = "onceflow_relay"
+	DefaultBatchSize         = 100
+	DefaultPollInterval      = 100 * time.Millisecond
+	DefaultResendInterval    = time.Second
+	DefaultMaxResendInterval = time.Minute
+	DefaultMaxAttempts       = 5
+	DefaultRetryInterval     = time.Second
+	DefaultAckDeadline       = 30 * time.Second
+	DefaultCloseTimeout      = 30 * time.Second
+	DefaultPurgeInterval     = time.Minute
+	// DefaultDeadLetterTopic is the dead-letter topic of a relay whose DeadLetterTopic is
+	// empty: the router's default (onceflow.DefaultDeadLetterTopic), so that `onceflow dlq`
+	// lists and replays what relays dead-letter beside what handlers do.
+	DefaultDeadLetterTopic = "onceflow_dead_letter"
 )
 
-// maxBatchSize bounds RelayConfig.BatchSize: a batch is one transaction.
+// maxBatchSize bounds RelayConfig.BatchSize: the window is claimed in one statement and held
+// in memory.
 const maxBatchSize = 10000
 
 // ErrClosed is returned by Run on a Relay that has been closed.
@@ -38,10 +44,10 @@ var ErrClosed = errors.New("outbox: relay closed")
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
-	// DB is the application database that holds the outbox. Required. On SQLite, relays of
-	// one group take turns through the lock file <database file>.<messages table>.relay-<hash
-	// of the group>.lock, which they create beside the database and leave in place; they must
-	// therefore run on the machine that has the file.
+	// DB is the application database that holds the outbox. Required. On SQLite, the relays
+	// that purge take turns through the lock file <database file>.<messages table>.purge.lock,
+	// which they create beside the database and leave in place; they must therefore run on the
+	// machine that has the file.
 	DB *sqldb.DB
 
 	// Publisher sends the messages to the destination broker, each to the topic given to
@@ -54,37 +60,76 @@ type RelayConfig struct {
 	Table string
 
 	// ConsumerGroup names the relays that share the work: each message is sent by one relay of
-	// the group, and the group's offset records how far it has got. Relays of different groups
-	// each send every message. At most 255 bytes of UTF-8. Defaults to DefaultConsumerGroup.
+	// the group, normally once, and the group's cursor and leases record how far it has got.
+	// Relays of different groups each send every message. At most 255 bytes of UTF-8.
+	// Defaults to DefaultConsumerGroup.
 	ConsumerGroup string
 
-	// BatchSize is the number of messages a relay reads and sends at a time; their offset
-	// commits when the batch ends, so a relay that dies sends its batch again. On PostgreSQL and
-	// MySQL the batch is one transaction, which holds the consumer group's offsets row; Publish
-	// never waits for it. At most 10000. Defaults to DefaultBatchSize.
+	// BatchSize is the window of each relay: how many messages it claims at most, each under
+	// a lease of AckDeadline, before it has sent them. It sends them one at a time. At most
+	// 10000. Defaults to DefaultBatchSize.
 	BatchSize int
 
-	// PollInterval is how long a relay waits before looking again when it found nothing to
-	// send. Defaults to DefaultPollInterval.
+	// PollInterval is how long an idle relay waits before it looks for new messages again.
+	// A relay hears of Publishes sooner: from the Outbox of the same process, and on
+	// PostgreSQL from a notification (see Relay). Defaults to DefaultPollInterval.
 	PollInterval time.Duration
 
-	// ResendInterval is how long a relay waits before it publishes again a message whose
-	// publish failed. The message is published again, in order, until it succeeds: nothing
-	// after it is sent meanwhile. Defaults to DefaultResendInterval.
+	// ResendInterval is the delay before a message whose publish failed is published again,
+	// doubled at each further delivery of the message up to MaxResendInterval. The messages
+	// behind it are sent meanwhile. When the destination fails every message, the relay
+	// pauses for the same growing delays. Defaults to DefaultResendInterval.
 	ResendInterval time.Duration
 
-	// RetryInterval is how long a relay waits after reading the outbox failed. Defaults to
-	// DefaultRetryInterval.
+	// MaxResendInterval bounds the delay of ResendInterval; it is at least ResendInterval.
+	// Defaults to DefaultMaxResendInterval.
+	MaxResendInterval time.Duration
+
+	// MaxAttempts is the delivery count at which a message that the destination keeps
+	// failing, while it accepts other messages, is given up: published to DeadLetterTopic
+	// with the reason, and acknowledged. Failures while the destination fails every message
+	// do not give a message up. Defaults to DefaultMaxAttempts.
+	MaxAttempts int
+
+	// Refused reports whether an error of Publisher says that publishing the message again
+	// cannot succeed: too large for the broker, invalid. Such a message is dead-lettered at
+	// its first failure. Defaults to processor.IsPermanent; a relay to NATS might add
+	// errors.Is(err, nats.ErrMaxPayload).
+	Refused func(err error) bool
+
+	// DeadLetterPublisher receives the messages given up, on DeadLetterTopic, with the
+	// headers of middleware.PublishDeadLetter (the reason, the destination topic in
+	// onceflow_dlq_topic, the delivery count) and, when it refuses them too, under a derived
+	// id and then without their payload: a dead letter is never refused for its own sake. The
+	// relay does not close it. Defaults to Publisher.
+	DeadLetterPublisher message.Publisher
+
+	// DeadLetterTopic is the topic of the messages given up. Defaults to
+	// DefaultDeadLetterTopic.
+	DeadLetterTopic string
+
+	// RetryInterval is how long a relay waits after reading the outbox failed, and before it
+	// listens for notifications again. Defaults to DefaultRetryInterval.
 	RetryInterval time.Duration
 
-	// AckDeadline bounds the time a message may take to be published, failed attempts
-	// included. When it passes, the relay commits the offset of the messages sent before it
-	// and starts a new batch with it. Defaults to DefaultAckDeadline.
+	// AckDeadline is the lease of a claimed message: a message not sent (nor given back)
+	// within it is claimed again, by any relay of the group, with its delivery count one
+	// higher. It bounds how long the messages of a relay that died wait, and must exceed the
+	// destination's longest publish. Defaults to DefaultAckDeadline.
 	AckDeadline time.Duration
 
 	// CloseTimeout bounds how long Close waits for the message being published. Defaults to
 	// DefaultCloseTimeout.
 	CloseTimeout time.Duration
+
+	// PurgeInterval is how often a relay deletes, in bounded batches, the messages that every
+	// consumer group of the outbox has sent (Outbox.Purge), in the turn of one process at a
+	// time. A negative interval disables it. Defaults to DefaultPurgeInterval.
+	PurgeInterval time.Duration
+
+	// PurgeBatchSize is the number of rows one DELETE of the purge removes at most. Defaults to
+	// DefaultPurgeBatchSize.
+	PurgeBatchSize int
 
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -107,12 +152,19 @@ func (c RelayConfig) Validate() error {
 	if c.BatchSize < 0 || c.BatchSize > maxBatchSize {
 		return fmt.Errorf("BatchSize: %d is outside 1..%d (0 selects the default)", c.BatchSize, maxBatchSize)
 	}
+	if c.MaxAttempts < 0 {
+		return fmt.Errorf("MaxAttempts: %d is negative (0 selects the default)", c.MaxAttempts)
+	}
+	if c.PurgeBatchSize < 0 {
+		return fmt.Errorf("PurgeBatchSize: %d is negative (0 selects the default)", c.PurgeBatchSize)
+	}
 	for _, d := range []struct {
 		name  string
 		value time.Duration
 	}{
 		{"PollInterval", c.PollInterval},
 		{"ResendInterval", c.ResendInterval},
+		{"MaxResendInterval", c.MaxResendInterval},
 		{"RetryInterval", c.RetryInterval},
 		{"AckDeadline", c.AckDeadline},
 		{"CloseTimeout", c.CloseTimeout},
@@ -121,40 +173,97 @@ func (c RelayConfig) Validate() error {
 			return fmt.Errorf("%s: %s is negative (0 selects the default)", d.name, d.value)
 		}
 	}
+	if c.AckDeadline > 0 && c.AckDeadline < time.Millisecond {
+		return fmt.Errorf("AckDeadline: %s is shorter than 1ms (0 selects the default)", c.AckDeadline)
+	}
 	return nil
 }
 
-// Relay sends the messages of an outbox to the destination broker, at least once, in the order
-// of the outbox, with their UUID, payload and metadata, and resumes where its consumer group
-// stopped. It is watermill's forwarder: the outbox rows are forwarder envelopes, read by a
-// watermill-sql subscriber in the consumer group (on SQLite, by a subscriber of the same
-// protocol that holds no write lock while it publishes), unwrapped, published to their topic,
-// and acknowledged once the publish returned nil.
+// withDefaults returns c, valid, with every zero field set to its default.
+func (c RelayConfig) withDefaults(table string) RelayConfig {
+	c.Table = table
+	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, DefaultConsumerGroup)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.ResendInterval = cmp.Or(c.ResendInterval, DefaultResendInterval)
+	if c.MaxResendInterval == 0 {
+		c.MaxResendInterval = max(DefaultMaxResendInterval, c.ResendInterval)
+	}
+	c.MaxResendInterval = max(c.MaxResendInterval, c.ResendInterval)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	if c.Refused == nil {
+		c.Refused = processor.IsPermanent
+	}
+	if c.DeadLetterPublisher == nil {
+		c.DeadLetterPublisher = c.Publisher
+	}
+	c.DeadLetterTopic = cmp.Or(c.DeadLetterTopic, DefaultDeadLetterTopic)
+	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
+	c.AckDeadline = cmp.Or(c.AckDeadline, DefaultAckDeadline)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
+	c.PurgeBatchSize = cmp.Or(c.PurgeBatchSize, DefaultPurgeBatchSize)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Relay sends the messages of an outbox to the destination broker, at least once, normally
+// once, with their UUID, payload and metadata.
 //
-// A message is recorded as sent (its offset committed) only after the destination publish
-// returned nil. A relay that dies between the two sends the message again when it, or another
-// relay of the group, next runs: the destination's consumers must deduplicate, which onceflow's
-// Deduplicate middleware does by message id. Relays of one group, on any number of nodes, take
-// turns (on the group's offsets row on PostgreSQL and MySQL, on a lock file on SQLite), so in
-// normal operation each message is sent once.
+// A relay is one consumer of its consumer group over the outbox's tables, which it reads as
+// onceflow's SQL queues read a topic (broker/sqlqueue on PostgreSQL and MySQL,
+// broker/sqlitequeue on SQLite): it claims up to BatchSize committed messages under leases,
+// in short transactions, and sends them one at a time. Any number of relays, on any nodes,
+// share the work: they claim different messages, and each message is sent by one of them
+// while its lease runs. A message is recorded as sent (its lease deleted) only after the
+// destination publish returned nil; a relay that dies between the two leaves the message to
+// the others once its lease (AckDeadline) passes, and it is sent again with the same UUID: the
+// destination's consumers must deduplicate, which onceflow's Deduplicate middleware does by
+// message id.
+//
+// A message whose publish fails is sent again after ResendInterval, doubled at each further
+// delivery, while the messages behind it go on. One that the destination keeps failing while
+// it accepts others (too large, invalid) is given up at its MaxAttempts-th delivery, at once
+// when Refused says so: it goes to DeadLetterTopic with the reason, and the relay goes on.
+// When the destination fails every message (two different messages in a row, nothing
+// accepted in between), the relay takes it to be down: it holds the message it has and
+// publishes it again, in place, after growing pauses, until the destination takes it; such
+// failures give no message up. It then goes on in order.
+//
+// Order: one relay sends the messages in the order of the outbox (the order their
+// transactions became visible), except those it had to send again, which come after the
+// ones behind them. Several relays send in parallel, in no particular order. Consumers that
+// need the order of a key get it from ExactlyOnceInOrder (package ordering), whose sequence
+// numbers are assigned in the producing transaction and which reorders by them: it does not
+// rely on the relay's order.
+//
+// A relay claims new messages as soon as it hears of a Publish, and looks again 1, 2, 4, ...
+// ms later until the Publish's transaction has committed: Outbox.Publish in this process tells
+// it directly, and on PostgreSQL it also listens for the notification that Publish sends
+// (Config.NotifyInTransaction). Relays in other processes find MySQL and SQLite messages at
+// their next poll (PollInterval). Every PurgeInterval, one relay of the outbox at a time
+// deletes what every consumer group has sent.
 type Relay struct {
 	cfg     RelayConfig
 	ob      *Outbox
 	logger  *slog.Logger
-	fwd     *forwarder.Forwarder
-	sub     *relaySubscriber
-	backoff *backoff
+	src     source
+	health  *health
+	handler string // the dead letters' handler header
 
-	routerCtx  context.Context
-	stopRouter context.CancelFunc
-	killSub    context.CancelFunc
+	published chan struct{} // the relay heard of a Publish (see wake.go)
+	received  atomic.Int64  // when the loop last took a message, in Unix nanoseconds
+	killed    atomic.Bool   // stop as a crash would: settle nothing more
 
-	mu      sync.Mutex
-	started bool          // Run was called
-	closed  bool          // Close (or kill) was called
-	stop    chan struct{} // closed by Close: Run stops the relay
-	done    chan struct{} // closed when Run returns
-	stopErr error         // of stopping the relay; set before done closes
+	mu       sync.Mutex
+	started  bool          // Run was called
+	closed   bool          // Close (or kill) was called
+	stop     chan struct{} // closed by Close: Run stops the relay
+	stopping chan struct{} // closed when the relay begins to stop
+	done     chan struct{} // closed when Run returns
+	stopErr  error         // of stopping the relay; set before done closes
 }
 
 // NewRelay returns a relay for cfg, or an error naming the first invalid field. It does not
@@ -167,99 +276,24 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Table = ob.table
-	cfg.ConsumerGroup = cmp.Or(cfg.ConsumerGroup, DefaultConsumerGroup)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
-	cfg.ResendInterval = cmp.Or(cfg.ResendInterval, DefaultResendInterval)
-	cfg.RetryInterval = cmp.Or(cfg.RetryInterval, DefaultRetryInterval)
-	cfg.AckDeadline = cmp.Or(cfg.AckDeadline, DefaultAckDeadline)
-	cfg.CloseTimeout = cmp.Or(cfg.CloseTimeout, DefaultCloseTimeout)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	logger := cfg.Logger.With("outbox", cfg.Table, "consumer_group", cfg.ConsumerGroup)
-	wlog := watermill.NewSlogLoggerWithLevelMapping(logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
-
-	bo := &backoff{poll: cfg.PollInterval, retry: cfg.RetryInterval, logger: logger}
-	schema, offsets := ob.d.schema(cfg.BatchSize), ob.d.offsets()
-	var inner message.Subscriber
-	if cfg.DB.Dialect == sqldb.SQLite {
-		messages, _ := ob.Tables()
-		inner = &sqliteSubscriber{
-			db:          cfg.DB.DB.DB,
-			schema:      schema,
-			offsets:     offsets,
-			group:       cfg.ConsumerGroup,
-			lockPath:    relayLockPath(cfg.DB.Path, messages, cfg.ConsumerGroup),
-			resend:      cfg.ResendInterval,
-			ackDeadline: cfg.AckDeadline,
-			backoff:     bo,
-			closing:     make(chan struct{}),
-		}
-	} else {
-		ackDeadline := cfg.AckDeadline
-		inner, err = wsql.NewSubscriber(cfg.DB.DB.DB, wsql.SubscriberConfig{
-			ConsumerGroup:    cfg.ConsumerGroup,
-			AckDeadline:      &ackDeadline,
-			PollInterval:     cfg.PollInterval,
-			ResendInterval:   cfg.ResendInterval,
-			RetryInterval:    cfg.RetryInterval,
-			BackoffManager:   bo,
-			SchemaAdapter:    schema,
-			OffsetsAdapter:   offsets,
-			InitializeSchema: false, // Migrate creates the tables
-		}, wlog)
-		if err != nil {
-			return nil, fmt.Errorf("outbox.NewRelay: %w", err)
-		}
-	}
-	subCtx, killSub := context.WithCancel(context.Background())
-	sub := newRelaySubscriber(inner, subCtx, cfg.CloseTimeout)
-	bo.ended = sub.signalMoved
-	fwd, err := forwarder.NewForwarder(sub, cfg.Publisher, wlog, forwarder.Config{
-		ForwarderTopic: cfg.Table,
-		CloseTimeout:   cfg.CloseTimeout,
-		Middlewares:    []message.HandlerMiddleware{withoutStack},
-	})
+	cfg = cfg.withDefaults(ob.table)
+	cfg.Logger = cfg.Logger.With("outbox", cfg.Table, "consumer_group", cfg.ConsumerGroup)
+	src, err := ob.d.newSource(cfg)
 	if err != nil {
-		killSub()
 		return nil, fmt.Errorf("outbox.NewRelay: %w", err)
 	}
-	routerCtx, stopRouter := context.WithCancel(context.Background())
 	return &Relay{
-		cfg:        cfg,
-		ob:         ob,
-		logger:     logger,
-		fwd:        fwd,
-		sub:        sub,
-		backoff:    bo,
-		routerCtx:  routerCtx,
-		stopRouter: stopRouter,
-		killSub:    killSub,
-		stop:       make(chan struct{}),
-		done:       make(chan struct{}),
+		cfg:       cfg,
+		ob:        ob,
+		logger:    cfg.Logger,
+		src:       src,
+		health:    newHealth(),
+		handler:   "outbox:" + cfg.Table,
+		published: make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		stopping:  make(chan struct{}),
+		done:      make(chan struct{}),
 	}, nil
-}
-
-// withoutStack replaces the forwarder's errors, which carry a github.com/pkg/errors stack
-// trace that the router would log in full at every retry, by their message, and names the
-// message and topic: the router's own log names the envelope, whose id is not the message's.
-func withoutStack(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		out, err := h(msg)
-		if err != nil {
-			var env struct {
-				Topic string `json:"destination_topic"`
-				UUID  string `json:"uuid"`
-			}
-			if json.Unmarshal(msg.Payload, &env) == nil && env.UUID != "" {
-				return out, fmt.Errorf("message %s for topic %q: %s", env.UUID, env.Topic, err.Error())
-			}
-			err = errors.New(err.Error())
-		}
-		return out, err
-	}
 }
 
 // Table returns the name of the outbox the relay sends.
@@ -268,11 +302,11 @@ func (r *Relay) Table() string { return r.cfg.Table }
 // ConsumerGroup returns the relay's consumer group.
 func (r *Relay) ConsumerGroup() string { return r.cfg.ConsumerGroup }
 
-// Run registers the relay's consumer group in the offsets table (offset 0 for a new group),
-// then sends messages until ctx ends or Close is called, and returns once the relay has
-// stopped as Close describes. It fails at once when the outbox tables are missing (run
-// Outbox.Migrate first). Run may be called once.
-func (r *Relay) Run(ctx context.Context) (err error) {
+// Run registers the relay's consumer group in the offsets table (at the start of the outbox
+// for a new group), then sends messages until ctx ends or Close is called, and returns once
+// the relay has stopped as Close describes. It fails at once when the outbox tables are
+// missing (run Outbox.Migrate first). Run may be called once.
+func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	switch {
 	case r.closed:
@@ -290,49 +324,103 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		r.release()
 		return err
 	}
-	r.logger.Info("outbox relay starting", "batch_size", r.cfg.BatchSize)
-	errCh := make(chan error, 1)
-	go func() { errCh <- r.fwd.Run(r.routerCtx) }()
-	select {
-	case <-r.fwd.Running():
-	case err := <-errCh:
-		// The router could not subscribe (or Close came first). It cannot be closed: it would
-		// wait for a handler that never started.
+	// The subscription ends only when the relay has stopped: its end gives back what is not
+	// sent and writes what is.
+	subCtx, endSub := context.WithCancel(context.Background())
+	defer endSub()
+	msgs, err := r.src.subscribe(subCtx)
+	if err != nil {
 		r.release()
-		if err == nil || errors.Is(err, ErrClosed) {
-			return nil
-		}
 		return fmt.Errorf("outbox: relay of %s: %w", r.cfg.Table, err)
 	}
+	helpers, stopHelpers := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	running.Go(func() { r.chase(helpers) })
+	if l, ok := r.ob.d.(listener); ok {
+		running.Go(func() { r.listen(helpers, l) })
+	}
+	if r.cfg.PurgeInterval > 0 {
+		running.Go(func() { r.purgeLoop(helpers) })
+	}
+	registerLocal(r)
+	r.logger.Info("outbox relay starting", "batch_size", r.cfg.BatchSize)
 
+	loopDone := make(chan struct{})
+	go func() {
+		defer close(loopDone)
+		r.loop(msgs)
+	}()
 	select {
-	case err := <-errCh: // the subscription ended: the relay was killed
-		r.release()
-		return err
 	case <-ctx.Done():
 	case <-r.stop:
+	case <-loopDone:
 	}
-	r.mu.Lock()
-	r.closed = true
-	r.mu.Unlock()
-	// The router would report the end of its subscription as an error unless its context has
-	// ended; the subscription itself does not depend on it.
-	r.stopRouter()
-	stopErr := errors.Join(r.sub.Close(), r.fwd.Close())
-	r.killSub()
-	if stopErr != nil {
-		stopErr = fmt.Errorf("outbox: stop relay of %s: %w", r.cfg.Table, stopErr)
+	r.beginStopping()
+	timer := time.NewTimer(r.cfg.CloseTimeout)
+	select {
+	case <-loopDone:
+	case <-timer.C:
+		r.logger.Warn("outbox relay: the message being published did not finish within the close timeout; the next relay sends it again", "close_timeout", r.cfg.CloseTimeout)
 	}
-	r.stopErr = stopErr
+	timer.Stop()
+	unregisterLocal(r)
+	stopHelpers()
+	running.Wait()
+	if err := r.src.close(); err != nil {
+		r.stopErr = fmt.Errorf("outbox: stop relay of %s: %w", r.cfg.Table, err)
+	}
 	r.logger.Info("outbox relay stopped")
-	return errors.Join(<-errCh, stopErr)
+	return r.stopErr
+}
+
+// loop sends the messages of the subscription, one at a time, until the relay stops.
+func (r *Relay) loop(msgs <-chan *message.Message) {
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.stopping:
+			return
+		case msg, ok := <-msgs:
+			if !ok {
+				return
+			}
+			r.received.Store(time.Now().UnixNano())
+			r.send(msg)
+		}
+	}
+}
+
+// beginStopping marks the relay closed and tells the loop to take no further message.
+func (r *Relay) beginStopping() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	select {
+	case <-r.stopping:
+	default:
+		close(r.stopping)
+	}
+}
+
+// isStopping reports whether the relay has been asked to stop, or has begun to.
+func (r *Relay) isStopping() bool {
+	select {
+	case <-r.stop:
+		return true
+	case <-r.stopping:
+		return true
+	default:
+		return false
+	}
 }
 
 // Close stops the relay: it publishes no further message, lets the publish in flight finish
-// (for at most CloseTimeout), commits the offset of the messages sent, and returns when the
-// relay has stopped. A message whose publish has not finished by then is sent again by the
-// next relay of the group. Close does not close the destination publisher. It is safe to call
-// more than once, concurrently with Run, and before Run.
+// (for at most CloseTimeout), writes the acknowledgements of the messages sent, gives back
+// the others to the group at once, and returns when the relay has stopped. A message whose
+// publish has not finished by then is sent again by the next relay of the group. Close does
+// not close the destination publisher. It is safe to call more than once, concurrently with
+// Run, and before Run.
 func (r *Relay) Close() error {
 	r.mu.Lock()
 	if !r.closed {
@@ -349,15 +437,10 @@ func (r *Relay) Close() error {
 	return r.stopErr
 }
 
-// release frees what a relay whose router is not running holds.
+// release frees what a relay that is not running holds.
 func (r *Relay) release() {
-	r.mu.Lock()
-	r.closed = true
-	r.mu.Unlock()
-	r.sub.halt()
-	r.stopRouter()
-	_ = r.sub.Close()
-	r.killSub()
+	r.beginStopping()
+	_ = r.src.close()
 }
 
 // checkTables fails when one of the outbox's tables is missing.
@@ -375,15 +458,16 @@ func (r *Relay) checkTables(ctx context.Context) error {
 	return nil
 }
 
-// kill stops the relay as a crash would: the batch's transaction rolls back, and every message
-// sent in it is sent again by the next relay.
+// kill stops the relay as a crash would: the message being published is not recorded as
+// sent, whatever the destination answers, and is sent again by the next relay.
 func (r *Relay) kill() {
+	r.killed.Store(true)
 	r.mu.Lock()
-	r.closed = true
-	r.mu.Unlock()
-	r.sub.halt()
-	r.stopRouter()
-	r.killSub()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.closed = true
+		close(r.stop)
+	}
 }
 
 // Stats returns the backlog and lag of the relay's consumer group; see Outbox.Stats.

@@ -203,6 +203,29 @@ func (q *Queue) Close() error {
 	return errors.Join(errs...)
 }
 
+// CreateTables creates topic's tables (messages, offsets and leases) when they are missing,
+// without recording a consumer group: for a migration that runs before any consumer of the
+// topic, such as that of onceflow's outbox, whose SQLite tables are a queue topic's. It is
+// harmless to repeat.
+func (q *Queue) CreateTables(ctx context.Context, topic string) error {
+	if err := CheckTopic(topic); err != nil {
+		return err
+	}
+	err := q.write(ctx, func(tx *sql.Tx) error { return q.createTables(ctx, tx, topic) })
+	if err != nil {
+		return fmt.Errorf("sqlitequeue: %w", err)
+	}
+	q.tablesCreated(topic)
+	return nil
+}
+
+// Wake makes this process's idle subscriptions of topic, over the queue's file, look for
+// messages at once rather than at their next poll. A Publisher of the queue does that itself;
+// call Wake when messages reach the topic's tables by other means, such as a transaction of
+// the application that writes them (onceflow's outbox). A Wake with nothing to claim costs
+// each woken subscription one look, which takes no lock.
+func (q *Queue) Wake(topic string) { q.store.published(topic) }
+
 // createTables creates topic's tables in tx unless this Queue has seen them before. It does
 // not remember them: tx may roll back. Callers call tablesCreated after a commit.
 func (q *Queue) createTables(ctx context.Context, tx *sql.Tx, topic string) error {

@@ -568,3 +568,27 @@ func uuidsOf(records []sqlitequeue.Record) []string {
 	}
 	return out
 }
+
+// Messages that reach a topic's tables without the queue's Publisher (a transaction of the
+// application, as the outbox writes) are claimed by an idle subscription as soon as Wake is
+// called, not at its next poll.
+func TestQueue_WakeMakesAnIdleSubscriptionLookAtOnce(t *testing.T) {
+	t.Parallel()
+	q := setup(t, sqlitequeue.Config{PollInterval: time.Hour})
+	ctx := context.Background()
+	require.NoError(t, q.CreateTables(ctx, "orders"))
+	require.NoError(t, q.CreateTables(ctx, "orders"), "CreateTables is harmless to repeat")
+	var groups int
+	require.NoError(t, q.DB().Get(&groups, `SELECT COUNT(*) FROM onceflow_offsets_orders`))
+	require.Zero(t, groups, "CreateTables records no consumer group")
+
+	msgs := subscribe(t, q, ctx, "orders")
+	requireNothing(t, msgs, 100*time.Millisecond) // the first look found nothing
+	_, err := q.DB().Exec(`INSERT INTO onceflow_queue_orders (uuid, payload, metadata) VALUES ('m-1', 'x', '{}')`)
+	require.NoError(t, err)
+	requireNothing(t, msgs, 100*time.Millisecond)
+	q.Wake("orders")
+	m := receive(t, msgs, 5*time.Second)
+	require.Equal(t, "m-1", m.UUID)
+	m.Ack()
+}

@@ -90,10 +90,16 @@ func (s *subscription) run() {
 		handing   bool      // a claimed batch is being handed out
 		nextClaim time.Time // no claim before (after an empty claim or an error)
 		flushBy   time.Time // commit the pending settlements by then
+		// woken is closed when messages are published to the topic or Wake is called. It is
+		// taken before a round, so that a wake-up during the round is not missed.
+		woken <-chan struct{}
 	)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for s.ctx.Err() == nil {
+		if woken == nil {
+			woken = s.q.store.woken(s.topic)
+		}
 		now := time.Now()
 		room := s.window - len(s.inflight)
 		canClaim := room > 0 && !handing
@@ -139,7 +145,7 @@ func (s *subscription) run() {
 		}
 		var published <-chan struct{}
 		if canClaim {
-			published = s.q.store.woken(s.topic)
+			published = woken
 		}
 		select {
 		case e := <-s.events:
@@ -150,7 +156,7 @@ func (s *subscription) run() {
 		case <-s.handed:
 			handing = false
 		case <-published:
-			nextClaim = time.Time{}
+			nextClaim, woken = time.Time{}, nil
 		case <-timeout:
 		case <-s.ctx.Done():
 		}

@@ -61,6 +61,13 @@ type Config struct {
 
 	// Logger receives the subscribers' logs. Defaults to no logging.
 	Logger watermill.LoggerAdapter
+
+	// Tables names the tables of a topic, for tables laid out as the queue's but named
+	// otherwise (onceflow's transactional outbox keeps its messages so). Every name must be 1
+	// to 63 bytes without quote characters; the topic is then only a key, not limited to
+	// MaxTopic. Nil, the default, selects DefaultTables, the names that watermill-sql's
+	// publishers and subscribers use.
+	Tables func(topic string) Tables
 }
 
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.

@@ -11,7 +11,8 @@
 // Beside them, "onceflow_leases_<topic>" has one row per message that a group has handed out
 // and not yet acknowledged: (consumer_group, offset, deliveries, visible_at), and on
 // PostgreSQL the message's transaction id. Topics are at most MaxTopic bytes, so that every
-// name fits the identifier limits.
+// name fits the identifier limits. Config.Tables names the tables otherwise, for tables of the
+// same layout that belong to something else (onceflow's transactional outbox).
 //
 // A group's row in the offsets table is its cursor: every message at or below it has been
 // acknowledged or is leased. A database written by watermill-sql's own subscriber is read as it
@@ -44,6 +45,9 @@
 //     SIGKILL included: they come back after AckTimeout.
 //   - Close writes the acknowledgements and nacks given before it, and gives back the
 //     unsettled leases at once.
+//
+// An idle subscription looks for new messages every Config.PollInterval; Queue.Wake makes it
+// look at once, for a caller that learns of a commit sooner (a PostgreSQL notification).
 //
 // Delivery is at least once: a message whose acknowledgement was not written before its lease
 // passed, or before its consumer died, comes again, and onceflow's deduplication absorbs it.

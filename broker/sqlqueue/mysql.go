@@ -21,17 +21,24 @@ import (
 // waited for, not skipped, as watermill-sql's SERIALIZABLE subscribe does. Claims run at READ
 // COMMITTED, where InnoDB locks the rows it reads and not the gaps between them, so publishers
 // are never held up by a claim. FOR UPDATE SKIP LOCKED needs MySQL 8.0 or MariaDB 10.6.
-type mysql struct{}
-
-type myTables struct{ messages, offsets, leases string }
-
-func (mysql) tables(topic string) myTables {
-	q := func(name string) string { return "`" + name + "`" }
-	return myTables{messages: q(messagesPrefix + topic), offsets: q(offsetsPrefix + topic), leases: q(leasesPrefix + topic)}
+type mysql struct {
+	names func(topic string) Tables
 }
 
-func (mysql) messagesSchema() wsql.SchemaAdapter {
-	return wsql.DefaultMySQLSchema{GeneratePayloadType: func(string) string { return "LONGBLOB" }}
+// myTables are the quoted names of a topic's tables.
+type myTables struct{ messages, offsets, leases string }
+
+func (m mysql) tables(topic string) myTables {
+	q := func(name string) string { return "`" + name + "`" }
+	n := m.names(topic)
+	return myTables{messages: q(n.Messages), offsets: q(n.Offsets), leases: q(n.Leases)}
+}
+
+func (m mysql) messagesSchema() wsql.SchemaAdapter {
+	return wsql.DefaultMySQLSchema{
+		GenerateMessagesTableName: func(topic string) string { return m.tables(topic).messages },
+		GeneratePayloadType:       func(string) string { return "LONGBLOB" },
+	}
 }
 
 func (m mysql) schema(topic string) []string {
@@ -40,7 +47,8 @@ func (m mysql) schema(topic string) []string {
 	for _, q := range m.messagesSchema().SchemaInitializingQueries(topic) {
 		out = append(out, q.Query)
 	}
-	for _, q := range (wsql.DefaultMySQLOffsetsAdapter{}).SchemaInitializingQueries(topic) {
+	offsets := wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return t.offsets }}
+	for _, q := range offsets.SchemaInitializingQueries(topic) {
 		out = append(out, q.Query)
 	}
 	return append(out, "CREATE TABLE IF NOT EXISTS "+t.leases+` (
@@ -232,25 +240,25 @@ func (m mysql) settle(ctx context.Context, db *sql.DB, topic, group string, b *b
 }
 
 func (m mysql) waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error) {
-	t := m.tables(topic)
+	t, n := m.tables(topic), m.names(topic)
 	have, err := m.existing(ctx, db, topic)
 	if err != nil {
 		return nil, err
 	}
-	if !have[messagesPrefix+topic] {
+	if !have[n.Messages] {
 		return nil, nil
 	}
 	cursor := "0"
-	if have[offsetsPrefix+topic] {
+	if have[n.Offsets] {
 		cursor = "COALESCE((SELECT offset_acked FROM " + t.offsets + " WHERE consumer_group = ?), 0)"
 	}
 	// Leases are at or below the cursor: ordering the union by offset lists them first.
 	query := "SELECT `offset`, 0 AS deliveries, 0 AS leased, `uuid`, `payload`, `metadata` FROM " + t.messages + " WHERE `offset` > " + cursor
 	var args []any
-	if have[offsetsPrefix+topic] {
+	if have[n.Offsets] {
 		args = append(args, group)
 	}
-	if have[leasesPrefix+topic] {
+	if have[n.Leases] {
 		query += " UNION ALL SELECT m.`offset`, l.deliveries, 1, m.`uuid`, m.`payload`, m.`metadata` FROM " + t.leases + " l JOIN " +
 			t.messages + " m ON m.`offset` = l.`offset` WHERE l.consumer_group = ?"
 		args = append(args, group)
@@ -266,8 +274,9 @@ func (m mysql) waiting(ctx context.Context, db *sql.DB, topic, group string, lim
 
 // existing returns which of the topic's tables exist.
 func (m mysql) existing(ctx context.Context, db *sql.DB, topic string) (map[string]bool, error) {
+	n := m.names(topic)
 	rows, err := db.QueryContext(ctx, "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?)",
-		messagesPrefix+topic, offsetsPrefix+topic, leasesPrefix+topic)
+		n.Messages, n.Offsets, n.Leases)
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +299,7 @@ func (m mysql) remove(ctx context.Context, db *sql.DB, topic string, r row) erro
 		return err
 	}
 	return inTx(ctx, db, func(tx *sql.Tx) error {
-		if have[leasesPrefix+topic] {
+		if have[m.names(topic).Leases] {
 			// The message goes for every group: its leases go with it.
 			if _, err := tx.ExecContext(ctx, "DELETE FROM "+t.leases+" WHERE `offset` = ?", r.offset); err != nil {
 				return err

@@ -26,23 +26,25 @@ import (
 // default isolation, read committed. Under a stricter default (default_transaction_isolation)
 // concurrent claims of one group fail with serialization errors now and then, and are run
 // again.
-type postgres struct{}
-
-type pgTables struct{ messages, offsets, leases, dueIndex string }
-
-func (postgres) tables(topic string) pgTables {
-	q := func(name string) string { return `"` + name + `"` }
-	return pgTables{
-		messages: q(messagesPrefix + topic),
-		offsets:  q(offsetsPrefix + topic),
-		leases:   q(leasesPrefix + topic),
-		dueIndex: q(dueIndexPrefix + topic),
-	}
+type postgres struct {
+	names func(topic string) Tables
 }
 
-func (postgres) messagesSchema() wsql.SchemaAdapter {
+// pgTables are the quoted names of a topic's tables.
+type pgTables struct{ messages, offsets, leases, dueIndex string }
+
+func (p postgres) tables(topic string) pgTables {
+	q := func(name string) string { return `"` + name + `"` }
+	n := p.names(topic)
+	return pgTables{messages: q(n.Messages), offsets: q(n.Offsets), leases: q(n.Leases), dueIndex: q(n.DueIndex)}
+}
+
+func (p postgres) messagesSchema() wsql.SchemaAdapter {
 	// The default payload type, JSON, refuses payloads that are not JSON.
-	return wsql.DefaultPostgreSQLSchema{GeneratePayloadType: func(string) string { return "BYTEA" }}
+	return wsql.DefaultPostgreSQLSchema{
+		GenerateMessagesTableName: func(topic string) string { return p.tables(topic).messages },
+		GeneratePayloadType:       func(string) string { return "BYTEA" },
+	}
 }
 
 func (p postgres) schema(topic string) []string {
@@ -51,7 +53,8 @@ func (p postgres) schema(topic string) []string {
 	for _, q := range p.messagesSchema().SchemaInitializingQueries(topic) {
 		out = append(out, q.Query)
 	}
-	for _, q := range (wsql.DefaultPostgreSQLOffsetsAdapter{}).SchemaInitializingQueries(topic) {
+	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return t.offsets }}
+	for _, q := range offsets.SchemaInitializingQueries(topic) {
 		out = append(out, q.Query)
 	}
 	return append(out, `CREATE TABLE IF NOT EXISTS `+t.leases+` (

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,8 +39,52 @@ const MaxUUID = 36
 // topicPattern is what watermill-sql accepts in a topic: table names are made from it.
 var topicPattern = regexp.MustCompile(`^[A-Za-z0-9\-$:._]+$`)
 
-// CheckTopic reports whether topic can name a queue: letters, digits and - $ : . _, at most
-// MaxTopic bytes.
+// maxIdentifier is the longest table or index name: PostgreSQL's limit (MySQL's is 64).
+const maxIdentifier = 63
+
+// Tables names the tables of one topic, unquoted.
+type Tables struct {
+	// Messages is the messages table, laid out as watermill-sql's schema of the dialect lays
+	// it out: an increasing offset, uuid, payload, metadata (and on PostgreSQL the id of the
+	// writing transaction).
+	Messages string
+	// Offsets has one row per consumer group, its cursor, laid out as watermill-sql's offsets
+	// adapter of the dialect lays it out.
+	Offsets string
+	// Leases has one row per message a group has handed out and not acknowledged.
+	Leases string
+	// DueIndex names the PostgreSQL index of due leases, an identifier of the schema as tables
+	// are. MySQL names indexes per table and does not use it.
+	DueIndex string
+}
+
+// DefaultTables returns the tables of topic by the queue's default names, watermill-sql's
+// for the messages and offsets: "watermill_<topic>", "watermill_offsets_<topic>",
+// "onceflow_leases_<topic>" and the index "onceflow_due_<topic>".
+func DefaultTables(topic string) Tables {
+	return Tables{
+		Messages: messagesPrefix + topic,
+		Offsets:  offsetsPrefix + topic,
+		Leases:   leasesPrefix + topic,
+		DueIndex: dueIndexPrefix + topic,
+	}
+}
+
+// check reports the first name of t that cannot name a table: empty, longer than 63 bytes,
+// or with a quote character.
+func (t Tables) check() error {
+	for _, n := range []struct{ field, name string }{
+		{"Messages", t.Messages}, {"Offsets", t.Offsets}, {"Leases", t.Leases}, {"DueIndex", t.DueIndex},
+	} {
+		if n.name == "" || len(n.name) > maxIdentifier || strings.ContainsAny(n.name, "\"`\x00") {
+			return fmt.Errorf("table name %s %q: want 1 to %d bytes without quotes", n.field, n.name, maxIdentifier)
+		}
+	}
+	return nil
+}
+
+// CheckTopic reports whether topic can name a queue with the default table names: letters,
+// digits and - $ : . _, at most MaxTopic bytes.
 func CheckTopic(topic string) error {
 	if !topicPattern.MatchString(topic) {
 		return fmt.Errorf("topic %q: an SQL queue topic may contain only letters, digits and - $ : . _", topic)
@@ -63,6 +108,9 @@ type Queue struct {
 
 	mu    sync.Mutex
 	ready map[string]bool // topics whose tables and group row exist
+
+	wakeMu sync.Mutex
+	wake   map[string]chan struct{} // per topic: closed by Wake
 }
 
 // New returns the queue in db, whose dialect is d (sqldb.Postgres or sqldb.MySQL), for the
@@ -75,12 +123,16 @@ func New(db *sql.DB, d sqldb.Dialect, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	q := &Queue{db: db, cfg: cfg.withDefaults(), ready: map[string]bool{}}
+	q := &Queue{db: db, cfg: cfg.withDefaults(), ready: map[string]bool{}, wake: map[string]chan struct{}{}}
+	names := q.cfg.Tables
+	if names == nil {
+		names = DefaultTables
+	}
 	switch d {
 	case sqldb.Postgres:
-		q.d = postgres{}
+		q.d = postgres{names: names}
 	case sqldb.MySQL:
-		q.d = mysql{}
+		q.d = mysql{names: names}
 	default:
 		return nil, fmt.Errorf("sqlqueue: dialect %q: the SQL queue supports postgres and mysql", d)
 	}
@@ -105,33 +157,91 @@ func (q *Queue) NewPublisher() (*wsql.Publisher, error) {
 // per Queue and topic. Tables of an existing topic are left as they are: the group's
 // acknowledged offset becomes its cursor, with no leases.
 func (q *Queue) EnsureTopic(ctx context.Context, topic string) error {
-	if err := CheckTopic(topic); err != nil {
-		return fmt.Errorf("sqlqueue: %w", err)
+	if err := q.checkTopic(topic); err != nil {
+		return err
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.ready[topic] {
 		return nil
 	}
-	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		// Two concurrent CREATE TABLE IF NOT EXISTS of one table can fail on PostgreSQL with a
-		// unique violation: the other one won, run again.
-		if err = q.createTables(ctx, topic); err == nil {
-			break
-		}
-		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict {
-			break
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
+	if err := q.createTablesRetrying(ctx, topic); err != nil {
+		return err
 	}
 	if err := q.d.addGroup(ctx, q.db, topic, q.cfg.ConsumerGroup); err != nil {
 		return fmt.Errorf("sqlqueue: create consumer group %q of topic %q: %w", q.cfg.ConsumerGroup, topic, err)
 	}
 	q.ready[topic] = true
 	return nil
+}
+
+// CreateTables creates the tables of topic that do not exist, as EnsureTopic does, without
+// creating the consumer group's cursor row: for a migration that runs before any consumer of
+// the topic. It is harmless to repeat and safe to run from several processes at once.
+func (q *Queue) CreateTables(ctx context.Context, topic string) error {
+	if err := q.checkTopic(topic); err != nil {
+		return err
+	}
+	return q.createTablesRetrying(ctx, topic)
+}
+
+func (q *Queue) createTablesRetrying(ctx context.Context, topic string) error {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		// Two concurrent CREATE TABLE IF NOT EXISTS of one table can fail on PostgreSQL with a
+		// unique violation: the other one won, run again.
+		if err = q.createTables(ctx, topic); err == nil {
+			return nil
+		}
+		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict {
+			break
+		}
+	}
+	return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
+}
+
+// checkTopic reports whether topic can name a queue: CheckTopic with the default table names,
+// the names of Config.Tables otherwise.
+func (q *Queue) checkTopic(topic string) error {
+	if q.cfg.Tables == nil {
+		if err := CheckTopic(topic); err != nil {
+			return fmt.Errorf("sqlqueue: %w", err)
+		}
+		return nil
+	}
+	if topic == "" {
+		return errors.New("sqlqueue: the topic is empty")
+	}
+	if err := q.cfg.Tables(topic).check(); err != nil {
+		return fmt.Errorf("sqlqueue: topic %q: %w", topic, err)
+	}
+	return nil
+}
+
+// Wake makes the subscriptions of topic that this Queue's Subscribers run, and that are idle,
+// look for messages at once rather than at their next poll. Call it when something outside
+// the Queue learns that messages were committed to the topic: a PostgreSQL notification sent
+// at the commit, a writer of the same process. A Wake with nothing to claim costs each woken
+// subscription one look.
+func (q *Queue) Wake(topic string) {
+	q.wakeMu.Lock()
+	defer q.wakeMu.Unlock()
+	if ch, ok := q.wake[topic]; ok {
+		close(ch)
+		delete(q.wake, topic)
+	}
+}
+
+// woken returns a channel that the next Wake of topic closes.
+func (q *Queue) woken(topic string) <-chan struct{} {
+	q.wakeMu.Lock()
+	defer q.wakeMu.Unlock()
+	ch, ok := q.wake[topic]
+	if !ok {
+		ch = make(chan struct{})
+		q.wake[topic] = ch
+	}
+	return ch
 }
 
 func (q *Queue) createTables(ctx context.Context, topic string) error {
@@ -143,8 +253,9 @@ func (q *Queue) createTables(ctx context.Context, topic string) error {
 	return nil
 }
 
-// dialect is the SQL of one database family over one topic's tables. Topics are checked by
-// CheckTopic before they reach it: they contain no quote.
+// dialect is the SQL of one database family over one topic's tables, named by Config.Tables.
+// Topics are checked by Queue.checkTopic before they reach it: their table names contain no
+// quote.
 type dialect interface {
 	// messagesSchema is watermill-sql's schema of the messages tables.
 	messagesSchema() wsql.SchemaAdapter

@@ -108,3 +108,59 @@ func TestSubscriber_ForeignMetadataIsDeliveredAsStrings(t *testing.T) {
 		}
 	})
 }
+
+// A queue whose tables are named by Config.Tables keeps its messages, cursor and leases there,
+// and a topic longer than MaxTopic is only a key.
+func TestQueue_TablesNamedByConfig(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		base := topic()
+		names := func(tp string) sqlqueue.Tables {
+			return sqlqueue.Tables{Messages: base + "_m", Offsets: base + "_o", Leases: base + "_l", DueIndex: base + "_d"}
+		}
+		cfg := sqlqueue.Config{Tables: names}
+		q := e.queue(cfg)
+		long := strings.Repeat("k", sqlqueue.MaxTopic+10)
+		require.NoError(t, q.CreateTables(ctx, long))
+		var groups int
+		require.NoError(t, e.db.Get(&groups, `SELECT COUNT(*) FROM `+e.quote(base+"_o")))
+		require.Zero(t, groups, "CreateTables registers no consumer group")
+
+		id := e.publish(q, long, "m", 1)[0]
+		_, ch := e.subscribe(q, long)
+		m := receive(t, ch)
+		require.Equal(t, id, m.UUID)
+		var leases int
+		require.NoError(t, e.db.Get(&leases, `SELECT COUNT(*) FROM `+e.quote(base+"_l")))
+		require.Equal(t, 1, leases)
+		m.Ack()
+
+		bad := sqlqueue.Config{Tables: func(string) sqlqueue.Tables {
+			return sqlqueue.Tables{Messages: `a"b`, Offsets: "o", Leases: "l", DueIndex: "d"}
+		}}
+		require.ErrorContains(t, e.queue(bad).CreateTables(ctx, "x"), `table name Messages "a\"b"`)
+	})
+}
+
+// An idle subscription that is woken claims at once, not at its next poll.
+func TestQueue_WakeMakesAnIdleSubscriptionClaimAtOnce(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		tp := topic()
+		q := e.queue(sqlqueue.Config{PollInterval: time.Hour})
+		_, ch := e.subscribe(q, tp)
+		// Let the subscription's first claim find nothing and go to sleep.
+		requireNothing(t, ch, 200*time.Millisecond)
+		id := e.publish(q, tp, "m", 1)[0]
+		requireNothing(t, ch, 200*time.Millisecond)
+		q.Wake(tp)
+		select {
+		case m := <-ch:
+			require.Equal(t, id, m.UUID)
+			m.Ack()
+		case <-time.After(10 * time.Second):
+			t.Fatal("the woken subscription did not claim the message")
+		}
+	})
+}

@@ -236,6 +236,8 @@ func (sub *subscription) run() {
 		if room == 0 {
 			return
 		}
+		// Taken before the claim, so that a Wake during the claim is not missed.
+		woken := sub.s.q.woken(sub.topic)
 		n, err := sub.claim(room, &st)
 		if sub.claimCtx.Err() != nil {
 			return
@@ -244,6 +246,7 @@ func (sub *subscription) run() {
 		switch {
 		case err != nil:
 			st.busy = false
+			woken = nil // after a failure, wait out the interval
 			if sqldb.Classify(err) == sqldb.Conflict {
 				sub.log.Debug("claim conflicted with another consumer; claiming again", watermill.LogFields{"err": err.Error()})
 			} else {
@@ -259,6 +262,7 @@ func (sub *subscription) run() {
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
+		case <-woken:
 		case <-sub.claimCtx.Done():
 		}
 		t.Stop()
