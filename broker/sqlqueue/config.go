@@ -15,6 +15,7 @@ const (
 	DefaultPollInterval  = 50 * time.Millisecond
 	DefaultRetryInterval = time.Second
 	DefaultCloseTimeout  = 5 * time.Second
+	DefaultGapWait       = 2 * time.Second
 )
 
 // MaxPrefetch bounds Config.Prefetch: each delivery in flight holds a lease row and a
@@ -59,6 +60,16 @@ type Config struct {
 	// written by then waits for its lease to expire. Defaults to DefaultCloseTimeout.
 	CloseTimeout time.Duration
 
+	// GapWait is, on MySQL and MariaDB, how long a missing offset holds back the messages
+	// after it. An AUTO_INCREMENT offset is allocated before its row is written, so a message
+	// can appear after a higher one; a claim hands out only consecutive offsets after the
+	// cursor, and passes a gap once the message after it is GapWait old: the offset then
+	// belongs to a publish that rolled back (or a message that was removed). Only messages
+	// behind such a gap wait. Defaults to DefaultGapWait. The table's created_at keeps whole
+	// seconds, so a gap is passed up to a second before GapWait is up: keep it above a
+	// second. Unused on PostgreSQL, which orders by transaction instead.
+	GapWait time.Duration
+
 	// Logger receives the subscribers' logs. Defaults to no logging.
 	Logger watermill.LoggerAdapter
 
@@ -87,6 +98,7 @@ func (c Config) Validate() error {
 		{"PollInterval", c.PollInterval},
 		{"RetryInterval", c.RetryInterval},
 		{"CloseTimeout", c.CloseTimeout},
+		{"GapWait", c.GapWait},
 	} {
 		if d.value < 0 {
 			return fmt.Errorf("sqlqueue: Config.%s: %s is negative", d.name, d.value)
@@ -114,6 +126,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.GapWait == 0 {
+		c.GapWait = DefaultGapWait
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}

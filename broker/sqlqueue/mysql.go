@@ -23,6 +23,8 @@ import (
 // are never held up by a claim. FOR UPDATE SKIP LOCKED needs MySQL 8.0 or MariaDB 10.6.
 type mysql struct {
 	names func(topic string) Tables
+	// gapWait is Config.GapWait.
+	gapWait time.Duration
 }
 
 // myTables are the quoted names of a topic's tables.
@@ -149,18 +151,25 @@ func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n 
 			return err
 		}
 		// The locking read waits for a lower offset that a running transaction inserted, so
-		// that the cursor never passes a message that commits later.
-		rows, err := tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.messages+
-			" WHERE `offset` > ? ORDER BY `offset` LIMIT ? LOCK IN SHARE MODE", cursor, n)
+		// that the cursor never passes a message that commits later. An offset allocated and
+		// not yet written is not there to wait for: only consecutive offsets are taken, and a
+		// gap is passed once the message after it is gapWait old (see Config.GapWait).
+		rows, err := tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata`, "+
+			"`created_at` <= NOW(6) - INTERVAL ? MICROSECOND FROM "+t.messages+
+			" WHERE `offset` > ? ORDER BY `offset` LIMIT ? LOCK IN SHARE MODE", micros(m.gapWait), cursor, n)
 		if err != nil {
 			return err
 		}
 		batch, err := scanRows(rows, true, func(r *row) []any {
 			r.deliveries = 1
-			return []any{&r.offset, &r.uuid, &r.payload, &r.metadata}
+			return []any{&r.offset, &r.uuid, &r.payload, &r.metadata, &r.settled}
 		})
-		if err != nil || len(batch) == 0 {
+		if err != nil {
 			return err
+		}
+		batch = consecutive(batch, cursor)
+		if len(batch) == 0 {
+			return nil
 		}
 		values := make([]string, len(batch))
 		args := make([]any, 0, 3*len(batch))
@@ -308,6 +317,20 @@ func (m mysql) remove(ctx context.Context, db *sql.DB, topic string, r row) erro
 		_, err := tx.ExecContext(ctx, "DELETE FROM "+t.messages+" WHERE `offset` = ?", r.offset)
 		return err
 	})
+}
+
+// consecutive returns the rows of batch (in offset order) that follow cursor without a gap,
+// except a gap before a settled row: one old enough that the missing offsets will not appear
+// any more. (created_at is compared in the session's time zone, as a TIMESTAMP column is.)
+func consecutive(batch []row, cursor int64) []row {
+	next := cursor + 1
+	for i, r := range batch {
+		if r.offset != next && !r.settled {
+			return batch[:i]
+		}
+		next = r.offset + 1
+	}
+	return batch
 }
 
 // marks returns "(?, ?, ...)" with n placeholders.

@@ -132,7 +132,7 @@ func New(db *sql.DB, d sqldb.Dialect, cfg Config) (*Queue, error) {
 	case sqldb.Postgres:
 		q.d = postgres{names: names}
 	case sqldb.MySQL:
-		q.d = mysql{names: names}
+		q.d = mysql{names: names, gapWait: q.cfg.GapWait}
 	default:
 		return nil, fmt.Errorf("sqlqueue: dialect %q: the SQL queue supports postgres and mysql", d)
 	}
@@ -189,15 +189,26 @@ func (q *Queue) createTablesRetrying(ctx context.Context, topic string) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		// Two concurrent CREATE TABLE IF NOT EXISTS of one table can fail on PostgreSQL with a
-		// unique violation: the other one won, run again.
+		// unique violation or an object that already exists: the other one won, run again.
 		if err = q.createTables(ctx, topic); err == nil {
 			return nil
 		}
-		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict {
+		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict && !alreadyExists(err) {
 			break
 		}
 	}
 	return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
+}
+
+// alreadyExists reports whether err is PostgreSQL's duplicate_table or duplicate_object: a
+// concurrent CREATE ... IF NOT EXISTS created the same table, index or type first.
+func alreadyExists(err error) bool {
+	var state interface{ SQLState() string }
+	if !errors.As(err, &state) {
+		return false
+	}
+	code := state.SQLState()
+	return code == "42P07" || code == "42710"
 }
 
 // checkTopic reports whether topic can name a queue: CheckTopic with the default table names,
@@ -294,6 +305,9 @@ type row struct {
 	orphan            bool
 	uuid              string
 	payload, metadata []byte
+	// settled marks, on MySQL, a new message old enough that a gap before it is a publish
+	// that rolled back (Config.GapWait).
+	settled bool
 }
 
 // leaseRef names one lease as one delivery knows it: a lease claimed again since carries a
