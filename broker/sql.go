@@ -9,6 +9,8 @@ import (
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
 )
 
 // openSQL opens the queue in a PostgreSQL or MySQL/MariaDB database: watermill-sql's publisher

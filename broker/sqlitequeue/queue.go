@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 // ErrClosed is returned by the methods of a closed Queue, and by Publish on a closed Publisher.

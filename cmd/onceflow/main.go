@@ -12,6 +12,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	// The command opens databases of every dialect.
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 func main() {

@@ -23,6 +23,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 func main() {
