@@ -11,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
 	"github.com/onceflow/onceflow/processor"
 )
@@ -59,6 +60,13 @@ const (
 // as in any URL (%40 for '@', %2F for '/', %3F for '?', %23 for '#', %25 for '%'). The
 // packages of the drivers say how they read the rest of the URL.
 //
+// Every connect to a PostgreSQL or MySQL server, from the TCP dial to the end of the handshake
+// and authentication, Open's own and every later one of the pool, is bounded by the
+// connect_timeout query parameter, a Go duration (300ms, 10s) or whole seconds as libpq writes
+// it (10), which defaults to DefaultConnectTimeout; connect_timeout=0 waits without limit.
+// Open reads the parameter and does not pass it on to the driver; an SQLite URL, which names
+// a local file, ignores it. When ctx ends first, it ends the wait.
+//
 // The pool keeps up to DefaultMaxIdleConns idle connections, each for at most
 // DefaultConnMaxIdleTime; SetMaxIdleConns and SetConnMaxIdleTime change that.
 //
@@ -70,15 +78,26 @@ func Open(ctx context.Context, rawURL string) (*DB, error) {
 	}
 	// The drivers' errors may echo the credentials they were given.
 	secrets := redact.Secrets(rawURL)
-	sdb, err := sql.Open(t.driver.DriverName, t.dsn)
+	connector, err := connectorOf(t.driver.DriverName, t.dsn)
 	if err != nil {
 		return nil, redact.Error(fmt.Errorf("open %s: %w", t.redacted, err), secrets)
 	}
+	if t.connectTimeout > 0 {
+		connector = boundedConnector{Connector: connector, timeout: t.connectTimeout}
+	}
+	sdb := sql.OpenDB(connector)
 	sdb.SetMaxIdleConns(DefaultMaxIdleConns)
 	sdb.SetConnMaxIdleTime(DefaultConnMaxIdleTime)
 	db := &DB{DB: sqlx.NewDb(sdb, t.driver.DriverName), Dialect: t.driver.Dialect, Path: t.path, redacted: t.redacted}
-	if err := db.PingContext(ctx); err != nil {
+	pingCtx := ctx
+	if t.connectTimeout > 0 {
+		var cancel context.CancelFunc
+		pingCtx, cancel = context.WithTimeout(ctx, t.connectTimeout)
+		defer cancel()
+	}
+	if err := db.PingContext(pingCtx); err != nil {
 		_ = sdb.Close()
+		err = connect.Explain(ctx, t.connectTimeout, err)
 		return nil, redact.Error(fmt.Errorf("connect to %s: %w", t.redacted, err), secrets)
 	}
 	return db, nil
@@ -150,6 +169,8 @@ type target struct {
 	path string
 	// redacted names the database without its password.
 	redacted string
+	// connectTimeout bounds each connect; 0 for no bound.
+	connectTimeout time.Duration
 }
 
 func parseURL(rawURL string) (*target, error) {
@@ -176,8 +197,20 @@ func parseURL(rawURL string) (*target, error) {
 	}
 	t := &target{driver: d, redacted: Redact(rawURL)}
 	var u *url.URL
+	if !info.file {
+		if _, err := parseServerURL(rawURL); err != nil {
+			return nil, err
+		}
+		t.connectTimeout = DefaultConnectTimeout
+	}
 	// Drivers recognise only the lower-case schemes.
-	rest := lowerScheme(rawURL)
+	rest, v, found, err := cutParam(lowerScheme(rawURL), connect.Param)
+	if err == nil && found && !info.file {
+		t.connectTimeout, err = connect.ParseTimeout(v)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
+	}
 	if !info.file {
 		if u, err = parseServerURL(rest); err != nil {
 			return nil, err

@@ -26,10 +26,11 @@ type Driver struct {
 	DriverName string
 
 	// DSN returns the driver's data source name for rawURL, a URL of one of the dialect's
-	// schemes with its scheme in lower case. For a server dialect, u is rawURL parsed; for
-	// SQLite, whose URL names a file and may not parse as a URL, u is nil and path is the
-	// file. An error describes what is wrong with the URL without repeating it: Open names the
-	// URL, without its password.
+	// schemes with its scheme in lower case, less the parameters that Open reads itself
+	// (connect_timeout). For a server dialect, u is rawURL parsed; for SQLite, whose URL names
+	// a file and may not parse as a URL, u is nil and path is the file. An error describes
+	// what is wrong with the URL without repeating it: Open names the URL, without its
+	// password.
 	DSN func(rawURL string, u *url.URL) (dsn, path string, err error)
 
 	// Classify places an error that the server or the driver reported, and reports whether

@@ -37,7 +37,7 @@ func TestParseURL_PostgresIsPassedToPgx(t *testing.T) {
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			t.Parallel()
-			driverName, dsn, path, redacted, err := sqldb.ParseURL(tc.in)
+			driverName, dsn, path, redacted, _, err := sqldb.ParseURL(tc.in)
 			require.NoError(t, err)
 			require.Equal(t, "pgx", driverName)
 			require.Equal(t, tc.dsn, dsn)
@@ -105,7 +105,7 @@ func TestParseURL_MySQLBecomesDriverDSN(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			driverName, dsn, path, redacted, err := sqldb.ParseURL(tc.in)
+			driverName, dsn, path, redacted, _, err := sqldb.ParseURL(tc.in)
 			require.NoError(t, err)
 			require.Equal(t, "mysql", driverName)
 			require.Empty(t, path)
@@ -147,7 +147,7 @@ func TestParseURL_SQLiteDefaultsAndOverrides(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			driverName, dsn, path, redacted, err := sqldb.ParseURL(tc.in)
+			driverName, dsn, path, redacted, _, err := sqldb.ParseURL(tc.in)
 			require.NoError(t, err)
 			require.Equal(t, "sqlite", driverName)
 			require.Equal(t, tc.path, path)
@@ -185,7 +185,7 @@ func TestParseURL_ErrorsNameTheProblem(t *testing.T) {
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			t.Parallel()
-			_, _, _, _, err := sqldb.ParseURL(tc.in)
+			_, _, _, _, _, err := sqldb.ParseURL(tc.in)
 			require.EqualError(t, err, tc.err)
 		})
 	}

@@ -7,7 +7,8 @@
 // sqldb.Open turns a mysql:// URL into a go-sql-driver DSN: the port defaults to 3306, the host
 // to 127.0.0.1, the query parameters are go-sql-driver's (parseTime=true, ...) or session
 // variables (sql_mode=%27ANSI%27, ...), and interpolateParams defaults to true unless the URL
-// sets it.
+// sets it. The connect_timeout parameter is sqldb's: it bounds the dial and the handshake,
+// where go-sql-driver's timeout bounds the dial alone.
 package mysql
 
 import (

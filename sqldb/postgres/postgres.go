@@ -4,8 +4,9 @@
 //
 //	import _ "github.com/onceflow/onceflow/sqldb/postgres"
 //
-// sqldb.Open passes a postgres:// or postgresql:// URL to pgx as it is: the query parameters
-// are libpq's and pgx's (sslmode, connect_timeout, application_name, ...).
+// sqldb.Open passes a postgres:// or postgresql:// URL to pgx as it is, less the
+// connect_timeout parameter, which sqldb reads itself: the other query parameters are libpq's
+// and pgx's (sslmode, application_name, ...).
 package postgres
 
 import (

@@ -9,7 +9,8 @@
 // timeout of 30 s, foreign keys enforced and BEGIN IMMEDIATE transactions, so that concurrent
 // writers queue instead of failing. The query parameters of the URL are passed to the driver; a
 // _pragma parameter replaces the default of the same pragma (_pragma=busy_timeout(10) sets a
-// 10 ms busy timeout), as _txlock replaces the IMMEDIATE default.
+// 10 ms busy timeout), as _txlock replaces the IMMEDIATE default. A file has no connect to
+// bound: connect_timeout is ignored.
 package sqlite
 
 import (
