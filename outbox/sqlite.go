@@ -6,11 +6,11 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
-	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// sqlite is the SQLite dialect: the embedded queue's adapters (sqlitequeue.SchemaAdapter and
+// sqlite is the SQLite dialect: the embedded queue's adapters (queuetable.SchemaAdapter and
 // OffsetsAdapter), so the tables are named as the queue names a topic's tables:
 // onceflow_queue_<table> and onceflow_offsets_<table>.
 //
@@ -22,23 +22,23 @@ type sqlite struct {
 }
 
 func newSQLite(table string) *sqlite {
-	return &sqlite{table: table, messagesTable: sqlitequeue.MessagesTable(table), offsetsTable: sqlitequeue.OffsetsTable(table)}
+	return &sqlite{table: table, messagesTable: queuetable.MessagesTable(table), offsetsTable: queuetable.OffsetsTable(table)}
 }
 
 func (s *sqlite) tables() (string, string) { return s.messagesTable, s.offsetsTable }
 
 func (s *sqlite) schema(batchSize int) wsql.SchemaAdapter {
-	return sqlitequeue.SchemaAdapter{BatchSize: batchSize}
+	return queuetable.SchemaAdapter{BatchSize: batchSize}
 }
 
 func (s *sqlite) offsets() wsql.OffsetsAdapter {
 	return sqliteOffsets{table: sqldb.SQLite.Quote(s.offsetsTable)}
 }
 
-// sqliteOffsets is sqlitequeue.OffsetsAdapter with the group registered before subscribing,
+// sqliteOffsets is queuetable.OffsetsAdapter with the group registered before subscribing,
 // so that Stats and Purge know it from its first run on.
 type sqliteOffsets struct {
-	sqlitequeue.OffsetsAdapter
+	queuetable.OffsetsAdapter
 	table string // quoted
 }
 
@@ -51,8 +51,8 @@ func (a sqliteOffsets) BeforeSubscribingQueries(_, consumerGroup string) []wsql.
 
 func (s *sqlite) migrate(ctx context.Context, db *sqldb.DB) error {
 	return runInTx(ctx, db.DB.DB, func(tx *sql.Tx) error {
-		return execAll(ctx, tx, append(sqlitequeue.SchemaAdapter{}.SchemaInitializingQueries(s.table),
-			sqlitequeue.OffsetsAdapter{}.SchemaInitializingQueries(s.table)...)...)
+		return execAll(ctx, tx, append(queuetable.SchemaAdapter{}.SchemaInitializingQueries(s.table),
+			queuetable.OffsetsAdapter{}.SchemaInitializingQueries(s.table)...)...)
 	})
 }
 

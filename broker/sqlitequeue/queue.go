@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/sqldb"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
@@ -214,7 +215,7 @@ func (q *Queue) createTables(ctx context.Context, tx *sql.Tx, topic string) erro
 	for _, query := range append(q.schema.SchemaInitializingQueries(topic), q.offsets.SchemaInitializingQueries(topic)...) {
 		queries = append(queries, query.Query)
 	}
-	for _, query := range append(queries, leasesSchema(topic)...) {
+	for _, query := range append(queries, queuetable.LeasesSchema(topic)...) {
 		if _, err := tx.ExecContext(ctx, query); err != nil {
 			return fmt.Errorf("create tables of topic %q: %w", topic, err)
 		}
