@@ -1,13 +1,23 @@
 // Package broker builds a watermill Publisher and Subscribers for a message broker named by a
 // URL, so that the rest of onceflow, and its users, choose a broker with one string:
 //
-//	amqp://guest:guest@127.0.0.1:5672/                  RabbitMQ
-//	postgres://postgres@127.0.0.1:5432/app              a queue in PostgreSQL
-//	mysql://root@127.0.0.1:3306/app                     a queue in MySQL or MariaDB
-//	sqlite://var/queue.db                               the embedded SQLite queue
-//	nats://127.0.0.1:4222                               NATS JetStream
-//	redis://127.0.0.1:6379/0                            Redis Streams
-//	mem://tests                                         in-process, for tests only
+//	amqp://guest:guest@127.0.0.1:5672/                  RabbitMQ                     broker/amqp
+//	postgres://postgres@127.0.0.1:5432/app              a queue in PostgreSQL        broker/sqlqueue, sqldb/postgres
+//	mysql://root@127.0.0.1:3306/app                     a queue in MySQL or MariaDB  broker/sqlqueue, sqldb/mysql
+//	sqlite://var/queue.db                               the embedded SQLite queue    broker/sqlitequeue
+//	nats://127.0.0.1:4222                               NATS JetStream               broker/nats
+//	redis://127.0.0.1:6379/0                            Redis Streams                broker/redis
+//	mem://tests                                         in-process, for tests only   broker/mem
+//
+// The package itself links no broker client. Each scheme is a package of its own, named in the
+// last column, which registers the scheme when the program imports it (Register), as a
+// database/sql driver does; a RabbitMQ consumer writes
+//
+//	import _ "github.com/onceflow/onceflow/broker/amqp"
+//
+// and links neither NATS nor Redis nor the SQLite queue. broker/all imports every scheme, for
+// programs that take any URL. Open names the import that a URL's scheme needs when it is
+// missing.
 //
 // Every scheme gives the same guarantees, which onceflow's exactly-once processing builds on:
 //

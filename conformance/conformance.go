@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/onceflow/onceflow/broker/all"
 	_ "github.com/onceflow/onceflow/sqldb/mysql"
 	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"

@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	_ "github.com/onceflow/onceflow/broker/all"
 	_ "github.com/onceflow/onceflow/sqldb/mysql"
 	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
