@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
 )
 
@@ -30,6 +31,9 @@ const (
 	// DefaultPollInterval is how often an idle PostgreSQL or MySQL consumer looks for new
 	// messages when Options.PollInterval is zero.
 	DefaultPollInterval = 50 * time.Millisecond
+	// DefaultConnectTimeout bounds each connect to the broker and the check that it answers,
+	// when Options.ConnectTimeout is zero. It is sqldb.DefaultConnectTimeout.
+	DefaultConnectTimeout = connect.DefaultTimeout
 )
 
 // NoNackDelay as Options.NackDelay asks for a nacked message to be delivered again at once
@@ -42,7 +46,8 @@ var ErrClosed = errors.New("broker: closed")
 
 // Options configure a Broker. The zero value is valid: every field has a default. Query
 // parameters of the URL given to Open override the fields: group, prefetch, nack_delay,
-// ack_timeout and poll_interval. docs/brokers.md says what each means for each scheme.
+// ack_timeout, poll_interval and connect_timeout. docs/brokers.md says what each means for
+// each scheme.
 type Options struct {
 	// ConsumerGroup names the consumers of the Broker's Subscribers. Consumers of one group
 	// compete: each message goes to one of them. Every group gets every message of a topic
@@ -85,6 +90,15 @@ type Options struct {
 	// messages again. URL parameter: poll_interval. Defaults to DefaultPollInterval for
 	// PostgreSQL and MySQL and to sqlitequeue.DefaultPollInterval for SQLite.
 	PollInterval time.Duration
+
+	// ConnectTimeout bounds each connect to the broker, from the TCP dial to the end of the
+	// TLS and protocol handshakes and the authentication, and the check Open makes that the
+	// broker answers: the AMQP dial and handshake, the NATS connect and the JetStream check,
+	// the Redis ping, the PostgreSQL and MySQL connects (sqldb's connect_timeout). It applies
+	// to the connects that Subscribers and reconnections make later too. sqlite and mem have
+	// no connect and ignore it. URL parameter: connect_timeout, a Go duration or whole seconds.
+	// Defaults to DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 }
 
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.
@@ -109,6 +123,9 @@ func (o Options) Validate() error {
 	if o.PollInterval < 0 {
 		return fmt.Errorf("broker: Options.PollInterval: %s is negative (0 selects the default)", o.PollInterval)
 	}
+	if o.ConnectTimeout < 0 {
+		return fmt.Errorf("broker: Options.ConnectTimeout: %s is negative (0 selects the default)", o.ConnectTimeout)
+	}
 	return nil
 }
 
@@ -125,6 +142,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.AckTimeout == 0 {
 		o.AckTimeout = DefaultAckTimeout
+	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = DefaultConnectTimeout
 	}
 	return o
 }
@@ -162,13 +182,14 @@ type Broker struct {
 // broker/all registers them all. A URL whose scheme is not registered fails with an error
 // that names the import.
 //
-// The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override
-// the fields of opts. For amqp, queue_type, delivery_limit and dead_letter_exchange set the
-// arguments of the queues (broker/amqp's ParseQueueParams). The other query parameters go to
-// the driver. Open checks that the broker answers (database ping, connection, JetStream
-// enabled) before it returns.
+// The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
+// connect_timeout override the fields of opts. For amqp, queue_type, delivery_limit and
+// dead_letter_exchange set the arguments of the queues (broker/amqp's ParseQueueParams). The
+// other query parameters go to the driver. Open checks that the broker answers (database
+// ping, connection, JetStream enabled) before it returns, within opts.ConnectTimeout for each
+// connect.
 //
-// Errors and String never contain a password or token of the URL.
+// Errors and String name the host and never contain a password or token of the URL.
 func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	t, err := parseTarget(rawURL)
 	if err != nil {
@@ -191,6 +212,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		err = fmt.Errorf("the %s scheme opened no publisher or subscriber factory", t.scheme)
 	}
 	if err != nil {
+		err = connect.Explain(ctx, opts.ConnectTimeout, err)
 		return nil, redact.Error(fmt.Errorf("broker: open %s: %w", t.redacted, err), t.secrets)
 	}
 	b := &Broker{

@@ -41,7 +41,10 @@
 // them, and Broker.Move publishes chosen ones elsewhere and removes them, leaving the rest in
 // place (the onceflow command's dlq list and dlq replay); every scheme but mem supports them.
 //
-// The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override
-// Options; docs/brokers.md describes each scheme: its URL, topology, and what it does on nack
-// and when a consumer dies.
+// Every connect to a broker, and the check that it answers, is bounded by Options.ConnectTimeout
+// (URL parameter connect_timeout), 10 s by default.
+//
+// The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
+// connect_timeout override Options; docs/brokers.md describes each scheme: its URL, topology,
+// and what it does on nack and when a consumer dies.
 package broker

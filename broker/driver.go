@@ -22,10 +22,11 @@ import (
 // OpenFunc opens the backend of one scheme: the connection, the shared publisher and a way to
 // make subscribers. Open calls it with the URL parsed and the options with the URL's parameters
 // applied and their defaults set (ConsumerGroup, Logger, NackDelay, which may be NoNackDelay,
-// AckTimeout); Prefetch and PollInterval are zero where the scheme's own default applies.
+// AckTimeout, ConnectTimeout); Prefetch and PollInterval are zero where the scheme's own
+// default applies.
 //
-// It checks that the broker answers before it returns. ctx is Open's: it may end the wait, and
-// the backend must not keep it.
+// It checks that the broker answers before it returns, bounding each connect and that check by
+// opts.ConnectTimeout. ctx is Open's: it may end the wait, and the backend must not keep it.
 type OpenFunc func(ctx context.Context, t Target, opts Options) (*Backend, error)
 
 // Target is a broker URL, parsed, as an OpenFunc gets it.
@@ -33,7 +34,7 @@ type Target struct {
 	// Scheme is the canonical scheme (amqp for amqps://, postgres for postgresql://, ...).
 	Scheme string
 	// URL is the URL without the query parameters that Open reads (group, prefetch,
-	// nack_delay, ack_timeout, poll_interval): the driver's.
+	// nack_delay, ack_timeout, poll_interval, connect_timeout): the driver's.
 	URL string
 	// Parsed is URL parsed; for sqlite, whose URL names a file, it may hold the scheme alone.
 	Parsed *url.URL

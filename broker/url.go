@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
 )
 
@@ -19,9 +20,11 @@ const (
 	paramNackDelay    = "nack_delay"
 	paramAckTimeout   = "ack_timeout"
 	paramPollInterval = "poll_interval"
+	// paramConnectTimeout is sqldb's connect_timeout, with the same syntax.
+	paramConnectTimeout = connect.Param
 )
 
-var ownParams = []string{paramGroup, paramPrefetch, paramNackDelay, paramAckTimeout, paramPollInterval}
+var ownParams = []string{paramGroup, paramPrefetch, paramNackDelay, paramAckTimeout, paramPollInterval, paramConnectTimeout}
 
 // schemeInfo is what package broker knows of a scheme whether or not its package is linked in.
 type schemeInfo struct {
@@ -203,6 +206,13 @@ func applyParams(opts Options, params url.Values, redacted string) (Options, err
 				}
 				opts.PollInterval = d
 			}
+		case paramConnectTimeout:
+			// Brokers' clients cannot wait without limit: 0, which sqldb reads so, is refused.
+			d, err := connect.ParseTimeout(v)
+			if err != nil || d == 0 {
+				return opts, bad(k, v, "a positive Go duration such as 10s or 300ms, or whole seconds")
+			}
+			opts.ConnectTimeout = d
 		}
 	}
 	return opts, nil

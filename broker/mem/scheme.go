@@ -27,10 +27,11 @@ type namedHub struct {
 	refs int // guarded by hubs
 }
 
-// openScheme opens broker.Open's mem:// scheme.
+// openScheme opens broker.Open's mem:// scheme. There is no connect: opts.ConnectTimeout does
+// not apply.
 func openScheme(_ context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	if len(t.Parsed.Query()) > 0 {
-		return nil, fmt.Errorf("mem:// takes no query parameters other than group, prefetch, nack_delay, ack_timeout and poll_interval")
+		return nil, fmt.Errorf("mem:// takes no query parameters other than group, prefetch, nack_delay, ack_timeout, poll_interval and connect_timeout")
 	}
 	name := t.Parsed.Host + strings.TrimSuffix(t.Parsed.Path, "/")
 	hubs.Lock()

@@ -17,15 +17,19 @@ import (
 func init() { broker.Register("nats", openScheme) }
 
 // openScheme publishes with watermill-nats's publisher, with Nats-Msg-Id set as msgID says,
-// and subscribes with this package's Subscriber.
-func openScheme(_ context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
-	nc, err := nats.Connect(t.URL, nats.Name("onceflow publisher"))
+// and subscribes with this package's Subscriber. The connects, the publisher's and the
+// Subscribers', their INFO, CONNECT and PING exchange included, and the check that JetStream
+// is enabled are bounded by opts.ConnectTimeout.
+func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
+	nc, err := nats.Connect(t.URL, nats.Name("onceflow publisher"), nats.Timeout(o.ConnectTimeout))
 	if err != nil {
 		return nil, err
 	}
 	js, err := nc.JetStream()
 	if err == nil {
-		_, err = js.AccountInfo()
+		checkCtx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
+		_, err = js.AccountInfo(nats.Context(checkCtx))
+		cancel()
 	}
 	if err != nil {
 		nc.Close()
@@ -57,6 +61,8 @@ func openScheme(_ context.Context, t broker.Target, o broker.Options) (*broker.B
 		AckWait:       o.AckTimeout,
 		NackDelay:     max(o.NackDelay, 0),
 		Logger:        o.Logger,
+		// A Subscriber's connection, and its reconnections, are bounded alike.
+		ConnectOptions: []nats.Option{nats.Timeout(o.ConnectTimeout)},
 	}
 
 	return &broker.Backend{

@@ -17,13 +17,26 @@ func init() { broker.Register("redis", openScheme) }
 // openScheme publishes with watermill-redisstream's publisher and subscribes with this
 // package's Subscriber, which keeps many deliveries in flight per subscription, delays nacked
 // entries in Redis (their idle time), and gives back at once what a closing consumer holds.
+// Open's ping, the connect and handshake (HELLO, AUTH) included, is bounded by
+// opts.ConnectTimeout, and so is the dial of every connection of the clients, unless the URL
+// sets dial_timeout; the handshakes of later connections are bounded by ReadTimeout.
 func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	ropts, err := redis.ParseURL(t.URL)
 	if err != nil {
 		return nil, err
 	}
-	client := redis.NewClient(ropts)
-	if err := client.Ping(ctx).Err(); err != nil {
+	if !t.Parsed.Query().Has("dial_timeout") {
+		ropts.DialTimeout = o.ConnectTimeout
+	}
+	// The publisher's client heeds the deadlines of contexts, so that the ping below, its
+	// connect and handshake (HELLO, AUTH) included, ends with the connect timeout rather than
+	// with ReadTimeout (3 s by default).
+	pubOpts := *ropts
+	pubOpts.ContextTimeoutEnabled = true
+	client := redis.NewClient(&pubOpts)
+	pingCtx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
+	defer cancel()
+	if err := client.Ping(pingCtx).Err(); err != nil {
 		_ = client.Close()
 		return nil, err
 	}

@@ -9,7 +9,8 @@ import (
 
 func init() { broker.Register("sqlite", openScheme) }
 
-// openScheme opens the queue file: broker.Open's sqlite:// scheme.
+// openScheme opens the queue file: broker.Open's sqlite:// scheme. A file has no connect to
+// bound: opts.ConnectTimeout does not apply.
 func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	resend := max(o.NackDelay, 0)
 	if resend == 0 {

@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -22,9 +25,10 @@ func init() {
 // openScheme opens the queue in a PostgreSQL or MySQL/MariaDB database: watermill-sql's
 // publisher and tables, and the queue's subscriber, which keeps Prefetch deliveries in flight
 // per subscription with a lease each, delays nacked messages (visible_at) and counts deliveries
-// in the lease table.
+// in the lease table. Every connect of the database's pool is bounded by opts.ConnectTimeout
+// (sqldb's connect_timeout).
 func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
-	db, err := sqldb.Open(ctx, t.URL)
+	db, err := sqldb.Open(ctx, withConnectTimeout(t.URL, o))
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +72,16 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 			return &view{q: q, topic: topic}, nil
 		},
 	}, nil
+}
+
+// withConnectTimeout gives sqldb.Open the broker's connect timeout, in the parameter that
+// package broker took out of the URL.
+func withConnectTimeout(dsn string, o broker.Options) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + connect.Param + "=" + url.QueryEscape(o.ConnectTimeout.String())
 }
 
 func checkTopic(topic string) error {

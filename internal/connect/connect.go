@@ -33,14 +33,28 @@ func ParseTimeout(v string) (time.Duration, error) {
 	return d, nil
 }
 
-// Explain wraps err, returned by a connect that was given timeout, so that it says the timeout
-// ran out, when it did: err is a deadline and the caller's own context, parent, has not ended.
-// Any other err is returned as it is.
+// TimeoutError is the error of a connect that the connect timeout ended. It says so, and
+// wraps the client's error, which names the address.
+type TimeoutError struct {
+	Timeout time.Duration
+	Err     error
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("no answer within %s (%s): %v", e.Timeout, Param, e.Err)
+}
+
+func (e *TimeoutError) Unwrap() error { return e.Err }
+
+// Explain returns err, returned by a connect that was given timeout, as a TimeoutError when the
+// timeout ran out: err is a deadline or a network timeout and the caller's own context, parent,
+// has not ended. Any other err, and an err that is a TimeoutError already, is returned as it is.
 func Explain(parent context.Context, timeout time.Duration, err error) error {
-	if timeout <= 0 || parent.Err() != nil || !isTimeout(err) {
+	var te *TimeoutError
+	if err == nil || timeout <= 0 || parent.Err() != nil || errors.As(err, &te) || !isTimeout(err) {
 		return err
 	}
-	return fmt.Errorf("no answer within %s (%s): %w", timeout, Param, err)
+	return &TimeoutError{Timeout: timeout, Err: err}
 }
 
 // isTimeout reports a context deadline or a network timeout (an I/O deadline, which some
