@@ -3,15 +3,14 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
-	"math"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker"
+	rabbitmq "github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/internal/testsvc"
@@ -143,7 +142,7 @@ func TestAMQP_PublishSetsMessageIDPropertyAndPersistence(t *testing.T) {
 	f.publish(b, m)                                          // before any subscription
 
 	// The publisher declared the default group's queue: read it as a plain consumer.
-	d, ok, err := f.ch.Get(broker.AMQPQueueName(f.topic, broker.DefaultConsumerGroup), false)
+	d, ok, err := f.ch.Get(queueName(f.topic, broker.DefaultConsumerGroup), false)
 	require.NoError(t, err)
 	require.True(t, ok, "the message is waiting in the consumer group's queue")
 	require.Equal(t, m.UUID, d.MessageId)
@@ -182,7 +181,7 @@ func TestAMQP_PrefetchComesFromTheURL(t *testing.T) {
 		f.publish(b, f.message(i))
 	}
 	held := receive(t, msgs) // not acked: the subscription holds prefetch=3 messages
-	q := broker.AMQPQueueName(f.topic, broker.DefaultConsumerGroup)
+	q := queueName(f.topic, broker.DefaultConsumerGroup)
 	testsvc.Eventually(t, 10*time.Second, func() bool {
 		info, err := f.ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		return err == nil && info.Messages == 2
@@ -211,7 +210,7 @@ func TestAMQP_QuorumQueueWithADeliveryLimitFromTheURL(t *testing.T) {
 	again.Ack()
 
 	// RabbitMQ holds the queue as declared: the same arguments are equivalent, none are not.
-	q := broker.AMQPQueueName(f.topic, broker.DefaultConsumerGroup)
+	q := queueName(f.topic, broker.DefaultConsumerGroup)
 	conn, err := amqp.Dial(testsvc.AMQPURL(t))
 	require.NoError(t, err)
 	defer conn.Close()
@@ -242,56 +241,7 @@ func TestOpen_AMQPQueueParametersAreCheckedBeforeConnecting(t *testing.T) {
 	}
 }
 
-// The marshaler on its own: no RabbitMQ needed.
-
-func TestAMQPMarshaler_UnmarshalNeverFails(t *testing.T) {
-	t.Parallel()
-	d := amqp.Delivery{
-		Headers: amqp.Table{
-			"_watermill_message_uuid": int64(42), // not even the uuid header must fail
-			"nil":                     nil,
-			"table":                   amqp.Table{"bytes": []byte("b"), "nested": []any{int8(1), false}},
-			"float32":                 float32(0.25),
-			"uint":                    uint8(7),
-			"nan":                     []any{math.NaN()},
-		},
-		Redelivered: true,
-		Body:        []byte("x"),
-	}
-	m, err := broker.AMQPMarshaler{}.Unmarshal(d)
-	require.NoError(t, err)
-	require.Equal(t, "42", m.UUID)
-	require.Equal(t, "", m.Metadata.Get("nil"))
-	require.JSONEq(t, `{"bytes":"b","nested":[1,false]}`, m.Metadata.Get("table"))
-	require.Equal(t, "0.25", m.Metadata.Get("float32"))
-	require.Equal(t, "7", m.Metadata.Get("uint"))
-	require.Equal(t, "[NaN]", m.Metadata.Get("nan"))
-	require.Equal(t, "true", m.Metadata.Get(broker.HeaderAMQPRedelivered))
-	_, has := m.Metadata[messagedata.HeaderTimestamp]
-	require.False(t, has, "no timestamp property, no timestamp header")
-}
-
-func TestAMQPMarshaler_RoundTrip(t *testing.T) {
-	t.Parallel()
-	in := message.NewMessage("id-1", []byte("payload"))
-	in.Metadata.Set("a", "b")
-	in.Metadata.Set(messagedata.HeaderTimestamp, "2026-05-06T07:08:09.123Z")
-	p, err := broker.AMQPMarshaler{}.Marshal(in)
-	require.NoError(t, err)
-	out, err := broker.AMQPMarshaler{}.Unmarshal(amqp.Delivery{
-		Headers: p.Headers, Body: p.Body, MessageId: p.MessageId, Timestamp: p.Timestamp,
-	})
-	require.NoError(t, err)
-	require.Equal(t, in.UUID, out.UUID)
-	require.Equal(t, "b", out.Metadata.Get("a"))
-	require.Equal(t, "2026-05-06T07:08:09.123Z", out.Metadata.Get(messagedata.HeaderTimestamp), "the header wins over the whole-second property")
-	require.Equal(t, "id-1", out.Metadata.Get(messagedata.HeaderAMQPMessageID))
-
-	noID := message.NewMessage("", nil)
-	noID.Metadata.Set(messagedata.HeaderAMQPMessageID, "carried")
-	p, err = broker.AMQPMarshaler{}.Marshal(noID)
-	require.NoError(t, err)
-	require.Equal(t, "carried", p.MessageId, "a message without UUID keeps the message_id it came with")
-	_, has := p.Headers["_watermill_message_uuid"]
-	require.False(t, has)
+// queueName names the queue of a consumer group on a topic, as the amqp scheme declares it.
+func queueName(topic, group string) string {
+	return rabbitmq.Topology{ConsumerGroup: group}.QueueName(topic)
 }

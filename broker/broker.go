@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
 )
 
@@ -30,15 +31,14 @@ const (
 	// DefaultPollInterval is how often an idle PostgreSQL or MySQL consumer looks for new
 	// messages when Options.PollInterval is zero.
 	DefaultPollInterval = 50 * time.Millisecond
+	// DefaultConnectTimeout bounds each connect to the broker and the check that it answers,
+	// when Options.ConnectTimeout is zero. It is sqldb.DefaultConnectTimeout.
+	DefaultConnectTimeout = connect.DefaultTimeout
 )
 
 // NoNackDelay as Options.NackDelay asks for a nacked message to be delivered again at once
 // (as at once as the broker allows). The URL form is nack_delay=0.
 const NoNackDelay time.Duration = -1
-
-// closeGrace is how long Close lets an adapter stop on its own (hand back its messages, commit
-// the offsets acknowledged so far) before it cancels the adapter's queries.
-const closeGrace = 2 * time.Second
 
 // ErrClosed is returned by a closed Broker, and by the Publishers and Subscribers of a closed
 // Broker.
@@ -46,7 +46,8 @@ var ErrClosed = errors.New("broker: closed")
 
 // Options configure a Broker. The zero value is valid: every field has a default. Query
 // parameters of the URL given to Open override the fields: group, prefetch, nack_delay,
-// ack_timeout and poll_interval. docs/brokers.md says what each means for each scheme.
+// ack_timeout, poll_interval and connect_timeout. docs/brokers.md says what each means for
+// each scheme.
 type Options struct {
 	// ConsumerGroup names the consumers of the Broker's Subscribers. Consumers of one group
 	// compete: each message goes to one of them. Every group gets every message of a topic
@@ -89,6 +90,15 @@ type Options struct {
 	// messages again. URL parameter: poll_interval. Defaults to DefaultPollInterval for
 	// PostgreSQL and MySQL and to sqlitequeue.DefaultPollInterval for SQLite.
 	PollInterval time.Duration
+
+	// ConnectTimeout bounds each connect to the broker, from the TCP dial to the end of the
+	// TLS and protocol handshakes and the authentication, and the check Open makes that the
+	// broker answers: the AMQP dial and handshake, the NATS connect and the JetStream check,
+	// the Redis ping, the PostgreSQL and MySQL connects (sqldb's connect_timeout). It applies
+	// to the connects that Subscribers and reconnections make later too. sqlite and mem have
+	// no connect and ignore it. URL parameter: connect_timeout, a Go duration or whole seconds.
+	// Defaults to DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 }
 
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.
@@ -113,6 +123,9 @@ func (o Options) Validate() error {
 	if o.PollInterval < 0 {
 		return fmt.Errorf("broker: Options.PollInterval: %s is negative (0 selects the default)", o.PollInterval)
 	}
+	if o.ConnectTimeout < 0 {
+		return fmt.Errorf("broker: Options.ConnectTimeout: %s is negative (0 selects the default)", o.ConnectTimeout)
+	}
 	return nil
 }
 
@@ -130,43 +143,10 @@ func (o Options) withDefaults() Options {
 	if o.AckTimeout == 0 {
 		o.AckTimeout = DefaultAckTimeout
 	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = DefaultConnectTimeout
+	}
 	return o
-}
-
-// nackDelay returns the delay as a non-negative duration: zero for NoNackDelay.
-func (o Options) nackDelay() time.Duration { return max(o.NackDelay, 0) }
-
-// backend is what a scheme provides: the upstream watermill publisher, a way to make upstream
-// subscribers, and what the generic wrappers must do around them.
-type backend struct {
-	// pub is the shared upstream publisher; Broker.Close closes it.
-	pub message.Publisher
-	// checkTopic rejects topics the scheme cannot carry, with a clear error. Nil accepts any
-	// non-empty topic.
-	checkTopic func(topic string) error
-	// checkMessage, if not nil, rejects a message the scheme cannot store, with a clear error.
-	checkMessage func(m *message.Message) error
-	// preparePublish, if not nil, runs before each Publish (declaring streams and the like).
-	preparePublish func(topic string) error
-	// newSubscriber makes an upstream subscriber: one consumer.
-	newSubscriber func() (message.Subscriber, error)
-	// native says that the upstream subscriber keeps many deliveries in flight per
-	// subscription, delays redelivery of nacked messages itself, gives back what a closing
-	// consumer holds, and puts a redelivery.Info in each message's context: the Broker's
-	// subscriber hands its messages through untouched, without the relay below.
-	native bool
-	// relayNackDelay is the delay the relay applies before passing a nack upstream, for
-	// adapters that would redeliver at once. Zero when the adapter delays itself.
-	relayNackDelay time.Duration
-	// nackOnClose makes the relay nack the message a closing consumer holds, for adapters
-	// that would otherwise wait for a timeout before delivering it again.
-	nackOnClose bool
-	// close releases what the backend shares between its publisher and subscribers, after
-	// both are closed.
-	close func() error
-	// view opens a look at a topic's messages waiting for the consumer group, for Peek and
-	// Move. Nil for a scheme that cannot be inspected.
-	view func(ctx context.Context, topic string) (view, error)
 }
 
 // Broker is a connection to one message broker, chosen by URL: it holds a shared Publisher and
@@ -176,7 +156,7 @@ type Broker struct {
 	redacted string
 	secrets  []string
 	opts     Options
-	be       *backend
+	be       *Backend
 	pub      *publisher
 
 	mu       sync.Mutex
@@ -188,23 +168,28 @@ type Broker struct {
 	closeErr  error
 }
 
-// Open connects to the broker that rawURL names and returns a Broker over it. The URL forms:
+// Open connects to the broker that rawURL names and returns a Broker over it. The URL forms,
+// and the package that registers each scheme, which the program imports:
 //
 //	amqp://user:password@host:5672/vhost, amqps://...      RabbitMQ (broker/amqp)
-//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (broker/sqlqueue); also postgresql://
-//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (broker/sqlqueue); also mariadb://
-//	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue)
-//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (broker/nats; watermill-nats publisher)
-//	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis; watermill-redisstream publisher)
+//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (broker/sqlqueue, and sqldb/postgres); also postgresql://
+//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (broker/sqlqueue, and sqldb/mysql); also mariadb://
+//	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue); also sqlite3://
+//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (broker/nats)
+//	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis)
 //	mem://name                                              in-process, for tests only (broker/mem)
 //
-// The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override the
-// fields of opts. For amqp, queue_type, delivery_limit and dead_letter_exchange set the
-// arguments of the queues (broker/amqp's ParseQueueParams). The other query parameters go to
-// the driver. Open checks that the broker
-// answers (database ping, connection, JetStream enabled) before it returns.
+// broker/all registers them all. A URL whose scheme is not registered fails with an error
+// that names the import.
 //
-// Errors and String never contain a password or token of the URL.
+// The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
+// connect_timeout override the fields of opts. For amqp, queue_type, delivery_limit and
+// dead_letter_exchange set the arguments of the queues (broker/amqp's ParseQueueParams). The
+// other query parameters go to the driver. Open checks that the broker answers (database
+// ping, connection, JetStream enabled) before it returns, within opts.ConnectTimeout for each
+// connect.
+//
+// Errors and String name the host and never contain a password or token of the URL.
 func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	t, err := parseTarget(rawURL)
 	if err != nil {
@@ -218,25 +203,16 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-
-	var be *backend
-	switch t.scheme {
-	case "amqp":
-		be, err = openAMQP(t, opts)
-	case "postgres", "mysql":
-		be, err = openSQL(ctx, t, opts)
-	case "sqlite":
-		be, err = openSQLite(ctx, t, opts)
-	case "nats":
-		be, err = openNATS(t, opts)
-	case "redis":
-		be, err = openRedis(ctx, t, opts)
-	case "mem":
-		be, err = openMem(t, opts)
-	default:
-		err = fmt.Errorf("unknown scheme (%s)", acceptedSchemes)
+	open, err := opener(t.scheme)
+	if err != nil {
+		return nil, fmt.Errorf("broker: URL %q: %w", t.redacted, err)
+	}
+	be, err := open(ctx, Target{Scheme: t.scheme, URL: t.dsn, Parsed: t.u, Redacted: t.redacted}, opts)
+	if err == nil && (be == nil || be.Publisher == nil || be.NewSubscriber == nil) {
+		err = fmt.Errorf("the %s scheme opened no publisher or subscriber factory", t.scheme)
 	}
 	if err != nil {
+		err = connect.Explain(ctx, opts.ConnectTimeout, err)
 		return nil, redact.Error(fmt.Errorf("broker: open %s: %w", t.redacted, err), t.secrets)
 	}
 	b := &Broker{
@@ -262,16 +238,13 @@ func (b *Broker) String() string { return b.redacted }
 // parameters.
 func (b *Broker) ConsumerGroup() string { return b.opts.ConsumerGroup }
 
-// messagingSystems are the OpenTelemetry messaging.system values of the schemes.
-var messagingSystems = map[string]string{
-	"amqp": "rabbitmq", "postgres": "postgresql", "mysql": "mysql", "sqlite": "sqlite",
-	"nats": "nats", "redis": "redis", "mem": "mem",
-}
-
 // MessagingSystem returns the broker's name as the OpenTelemetry messaging semantic conventions
 // spell messaging.system: rabbitmq, postgresql, mysql, sqlite, nats, redis (mem for the
 // in-process broker).
-func (b *Broker) MessagingSystem() string { return messagingSystems[b.scheme] }
+func (b *Broker) MessagingSystem() string {
+	info, _ := schemeInfoOf(b.scheme)
+	return info.system
+}
 
 // Publisher returns the Broker's publisher. It is shared and safe for concurrent use. A
 // message is stored by the broker when Publish returns nil (publisher confirms for AMQP, a
@@ -285,9 +258,9 @@ func (b *Broker) Publisher() message.Publisher { return b.pub }
 // time. Closing the Subscriber ends its subscriptions; messages they held unacknowledged are
 // delivered again, to another consumer of the group. Close is idempotent and safe to call
 // concurrently; it lets the adapter stop on its own (commit the offsets acked so far) for up
-// to 2 s, then cancels its queries, so that a consumer waiting for a lock that another
-// consumer holds does not hold Close up. Broker.Close closes the Subscribers that are still
-// open.
+// to SubscriberCloseTimeout, then cancels its queries, so that a consumer waiting for a lock
+// that another consumer holds does not hold Close up. Broker.Close closes the Subscribers that
+// are still open.
 func (b *Broker) Subscriber() (message.Subscriber, error) {
 	b.mu.Lock()
 	if b.closed {
@@ -295,7 +268,7 @@ func (b *Broker) Subscriber() (message.Subscriber, error) {
 		return nil, ErrClosed
 	}
 	b.mu.Unlock()
-	up, err := b.be.newSubscriber()
+	up, err := b.be.NewSubscriber()
 	if err != nil {
 		return nil, redact.Error(fmt.Errorf("broker: new subscriber of %s: %w", b.redacted, err), b.secrets)
 	}
@@ -321,8 +294,8 @@ func (b *Broker) checkTopic(topic string) error {
 	if topic == "" {
 		return errors.New("broker: topic is empty")
 	}
-	if b.be.checkTopic != nil {
-		return b.be.checkTopic(topic)
+	if b.be.CheckTopic != nil {
+		return b.be.CheckTopic(topic)
 	}
 	return nil
 }
@@ -344,9 +317,9 @@ func (b *Broker) Close() error {
 			errs = append(errs, s.Close())
 		}
 		b.inflight.Wait()
-		errs = append(errs, b.be.pub.Close())
-		if b.be.close != nil {
-			errs = append(errs, b.be.close())
+		errs = append(errs, b.be.Publisher.Close())
+		if b.be.Close != nil {
+			errs = append(errs, b.be.Close())
 		}
 		if err := errors.Join(errs...); err != nil {
 			b.closeErr = redact.Error(fmt.Errorf("broker: close %s: %w", b.redacted, err), b.secrets)

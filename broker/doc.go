@@ -1,13 +1,23 @@
 // Package broker builds a watermill Publisher and Subscribers for a message broker named by a
 // URL, so that the rest of onceflow, and its users, choose a broker with one string:
 //
-//	amqp://guest:guest@127.0.0.1:5672/                  RabbitMQ
-//	postgres://postgres@127.0.0.1:5432/app              a queue in PostgreSQL
-//	mysql://root@127.0.0.1:3306/app                     a queue in MySQL or MariaDB
-//	sqlite://var/queue.db                               the embedded SQLite queue
-//	nats://127.0.0.1:4222                               NATS JetStream
-//	redis://127.0.0.1:6379/0                            Redis Streams
-//	mem://tests                                         in-process, for tests only
+//	amqp://guest:guest@127.0.0.1:5672/                  RabbitMQ                     broker/amqp
+//	postgres://postgres@127.0.0.1:5432/app              a queue in PostgreSQL        broker/sqlqueue, sqldb/postgres
+//	mysql://root@127.0.0.1:3306/app                     a queue in MySQL or MariaDB  broker/sqlqueue, sqldb/mysql
+//	sqlite://var/queue.db                               the embedded SQLite queue    broker/sqlitequeue
+//	nats://127.0.0.1:4222                               NATS JetStream               broker/nats
+//	redis://127.0.0.1:6379/0                            Redis Streams                broker/redis
+//	mem://tests                                         in-process, for tests only   broker/mem
+//
+// The package itself links no broker client. Each scheme is a package of its own, named in the
+// last column, which registers the scheme when the program imports it (Register), as a
+// database/sql driver does; a RabbitMQ consumer writes
+//
+//	import _ "github.com/onceflow/onceflow/broker/amqp"
+//
+// and links neither NATS nor Redis nor the SQLite queue. broker/all imports every scheme, for
+// programs that take any URL. Open names the import that a URL's scheme needs when it is
+// missing.
 //
 // Every scheme gives the same guarantees, which onceflow's exactly-once processing builds on:
 //
@@ -31,7 +41,10 @@
 // them, and Broker.Move publishes chosen ones elsewhere and removes them, leaving the rest in
 // place (the onceflow command's dlq list and dlq replay); every scheme but mem supports them.
 //
-// The query parameters group, prefetch, nack_delay, ack_timeout and poll_interval override
-// Options; docs/brokers.md describes each scheme: its URL, topology, and what it does on nack
-// and when a consumer dies.
+// Every connect to a broker, and the check that it answers, is bounded by Options.ConnectTimeout
+// (URL parameter connect_timeout), 10 s by default.
+//
+// The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
+// connect_timeout override Options; docs/brokers.md describes each scheme: its URL, topology,
+// and what it does on nack and when a consumer dies.
 package broker

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/onceflow/onceflow/broker"
+	_ "github.com/onceflow/onceflow/broker/all"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 

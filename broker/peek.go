@@ -10,40 +10,16 @@ import (
 	"github.com/onceflow/onceflow/internal/redact"
 )
 
-// Peek, Move and Delete read a consumer group's messages directly from the broker's storage, beside the
-// Subscribers: a subscription cannot list, because what it hands out it takes from the group's
-// other consumers until it is settled, and a nacked message comes back to it. Each scheme has
-// its own way, in its own file (peek_amqp.go, peek_sql.go, ...); docs/brokers.md compares them.
-
-// entry is a message waiting for a consumer group, and where it is.
-type entry struct {
-	msg *message.Message
-	// pos locates the message for remove: an AMQP delivery tag, an SQL offset, a NATS stream
-	// sequence, a Redis stream entry id.
-	pos any
-	// publishID, when not empty, is the Nats-Msg-Id (HeaderNATSMsgID) to publish the message
-	// with when it is moved, so that JetStream does not drop it as a duplicate of its first
-	// publish.
-	publishID string
-}
-
-// view is one look at the messages of a topic that wait for the consumer group.
-type view interface {
-	// list returns up to limit of the messages waiting for the group, oldest first, in the
-	// order the group receives them. It is called once per view.
-	list(ctx context.Context, limit int) ([]entry, error)
-	// remove takes e, which list returned, out of the topic for the group, for good.
-	remove(ctx context.Context, e entry) error
-	// close ends the view. Messages that list returned and remove did not take stay waiting,
-	// in their place.
-	close() error
-}
+// Peek, Move and Delete read a consumer group's messages directly from the broker's storage,
+// beside the Subscribers: a subscription cannot list, because what it hands out it takes from
+// the group's other consumers until it is settled, and a nacked message comes back to it. Each
+// scheme has its own way (Backend.View), in its own package; docs/brokers.md compares them.
 
 // errNoView is the error of a scheme that cannot be inspected.
 var errNoView = fmt.Errorf("the in-process broker (mem://) keeps no inspectable store: %w", errors.ErrUnsupported)
 
 // openView opens a view of topic for the Broker's consumer group.
-func (b *Broker) openView(ctx context.Context, topic string) (view, error) {
+func (b *Broker) openView(ctx context.Context, topic string) (View, error) {
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -53,10 +29,10 @@ func (b *Broker) openView(ctx context.Context, topic string) (view, error) {
 	if err := b.checkTopic(topic); err != nil {
 		return nil, err
 	}
-	if b.be.view == nil {
+	if b.be.View == nil {
 		return nil, fmt.Errorf("broker: inspect topic %q: %w", topic, errNoView)
 	}
-	v, err := b.be.view(ctx, topic)
+	v, err := b.be.View(ctx, topic)
 	if err != nil {
 		return nil, b.inspectErr("inspect", topic, err)
 	}
@@ -101,14 +77,14 @@ func (b *Broker) Peek(ctx context.Context, topic string, limit int) ([]*message.
 	if err != nil {
 		return nil, err
 	}
-	entries, err := v.list(ctx, limit)
-	err = errors.Join(err, v.close())
+	entries, err := v.List(ctx, limit)
+	err = errors.Join(err, v.Close())
 	if err != nil {
 		return nil, b.inspectErr("peek", topic, err)
 	}
 	msgs := make([]*message.Message, len(entries))
 	for i, e := range entries {
-		msgs[i] = e.msg
+		msgs[i] = e.Message
 	}
 	return msgs, nil
 }
@@ -174,15 +150,15 @@ func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFun
 	if pick == nil {
 		return rep, fmt.Errorf("broker: move from topic %q: pick is nil", topic)
 	}
-	kept, err := b.each(ctx, "move from", topic, limit, func(v view, e entry) (bool, error) {
-		to, out := pick(e.msg)
+	kept, err := b.each(ctx, "move from", topic, limit, func(v View, e Entry) (bool, error) {
+		to, out := pick(e.Message)
 		if to == "" || out == nil {
 			return false, nil
 		}
 		if err := b.moveOne(ctx, v, e, to, out); err != nil {
 			return false, err
 		}
-		rep.Moved = append(rep.Moved, Moved{Message: e.msg, To: to, Published: out})
+		rep.Moved = append(rep.Moved, Moved{Message: e.Message, To: to, Published: out})
 		return true, nil
 	})
 	rep.Kept = kept
@@ -223,17 +199,17 @@ func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick Delet
 	if pick == nil {
 		return rep, fmt.Errorf("broker: delete from topic %q: pick is nil", topic)
 	}
-	kept, err := b.each(ctx, "delete from", topic, limit, func(v view, e entry) (bool, error) {
-		if !pick(e.msg) {
+	kept, err := b.each(ctx, "delete from", topic, limit, func(v View, e Entry) (bool, error) {
+		if !pick(e.Message) {
 			return false, nil
 		}
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		if err := v.remove(ctx, e); err != nil {
-			return false, fmt.Errorf("message %q: %w", e.msg.UUID, err)
+		if err := v.Remove(ctx, e); err != nil {
+			return false, fmt.Errorf("message %q: %w", e.Message.UUID, err)
 		}
-		rep.Deleted = append(rep.Deleted, e.msg)
+		rep.Deleted = append(rep.Deleted, e.Message)
 		return true, nil
 	})
 	rep.Kept = kept
@@ -244,49 +220,49 @@ func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick Delet
 // each, in order, in one view. step reports whether it took the message out of topic; the
 // messages it did not take are returned as kept. An error of step stops each: that message and
 // the later ones are kept.
-func (b *Broker) each(ctx context.Context, op, topic string, limit int, step func(v view, e entry) (took bool, err error)) ([]*message.Message, error) {
+func (b *Broker) each(ctx context.Context, op, topic string, limit int, step func(v View, e Entry) (took bool, err error)) ([]*message.Message, error) {
 	v, err := b.openView(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	entries, err := v.list(ctx, limit)
+	entries, err := v.List(ctx, limit)
 	if err != nil {
-		return nil, b.inspectErr(op, topic, errors.Join(err, v.close()))
+		return nil, b.inspectErr(op, topic, errors.Join(err, v.Close()))
 	}
 	var kept []*message.Message
 	for i, e := range entries {
 		took, err := step(v, e)
 		if err != nil {
 			for _, rest := range entries[i:] {
-				kept = append(kept, rest.msg)
+				kept = append(kept, rest.Message)
 			}
-			return kept, b.inspectErr(op, topic, errors.Join(err, v.close()))
+			return kept, b.inspectErr(op, topic, errors.Join(err, v.Close()))
 		}
 		if !took {
-			kept = append(kept, e.msg)
+			kept = append(kept, e.Message)
 		}
 	}
-	if err := v.close(); err != nil {
+	if err := v.Close(); err != nil {
 		return kept, b.inspectErr(op, topic, err)
 	}
 	return kept, nil
 }
 
 // moveOne publishes out to topic to, then removes e.
-func (b *Broker) moveOne(ctx context.Context, v view, e entry, to string, out *message.Message) error {
+func (b *Broker) moveOne(ctx context.Context, v View, e Entry, to string, out *message.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	pub := out.Copy()
 	pub.SetContext(ctx)
-	if e.publishID != "" {
-		pub.Metadata.Set(HeaderNATSMsgID, e.publishID)
+	if e.PublishID != "" {
+		pub.Metadata.Set(HeaderNATSMsgID, e.PublishID)
 	}
 	if err := b.pub.Publish(to, pub); err != nil {
-		return fmt.Errorf("message %q: %w", e.msg.UUID, err)
+		return fmt.Errorf("message %q: %w", e.Message.UUID, err)
 	}
-	if err := v.remove(ctx, e); err != nil {
-		return fmt.Errorf("message %q was published to %q but not removed (the next move publishes it again): %w", e.msg.UUID, to, err)
+	if err := v.Remove(ctx, e); err != nil {
+		return fmt.Errorf("message %q was published to %q but not removed (the next move publishes it again): %w", e.Message.UUID, to, err)
 	}
 	return nil
 }

@@ -3,10 +3,12 @@ package broker
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
 )
 
@@ -18,22 +20,69 @@ const (
 	paramNackDelay    = "nack_delay"
 	paramAckTimeout   = "ack_timeout"
 	paramPollInterval = "poll_interval"
+	// paramConnectTimeout is sqldb's connect_timeout, with the same syntax.
+	paramConnectTimeout = connect.Param
 )
 
-var ownParams = []string{paramGroup, paramPrefetch, paramNackDelay, paramAckTimeout, paramPollInterval}
+var ownParams = []string{paramGroup, paramPrefetch, paramNackDelay, paramAckTimeout, paramPollInterval, paramConnectTimeout}
 
-// canonicalSchemes maps every accepted URL scheme to the scheme Broker.Scheme reports.
-var canonicalSchemes = map[string]string{
-	"amqp": "amqp", "amqps": "amqp",
-	"postgres": "postgres", "postgresql": "postgres",
-	"mysql": "mysql", "mariadb": "mysql",
-	"sqlite": "sqlite", "sqlite3": "sqlite",
-	"nats":  "nats",
-	"redis": "redis", "rediss": "redis",
-	"mem": "mem",
+// schemeInfo is what package broker knows of a scheme whether or not its package is linked in.
+type schemeInfo struct {
+	// name is the canonical scheme, which Broker.Scheme reports.
+	name string
+	// aliases are the other URL schemes that open the same broker.
+	aliases []string
+	// system is the OpenTelemetry messaging.system of the broker.
+	system string
+	// pkg is the package that registers the scheme.
+	pkg string
 }
 
-const acceptedSchemes = "want amqp://, amqps://, postgres://, postgresql://, mysql://, mariadb://, sqlite://, nats://, redis://, rediss:// or mem://"
+// schemes lists the schemes of Open, in the order its errors list them.
+var schemes = []schemeInfo{
+	{name: "amqp", aliases: []string{"amqps"}, system: "rabbitmq", pkg: "github.com/onceflow/onceflow/broker/amqp"},
+	{name: "postgres", aliases: []string{"postgresql"}, system: "postgresql", pkg: "github.com/onceflow/onceflow/broker/sqlqueue"},
+	{name: "mysql", aliases: []string{"mariadb"}, system: "mysql", pkg: "github.com/onceflow/onceflow/broker/sqlqueue"},
+	{name: "sqlite", aliases: []string{"sqlite3"}, system: "sqlite", pkg: "github.com/onceflow/onceflow/broker/sqlitequeue"},
+	{name: "nats", system: "nats", pkg: "github.com/onceflow/onceflow/broker/nats"},
+	{name: "redis", aliases: []string{"rediss"}, system: "redis", pkg: "github.com/onceflow/onceflow/broker/redis"},
+	{name: "mem", system: "mem", pkg: "github.com/onceflow/onceflow/broker/mem"},
+}
+
+// allPackage registers every scheme.
+const allPackage = "github.com/onceflow/onceflow/broker/all"
+
+// schemeInfoOf returns the scheme whose canonical name is name.
+func schemeInfoOf(name string) (schemeInfo, bool) {
+	for _, s := range schemes {
+		if s.name == name {
+			return s, true
+		}
+	}
+	return schemeInfo{}, false
+}
+
+// canonicalScheme returns the canonical scheme of a lower-case URL scheme, "" for a scheme
+// Open does not know.
+func canonicalScheme(scheme string) string {
+	for _, s := range schemes {
+		if s.name == scheme || slices.Contains(s.aliases, scheme) {
+			return s.name
+		}
+	}
+	return ""
+}
+
+// acceptedSchemes lists the URL schemes of Open, for errors.
+var acceptedSchemes = func() string {
+	var all []string
+	for _, s := range schemes {
+		for _, name := range append([]string{s.name}, s.aliases...) {
+			all = append(all, name+"://")
+		}
+	}
+	return "want " + strings.Join(all[:len(all)-1], ", ") + " or " + all[len(all)-1]
+}()
 
 // target is a parsed broker URL.
 type target struct {
@@ -63,7 +112,7 @@ func parseTarget(rawURL string) (*target, error) {
 		return nil, fmt.Errorf("broker: %q is a %s, not a URL (%s)", redacted, form, acceptedSchemes)
 	}
 	scheme, rest, ok := strings.Cut(rawURL, ":")
-	canonical := canonicalSchemes[strings.ToLower(scheme)]
+	canonical := canonicalScheme(strings.ToLower(scheme))
 	if !ok || canonical == "" {
 		return nil, fmt.Errorf("broker: URL %q: unknown scheme %q (%s)", redacted, schemeForError(scheme), acceptedSchemes)
 	}
@@ -157,6 +206,13 @@ func applyParams(opts Options, params url.Values, redacted string) (Options, err
 				}
 				opts.PollInterval = d
 			}
+		case paramConnectTimeout:
+			// Brokers' clients cannot wait without limit: 0, which sqldb reads so, is refused.
+			d, err := connect.ParseTimeout(v)
+			if err != nil || d == 0 {
+				return opts, bad(k, v, "a positive Go duration such as 10s or 300ms, or whole seconds")
+			}
+			opts.ConnectTimeout = d
 		}
 	}
 	return opts, nil

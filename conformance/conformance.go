@@ -4,6 +4,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	_ "github.com/onceflow/onceflow/broker/all"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 // Mode is how the handlers of a scenario commit: one transaction per message, or group commit

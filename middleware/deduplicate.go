@@ -14,8 +14,11 @@ import (
 )
 
 // ErrNoTransaction reports a middleware that needs the transaction but runs outside
-// Transaction: a mistake in the order of a custom chain.
-var ErrNoTransaction = errors.New("no transaction in context: place this middleware inside Transaction")
+// Transaction: a mistake in the order of a custom chain. It is processor.ErrNoTransaction.
+var ErrNoTransaction = processor.ErrNoTransaction
+
+// errOutsideTransaction is the error of a middleware that runs outside Transaction.
+var errOutsideTransaction = fmt.Errorf("%w: place this middleware inside Transaction", ErrNoTransaction)
 
 // DedupOption configures Deduplicate.
 type DedupOption func(*dedupConfig)
@@ -68,7 +71,7 @@ func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middlew
 			}
 			tx, ok := processor.CurrentTx(ctx)
 			if !ok {
-				return ErrNoTransaction
+				return errOutsideTransaction
 			}
 			key := dedup.Key{Handler: handler, MessageID: msg.ID}
 			if cfg.withTimestamp && !msg.Timestamp.IsZero() {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	_ "github.com/onceflow/onceflow/broker/all"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/ordercheck"
 	"github.com/onceflow/onceflow/internal/testsvc"

@@ -310,7 +310,7 @@ func (o *InOrder) process(ctx context.Context, next processor.Processor, msg *me
 	}
 	tx, ok := processor.CurrentTx(ctx)
 	if !ok {
-		return middleware.ErrNoTransaction
+		return fmt.Errorf("%w: place ExactlyOnceInOrder inside Transaction", processor.ErrNoTransaction)
 	}
 	handler, key, seq := o.cfg.Handler, msg.Key, int64(msg.Sequence)
 

@@ -3,6 +3,7 @@ package ordering
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,7 +12,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -146,14 +146,20 @@ func (s *Sequencer) Stamp(ctx context.Context, tx sqlx.ExtContext, topic, key st
 	return nil
 }
 
+// Outbox is where Publish and PublishTx write the stamped messages: an *outbox.Outbox on the
+// sequencer's database.
+type Outbox interface {
+	PublishTx(ctx context.Context, tx *sql.Tx, topic string, msgs ...*message.Message) error
+}
+
 // Publish stamps msgs with the next sequence numbers of key on topic and writes them to ob, in
 // the transaction the handler's chain opened for the message being processed
 // (processor.TxFromContext): the messages, their sequence numbers and the handler's writes
 // commit or roll back together. ob must be on the sequencer's database.
-func (s *Sequencer) Publish(ctx context.Context, ob *outbox.Outbox, topic, key string, msgs ...*message.Message) error {
+func (s *Sequencer) Publish(ctx context.Context, ob Outbox, topic, key string, msgs ...*message.Message) error {
 	tx, ok := processor.TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("%w: the context carries none (run inside the handler's chain, or call PublishTx with a transaction of your own)", outbox.ErrNoTransaction)
+		return fmt.Errorf("ordering: Publish: %w (run inside the handler's chain, or call PublishTx with a transaction of your own)", processor.ErrNoTransaction)
 	}
 	return s.PublishTx(ctx, tx, ob, topic, key, msgs...)
 }
@@ -161,7 +167,7 @@ func (s *Sequencer) Publish(ctx context.Context, ob *outbox.Outbox, topic, key s
 // PublishTx is Publish through tx, a transaction of the sequencer's database that the caller
 // opened and will commit or roll back: for producers outside a handler, such as an HTTP request
 // that books a posting and announces it. A Relay sends the messages once tx commits.
-func (s *Sequencer) PublishTx(ctx context.Context, tx *sqlx.Tx, ob *outbox.Outbox, topic, key string, msgs ...*message.Message) error {
+func (s *Sequencer) PublishTx(ctx context.Context, tx *sqlx.Tx, ob Outbox, topic, key string, msgs ...*message.Message) error {
 	if tx == nil {
 		return errors.New("ordering: PublishTx: tx is nil")
 	}

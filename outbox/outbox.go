@@ -40,7 +40,8 @@ const maxMessagesPerInsert = 1000
 
 // ErrNoTransaction reports a Publish whose context carries no transaction: the outbox row
 // would not commit or roll back with the business writes, so Publish refuses to write it.
-var ErrNoTransaction = errors.New("outbox.Publish needs the handler's transaction")
+// It is processor.ErrNoTransaction.
+var ErrNoTransaction = processor.ErrNoTransaction
 
 // Config configures an Outbox. The zero value is valid.
 type Config struct {
@@ -167,7 +168,7 @@ func (o *Outbox) Tables() (messages, offsets string) { return o.d.tables() }
 func (o *Outbox) Publish(ctx context.Context, topic string, msgs ...*message.Message) error {
 	tx, ok := processor.TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("%w: the context carries none (run the processor inside the Transaction middleware, or call PublishTx with a transaction of your own)", ErrNoTransaction)
+		return fmt.Errorf("outbox: Publish: %w (run the processor inside the Transaction middleware, or call PublishTx with a transaction of your own)", ErrNoTransaction)
 	}
 	if d, err := sqldb.DialectOf(tx.DriverName()); err != nil || d != o.db.Dialect {
 		return fmt.Errorf("outbox: Publish: the handler's transaction is on a %q database, the outbox %s on %s", tx.DriverName(), o.table, o.db.Dialect)

@@ -86,7 +86,7 @@ func TestPublish_WithoutTransactionFails(t *testing.T) {
 
 	err = ob.Publish(context.Background(), topic, message.NewMessage("id-1", nil))
 	require.ErrorIs(t, err, outbox.ErrNoTransaction)
-	require.ErrorContains(t, err, "outbox.Publish needs the handler's transaction")
+	require.ErrorContains(t, err, "outbox: Publish: no transaction in the context")
 
 	st, err := ob.Stats(context.Background(), "")
 	require.NoError(t, err)

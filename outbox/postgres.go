@@ -3,12 +3,10 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
 	"github.com/onceflow/onceflow/sqldb"
@@ -169,9 +167,6 @@ func (p *postgres) publishLock() string { return "" }
 
 func (p *postgres) notify() string { return `SELECT pg_notify(` + pgChannel + `, '')` }
 
-// errCannotListen reports a database whose connections cannot LISTEN: the relays poll.
-var errCannotListen = errors.New("cannot listen for notifications")
-
 // listen calls ready once it listens on the outbox's channel, on a connection of its own,
 // then notified for each notification, until ctx ends or the connection fails. The connection
 // is closed, not returned to the pool, when it returns.
@@ -185,22 +180,5 @@ func (p *postgres) listen(ctx context.Context, db *sqldb.DB, ready, notified fun
 	if err := conn.QueryRowContext(ctx, `SELECT `+pgChannel, p.table).Scan(&channel); err != nil {
 		return fmt.Errorf("name the notification channel: %w", err)
 	}
-	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("%w: the connection is a %T, not pgx's", errCannotListen, dc)
-		}
-		pc := sc.Conn()
-		// The connection listens from here on: the pool must not have it back.
-		if _, err := pc.Exec(ctx, `LISTEN `+sqldb.Postgres.Quote(channel)); err != nil {
-			return errors.Join(fmt.Errorf("listen on %s: %w", channel, err), driver.ErrBadConn)
-		}
-		ready()
-		for {
-			if _, err := pc.WaitForNotification(ctx); err != nil {
-				return errors.Join(fmt.Errorf("wait for notifications on %s: %w", channel, err), driver.ErrBadConn)
-			}
-			notified()
-		}
-	})
+	return sqldb.Listen(ctx, db, conn, channel, ready, notified)
 }

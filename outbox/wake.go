@@ -172,7 +172,7 @@ func (r *Relay) listen(ctx context.Context, l listener) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errCannotListen) {
+		if errors.Is(err, sqldb.ErrCannotListen) {
 			r.logger.Info("outbox relay: the database connection cannot listen for notifications; polling", "error", err, "poll_interval", r.cfg.PollInterval)
 			return
 		}

@@ -2,9 +2,15 @@ package processor
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jmoiron/sqlx"
 )
+
+// ErrNoTransaction reports a call that needs the handler's transaction made with a context
+// that carries none: a middleware placed outside Transaction, or an outbox publish made
+// outside the handler's chain. The errors wrapping it say which.
+var ErrNoTransaction = errors.New("no transaction in the context")
 
 // Tx is a database transaction as the middlewares see it. *sqlx.Tx satisfies it; tests and
 // benchmarks may pass stand-ins.

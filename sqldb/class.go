@@ -44,9 +44,10 @@ func (c Class) String() string {
 	return "unknown"
 }
 
-// Classify places err, returned by any of the supported drivers, in a Class. It looks at
-// SQLSTATE codes, MySQL error numbers, SQLite result codes and driver error values with
-// errors.Is and errors.As, never at message text, so it works on wrapped and joined errors.
+// Classify places err in a Class. It asks the registered drivers (sqldb/postgres,
+// sqldb/mysql, sqldb/sqlite), which look at SQLSTATE codes, MySQL error numbers, SQLite result
+// codes and driver error values with errors.Is and errors.As, never at message text, so it
+// works on wrapped and joined errors.
 //
 // An error the server reported decides the class by its code. Otherwise an error caused by a
 // canceled or expired context is Unknown, even when the driver reports it through a closed
@@ -57,19 +58,21 @@ func Classify(err error) Class {
 	if err == nil {
 		return Unknown
 	}
-	if c, ok := classifyPostgres(err); ok {
-		return c
-	}
-	if c, ok := classifyMySQL(err); ok {
-		return c
-	}
-	if c, ok := classifySQLite(err); ok {
-		return c
+	ds := drivers()
+	for _, d := range ds {
+		if c, ok := d.Classify(err); ok {
+			return c
+		}
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return Unknown
 	}
-	if isPostgresConnectionError(err) || isMySQLConnectionError(err) || isConnectionError(err) {
+	for _, d := range ds {
+		if d.IsConnectionError != nil && d.IsConnectionError(err) {
+			return Connection
+		}
+	}
+	if isConnectionError(err) {
 		return Connection
 	}
 	return Unknown
@@ -118,8 +121,11 @@ func UniqueConstraint(err error) (string, bool) {
 	if Classify(err) != UniqueViolation {
 		return "", false
 	}
-	for _, f := range []func(error) (string, bool){postgresConstraint, mysqlConstraint, sqliteConstraint} {
-		if name, ok := f(err); ok {
+	for _, d := range drivers() {
+		if d.UniqueConstraint == nil {
+			continue
+		}
+		if name, ok := d.UniqueConstraint(err); ok {
 			return name, true
 		}
 	}

@@ -5,16 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 	"github.com/jmoiron/sqlx"
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
 	"github.com/onceflow/onceflow/processor"
 )
@@ -51,41 +48,57 @@ const (
 //	mysql://user:password@host:3306/dbname?param=value          (MySQL and MariaDB; also mariadb://)
 //	sqlite://path/to/file.db, sqlite:///absolute/path/file.db   (embedded, created if missing)
 //
-// Special characters in the user name, the password and an SQLite path are percent-encoded,
-// as in any URL (%40 for '@', %2F for '/', %3F for '?', %23 for '#', %25 for '%').
+// Each dialect's driver is a package of its own, which the program imports for its
+// registration, as it would a database/sql driver; Open names the import a URL needs when it
+// is missing:
 //
-// PostgreSQL URLs are passed to pgx as they are. MySQL URLs become a go-sql-driver DSN; the
-// port defaults to 3306, the query parameters are go-sql-driver's (parseTime=true, ...) or
-// session variables (sql_mode=%27ANSI%27, ...), and interpolateParams defaults to true unless
-// the URL sets it. SQLite databases are opened in WAL mode with synchronous=FULL, a busy
-// timeout of 30 s, foreign keys enforced and BEGIN IMMEDIATE transactions, so that concurrent
-// writers queue instead of failing; the query parameters of the URL are passed to the driver,
-// and a _pragma parameter replaces the default of the same pragma
-// (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock replaces the IMMEDIATE
-// default.
+//	import _ "github.com/onceflow/onceflow/sqldb/postgres" // pgx
+//	import _ "github.com/onceflow/onceflow/sqldb/mysql"    // go-sql-driver/mysql
+//	import _ "github.com/onceflow/onceflow/sqldb/sqlite"   // modernc.org/sqlite
+//
+// Special characters in the user name, the password and an SQLite path are percent-encoded,
+// as in any URL (%40 for '@', %2F for '/', %3F for '?', %23 for '#', %25 for '%'). The
+// packages of the drivers say how they read the rest of the URL.
+//
+// Every connect to a PostgreSQL or MySQL server, from the TCP dial to the end of the handshake
+// and authentication, Open's own and every later one of the pool, is bounded by the
+// connect_timeout query parameter, a Go duration (300ms, 10s) or whole seconds as libpq writes
+// it (10), which defaults to DefaultConnectTimeout; connect_timeout=0 waits without limit.
+// Open reads the parameter and does not pass it on to the driver; an SQLite URL, which names
+// a local file, ignores it. When ctx ends first, it ends the wait.
 //
 // The pool keeps up to DefaultMaxIdleConns idle connections, each for at most
 // DefaultConnMaxIdleTime; SetMaxIdleConns and SetConnMaxIdleTime change that.
 //
-// Errors and String never contain the password of the URL.
+// Errors and String name the host and never contain the password of the URL.
 func Open(ctx context.Context, rawURL string) (*DB, error) {
-	driverName, dsn, path, redacted, err := parseURL(rawURL)
+	t, err := parseURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
 	// The drivers' errors may echo the credentials they were given.
 	secrets := redact.Secrets(rawURL)
-	sdb, err := sql.Open(driverName, dsn)
+	connector, err := connectorOf(t.driver.DriverName, t.dsn)
 	if err != nil {
-		return nil, redact.Error(fmt.Errorf("open %s: %w", redacted, err), secrets)
+		return nil, redact.Error(fmt.Errorf("open %s: %w", t.redacted, err), secrets)
 	}
+	if t.connectTimeout > 0 {
+		connector = boundedConnector{Connector: connector, timeout: t.connectTimeout}
+	}
+	sdb := sql.OpenDB(connector)
 	sdb.SetMaxIdleConns(DefaultMaxIdleConns)
 	sdb.SetConnMaxIdleTime(DefaultConnMaxIdleTime)
-	db := &DB{DB: sqlx.NewDb(sdb, driverName), Path: path, redacted: redacted}
-	db.Dialect, _ = DialectOf(driverName)
-	if err := db.PingContext(ctx); err != nil {
+	db := &DB{DB: sqlx.NewDb(sdb, t.driver.DriverName), Dialect: t.driver.Dialect, Path: t.path, redacted: t.redacted}
+	pingCtx := ctx
+	if t.connectTimeout > 0 {
+		var cancel context.CancelFunc
+		pingCtx, cancel = context.WithTimeout(ctx, t.connectTimeout)
+		defer cancel()
+	}
+	if err := db.PingContext(pingCtx); err != nil {
 		_ = sdb.Close()
-		return nil, redact.Error(fmt.Errorf("connect to %s: %w", redacted, err), secrets)
+		err = connect.Explain(ctx, t.connectTimeout, err)
+		return nil, redact.Error(fmt.Errorf("connect to %s: %w", t.redacted, err), secrets)
 	}
 	return db, nil
 }
@@ -147,47 +160,69 @@ func hasUserinfo(rawURL string) bool {
 	return strings.Contains(rest, "@")
 }
 
-const wantSchemes = "want postgres://, mysql:// or sqlite://"
+// target is a database URL, parsed.
+type target struct {
+	driver *Driver
+	// dsn is the driver's data source name.
+	dsn string
+	// path is the file of an SQLite database.
+	path string
+	// redacted names the database without its password.
+	redacted string
+	// connectTimeout bounds each connect; 0 for no bound.
+	connectTimeout time.Duration
+}
 
-func parseURL(rawURL string) (driverName, dsn, path, redacted string, err error) {
+func parseURL(rawURL string) (*target, error) {
 	if strings.TrimSpace(rawURL) == "" {
-		return "", "", "", "", fmt.Errorf("database URL is empty (%s)", wantSchemes)
+		return nil, fmt.Errorf("database URL is empty (%s)", wantSchemes)
 	}
 	switch redact.FormOf(rawURL) {
 	case redact.Keywords:
-		return "", "", "", "", fmt.Errorf("database URL %q is a %s, not a URL: write postgres://user:password@host:port/dbname?param=value (%s)", Redact(rawURL), redact.Keywords, wantSchemes)
+		return nil, fmt.Errorf("database URL %q is a %s, not a URL: write postgres://user:password@host:port/dbname?param=value (%s)", Redact(rawURL), redact.Keywords, wantSchemes)
 	case redact.DSN:
-		return "", "", "", "", fmt.Errorf("database URL %q is a %s, not a URL: write mysql://user:password@host:port/dbname?param=value (%s)", Redact(rawURL), redact.DSN, wantSchemes)
+		return nil, fmt.Errorf("database URL %q is a %s, not a URL: write mysql://user:password@host:port/dbname?param=value (%s)", Redact(rawURL), redact.DSN, wantSchemes)
 	}
-	scheme, rest, ok := strings.Cut(rawURL, ":")
+	scheme, _, ok := strings.Cut(rawURL, ":")
 	if !ok || !redact.ValidScheme(scheme) {
-		return "", "", "", "", fmt.Errorf("database URL %q has no scheme (%s)", Redact(rawURL), wantSchemes)
+		return nil, fmt.Errorf("database URL %q has no scheme (%s)", Redact(rawURL), wantSchemes)
 	}
-	switch strings.ToLower(scheme) {
-	case "sqlite", "sqlite3":
-		dsn, path, err := sqliteDSN(rest)
-		if err != nil {
-			return "", "", "", "", fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
-		}
-		return "sqlite", dsn, path, "sqlite://" + path, nil
-	case "postgres", "postgresql":
+	info, ok := dialectOfScheme(strings.ToLower(scheme))
+	if !ok {
+		return nil, fmt.Errorf("database URL %q: unknown scheme %q (%s)", Redact(rawURL), scheme, wantSchemes)
+	}
+	d, err := driverOf(info)
+	if err != nil {
+		return nil, fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
+	}
+	t := &target{driver: d, redacted: Redact(rawURL)}
+	var u *url.URL
+	if !info.file {
 		if _, err := parseServerURL(rawURL); err != nil {
-			return "", "", "", "", err
+			return nil, err
 		}
-		// pgx recognises only the lower-case schemes.
-		return "pgx", strings.ToLower(scheme) + ":" + rest, "", Redact(rawURL), nil
-	case "mysql", "mariadb":
-		u, err := parseServerURL(rawURL)
-		if err != nil {
-			return "", "", "", "", err
-		}
-		dsn, err := mysqlDSN(u)
-		if err != nil {
-			return "", "", "", "", fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
-		}
-		return "mysql", dsn, "", Redact(rawURL), nil
+		t.connectTimeout = DefaultConnectTimeout
 	}
-	return "", "", "", "", fmt.Errorf("database URL %q: unknown scheme %q (%s)", Redact(rawURL), scheme, wantSchemes)
+	// Drivers recognise only the lower-case schemes.
+	rest, v, found, err := cutParam(lowerScheme(rawURL), connect.Param)
+	if err == nil && found && !info.file {
+		t.connectTimeout, err = connect.ParseTimeout(v)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
+	}
+	if !info.file {
+		if u, err = parseServerURL(rest); err != nil {
+			return nil, err
+		}
+	}
+	if t.dsn, t.path, err = d.DSN(rest, u); err != nil {
+		return nil, fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
+	}
+	if info.file {
+		t.redacted = info.schemes[0] + "://" + t.path
+	}
+	return t, nil
 }
 
 // parseServerURL parses the URL of a database server, refusing the forms in which a password
@@ -208,112 +243,6 @@ func parseServerURL(rawURL string) (*url.URL, error) {
 		return nil, fmt.Errorf("malformed database URL %q: want %s://[user[:password]@]host[:port]/database", Redact(rawURL), u.Scheme)
 	}
 	return u, nil
-}
-
-// mysqlDSN turns a mysql:// URL into a go-sql-driver DSN.
-func mysqlDSN(u *url.URL) (string, error) {
-	cfg := mysql.NewConfig()
-	cfg.Net = "tcp"
-	host, port := u.Hostname(), u.Port()
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	if port == "" {
-		port = "3306"
-	}
-	cfg.Addr = net.JoinHostPort(host, port)
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.DBName = strings.TrimPrefix(u.Path, "/")
-	cfg.InterpolateParams = true
-	dsn := cfg.FormatDSN()
-	if q := u.Query(); len(q) > 0 {
-		// Let go-sql-driver read the parameters, after the defaults above, so that its own
-		// parameters (interpolateParams=false, parseTime=true, ...) are applied and checked,
-		// and the others become session variables.
-		params := url.Values{}
-		for k, vs := range q {
-			params.Set(k, vs[len(vs)-1])
-		}
-		sep := "?"
-		if strings.Contains(dsn, "?") {
-			sep = "&"
-		}
-		dsn += sep + params.Encode()
-	}
-	parsed, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return "", err
-	}
-	return parsed.FormatDSN(), nil
-}
-
-// sqliteDefaults are the pragmas every SQLite connection gets unless the URL sets them. The
-// driver runs busy_timeout first, so that the others wait for locks instead of failing.
-var sqliteDefaults = []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
-
-// sqliteShorthands maps the driver's shorthand parameters to the pragma each one sets.
-var sqliteShorthands = map[string]string{
-	"_busy_timeout": "busy_timeout", "_timeout": "busy_timeout",
-	"_journal_mode": "journal_mode", "_journal": "journal_mode",
-	"_synchronous": "synchronous", "_sync": "synchronous",
-	"_foreign_keys": "foreign_keys", "_fk": "foreign_keys",
-}
-
-// sqliteDSN turns the part of a sqlite: URL after the scheme into a modernc.org/sqlite DSN,
-// and returns the path of the file.
-func sqliteDSN(rest string) (dsn, path string, err error) {
-	rawPath, query, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "?")
-	path, err = url.PathUnescape(rawPath)
-	if err != nil {
-		return "", "", fmt.Errorf("malformed path: %w", err)
-	}
-	if path == "" {
-		return "", "", errors.New("names no file")
-	}
-	extra, err := url.ParseQuery(query)
-	if err != nil {
-		return "", "", fmt.Errorf("malformed query: %w", err)
-	}
-	// The driver sorts the _pragma values before it runs them, so a value in the URL does not
-	// override a default of the same pragma by coming later: the default must go.
-	set := map[string]bool{}
-	for _, p := range extra["_pragma"] {
-		set[pragmaName(p)] = true
-	}
-	for k := range extra {
-		if name, ok := sqliteShorthands[k]; ok {
-			set[name] = true
-		}
-	}
-	params := url.Values{}
-	if extra.Get("_txlock") == "" {
-		params.Set("_txlock", "immediate")
-	}
-	for _, p := range sqliteDefaults {
-		if !set[pragmaName(p)] {
-			params.Add("_pragma", p)
-		}
-	}
-	for k, vs := range extra {
-		for _, v := range vs {
-			params.Add(k, v)
-		}
-	}
-	// The driver opens "file:" names as SQLite URIs, which decode %XX escapes in the path and
-	// end it at '?' or '#': escape the path so that SQLite opens exactly the file named.
-	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + params.Encode(), path, nil
-}
-
-// pragmaName returns the lower-case name of the pragma that a _pragma value such as
-// "busy_timeout(10)" or "synchronous = NORMAL" sets.
-func pragmaName(v string) string {
-	if i := strings.IndexAny(v, "(="); i >= 0 {
-		v = v[:i]
-	}
-	return strings.ToLower(strings.TrimSpace(v))
 }
 
 // urlErrorWithoutInput drops the input string from a *url.Error, which may hold a password.

@@ -1,7 +1,9 @@
 // Package amqp is onceflow's RabbitMQ scheme: the topology, the tolerant marshaler, the
 // publisher (watermill-amqp's, configured here) and a Subscriber of its own, built on
-// amqp091-go, that keeps many deliveries in flight. Package broker opens it for amqp:// and
-// amqps:// URLs; it does not import package broker.
+// amqp091-go, that keeps many deliveries in flight. It registers the amqp:// and amqps://
+// schemes of broker.Open, which a program links by importing it:
+//
+//	import _ "github.com/onceflow/onceflow/broker/amqp"
 //
 // # Topology
 //

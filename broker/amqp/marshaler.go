@@ -10,12 +10,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
 // HeaderRedelivered is set to "true" on a message that RabbitMQ delivered with its redelivered
-// flag: it was delivered before, to this or another consumer, and not acked.
-const HeaderRedelivered = "amqp_redelivered"
+// flag: it was delivered before, to this or another consumer, and not acked. It is
+// broker.HeaderAMQPRedelivered.
+const HeaderRedelivered = broker.HeaderAMQPRedelivered
 
 // HeaderMessageUUID is the header that carries a watermill message's UUID, as watermill-amqp
 // names it.

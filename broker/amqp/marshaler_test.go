@@ -1,6 +1,7 @@
 package amqp_test
 
 import (
+	"math"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -34,4 +35,56 @@ func TestMarshaler_LeavesOutTheHeadersOfADelivery(t *testing.T) {
 		_, has := p.Headers[k]
 		require.False(t, has, k)
 	}
+}
+
+func TestMarshaler_UnmarshalNeverFails(t *testing.T) {
+	t.Parallel()
+	d := amqp091.Delivery{
+		Headers: amqp091.Table{
+			"_watermill_message_uuid": int64(42), // not even the uuid header must fail
+			"nil":                     nil,
+			"table":                   amqp091.Table{"bytes": []byte("b"), "nested": []any{int8(1), false}},
+			"float32":                 float32(0.25),
+			"uint":                    uint8(7),
+			"nan":                     []any{math.NaN()},
+		},
+		Redelivered: true,
+		Body:        []byte("x"),
+	}
+	m, err := amqp.Marshaler{}.Unmarshal(d)
+	require.NoError(t, err)
+	require.Equal(t, "42", m.UUID)
+	require.Equal(t, "", m.Metadata.Get("nil"))
+	require.JSONEq(t, `{"bytes":"b","nested":[1,false]}`, m.Metadata.Get("table"))
+	require.Equal(t, "0.25", m.Metadata.Get("float32"))
+	require.Equal(t, "7", m.Metadata.Get("uint"))
+	require.Equal(t, "[NaN]", m.Metadata.Get("nan"))
+	require.Equal(t, "true", m.Metadata.Get(amqp.HeaderRedelivered))
+	_, has := m.Metadata[messagedata.HeaderTimestamp]
+	require.False(t, has, "no timestamp property, no timestamp header")
+}
+
+func TestMarshaler_RoundTrip(t *testing.T) {
+	t.Parallel()
+	in := message.NewMessage("id-1", []byte("payload"))
+	in.Metadata.Set("a", "b")
+	in.Metadata.Set(messagedata.HeaderTimestamp, "2026-05-06T07:08:09.123Z")
+	p, err := amqp.Marshaler{}.Marshal(in)
+	require.NoError(t, err)
+	out, err := amqp.Marshaler{}.Unmarshal(amqp091.Delivery{
+		Headers: p.Headers, Body: p.Body, MessageId: p.MessageId, Timestamp: p.Timestamp,
+	})
+	require.NoError(t, err)
+	require.Equal(t, in.UUID, out.UUID)
+	require.Equal(t, "b", out.Metadata.Get("a"))
+	require.Equal(t, "2026-05-06T07:08:09.123Z", out.Metadata.Get(messagedata.HeaderTimestamp), "the header wins over the whole-second property")
+	require.Equal(t, "id-1", out.Metadata.Get(messagedata.HeaderAMQPMessageID))
+
+	noID := message.NewMessage("", nil)
+	noID.Metadata.Set(messagedata.HeaderAMQPMessageID, "carried")
+	p, err = amqp.Marshaler{}.Marshal(noID)
+	require.NoError(t, err)
+	require.Equal(t, "carried", p.MessageId, "a message without UUID keeps the message_id it came with")
+	_, has := p.Headers["_watermill_message_uuid"]
+	require.False(t, has)
 }

@@ -7,7 +7,8 @@
 // that ends gives back what it held.
 //
 // Messages live as long as the Hub: a process that dies loses them, which is why it is for
-// tests only.
+// tests only. Importing the package registers the mem:// scheme of broker.Open, whose Brokers
+// share the Hub of their URL's name.
 package mem
 
 import (

@@ -1,8 +1,13 @@
 // Package nats is onceflow's subscriber for NATS JetStream: a watermill message.Subscriber that
-// keeps many deliveries in flight, on nats.go's own client. It also holds the rules that the
-// nats:// scheme of package broker shares with it: the names of streams and consumers
-// (StreamName, ConsumerName), the creation of a topic's stream (Streams) and the tolerant
-// unmarshaler of the wire format that watermill-nats's publisher writes (Unmarshal).
+// keeps many deliveries in flight, on nats.go's own client, and the nats:// scheme of
+// broker.Open, which it registers when a program imports it:
+//
+//	import _ "github.com/onceflow/onceflow/broker/nats"
+//
+// The scheme publishes with watermill-nats's publisher and subscribes with this Subscriber; they
+// share the names of streams and consumers (StreamName, ConsumerName), the creation of a
+// topic's stream (Streams) and the tolerant unmarshaler of the wire format that watermill-nats's
+// publisher writes (Unmarshal).
 //
 // # Consumers
 //

@@ -3,6 +3,11 @@
 // watermill-redisstream (the UUID in "_watermill_message_uuid", msgpack metadata in
 // "metadata", the payload in "payload"), so that watermill-redisstream's publisher and the
 // streams it wrote keep working; Marshaller is that format, with an Unmarshal that never fails.
+// It registers the redis:// and rediss:// schemes of broker.Open, which publish with
+// watermill-redisstream's publisher and subscribe with this Subscriber, when a program imports
+// it:
+//
+//	import _ "github.com/onceflow/onceflow/broker/redis"
 //
 // # Delivery
 //

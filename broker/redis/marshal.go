@@ -6,6 +6,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/vmihailenco/msgpack"
+
+	"github.com/onceflow/onceflow/broker"
 )
 
 // Fields of a stream entry that watermill-redisstream writes, besides the UUID
@@ -16,8 +18,8 @@ const (
 )
 
 // HeaderMetadata carries the raw "metadata" field of a stream entry that did not decode as
-// watermill metadata (an entry written by another producer).
-const HeaderMetadata = "redis_metadata"
+// watermill metadata (an entry written by another producer). It is broker.HeaderRedisMetadata.
+const HeaderMetadata = broker.HeaderRedisMetadata
 
 // Marshaller converts between watermill messages and stream entries in
 // watermill-redisstream's format: the UUID in the field "_watermill_message_uuid", the

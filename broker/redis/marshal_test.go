@@ -43,4 +43,9 @@ func TestMarshaller_UnmarshalNeverFails(t *testing.T) {
 	require.Equal(t, "p", string(m.Payload))
 	require.Equal(t, "ext-1", m.Metadata.Get("onceflow_id"), "fields of other producers become metadata")
 	require.Equal(t, "not msgpack \xc1", m.Metadata.Get(redissub.HeaderMetadata))
+
+	m, err = redissub.Marshaller{}.Unmarshal(map[string]any{})
+	require.NoError(t, err)
+	require.Empty(t, m.UUID)
+	require.Empty(t, m.Payload)
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
 // Default configuration values, chosen for an embedded queue: a window that keeps a router's
@@ -12,7 +14,7 @@ import (
 // low.
 const (
 	DefaultConsumerGroup  = "default"
-	DefaultBatchSize      = 16
+	DefaultBatchSize      = queuetable.DefaultBatchSize
 	DefaultPollInterval   = 20 * time.Millisecond
 	DefaultResendInterval = 50 * time.Millisecond
 	DefaultRetryInterval  = time.Second

@@ -1,5 +1,7 @@
 // Package sqlitequeue is onceflow's embedded broker: a durable message queue in one SQLite file,
-// offered as a watermill Publisher and Subscriber, that needs no server.
+// offered as a watermill Publisher and Subscriber, that needs no server. It links the SQLite
+// driver (sqldb/sqlite), and registers the sqlite:// and sqlite3:// schemes of broker.Open when
+// a program imports it.
 //
 // Each topic has three tables. The messages table, "onceflow_queue_<topic>", gives every
 // message an increasing offset. The offsets table, "onceflow_offsets_<topic>", has a cursor

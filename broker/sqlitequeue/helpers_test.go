@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 // testFile returns the path of a queue file in a fresh directory.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
 // The inspection methods read without taking the write lock, so they never wait for writers
@@ -43,8 +45,8 @@ func (q *Queue) Topics(ctx context.Context) ([]string, error) {
 		if err := rows.Scan(&name); err != nil {
 			return nil, fmt.Errorf("sqlitequeue: list topics: %w", err)
 		}
-		if suffix, ok := strings.CutPrefix(name, messagesTablePrefix); ok {
-			topics = append(topics, topicOfSuffix(suffix))
+		if suffix, ok := strings.CutPrefix(name, queuetable.MessagesPrefix); ok {
+			topics = append(topics, queuetable.TopicOfSuffix(suffix))
 		}
 	}
 	if err := rows.Err(); err != nil {

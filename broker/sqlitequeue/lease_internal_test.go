@@ -9,6 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 // A settlement names its lease by the delivery count: once the lease has expired and been

@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
 // publisher is the Queue's message.Publisher.
@@ -64,7 +66,7 @@ func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 
 func (p *publisher) insertRows(ctx context.Context, tx *sql.Tx, topic string, msgs []*message.Message) error {
 	for len(msgs) > 0 {
-		n := min(len(msgs), insertChunk)
+		n := min(len(msgs), queuetable.InsertChunk)
 		query, err := p.q.schema.InsertQuery(topic, msgs[:n])
 		if err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -42,6 +43,9 @@ type Queue struct {
 // query parameters of a sqlite:// URL are passed to the driver as sqldb.Open describes. The
 // directory must exist. The file is opened with sqldb.Open: WAL journal, synchronous=FULL, a
 // busy timeout of 30 s and BEGIN IMMEDIATE transactions.
+//
+// The program links the SQLite driver by importing github.com/onceflow/onceflow/sqldb/sqlite
+// (or broker/all); without it Open fails with an error that names the import.
 //
 // The Queue owns the connection pool: Close closes it.
 func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
@@ -236,7 +240,7 @@ func (q *Queue) createTables(ctx context.Context, tx *sql.Tx, topic string) erro
 	for _, query := range append(q.schema.SchemaInitializingQueries(topic), q.offsets.SchemaInitializingQueries(topic)...) {
 		queries = append(queries, query.Query)
 	}
-	for _, query := range append(queries, leasesSchema(topic)...) {
+	for _, query := range append(queries, queuetable.LeasesSchema(topic)...) {
 		if _, err := tx.ExecContext(ctx, query); err != nil {
 			return fmt.Errorf("create tables of topic %q: %w", topic, err)
 		}

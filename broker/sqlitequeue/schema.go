@@ -2,316 +2,51 @@ package sqlitequeue
 
 import (
 	"database/sql"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"regexp"
-	"strconv"
-	"strings"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
-// Table and index name prefixes. SQLite keeps tables and indexes in one namespace; the prefixes
-// differ from one another before any of them ends, so no name made for one topic can be a name
-// made for another.
-const (
-	messagesTablePrefix = "onceflow_queue_"
-	offsetsTablePrefix  = "onceflow_offsets_"
-	leasesTablePrefix   = "onceflow_leases_"
-	dueIndexPrefix      = "onceflow_due_"
-)
-
-// maxTopicLength bounds topic names, which become part of table names.
-const maxTopicLength = 200
-
-// topicPattern is the set of topic names the queue accepts: the characters watermill-sql
-// allows, and at least one of them.
-var topicPattern = regexp.MustCompile(`^[A-Za-z0-9\-$:._]+$`)
+// The tables of the queue are internal/queuetable's, which the outbox on SQLite writes too:
+// each topic has a messages table "onceflow_queue_<topic>", an offsets table
+// "onceflow_offsets_<topic>" and a leases table "onceflow_leases_<topic>", with each
+// upper-case letter X of the topic written "^x" (SQLite table names ignore case).
 
 // ErrInvalidTopic reports a topic name the queue cannot store.
-var ErrInvalidTopic = errors.New("sqlitequeue: invalid topic name")
+var ErrInvalidTopic = queuetable.ErrInvalidTopic
 
 // CheckTopic reports whether topic can name a queue topic: 1 to 200 characters, each a letter,
 // digit, '-', '$', ':', '.' or '_'. The error wraps ErrInvalidTopic and names the topic.
-func CheckTopic(topic string) error {
-	if len(topic) > maxTopicLength {
-		return fmt.Errorf("%w: %q is longer than %d characters", ErrInvalidTopic, topic, maxTopicLength)
-	}
-	if !topicPattern.MatchString(topic) {
-		return fmt.Errorf("%w: %q must be 1 to %d letters, digits, '-', '$', ':', '.' or '_'", ErrInvalidTopic, topic, maxTopicLength)
-	}
-	return nil
-}
-
-// tableSuffix maps a valid topic to the part of its table names after the prefix. SQLite
-// compares identifiers case-insensitively, so an upper-case letter X becomes "^x": "Orders" and
-// "orders" get different tables. '^' cannot occur in a topic, so the mapping is one-to-one.
-func tableSuffix(topic string) string {
-	if strings.IndexFunc(topic, isUpper) < 0 {
-		return topic
-	}
-	var b strings.Builder
-	for _, r := range topic {
-		if isUpper(r) {
-			b.WriteByte('^')
-			r += 'a' - 'A'
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// topicOfSuffix inverts tableSuffix.
-func topicOfSuffix(s string) string {
-	if !strings.Contains(s, "^") {
-		return s
-	}
-	var b strings.Builder
-	upper := false
-	for _, r := range s {
-		switch {
-		case r == '^':
-			upper = true
-			continue
-		case upper && r >= 'a' && r <= 'z':
-			r -= 'a' - 'A'
-		}
-		upper = false
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-func isUpper(r rune) bool { return r >= 'A' && r <= 'Z' }
-
-// quote returns name as a quoted SQLite identifier. Names made from valid topics contain no
-// '"', but quote doubles it anyway so that no name can end the quoting.
-func quote(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
+func CheckTopic(topic string) error { return queuetable.CheckTopic(topic) }
 
 // MessagesTable returns the unquoted name of topic's messages table: "onceflow_queue_" and the
 // topic, with each upper-case letter X written "^x" (SQLite table names ignore case).
-func MessagesTable(topic string) string { return messagesTablePrefix + tableSuffix(topic) }
+func MessagesTable(topic string) string { return queuetable.MessagesTable(topic) }
 
 // OffsetsTable returns the unquoted name of topic's offsets table: "onceflow_offsets_" and the
 // topic, spelled as in MessagesTable.
-func OffsetsTable(topic string) string { return offsetsTablePrefix + tableSuffix(topic) }
+func OffsetsTable(topic string) string { return queuetable.OffsetsTable(topic) }
 
 // LeasesTable returns the unquoted name of topic's leases table: "onceflow_leases_" and the
 // topic, spelled as in MessagesTable.
-func LeasesTable(topic string) string { return leasesTablePrefix + tableSuffix(topic) }
+func LeasesTable(topic string) string { return queuetable.LeasesTable(topic) }
 
-// leasesSchema returns the statements that create topic's leases table and its index of due
-// leases, if missing:
-//
-//	"onceflow_leases_<topic>" (
-//	    consumer_group TEXT    NOT NULL,
-//	    "offset"       INTEGER NOT NULL,  -- of the message in "onceflow_queue_<topic>"
-//	    deliveries     INTEGER NOT NULL,  -- how many times the group has been handed the message
-//	    visible_at     INTEGER NOT NULL,  -- Unix milliseconds from which the lease may be claimed
-//	    PRIMARY KEY (consumer_group, "offset")
-//	)
-//
-// with the index "onceflow_due_<topic>" on (consumer_group, visible_at). A row is a message
-// that its consumer group has claimed (its offset is at or below the group's cursor in the
-// offsets table) and not acknowledged.
-func leasesSchema(topic string) []string {
-	return []string{
-		`CREATE TABLE IF NOT EXISTS ` + quote(LeasesTable(topic)) + ` (
-	consumer_group TEXT    NOT NULL,
-	"offset"       INTEGER NOT NULL,
-	deliveries     INTEGER NOT NULL,
-	visible_at     INTEGER NOT NULL,
-	PRIMARY KEY (consumer_group, "offset")
-) WITHOUT ROWID`,
-		`CREATE INDEX IF NOT EXISTS ` + quote(dueIndexPrefix+tableSuffix(topic)) + ` ON ` +
-			quote(LeasesTable(topic)) + ` (consumer_group, visible_at)`,
-	}
-}
+// SchemaAdapter is the watermill-sql SchemaAdapter of the queue's messages tables, for
+// watermill-sql subscribers over tables of this form (onceflow's outbox relay on SQLite keeps
+// its outbox so). The queue's Publisher writes through its InsertQuery; its Subscriber reads
+// the tables itself. BatchSize is the number of messages SelectQuery reads at once, 16 by
+// default.
+type SchemaAdapter = queuetable.SchemaAdapter
 
-// SchemaAdapter is the watermill-sql SchemaAdapter of the queue. Each topic has a table
-//
-//	"onceflow_queue_<topic>" (
-//	    "offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
-//	    uuid       TEXT NOT NULL,
-//	    payload    BLOB,
-//	    metadata   TEXT,   -- JSON object
-//	    created_at TEXT NOT NULL  -- UTC, RFC 3339 with milliseconds
-//	)
-//
-// AUTOINCREMENT never reuses an offset, even after rows are deleted, and SQLite runs one write
-// transaction at a time, so offsets become visible in increasing order: a consumer that has
-// seen offset n will never later find a new message below n. That is what lets a consumer
-// group keep a single offset: the queue's cursor, or watermill-sql's acknowledged offset.
-//
-// The queue's Publisher writes through InsertQuery; its Subscriber reads the tables itself,
-// without watermill-sql. The adapter is for watermill-sql subscribers over tables of this
-// form (onceflow's outbox relay on SQLite keeps its outbox so).
-//
-// Topics must pass CheckTopic; callers of the queue's Publisher and Subscriber get that check
-// for free. Table names are always quoted.
-type SchemaAdapter struct {
-	// BatchSize is the number of messages SelectQuery reads at once. Defaults to 16.
-	BatchSize int
-}
+// OffsetsAdapter is the watermill-sql OffsetsAdapter of the queue's offsets tables, one row
+// per consumer group. For a watermill-sql subscriber it is the offset of the last message the
+// group acknowledged; the queue's own Subscriber keeps its cursor there instead (see
+// Queue.Subscriber).
+type OffsetsAdapter = queuetable.OffsetsAdapter
 
-var _ wsql.SchemaAdapter = SchemaAdapter{}
+func quote(name string) string { return queuetable.Quote(name) }
 
-// insertChunk is the number of rows one INSERT statement carries: three parameters each, well
-// under SQLite's limit of 32766 parameters.
-const insertChunk = 1000
-
-// SchemaInitializingQueries returns the CREATE TABLE IF NOT EXISTS statement of topic's
-// messages table.
-func (s SchemaAdapter) SchemaInitializingQueries(topic string) []wsql.Query {
-	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + quote(MessagesTable(topic)) + ` (
-	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
-	uuid       TEXT NOT NULL,
-	payload    BLOB,
-	metadata   TEXT,
-	created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-)`}}
-}
-
-// InsertQuery returns one INSERT of msgs into topic's table, in their order. It fails for more
-// than 1000 messages; the queue's Publisher splits larger calls.
-func (s SchemaAdapter) InsertQuery(topic string, msgs message.Messages) (wsql.Query, error) {
-	if len(msgs) == 0 || len(msgs) > insertChunk {
-		return wsql.Query{}, fmt.Errorf("sqlitequeue: insert of %d messages (want 1 to %d)", len(msgs), insertChunk)
-	}
-	args := make([]any, 0, 3*len(msgs))
-	for _, msg := range msgs {
-		metadata, err := json.Marshal(msg.Metadata)
-		if err != nil {
-			return wsql.Query{}, fmt.Errorf("sqlitequeue: marshal metadata of message %s: %w", msg.UUID, err)
-		}
-		args = append(args, msg.UUID, []byte(msg.Payload), string(metadata))
-	}
-	q := `INSERT INTO ` + quote(MessagesTable(topic)) + ` (uuid, payload, metadata) VALUES ` +
-		strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(msgs)), ", ")
-	return wsql.Query{Query: q, Args: args}, nil
-}
-
-func (s SchemaAdapter) batchSize() int {
-	if s.BatchSize <= 0 {
-		return DefaultBatchSize
-	}
-	return s.BatchSize
-}
-
-// SelectQuery returns the query for the next batch of consumerGroup: the messages after the
-// offset that offsetsAdapter reports, in offset order.
-func (s SchemaAdapter) SelectQuery(topic, consumerGroup string, offsetsAdapter wsql.OffsetsAdapter) wsql.Query {
-	next := offsetsAdapter.NextOffsetQuery(topic, consumerGroup)
-	q := `SELECT "offset", uuid, payload, metadata FROM ` + quote(MessagesTable(topic)) +
-		` WHERE "offset" > (` + next.Query + `) ORDER BY "offset" LIMIT ` + strconv.Itoa(s.batchSize())
-	return wsql.Query{Query: q, Args: next.Args}
-}
-
-// UnmarshalMessage turns a row of SelectQuery into a message.
-func (s SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
-	var r wsql.Row
-	var metadata sql.NullString
-	if err := row.Scan(&r.Offset, &r.UUID, &r.Payload, &metadata); err != nil {
-		return wsql.Row{}, fmt.Errorf("sqlitequeue: scan message row: %w", err)
-	}
-	msg, err := newMessage(string(r.UUID), r.Payload, metadata)
-	if err != nil {
-		return wsql.Row{}, fmt.Errorf("sqlitequeue: message at offset %d: %w", r.Offset, err)
-	}
-	if metadata.Valid {
-		r.Metadata = []byte(metadata.String)
-	}
-	r.Msg = msg
-	return r, nil
-}
-
-// SubscribeIsolationLevel returns sql.LevelDefault: SQLite transactions are always
-// serializable, and the queue's transactions begin with BEGIN IMMEDIATE.
-func (s SchemaAdapter) SubscribeIsolationLevel() sql.IsolationLevel { return sql.LevelDefault }
-
-// newMessage makes the message of a stored row. Its error reports metadata that is not a JSON
-// object; a value that is not a string (written by a producer other than the queue's Publisher)
-// is kept as its JSON text.
 func newMessage(uuid string, payload []byte, metadata sql.NullString) (*message.Message, error) {
-	msg := message.NewMessage(uuid, payload)
-	if !metadata.Valid || metadata.String == "" {
-		return msg, nil
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(metadata.String), &fields); err != nil {
-		return msg, fmt.Errorf("metadata %q is not a JSON object: %w", truncate(metadata.String, 80), err)
-	}
-	for k, raw := range fields {
-		var v string
-		if err := json.Unmarshal(raw, &v); err != nil {
-			v = string(raw)
-		}
-		msg.Metadata[k] = v
-	}
-	return msg, nil
-}
-
-// truncate shortens s to at most n bytes for an error message.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
-}
-
-// OffsetsAdapter is the watermill-sql OffsetsAdapter of the queue. Each topic has a table
-//
-//	"onceflow_offsets_<topic>" (consumer_group TEXT PRIMARY KEY, offset_acked INTEGER NOT NULL)
-//
-// with one row per consumer group. For a watermill-sql subscriber it is the offset of the last
-// message the group acknowledged. The queue's own Subscriber keeps its cursor there instead:
-// every offset at or below it is acknowledged or has a lease (see Queue.Subscriber), so the
-// acknowledged offset of a file written before the queue had leases is a valid cursor.
-//
-// It takes no row locks, because SQLite has none: consumers of one group are kept apart by the
-// subscriber's transaction, which begins with BEGIN IMMEDIATE and so holds the database's write
-// lock from before it reads the offset until it has written the new one.
-type OffsetsAdapter struct{}
-
-var _ wsql.OffsetsAdapter = OffsetsAdapter{}
-
-// SchemaInitializingQueries returns the CREATE TABLE IF NOT EXISTS statement of topic's offsets
-// table.
-func (OffsetsAdapter) SchemaInitializingQueries(topic string) []wsql.Query {
-	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + quote(OffsetsTable(topic)) + ` (
-	consumer_group TEXT NOT NULL PRIMARY KEY,
-	offset_acked   INTEGER NOT NULL DEFAULT 0
-)`}}
-}
-
-// NextOffsetQuery returns the query for consumerGroup's acknowledged offset, 0 if it has none.
-func (OffsetsAdapter) NextOffsetQuery(topic, consumerGroup string) wsql.Query {
-	return wsql.Query{
-		Query: `SELECT COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?), 0)`,
-		Args:  []any{consumerGroup},
-	}
-}
-
-// AckMessageQuery returns the upsert that records row's offset as consumerGroup's acknowledged
-// offset. The offset never moves backwards.
-func (OffsetsAdapter) AckMessageQuery(topic string, row wsql.Row, consumerGroup string) wsql.Query {
-	return wsql.Query{
-		Query: `INSERT INTO ` + quote(OffsetsTable(topic)) + ` (consumer_group, offset_acked) VALUES (?, ?)
-ON CONFLICT (consumer_group) DO UPDATE SET offset_acked = max(offset_acked, excluded.offset_acked)`,
-		Args: []any{consumerGroup, row.Offset},
-	}
-}
-
-// ConsumedMessageQuery returns no query: the write lock already keeps consumers apart.
-func (OffsetsAdapter) ConsumedMessageQuery(topic string, row wsql.Row, consumerGroup string, consumerULID []byte) wsql.Query {
-	return wsql.Query{}
-}
-
-// BeforeSubscribingQueries returns no query. (The queue's Subscriber records a new consumer
-// group itself, and only when it is missing, so that subscribing to a topic whose tables and
-// group exist needs no write lock.)
-func (OffsetsAdapter) BeforeSubscribingQueries(topic, consumerGroup string) []wsql.Query {
-	return nil
+	return queuetable.NewMessage(uuid, payload, metadata)
 }

@@ -3,6 +3,17 @@
 // flight, with leases, delivery counts and delayed redelivery, over the tables of
 // watermill-sql v3, whose Publisher writes the messages.
 //
+// It registers the postgres://, postgresql://, mysql:// and mariadb:// schemes of broker.Open.
+// The queue opens its database with sqldb.Open, whose drivers are packages of their own: a
+// program that uses a PostgreSQL queue imports
+//
+//	import (
+//		_ "github.com/onceflow/onceflow/broker/sqlqueue"
+//		_ "github.com/onceflow/onceflow/sqldb/postgres"
+//	)
+//
+// and sqldb/mysql for a MySQL or MariaDB queue.
+//
 // # Tables
 //
 // Each topic keeps watermill-sql's tables, unchanged, so that producers and stored messages

@@ -12,6 +12,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	// The command opens any broker URL and any database URL.
+	_ "github.com/onceflow/onceflow/broker/all"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 func main() {

@@ -38,10 +38,14 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	_ "github.com/onceflow/onceflow/broker/all"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 // mappingExpiry is how long an external id stays mapped: seed 003's 24 hours. A redelivery

@@ -32,10 +32,14 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	_ "github.com/onceflow/onceflow/broker/all"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 // Order is a payment order: move Cents from one account to another.

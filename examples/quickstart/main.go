@@ -30,6 +30,7 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 const topic = "payments"

@@ -25,6 +25,10 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/sqldb"
+	// The tests open databases of every dialect.
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 // Default service URLs.

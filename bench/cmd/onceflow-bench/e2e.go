@@ -19,6 +19,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	rabbitmq "github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
@@ -415,7 +416,7 @@ func publishAMQP(ctx context.Context, amqpURL, topic string, n int, payload []by
 				return nil
 			}
 			for next.Add(1) <= int64(n) {
-				p, err := broker.AMQPMarshaler{}.Marshal(message.NewMessage(watermill.NewUUID(), payload))
+				p, err := rabbitmq.Marshaler{}.Marshal(message.NewMessage(watermill.NewUUID(), payload))
 				if err != nil {
 					return err
 				}

@@ -23,6 +23,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	_ "github.com/onceflow/onceflow/broker/all"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 func main() {

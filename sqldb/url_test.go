@@ -1,4 +1,4 @@
-package sqldb
+package sqldb_test
 
 import (
 	"net/url"
@@ -8,10 +8,15 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
-// These tests read the DSN that parseURL hands to the driver; the tests in package sqldb_test
-// open the same URLs against the real databases.
+// These tests read the DSN that Open hands to the driver; the tests of Open open the same URLs
+// against the real databases.
 
 func TestParseURL_PostgresIsPassedToPgx(t *testing.T) {
 	t.Parallel()
@@ -32,7 +37,7 @@ func TestParseURL_PostgresIsPassedToPgx(t *testing.T) {
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			t.Parallel()
-			driverName, dsn, path, redacted, err := parseURL(tc.in)
+			driverName, dsn, path, redacted, _, err := sqldb.ParseURL(tc.in)
 			require.NoError(t, err)
 			require.Equal(t, "pgx", driverName)
 			require.Equal(t, tc.dsn, dsn)
@@ -100,7 +105,7 @@ func TestParseURL_MySQLBecomesDriverDSN(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			driverName, dsn, path, redacted, err := parseURL(tc.in)
+			driverName, dsn, path, redacted, _, err := sqldb.ParseURL(tc.in)
 			require.NoError(t, err)
 			require.Equal(t, "mysql", driverName)
 			require.Empty(t, path)
@@ -142,7 +147,7 @@ func TestParseURL_SQLiteDefaultsAndOverrides(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			driverName, dsn, path, redacted, err := parseURL(tc.in)
+			driverName, dsn, path, redacted, _, err := sqldb.ParseURL(tc.in)
 			require.NoError(t, err)
 			require.Equal(t, "sqlite", driverName)
 			require.Equal(t, tc.path, path)
@@ -180,7 +185,7 @@ func TestParseURL_ErrorsNameTheProblem(t *testing.T) {
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			t.Parallel()
-			_, _, _, _, err := parseURL(tc.in)
+			_, _, _, _, _, err := sqldb.ParseURL(tc.in)
 			require.EqualError(t, err, tc.err)
 		})
 	}

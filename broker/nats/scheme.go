@@ -1,4 +1,4 @@
-package broker
+package nats
 
 import (
 	"context"
@@ -10,29 +10,38 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-func openNATS(t *target, o Options) (*backend, error) {
-	nc, err := nats.Connect(t.dsn, nats.Name("onceflow publisher"))
+func init() { broker.Register("nats", openScheme) }
+
+// openScheme publishes with watermill-nats's publisher, with Nats-Msg-Id set as msgID says,
+// and subscribes with this package's Subscriber. The connects, the publisher's and the
+// Subscribers', their INFO, CONNECT and PING exchange included, and the check that JetStream
+// is enabled are bounded by opts.ConnectTimeout.
+func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
+	nc, err := nats.Connect(t.URL, nats.Name("onceflow publisher"), nats.Timeout(o.ConnectTimeout))
 	if err != nil {
 		return nil, err
 	}
 	js, err := nc.JetStream()
 	if err == nil {
-		_, err = js.AccountInfo()
+		checkCtx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
+		_, err = js.AccountInfo(nats.Context(checkCtx))
+		cancel()
 	}
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("JetStream is not available: %w", err)
 	}
 	pub, err := wnats.NewPublisherWithNatsConn(nc, wnats.PublisherPublishConfig{
-		Marshaler:         natsMarshaler{},
+		Marshaler:         marshaler{},
 		SubjectCalculator: wnats.DefaultSubjectCalculator,
-		// natsMarshaler sets Nats-Msg-Id (the message UUID, or HeaderNATSMsgID): JetStream drops
-		// a second publish of the same message within the stream's duplicate window, so a
-		// publisher that retries does not duplicate. TrackMsgId would overwrite it with the UUID.
+		// marshaler sets Nats-Msg-Id (the message UUID, or broker.HeaderNATSMsgID): JetStream
+		// drops a second publish of the same message within the stream's duplicate window, so
+		// a publisher that retries does not duplicate. TrackMsgId would overwrite it with the
+		// UUID.
 		JetStream: wnats.JetStreamConfig{TrackMsgId: false},
 	}, o.Logger)
 	if err != nil {
@@ -44,39 +53,40 @@ func openNATS(t *target, o Options) (*backend, error) {
 		nc.Close()
 		return nil, err
 	}
-	streams := natsbroker.NewStreams(njs)
-	cfg := natsbroker.Config{
-		URL:           t.dsn,
+	streams := NewStreams(njs)
+	cfg := Config{
+		URL:           t.URL,
 		ConsumerGroup: o.ConsumerGroup,
 		Prefetch:      o.Prefetch,
 		AckWait:       o.AckTimeout,
-		NackDelay:     o.nackDelay(),
+		NackDelay:     max(o.NackDelay, 0),
 		Logger:        o.Logger,
+		// A Subscriber's connection, and its reconnections, are bounded alike.
+		ConnectOptions: []nats.Option{nats.Timeout(o.ConnectTimeout)},
 	}
 
-	return &backend{
-		pub:        pub,
-		checkTopic: checkNATSTopic,
-		preparePublish: func(topic string) error {
+	return &broker.Backend{
+		Publisher:  pub,
+		CheckTopic: checkTopic,
+		PreparePublish: func(topic string) error {
 			_, err := streams.Ensure(context.Background(), topic)
 			return err
 		},
 		// The subscriber pulls many deliveries in flight per subscription, delays nacks with
 		// NakWithDelay, naks what it holds when it closes and counts deliveries with
 		// JetStream's NumDelivered.
-		newSubscriber: func() (message.Subscriber, error) { return natsbroker.NewSubscriber(cfg) },
-		native:        true,
-		close: func() error {
+		NewSubscriber: func() (message.Subscriber, error) { return NewSubscriber(cfg) },
+		Close: func() error {
 			nc.Close()
 			return nil
 		},
-		view: newNATSView(nc, js, o.ConsumerGroup),
+		View: newView(nc, js, o.ConsumerGroup),
 	}, nil
 }
 
-// checkNATSTopic accepts topics that are literal NATS subjects. A '.' separates subject tokens:
+// checkTopic accepts topics that are literal NATS subjects. A '.' separates subject tokens:
 // "orders.created" is the subject orders.created, which a stream for "orders.*" would capture.
-func checkNATSTopic(topic string) error {
+func checkTopic(topic string) error {
 	if strings.ContainsAny(topic, "*> \t\r\n") {
 		return fmt.Errorf("broker: topic %q: a NATS topic is a literal subject: no spaces and no wildcards (* >)", topic)
 	}
@@ -86,21 +96,13 @@ func checkNATSTopic(topic string) error {
 	return nil
 }
 
-// HeaderNATSMsgID, set on a message published to a NATS broker, is the Nats-Msg-Id the message
-// is published with, in place of its UUID. JetStream drops a publish whose Nats-Msg-Id the
-// stream has seen within its duplicate window (2 minutes by default): a message that must be
-// published again with the same UUID within that window, such as a dead letter moved back to
-// the topic it came from, needs an id of its own. Broker.Move sets it. The header itself is not
-// sent; other schemes ignore it.
-const HeaderNATSMsgID = "onceflow_nats_msg_id"
-
-// natsMsgID returns the Nats-Msg-Id of msg: HeaderNATSMsgID when set; for a dead letter (a
+// msgID returns the Nats-Msg-Id of msg: broker.HeaderNATSMsgID when set; for a dead letter (a
 // message with the header messagedata.HeaderDeadLetterTime), its UUID with the handler and the
 // time it was dead-lettered, so that a message dead-lettered again (replayed, failed again)
 // within the duplicate window is not dropped from the dead-letter topic, and lost, while a
 // retried publish of one dead letter still is; otherwise the UUID.
-func natsMsgID(msg *message.Message) string {
-	if id := msg.Metadata.Get(HeaderNATSMsgID); id != "" {
+func msgID(msg *message.Message) string {
+	if id := msg.Metadata.Get(broker.HeaderNATSMsgID); id != "" {
 		return id
 	}
 	if at := msg.Metadata.Get(messagedata.HeaderDeadLetterTime); at != "" && msg.UUID != "" {
@@ -109,22 +111,22 @@ func natsMsgID(msg *message.Message) string {
 	return msg.UUID
 }
 
-// natsMarshaler is the wire format of the NATS scheme: watermill-nats's NATSMarshaler for the
-// publisher, with Nats-Msg-Id set as natsMsgID says, and the tolerant natsbroker.Unmarshal of
-// the subscriber for Peek and Move, which never fails on foreign headers.
-type natsMarshaler struct{}
+// marshaler is the wire format of the nats:// scheme: watermill-nats's NATSMarshaler for the
+// publisher, with Nats-Msg-Id set as msgID says, and the tolerant Unmarshal of the subscriber
+// for Peek and Move, which never fails on foreign headers.
+type marshaler struct{}
 
-var _ wnats.MarshalerUnmarshaler = natsMarshaler{}
+var _ wnats.MarshalerUnmarshaler = marshaler{}
 
 // Marshal converts msg to a NATS message with the metadata as headers, and Nats-Msg-Id set as
-// natsMsgID says.
-func (natsMarshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, error) {
+// msgID says.
+func (marshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, error) {
 	md := make(message.Metadata, len(msg.Metadata))
 	for k, v := range msg.Metadata {
 		if strings.ContainsAny(k, "\r\n: ") || strings.ContainsAny(v, "\r\n") {
 			return nil, fmt.Errorf("metadata %q: NATS headers cannot carry line breaks, nor ':' or spaces in names", k)
 		}
-		if k != HeaderNATSMsgID {
+		if k != broker.HeaderNATSMsgID {
 			md[k] = v
 		}
 	}
@@ -134,14 +136,14 @@ func (natsMarshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, err
 	if err != nil {
 		return nil, err
 	}
-	if id := natsMsgID(msg); id != "" {
+	if id := msgID(msg); id != "" {
 		m.Header.Set(nats.MsgIdHdr, id)
 	}
 	return m, nil
 }
 
-// Unmarshal converts a NATS message to a watermill message as natsbroker.Unmarshal does: it
-// never fails.
-func (natsMarshaler) Unmarshal(m *nats.Msg) (*message.Message, error) {
-	return natsbroker.Unmarshal(m), nil
+// Unmarshal converts a NATS message to a watermill message as the package's Unmarshal does:
+// it never fails.
+func (marshaler) Unmarshal(m *nats.Msg) (*message.Message, error) {
+	return Unmarshal(m), nil
 }

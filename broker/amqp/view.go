@@ -1,4 +1,4 @@
-package broker
+package amqp
 
 import (
 	"context"
@@ -6,25 +6,27 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceflow/onceflow/broker"
 )
 
-// amqpView reads the group's queue <topic>.<group> with basic.get, without acknowledging: the
+// view reads the group's queue <topic>.<group> with basic.get, without acknowledging: the
 // messages it gets stay unacknowledged on its channel, hidden from other consumers, until
-// remove acknowledges one or close closes the channel, which makes RabbitMQ put the rest back
+// Remove acknowledges one or Close closes the channel, which makes RabbitMQ put the rest back
 // in their places.
-type amqpView struct {
+type view struct {
 	conn  *amqp.Connection
 	ch    *amqp.Channel // nil when the queue does not exist
 	queue string
 }
 
-func newAMQPView(dsn, group string) func(context.Context, string) (view, error) {
-	return func(_ context.Context, topic string) (view, error) {
+func newView(dsn, group string) func(context.Context, string) (broker.View, error) {
+	return func(_ context.Context, topic string) (broker.View, error) {
 		conn, err := amqp.Dial(dsn)
 		if err != nil {
 			return nil, err
 		}
-		v := &amqpView{conn: conn, queue: amqpQueueName(topic, group)}
+		v := &view{conn: conn, queue: Topology{ConsumerGroup: group}.QueueName(topic)}
 		ch, err := conn.Channel()
 		if err != nil {
 			_ = conn.Close()
@@ -45,11 +47,11 @@ func newAMQPView(dsn, group string) func(context.Context, string) (view, error) 
 	}
 }
 
-func (v *amqpView) list(_ context.Context, limit int) ([]entry, error) {
+func (v *view) List(_ context.Context, limit int) ([]broker.Entry, error) {
 	if v.ch == nil {
 		return nil, nil
 	}
-	var out []entry
+	var out []broker.Entry
 	for len(out) < limit {
 		d, ok, err := v.ch.Get(v.queue, false)
 		if err != nil {
@@ -58,22 +60,22 @@ func (v *amqpView) list(_ context.Context, limit int) ([]entry, error) {
 		if !ok {
 			break
 		}
-		msg, _ := AMQPMarshaler{}.Unmarshal(d) // never fails
-		out = append(out, entry{msg: msg, pos: d.DeliveryTag})
+		msg, _ := Marshaler{}.Unmarshal(d) // never fails
+		out = append(out, broker.Entry{Message: msg, Pos: d.DeliveryTag})
 	}
 	return out, nil
 }
 
-func (v *amqpView) remove(_ context.Context, e entry) error {
-	if err := v.ch.Ack(e.pos.(uint64), false); err != nil {
+func (v *view) Remove(_ context.Context, e broker.Entry) error {
+	if err := v.ch.Ack(e.Pos.(uint64), false); err != nil {
 		return fmt.Errorf("ack on queue %q: %w", v.queue, err)
 	}
 	return nil
 }
 
-// close closes the channel, synchronously: RabbitMQ has handled the acknowledgements sent on it
+// Close closes the channel, synchronously: RabbitMQ has handled the acknowledgements sent on it
 // when close returns, and has put the messages not acknowledged back in the queue.
-func (v *amqpView) close() error {
+func (v *view) Close() error {
 	var err error
 	if v.ch != nil {
 		err = v.ch.Close()

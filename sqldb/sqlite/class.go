@@ -1,36 +1,39 @@
-package sqldb
+package sqlite
 
 import (
 	"errors"
 	"strings"
 
-	"modernc.org/sqlite"
+	modernc "modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/onceflow/onceflow/sqldb"
 )
 
-func classifySQLite(err error) (Class, bool) {
-	var sqErr *sqlite.Error
+// classify places an error that SQLite reported, by its extended result code.
+func classify(err error) (sqldb.Class, bool) {
+	var sqErr *modernc.Error
 	if !errors.As(err, &sqErr) {
-		return Unknown, false
+		return sqldb.Unknown, false
 	}
 	code := sqErr.Code()
 	switch code {
 	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-		return UniqueViolation, true
+		return sqldb.UniqueViolation, true
 	}
 	switch code & 0xff { // primary result code
 	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
-		return Conflict, true
+		return sqldb.Conflict, true
 	case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE:
-		return Data, true
+		return sqldb.Data, true
 	}
-	return Unknown, true
+	return sqldb.Unknown, true
 }
 
-// sqliteConstraint reads the columns of a unique violation: "UNIQUE constraint failed:
+// constraint reads the columns of a unique violation: "UNIQUE constraint failed:
 // table.column[, table.column]".
-func sqliteConstraint(err error) (string, bool) {
-	var sqErr *sqlite.Error
+func constraint(err error) (string, bool) {
+	var sqErr *modernc.Error
 	if !errors.As(err, &sqErr) {
 		return "", false
 	}

@@ -1,18 +1,20 @@
-package broker
+package redis
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/broker"
 )
 
-// redisView reads a topic's stream with XPENDING and XRANGE: the group's pending entries (read
+// view reads a topic's stream with XPENDING and XRANGE: the group's pending entries (read
 // by a consumer of the group, not acknowledged), then the entries past the group's
 // last-delivered id; the whole stream before the group exists. It reads nothing with
-// XREADGROUP, so no entry changes hands. remove acknowledges the entry for the group (XACK) and
+// XREADGROUP, so no entry changes hands. Remove acknowledges the entry for the group (XACK) and
 // deletes it from the stream (XDEL).
-type redisView struct {
+type view struct {
 	client   *redis.Client
 	group    string
 	topic    string
@@ -21,9 +23,9 @@ type redisView struct {
 	last     string // the group's last-delivered id
 }
 
-func newRedisView(client *redis.Client, group string) func(context.Context, string) (view, error) {
-	return func(ctx context.Context, topic string) (view, error) {
-		v := &redisView{client: client, group: group, topic: topic}
+func newView(client *redis.Client, group string) func(context.Context, string) (broker.View, error) {
+	return func(ctx context.Context, topic string) (broker.View, error) {
+		v := &view{client: client, group: group, topic: topic}
 		n, err := client.Exists(ctx, topic).Result()
 		if err != nil {
 			return nil, fmt.Errorf("look up stream %q: %w", topic, err)
@@ -45,7 +47,7 @@ func newRedisView(client *redis.Client, group string) func(context.Context, stri
 	}
 }
 
-func (v *redisView) list(ctx context.Context, limit int) ([]entry, error) {
+func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
 	if !v.exists {
 		return nil, nil
 	}
@@ -54,7 +56,7 @@ func (v *redisView) list(ctx context.Context, limit int) ([]entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read stream %q: %w", v.topic, err)
 		}
-		return redisEntries(msgs), nil
+		return entries(msgs), nil
 	}
 	// Pending entries all come before the last-delivered id, new ones after it.
 	pending, err := v.client.XPendingExt(ctx, &redis.XPendingExtArgs{
@@ -78,20 +80,20 @@ func (v *redisView) list(ctx context.Context, limit int) ([]entry, error) {
 		}
 		msgs = append(msgs, newer...)
 	}
-	return redisEntries(msgs), nil
+	return entries(msgs), nil
 }
 
-func redisEntries(msgs []redis.XMessage) []entry {
-	out := make([]entry, len(msgs))
+func entries(msgs []redis.XMessage) []broker.Entry {
+	out := make([]broker.Entry, len(msgs))
 	for i, m := range msgs {
-		msg, _ := redisMarshaller{}.Unmarshal(m.Values) // never fails
-		out[i] = entry{msg: msg, pos: m.ID}
+		msg, _ := Marshaller{}.Unmarshal(m.Values) // never fails
+		out[i] = broker.Entry{Message: msg, Pos: m.ID}
 	}
 	return out
 }
 
-func (v *redisView) remove(ctx context.Context, e entry) error {
-	id := e.pos.(string)
+func (v *view) Remove(ctx context.Context, e broker.Entry) error {
+	id := e.Pos.(string)
 	if v.hasGroup {
 		if err := v.client.XAck(ctx, v.topic, v.group, id).Err(); err != nil {
 			return fmt.Errorf("XACK entry %s of stream %q: %w", id, v.topic, err)
@@ -103,4 +105,4 @@ func (v *redisView) remove(ctx context.Context, e entry) error {
 	return nil
 }
 
-func (v *redisView) close() error { return nil }
+func (v *view) Close() error { return nil }

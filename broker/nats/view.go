@@ -1,4 +1,4 @@
-package broker
+package nats
 
 import (
 	"context"
@@ -9,17 +9,17 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/broker"
 )
 
-// natsView reads the stream that stores a topic by sequence, past the ack floor of the group's
+// view reads the stream that stores a topic by sequence, past the ack floor of the group's
 // durable consumer, through JetStream's message-get API: the messages stay in the stream and
-// the consumer is not touched. remove deletes a message from the stream (DeleteMsg).
+// the consumer is not touched. Remove deletes a message from the stream (DeleteMsg).
 //
 // A message above the ack floor that the group acknowledged out of order (while an older one
 // was still pending, which several consumers of the group can do) is listed until the floor
 // passes it: JetStream does not say which messages above the floor are acknowledged.
-type natsView struct {
+type view struct {
 	nc     *nats.Conn
 	js     nats.JetStreamContext
 	topic  string
@@ -27,9 +27,9 @@ type natsView struct {
 	start  uint64 // the first sequence that may wait for the group
 }
 
-func newNATSView(nc *nats.Conn, js nats.JetStreamContext, group string) func(context.Context, string) (view, error) {
-	return func(ctx context.Context, topic string) (view, error) {
-		v := &natsView{nc: nc, js: js, topic: topic}
+func newView(nc *nats.Conn, js nats.JetStreamContext, group string) func(context.Context, string) (broker.View, error) {
+	return func(ctx context.Context, topic string) (broker.View, error) {
+		v := &view{nc: nc, js: js, topic: topic}
 		stream, err := js.StreamNameBySubject(topic, nats.Context(ctx))
 		if err != nil {
 			if errors.Is(err, nats.ErrNoMatchingStream) || errors.Is(err, nats.ErrStreamNotFound) {
@@ -38,7 +38,7 @@ func newNATSView(nc *nats.Conn, js nats.JetStreamContext, group string) func(con
 			return nil, fmt.Errorf("look up the JetStream stream of subject %q: %w", topic, err)
 		}
 		v.stream = stream
-		name := natsbroker.ConsumerName(group, topic)
+		name := ConsumerName(group, topic)
 		info, err := js.ConsumerInfo(stream, name, nats.Context(ctx))
 		switch {
 		case err == nil:
@@ -52,8 +52,8 @@ func newNATSView(nc *nats.Conn, js nats.JetStreamContext, group string) func(con
 	}
 }
 
-// natsMsgGetResponse is JetStream's answer to $JS.API.STREAM.MSG.GET.<stream>.
-type natsMsgGetResponse struct {
+// msgGetResponse is JetStream's answer to $JS.API.STREAM.MSG.GET.<stream>.
+type msgGetResponse struct {
 	Error *struct {
 		Code        int    `json:"code"`
 		ErrCode     int    `json:"err_code"`
@@ -67,11 +67,11 @@ type natsMsgGetResponse struct {
 	} `json:"message"`
 }
 
-func (v *natsView) list(ctx context.Context, limit int) ([]entry, error) {
+func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
 	if v.stream == "" {
 		return nil, nil
 	}
-	var out []entry
+	var out []broker.Entry
 	subject := "$JS.API.STREAM.MSG.GET." + v.stream
 	for seq := v.start; len(out) < limit; {
 		// The first message at or after seq on the topic's subject (the stream may capture
@@ -81,7 +81,7 @@ func (v *natsView) list(ctx context.Context, limit int) ([]entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("get message %d of stream %q: %w", seq, v.stream, err)
 		}
-		var resp natsMsgGetResponse
+		var resp msgGetResponse
 		if err := json.Unmarshal(reply.Data, &resp); err != nil {
 			return nil, fmt.Errorf("get message %d of stream %q: %w", seq, v.stream, err)
 		}
@@ -101,19 +101,19 @@ func (v *natsView) list(ctx context.Context, limit int) ([]entry, error) {
 				return nil, fmt.Errorf("message %d of stream %q: headers: %w", m.Sequence, v.stream, err)
 			}
 		}
-		msg, _ := natsMarshaler{}.Unmarshal(nm) // never fails
-		out = append(out, entry{
-			msg:       msg,
-			pos:       m.Sequence,
-			publishID: "onceflow-move:" + v.stream + ":" + strconv.FormatUint(m.Sequence, 10),
+		msg := Unmarshal(nm) // never fails
+		out = append(out, broker.Entry{
+			Message:   msg,
+			Pos:       m.Sequence,
+			PublishID: "onceflow-move:" + v.stream + ":" + strconv.FormatUint(m.Sequence, 10),
 		})
 		seq = m.Sequence + 1
 	}
 	return out, nil
 }
 
-func (v *natsView) remove(ctx context.Context, e entry) error {
-	seq := e.pos.(uint64)
+func (v *view) Remove(ctx context.Context, e broker.Entry) error {
+	seq := e.Pos.(uint64)
 	err := v.js.DeleteMsg(v.stream, seq, nats.Context(ctx))
 	if err != nil && !errors.Is(err, nats.ErrMsgNotFound) {
 		return fmt.Errorf("delete message %d from stream %q: %w", seq, v.stream, err)
@@ -121,4 +121,4 @@ func (v *natsView) remove(ctx context.Context, e entry) error {
 	return nil
 }
 
-func (v *natsView) close() error { return nil }
+func (v *view) Close() error { return nil }

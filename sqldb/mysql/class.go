@@ -1,10 +1,12 @@
-package sqldb
+package mysql
 
 import (
 	"errors"
 	"strings"
 
-	"github.com/go-sql-driver/mysql"
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/onceflow/onceflow/sqldb"
 )
 
 // MySQL and MariaDB server error numbers.
@@ -30,38 +32,38 @@ const (
 	mariadbCheckViolated     = 4025
 )
 
-// classifyMySQL places an error that the MySQL or MariaDB server reported, by its number.
-func classifyMySQL(err error) (Class, bool) {
-	var myErr *mysql.MySQLError
+// classify places an error that the MySQL or MariaDB server reported, by its number.
+func classify(err error) (sqldb.Class, bool) {
+	var myErr *gomysql.MySQLError
 	if !errors.As(err, &myErr) {
-		return Unknown, false
+		return sqldb.Unknown, false
 	}
 	switch myErr.Number {
 	case mysqlDupEntry, mysqlDupEntryWithKeyName:
-		return UniqueViolation, true
+		return sqldb.UniqueViolation, true
 	case mysqlLockWaitTimeout, mysqlDeadlock, mysqlLockNowait, mysqlQueryInterrupted, mysqlQueryTimeout,
 		mariadbStatementTimeout:
-		return Conflict, true
+		return sqldb.Conflict, true
 	case mysqlServerShutdown, mariadbConnectionKilled:
-		return Connection, true
+		return sqldb.Connection, true
 	case mysqlBadNull, mysqlDataTooLong, mysqlOutOfRange, mysqlTruncatedWrongValue, mysqlIncorrectValue,
 		mysqlNoReferencedRow, mysqlRowIsReferenced, mysqlCheckViolated, mariadbCheckViolated:
-		return Data, true
+		return sqldb.Data, true
 	}
-	return Unknown, true
+	return sqldb.Unknown, true
 }
 
-// isMySQLConnectionError reports go-sql-driver's error for a connection that broke in the
+// isConnectionError reports go-sql-driver's error for a connection that broke in the
 // middle of a request, which it returns instead of driver.ErrBadConn once data may have
 // reached the server.
-func isMySQLConnectionError(err error) bool {
-	return errors.Is(err, mysql.ErrInvalidConn)
+func isConnectionError(err error) bool {
+	return errors.Is(err, gomysql.ErrInvalidConn)
 }
 
-// mysqlConstraint reads the key name of a duplicate-entry error: "... for key 'name'" (MariaDB)
+// constraint reads the key name of a duplicate-entry error: "... for key 'name'" (MariaDB)
 // or "... for key 'table.name'" (MySQL 8).
-func mysqlConstraint(err error) (string, bool) {
-	var myErr *mysql.MySQLError
+func constraint(err error) (string, bool) {
+	var myErr *gomysql.MySQLError
 	if !errors.As(err, &myErr) {
 		return "", false
 	}

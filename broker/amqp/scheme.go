@@ -1,0 +1,74 @@
+package amqp
+
+import (
+	"context"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/connect"
+)
+
+func init() { broker.Register("amqp", openScheme) }
+
+// paramConnectionTimeout is amqp091-go's URL parameter for the dial and handshake timeout, in
+// milliseconds.
+const paramConnectionTimeout = "connection_timeout"
+
+// openScheme publishes with watermill-amqp's publisher and consumes with this package's Subscriber,
+// both over Topology: a fanout exchange per topic and a queue per consumer group, declared with
+// the queue parameters of the URL (queue_type, delivery_limit, dead_letter_exchange), which
+// are not passed on to the driver. Every dial, the publisher's, the Subscribers' and their
+// reconnections', and Peek's, is bounded by opts.ConnectTimeout, handshake included.
+func openScheme(_ context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
+	dsn, queue, err := ParseQueueParams(t.URL)
+	if err != nil {
+		return nil, err
+	}
+	dsn = withConnectionTimeout(dsn, o)
+	topology := Topology{ConsumerGroup: o.ConsumerGroup, Queue: queue}
+	cfg := Config{
+		URL:       dsn,
+		Topology:  topology,
+		Prefetch:  o.Prefetch,
+		NackDelay: max(o.NackDelay, 0),
+		Logger:    o.Logger,
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	pub, err := NewPublisher(dsn, topology, o.Logger)
+	if err != nil {
+		// amqp091-go reports the handshake deadline as a frame error that carries the I/O
+		// timeout as text only: a dial that failed once the timeout had passed failed on it.
+		if time.Since(start) >= o.ConnectTimeout {
+			err = &connect.TimeoutError{Timeout: o.ConnectTimeout, Err: err}
+		}
+		return nil, err
+	}
+	return &broker.Backend{
+		Publisher:  pub,
+		CheckTopic: topology.CheckTopic,
+		NewSubscriber: func() (message.Subscriber, error) {
+			return NewSubscriber(cfg)
+		},
+		View: newView(dsn, o.ConsumerGroup),
+	}, nil
+}
+
+// withConnectionTimeout sets amqp091-go's connection_timeout, which bounds the dial and the
+// AMQP handshake (and the TLS one), to opts.ConnectTimeout, unless the URL sets it itself.
+func withConnectionTimeout(dsn string, o broker.Options) string {
+	base, query, _ := strings.Cut(dsn, "?")
+	q, err := url.ParseQuery(query)
+	if err != nil || q.Has(paramConnectionTimeout) {
+		return dsn
+	}
+	q.Set(paramConnectionTimeout, strconv.FormatInt(o.ConnectTimeout.Milliseconds(), 10))
+	return base + "?" + q.Encode()
+}

@@ -1,0 +1,143 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Each scheme of Open lives in a package of its own (broker/amqp, broker/nats, broker/redis,
+// broker/sqlqueue, broker/sqlitequeue, broker/mem), which registers it in its init through
+// Register, as a database/sql driver does: a program imports the schemes it opens, for example
+//
+//	import _ "github.com/onceflow/onceflow/broker/amqp"
+//
+// and links no other broker's client. broker/all imports every scheme, for programs that take
+// any URL.
+
+// OpenFunc opens the backend of one scheme: the connection, the shared publisher and a way to
+// make subscribers. Open calls it with the URL parsed and the options with the URL's parameters
+// applied and their defaults set (ConsumerGroup, Logger, NackDelay, which may be NoNackDelay,
+// AckTimeout, ConnectTimeout); Prefetch and PollInterval are zero where the scheme's own
+// default applies.
+//
+// It checks that the broker answers before it returns, bounding each connect and that check by
+// opts.ConnectTimeout. ctx is Open's: it may end the wait, and the backend must not keep it.
+type OpenFunc func(ctx context.Context, t Target, opts Options) (*Backend, error)
+
+// Target is a broker URL, parsed, as an OpenFunc gets it.
+type Target struct {
+	// Scheme is the canonical scheme (amqp for amqps://, postgres for postgresql://, ...).
+	Scheme string
+	// URL is the URL without the query parameters that Open reads (group, prefetch,
+	// nack_delay, ack_timeout, poll_interval, connect_timeout): the driver's.
+	URL string
+	// Parsed is URL parsed; for sqlite, whose URL names a file, it may hold the scheme alone.
+	Parsed *url.URL
+	// Redacted is the URL as given without its passwords and tokens, for messages.
+	Redacted string
+}
+
+// Backend is what a scheme's OpenFunc provides; the Broker wraps it with what every scheme has
+// in common (topic checks, redacted errors, idempotent Close, Peek, Move and Delete).
+type Backend struct {
+	// Publisher is the shared upstream publisher; Broker.Close closes it. A message is stored
+	// when its Publish returns nil.
+	Publisher message.Publisher
+
+	// NewSubscriber makes an upstream subscriber: one consumer of the Broker's consumer group.
+	// Its subscriptions keep many deliveries in flight, delay the redelivery of a nacked
+	// message (NackDelay, or the delay of redelivery.NackAfter), give back what a closing
+	// consumer holds, and put a redelivery.Info in each message's context. Its Close may be
+	// called once: the Broker's subscriber makes it idempotent.
+	NewSubscriber func() (message.Subscriber, error)
+
+	// CheckTopic, if not nil, rejects a topic the scheme cannot carry, with an error that
+	// names it. Nil accepts any non-empty topic.
+	CheckTopic func(topic string) error
+
+	// CheckMessage, if not nil, rejects a message the scheme cannot store, with an error that
+	// says why.
+	CheckMessage func(m *message.Message) error
+
+	// PreparePublish, if not nil, runs before each Publish (declaring streams and the like).
+	PreparePublish func(topic string) error
+
+	// View, if not nil, opens a look at a topic's messages that wait for the consumer group,
+	// for Peek, Move and Delete. Nil for a scheme that cannot be inspected.
+	View func(ctx context.Context, topic string) (View, error)
+
+	// Close, if not nil, releases what the publisher and the subscribers share, after both
+	// are closed.
+	Close func() error
+}
+
+// View is one look at the messages of a topic that wait for the consumer group.
+type View interface {
+	// List returns up to limit of the messages waiting for the group, oldest first, in the
+	// order the group receives them. It is called once per view.
+	List(ctx context.Context, limit int) ([]Entry, error)
+	// Remove takes e, which List returned, out of the topic for the group, for good.
+	Remove(ctx context.Context, e Entry) error
+	// Close ends the view. Messages that List returned and Remove did not take stay waiting,
+	// in their place.
+	Close() error
+}
+
+// Entry is a message waiting for a consumer group, and where it is.
+type Entry struct {
+	Message *message.Message
+	// Pos locates the message for Remove: an AMQP delivery tag, an SQL offset, a NATS stream
+	// sequence, a Redis stream entry id.
+	Pos any
+	// PublishID, when not empty, is the Nats-Msg-Id (HeaderNATSMsgID) to publish the message
+	// with when it is moved, so that JetStream does not drop it as a duplicate of its first
+	// publish.
+	PublishID string
+}
+
+// SubscriberCloseTimeout is how long the Close of a Broker's Subscriber lets the adapter stop
+// on its own (hand back its messages, send the acknowledgements given so far) before it
+// cancels the adapter's queries. Scheme packages give it to their adapters.
+const SubscriberCloseTimeout = 2 * time.Second
+
+var registry struct {
+	sync.RWMutex
+	open map[string]OpenFunc // by canonical scheme
+}
+
+// Register makes Open open URLs of scheme, and of its aliases, with open. scheme is one of
+// the canonical schemes Open lists (amqp, postgres, mysql, sqlite, nats, redis, mem). Register
+// is meant to be called from the init of the scheme's package; it panics when scheme is not
+// one Open knows, when open is nil, or when the scheme already has an OpenFunc.
+func Register(scheme string, open OpenFunc) {
+	if _, ok := schemeInfoOf(scheme); !ok || open == nil {
+		panic(fmt.Sprintf("broker: Register(%q): want a canonical scheme and an OpenFunc", scheme))
+	}
+	registry.Lock()
+	defer registry.Unlock()
+	if registry.open == nil {
+		registry.open = map[string]OpenFunc{}
+	}
+	if _, dup := registry.open[scheme]; dup {
+		panic(fmt.Sprintf("broker: Register called twice for scheme %q", scheme))
+	}
+	registry.open[scheme] = open
+}
+
+// opener returns the OpenFunc of a canonical scheme, or an error that names the package to
+// import for it.
+func opener(scheme string) (OpenFunc, error) {
+	registry.RLock()
+	open := registry.open[scheme]
+	registry.RUnlock()
+	if open != nil {
+		return open, nil
+	}
+	info, _ := schemeInfoOf(scheme)
+	return nil, fmt.Errorf("scheme %s is not linked into this program: import _ %q (or %q for every scheme)", scheme, info.pkg, allPackage)
+}

@@ -1,0 +1,42 @@
+package sqlitequeue
+
+import (
+	"context"
+	"time"
+
+	"github.com/onceflow/onceflow/broker"
+)
+
+func init() { broker.Register("sqlite", openScheme) }
+
+// openScheme opens the queue file: broker.Open's sqlite:// scheme. A file has no connect to
+// bound: opts.ConnectTimeout does not apply.
+func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
+	resend := max(o.NackDelay, 0)
+	if resend == 0 {
+		resend = time.Millisecond // zero would select sqlitequeue's default
+	}
+	q, err := Open(ctx, t.URL, Config{
+		ConsumerGroup:  o.ConsumerGroup,
+		BatchSize:      o.Prefetch,
+		PollInterval:   o.PollInterval,
+		ResendInterval: resend,
+		AckDeadline:    o.AckTimeout,
+		Logger:         o.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &broker.Backend{
+		Publisher:  q.Publisher(),
+		CheckTopic: CheckTopic,
+		// The queue keeps a window of Prefetch leased messages per subscription, delays a
+		// nacked message by its lease (NackAfter's delay, else NackDelay), counts deliveries in
+		// the leases table and gives back what a closing consumer holds.
+		NewSubscriber: q.Subscriber,
+		Close:         q.Close,
+		View: func(_ context.Context, topic string) (broker.View, error) {
+			return &view{q: q, group: o.ConsumerGroup, topic: topic}, nil
+		},
+	}, nil
+}

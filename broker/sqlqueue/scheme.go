@@ -1,0 +1,92 @@
+package sqlqueue
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// The queue is broker.Open's postgres:// and mysql:// schemes. It opens its database with
+// sqldb.Open, which needs the dialect's driver: a program that opens a postgres:// broker
+// imports sqldb/postgres too, one that opens a mysql:// broker sqldb/mysql.
+func init() {
+	broker.Register("postgres", openScheme)
+	broker.Register("mysql", openScheme)
+}
+
+// openScheme opens the queue in a PostgreSQL or MySQL/MariaDB database: watermill-sql's
+// publisher and tables, and the queue's subscriber, which keeps Prefetch deliveries in flight
+// per subscription with a lease each, delays nacked messages (visible_at) and counts deliveries
+// in the lease table. Every connect of the database's pool is bounded by opts.ConnectTimeout
+// (sqldb's connect_timeout).
+func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
+	db, err := sqldb.Open(ctx, withConnectTimeout(t.URL, o))
+	if err != nil {
+		return nil, err
+	}
+	if db.Dialect != sqldb.Postgres && db.Dialect != sqldb.MySQL {
+		_ = db.Close()
+		return nil, fmt.Errorf("%s is a %s database; the SQL queue supports postgres and mysql (use sqlite:// for the embedded queue)", db, db.Dialect)
+	}
+	q, err := New(db.DB.DB, db.Dialect, Config{
+		ConsumerGroup: o.ConsumerGroup,
+		Prefetch:      cmp.Or(o.Prefetch, broker.DefaultPrefetch),
+		AckTimeout:    o.AckTimeout,
+		NackDelay:     max(o.NackDelay, 0),
+		PollInterval:  cmp.Or(o.PollInterval, broker.DefaultPollInterval),
+		CloseTimeout:  broker.SubscriberCloseTimeout,
+		Logger:        o.Logger,
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	pub, err := q.NewPublisher()
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return &broker.Backend{
+		Publisher:  pub,
+		CheckTopic: checkTopic,
+		CheckMessage: func(m *message.Message) error {
+			if len(m.UUID) > MaxUUID {
+				return fmt.Errorf("UUID %q is %d bytes; the SQL queue's uuid column holds %d", m.UUID, len(m.UUID), MaxUUID)
+			}
+			return nil
+		},
+		PreparePublish: func(topic string) error {
+			return q.EnsureTopic(context.Background(), topic)
+		},
+		NewSubscriber: func() (message.Subscriber, error) { return q.Subscriber(), nil },
+		Close:         db.Close,
+		View: func(_ context.Context, topic string) (broker.View, error) {
+			return &view{q: q, topic: topic}, nil
+		},
+	}, nil
+}
+
+// withConnectTimeout gives sqldb.Open the broker's connect timeout, in the parameter that
+// package broker took out of the URL.
+func withConnectTimeout(dsn string, o broker.Options) string {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + connect.Param + "=" + url.QueryEscape(o.ConnectTimeout.String())
+}
+
+func checkTopic(topic string) error {
+	if err := CheckTopic(topic); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	return nil
+}

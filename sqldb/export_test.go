@@ -1,0 +1,12 @@
+package sqldb
+
+import "time"
+
+// ParseURL exposes parseURL to the tests of package sqldb_test, which import the drivers.
+func ParseURL(rawURL string) (driverName, dsn, path, redacted string, connectTimeout time.Duration, err error) {
+	t, err := parseURL(rawURL)
+	if err != nil {
+		return "", "", "", "", 0, err
+	}
+	return t.driver.DriverName, t.dsn, t.path, t.redacted, t.connectTimeout, nil
+}

@@ -1,0 +1,107 @@
+// Package sqlite registers the SQLite driver of package sqldb, the embedded default:
+// modernc.org/sqlite (pure Go, no cgo) and the classification of its errors by result code.
+// Import it for its side effect, in the program that opens sqlite:// URLs:
+//
+//	import _ "github.com/onceflow/onceflow/sqldb/sqlite"
+//
+// sqldb.Open opens sqlite://path/to/file.db (relative) and sqlite:///absolute/path/file.db
+// (also sqlite3://), creating the file if missing, in WAL mode with synchronous=FULL, a busy
+// timeout of 30 s, foreign keys enforced and BEGIN IMMEDIATE transactions, so that concurrent
+// writers queue instead of failing. The query parameters of the URL are passed to the driver; a
+// _pragma parameter replaces the default of the same pragma (_pragma=busy_timeout(10) sets a
+// 10 ms busy timeout), as _txlock replaces the IMMEDIATE default. A file has no connect to
+// bound: connect_timeout is ignored.
+package sqlite
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+func init() {
+	sqldb.Register(sqldb.Driver{
+		Dialect:          sqldb.SQLite,
+		DriverName:       "sqlite",
+		DSN:              dsn,
+		Classify:         classify,
+		UniqueConstraint: constraint,
+	})
+}
+
+// dsn turns a sqlite: URL into a modernc.org/sqlite DSN, and returns the path of the file.
+func dsn(rawURL string, _ *url.URL) (string, string, error) {
+	_, rest, _ := strings.Cut(rawURL, ":")
+	return sqliteDSN(rest)
+}
+
+// sqliteDefaults are the pragmas every SQLite connection gets unless the URL sets them. The
+// driver runs busy_timeout first, so that the others wait for locks instead of failing.
+var sqliteDefaults = []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
+
+// sqliteShorthands maps the driver's shorthand parameters to the pragma each one sets.
+var sqliteShorthands = map[string]string{
+	"_busy_timeout": "busy_timeout", "_timeout": "busy_timeout",
+	"_journal_mode": "journal_mode", "_journal": "journal_mode",
+	"_synchronous": "synchronous", "_sync": "synchronous",
+	"_foreign_keys": "foreign_keys", "_fk": "foreign_keys",
+}
+
+// sqliteDSN turns the part of a sqlite: URL after the scheme into a modernc.org/sqlite DSN,
+// and returns the path of the file.
+func sqliteDSN(rest string) (dsn, path string, err error) {
+	rawPath, query, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "?")
+	path, err = url.PathUnescape(rawPath)
+	if err != nil {
+		return "", "", fmt.Errorf("malformed path: %w", err)
+	}
+	if path == "" {
+		return "", "", errors.New("names no file")
+	}
+	extra, err := url.ParseQuery(query)
+	if err != nil {
+		return "", "", fmt.Errorf("malformed query: %w", err)
+	}
+	// The driver sorts the _pragma values before it runs them, so a value in the URL does not
+	// override a default of the same pragma by coming later: the default must go.
+	set := map[string]bool{}
+	for _, p := range extra["_pragma"] {
+		set[pragmaName(p)] = true
+	}
+	for k := range extra {
+		if name, ok := sqliteShorthands[k]; ok {
+			set[name] = true
+		}
+	}
+	params := url.Values{}
+	if extra.Get("_txlock") == "" {
+		params.Set("_txlock", "immediate")
+	}
+	for _, p := range sqliteDefaults {
+		if !set[pragmaName(p)] {
+			params.Add("_pragma", p)
+		}
+	}
+	for k, vs := range extra {
+		for _, v := range vs {
+			params.Add(k, v)
+		}
+	}
+	// The driver opens "file:" names as SQLite URIs, which decode %XX escapes in the path and
+	// end it at '?' or '#': escape the path so that SQLite opens exactly the file named.
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + params.Encode(), path, nil
+}
+
+// pragmaName returns the lower-case name of the pragma that a _pragma value such as
+// "busy_timeout(10)" or "synchronous = NORMAL" sets.
+func pragmaName(v string) string {
+	if i := strings.IndexAny(v, "(="); i >= 0 {
+		v = v[:i]
+	}
+	return strings.ToLower(strings.TrimSpace(v))
+}
