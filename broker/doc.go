@@ -4,7 +4,7 @@
 //	amqp://guest:guest@127.0.0.1:5672/                  RabbitMQ                     broker/amqp
 //	postgres://postgres@127.0.0.1:5432/app              a queue in PostgreSQL        broker/sqlqueue, sqldb/postgres
 //	mysql://root@127.0.0.1:3306/app                     a queue in MySQL or MariaDB  broker/sqlqueue, sqldb/mysql
-//	sqlite://var/queue.db                               the embedded SQLite queue    broker/sqlitequeue
+//	sqlite://var/queue.db                               the embedded SQLite queue    broker/sqlitequeue, sqldb/sqlite
 //	nats://127.0.0.1:4222                               NATS JetStream               broker/nats
 //	redis://127.0.0.1:6379/0                            Redis Streams                broker/redis
 //	mem://tests                                         in-process, for tests only   broker/mem

@@ -16,4 +16,5 @@ import (
 	_ "github.com/onceflow/onceflow/broker/sqlqueue"    // postgres://, postgresql://, mysql://, mariadb://
 	_ "github.com/onceflow/onceflow/sqldb/mysql"        // the mysql:// queue's database
 	_ "github.com/onceflow/onceflow/sqldb/postgres"     // the postgres:// queue's database
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"       // the sqlite:// queue's file
 )

@@ -1,7 +1,15 @@
 // Package sqlitequeue is onceflow's embedded broker: a durable message queue in one SQLite file,
-// offered as a watermill Publisher and Subscriber, that needs no server. It links the SQLite
-// driver (sqldb/sqlite), and registers the sqlite:// and sqlite3:// schemes of broker.Open when
-// a program imports it.
+// offered as a watermill Publisher and Subscriber, that needs no server. It registers the
+// sqlite:// and sqlite3:// schemes of broker.Open when a program imports it; the program imports
+// the SQLite driver beside it, as it would for its database:
+//
+//	import (
+//		_ "github.com/onceflow/onceflow/broker/sqlitequeue"
+//		_ "github.com/onceflow/onceflow/sqldb/sqlite"
+//	)
+//
+// The package links no driver itself, so that the outbox, which reads its SQLite tables with
+// this package's code, adds no SQLite driver to a program on PostgreSQL or MySQL.
 //
 // Each topic has three tables. The messages table, "onceflow_queue_<topic>", gives every
 // message an increasing offset. The offsets table, "onceflow_offsets_<topic>", has a cursor
