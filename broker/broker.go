@@ -99,6 +99,12 @@ type Options struct {
 	// no connect and ignore it. URL parameter: connect_timeout, a Go duration or whole seconds.
 	// Defaults to DefaultConnectTimeout.
 	ConnectTimeout time.Duration
+
+	// MustExist makes Open fail, instead of creating it, when the broker is a file that does
+	// not exist: a sqlite:// queue, with an error that errors.Is counts as fs.ErrNotExist.
+	// Commands that read or maintain a queue set it, so that a mistyped path is reported
+	// rather than opened as a new empty queue. Opening a server broker creates nothing.
+	MustExist bool
 }
 
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.

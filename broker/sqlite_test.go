@@ -2,6 +2,9 @@ package broker_test
 
 import (
 	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -104,4 +107,24 @@ func TestSQLite_PeekAndMoveSeeLeasedMessagesAsWaiting(t *testing.T) {
 		got, err := b.Peek(context.Background(), f.topic, 10)
 		return err == nil && len(got) == 1 && got[0].UUID == msgs[1].UUID
 	}, "only the message nacked for an hour should wait")
+}
+
+// MustExist opens a queue file that exists and refuses, without creating it, one that does
+// not: a mistyped path in a command that only reads.
+func TestSQLite_MustExistRefusesAMissingFileAndCreatesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	missing := filepath.Join(t.TempDir(), "typo.db")
+	_, err := broker.Open(ctx, "sqlite://"+missing, broker.Options{MustExist: true})
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	require.ErrorContains(t, err, "no such queue: "+missing)
+	_, statErr := os.Stat(missing)
+	require.ErrorIs(t, statErr, fs.ErrNotExist, "the queue file was created")
+
+	b, err := broker.Open(ctx, "sqlite://"+missing, broker.Options{})
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	b, err = broker.Open(ctx, "sqlite://"+missing, broker.Options{MustExist: true})
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
 }

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -76,6 +78,36 @@ func Open(ctx context.Context, rawURL string) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	return open(ctx, rawURL, t)
+}
+
+// ErrNoDatabase reports an SQLite file that OpenExisting did not find. It is an
+// fs.ErrNotExist too (errors.Is).
+var ErrNoDatabase error = notExist("no such database")
+
+// notExist is an error that errors.Is counts as fs.ErrNotExist.
+type notExist string
+
+func (e notExist) Error() string      { return string(e) }
+func (notExist) Is(target error) bool { return target == fs.ErrNotExist }
+
+// OpenExisting is Open for commands that read or maintain a database and must not create one:
+// an SQLite URL whose file does not exist fails with ErrNoDatabase and the path, where Open
+// would create an empty database. Server URLs are opened as Open opens them.
+func OpenExisting(ctx context.Context, rawURL string) (*DB, error) {
+	t, err := parseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if t.path != "" {
+		if _, err := os.Stat(t.path); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %s", ErrNoDatabase, t.path)
+		}
+	}
+	return open(ctx, rawURL, t)
+}
+
+func open(ctx context.Context, rawURL string, t *target) (*DB, error) {
 	// The drivers' errors may echo the credentials they were given.
 	secrets := redact.Secrets(rawURL)
 	connector, err := connectorOf(t.driver.DriverName, t.dsn)
@@ -252,4 +284,24 @@ func urlErrorWithoutInput(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// TableExists reports whether the database has the table name, one identifier as Quote
+// quotes it, in the connection's schema: PostgreSQL's search path, MySQL's current database.
+// Commands use it to tell a database that was never migrated from one that fails.
+func (db *DB) TableExists(ctx context.Context, name string) (bool, error) {
+	var n int
+	var err error
+	switch db.Dialect {
+	case Postgres:
+		err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT to_regclass($1) AS t) r WHERE t IS NOT NULL`, Postgres.Quote(name)).Scan(&n)
+	case MySQL:
+		err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`, name).Scan(&n)
+	default:
+		err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, name).Scan(&n)
+	}
+	if err != nil {
+		return false, fmt.Errorf("look for table %s in %s: %w", name, db, err)
+	}
+	return n > 0, nil
 }

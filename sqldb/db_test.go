@@ -482,3 +482,37 @@ func TestNew_DetectsTheDialect(t *testing.T) {
 		require.EqualError(t, err, "sqldb.New: db is nil")
 	})
 }
+
+func TestOpenExisting_MissingSQLiteFileIsNotCreated(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "typo.db")
+	_, err := sqldb.OpenExisting(context.Background(), "sqlite://"+path)
+	require.ErrorIs(t, err, sqldb.ErrNoDatabase)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	require.EqualError(t, err, "no such database: "+path)
+	_, statErr := os.Stat(path)
+	require.ErrorIs(t, statErr, os.ErrNotExist, "the file was created")
+
+	created := open(t, "sqlite://"+path) // Open creates it
+	require.NoError(t, created.Close())
+	db, err := sqldb.OpenExisting(context.Background(), "sqlite://"+path)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+}
+
+func TestTableExists(t *testing.T) {
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			db := d.Open(t)
+			ctx := context.Background()
+			for _, name := range []string{"onceflow_probe", "Mixed Case"} {
+				ok, err := db.TableExists(ctx, name)
+				require.NoError(t, err)
+				require.False(t, ok, name)
+				mustExec(t, db, "CREATE TABLE "+db.Dialect.Quote(name)+" (id INT)")
+				ok, err = db.TableExists(ctx, name)
+				require.NoError(t, err)
+				require.True(t, ok, name)
+			}
+		})
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,19 +54,9 @@ func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if !strings.Contains(url, "://") {
-		if url == "" {
-			return nil, errors.New("sqlitequeue: empty queue URL (want sqlite://path/queue.db or a file path)")
-		}
-		url = "sqlite://" + url
-	}
-	scheme, rest, _ := strings.Cut(url, "://")
-	if s := strings.ToLower(scheme); s != "sqlite" && s != "sqlite3" {
-		return nil, fmt.Errorf("sqlitequeue: queue URL %q: scheme %q is not sqlite (want sqlite://path/queue.db or a file path)", sqldb.Redact(url), scheme)
-	}
-	path, query, _ := strings.Cut(rest, "?")
-	if path == "" || strings.HasPrefix(path, ":memory:") || strings.Contains(query, "mode=memory") {
-		return nil, fmt.Errorf("sqlitequeue: queue URL %q names no file (an in-memory database is neither durable nor shared between connections)", url)
+	url, path, err := parseURL(url)
+	if err != nil {
+		return nil, err
 	}
 	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("sqlitequeue: queue URL %q: directory %q does not exist", url, filepath.Dir(path))
@@ -83,6 +75,52 @@ func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
 	}
 	q.ownDB = true
 	return q, nil
+}
+
+// ErrNoQueue reports a queue file that OpenExisting did not find. It is an fs.ErrNotExist too
+// (errors.Is).
+var ErrNoQueue error = notExist("no such queue")
+
+// notExist is an error that errors.Is counts as fs.ErrNotExist.
+type notExist string
+
+func (e notExist) Error() string      { return string(e) }
+func (notExist) Is(target error) bool { return target == fs.ErrNotExist }
+
+// OpenExisting is Open for commands that read or maintain a queue and must not create one:
+// a file that does not exist fails with ErrNoQueue and the path, where Open would create an
+// empty queue.
+func OpenExisting(ctx context.Context, url string, cfg Config) (*Queue, error) {
+	_, path, err := parseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("sqlitequeue: %w: %s", ErrNoQueue, path)
+	}
+	return Open(ctx, url, cfg)
+}
+
+// parseURL returns url as a sqlite:// URL, and the path of the file it names.
+func parseURL(url string) (string, string, error) {
+	if !strings.Contains(url, "://") {
+		if url == "" {
+			return "", "", errors.New("sqlitequeue: empty queue URL (want sqlite://path/queue.db or a file path)")
+		}
+		url = "sqlite://" + url
+	}
+	scheme, rest, _ := strings.Cut(url, "://")
+	if s := strings.ToLower(scheme); s != "sqlite" && s != "sqlite3" {
+		return "", "", fmt.Errorf("sqlitequeue: queue URL %q: scheme %q is not sqlite (want sqlite://path/queue.db or a file path)", sqldb.Redact(url), scheme)
+	}
+	path, query, _ := strings.Cut(rest, "?")
+	if path == "" || strings.HasPrefix(path, ":memory:") || strings.Contains(query, "mode=memory") {
+		return "", "", fmt.Errorf("sqlitequeue: queue URL %q names no file (an in-memory database is neither durable nor shared between connections)", url)
+	}
+	if p, err := neturl.PathUnescape(path); err == nil {
+		path = p
+	}
+	return url, path, nil
 }
 
 // New returns a Queue over db, an SQLite database that must have been opened with sqldb.Open

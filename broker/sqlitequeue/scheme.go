@@ -16,7 +16,11 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 	if resend == 0 {
 		resend = time.Millisecond // zero would select sqlitequeue's default
 	}
-	q, err := Open(ctx, t.URL, Config{
+	open := Open
+	if o.MustExist {
+		open = OpenExisting
+	}
+	q, err := open(ctx, t.URL, Config{
 		ConsumerGroup:  o.ConsumerGroup,
 		BatchSize:      o.Prefetch,
 		PollInterval:   o.PollInterval,

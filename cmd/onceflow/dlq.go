@@ -76,17 +76,18 @@ func (f *dlqFlags) register(cmd *cobra.Command, limit int, limitUsage string) {
 	fl.BoolVar(&f.asJSON, "json", false, "print one JSON document on stdout")
 }
 
-// open opens the broker the flags name, in the consumer group they name.
+// open opens the broker the flags name, in the consumer group they name. A queue file that
+// does not exist is reported, not created.
 func (f *dlqFlags) open(ctx context.Context) (*broker.Broker, error) {
 	if f.limit <= 0 {
-		return nil, fmt.Errorf("--limit %d: want a positive number", f.limit)
+		return nil, usagef("--limit %d: want a positive number", f.limit)
 	}
 	rawURL := f.broker
 	if rawURL == "" {
 		rawURL = os.Getenv(envBroker)
 	}
 	if rawURL == "" {
-		return nil, errors.New("no broker: pass --broker URL or set " + envBroker + " (amqp://, postgres://, mysql://, sqlite://, nats:// or redis://)")
+		return nil, usageError(errors.New("no broker: pass --broker URL or set " + envBroker + " (amqp://, postgres://, mysql://, sqlite://, nats:// or redis://)"))
 	}
 	if f.group != "" {
 		// The last group= parameter wins: the flag overrides the URL's.
@@ -96,7 +97,7 @@ func (f *dlqFlags) open(ctx context.Context) (*broker.Broker, error) {
 		}
 		rawURL += sep + "group=" + url.QueryEscape(f.group)
 	}
-	return broker.Open(ctx, rawURL, broker.Options{})
+	return broker.Open(ctx, rawURL, broker.Options{MustExist: true})
 }
 
 // deadLetter is one dead letter as the commands print it.
@@ -187,7 +188,7 @@ func (s *selection) check(cmd *cobra.Command, verb string) error {
 	}
 	if cmd.Flags().Changed("reason") {
 		if s.reason == "" {
-			return errors.New("--reason is empty: give a part of the reasons of the dead letters to " + verb)
+			return usageError(errors.New("--reason is empty: give a part of the reasons of the dead letters to " + verb))
 		}
 		n++
 	}
@@ -195,7 +196,7 @@ func (s *selection) check(cmd *cobra.Command, verb string) error {
 		n++
 	}
 	if n != 1 {
-		return errors.New("choose the dead letters to " + verb + ": --id ID (repeatable), --reason TEXT or --all")
+		return usageError(errors.New("choose the dead letters to " + verb + ": --id ID (repeatable), --reason TEXT or --all"))
 	}
 	s.wanted, s.found = map[string]bool{}, map[string]bool{}
 	for _, id := range s.ids {

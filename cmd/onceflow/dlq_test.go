@@ -24,6 +24,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
@@ -398,7 +399,11 @@ func TestDLQ_CommandsSayWhatIsMissing(t *testing.T) {
 
 func TestDLQ_GroupFlagOverridesTheURL(t *testing.T) {
 	t.Parallel()
-	url := "sqlite://" + filepath.Join(t.TempDir(), "queue.db") + "?group=billing"
+	path := filepath.Join(t.TempDir(), "queue.db")
+	q, err := sqlitequeue.Open(context.Background(), path, sqlitequeue.Config{})
+	require.NoError(t, err)
+	require.NoError(t, q.Close())
+	url := "sqlite://" + path + "?group=billing"
 	out, err := run(t, "dlq", "list", "--broker", url, "--group", "shipping", "--json")
 	require.NoError(t, err)
 	var rep listReport

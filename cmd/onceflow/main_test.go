@@ -31,7 +31,7 @@ func runWithInput(t *testing.T, stdin io.Reader, args ...string) (string, error)
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs(args)
-	err := cmd.ExecuteContext(context.Background())
+	err := execute(context.Background(), cmd)
 	return out.String(), err
 }
 

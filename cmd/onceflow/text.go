@@ -89,10 +89,16 @@ func quoteAll(ss []string) []string {
 	return out
 }
 
-// plural returns n and noun, with an s unless n is 1: "1 dead letter", "2 dead letters".
+// plural returns n and noun, with an s unless n is 1 (es after s, x, ch and sh): "1 dead
+// letter", "2 dead letters", "3 batches".
 func plural(n int, noun string) string {
 	if n == 1 {
 		return "1 " + noun
+	}
+	for _, end := range []string{"s", "x", "ch", "sh"} {
+		if strings.HasSuffix(noun, end) {
+			return strconv.Itoa(n) + " " + noun + "es"
+		}
 	}
 	return strconv.Itoa(n) + " " + noun + "s"
 }

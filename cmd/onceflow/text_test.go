@@ -37,3 +37,11 @@ func TestCell_TruncatesBeforeEscapingAndKeepsInvalidBytes(t *testing.T) {
 	require.Equal(t, `\x1b[2K`, cell("\x1b[2K", 10))
 	require.Equal(t, `"say \"hi\"\n"`, quoted("say \"hi\"\n"))
 }
+
+func TestPlural(t *testing.T) {
+	for n, want := range map[int]string{0: "0 dead letters", 1: "1 dead letter", 2: "2 dead letters"} {
+		require.Equal(t, want, plural(n, "dead letter"))
+	}
+	require.Equal(t, "1 batch", plural(1, "batch"))
+	require.Equal(t, "3 batches", plural(3, "batch"))
+}

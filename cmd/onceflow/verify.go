@@ -31,7 +31,7 @@ the effects per message id: lost = none, duplicated = more than one.
 
 The result is seed 001's delivery-guarantee table, measured. With no flags it runs on the embedded
 SQLite queue and database, with no service to set up; --broker and --db select real ones. The exit
-status is 2 when an exactly-once mode lost or duplicated anything.`,
+status is 3 when an exactly-once mode lost or duplicated anything.`,
 		Example: `  onceflow verify
   onceflow verify --messages 2000 --kills 5 --json
   onceflow verify --broker amqp://guest:guest@127.0.0.1:5672/ --db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'`,
@@ -40,7 +40,7 @@ status is 2 when an exactly-once mode lost or duplicated anything.`,
 			for _, m := range modes {
 				q, err := onceflow.ParseQoS(m)
 				if err != nil {
-					return fmt.Errorf("--modes: %w", err)
+					return usagef("--modes: %w", err)
 				}
 				cfg.Modes = append(cfg.Modes, q)
 			}
@@ -67,7 +67,7 @@ status is 2 when an exactly-once mode lost or duplicated anything.`,
 				printReport(cmd.OutOrStdout(), report)
 			}
 			if !report.ExactlyOnceHeld() {
-				return &exitError{code: 2, err: errors.New("exactly-once did not hold: see the table")}
+				return &exitError{code: exitViolation, err: errors.New("exactly-once did not hold: see the table")}
 			}
 			return nil
 		},
