@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// Two runs with -demo publish pay-1 once and pay-2 twice each time; the ledger has one row
+// of each.
+func TestOnescreen_EachPaymentBookedOnceAcrossRuns(t *testing.T) {
+	dir := t.TempDir()
+	queueFile, dbFile := filepath.Join(dir, "queue.db"), filepath.Join(dir, "app.db")
+	for i := range 2 {
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, queueFile, dbFile, true) }()
+		waitDrained(t, queueFile, int64(3*(i+1)), done)
+		stop()
+		require.NoError(t, <-done)
+
+		db, err := sqldb.Open(context.Background(), "sqlite://"+dbFile)
+		require.NoError(t, err)
+		var rows []struct {
+			ID    string `db:"payment_id"`
+			Cents int64  `db:"cents"`
+		}
+		require.NoError(t, db.Select(&rows, `SELECT payment_id, cents FROM ledger ORDER BY payment_id`))
+		require.NoError(t, db.Close())
+		require.Len(t, rows, 2)
+		require.Equal(t, "pay-1", rows[0].ID)
+		require.EqualValues(t, 1250, rows[0].Cents)
+		require.Equal(t, "pay-2", rows[1].ID)
+		require.EqualValues(t, 990, rows[1].Cents)
+	}
+}
+
+// waitDrained returns once want messages were published to payments and the handler's consumer
+// group has acknowledged all of them.
+func waitDrained(t *testing.T, queueFile string, want int64, done <-chan error) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("run returned early: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		q, err := sqlitequeue.Open(ctx, "sqlite://"+queueFile, sqlitequeue.Config{})
+		require.NoError(t, err)
+		published, err := q.Len(ctx, "payments")
+		require.NoError(t, err)
+		left, err := q.Backlog(ctx, "payments", sqlitequeue.DefaultConsumerGroup)
+		require.NoError(t, err)
+		require.NoError(t, q.Close())
+		if published == want && left == 0 {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "%d of %d messages left after a minute", left, published)
+	}
+}
