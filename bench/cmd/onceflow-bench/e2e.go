@@ -15,10 +15,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -104,13 +108,17 @@ func (s *suite) brokerURL(st setup, dir string) string {
 // meter counts the effects committed and marks the commits that end the warm-up and the run;
 // in the steady state it records the latency from publish to commit of each message sent after
 // the warm-up. Every consumer tells it after its commits: the expert and the watermill baseline
-// after their own COMMIT, onceflow when the router acknowledges (ackWatch).
+// after their own COMMIT, onceflow through its Metrics interceptor (commits).
 type meter struct {
 	warm, target   int64
 	n              atomic.Int64 // effects committed
 	settled        atomic.Int64 // deliveries acknowledged, duplicates included
 	warmAt, doneAt chan time.Time
 	from           atomic.Int64 // Unix nanoseconds; messages sent from then on are timed (0: none)
+	// atWarm and atDone, when set, run in the committing goroutine as the warm-up ends and the
+	// last message commits, before warmAt and doneAt receive the time: the goroutine that
+	// waits for those may be scheduled much later on a busy machine.
+	atWarm, atDone func()
 
 	mu       sync.Mutex
 	lat      []float64 // milliseconds
@@ -150,9 +158,15 @@ func (m *meter) add(now time.Time, k int) {
 	after := m.n.Add(int64(k))
 	before := after - int64(k)
 	if before < m.warm && after >= m.warm {
+		if m.atWarm != nil {
+			m.atWarm()
+		}
 		m.warmAt <- now
 	}
 	if before < m.target && after >= m.target {
+		if m.atDone != nil {
+			m.atDone()
+		}
 		m.doneAt <- now
 	}
 }
@@ -181,19 +195,62 @@ func (m *meter) latencies() []float64 {
 	return slices.Clone(m.lat)
 }
 
-// ackWatch passes on the messages of a Subscriber and tells its meter about each that the
-// router acknowledges. onceflow's router acknowledges a message only after the transaction
-// that applied it has committed, so the acknowledgement is when the bench sees the commit
-// without changing the handler's chain. It costs the consumer a goroutine per message, which
-// onceflow's figures carry and the others' do not (about 1-2 µs of CPU per message).
-type ackWatch struct {
-	message.Subscriber
-	m    *meter
-	done chan struct{} // closed when the cell ends: no watch waits longer
+// commits is the MeterProvider of the router of an onceflow cell: it tells the cell's meter
+// about each message that the Metrics interceptor counts as processed. That interceptor sits
+// outside the transaction in the canonical chain and counts a message when the chain returns,
+// which is after the commit of the transaction that applied it (for group commit, after its
+// group's commit): the bench sees the commits without changing the handler's chain and without
+// a goroutine per message. Every other instrument is a no-op, as with the global provider the
+// router uses by default. A chain without the Metrics interceptor, or a renamed instrument,
+// makes the cell time out rather than measure something else.
+type commits struct {
+	noop.MeterProvider
+	m *meter
 }
 
-func (w *ackWatch) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	in, err := w.Subscriber.Subscribe(ctx, topic)
+func (p commits) Meter(string, ...metric.MeterOption) metric.Meter { return commitsMeter{m: p.m} }
+
+type commitsMeter struct {
+	noop.Meter
+	m *meter
+}
+
+func (cm commitsMeter) Int64Counter(name string, _ ...metric.Int64CounterOption) (metric.Int64Counter, error) {
+	if name == telemetry.MetricMessages {
+		return commitsCounter{m: cm.m}, nil
+	}
+	return noop.Int64Counter{}, nil
+}
+
+type commitsCounter struct {
+	noop.Int64Counter
+	m *meter
+}
+
+func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddOption) {
+	if incr == 0 {
+		return
+	}
+	attrs := metric.NewAddConfig(opts).Attributes()
+	outcome, _ := attrs.Value(middleware.AttrOutcome)
+	if outcome.AsString() != string(processor.Processed) {
+		c.m.settled.Add(incr) // a duplicate, or a failure that is not committed
+		return
+	}
+	sent, _ := ctx.Value(sentKey{}).(string)
+	c.m.committedOne(sent)
+}
+
+// sentKey is the context key of a message's headerSent value.
+type sentKey struct{}
+
+// sentRelay passes on the messages of a Subscriber with their publish time (headerSent) in
+// their context, where commitsCounter finds it. It is used in the steady state only: it costs
+// a goroutine switch per message.
+type sentRelay struct{ message.Subscriber }
+
+func (r sentRelay) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := r.Subscriber.Subscribe(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -201,8 +258,9 @@ func (w *ackWatch) Subscribe(ctx context.Context, topic string) (<-chan *message
 	go func() {
 		defer close(out)
 		for msg := range in {
-			// Read before the router has the message: it sets its context.
-			go w.watch(msg, msg.Context(), msg.Metadata.Get(headerSent))
+			if sent := msg.Metadata.Get(headerSent); sent != "" {
+				msg.SetContext(context.WithValue(msg.Context(), sentKey{}, sent))
+			}
 			select {
 			case out <- msg:
 			case <-ctx.Done():
@@ -211,23 +269,6 @@ func (w *ackWatch) Subscribe(ctx context.Context, topic string) (<-chan *message
 		}
 	}()
 	return out, nil
-}
-
-func (w *ackWatch) watch(msg *message.Message, ctx context.Context, sent string) {
-	select {
-	case <-msg.Acked():
-	case <-msg.Nacked():
-		return
-	case <-ctx.Done():
-		select {
-		case <-msg.Acked(): // acknowledged just before its context ended
-		default:
-			return
-		}
-	case <-w.done:
-		return
-	}
-	w.m.committedOne(sent)
 }
 
 // runE2E measures one variant of one setup at one concurrency in one scenario: it creates the
@@ -272,7 +313,38 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 	}
 
 	m := newMeter(warm, n)
+	// PostgreSQL's backends report their WAL counters when idle, at most once a second, and
+	// when they exit: the counters are read around the whole cell, after its connections are
+	// closed, and divided by all its messages.
+	wal0 := pgWAL(ctx, db)
 	rss0 := resetPeakRSS()
+	profile := s.cfg.profileDir != "" && cl.c == slices.Max(s.cfg.concurrency)
+
+	var t0, t1 time.Time
+	var n0, n1 int64
+	var cpu0, cpu1 cpuSample
+	var prof *os.File
+	var windowErr error
+	startWindow := func() error {
+		cpu0, n0 = sampleCPU(), m.n.Load()
+		if profile {
+			var err error
+			prof, err = startProfile(s.cfg.profileDir, e.Name)
+			return err
+		}
+		return nil
+	}
+	endWindow := func() {
+		cpu1, n1 = sampleCPU(), m.n.Load()
+		if prof != nil {
+			pprof.StopCPUProfile()
+			_ = prof.Close()
+		}
+	}
+	if !steady {
+		m.atWarm = func() { windowErr = startWindow() }
+		m.atDone = endWindow
+	}
 	stop, err := s.startConsumer(ctx, cl, t, db, tables, m)
 	if err != nil {
 		return fmt.Errorf("start consumer: %w", err)
@@ -297,29 +369,6 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 			err = fmt.Errorf("%w; last error (of %d): %w", err, m.failures, m.lastErr)
 		}
 		return err
-	}
-	profile := s.cfg.profileDir != "" && cl.c == slices.Max(s.cfg.concurrency)
-
-	var t0, t1 time.Time
-	var n0, n1 int64
-	var cpu0, cpu1 cpuSample
-	var wal0, wal1 walStats
-	var prof *os.File
-	startWindow := func() error {
-		cpu0, wal0, n0 = sampleCPU(), pgWAL(ctx, db), m.n.Load()
-		if profile {
-			var err error
-			prof, err = startProfile(s.cfg.profileDir, e.Name)
-			return err
-		}
-		return nil
-	}
-	endWindow := func() {
-		cpu1, wal1, n1 = sampleCPU(), pgWAL(ctx, db), m.n.Load()
-		if prof != nil {
-			pprof.StopCPUProfile()
-			_ = prof.Close()
-		}
 	}
 	if steady {
 		// The clock starts after the warm-up and stops when the last message is published:
@@ -364,9 +413,6 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if err := startWindow(); err != nil {
-			return err
-		}
 		select {
 		case t1 = <-m.doneAt:
 		case <-deadline.C:
@@ -374,7 +420,9 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		endWindow()
+		if windowErr != nil {
+			return windowErr
+		}
 	}
 	e.PeakRSSMiB, e.BaseRSSMiB = peakRSS(), rss0
 	stopped = true
@@ -398,7 +446,11 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 	e.CPU = cpuUse(cpu0, cpu1)
 	e.CPUPerMsg = cpuPerMsg(e.CPU, cpu1.at.Sub(cpu0.at).Seconds(), int(n1-n0))
 	e.ConnsClosedIdle = db.Stats().MaxIdleClosed
-	e.setWAL(wal0, wal1, int(n1-n0))
+	if wal0.ok {
+		db.SetMaxIdleConns(0) // closes the consumer's connections: their backends report
+		time.Sleep(100 * time.Millisecond)
+		e.setWAL(wal0, pgWAL(ctx, db), n)
+	}
 	m.mu.Lock()
 	e.Failures = m.failures
 	m.mu.Unlock()
@@ -518,23 +570,24 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 		_ = b.Close()
 		return nil, err
 	}
-	watch := &ackWatch{Subscriber: sub, m: m, done: make(chan struct{})}
-	stop, err := runRouter(ctx, watch, b.Publisher(), db, t.name, tables.dedup, cl.variant, cl.c, s.logger, spec)
+	if cl.scenario == scenarioSteady {
+		sub = sentRelay{Subscriber: sub}
+	}
+	spec.meters = commits{m: m}
+	stop, err := runRouter(ctx, sub, b.Publisher(), db, t.name, tables.dedup, cl.variant, cl.c, s.logger, spec)
 	if err != nil {
 		_ = b.Close()
 		return nil, err
 	}
-	return func() error {
-		err := errors.Join(stop(), b.Close())
-		close(watch.done)
-		return err
-	}, nil
+	return func() error { return errors.Join(stop(), b.Close()) }, nil
 }
 
-// handlerSpec is what a handler applies: a per-message processor or a batch processor.
+// handlerSpec is what a handler applies, a per-message processor or a batch processor, and
+// the router's MeterProvider (nil: the global one).
 type handlerSpec struct {
-	proc  processor.Processor
-	batch processor.Batch
+	proc   processor.Processor
+	batch  processor.Batch
+	meters metric.MeterProvider
 }
 
 // qosOf returns the quality of service of an onceflow variant, and whether it uses group
@@ -566,6 +619,7 @@ func runRouter(ctx context.Context, sub message.Subscriber, dead message.Publish
 		DeadLetterPublisher: dead,
 		DeadLetterTopic:     topic + "_dead",
 		Logger:              logger,
+		MeterProvider:       spec.meters,
 		PurgeInterval:       -1,
 		CloseTimeout:        10 * time.Second,
 	})

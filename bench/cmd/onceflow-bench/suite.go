@@ -556,7 +556,8 @@ type Entry struct {
 	// ConnsClosedIdle is how many database connections the consumer's pool closed because more
 	// than MaxIdleConns were idle (each is opened again for a later transaction).
 	ConnsClosedIdle int64 `json:"conns_closed_idle,omitempty"`
-	// WALSyncsPerMsg is PostgreSQL's WAL syncs per message during the measured time (the whole
+	// WALSyncsPerMsg is PostgreSQL's WAL syncs per message: over the whole cell, warm-up
+	// included, for a consumer, during the measured time for the database limit (the whole
 	// server counts, so other clients add to it).
 	WALSyncsPerMsg float64 `json:"wal_syncs_per_msg,omitempty"`
 	// WALFPIPerMsg and WALBytesPerMsg are PostgreSQL's full-page images and WAL bytes per
