@@ -377,7 +377,9 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		t0 = start.Add(time.Duration(s.cfg.steadyWarmup * float64(time.Second)))
 		m.from.Store(t0.UnixNano())
 		published := make(chan error, 1)
-		go func() { published <- publishPaced(ctx, t, n, s.cfg.rate, s.payload) }()
+		pubCtx, cancelPub := context.WithCancel(ctx)
+		defer cancelPub()
+		go func() { published <- publishPaced(pubCtx, t, n, s.cfg.rate, s.payload) }()
 		select {
 		case <-time.After(time.Until(t0)):
 		case err := <-published:

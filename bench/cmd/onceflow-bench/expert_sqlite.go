@@ -93,19 +93,24 @@ ON CONFLICT (consumer_group) DO UPDATE SET offset_acked = max(offset_acked, excl
 	for range c {
 		workers.Go(func() {
 			for b := range batches {
-				for {
+				// The cursor cannot pass a batch that is not applied: try it again, until the
+				// consumer stops (the batch is then read again by the next one).
+				for applied := false; !applied; {
 					turn.Lock()
 					fresh, err := x.apply(context.Background(), b.msgs)
 					turn.Unlock()
-					if err == nil {
+					switch {
+					case err == nil:
 						m.committed(fresh, len(b.msgs))
-						break
+						done <- b
+						applied = true
+					case !sleepCtx(runCtx, 10*time.Millisecond):
+						m.fail(err)
+						return
+					default:
+						m.fail(err)
 					}
-					// The cursor cannot pass a batch that is not applied: try it again.
-					m.fail(err)
-					time.Sleep(10 * time.Millisecond)
 				}
-				done <- b
 			}
 		})
 	}
