@@ -19,7 +19,7 @@ func TestRun_EmbeddedSmoke(t *testing.T) {
 	dir := t.TempDir()
 	out, chart := filepath.Join(dir, "latest.json"), filepath.Join(dir, "performance.svg")
 	err := run(context.Background(), []string{"run",
-		"-setups", "sqlite", "-concurrency", "1,4", "-gc-prefetch", "10",
+		"-setups", "sqlite", "-concurrency", "1,4", "-gc-prefetch", "10", "-gc-prefetch-concurrency", "1,4",
 		"-steady-concurrency", "4", "-steady-variants", "exactlyonce,exactlyonce-gc,batch-gc,expert", "-rate", "200", "-steady-seconds", "0.3", "-steady-warmup", "0.2",
 		"-slow-setups", "sqlite", "-slow-concurrency", "4", "-slow-wait", "1ms",
 		"-rounds", "1", "-seconds", "0.2", "-min-messages", "200", "-max-messages", "200",

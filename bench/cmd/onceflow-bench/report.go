@@ -184,14 +184,23 @@ func binding(st setup, e, expert Entry) string {
 		}
 		return "µs of CPU per message: " + strings.Join(parts, ", ")
 	}
-	cpu := perMsg("consumer", brokerGroup(st.Broker), databaseGroup(st.Database))
+	groups := []string{"consumer", brokerGroup(st.Broker), databaseGroup(st.Database)}
+	cpu := perMsg(groups...)
 	besideExpert := ""
 	if expert.MsgsPerS > 0 {
 		besideExpert = fmt.Sprintf(" (expert %.2f at %.0f msgs/s)", expert.CPU["machine"], expert.MsgsPerS)
 	}
+	own := 0.0
+	for _, g := range slices.Compact(slices.Sorted(slices.Values(groups))) {
+		if g != "" {
+			own += e.CPU[g]
+		}
+	}
 	switch {
 	case busy >= 0.85*cores:
-		return fmt.Sprintf("CPU: %.2f of %.0f cores busy%s; %s", busy, cores, besideExpert, cpu)
+		// On a shared machine the cores may be busy with others' work: say how much.
+		return fmt.Sprintf("CPU: %.2f of %.0f cores busy%s, %.2f of them by the consumer, broker and database, %.2f by other processes; %s",
+			busy, cores, besideExpert, own, max(busy-own, 0), cpu)
 	case st.Database == "postgres" && e.WALSyncsPerMsg >= 0.1 && e.WALSyncsPerMsg > 2*expert.WALSyncsPerMsg:
 		return fmt.Sprintf("commits: %.3f WAL syncs per message (expert %.3f), %.2f of %.0f cores busy; %s",
 			e.WALSyncsPerMsg, expert.WALSyncsPerMsg, busy, cores, cpu)
@@ -361,15 +370,13 @@ func printSweep(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
 		e, _ := find(ms, cell{st: st, variant: vGroupCommit, c: c, scenario: scenarioDrain, prefetch: p, sweep: p != cfg.prefetch}.name())
 		return e.MsgsPerS
 	}
-	found := false
-	for _, p := range ps {
-		for _, c := range cfg.concurrency {
-			if p != cfg.prefetch && rate(p, c) > 0 {
-				found = true
-			}
+	var concs []int
+	for _, c := range cfg.concurrency {
+		if slices.ContainsFunc(ps, func(p int) bool { return p != cfg.prefetch && rate(p, c) > 0 }) {
+			concs = append(concs, c)
 		}
 	}
-	if !found {
+	if len(concs) == 0 {
 		return
 	}
 	fmt.Fprintf(w, "  EO+GC by prefetch per subscription (broker.Options.Prefetch on %s), msgs/s:\n  %6s", st.Broker, "conc")
@@ -379,7 +386,7 @@ func printSweep(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
 	fmt.Fprintln(w, "     best")
 	score := map[int]float64{}
 	counted := map[int]int{}
-	for _, c := range cfg.concurrency {
+	for _, c := range concs {
 		fmt.Fprintf(w, "  %6d", c)
 		best, bestP := 0.0, 0
 		for _, p := range ps {

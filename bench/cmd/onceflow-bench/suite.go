@@ -115,6 +115,7 @@ type suiteConfig struct {
 	payloadSize int
 	prefetch    int   // per subscription, for onceflow and the watermill baseline
 	sweep       []int // further prefetches for group commit
+	sweepConc   []int // the concurrencies of the sweep
 	maxIdle     int
 
 	rate           float64 // offered in the steady state, msgs/s
@@ -173,13 +174,14 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	variants := fs.String("variants", strings.Join(defaultVariants, ","), "variants of the drain ("+strings.Join(allVariants, ", ")+")")
 	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios: drain (a backlog), steady (a fixed rate, latency), slow (a backlog, a processor that waits)")
 	rounds := fs.Int("rounds", 3, "rounds; each cell is measured once per round, interleaved, and the median reported")
-	seconds := fs.Float64("seconds", 2, "seconds of a drain aimed at per cell (the message count follows from the rate measured so far)")
+	seconds := fs.Float64("seconds", 1, "seconds of a drain aimed at per cell (the message count follows from the rate measured so far)")
 	warmup := fs.Float64("warmup", 0.15, "fraction of each drain's messages committed before the clock starts")
 	minMsgs := fs.Int("min-messages", 1500, "fewest messages per drain")
 	maxMsgs := fs.Int("max-messages", 150000, "most messages per drain")
 	payload := fs.Int("payload", 1024, "payload bytes per message")
 	prefetch := fs.Int("prefetch", expertPrefetch, "deliveries each subscription holds (broker.Options.Prefetch; on NATS times the concurrency), for onceflow and the watermill baseline")
 	sweep := fs.String("gc-prefetch", "10,64", "further prefetches for group commit in the drain, on the first setup of each broker (empty: none)")
+	sweepConc := fs.String("gc-prefetch-concurrency", "1,16", "concurrencies of the drain at which group commit is measured at the further prefetches")
 	maxIdle := fs.Int("max-idle", 0, "database/sql MaxIdleConns of the consumer's pool (0: as sqldb.Open leaves it)")
 	rate := fs.Float64("rate", 1000, "offered rate of the steady state, msgs/s")
 	steadySecs := fs.Float64("steady-seconds", 3, "measured seconds of the steady state, after its warm-up")
@@ -246,6 +248,9 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	if cfg.sweep, err = parseList("gc-prefetch", *sweep, positiveInt); err != nil {
 		return cfg, svc, err
 	}
+	if cfg.sweepConc, err = parseList("gc-prefetch-concurrency", *sweepConc, positiveInt); err != nil {
+		return cfg, svc, err
+	}
 	if cfg.steadyConc, err = parseList("steady-concurrency", *steadyConc, positiveInt); err != nil {
 		return cfg, svc, err
 	}
@@ -302,7 +307,7 @@ func (cfg suiteConfig) groups() [][]cell {
 					}
 					g = append(g, cell{st: st, variant: v, c: c, scenario: scenarioDrain, prefetch: cfg.prefetch})
 				}
-				if sweep {
+				if sweep && slices.Contains(cfg.sweepConc, c) {
 					for _, p := range cfg.sweep {
 						if p != cfg.prefetch {
 							g = append(g, cell{st: st, variant: vGroupCommit, c: c, scenario: scenarioDrain, prefetch: p, sweep: true})
@@ -367,7 +372,7 @@ func runSuite(ctx context.Context, args []string) error {
 		Machine: describeMachine(),
 		Config: map[string]any{
 			"rounds": cfg.rounds, "seconds_per_cell": cfg.seconds, "warmup_fraction": cfg.warmup,
-			"payload_bytes": cfg.payloadSize, "prefetch": cfg.prefetch, "gc_prefetch_sweep": cfg.sweep,
+			"payload_bytes": cfg.payloadSize, "prefetch": cfg.prefetch, "gc_prefetch_sweep": cfg.sweep, "gc_prefetch_concurrency": cfg.sweepConc,
 			"max_idle_conns": cfg.maxIdle, "quick": cfg.quick, "scenarios": cfg.scenarios,
 			"expert": map[string]any{"prefetch": expertPrefetch, "batch": expertBatch, "wait_ms": expertWait.Seconds() * 1000},
 			"steady": map[string]any{"rate": cfg.rate, "seconds": cfg.steadySeconds, "warmup_seconds": cfg.steadyWarmup, "concurrency": cfg.steadyConc},
@@ -473,13 +478,14 @@ func (s *suite) messagesFor(cl cell) int {
 	}
 	n := int(rate * s.cfg.seconds / (1 - s.cfg.warmup))
 	// Consumers that commit in batches commit in waves of up to concurrency × 64 messages at
-	// once: the drain needs some waves for its first and last commits to bound it well.
+	// once: the drain needs some waves for its first and last commits to bound it well, within
+	// three times the aimed seconds (a slow consumer's groups are small anyway).
 	if cl.variant == vGroupCommit || cl.variant == vBatch || cl.variant == vExpert {
 		waves := 10
 		if s.cfg.quick {
 			waves = 2
 		}
-		n = max(n, int(float64(waves*cl.c*expertBatch)/(1-s.cfg.warmup)))
+		n = max(n, min(int(float64(waves*cl.c*expertBatch)/(1-s.cfg.warmup)), 3*n))
 	}
 	return min(max(n, s.cfg.minMessages), s.cfg.maxMessages)
 }
