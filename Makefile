@@ -53,7 +53,7 @@ bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
 ## bench-e2e: the end-to-end suite alone: backlog drain, steady state and slow processor, 3 rounds
-## (about 15 minutes; BENCH_QUICK=1 for a smoke run of about 5 minutes)
+## (about 15 minutes; BENCH_QUICK=1 for a smoke run of about 2 minutes)
 bench-e2e: $(BIN)/onceflow-bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run $(BENCH_FLAGS)
 
@@ -61,7 +61,7 @@ bench-e2e: $(BIN)/onceflow-bench
 ## PostgreSQL, onceflow's and the expert's, into bin/profiles (go tool pprof; the
 ## figures of a profiled run are not for the record)
 bench-profile: $(BIN)/onceflow-bench
-	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run -setups postgres -concurrency 16 -rounds 1 \
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run -setups postgres -concurrency 16 -rounds 1 -seconds 5 \
 		-scenarios drain -gc-prefetch '' -cpuprofile-dir $(BIN)/profiles \
 		-out $(BIN)/profiles/results.json -chart '' $(BENCH_FLAGS)
 
