@@ -34,7 +34,7 @@ var variantColors = map[string]color.Color{
 func writeChart(path string, setups []setup, conc []int, res Results) error {
 	var plots []*plot.Plot
 	for _, st := range setups {
-		p, ok, err := setupPlot(st, conc, res)
+		p, ok, err := setupPlot(st, dbLimitSetup(setups, st), conc, res)
 		if err != nil {
 			return err
 		}
@@ -77,11 +77,18 @@ func writeChart(path string, setups []setup, conc []int, res Results) error {
 	return f.Close()
 }
 
-func setupPlot(st setup, conc []int, res Results) (*plot.Plot, bool, error) {
+// setupPlot draws the panel of st; the database limit comes from the cells of limits.
+func setupPlot(st, limits setup, conc []int, res Results) (*plot.Plot, bool, error) {
+	source := func(v string) setup {
+		if v == vDBLimit || v == vDBLimitGo {
+			return limits
+		}
+		return st
+	}
 	var vs []string
 	for _, v := range allVariants {
 		for _, c := range conc {
-			if rateOf(res.Medians, st, v, c) > 0 {
+			if rateOf(res.Medians, source(v), v, c) > 0 {
 				vs = append(vs, v)
 				break
 			}
@@ -102,7 +109,7 @@ func setupPlot(st setup, conc []int, res Results) (*plot.Plot, bool, error) {
 	for i, v := range vs {
 		values := make(plotter.Values, len(conc))
 		for j, c := range conc {
-			values[j] = rateOf(res.Medians, st, v, c)
+			values[j] = rateOf(res.Medians, source(v), v, c)
 			highest = max(highest, values[j])
 		}
 		bars, err := plotter.NewBarChart(values, barWidth)
