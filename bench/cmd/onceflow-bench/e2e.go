@@ -398,8 +398,10 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		t1 = time.Now()
 		endWindow()
+		// The commit rate is over the window as sampled, which starts when this goroutine
+		// woke, maybe later than t0 on a busy machine.
+		t0, t1 = cpu0.at, cpu1.at
 		select {
 		case <-m.doneAt:
 		case <-deadline.C:
