@@ -2,7 +2,7 @@ GO      ?= go
 PKGS    ?= ./...
 BIN     ?= bin
 
-.PHONY: all help build test test-order-full race lint bench bench-micro bench-e2e bench-scale bench-memory demo verify services up down clean FORCE
+.PHONY: all help build test test-order-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory demo verify services up down clean FORCE
 
 # BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench.
 BENCH_QUICK ?=
@@ -45,18 +45,29 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## bench: the Go micro-benchmarks, then the end-to-end suite: RabbitMQ -> PostgreSQL and MariaDB and
-## the embedded SQLite default, every mode beside the watermill baseline and the database's own
-## rate; writes bench/results/latest.json and docs/performance.svg (docs/performance.md)
+## bench: the Go micro-benchmarks (about 3 minutes), then the end-to-end suite: onceflow beside a
+## hand-written batch consumer on each broker's own client (the expert), the watermill baseline and
+## the database's own rate, on RabbitMQ -> PostgreSQL and MariaDB, NATS and Redis -> PostgreSQL and
+## the embedded SQLite queue; writes bench/results/latest.json and docs/performance.svg
+## (docs/performance.md)
 bench: bench-micro bench-e2e
 
 ## bench-micro: the Go benchmarks of every package
 bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-## bench-e2e: the end-to-end suite alone (about 15 minutes; BENCH_QUICK=1 for a smoke run)
+## bench-e2e: the end-to-end suite alone: backlog drain, steady state and slow processor, 3 rounds
+## (about 15 minutes; BENCH_QUICK=1 for a smoke run of about 2 minutes)
 bench-e2e: $(BIN)/onceflow-bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run $(BENCH_FLAGS)
+
+## bench-profile: CPU profiles of the consumer in every cell at concurrency 16 of RabbitMQ ->
+## PostgreSQL, onceflow's and the expert's, into bin/profiles (go tool pprof; the
+## figures of a profiled run are not for the record)
+bench-profile: $(BIN)/onceflow-bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run -setups postgres -concurrency 16 -rounds 1 -seconds 5 \
+		-scenarios drain -gc-prefetch '' -cpuprofile-dir $(BIN)/profiles \
+		-out $(BIN)/profiles/results.json -chart '' $(BENCH_FLAGS)
 
 ## bench-scale: ExactlyOnce with 10 million dedup keys against an empty table, and with the purge
 ## running (loads the keys once into PostgreSQL, about 2 GB; bench/results/scale.json)

@@ -21,18 +21,20 @@ import (
 var variantColors = map[string]color.Color{
 	vAtLeastOnce: color.RGBA{R: 0x9e, G: 0xca, B: 0xe1, A: 0xff},
 	vExactlyOnce: color.RGBA{R: 0x31, G: 0x82, B: 0xbd, A: 0xff},
-	vGroupCommit: color.RGBA{R: 0x08, G: 0x30, B: 0x6b, A: 0xff},
+	vGroupCommit: color.RGBA{R: 0x08, G: 0x51, B: 0x9c, A: 0xff},
+	vBatch:       color.RGBA{R: 0x08, G: 0x30, B: 0x6b, A: 0xff},
+	vExpert:      color.RGBA{R: 0xa5, G: 0x0f, B: 0x15, A: 0xff},
 	vBaseline:    color.RGBA{R: 0xfd, G: 0x8d, B: 0x3c, A: 0xff},
 	vDBLimit:     color.RGBA{R: 0x74, G: 0xc4, B: 0x76, A: 0xff},
 	vDBLimitGo:   color.RGBA{R: 0x23, G: 0x8b, B: 0x45, A: 0xff},
 }
 
 // writeChart draws one panel per setup: for each concurrency a group of bars, one per variant,
-// with the median msgs/s. The file's extension chooses SVG or PNG.
+// with the median msgs/s of the backlog drain. The file's extension chooses SVG or PNG.
 func writeChart(path string, setups []setup, conc []int, res Results) error {
 	var plots []*plot.Plot
 	for _, st := range setups {
-		p, ok, err := setupPlot(st, conc, res)
+		p, ok, err := setupPlot(st, dbLimitSetup(setups, st), conc, res)
 		if err != nil {
 			return err
 		}
@@ -75,11 +77,18 @@ func writeChart(path string, setups []setup, conc []int, res Results) error {
 	return f.Close()
 }
 
-func setupPlot(st setup, conc []int, res Results) (*plot.Plot, bool, error) {
+// setupPlot draws the panel of st; the database limit comes from the cells of limits.
+func setupPlot(st, limits setup, conc []int, res Results) (*plot.Plot, bool, error) {
+	source := func(v string) setup {
+		if v == vDBLimit || v == vDBLimitGo {
+			return limits
+		}
+		return st
+	}
 	var vs []string
 	for _, v := range allVariants {
 		for _, c := range conc {
-			if rateOf(res.Medians, st, v, c) > 0 {
+			if rateOf(res.Medians, source(v), v, c) > 0 {
 				vs = append(vs, v)
 				break
 			}
@@ -100,7 +109,7 @@ func setupPlot(st setup, conc []int, res Results) (*plot.Plot, bool, error) {
 	for i, v := range vs {
 		values := make(plotter.Values, len(conc))
 		for j, c := range conc {
-			values[j] = rateOf(res.Medians, st, v, c)
+			values[j] = rateOf(res.Medians, source(v), v, c)
 			highest = max(highest, values[j])
 		}
 		bars, err := plotter.NewBarChart(values, barWidth)
@@ -150,6 +159,9 @@ func runChart(args []string) error {
 		}
 	}
 	for _, e := range res.Medians {
+		if e.Scenario != "" && e.Scenario != scenarioDrain {
+			continue
+		}
 		if !slices.Contains(conc, e.Concurrency) {
 			conc = append(conc, e.Concurrency)
 		}

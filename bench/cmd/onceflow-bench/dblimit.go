@@ -25,7 +25,8 @@ import (
 // clients as the concurrency. On PostgreSQL db-limit is pgbench with a script of those
 // statements; db-limit-go, and db-limit on the other databases, is a Go loop that runs them
 // through the same SQLStore and driver as onceflow, without broker or router.
-func (s *suite) runDBLimit(ctx context.Context, st setup, v string, c int, e *Entry) error {
+func (s *suite) runDBLimit(ctx context.Context, cl cell, e *Entry) error {
+	st, v, c := cl.st, cl.variant, cl.c
 	id := newID()
 	dir := filepath.Join(s.svc.dir, id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -9,32 +9,33 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
-	"golang.org/x/sync/errgroup"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
-	rabbitmq "github.com/onceflow/onceflow/broker/amqp"
-	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
 // consumerGroup is the consumer group of every benchmark consumer: the AMQP queue of topic T
-// is "T.bench".
+// is "T.bench", the Redis consumer group "bench".
 const consumerGroup = "bench"
 
 // cellTables are the tables of one cell, created fresh for it.
 type cellTables struct {
 	effects   string // the business table: one row per applied message, no unique key
 	dedup     string // onceflow's dedup table
-	processed string // the baseline's processed-messages table
+	processed string // the processed-messages table of the watermill baseline and the expert
 }
 
 func newCellTables(id string) cellTables {
@@ -43,9 +44,14 @@ func newCellTables(id string) cellTables {
 
 func (t cellTables) create(ctx context.Context, db *sqldb.DB) error {
 	blob := map[sqldb.Dialect]string{sqldb.Postgres: "BYTEA", sqldb.MySQL: "BLOB", sqldb.SQLite: "BLOB"}[db.Dialect]
+	processed := `CREATE TABLE ` + t.processed + ` (id VARCHAR(255) NOT NULL PRIMARY KEY)`
+	if db.Dialect == sqldb.MySQL {
+		// The expert marks the rows its transaction inserts (expertSQL.record).
+		processed = `CREATE TABLE ` + t.processed + ` (id VARCHAR(255) NOT NULL PRIMARY KEY, batch BIGINT NULL)`
+	}
 	for _, stmt := range []string{
 		`CREATE TABLE ` + t.effects + ` (message_id VARCHAR(255) NOT NULL, payload ` + blob + ` NOT NULL)`,
-		`CREATE TABLE ` + t.processed + ` (id VARCHAR(255) NOT NULL PRIMARY KEY)`,
+		processed,
 	} {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("%s: %w", stmt, err)
@@ -86,38 +92,197 @@ func (s *suite) openDB(ctx context.Context, st setup, dir string) (*sqldb.DB, er
 	return db, nil
 }
 
-// meter counts processed messages and marks the moments the warm-up ends and the last message
-// is processed.
+// brokerURL returns the URL of the cell's broker; the SQLite queue is a file in dir.
+func (s *suite) brokerURL(st setup, dir string) string {
+	switch st.Broker {
+	case "amqp":
+		return s.svc.amqp
+	case "nats":
+		return s.svc.nats
+	case "redis":
+		return s.svc.redis
+	}
+	return "sqlite://" + filepath.Join(dir, "queue.db")
+}
+
+// meter counts the effects committed and marks the commits that end the warm-up and the run;
+// in the steady state it records the latency from publish to commit of each message sent after
+// the warm-up. Every consumer tells it after its commits: the expert and the watermill baseline
+// after their own COMMIT, onceflow through its Metrics interceptor (commits).
 type meter struct {
-	n              atomic.Int64
 	warm, target   int64
+	n              atomic.Int64 // effects committed
+	settled        atomic.Int64 // deliveries acknowledged, duplicates included
 	warmAt, doneAt chan time.Time
+	from           atomic.Int64 // Unix nanoseconds; messages sent from then on are timed (0: none)
+	// atWarm and atDone, when set, run in the committing goroutine as the warm-up ends and the
+	// last message commits, before warmAt and doneAt receive the time: the goroutine that
+	// waits for those may be scheduled much later on a busy machine.
+	atWarm, atDone func()
+
+	mu       sync.Mutex
+	lat      []float64 // milliseconds
+	failures int64
+	lastErr  error
 }
 
 func newMeter(warm, target int) *meter {
 	return &meter{warm: int64(warm), target: int64(target), warmAt: make(chan time.Time, 1), doneAt: make(chan time.Time, 1)}
 }
 
-func (m *meter) tick() {
-	switch m.n.Add(1) {
-	case m.warm:
-		m.warmAt <- time.Now()
-	case m.target:
-		m.doneAt <- time.Now()
+// committed records a commit of the effects of fresh, in a batch of settled deliveries.
+func (m *meter) committed(fresh []inMsg, settled int) {
+	now := time.Now()
+	for _, f := range fresh {
+		m.observe(now, f.sent)
+	}
+	m.add(now, len(fresh))
+	m.settled.Add(int64(settled))
+}
+
+// committedOne records the commit of one message's effect; sent is its headerSent value.
+func (m *meter) committedOne(sent string) {
+	now := time.Now()
+	if sent != "" {
+		ns, _ := strconv.ParseInt(sent, 10, 64)
+		m.observe(now, ns)
+	}
+	m.add(now, 1)
+	m.settled.Add(1)
+}
+
+func (m *meter) add(now time.Time, k int) {
+	if k == 0 {
+		return
+	}
+	after := m.n.Add(int64(k))
+	before := after - int64(k)
+	if before < m.warm && after >= m.warm {
+		if m.atWarm != nil {
+			m.atWarm()
+		}
+		m.warmAt <- now
+	}
+	if before < m.target && after >= m.target {
+		if m.atDone != nil {
+			m.atDone()
+		}
+		m.doneAt <- now
 	}
 }
 
-// runE2E measures one onceflow mode or the watermill baseline: it publishes the cell's messages
-// (not measured), starts the consumer, and times the messages after the warm-up, up to the
-// commit of the last one.
-func (s *suite) runE2E(ctx context.Context, st setup, v string, c int, e *Entry) error {
+func (m *meter) observe(now time.Time, sent int64) {
+	from := m.from.Load()
+	if from == 0 || sent < from {
+		return
+	}
+	m.mu.Lock()
+	m.lat = append(m.lat, float64(now.UnixNano()-sent)/1e6)
+	m.mu.Unlock()
+}
+
+// fail records an error that a consumer recovered from (a batch given back, a read retried).
+func (m *meter) fail(err error) {
+	m.mu.Lock()
+	m.failures++
+	m.lastErr = err
+	m.mu.Unlock()
+}
+
+func (m *meter) latencies() []float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.lat)
+}
+
+// commits is the MeterProvider of the router of an onceflow cell: it tells the cell's meter
+// about each message that the Metrics interceptor counts as processed. That interceptor sits
+// outside the transaction in the canonical chain and counts a message when the chain returns,
+// which is after the commit of the transaction that applied it (for group commit, after its
+// group's commit): the bench sees the commits without changing the handler's chain and without
+// a goroutine per message. Every other instrument is a no-op, as with the global provider the
+// router uses by default. A chain without the Metrics interceptor, or a renamed instrument,
+// makes the cell time out rather than measure something else.
+type commits struct {
+	noop.MeterProvider
+	m *meter
+}
+
+func (p commits) Meter(string, ...metric.MeterOption) metric.Meter { return commitsMeter{m: p.m} }
+
+type commitsMeter struct {
+	noop.Meter
+	m *meter
+}
+
+func (cm commitsMeter) Int64Counter(name string, _ ...metric.Int64CounterOption) (metric.Int64Counter, error) {
+	if name == telemetry.MetricMessages {
+		return commitsCounter{m: cm.m}, nil
+	}
+	return noop.Int64Counter{}, nil
+}
+
+type commitsCounter struct {
+	noop.Int64Counter
+	m *meter
+}
+
+func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddOption) {
+	if incr == 0 {
+		return
+	}
+	attrs := metric.NewAddConfig(opts).Attributes()
+	outcome, _ := attrs.Value(middleware.AttrOutcome)
+	if outcome.AsString() != string(processor.Processed) {
+		c.m.settled.Add(incr) // a duplicate, or a failure that is not committed
+		return
+	}
+	sent, _ := ctx.Value(sentKey{}).(string)
+	c.m.committedOne(sent)
+}
+
+// sentKey is the context key of a message's headerSent value.
+type sentKey struct{}
+
+// sentRelay passes on the messages of a Subscriber with their publish time (headerSent) in
+// their context, where commitsCounter finds it. It is used in the steady state only: it costs
+// a goroutine switch per message.
+type sentRelay struct{ message.Subscriber }
+
+func (r sentRelay) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := r.Subscriber.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for msg := range in {
+			if sent := msg.Metadata.Get(headerSent); sent != "" {
+				msg.SetContext(context.WithValue(msg.Context(), sentKey{}, sent))
+			}
+			select {
+			case out <- msg:
+			case <-ctx.Done():
+				msg.Nack()
+			}
+		}
+	}()
+	return out, nil
+}
+
+// runE2E measures one variant of one setup at one concurrency in one scenario: it creates the
+// cell's tables and topic, publishes its backlog (not measured) or starts publishing at the
+// steady rate, runs the consumer, and checks at the end that the business table holds exactly
+// one row per message.
+func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 	id := newID()
 	dir := filepath.Join(s.svc.dir, id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	db, err := s.openDB(ctx, st, dir)
+	db, err := s.openDB(ctx, cl.st, dir)
 	if err != nil {
 		return err
 	}
@@ -127,37 +292,60 @@ func (s *suite) runE2E(ctx context.Context, st setup, v string, c int, e *Entry)
 		return err
 	}
 	defer tables.drop(context.WithoutCancel(ctx), db)
+	t := topic{st: cl.st, brokerURL: s.brokerURL(cl.st, dir), name: "bench_" + id}
+	if err := t.prepare(ctx); err != nil {
+		return fmt.Errorf("create the topic: %w", err)
+	}
+	defer t.remove()
 
-	n := s.messagesFor(st, v, c)
-	warm := max(int(float64(n)*s.cfg.warmup), 1)
-	e.Messages = n - warm
-	topic := "bench_" + id
-	brokerURL := s.svc.amqp
-	if st.Broker == "sqlite" {
-		brokerURL = "sqlite://" + filepath.Join(dir, "queue.db")
-	}
-	if err := s.publish(ctx, st, brokerURL, topic, n); err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
-	if st.Broker == "amqp" {
-		defer deleteAMQPTopic(s.svc.amqp, topic)
+	steady := cl.scenario == scenarioSteady
+	var n, warm int
+	if steady {
+		n = max(int(s.cfg.rate*(s.cfg.steadyWarmup+s.cfg.steadySeconds)), 1)
+		e.OfferedRate = s.cfg.rate
+	} else {
+		n = s.messagesFor(cl)
+		warm = max(int(float64(n)*s.cfg.warmup), 1)
+		e.Messages = n - warm
+		if err := publishBacklog(ctx, t, n, s.payload); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
 	}
 
 	m := newMeter(warm, n)
-	insert := effectInsert(db, tables.effects)
-	var stop func() error
-	if v == vBaseline {
-		stop, err = s.startBaseline(ctx, st, brokerURL, db, topic, tables, c, m)
-	} else {
-		stop, err = s.startOnceflow(ctx, brokerURL, db, topic, tables, v, c, processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			tx, _ := processor.CurrentTx(ctx)
-			if _, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload); err != nil {
-				return err
-			}
-			m.tick()
-			return nil
-		}))
+	// PostgreSQL's backends report their WAL counters when idle, at most once a second, and
+	// when they exit: the counters are read around the whole cell, after its connections are
+	// closed, and divided by all its messages.
+	wal0 := pgWAL(ctx, db)
+	rss0 := resetPeakRSS()
+	profile := s.cfg.profileDir != "" && cl.c == slices.Max(s.cfg.concurrency)
+
+	var t0, t1 time.Time
+	var n0, n1 int64
+	var cpu0, cpu1 cpuSample
+	var prof *os.File
+	var windowErr error
+	startWindow := func() error {
+		cpu0, n0 = sampleCPU(), m.n.Load()
+		if profile {
+			var err error
+			prof, err = startProfile(s.cfg.profileDir, e.Name)
+			return err
+		}
+		return nil
 	}
+	endWindow := func() {
+		cpu1, n1 = sampleCPU(), m.n.Load()
+		if prof != nil {
+			pprof.StopCPUProfile()
+			_ = prof.Close()
+		}
+	}
+	if !steady {
+		m.atWarm = func() { windowErr = startWindow() }
+		m.atDone = endWindow
+	}
+	stop, err := s.startConsumer(ctx, cl, t, db, tables, m)
 	if err != nil {
 		return fmt.Errorf("start consumer: %w", err)
 	}
@@ -167,72 +355,112 @@ func (s *suite) runE2E(ctx context.Context, st setup, v string, c int, e *Entry)
 			_ = stop()
 		}
 	}()
-
-	timeout := time.Duration(float64(time.Second) * max(120, 10*float64(n)/guessRate(st, v, c)))
+	timeout := time.Duration(float64(time.Second) * max(120, 10*float64(n)/guessRate(cl)))
+	if steady {
+		timeout = time.Duration(float64(time.Second) * (60 + 2*(s.cfg.steadyWarmup+s.cfg.steadySeconds)))
+	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	var t0 time.Time
-	select {
-	case t0 = <-m.warmAt:
-	case <-deadline.C:
-		return fmt.Errorf("%d of %d messages processed after %s", m.n.Load(), n, timeout)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	cpu0, wal0 := sampleCPU(), pgWAL(ctx, db)
-	var prof *os.File
-	if s.cfg.profileDir != "" && c == slices.Max(s.cfg.concurrency) {
-		if prof, err = startProfile(s.cfg.profileDir, e.Name); err != nil {
-			return err
+	stuck := func() error {
+		err := fmt.Errorf("%d of %d messages committed after %s", m.n.Load(), n, timeout)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.lastErr != nil {
+			err = fmt.Errorf("%w; last error (of %d): %w", err, m.failures, m.lastErr)
 		}
+		return err
 	}
-	select {
-	case <-m.doneAt:
-	case <-deadline.C:
-		return fmt.Errorf("%d of %d messages processed after %s", m.n.Load(), n, timeout)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	// The processor ran for the last message; wait for its commit.
-	count := func() (int, error) {
-		var got int
-		err := db.QueryRowxContext(ctx, `SELECT COUNT(*) FROM `+tables.effects).Scan(&got)
-		return got, err
-	}
-	for {
-		got, err := count()
-		if err != nil {
-			return err
+	if steady {
+		// The clock starts after the warm-up and stops when the last message is published:
+		// the window of the offered rate.
+		start := time.Now()
+		t0 = start.Add(time.Duration(s.cfg.steadyWarmup * float64(time.Second)))
+		m.from.Store(t0.UnixNano())
+		published := make(chan error, 1)
+		pubCtx, cancelPub := context.WithCancel(ctx)
+		defer cancelPub()
+		go func() { published <- publishPaced(pubCtx, t, n, s.cfg.rate, s.payload) }()
+		select {
+		case <-time.After(time.Until(t0)):
+		case err := <-published:
+			return fmt.Errorf("publish: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		if got >= n {
-			break
+		if err := startWindow(); err != nil {
+			return err
 		}
 		select {
+		case err := <-published:
+			if err != nil {
+				return fmt.Errorf("publish: %w", err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		endWindow()
+		// The commit rate is over the window as sampled, which starts when this goroutine
+		// woke, maybe later than t0 on a busy machine.
+		t0, t1 = cpu0.at, cpu1.at
+		select {
+		case <-m.doneAt:
 		case <-deadline.C:
-			return fmt.Errorf("%d of %d effects committed after %s", got, n, timeout)
-		case <-time.After(2 * time.Millisecond):
+			return stuck()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	} else {
+		select {
+		case t0 = <-m.warmAt:
+		case <-deadline.C:
+			return stuck()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case t1 = <-m.doneAt:
+		case <-deadline.C:
+			return stuck()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if windowErr != nil {
+			return windowErr
 		}
 	}
-	t1 := time.Now()
-	cpu1, wal1 := sampleCPU(), pgWAL(ctx, db)
-	if prof != nil {
-		pprof.StopCPUProfile()
-		_ = prof.Close()
-	}
+	e.PeakRSSMiB, e.BaseRSSMiB = peakRSS(), rss0
 	stopped = true
 	if err := stop(); err != nil {
 		return fmt.Errorf("stop consumer: %w", err)
 	}
 
 	elapsed := t1.Sub(t0).Seconds()
+	if elapsed <= 0 {
+		return fmt.Errorf("no time measured: the commit that ended the warm-up committed the last of the %d messages too (raise -min-messages)", n)
+	}
 	e.Seconds = round2(elapsed)
-	e.MsgsPerS = float64(int(float64(e.Messages) / elapsed))
+	if steady {
+		lat := m.latencies()
+		e.Messages = len(lat)
+		e.MsgsPerS = float64(int(float64(n1-n0) / elapsed))
+		e.LatencyP50Ms, e.LatencyP99Ms, e.LatencyMaxMs = percentile(lat, 0.50), percentile(lat, 0.99), percentile(lat, 1)
+	} else {
+		e.MsgsPerS = float64(int(float64(e.Messages) / elapsed))
+	}
 	e.CPU = cpuUse(cpu0, cpu1)
-	e.CPUPerMsg = cpuPerMsg(e.CPU, elapsed, e.Messages)
+	e.CPUPerMsg = cpuPerMsg(e.CPU, cpu1.at.Sub(cpu0.at).Seconds(), int(n1-n0))
 	e.ConnsClosedIdle = db.Stats().MaxIdleClosed
-	e.setWAL(wal0, wal1, e.Messages)
-	got, err := count()
-	if err != nil {
+	if wal0.ok {
+		db.SetMaxIdleConns(0) // closes the consumer's connections: their backends report
+		time.Sleep(100 * time.Millisecond)
+		e.setWAL(wal0, pgWAL(ctx, db), n)
+	}
+	m.mu.Lock()
+	e.Failures = m.failures
+	m.mu.Unlock()
+
+	var got int
+	if err := db.QueryRowxContext(ctx, `SELECT COUNT(*) FROM `+tables.effects).Scan(&got); err != nil {
 		return err
 	}
 	// No unique key on the business table: a duplicate effect would be a row too many.
@@ -240,6 +468,37 @@ func (s *suite) runE2E(ctx context.Context, st setup, v string, c int, e *Entry)
 		return fmt.Errorf("%d effects for %d messages", got, n)
 	}
 	return nil
+}
+
+// percentile returns the q-quantile of xs (nearest rank), rounded to 0.01; 0 for none.
+func percentile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	i := min(max(int(q*float64(len(xs))+0.5)-1, 0), len(xs)-1)
+	return round2(xs[i])
+}
+
+// startConsumer starts the cell's consumer; the returned function stops it.
+func (s *suite) startConsumer(ctx context.Context, cl cell, t topic, db *sqldb.DB, tables cellTables, m *meter) (func() error, error) {
+	switch cl.variant {
+	case vExpert:
+		x := newExpertSQL(db, tables)
+		switch cl.st.Broker {
+		case "amqp":
+			return startExpertAMQP(ctx, t, cl.c, x, m)
+		case "nats":
+			return startExpertNATS(ctx, t, cl.c, x, m)
+		case "redis":
+			return startExpertRedis(ctx, t, cl.c, x, m)
+		}
+		return startExpertSQLite(ctx, t, cl.c, x, m)
+	case vBaseline:
+		return s.startBaseline(ctx, cl, t, db, tables, m)
+	}
+	return s.startOnceflow(ctx, cl, t, db, tables, m)
 }
 
 func startProfile(dir, name string) (*os.File, error) {
@@ -267,18 +526,72 @@ func sanitize(s string) string {
 	return string(b)
 }
 
-// startOnceflow starts an onceflow Router with one handler of the variant's mode.
-func (s *suite) startOnceflow(ctx context.Context, brokerURL string, db *sqldb.DB, topic string, tables cellTables, v string, c int, p processor.Processor) (func() error, error) {
-	b, err := broker.Open(ctx, brokerURL, broker.Options{ConsumerGroup: consumerGroup, Prefetch: s.cfg.prefetch})
+// brokerPrefetch is the Options.Prefetch that gives each of c subscriptions a window of p
+// deliveries. Options.Prefetch is per subscription on every scheme but NATS, where it is the
+// MaxAckPending of the consumer group as a whole.
+func brokerPrefetch(st setup, p, c int) int {
+	if st.Broker == "nats" {
+		return p * c
+	}
+	return p
+}
+
+// startOnceflow starts an onceflow Router with one handler of the cell's variant, over the
+// broker opened by URL (so that each scheme's own subscriber runs), with the cell's prefetch.
+func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.DB, tables cellTables, m *meter) (func() error, error) {
+	var wait time.Duration
+	if cl.scenario == scenarioSlow {
+		wait = s.cfg.slowWait
+	}
+	var spec handlerSpec
+	if cl.variant == vBatch {
+		spec.batch = processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+			if wait > 0 && !sleepCtx(ctx, wait) { // one remote call for the batch
+				return ctx.Err()
+			}
+			tx, _ := processor.CurrentTx(ctx)
+			return insertEffects(ctx, tx, db.Dialect, tables.effects, len(msgs), func(i int) (string, []byte) {
+				return msgs[i].ID, msgs[i].Payload
+			})
+		})
+	} else {
+		insert := effectInsert(db, tables.effects)
+		spec.proc = processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			if wait > 0 && !sleepCtx(ctx, wait) { // one remote call per message
+				return ctx.Err()
+			}
+			tx, _ := processor.CurrentTx(ctx)
+			_, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload)
+			return err
+		})
+	}
+	b, err := broker.Open(ctx, t.brokerURL, broker.Options{ConsumerGroup: consumerGroup, Prefetch: brokerPrefetch(cl.st, cl.prefetch, cl.c)})
 	if err != nil {
 		return nil, err
 	}
-	stop, err := startRouter(ctx, b, db, topic, tables.dedup, v, c, s.logger, p)
+	sub, err := b.Subscriber()
+	if err != nil {
+		_ = b.Close()
+		return nil, err
+	}
+	if cl.scenario == scenarioSteady {
+		sub = sentRelay{Subscriber: sub}
+	}
+	spec.meters = commits{m: m}
+	stop, err := runRouter(ctx, sub, b.Publisher(), db, t.name, tables.dedup, cl.variant, cl.c, s.logger, spec)
 	if err != nil {
 		_ = b.Close()
 		return nil, err
 	}
 	return func() error { return errors.Join(stop(), b.Close()) }, nil
+}
+
+// handlerSpec is what a handler applies, a per-message processor or a batch processor, and
+// the router's MeterProvider (nil: the global one).
+type handlerSpec struct {
+	proc   processor.Processor
+	batch  processor.Batch
+	meters metric.MeterProvider
 }
 
 // qosOf returns the quality of service of an onceflow variant, and whether it uses group
@@ -287,22 +600,30 @@ func qosOf(v string) (onceflow.QoS, bool) {
 	switch v {
 	case vAtLeastOnce:
 		return onceflow.AtLeastOnce, false
-	case vGroupCommit:
+	case vGroupCommit, vBatch:
 		return onceflow.ExactlyOnce, true
 	}
 	return onceflow.ExactlyOnce, false
 }
 
-// startRouter runs a Router with the handler "bench" on b until the returned stop is called.
+// startRouter runs a Router with the handler "bench" on a new subscriber of b, applying p,
+// until the returned stop is called.
 func startRouter(ctx context.Context, b *broker.Broker, db *sqldb.DB, topic, dedupTable, v string, c int, logger *slog.Logger, p processor.Processor) (func() error, error) {
 	sub, err := b.Subscriber()
 	if err != nil {
 		return nil, err
 	}
+	return runRouter(ctx, sub, b.Publisher(), db, topic, dedupTable, v, c, logger, handlerSpec{proc: p})
+}
+
+// runRouter runs a Router with the handler "bench" of variant v on sub until the returned stop
+// is called. Everything but the variant's choices is left at onceflow's defaults.
+func runRouter(ctx context.Context, sub message.Subscriber, dead message.Publisher, db *sqldb.DB, topic, dedupTable, v string, c int, logger *slog.Logger, spec handlerSpec) (func() error, error) {
 	r, err := onceflow.NewRouter(onceflow.Config{
-		DeadLetterPublisher: b.Publisher(),
+		DeadLetterPublisher: dead,
 		DeadLetterTopic:     topic + "_dead",
 		Logger:              logger,
+		MeterProvider:       spec.meters,
 		PurgeInterval:       -1,
 		CloseTimeout:        10 * time.Second,
 	})
@@ -311,15 +632,16 @@ func startRouter(ctx context.Context, b *broker.Broker, db *sqldb.DB, topic, ded
 	}
 	qos, group := qosOf(v)
 	if err := r.AddHandler(onceflow.Handler{
-		Name:        "bench",
-		Topic:       topic,
-		Subscriber:  sub,
-		Processor:   p,
-		QoS:         qos,
-		DB:          db,
-		Concurrency: c,
-		GroupCommit: onceflow.GroupCommitConfig{Enabled: group},
-		Dedup:       onceflow.DedupConfig{Table: dedupTable},
+		Name:           "bench",
+		Topic:          topic,
+		Subscriber:     sub,
+		Processor:      spec.proc,
+		BatchProcessor: spec.batch,
+		QoS:            qos,
+		DB:             db,
+		Concurrency:    c,
+		GroupCommit:    onceflow.GroupCommitConfig{Enabled: group && spec.batch == nil},
+		Dedup:          onceflow.DedupConfig{Table: dedupTable},
 	}); err != nil {
 		return nil, err
 	}
@@ -338,124 +660,15 @@ func startRouter(ctx context.Context, b *broker.Broker, db *sqldb.DB, topic, ded
 	}, nil
 }
 
-// publish puts n messages on topic; it is not measured. AMQP messages go out on several
-// channels with pipelined publisher confirms, since waiting for each confirm in turn is slow.
-func (s *suite) publish(ctx context.Context, st setup, brokerURL, topic string, n int) error {
-	if st.Broker == "amqp" {
-		return publishAMQP(ctx, brokerURL, topic, n, s.payload)
-	}
-	q, err := sqlitequeue.Open(ctx, brokerURL, sqlitequeue.Config{ConsumerGroup: consumerGroup})
-	if err != nil {
+// publishAMQP declares the topology onceflow uses for topic on RabbitMQ and publishes n
+// persistent messages, waiting for every publisher confirm (the memory benchmark's publisher).
+func publishAMQP(ctx context.Context, amqpURL, name string, n int, payload []byte) error {
+	t := topic{st: setup{Broker: "amqp"}, brokerURL: amqpURL, name: name}
+	if err := t.prepare(ctx); err != nil {
 		return err
 	}
-	defer q.Close()
-	pub := q.Publisher()
-	batch := make([]*message.Message, 0, 500)
-	for i := range n {
-		batch = append(batch, message.NewMessage(watermill.NewUUID(), s.payload))
-		if len(batch) == cap(batch) || i == n-1 {
-			if err := pub.Publish(topic, batch...); err != nil {
-				return err
-			}
-			batch = batch[:0]
-		}
+	if n == 0 {
+		return nil
 	}
-	return nil
-}
-
-// publishAMQP declares the topology onceflow uses (a fanout exchange named after the topic and
-// the durable queue "<topic>.bench" bound to it) and publishes n persistent messages, marshaled
-// as onceflow's broker does, waiting for every publisher confirm.
-func publishAMQP(ctx context.Context, amqpURL, topic string, n int, payload []byte) error {
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	queue := topic + "." + consumerGroup
-	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
-		return err
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		return err
-	}
-	if err := ch.QueueBind(queue, "", topic, false, nil); err != nil {
-		return err
-	}
-	_ = ch.Close()
-
-	const workers, window = 4, 256
-	var next atomic.Int64
-	g, gctx := errgroup.WithContext(ctx)
-	for range workers {
-		g.Go(func() error {
-			ch, err := conn.Channel()
-			if err != nil {
-				return err
-			}
-			defer ch.Close()
-			if err := ch.Confirm(false); err != nil {
-				return err
-			}
-			var pending []*amqp.DeferredConfirmation
-			wait := func() error {
-				for _, dc := range pending {
-					ok, err := dc.WaitContext(gctx)
-					if err != nil {
-						return err
-					}
-					if !ok {
-						return errors.New("publish nacked by the broker")
-					}
-				}
-				pending = pending[:0]
-				return nil
-			}
-			for next.Add(1) <= int64(n) {
-				p, err := rabbitmq.Marshaler{}.Marshal(message.NewMessage(watermill.NewUUID(), payload))
-				if err != nil {
-					return err
-				}
-				dc, err := ch.PublishWithDeferredConfirmWithContext(gctx, topic, "", false, false, p)
-				if err != nil {
-					return err
-				}
-				if pending = append(pending, dc); len(pending) == window {
-					if err := wait(); err != nil {
-						return err
-					}
-				}
-			}
-			return wait()
-		})
-	}
-	return g.Wait()
-}
-
-// deleteAMQPTopic deletes the exchange and queues a cell declared.
-func deleteAMQPTopic(amqpURL, topic string) {
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	for _, name := range []string{topic, topic + "_dead"} {
-		// A failed delete closes the channel: one channel per statement.
-		for _, del := range []func(*amqp.Channel) error{
-			func(ch *amqp.Channel) error {
-				_, err := ch.QueueDelete(name+"."+consumerGroup, false, false, false)
-				return err
-			},
-			func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) },
-		} {
-			if ch, err := conn.Channel(); err == nil {
-				_ = del(ch)
-				_ = ch.Close()
-			}
-		}
-	}
+	return publishBacklog(ctx, t, n, payload)
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceflow/onceflow/internal/testsvc"
@@ -25,8 +26,8 @@ import (
 
 // services are the URLs of the services a benchmark talks to, all on loopback by default.
 type services struct {
-	postgres, mysql, amqp string
-	dir                   string // SQLite files
+	postgres, mysql, amqp, nats, redis string
+	dir                                string // SQLite files
 }
 
 func defaultServices() services {
@@ -40,6 +41,8 @@ func defaultServices() services {
 		postgres: env("ONCEFLOW_TEST_POSTGRES", testsvc.DefaultPostgresURL),
 		mysql:    env("ONCEFLOW_TEST_MYSQL", testsvc.DefaultMySQLURL),
 		amqp:     env("ONCEFLOW_TEST_AMQP", testsvc.DefaultAMQPURL),
+		nats:     env("ONCEFLOW_TEST_NATS", testsvc.DefaultNATSURL),
+		redis:    env("ONCEFLOW_TEST_REDIS", testsvc.DefaultRedisURL),
 	}
 }
 
@@ -130,6 +133,9 @@ func newPayload(n int) []byte {
 	return raw
 }
 
+// numCPU is the number of cores of the machine.
+var numCPU = runtime.NumCPU()
+
 // Machine describes the machine a run measured on.
 type Machine struct {
 	CPU      string  `json:"cpu"`
@@ -180,8 +186,9 @@ func versions(ctx context.Context, svc services, setups []setup) map[string]stri
 		for _, d := range bi.Deps {
 			switch d.Path {
 			case "github.com/ThreeDotsLabs/watermill", "github.com/ThreeDotsLabs/watermill-amqp/v2",
+				"github.com/ThreeDotsLabs/watermill-nats/v2", "github.com/ThreeDotsLabs/watermill-redisstream",
 				"github.com/jackc/pgx/v5", "github.com/go-sql-driver/mysql", "modernc.org/sqlite",
-				"github.com/rabbitmq/amqp091-go":
+				"github.com/rabbitmq/amqp091-go", "github.com/nats-io/nats.go", "github.com/redis/go-redis/v9":
 				v[d.Path] = d.Version
 			}
 		}
@@ -223,6 +230,24 @@ func versions(ctx context.Context, svc services, setups []setup) map[string]stri
 			_ = conn.Close()
 		}
 	}
+	if uses["nats"] {
+		if nc, err := nats.Connect(svc.nats); err == nil {
+			v["nats-server"] = nc.ConnectedServerVersion()
+			nc.Close()
+		}
+	}
+	if uses["redis"] {
+		if c, err := dialRedis(svc.redis, 0); err == nil {
+			if info, err := c.Info(ctx, "server").Result(); err == nil {
+				for line := range strings.SplitSeq(info, "\n") {
+					if after, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+						v["redis"] = after
+					}
+				}
+			}
+			_ = c.Close()
+		}
+	}
 	return v
 }
 
@@ -241,8 +266,23 @@ type procTime struct {
 // clockTicks is the unit of /proc's CPU times (USER_HZ), 100 on every Linux we run on.
 const clockTicks = 100
 
+// cpuGroups are the process groups of cpuUse, and "machine" for the whole machine.
+var cpuGroups = []string{"machine", "consumer", "rabbitmq", "nats", "redis", "postgres", "mariadb", "pgbench", "other"}
+
+// brokerGroup is the process group of a setup's broker: the embedded SQLite queue runs in the
+// consumer.
+func brokerGroup(broker string) string {
+	return map[string]string{"amqp": "rabbitmq", "nats": "nats", "redis": "redis"}[broker]
+}
+
+// databaseGroup is the process group of a setup's database; SQLite runs in the consumer.
+func databaseGroup(database string) string {
+	return map[string]string{"postgres": "postgres", "mysql": "mariadb"}[database]
+}
+
 // sampleCPU reads /proc/stat and the stat of every process, grouped: the bench process itself
-// (the consumer), postgres, rabbitmq (the Erlang VM), mariadb, pgbench, and everything else.
+// (the consumer), postgres, rabbitmq (the Erlang VM), nats (nats-server), redis (redis-server),
+// mariadb, pgbench, and everything else.
 func sampleCPU() cpuSample {
 	s := cpuSample{at: time.Now(), procs: map[int]procTime{}}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
@@ -298,6 +338,10 @@ func procGroup(pid, self int, comm string) string {
 		return "rabbitmq"
 	case comm == "mariadbd" || comm == "mysqld":
 		return "mariadb"
+	case comm == "nats-server":
+		return "nats"
+	case comm == "redis-server":
+		return "redis"
 	case comm == "pgbench":
 		return "pgbench"
 	}
@@ -381,6 +425,29 @@ func readRSS(pid int) (rss, hwm int64, err error) {
 		}
 	}
 	return rss, hwm, sc.Err()
+}
+
+// resetPeakRSS returns the memory the Go runtime holds free to the system, resets the peak RSS
+// of this process (VmHWM) to its RSS now, and returns that RSS in MiB; 0 when it cannot.
+func resetPeakRSS() float64 {
+	debug.FreeOSMemory()
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		return 0
+	}
+	rss, _, err := readRSS(os.Getpid())
+	if err != nil {
+		return 0
+	}
+	return round2(float64(rss) / 1024)
+}
+
+// peakRSS returns this process's peak RSS since resetPeakRSS, in MiB.
+func peakRSS() float64 {
+	_, hwm, err := readRSS(os.Getpid())
+	if err != nil {
+		return 0
+	}
+	return round2(float64(hwm) / 1024)
 }
 
 // cpuPerMsg converts the CPU use of a measured window (cores) into microseconds per message.

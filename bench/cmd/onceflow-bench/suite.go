@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,12 +14,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/broker/sqlitequeue"
 )
 
 // setup is one broker and database pair of the suite.
 type setup struct {
-	Name     string // postgres, mysql, sqlite
-	Broker   string // amqp or sqlite
+	Name     string // postgres, mysql, nats, redis, sqlite
+	Broker   string // amqp, nats, redis or sqlite
 	Database string // postgres, mysql or sqlite
 	Title    string
 }
@@ -28,32 +29,76 @@ type setup struct {
 var allSetups = []setup{
 	{Name: "postgres", Broker: "amqp", Database: "postgres", Title: "RabbitMQ -> PostgreSQL"},
 	{Name: "mysql", Broker: "amqp", Database: "mysql", Title: "RabbitMQ -> MariaDB"},
+	{Name: "nats", Broker: "nats", Database: "postgres", Title: "NATS JetStream -> PostgreSQL"},
+	{Name: "redis", Broker: "redis", Database: "postgres", Title: "Redis Streams -> PostgreSQL"},
 	{Name: "sqlite", Broker: "sqlite", Database: "sqlite", Title: "embedded: SQLite queue -> SQLite"},
 }
 
-// The variants of a cell: onceflow's three modes, the hand-written watermill baseline, and the
-// database's own rate for the same statements.
-const (
-	vAtLeastOnce = "atleastonce"
-	vExactlyOnce = "exactlyonce"
-	vGroupCommit = "exactlyonce-gc"
-	vBaseline    = "watermill"
-	vDBLimit     = "db-limit"    // pgbench on PostgreSQL, a Go loop elsewhere
-	vDBLimitGo   = "db-limit-go" // a Go loop on PostgreSQL, beside pgbench
-)
-
-var allVariants = []string{vAtLeastOnce, vExactlyOnce, vGroupCommit, vBaseline, vDBLimit, vDBLimitGo}
-
-// variantsOf returns the variants that apply to s, in the order given.
-func variantsOf(s setup, vs []string) []string {
+func setupNames() []string {
 	var out []string
-	for _, v := range vs {
-		if v == vDBLimitGo && s.Database != "postgres" {
-			continue // elsewhere db-limit is the Go loop already
-		}
-		out = append(out, v)
+	for _, s := range allSetups {
+		out = append(out, s.Name)
 	}
 	return out
+}
+
+// The variants of a cell: onceflow's modes, the two hand-written baselines, and the database's
+// own rate for the statements of a per-message ExactlyOnce transaction.
+const (
+	vExactlyOnce = "exactlyonce"    // ExactlyOnce, a transaction per message
+	vGroupCommit = "exactlyonce-gc" // ExactlyOnce with group commit, a per-message processor
+	vBatch       = "batch-gc"       // ExactlyOnce with Handler.BatchProcessor (group commit)
+	vExpert      = "expert"         // the hand-written batch consumer on the broker's own client
+	vBaseline    = "watermill"      // the hand-written watermill consumer
+	vDBLimit     = "db-limit"       // pgbench on PostgreSQL, a Go loop elsewhere
+	vDBLimitGo   = "db-limit-go"    // a Go loop on PostgreSQL, beside pgbench
+	vAtLeastOnce = "atleastonce"    // AtLeastOnce, a transaction per message
+)
+
+var allVariants = []string{vExactlyOnce, vGroupCommit, vBatch, vExpert, vBaseline, vDBLimit, vDBLimitGo, vAtLeastOnce}
+
+var defaultVariants = []string{vExactlyOnce, vGroupCommit, vBatch, vExpert, vBaseline, vDBLimit}
+
+// isOnceflow reports whether v runs onceflow's Router.
+func isOnceflow(v string) bool {
+	return v == vExactlyOnce || v == vGroupCommit || v == vBatch || v == vAtLeastOnce
+}
+
+// The scenarios.
+const (
+	// scenarioDrain drains a backlog published ahead: the rate from the commit that ends the
+	// warm-up to the last commit.
+	scenarioDrain = "drain"
+	// scenarioSteady offers a fixed rate for some seconds: the latency from publish to commit.
+	scenarioSteady = "steady"
+	// scenarioSlow drains a backlog with a processor that waits (a remote call) before it
+	// writes: whether group commit can be the default.
+	scenarioSlow = "slow"
+)
+
+var allScenarios = []string{scenarioDrain, scenarioSteady, scenarioSlow}
+
+// cell is one measurement: a variant of a setup at a concurrency in a scenario.
+type cell struct {
+	st       setup
+	variant  string
+	c        int
+	scenario string
+	// prefetch is the window of deliveries of each subscription, for onceflow and the
+	// watermill baseline (the expert's is expertPrefetch).
+	prefetch int
+	// sweep marks a group-commit cell of the prefetch sweep: its prefetch is not the run's.
+	sweep bool
+}
+
+func (cl cell) name() string {
+	switch {
+	case cl.scenario == scenarioSteady || cl.scenario == scenarioSlow:
+		return fmt.Sprintf("%s/%s/%s/c%d", cl.st.Name, cl.scenario, cl.variant, cl.c)
+	case cl.sweep:
+		return fmt.Sprintf("%s/%s-p%d/c%d", cl.st.Name, cl.variant, cl.prefetch, cl.c)
+	}
+	return fmt.Sprintf("%s/%s/c%d", cl.st.Name, cl.variant, cl.c)
 }
 
 // suiteConfig is what `onceflow-bench run` measures.
@@ -61,40 +106,101 @@ type suiteConfig struct {
 	setups      []setup
 	concurrency []int
 	variants    []string
+	scenarios   []string
 	rounds      int
-	seconds     float64 // steady state aimed at per cell
-	warmup      float64 // fraction of a cell's messages not measured
+	seconds     float64 // of a drain, aimed at per cell
+	warmup      float64 // fraction of a drain's messages not measured
 	minMessages int
 	maxMessages int
 	payloadSize int
-	prefetch    int
+	prefetch    int   // per subscription, for onceflow and the watermill baseline
+	sweep       []int // further prefetches for group commit
+	sweepConc   []int // the concurrencies of the sweep
 	maxIdle     int
-	out, chart  string
-	profileDir  string
-	quick       bool
+
+	rate           float64 // offered in the steady state, msgs/s
+	steadySeconds  float64
+	steadyWarmup   float64
+	steadyConc     []int
+	steadyVariants []string
+
+	slowWait     time.Duration
+	slowConc     int
+	slowSetups   []string
+	slowVariants []string
+
+	out, chart string
+	profileDir string
+	quick      bool
+}
+
+func parseList[T any](flagName, s string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		v, err := parse(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("-%s: %w", flagName, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func positiveInt(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%q is not a positive integer", s)
+	}
+	return n, nil
+}
+
+func oneOf(allowed []string) func(string) (string, error) {
+	return func(s string) (string, error) {
+		if !slices.Contains(allowed, s) {
+			return "", fmt.Errorf("unknown value %q (want %s)", s, strings.Join(allowed, ", "))
+		}
+		return s, nil
+	}
 }
 
 func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	svc := defaultServices()
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	setups := fs.String("setups", "postgres,mysql,sqlite", "broker -> database pairs to measure: postgres (RabbitMQ -> PostgreSQL), mysql (RabbitMQ -> MariaDB), sqlite (embedded SQLite queue -> SQLite)")
-	conc := fs.String("concurrency", "1,4,16", "handler concurrencies")
-	variants := fs.String("variants", strings.Join(allVariants, ","), "variants to measure")
+	setups := fs.String("setups", strings.Join(setupNames(), ","), "broker -> database pairs: postgres (RabbitMQ -> PostgreSQL), mysql (RabbitMQ -> MariaDB), nats (NATS JetStream -> PostgreSQL), redis (Redis Streams -> PostgreSQL), sqlite (SQLite queue -> SQLite)")
+	conc := fs.String("concurrency", "1,4,16", "concurrencies of the drain: handler Concurrency, watermill subscriptions, expert workers")
+	variants := fs.String("variants", strings.Join(defaultVariants, ","), "variants of the drain ("+strings.Join(allVariants, ", ")+")")
+	scenarios := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios: drain (a backlog), steady (a fixed rate, latency), slow (a backlog, a processor that waits)")
 	rounds := fs.Int("rounds", 3, "rounds; each cell is measured once per round, interleaved, and the median reported")
-	seconds := fs.Float64("seconds", 4, "seconds of steady state aimed at per cell (the message count follows from the rate measured so far)")
-	warmup := fs.Float64("warmup", 0.15, "fraction of each cell's messages processed before the clock starts")
-	minMsgs := fs.Int("min-messages", 1500, "fewest messages per cell")
-	maxMsgs := fs.Int("max-messages", 150000, "most messages per cell")
+	seconds := fs.Float64("seconds", 1, "seconds of a drain aimed at per cell (the message count follows from the rate measured so far)")
+	warmup := fs.Float64("warmup", 0.15, "fraction of each drain's messages committed before the clock starts")
+	minMsgs := fs.Int("min-messages", 1500, "fewest messages per drain")
+	maxMsgs := fs.Int("max-messages", 150000, "most messages per drain")
 	payload := fs.Int("payload", 1024, "payload bytes per message")
-	prefetch := fs.Int("prefetch", 0, "AMQP prefetch per subscription, for onceflow and the baseline alike (0: onceflow's default, 10)")
-	maxIdle := fs.Int("max-idle", 0, "database/sql MaxIdleConns of the consumer's pool, for onceflow and the baseline alike (0: as sqldb.Open leaves it)")
-	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run: 1 round, 1 s per cell, few messages (also BENCH_QUICK=1)")
+	prefetch := fs.Int("prefetch", expertPrefetch, "deliveries each subscription holds (broker.Options.Prefetch; on NATS times the concurrency), for onceflow and the watermill baseline")
+	sweep := fs.String("gc-prefetch", "10,64", "further prefetches for group commit in the drain, on the first setup of each broker (empty: none)")
+	sweepConc := fs.String("gc-prefetch-concurrency", "1,16", "concurrencies of the drain at which group commit is measured at the further prefetches")
+	maxIdle := fs.Int("max-idle", 0, "database/sql MaxIdleConns of the consumer's pool (0: as sqldb.Open leaves it)")
+	rate := fs.Float64("rate", 1000, "offered rate of the steady state, msgs/s")
+	steadySecs := fs.Float64("steady-seconds", 3, "measured seconds of the steady state, after its warm-up")
+	steadyWarm := fs.Float64("steady-warmup", 1, "seconds of the steady state before the clock starts")
+	steadyConc := fs.String("steady-concurrency", "16", "concurrencies of the steady state")
+	steadyVars := fs.String("steady-variants", strings.Join([]string{vExactlyOnce, vGroupCommit, vExpert}, ","), "variants of the steady state ("+vBatch+" too, if wanted)")
+	slowWait := fs.Duration("slow-wait", 5*time.Millisecond, "the slow processor's wait per call: per message, or per batch for the batch processor")
+	slowConc := fs.Int("slow-concurrency", 16, "concurrency of the slow scenario")
+	slowSetups := fs.String("slow-setups", "postgres", "setups of the slow scenario")
+	slowVars := fs.String("slow-variants", strings.Join([]string{vExactlyOnce, vGroupCommit, vBatch}, ","), "variants of the slow scenario")
+	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run: 1 round, short cells, few messages (also BENCH_QUICK=1)")
 	out := fs.String("out", "bench/results/latest.json", "results file")
 	chart := fs.String("chart", "docs/performance.svg", "chart file (.svg or .png); empty for none")
-	profile := fs.String("cpuprofile-dir", "", "write a CPU profile of each onceflow cell at the highest concurrency into this directory (profiling slows what it measures: not for the reported numbers)")
+	profile := fs.String("cpuprofile-dir", "", "write a CPU profile of the consumer for each cell at the highest concurrency into this directory (profiling slows what it measures: not for the reported numbers)")
 	fs.StringVar(&svc.postgres, "postgres", svc.postgres, "PostgreSQL URL")
 	fs.StringVar(&svc.mysql, "mysql", svc.mysql, "MariaDB/MySQL URL")
 	fs.StringVar(&svc.amqp, "amqp", svc.amqp, "RabbitMQ URL")
+	fs.StringVar(&svc.nats, "nats", svc.nats, "NATS URL")
+	fs.StringVar(&svc.redis, "redis", svc.redis, "Redis URL")
 	fs.StringVar(&svc.dir, "dir", "", "directory for SQLite files (default: a temporary directory, removed at the end)")
 	if err := fs.Parse(args); err != nil {
 		return suiteConfig{}, svc, err
@@ -102,43 +208,133 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	cfg := suiteConfig{
 		rounds: *rounds, seconds: *seconds, warmup: *warmup, minMessages: *minMsgs, maxMessages: *maxMsgs,
 		payloadSize: *payload, prefetch: *prefetch, maxIdle: *maxIdle, out: *out, chart: *chart, quick: *quick,
-		profileDir: *profile,
+		profileDir: *profile, rate: *rate, steadySeconds: *steadySecs, steadyWarmup: *steadyWarm,
+		slowWait: *slowWait, slowConc: *slowConc,
 	}
 	if cfg.quick {
-		cfg.rounds, cfg.seconds, cfg.minMessages = 1, 1, 300
-	}
-	for name := range strings.SplitSeq(*setups, ",") {
-		i := slices.IndexFunc(allSetups, func(s setup) bool { return s.Name == strings.TrimSpace(name) })
-		if i < 0 {
-			return cfg, svc, fmt.Errorf("-setups: unknown setup %q (want postgres, mysql or sqlite)", name)
+		// Short cells, unless a flag says otherwise.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for name, apply := range map[string]func(){
+			"rounds":         func() { cfg.rounds = 1 },
+			"seconds":        func() { cfg.seconds = 0.5 },
+			"min-messages":   func() { cfg.minMessages = 300 },
+			"max-messages":   func() { cfg.maxMessages = 20000 },
+			"steady-seconds": func() { cfg.steadySeconds = 1 },
+			"steady-warmup":  func() { cfg.steadyWarmup = 0.5 },
+		} {
+			if !set[name] {
+				apply()
+			}
 		}
-		cfg.setups = append(cfg.setups, allSetups[i])
 	}
-	for s := range strings.SplitSeq(*conc, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			return cfg, svc, fmt.Errorf("-concurrency: %q is not a positive integer", s)
-		}
-		cfg.concurrency = append(cfg.concurrency, n)
+	var err error
+	names, err := parseList("setups", *setups, oneOf(setupNames()))
+	if err != nil {
+		return cfg, svc, err
 	}
-	for v := range strings.SplitSeq(*variants, ",") {
-		v = strings.TrimSpace(v)
-		if !slices.Contains(allVariants, v) {
-			return cfg, svc, fmt.Errorf("-variants: unknown variant %q (want %s)", v, strings.Join(allVariants, ", "))
-		}
-		cfg.variants = append(cfg.variants, v)
+	for _, n := range names {
+		cfg.setups = append(cfg.setups, allSetups[slices.IndexFunc(allSetups, func(s setup) bool { return s.Name == n })])
+	}
+	if cfg.concurrency, err = parseList("concurrency", *conc, positiveInt); err != nil {
+		return cfg, svc, err
+	}
+	if cfg.variants, err = parseList("variants", *variants, oneOf(allVariants)); err != nil {
+		return cfg, svc, err
+	}
+	if cfg.scenarios, err = parseList("scenarios", *scenarios, oneOf(allScenarios)); err != nil {
+		return cfg, svc, err
+	}
+	if cfg.sweep, err = parseList("gc-prefetch", *sweep, positiveInt); err != nil {
+		return cfg, svc, err
+	}
+	if cfg.sweepConc, err = parseList("gc-prefetch-concurrency", *sweepConc, positiveInt); err != nil {
+		return cfg, svc, err
+	}
+	if cfg.steadyConc, err = parseList("steady-concurrency", *steadyConc, positiveInt); err != nil {
+		return cfg, svc, err
+	}
+	runnable := []string{vExactlyOnce, vGroupCommit, vBatch, vExpert, vBaseline, vAtLeastOnce}
+	if cfg.steadyVariants, err = parseList("steady-variants", *steadyVars, oneOf(runnable)); err != nil {
+		return cfg, svc, err
+	}
+	if cfg.slowSetups, err = parseList("slow-setups", *slowSetups, oneOf(setupNames())); err != nil {
+		return cfg, svc, err
+	}
+	if cfg.slowVariants, err = parseList("slow-variants", *slowVars, oneOf(runnable)); err != nil {
+		return cfg, svc, err
 	}
 	switch {
+	case len(cfg.setups) == 0 || len(cfg.concurrency) == 0:
+		return cfg, svc, errors.New("-setups and -concurrency: want at least one")
 	case cfg.rounds < 1:
 		return cfg, svc, errors.New("-rounds: want at least 1")
-	case cfg.seconds <= 0:
-		return cfg, svc, errors.New("-seconds: want more than 0")
+	case cfg.seconds <= 0 || cfg.steadySeconds <= 0:
+		return cfg, svc, errors.New("-seconds, -steady-seconds: want more than 0")
 	case cfg.warmup < 0 || cfg.warmup >= 0.9:
 		return cfg, svc, errors.New("-warmup: want a fraction in [0, 0.9)")
 	case cfg.payloadSize < 1:
 		return cfg, svc, errors.New("-payload: want at least 1 byte")
+	case cfg.prefetch < 1:
+		return cfg, svc, errors.New("-prefetch: want at least 1")
+	case cfg.rate <= 0:
+		return cfg, svc, errors.New("-rate: want more than 0")
+	case cfg.slowConc < 1 || cfg.slowWait < 0:
+		return cfg, svc, errors.New("-slow-concurrency: want at least 1; -slow-wait: not negative")
 	}
 	return cfg, svc, nil
+}
+
+// rounds returns the cells of one round, in groups whose variants are measured one after the
+// other: per setup, the drain at each concurrency (with the prefetch sweep), the steady state,
+// the slow processor.
+func (cfg suiteConfig) groups() [][]cell {
+	var groups [][]cell
+	sweptBrokers := map[string]bool{}
+	dbLimited := map[string]bool{}
+	for _, st := range cfg.setups {
+		sweep := len(cfg.sweep) > 0 && !sweptBrokers[st.Broker] && slices.Contains(cfg.variants, vGroupCommit)
+		sweptBrokers[st.Broker] = true
+		// The database's own rate does not depend on the broker: once per database.
+		dbLimit := !dbLimited[st.Database]
+		dbLimited[st.Database] = true
+		if slices.Contains(cfg.scenarios, scenarioDrain) {
+			for _, c := range cfg.concurrency {
+				var g []cell
+				for _, v := range cfg.variants {
+					if (v == vDBLimit || v == vDBLimitGo) && !dbLimit || v == vDBLimitGo && st.Database != "postgres" {
+						continue
+					}
+					g = append(g, cell{st: st, variant: v, c: c, scenario: scenarioDrain, prefetch: cfg.prefetch})
+				}
+				if sweep && slices.Contains(cfg.sweepConc, c) {
+					for _, p := range cfg.sweep {
+						if p != cfg.prefetch {
+							g = append(g, cell{st: st, variant: vGroupCommit, c: c, scenario: scenarioDrain, prefetch: p, sweep: true})
+						}
+					}
+				}
+				groups = append(groups, g)
+			}
+		}
+		if slices.Contains(cfg.scenarios, scenarioSteady) {
+			for _, c := range cfg.steadyConc {
+				var g []cell
+				for _, v := range cfg.steadyVariants {
+					g = append(g, cell{st: st, variant: v, c: c, scenario: scenarioSteady, prefetch: cfg.prefetch})
+				}
+				groups = append(groups, g)
+			}
+		}
+		if slices.Contains(cfg.scenarios, scenarioSlow) && slices.Contains(cfg.slowSetups, st.Name) {
+			var g []cell
+			for _, v := range cfg.slowVariants {
+				g = append(g, cell{st: st, variant: v, c: cfg.slowConc, scenario: scenarioSlow, prefetch: cfg.prefetch})
+			}
+			groups = append(groups, g)
+		}
+	}
+	return groups
 }
 
 // suite runs the end-to-end matrix.
@@ -176,59 +372,55 @@ func runSuite(ctx context.Context, args []string) error {
 		Machine: describeMachine(),
 		Config: map[string]any{
 			"rounds": cfg.rounds, "seconds_per_cell": cfg.seconds, "warmup_fraction": cfg.warmup,
-			"payload_bytes": cfg.payloadSize, "prefetch": cmp.Or(cfg.prefetch, 10), "max_idle_conns": cfg.maxIdle, "quick": cfg.quick,
+			"payload_bytes": cfg.payloadSize, "prefetch": cfg.prefetch, "gc_prefetch_sweep": cfg.sweep, "gc_prefetch_concurrency": cfg.sweepConc,
+			"max_idle_conns": cfg.maxIdle, "quick": cfg.quick, "scenarios": cfg.scenarios,
+			"expert": map[string]any{"prefetch": expertPrefetch, "batch": expertBatch, "wait_ms": expertWait.Seconds() * 1000},
+			"steady": map[string]any{"rate": cfg.rate, "seconds": cfg.steadySeconds, "warmup_seconds": cfg.steadyWarmup, "concurrency": cfg.steadyConc},
+			"slow":   map[string]any{"wait_ms": cfg.slowWait.Seconds() * 1000, "concurrency": cfg.slowConc, "setups": cfg.slowSetups},
 		},
 	}
 	res.Versions = versions(ctx, svc, cfg.setups)
 	for _, st := range cfg.setups {
-		switch st.Database {
-		case "postgres":
+		switch {
+		case st.Database == "postgres" && s.pgURL == "":
 			if s.pgURL, err = preparePostgres(ctx, svc.postgres, benchSchema); err != nil {
 				return fmt.Errorf("prepare PostgreSQL: %w", err)
 			}
-		case "mysql":
+		case st.Database == "mysql" && s.myURL == "":
 			if s.myURL, err = prepareMySQL(ctx, svc.mysql, benchDatabase); err != nil {
 				return fmt.Errorf("prepare MariaDB: %w", err)
 			}
 		}
 	}
 
+	groups := cfg.groups()
 	cells := 0
-	for _, st := range cfg.setups {
-		cells += len(cfg.concurrency) * len(variantsOf(st, cfg.variants))
+	for _, g := range groups {
+		cells += len(g)
 	}
-	fmt.Fprintf(s.log, "onceflow-bench: %d cells x %d rounds, ~%.0f s of steady state each; load average %.2f on %d cores\n",
-		cells, cfg.rounds, cfg.seconds, res.Machine.LoadBefore, res.Machine.Cores)
+	fmt.Fprintf(s.log, "onceflow-bench: %d cells x %d rounds (drain ~%.1f s each, steady %.0f+%.0f s at %.0f msgs/s); load average %.2f on %d cores\n",
+		cells, cfg.rounds, cfg.seconds, cfg.steadyWarmup, cfg.steadySeconds, cfg.rate, res.Machine.LoadBefore, res.Machine.Cores)
 	started := time.Now()
 	for round := 1; round <= cfg.rounds; round++ {
-		for _, st := range cfg.setups {
-			for _, c := range cfg.concurrency {
-				vs := variantsOf(st, cfg.variants)
-				// Rotate the order each round, so that a slow spell of the shared machine does
-				// not always hit the same variant.
-				k := (round - 1) % len(vs)
-				vs = append(vs[k:], vs[:k]...)
-				for _, v := range vs {
-					if err := ctx.Err(); err != nil {
-						return err
-					}
-					e := s.runCell(ctx, st, v, c, round)
-					res.Entries = append(res.Entries, e)
-					status := fmt.Sprintf("%8.0f msgs/s", e.MsgsPerS)
-					if e.Error != "" {
-						status = "FAILED: " + e.Error
-					}
-					fmt.Fprintf(s.log, "[%4.0fs] round %d %-9s c=%-3d %-15s %7d msgs  %s  cpu %s\n",
-						time.Since(started).Seconds(), round, st.Name, c, v, e.Messages, status, formatCPU(e.CPU))
+		for _, g := range groups {
+			// Rotate the order each round, so that a slow spell of the shared machine does
+			// not always hit the same variant.
+			k := (round - 1) % len(g)
+			for _, cl := range append(slices.Clone(g[k:]), g[:k]...) {
+				if err := ctx.Err(); err != nil {
+					return err
 				}
+				e := s.runCell(ctx, cl, round)
+				res.Entries = append(res.Entries, e)
+				fmt.Fprintf(s.log, "[%4.0fs] round %d %-32s %s  cpu %s\n", time.Since(started).Seconds(), round, e.Name, e.status(), formatCPU(e.CPU))
 			}
 		}
 	}
 	res.Machine.LoadAfter = loadAverage()
 	res.Medians = medians(res.Entries)
-	res.Targets = evaluateTargets(cfg.setups, cfg.concurrency, res.Medians)
+	res.Targets = evaluateTargets(cfg, res.Medians)
 
-	printReport(os.Stdout, cfg.setups, cfg.concurrency, res)
+	printReport(os.Stdout, cfg, res)
 	if err := writeJSON(cfg.out, res); err != nil {
 		return err
 	}
@@ -242,21 +434,31 @@ func runSuite(ctx context.Context, args []string) error {
 	return nil
 }
 
-// runCell measures one variant of one setup at one concurrency.
-func (s *suite) runCell(ctx context.Context, st setup, v string, c, round int) Entry {
+// runCell measures one cell.
+func (s *suite) runCell(ctx context.Context, cl cell, round int) Entry {
 	e := Entry{
-		Name: fmt.Sprintf("%s/%s/c%d", st.Name, v, c), Broker: st.Broker, Database: st.Database,
-		Mode: v, Concurrency: c, Round: round,
+		Name: cl.name(), Broker: cl.st.Broker, Database: cl.st.Database, Mode: cl.variant,
+		Concurrency: cl.c, Round: round, Scenario: cl.scenario,
 	}
-	if v == vDBLimit || v == vDBLimitGo {
+	switch {
+	case cl.variant == vDBLimit || cl.variant == vDBLimitGo:
 		e.Broker = "none"
+	case cl.variant == vExpert:
+		e.Prefetch, e.BrokerPrefetch = expertPrefetch, brokerPrefetch(cl.st, expertPrefetch, cl.c)
+	case cl.variant == vBaseline && cl.st.Broker == "sqlite":
+		e.Prefetch, e.BrokerPrefetch = sqlitequeue.DefaultBatchSize, sqlitequeue.DefaultBatchSize
+	default:
+		e.Prefetch, e.BrokerPrefetch = cl.prefetch, brokerPrefetch(cl.st, cl.prefetch, cl.c)
+	}
+	if cl.scenario == scenarioSlow {
+		e.WaitMs = s.cfg.slowWait.Seconds() * 1000
 	}
 	var err error
-	switch v {
+	switch cl.variant {
 	case vDBLimit, vDBLimitGo:
-		err = s.runDBLimit(ctx, st, v, c, &e)
+		err = s.runDBLimit(ctx, cl, &e)
 	default:
-		err = s.runE2E(ctx, st, v, c, &e)
+		err = s.runE2E(ctx, cl, &e)
 	}
 	if err != nil {
 		e.Error = err.Error()
@@ -267,44 +469,83 @@ func (s *suite) runCell(ctx context.Context, st setup, v string, c, round int) E
 	return e
 }
 
-// messagesFor sizes a cell: enough messages for the configured seconds of steady state at the
-// rate measured so far, or at a guess in the first round.
-func (s *suite) messagesFor(st setup, v string, c int) int {
-	rate, ok := s.est[fmt.Sprintf("%s/%s/c%d", st.Name, v, c)]
+// messagesFor sizes a drain: enough messages for the configured seconds at the rate measured
+// so far, or at a guess in the first round.
+func (s *suite) messagesFor(cl cell) int {
+	rate, ok := s.est[cl.name()]
 	if !ok {
-		rate = guessRate(st, v, c)
+		rate = guessRate(cl)
 	}
 	n := int(rate * s.cfg.seconds / (1 - s.cfg.warmup))
+	// Consumers that commit in batches commit in waves of up to concurrency × 64 messages at
+	// once: the drain needs some waves for its first and last commits to bound it well, within
+	// three times the aimed seconds (a slow consumer's groups are small anyway).
+	if cl.variant == vGroupCommit || cl.variant == vBatch || cl.variant == vExpert {
+		waves := 10
+		if s.cfg.quick {
+			waves = 2
+		}
+		n = max(n, min(int(float64(waves*cl.c*expertBatch)/(1-s.cfg.warmup)), 3*n))
+	}
 	return min(max(n, s.cfg.minMessages), s.cfg.maxMessages)
 }
 
-func guessRate(st setup, v string, c int) float64 {
-	if st.Database == "sqlite" {
+// guessRate is a cautious guess of a cell's rate on the 2-core reference machine, for its first
+// round.
+func guessRate(cl cell) float64 {
+	switch {
+	case cl.scenario == scenarioSteady:
+		return 1000
+	case cl.variant == vExpert || cl.variant == vBatch:
+		if cl.st.Database == "sqlite" {
+			return 3000
+		}
+		return 6000
+	case cl.variant == vGroupCommit && cl.scenario == scenarioSlow:
+		return 1000
+	case cl.variant == vGroupCommit:
+		if cl.prefetch <= 10 || cl.c == 1 {
+			return 1500
+		}
+		return 3000
+	case cl.scenario == scenarioSlow:
+		return float64(cl.c) * 120
+	case cl.st.Database == "sqlite":
 		return 800
+	case cl.c == 1:
+		return 700
 	}
-	base := 700.0
-	if c > 1 {
-		base = 1500
-	}
-	if v == vGroupCommit && c > 1 {
-		base *= 2
-	}
-	return base
+	return 1500
 }
 
 // Entry is one measured cell: one variant, on one broker and database, at one concurrency, in
-// one round.
+// one scenario and round.
 type Entry struct {
 	Name        string  `json:"name"`
 	Broker      string  `json:"broker"`
 	Database    string  `json:"database"`
 	Mode        string  `json:"mode"`
+	Scenario    string  `json:"scenario,omitempty"`
 	Concurrency int     `json:"concurrency"`
 	Messages    int     `json:"messages"`
 	MsgsPerS    float64 `json:"msgs_per_s"`
 	Round       int     `json:"round,omitempty"`
-	// Seconds is the measured time: from the warm-up mark to the last commit.
+	// Prefetch is the window of deliveries of each subscription (worker for the expert), and
+	// BrokerPrefetch the broker.Options.Prefetch that gave it (NATS counts the group's).
+	Prefetch       int `json:"prefetch,omitempty"`
+	BrokerPrefetch int `json:"broker_prefetch,omitempty"`
+	// Seconds is the measured time: from the commit that ended the warm-up to the last commit
+	// of a drain; the publishing after the warm-up in the steady state.
 	Seconds float64 `json:"seconds,omitempty"`
+	// OfferedRate is the steady state's publish rate; MsgsPerS is then the commit rate.
+	OfferedRate float64 `json:"offered_rate,omitempty"`
+	// Latency from publish to commit of the messages published after the steady state's
+	// warm-up, in milliseconds.
+	LatencyP50Ms float64 `json:"latency_p50_ms,omitempty"`
+	LatencyP99Ms float64 `json:"latency_p99_ms,omitempty"`
+	LatencyMaxMs float64 `json:"latency_max_ms,omitempty"`
+	// WaitMs is the slow processor's wait per call.
+	WaitMs float64 `json:"processor_wait_ms,omitempty"`
 	// Tool says how the database's own rate was measured (pgbench, go-loop).
 	Tool string `json:"tool,omitempty"`
 	// CPU is the CPU used during the measured time, in cores: by the whole machine and by each
@@ -313,17 +554,35 @@ type Entry struct {
 	// CPUPerMsg is the CPU time per message, in microseconds, of each process group: less
 	// sensitive to the load others put on a shared machine than the rate.
 	CPUPerMsg map[string]float64 `json:"cpu_us_per_msg,omitempty"`
+	// PeakRSSMiB is the bench process's peak RSS while the consumer ran, its RSS (after
+	// returning free memory to the system) being BaseRSSMiB when the consumer started. The
+	// consumer runs in the bench process: the difference is what it took.
+	PeakRSSMiB float64 `json:"peak_rss_mib,omitempty"`
+	BaseRSSMiB float64 `json:"base_rss_mib,omitempty"`
 	// ConnsClosedIdle is how many database connections the consumer's pool closed because more
 	// than MaxIdleConns were idle (each is opened again for a later transaction).
 	ConnsClosedIdle int64 `json:"conns_closed_idle,omitempty"`
-	// WALSyncsPerMsg is PostgreSQL's WAL syncs per message during the measured time (the whole
+	// WALSyncsPerMsg is PostgreSQL's WAL syncs per message: over the whole cell, warm-up
+	// included, for a consumer, during the measured time for the database limit (the whole
 	// server counts, so other clients add to it).
 	WALSyncsPerMsg float64 `json:"wal_syncs_per_msg,omitempty"`
 	// WALFPIPerMsg and WALBytesPerMsg are PostgreSQL's full-page images and WAL bytes per
 	// message, server-wide like WALSyncsPerMsg.
 	WALFPIPerMsg   float64 `json:"wal_fpi_per_msg,omitempty"`
 	WALBytesPerMsg float64 `json:"wal_bytes_per_msg,omitempty"`
-	Error          string  `json:"error,omitempty"`
+	// Failures counts the errors a consumer recovered from (the expert's batches given back).
+	Failures int64  `json:"failures,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+func (e Entry) status() string {
+	switch {
+	case e.Error != "":
+		return "FAILED: " + e.Error
+	case e.Scenario == scenarioSteady:
+		return fmt.Sprintf("%6.0f msgs/s  p50 %6.1f ms  p99 %6.1f ms", e.MsgsPerS, e.LatencyP50Ms, e.LatencyP99Ms)
+	}
+	return fmt.Sprintf("%7d msgs %8.0f msgs/s", e.Messages, e.MsgsPerS)
 }
 
 // Results is what bench/results/latest.json holds.
@@ -334,7 +593,8 @@ type Results struct {
 	Config   map[string]any    `json:"config"`
 	// Entries has one entry per cell and round.
 	Entries []Entry `json:"entries"`
-	// Medians has one entry per cell: the median rate of its rounds.
+	// Medians has one entry per cell: the round with the median rate (the median p99 latency
+	// in the steady state).
 	Medians []Entry  `json:"medians"`
 	Targets []Target `json:"targets"`
 }
@@ -355,7 +615,7 @@ func formatCPU(m map[string]float64) string {
 		return "-"
 	}
 	var parts []string
-	for _, k := range []string{"machine", "consumer", "postgres", "rabbitmq", "mariadb", "pgbench", "other"} {
+	for _, k := range cpuGroups {
 		if v, ok := m[k]; ok && (v >= 0.01 || k == "machine") {
 			parts = append(parts, fmt.Sprintf("%s=%.2f", k, v))
 		}

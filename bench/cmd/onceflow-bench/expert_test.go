@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/sqldb"
+)
+
+// TestExpert_AppliesEachMessageOnce runs each expert consumer at concurrency 4 over a topic
+// holding 100 messages, five of which an earlier consumer committed and never acknowledged (it
+// died between its commit and its ack, so the broker delivers them again), plus a second copy
+// of one message. Every message must have exactly one business row, and every delivery must be
+// acknowledged.
+func TestExpert_AppliesEachMessageOnce(t *testing.T) {
+	for _, st := range allSetups {
+		t.Run(st.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dir := t.TempDir()
+			db, brokerURL := expertTestServices(t, st, dir)
+			tables := newCellTables(newID())
+			require.NoError(t, tables.create(ctx, db))
+			tp := topic{st: st, brokerURL: brokerURL, name: "bench_test_" + newID()}
+			require.NoError(t, tp.prepare(ctx))
+			t.Cleanup(tp.remove)
+
+			msgs := newMessages(100, []byte("payload"))
+			x := newExpertSQL(db, tables)
+			var committed []inMsg
+			for _, m := range msgs[:5] {
+				committed = append(committed, inMsg{id: m.UUID, payload: m.Payload})
+			}
+			fresh, err := x.apply(ctx, committed)
+			require.NoError(t, err)
+			require.Len(t, fresh, 5)
+
+			again := message.NewMessage(msgs[7].UUID, msgs[7].Payload)
+			again.Metadata.Set(broker.HeaderNATSMsgID, msgs[7].UUID+"-again") // not dropped by JetStream
+			snd, err := newSender(ctx, tp)
+			require.NoError(t, err)
+			require.NoError(t, snd.send(ctx, msgs[:50]))
+			require.NoError(t, snd.send(ctx, []*message.Message{again}))
+			require.NoError(t, snd.send(ctx, msgs[50:]))
+			require.NoError(t, snd.wait(ctx))
+			require.NoError(t, snd.close())
+
+			m := newMeter(0, 95)
+			s := &suite{}
+			stop, err := s.startConsumer(ctx, cell{st: st, variant: vExpert, c: 4, scenario: scenarioDrain}, tp, db, tables, m)
+			require.NoError(t, err)
+			testsvc.Eventually(t, 30*time.Second, func() bool { return m.settled.Load() >= 101 }, "deliveries acknowledged: %d of 101", m.settled.Load())
+			time.Sleep(50 * time.Millisecond) // room for a delivery too many
+			require.NoError(t, stop())
+
+			require.Equal(t, int64(95), m.n.Load(), "effects the expert wrote")
+			require.Equal(t, int64(101), m.settled.Load(), "deliveries the expert acknowledged")
+			rows, err := db.QueryxContext(ctx, `SELECT message_id, COUNT(*) FROM `+tables.effects+` GROUP BY message_id`)
+			require.NoError(t, err)
+			got := map[string]int{}
+			for rows.Next() {
+				var id string
+				var n int
+				require.NoError(t, rows.Scan(&id, &n))
+				got[id] = n
+			}
+			require.NoError(t, rows.Err())
+			want := map[string]int{}
+			for _, m := range msgs {
+				want[m.UUID] = 1
+			}
+			require.Equal(t, want, got)
+		})
+	}
+}
+
+// expertTestServices returns the database of st (dropped when the test ends) and the URL of
+// its broker, or skips the test when a service is not running.
+func expertTestServices(t *testing.T, st setup, dir string) (*sqldb.DB, string) {
+	t.Helper()
+	var brokerURL string
+	switch st.Broker {
+	case "amqp":
+		brokerURL = testsvc.AMQPURL(t)
+	case "nats":
+		brokerURL = testsvc.NATSURL(t)
+	case "redis":
+		brokerURL = testsvc.RedisURL(t)
+	default:
+		brokerURL = "sqlite://" + filepath.Join(dir, "queue.db")
+	}
+	switch st.Database {
+	case "postgres":
+		return testsvc.Postgres(t), brokerURL
+	case "mysql":
+		return testsvc.MySQL(t), brokerURL
+	}
+	db, err := sqldb.Open(context.Background(), "sqlite://"+filepath.Join(dir, "app.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db, brokerURL
+}
