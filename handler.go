@@ -50,7 +50,7 @@ type Handler struct {
 	QoS QoS
 
 	// Interceptors, when set, replaces the QoS chain with interceptors named here, outermost
-	// first (seed 002's interceptorNames). The built-in names are listed in Interceptor*
+	// first, as Spring's interceptorNames list does (docs/background.md). The built-in names are listed in Interceptor*
 	// constants; Router.RegisterInterceptor adds custom ones. "deduplicate" must come after
 	// "transaction", and "retry" before it; "group-commit" replaces both "transaction" and
 	// "deduplicate", with "retry" before it.
@@ -127,10 +127,11 @@ type DedupConfig struct {
 	// must outlive the longest time the broker may take to redeliver a message.
 	Retention time.Duration
 
-	// WithTimestamp makes the message timestamp part of the key (seed 002's message_log).
+	// WithTimestamp makes the message timestamp part of the key, as a classic message_log table
+	// does.
 	WithTimestamp bool
 
-	// CheckFirst selects seed 003's check-first id mapping: look the id up before writing,
+	// CheckFirst selects the check-first id mapping: look the id up before writing,
 	// mint an internal time-ordered id for new messages (processor.InternalID).
 	CheckFirst bool
 

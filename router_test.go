@@ -291,7 +291,7 @@ func TestExactlyOnce_CrashBetweenCommitAndAckRedeliversAndAcksOnce(t *testing.T)
 }
 
 func TestAtLeastOnce_CrashBetweenCommitAndAckDuplicatesTheEffect(t *testing.T) {
-	// The same fault without duplicate detection: the seed's "at least once" row.
+	// The same fault without duplicate detection: the "at least once" row of the delivery-guarantee table.
 	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		f.startRouter(t, onceflow.Handler{
 			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction"},

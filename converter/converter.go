@@ -1,5 +1,5 @@
 // Package converter turns watermill messages into MessageData and back, with an explicit
-// message-id policy. It plays the part of seed 002's MessageConverter.
+// message-id policy. It is the message converter of the classic interceptor design (docs/background.md).
 //
 // The id of an incoming message is, in order of preference:
 //

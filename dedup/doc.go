@@ -2,7 +2,8 @@
 // transaction as the messages' business writes, so that a redelivered message is recognised
 // and acknowledged without being processed again.
 //
-// A Key is a handler name, a message id and an optional timestamp (seed 002's message_log).
+// A Key is a handler name, a message id and an optional timestamp, as in a classic message_log
+// table (docs/background.md).
 // Record inserts it first thing in the transaction (insert-first): true means the message is
 // new and must be processed; false means a committed transaction already recorded it, and the
 // message is a duplicate. Because the key commits or rolls back with the business writes,
@@ -13,7 +14,7 @@
 //   - two copies are processed at once on two nodes: the second Record waits for the first
 //     transaction's row lock, then reports a duplicate (or, if the first rolled back, new).
 //
-// Lookup is the check-first variant of seed 003: it reads the internal id recorded for a key
+// Lookup is the check-first variant, an id mapper's: it reads the internal id recorded for a key
 // without writing, so that a duplicate can be acknowledged before any work starts. It is an
 // optimisation; Record in the transaction remains the arbiter.
 //
@@ -40,8 +41,8 @@
 //
 // # Expiry and purging
 //
-// A key expires Config.Retention after it was recorded (seven days by default; seed 003 kept
-// its id mapping for 24 hours). An expired key is no longer a duplicate: Record replaces it
+// A key expires Config.Retention after it was recorded (seven days by default; the id mapper
+// of docs/background.md kept its mappings for 24 hours). An expired key is no longer a duplicate: Record replaces it
 // and Lookup does not find it. Retention must therefore outlive the longest time the broker
 // may take to redeliver a message, dead-letter replays included.
 //

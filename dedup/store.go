@@ -33,7 +33,7 @@ type Store interface {
 	Record(ctx context.Context, tx sqlx.ExtContext, key Key, internalID string) (bool, error)
 
 	// Lookup returns the internal id recorded for key and whether an unexpired record exists,
-	// without writing (seed 003's check-first id mapper).
+	// without writing (the check-first id mapper).
 	Lookup(ctx context.Context, tx sqlx.ExtContext, key Key) (internalID string, found bool, err error)
 }
 

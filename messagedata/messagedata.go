@@ -1,6 +1,7 @@
 // Package messagedata defines MessageData, the broker-neutral value a Processor receives.
 //
-// MessageData is what seed 002 calls MessageData: everything a processor needs from the
+// MessageData is the neutral message value of the classic interceptor design
+// (docs/background.md): everything a processor needs from the
 // incoming message, and nothing that ties it to a particular broker. It imports no broker
 // package; converters in package converter fill it from watermill messages.
 package messagedata

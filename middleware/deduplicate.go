@@ -30,11 +30,11 @@ type dedupConfig struct {
 	reportBeyond  func(ctx context.Context, msg *messagedata.MessageData, reason string)
 }
 
-// WithTimestampKey makes the message timestamp part of the key, as seed 002's message_log
-// does with JMSTimestamp: ids that a producer reuses over time stay distinct.
+// WithTimestampKey makes the message timestamp part of the key, as a classic message_log table
+// does with the JMS timestamp: ids that a producer reuses over time stay distinct.
 func WithTimestampKey() DedupOption { return func(c *dedupConfig) { c.withTimestamp = true } }
 
-// CheckFirst selects seed 003's check-first mode: the store is read before anything is written,
+// CheckFirst selects the check-first mode of an id mapper: the store is read before anything is written,
 // so a redelivered message costs one read and no write lock; a new message gets a minted
 // internal, time-ordered id (processor.InternalID) recorded with the key as the id mapping.
 // The expiry of the mapping is the store's retention. Concurrent copies are still caught by the

@@ -1,5 +1,5 @@
-// Package middleware holds the interceptors that wrap a Processor, in the spirit of seed 002's
-// Spring AOP advisors: Tracing, Metrics (the performance monitor), DeadLetter, Recover, Retry,
+// Package middleware holds the interceptors that wrap a Processor, as a stack of Spring AOP
+// advisors wraps a message processor in Java (docs/background.md): Tracing, Metrics (the performance monitor), DeadLetter, Recover, Retry,
 // Timeout, Transaction, Deduplicate, NaturalIdempotency, GroupCommit and GroupTransaction,
 // composed by Chain.
 //

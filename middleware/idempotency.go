@@ -10,7 +10,7 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// NaturalIdempotency recognises seed 000's "natural" duplicates without a dedup table: a
+// NaturalIdempotency recognises "natural" duplicates without a dedup table: a
 // processor error that is a unique violation of one of the named constraints means the row
 // this message inserts exists, so the message was applied before. It returns an error wrapping
 // processor.ErrDuplicate instead, and the router acks.

@@ -37,7 +37,7 @@ func WithMeterProvider(mp metric.MeterProvider) MetricsOption {
 
 var outcomes = []processor.Outcome{processor.Processed, processor.Duplicate, processor.DeadLettered, processor.Failed, processor.Panicked}
 
-// Metrics is seed 002's performance monitor, with OpenTelemetry instruments. For each
+// Metrics is the performance monitor of the chain, with OpenTelemetry instruments. For each
 // delivery it
 //
 //   - counts it once, by its final outcome, in onceflow.messages (processed, duplicate,

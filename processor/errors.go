@@ -23,8 +23,8 @@ func AlreadyProcessed(reason string) error {
 // IsDuplicate reports whether err says the message was already processed.
 func IsDuplicate(err error) bool { return errors.Is(err, ErrDuplicate) }
 
-// RowsAffectedOrDuplicate turns the result of a guarded INSERT into the outcome seed 000
-// describes: an INSERT ... ON CONFLICT DO NOTHING keyed by the message's own business key that
+// RowsAffectedOrDuplicate turns the result of a guarded INSERT into a natural-idempotency
+// outcome: an INSERT ... ON CONFLICT DO NOTHING keyed by the message's own business key that
 // touches zero rows means the message was applied before. It returns err when err is not nil,
 // AlreadyProcessed when no row was touched, and nil otherwise.
 //

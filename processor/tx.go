@@ -57,7 +57,7 @@ func WithInternalID(ctx context.Context, id string) context.Context {
 }
 
 // InternalID returns the internal, time-ordered id that the check-first mode of the
-// Deduplicate middleware minted for the message (seed 003's id mapping), and whether there is
+// Deduplicate middleware minted for the message (the id mapping), and whether there is
 // one. The mapping from the external message id to this id commits with the processor's
 // writes.
 func InternalID(ctx context.Context) (string, bool) {

@@ -1,4 +1,4 @@
-// Inbound-id-mapping is seed 003's scenario, an inbound adapter in the style of SAP XI: messages
+// Inbound-id-mapping is an inbound adapter in the style of SAP XI (docs/background.md): messages
 // from an external system carry the external system's ids, and each becomes exactly one
 // internal message with an internal, time-ordered id.
 //
@@ -8,7 +8,7 @@
 //     redelivered message costs one read and is acknowledged without being processed);
 //  2. an internal id is minted, time-ordered (a ULID, processor.InternalID);
 //  3. the module chain runs (here: the processor, which must not commit);
-//  4. the external-to-internal mapping is stored with an expiry (24 h, as in the seed);
+//  4. the external-to-internal mapping is stored with an expiry (24 h, as in the adapter's manual);
 //  5. the forwarded message, carrying the internal id, is put on the internal queue through
 //     the transactional outbox;
 //
@@ -48,7 +48,7 @@ import (
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
-// mappingExpiry is how long an external id stays mapped: seed 003's 24 hours. A redelivery
+// mappingExpiry is how long an external id stays mapped: the adapter manual's 24 hours. A redelivery
 // within that time is recognised; the broker must not redeliver later than that.
 const mappingExpiry = 24 * time.Hour
 

@@ -1,6 +1,7 @@
-// Interceptor-chain is seed 002's scenario: a message processor wrapped in a chain of
-// interceptors named in configuration, as Spring AOP's interceptorNames list does, with the
-// duplicate-handling advisor's message_log table keyed by message id and timestamp.
+// Interceptor-chain is the classic interceptor stack (docs/background.md): a message processor
+// wrapped in a chain of interceptors named in configuration, as Spring AOP's interceptorNames
+// list does, with the duplicate-handling advisor's message_log table keyed by message id and
+// timestamp.
 //
 // The chain, outermost first:
 //

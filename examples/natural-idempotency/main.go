@@ -1,4 +1,4 @@
-// Natural-idempotency is seed 000's scenario: messages processed exactly once without a dedup
+// Natural-idempotency shows messages processed exactly once without a dedup
 // table, because the business writes themselves fail in a recognisable way on a second
 // delivery.
 //

@@ -1,17 +1,18 @@
-// Payments is seed 001's scenario: payment orders arrive on a RabbitMQ queue and are booked
+// Payments is the payment scenario of "Reliable JMS with Transactions" (docs/background.md):
+// payment orders arrive on a RabbitMQ queue and are booked
 // into PostgreSQL, exactly once, without XA.
 //
 // Each order moves money between two accounts. The handler runs with the ExactlyOnce quality
 // of service: the order id is recorded in the same transaction as the two balance updates, and
 // the RabbitMQ message is acknowledged only after the commit. The example then shows the crash
-// window seed 001 warns about: for some orders it reports a failure after the commit, as if the
+// window that tech tip warns about: for some orders it reports a failure after the commit, as if the
 // process died before its acknowledgement reached the broker. RabbitMQ delivers those orders
 // again; their ids are found recorded and they are acknowledged without moving money twice.
 //
 //	go run ./examples/payments
 //	go run ./examples/payments -broker amqp://guest:guest@127.0.0.1:5672/ -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //
-// Any broker URL and database URL onceflow supports work; the defaults are the seed's pair.
+// Any broker URL and database URL onceflow supports work; the defaults are the tech tip's pair, RabbitMQ and PostgreSQL.
 package main
 
 import (
