@@ -133,6 +133,12 @@ type RelayConfig struct {
 
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// SkipMigrate makes Run use the outbox's tables as they are, failing at once when one is
+	// missing, instead of creating the missing ones first (Outbox.Migrate): for databases
+	// whose application user may not create tables, where `onceflow migrate --outbox` ran
+	// ahead.
+	SkipMigrate bool
 }
 
 // Validate reports the first invalid field of c, by name. Zero values select the defaults.
@@ -302,10 +308,12 @@ func (r *Relay) Table() string { return r.cfg.Table }
 // ConsumerGroup returns the relay's consumer group.
 func (r *Relay) ConsumerGroup() string { return r.cfg.ConsumerGroup }
 
-// Run registers the relay's consumer group in the offsets table (at the start of the outbox
-// for a new group), then sends messages until ctx ends or Close is called, and returns once
-// the relay has stopped as Close describes. It fails at once when the outbox tables are
-// missing (run Outbox.Migrate first). Run may be called once.
+// Run creates the outbox's tables if they are missing (as Outbox.Migrate does, unless
+// RelayConfig.SkipMigrate), registers the relay's consumer group in the offsets table (at the
+// start of the outbox for a new group), then sends messages until ctx ends or Close is
+// called, and returns once the relay has stopped as Close describes. A relay may therefore
+// start before or after the router whose handlers publish to the outbox. Run may be called
+// once.
 func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Lock()
 	switch {
@@ -320,6 +328,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.mu.Unlock()
 	defer close(r.done)
 
+	if !r.cfg.SkipMigrate {
+		if err := r.ob.Migrate(ctx); err != nil {
+			r.release()
+			return fmt.Errorf("outbox: relay of %s: create the tables: %w", r.cfg.Table, err)
+		}
+	}
 	if err := r.checkTables(ctx); err != nil {
 		r.release()
 		return err
@@ -452,7 +466,7 @@ func (r *Relay) checkTables(ctx context.Context) error {
 			err = rows.Close()
 		}
 		if err != nil {
-			return fmt.Errorf("outbox: relay of %s: cannot read table %s (has Outbox.Migrate run?): %w", r.cfg.Table, t, err)
+			return fmt.Errorf("outbox: relay of %s: cannot read table %s (create it with Outbox.Migrate or onceflow migrate --outbox): %w", r.cfg.Table, t, err)
 		}
 	}
 	return nil

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -350,15 +352,56 @@ func TestRelay_RegisterMetricsReportsBacklogAndLag(t *testing.T) {
 	})
 }
 
-func TestRelay_RunWithoutTablesFailsNamingMigrate(t *testing.T) {
+func TestRelay_SkipMigrateWithoutTablesFailsNamingMigrate(t *testing.T) {
 	t.Parallel()
 	db := testsvc.SQLite(t)
-	r, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: newRecorder()})
+	r, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: newRecorder(), SkipMigrate: true})
 	require.NoError(t, err)
 	err = r.Run(context.Background())
-	require.ErrorContains(t, err, "has Outbox.Migrate run?")
+	require.ErrorContains(t, err, "create it with Outbox.Migrate or onceflow migrate --outbox")
 	require.ErrorIs(t, r.Run(context.Background()), outbox.ErrClosed)
 	require.NoError(t, r.Close())
+	ok, err := db.TableExists(context.Background(), "onceflow_queue_onceflow_outbox")
+	require.NoError(t, err)
+	require.False(t, ok, "SkipMigrate created a table")
+}
+
+// A relay started before anything created the outbox's tables creates them, and sends what is
+// published afterwards: the relay and the router may start in either order.
+func TestRelay_StartedFirstCreatesTheTablesAndSends(t *testing.T) {
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			db := d.Open(t)
+			ctx := context.Background()
+			rec := newRecorder()
+			r, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Publisher: rec, PollInterval: 10 * time.Millisecond})
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			defer func() {
+				require.NoError(t, r.Close())
+				require.NoError(t, <-done)
+			}()
+
+			// The publisher never migrates: its publishes fail (and roll back) until the relay
+			// has created the tables.
+			ob, err := outbox.New(db, outbox.Config{})
+			require.NoError(t, err)
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
+				tx, err := db.BeginTx(ctx, nil)
+				require.NoError(c, err)
+				err = ob.PublishTx(ctx, tx.(*sqlx.Tx).Tx, "orders", message.NewMessage("first", []byte("{}")))
+				if err != nil {
+					_ = tx.Rollback()
+				}
+				require.NoError(c, err, "the relay has not created the tables")
+				require.NoError(c, tx.Commit())
+			}, waitTimeout, 10*time.Millisecond)
+			got := rec.waitFor(t, 1)
+			require.Equal(t, "first", got[0].msg.UUID)
+		})
+	}
 }
 
 func TestRelay_RunEndsWhenItsContextEnds(t *testing.T) {
