@@ -39,6 +39,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
 	_ "github.com/onceflow/onceflow/broker/all"
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
@@ -101,7 +102,7 @@ func main() {
 	fmt.Printf("internal ids time-ordered: %v (first %s, last %s)\n", s.TimeOrdered, s.InternalIDs[0], s.InternalIDs[len(s.InternalIDs)-1])
 }
 
-func run(ctx context.Context, o Options, logger *slog.Logger) (Summary, error) {
+func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err error) {
 	runID := newID()
 	externalTopic, internalTopic := "inbound_"+runID, "internal_orders_"+runID
 	db, err := sqldb.Open(ctx, o.DBURL)
@@ -129,6 +130,14 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
+	obMessages, obOffsets := ob.Tables()
+	defer func() {
+		tables := []string{inbound, internal, mapping, mapping + "_handlers", obMessages, obOffsets,
+			ob.Table() + "_leases", ob.Table() + "_lock", "onceflow_leases_" + ob.Table()}
+		if cerr := cleanUp(db, tables, []string{"inbound-" + runID, "internal-" + runID}); cerr != nil && err == nil {
+			err = fmt.Errorf("clean up: %w", cerr)
+		}
+	}()
 	router, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b.Publisher(), Logger: logger, PurgeInterval: -1})
 	if err != nil {
 		return Summary{}, err
@@ -188,7 +197,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (Summary, error) {
 
 	// The external system sends every message once, and some of them a second time, as a
 	// partner does when it did not see our acknowledgement.
-	s := Summary{}
+	s = Summary{}
 	var msgs []*message.Message
 	for i := range o.Messages {
 		m := message.NewMessage(fmt.Sprintf("EXT-%s-%04d", runID, i), []byte(fmt.Sprintf("order %d", i)))
@@ -253,4 +262,28 @@ func newID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// cleanUp removes what a run left in the database: its tables, and the rows its handlers left
+// in onceflow's shared tables (duplicate-detection keys, delivery counts), so that running
+// the example again and again leaves nothing behind. It reports the first failure.
+func cleanUp(db *sqldb.DB, tables, handlers []string) error {
+	ctx := context.Background()
+	var errs []error
+	for _, t := range tables {
+		_, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+db.Dialect.Quote(t))
+		errs = append(errs, err)
+	}
+	for _, shared := range []string{dedup.DefaultTable, dedup.DefaultCounterTable} {
+		ok, err := db.TableExists(ctx, shared)
+		if err != nil || !ok {
+			errs = append(errs, err)
+			continue
+		}
+		for _, h := range handlers {
+			_, err := db.ExecContext(ctx, db.Rebind(`DELETE FROM `+shared+` WHERE handler = ?`), h)
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -66,6 +66,7 @@ func main() {
 		os.Exit(1)
 	}
 	s, err := run(context.Background(), dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_ = os.RemoveAll(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "interceptor-chain:", err)
 		os.Exit(1)

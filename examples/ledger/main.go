@@ -87,16 +87,14 @@ func main() {
 	per := flag.Int("postings", 50, "postings per account")
 	seed := flag.Uint64("seed", 7, "seed of the postings and of the transport's shuffle")
 	flag.Parse()
-	if *dir == "" {
-		tmp, err := os.MkdirTemp("", "onceflow-ledger-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		*dir = tmp
+	d, cleanup, err := tempDir(*dir, "onceflow-ledger-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ledger:", err)
+		os.Exit(1)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := run(context.Background(), *dir, *accounts, *per, *seed, logger)
+	s, err := run(context.Background(), d, *accounts, *per, *seed, logger)
+	cleanup()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ledger:", err)
 		os.Exit(1)
@@ -105,6 +103,19 @@ func main() {
 	if !s.OK() {
 		os.Exit(1)
 	}
+}
+
+// tempDir returns dir, or when it is empty a new temporary directory and a function that
+// removes it: the example leaves nothing behind unless -dir names where to keep its files.
+func tempDir(dir, pattern string) (string, func(), error) {
+	if dir != "" {
+		return dir, func() {}, nil
+	}
+	tmp, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return "", nil, err
+	}
+	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
 }
 
 // OK reports whether every account was applied in order and ended as booking order says.
@@ -118,7 +129,11 @@ func (s Summary) OK() bool {
 }
 
 func report(w io.Writer, dir string, s Summary) {
-	fmt.Fprintf(w, "queue and database in %s\n", dir)
+	if dir == "" {
+		fmt.Fprintln(w, "queue and database in a temporary directory, removed at exit (-dir DIR keeps them)")
+	} else {
+		fmt.Fprintf(w, "queue and database in %s\n", dir)
+	}
 	fmt.Fprintf(w, "booked %d postings; the transport delivered %d messages, shuffled; up to %d waited parked for an earlier posting\n",
 		s.Postings, s.Deliveries, s.MaxParked)
 	fmt.Fprintf(w, "applied in delivery order instead, %d of %d accounts would end with another balance\n", s.Unordered, len(s.Accounts))

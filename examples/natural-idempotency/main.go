@@ -78,6 +78,7 @@ func main() {
 		*dbURL = "sqlite://" + filepath.Join(dir, "app.db")
 	}
 	s, err := run(context.Background(), dir, *dbURL, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_ = os.RemoveAll(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "natural-idempotency:", err)
 		os.Exit(1)
@@ -87,7 +88,7 @@ func main() {
 		s.Payments, s.Balances, s.DeadLettered, s.DedupTable)
 }
 
-func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, error) {
+func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (s Summary, err error) {
 	// Several messages in flight: a later version may be processed before an earlier one, and
 	// comes back after its redelivery delay.
 	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group})
@@ -100,10 +101,28 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, 
 		return Summary{}, err
 	}
 	defer db.Close()
+	// The tables of a run that was killed are dropped first, and this run's when it ends, so
+	// that the example runs again and again on the same database.
+	drop := func() error {
+		for _, t := range []string{"natural_payments", "natural_accounts"} {
+			if _, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+t); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := drop(); err != nil {
+		return Summary{}, err
+	}
+	defer func() {
+		if derr := drop(); derr != nil && err == nil {
+			err = fmt.Errorf("drop the tables: %w", derr)
+		}
+	}()
 	for _, ddl := range []string{
-		`CREATE TABLE payments (payment_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL)`,
-		`CREATE TABLE accounts (account_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL, version BIGINT NOT NULL)`,
-		`INSERT INTO accounts (account_id, cents, version) VALUES ('acct-1', 0, 0), ('acct-2', 0, 0)`,
+		`CREATE TABLE natural_payments (payment_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL)`,
+		`CREATE TABLE natural_accounts (account_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL, version BIGINT NOT NULL)`,
+		`INSERT INTO natural_accounts (account_id, cents, version) VALUES ('acct-1', 0, 0), ('acct-2', 0, 0)`,
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return Summary{}, err
@@ -143,8 +162,8 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, 
 		DB:         db,
 		// No "deduplicate": the business writes detect the second delivery themselves.
 		Interceptors: []string{"deadletter", "recover", "retry", "transaction", "natural-idempotency"},
-		// The primary key of payments, as each database names it.
-		Dedup:       onceflow.DedupConfig{UniqueConstraints: []string{"payments_pkey", "PRIMARY", "payments.payment_id"}},
+		// The primary key of natural_payments, as each database names it.
+		Dedup:       onceflow.DedupConfig{UniqueConstraints: []string{"natural_payments_pkey", "PRIMARY", "natural_payments.payment_id"}},
 		Concurrency: 4,
 		// A balance that arrives before its predecessor is tried again soon.
 		Retry:      onceflow.RetryConfig{MaxAttempts: 1},
@@ -166,11 +185,11 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, 
 		return Summary{}, err
 	}
 
-	s := Summary{Deliveries: len(msgs)}
-	if err := db.GetContext(ctx, &s.Payments, `SELECT COUNT(*) FROM payments`); err != nil {
+	s = Summary{Deliveries: len(msgs)}
+	if err := db.GetContext(ctx, &s.Payments, `SELECT COUNT(*) FROM natural_payments`); err != nil {
 		return s, err
 	}
-	if err := db.SelectContext(ctx, &s.Balances, `SELECT version FROM accounts ORDER BY account_id`); err != nil {
+	if err := db.SelectContext(ctx, &s.Balances, `SELECT version FROM natural_accounts ORDER BY account_id`); err != nil {
 		return s, err
 	}
 	var tables int
@@ -196,10 +215,10 @@ func apply(ctx context.Context, msg *messagedata.MessageData, e Event) error {
 	case "payment":
 		// A second delivery violates the primary key: the natural-idempotency interceptor
 		// turns that into "already processed".
-		_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO payments (payment_id, cents) VALUES (?, ?)`), e.ID, e.Cents)
+		_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO natural_payments (payment_id, cents) VALUES (?, ?)`), e.ID, e.Cents)
 		return err
 	case "balance":
-		res, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE accounts SET cents = ?, version = ? WHERE account_id = ? AND version = ?`),
+		res, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE natural_accounts SET cents = ?, version = ? WHERE account_id = ? AND version = ?`),
 			e.Cents, e.Version, e.ID, e.Version-1)
 		if err != nil {
 			return err
@@ -208,7 +227,7 @@ func apply(ctx context.Context, msg *messagedata.MessageData, e Event) error {
 			return err
 		}
 		var stored int64
-		if err := tx.GetContext(ctx, &stored, tx.Rebind(`SELECT version FROM accounts WHERE account_id = ?`), e.ID); err != nil {
+		if err := tx.GetContext(ctx, &stored, tx.Rebind(`SELECT version FROM natural_accounts WHERE account_id = ?`), e.ID); err != nil {
 			return err
 		}
 		return processor.CheckVersion(stored, e.Version)

@@ -87,6 +87,7 @@ func main() {
 	flag.IntVar(&opts.Orders, "orders", 5, "number of ordinary orders to send")
 	flag.Parse()
 	opts.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	removeDir := func() {}
 	if opts.Dir == "" {
 		dir, err := os.MkdirTemp("", "onceflow-observability-")
 		if err != nil {
@@ -94,10 +95,13 @@ func main() {
 			os.Exit(1)
 		}
 		opts.Dir = dir
+		removeDir = func() { _ = os.RemoveAll(dir) }
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := Run(ctx, opts); err != nil {
+	err := Run(ctx, opts)
+	stop()
+	removeDir()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "observability:", err)
 		os.Exit(1)
 	}

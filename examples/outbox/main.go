@@ -55,16 +55,14 @@ func main() {
 	dir := flag.String("dir", "", "directory for queue.db and app.db (default: a new temporary directory)")
 	n := flag.Int("n", 200, "distinct orders to publish")
 	flag.Parse()
-	if *dir == "" {
-		tmp, err := os.MkdirTemp("", "onceflow-outbox-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		*dir = tmp
+	d, cleanup, err := tempDir(*dir, "onceflow-outbox-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outbox:", err)
+		os.Exit(1)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := run(context.Background(), *dir, *n, logger)
+	s, err := run(context.Background(), d, *n, logger)
+	cleanup()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox:", err)
 		os.Exit(1)
@@ -72,8 +70,25 @@ func main() {
 	report(os.Stdout, *dir, s)
 }
 
+// tempDir returns dir, or when it is empty a new temporary directory and a function that
+// removes it: the example leaves nothing behind unless -dir names where to keep its files.
+func tempDir(dir, pattern string) (string, func(), error) {
+	if dir != "" {
+		return dir, func() {}, nil
+	}
+	tmp, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return "", nil, err
+	}
+	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
+}
+
 func report(w io.Writer, dir string, s Summary) {
-	fmt.Fprintf(w, "queue and database in %s\n", dir)
+	if dir == "" {
+		fmt.Fprintln(w, "queue and database in a temporary directory, removed at exit (-dir DIR keeps them)")
+	} else {
+		fmt.Fprintf(w, "queue and database in %s\n", dir)
+	}
 	fmt.Fprintf(w, "published %d order messages for %d distinct orders\n", s.Deliveries, s.Orders)
 	fmt.Fprintf(w, "relay published %d shipment messages (%d sent again after a lost confirmation)\n", s.Relayed, s.Relayed-s.Orders)
 	fmt.Fprintf(w, "order rows: %d, shipment rows: %d (one each per order: exactly once)\n", s.OrderRows, s.ShipmentRows)

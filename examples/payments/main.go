@@ -34,6 +34,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
 	_ "github.com/onceflow/onceflow/broker/all"
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -88,7 +89,7 @@ func main() {
 
 var accounts = []string{"alice", "bob", "carol", "dave"}
 
-func run(ctx context.Context, o Options, logger *slog.Logger) (Summary, error) {
+func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err error) {
 	runID := newID()
 	topic := "payments_" + runID
 	db, err := sqldb.Open(ctx, o.DBURL)
@@ -111,6 +112,12 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (Summary, error) {
 			return Summary{}, err
 		}
 	}
+	handler := "payments-" + runID
+	defer func() {
+		if cerr := cleanUp(db, []string{accountsTable, paymentsTable}, []string{handler}); cerr != nil && err == nil {
+			err = fmt.Errorf("clean up: %w", cerr)
+		}
+	}()
 	for _, a := range accounts {
 		if _, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO `+accountsTable+` (account, cents) VALUES (?, 0)`), a); err != nil {
 			return Summary{}, err
@@ -155,7 +162,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (Summary, error) {
 	credit := db.Rebind(`UPDATE ` + accountsTable + ` SET cents = cents + ? WHERE account = ?`)
 	book := db.Rebind(`INSERT INTO ` + paymentsTable + ` (order_id, cents) VALUES (?, ?)`)
 	err = router.AddHandler(onceflow.Handler{
-		Name:       "payments-" + runID,
+		Name:       handler,
 		Topic:      topic,
 		Subscriber: sub,
 		DB:         db,
@@ -193,7 +200,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (Summary, error) {
 		return Summary{}, err
 	}
 
-	s := Summary{Orders: o.Orders, Balances: map[string]int{}, Expected: map[string]int{}}
+	s = Summary{Orders: o.Orders, Balances: map[string]int{}, Expected: map[string]int{}}
 	var msgs []*message.Message
 	for i := range o.Orders {
 		ord := Order{From: accounts[i%len(accounts)], To: accounts[(i+1)%len(accounts)], Cents: int64(100 + i)}
@@ -256,4 +263,28 @@ func newID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// cleanUp removes what a run left in the database: its tables, and the rows its handlers left
+// in onceflow's shared tables (duplicate-detection keys, delivery counts), so that running
+// the example again and again leaves nothing behind. It reports the first failure.
+func cleanUp(db *sqldb.DB, tables, handlers []string) error {
+	ctx := context.Background()
+	var errs []error
+	for _, t := range tables {
+		_, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+db.Dialect.Quote(t))
+		errs = append(errs, err)
+	}
+	for _, shared := range []string{dedup.DefaultTable, dedup.DefaultCounterTable} {
+		ok, err := db.TableExists(ctx, shared)
+		if err != nil || !ok {
+			errs = append(errs, err)
+			continue
+		}
+		for _, h := range handlers {
+			_, err := db.ExecContext(ctx, db.Rebind(`DELETE FROM `+shared+` WHERE handler = ?`), h)
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
