@@ -3,11 +3,14 @@ package sqlqueue
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // postgres is the queue in PostgreSQL: watermill-sql's DefaultPostgreSQLSchema, where each
@@ -38,6 +41,13 @@ func (postgres) tables(topic string) pgTables {
 		leases:   q(leasesPrefix + topic),
 		dueIndex: q(dueIndexPrefix + topic),
 	}
+}
+
+// pgDuplicate reports PostgreSQL's duplicate_table and duplicate_object errors, which a CREATE
+// ... IF NOT EXISTS raises when a concurrent one created the object after it looked.
+func pgDuplicate(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.DuplicateTable || pgErr.Code == pgerrcode.DuplicateObject)
 }
 
 func (postgres) messagesSchema() wsql.SchemaAdapter {

@@ -116,11 +116,12 @@ func (q *Queue) EnsureTopic(ctx context.Context, topic string) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		// Two concurrent CREATE TABLE IF NOT EXISTS of one table can fail on PostgreSQL with a
-		// unique violation: the other one won, run again.
+		// unique violation, duplicate_table or duplicate_object (of the table's row type): the
+		// other one won, run again.
 		if err = q.createTables(ctx, topic); err == nil {
 			break
 		}
-		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict {
+		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict && !pgDuplicate(err) {
 			break
 		}
 	}
