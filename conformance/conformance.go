@@ -7,9 +7,11 @@ import (
 	"time"
 )
 
-// Mode is how the handlers of a scenario commit: one transaction per message, or group commit
+// Mode is how the handlers of a scenario commit: one transaction per message, group commit
 // (Handler.GroupCommit), where concurrent deliveries share one transaction and each is acked
-// after its commit. Every scenario holds in both.
+// after its commit, or the batch processor (Handler.BatchProcessor), which writes the new
+// messages of a group with one statement in the group's transaction. Every scenario holds in
+// all three.
 type Mode string
 
 // The commit modes.
@@ -22,10 +24,15 @@ const (
 	// concurrently, so that the deliveries it hands out at once share a transaction, and twice
 	// where the consumers of a group take turns (Features.ConcurrentDelivery).
 	GroupCommit Mode = "group-commit"
+	// Batch runs the ExactlyOnce chain with a Handler.BatchProcessor, which implies group
+	// commit: the scenario's processor becomes a batch (one multi-row INSERT of the effects
+	// where it writes nothing else, a message after the other otherwise, a failing one named
+	// with processor.ErrorFor). Handlers subscribe as in GroupCommit.
+	Batch Mode = "batch"
 )
 
 // Modes lists every commit mode.
-var Modes = []Mode{PerMessage, GroupCommit}
+var Modes = []Mode{PerMessage, GroupCommit, Batch}
 
 // Setup says where the suite finds the broker and the database under test.
 type Setup struct {
@@ -41,7 +48,7 @@ type Setup struct {
 	// the form sqldb.Open takes (postgres://, mysql://, sqlite://). Required.
 	DatabaseURL func(t testing.TB) string
 
-	// Modes lists the commit modes every scenario runs in. Defaults to Modes (both).
+	// Modes lists the commit modes every scenario runs in. Defaults to Modes (all three).
 	Modes []Mode
 
 	// Timings are the broker's delays during the suite. Zero fields take the defaults of

@@ -4,8 +4,9 @@
 // broker and database, counts each message's effects in a table without a unique key, and
 // checks the deliveries, acks, nacks and dead letters the broker sees.
 //
-// onceflow runs it for each of its brokers (amqp, postgres, mysql, sqlite, nats, redis, mem)
-// with each database dialect (postgres, mysql, sqlite) in matrix_test.go:
+// onceflow runs it for each of its brokers (amqp with classic queues, amqp-quorum with quorum
+// queues, postgres, mysql, sqlite, nats, redis, mem) with each database dialect (postgres,
+// mysql, sqlite), in each commit mode (per-message, group-commit, batch), in matrix_test.go:
 //
 //	CI=true go test ./conformance/ -run 'TestConformance/nats/postgres' -v
 //	go test ./conformance/ -run 'TestConformance/.*/.*/group-commit/ConnectionCut'

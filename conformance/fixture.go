@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -148,6 +149,10 @@ type handlerSpec struct {
 	Topic string
 	// Processor defaults to applying one effect under the handler's name.
 	Processor processor.Processor
+	// Batch is the processor in Batch mode. It defaults to one multi-row INSERT of the effects
+	// when Processor is nil, and otherwise to Processor run for one message after the other,
+	// the first that fails named with processor.ErrorFor.
+	Batch processor.Batch
 	// Outer are interceptors (registered by the scenario) placed outside "retry": an error
 	// they return goes to the router as it is, and a retryable one is a nack.
 	Outer []string
@@ -160,8 +165,8 @@ type handlerSpec struct {
 }
 
 // handler returns the onceflow handler for spec in the fixture's mode. Without custom
-// interceptors it is the canonical ExactlyOnce chain (with group commit in GroupCommit mode);
-// with them, the same chain with them inserted.
+// interceptors it is the canonical ExactlyOnce chain (with group commit in GroupCommit mode,
+// and a batch processor in Batch mode); with them, the same chain with them inserted.
 func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Handler {
 	h := onceflow.Handler{
 		Name:        spec.Name,
@@ -174,12 +179,21 @@ func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Han
 		// A failed message comes back after the suite's nack delay, whichever delivery it is.
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{f.timings.NackDelay}},
 	}
-	if h.Processor == nil {
+	if f.mode == Batch {
+		h.Processor, h.BatchProcessor = nil, spec.Batch
+		switch {
+		case h.BatchProcessor != nil:
+		case spec.Processor != nil:
+			h.BatchProcessor = oneByOne(spec.Processor)
+		default:
+			h.BatchProcessor = applyEffects(spec.Name)
+		}
+	} else if h.Processor == nil {
 		h.Processor = applyEffect(spec.Name)
 	}
 	if h.Concurrency == 0 {
 		h.Concurrency = 2
-		if f.mode == GroupCommit && f.features.ConcurrentDelivery {
+		if f.mode != PerMessage && f.features.ConcurrentDelivery {
 			// More subscriptions than two add nothing where the consumers of a group take
 			// turns, but connections (an SQL queue's consumer holds one while it waits).
 			h.Concurrency = 4
@@ -194,10 +208,10 @@ func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Han
 	names = append(names, spec.Outer...)
 	names = append(names, onceflow.InterceptorRetry, onceflow.InterceptorTimeout)
 	names = append(names, spec.Inner...)
-	if f.mode == GroupCommit {
-		names = append(names, onceflow.InterceptorGroupCommit)
-	} else {
+	if f.mode == PerMessage {
 		names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate)
+	} else {
+		names = append(names, onceflow.InterceptorGroupCommit)
 	}
 	h.Interceptors = names
 	return h
@@ -295,16 +309,53 @@ func applyEffect(handler string) processor.Processor {
 }
 
 func writeEffect(ctx context.Context, handler string, msg *messagedata.MessageData) error {
+	return writeEffects(ctx, handler, []*messagedata.MessageData{msg})
+}
+
+// applyEffects is the scenarios' default batch: one multi-row INSERT of an effect per message.
+func applyEffects(handler string) processor.Batch {
+	return processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+		return writeEffects(ctx, handler, msgs)
+	})
+}
+
+// writeEffects writes one effect row per message in the context's transaction, with one
+// statement.
+func writeEffects(ctx context.Context, handler string, msgs []*messagedata.MessageData) error {
 	tx, ok := processor.TxFromContext(ctx)
 	if !ok {
 		return errors.New("no transaction in the context")
 	}
-	note := string(msg.Payload)
-	if len(note) > 255 {
-		note = note[:255]
+	var q strings.Builder
+	q.WriteString(`INSERT INTO ` + effectsTable + ` (handler, message_id, note) VALUES `)
+	args := make([]any, 0, 3*len(msgs))
+	for i, msg := range msgs {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?)")
+		note := string(msg.Payload)
+		if len(note) > 255 {
+			note = note[:255]
+		}
+		args = append(args, handler, msg.ID, note)
 	}
-	_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO `+effectsTable+` (handler, message_id, note) VALUES (?, ?, ?)`), handler, msg.ID, note)
+	_, err := tx.ExecContext(ctx, tx.Rebind(q.String()), args...)
 	return err
+}
+
+// oneByOne is the batch of a scenario processor that does more than write an effect: it runs p
+// for each message in turn, and names the first message that fails, so that the batch runs
+// again without it and its error alone decides its outcome.
+func oneByOne(p processor.Processor) processor.Batch {
+	return processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+		for _, msg := range msgs {
+			if err := p.Process(ctx, msg); err != nil {
+				return processor.ErrorFor(msg, err)
+			}
+		}
+		return nil
+	})
 }
 
 // effects returns the number of effects of message id by handler.

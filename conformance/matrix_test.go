@@ -17,18 +17,35 @@ import (
 )
 
 // brokers are the rows of the matrix: every broker onceflow supports, each with a URL per
-// test (a fresh schema, database or file where the broker keeps its messages in one).
+// test (a fresh schema, database or file where the broker keeps its messages in one), and the
+// scheme whose features it has. RabbitMQ is there twice: with classic queues, which say only
+// whether a delivery is the first (the router counts the others in the database), and with
+// quorum queues, which count every delivery.
 var brokers = []struct {
-	name string
-	url  func(t testing.TB) string
+	name   string
+	scheme string
+	url    func(t testing.TB) string
 }{
-	{"amqp", testsvc.AMQPURL},
-	{"postgres", freshPostgres},
-	{"mysql", freshMySQL},
-	{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
-	{"nats", testsvc.NATSURL},
-	{"redis", testsvc.RedisURL},
-	{"mem", func(testing.TB) string { return "mem://" + testsvc.UniqueName("conformance") }},
+	{"amqp", "amqp", testsvc.AMQPURL},
+	{"amqp-quorum", "amqp", func(t testing.TB) string { return withQuery(t, testsvc.AMQPURL(t), "queue_type", "quorum") }},
+	{"postgres", "postgres", freshPostgres},
+	{"mysql", "mysql", freshMySQL},
+	{"sqlite", "sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
+	{"nats", "nats", testsvc.NATSURL},
+	{"redis", "redis", testsvc.RedisURL},
+	{"mem", "mem", func(testing.TB) string { return "mem://" + testsvc.UniqueName("conformance") }},
+}
+
+// withQuery returns rawURL with the query parameter key set to value.
+func withQuery(t testing.TB, rawURL, key, value string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("URL %q: %v", sqldb.Redact(rawURL), err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // databases are the columns: every database dialect.
@@ -42,7 +59,7 @@ var databases = []struct {
 }
 
 // TestConformance runs the conformance suite for every broker crossed with every database,
-// in both commit modes: TestConformance/<broker>/<database>/<mode>/<scenario>.
+// in every commit mode: TestConformance/<broker>/<database>/<mode>/<scenario>.
 func TestConformance(t *testing.T) {
 	for _, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
@@ -54,7 +71,7 @@ func TestConformance(t *testing.T) {
 					conformance.Run(t, conformance.Setup{
 						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, weight); return b.url(t) },
 						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, weight); return d.url(t) },
-					}, conformance.DefaultFeatures(b.name+"://"))
+					}, conformance.DefaultFeatures(b.scheme+"://"))
 				})
 			}
 		})
