@@ -10,9 +10,16 @@
 //
 //	CI=true go test ./conformance/ -run 'TestConformance/nats/postgres' -v
 //	go test ./conformance/ -run 'TestConformance/.*/.*/group-commit/ConnectionCut'
+//	go test ./conformance/ -run 'TestConformance_Poison/amqp-quorum' -v
+//	ONCEFLOW_CONFORMANCE_POISON=all go test ./conformance/ -run TestConformance_Poison
 //
-// Test names are TestConformance/<broker>/<database>/<mode>/<scenario>; Run lists the
-// scenarios, Features says which apply to a broker. docs/brokers.md has the resulting matrix.
+// Test names are TestConformance/<broker>/<database>/<mode>/<scenario>; the Poison scenario
+// runs apart, after the others, as TestConformance_Poison/<broker>/<database>/<mode>/Poison,
+// on one database per broker unless ONCEFLOW_CONFORMANCE_POISON=all. Run lists the scenarios,
+// Features says which apply to a broker. docs/brokers.md has the resulting matrix.
+//
+// The Poison scenario kills consumer processes: the test binary starts itself as one when its
+// TestMain calls ConsumerMain first.
 //
 // # Your own broker and database
 //
@@ -23,7 +30,13 @@
 //	ONCEFLOW_CONFORMANCE_DATABASE='postgres://app@db:5432/app?sslmode=disable' \
 //	go test github.com/onceflow/onceflow/conformance -run TestConformance_Environment -v
 //
-// or call Run from a test of your own, with a Setup that hands each test a fresh database:
+// or call Run from a test of your own, with a Setup that hands each test a fresh database (and
+// ConsumerMain in TestMain):
+//
+//	func TestMain(m *testing.M) {
+//		conformance.ConsumerMain()
+//		os.Exit(m.Run())
+//	}
 //
 //	func TestOurBrokerConforms(t *testing.T) {
 //		conformance.Run(t, conformance.Setup{

@@ -39,6 +39,7 @@ type fixture struct {
 	mode      Mode
 	timings   Timings
 	brokerURL string
+	dbURL     string
 	db        *sqldb.DB
 	logger    *slog.Logger
 	// prefix starts every topic and message id of the test.
@@ -73,7 +74,7 @@ func newFixture(t *testing.T, s Setup, features Features, mode Mode) *fixture {
 	})
 	require.NoError(t, err, "open the application database %s", redactedURL(dbURL))
 	t.Cleanup(func() { _ = db.Close() })
-	f.db = db
+	f.db, f.dbURL = db, dbURL
 	_, err = db.Exec(`CREATE TABLE ` + effectsTable + ` (handler VARCHAR(64) NOT NULL, message_id VARCHAR(255) NOT NULL, note VARCHAR(255) NOT NULL)`)
 	require.NoError(t, err)
 	return f
@@ -162,22 +163,35 @@ type handlerSpec struct {
 	MaxAttempts int
 	// Concurrency overrides the mode's number of subscriptions.
 	Concurrency int
+	// MaxDeliveries is the handler's delivery limit (Handler.MaxDeliveries). Defaults to the
+	// router's.
+	MaxDeliveries int
+	// Redelivery are the handler's redelivery delays. Defaults to the suite's nack delay,
+	// whichever delivery failed.
+	Redelivery []time.Duration
 }
 
 // handler returns the onceflow handler for spec in the fixture's mode. Without custom
 // interceptors it is the canonical ExactlyOnce chain (with group commit in GroupCommit mode,
 // and a batch processor in Batch mode); with them, the same chain with them inserted.
+//
+// It reads only the fixture's mode, features, timings and database: the Poison scenario's
+// consumer processes build their handlers with it too.
 func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Handler {
 	h := onceflow.Handler{
-		Name:        spec.Name,
-		Topic:       spec.Topic,
-		Subscriber:  sub,
-		DB:          f.db,
-		Processor:   spec.Processor,
-		Concurrency: spec.Concurrency,
-		Retry:       onceflow.RetryConfig{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Name:          spec.Name,
+		Topic:         spec.Topic,
+		Subscriber:    sub,
+		DB:            f.db,
+		Processor:     spec.Processor,
+		Concurrency:   spec.Concurrency,
+		MaxDeliveries: spec.MaxDeliveries,
+		Retry:         onceflow.RetryConfig{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		// A failed message comes back after the suite's nack delay, whichever delivery it is.
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{f.timings.NackDelay}},
+	}
+	if len(spec.Redelivery) > 0 {
+		h.Redelivery.Delays = spec.Redelivery
 	}
 	if f.mode == Batch {
 		h.Processor, h.BatchProcessor = nil, spec.Batch
