@@ -1,16 +1,21 @@
 package conformance
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
 )
 
 // knownDefects names the environment variable that runs the tests of known defects, which fail
@@ -91,4 +96,69 @@ func TestKnownDefect_CrashLoopDeadLettersItsNeighbours(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost: a message that fails permanently is
+// published to the dead-letter topic and then acknowledged; when the acknowledgement is lost
+// (its consumer dies, or its connection drops, between the two) the broker delivers the message
+// again and it is dead-lettered again. Nothing records that it was: dead letters are at least
+// once, where the rest of a handler's outcomes are exactly once. verify saw one on RabbitMQ with
+// PostgreSQL (a poison message dead-lettered twice, in a run with five connection cuts).
+//
+// Publishing the dead letter through the handler's outbox, with its id recorded in the dedup
+// table in the same transaction, would make the redelivery a duplicate; on NATS, JetStream drops
+// the second publish of the dead letter's id within its duplicate window.
+func TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost(t *testing.T) {
+	if os.Getenv(knownDefects) == "" {
+		t.Skipf("known defect (see the test's comment); %s=1 runs it", knownDefects)
+	}
+	brokerURL := "mem://" + testsvc.UniqueName("deadletter")
+	f := newFixture(t, Setup{
+		BrokerURL:   func(testing.TB) string { return brokerURL },
+		DatabaseURL: func(t testing.TB) string { return testsvc.SQLiteURL(t) },
+	}, DefaultFeatures(brokerURL), PerMessage)
+	b := f.openBroker(f.brokerURL)
+	dead := f.collectDeadLetters(b)
+	topic := f.topic("in")
+
+	r, err := onceflow.NewRouter(onceflow.Config{
+		DeadLetterPublisher: b.Publisher(), DeadLetterTopic: f.dlq, Logger: f.logger, PurgeInterval: -1, CloseTimeout: 5 * time.Second,
+	})
+	require.NoError(t, err)
+	var lost sync.Once
+	// Outside "deadletter": the dead letter is out, and the acknowledgement is lost once.
+	interceptor(t, r, "lose-first-ack", func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			err := next.Process(ctx, msg)
+			lose := false
+			if processor.IsDeadLettered(err) {
+				lost.Do(func() { lose = true })
+			}
+			if lose {
+				return errAckLost
+			}
+			return err
+		})
+	})
+	sub, err := b.Subscriber()
+	require.NoError(t, err)
+	p := newProbe(t)
+	h := f.handler(handlerSpec{Name: "effects", Topic: topic, Processor: processor.Func(func(context.Context, *messagedata.MessageData) error {
+		return processor.Permanent(errors.New("rejected by a business rule"))
+	})}, p.wrap("effects", sub))
+	h.Interceptors = []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-first-ack", onceflow.InterceptorDeadLetter,
+		onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate}
+	require.NoError(t, r.AddHandler(h))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-r.Running()
+
+	id := f.id("rejected")
+	f.publish(b, topic, id, "x")
+	f.waitAcks(p, "effects", id, 1)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, deliveryCounts{Deliveries: 2, Acks: 1, Nacks: 1}, p.get("effects", id), "the delivery whose ack was lost, then its redelivery")
+	require.Len(t, dead.all(), 1, "dead-lettered once, although delivered twice")
 }
