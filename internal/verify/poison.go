@@ -82,7 +82,9 @@ func newPoison(cfg Config, mode Mode, runID string, pub message.Publisher, topic
 		}
 		if kind == PoisonLongID {
 			if err := pub.Publish(topic, m); err != nil {
-				p.res.Left[kind] = "the broker does not carry it: " + err.Error()
+				// The broker's error quotes the id: shorten it.
+				why := strings.ReplaceAll(err.Error(), id, id[:len(runID)+len(".poison-long-id-")+3]+"...")
+				p.res.Left[kind] = "the broker does not carry it: " + why
 				continue
 			}
 		}
