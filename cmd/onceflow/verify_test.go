@@ -127,13 +127,14 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 				continue // not poison without duplicate detection, or not carried by the broker
 			}
 			want++
-			require.Equal(t, 1, p.Kinds[k], "%s: %s dead-lettered once", m.Mode, k)
+			require.GreaterOrEqual(t, p.Kinds[k], 1, "%s: %s dead-lettered", m.Mode, k)
 			require.Contains(t, p.Reasons[k], poisonReasons[k], "%s: %s", m.Mode, k)
 		}
 		require.Equal(t, want, p.Published, "%s: poison messages published", m.Mode)
 		require.Equal(t, want, p.DeadLettered, "%s: poison messages dead-lettered", m.Mode)
 		if p.Twice > 0 {
-			t.Logf("%s: %d poison messages dead-lettered twice: a consumer died or a connection was cut between a dead letter and its ack (a known defect)", m.Mode, p.Twice)
+			t.Logf("%s: %d poison messages dead-lettered more than once (%v): a consumer died or a connection was cut between a dead letter and its ack (a known defect)",
+				m.Mode, p.Twice, p.Kinds)
 		}
 		require.Zero(t, p.Good, "%s: good messages dead-lettered", m.Mode)
 		if slices.Contains(kinds, "crash-loop") {
