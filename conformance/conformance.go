@@ -126,6 +126,13 @@ type Features struct {
 	// that such a message cannot take them all down at once.
 	ReturnsOnDisconnect bool
 
+	// OneDeliveryAtATime is true when each subscription hands out one delivery at a time and
+	// waits for its ack or nack before the next, and cannot delay a redelivery (watermill-nats,
+	// which the NATS scheme uses): the router then holds a failed message for its redelivery
+	// delay before it nacks it, and the subscription's next deliveries wait behind it. The
+	// Poison scenario reports the good messages' latency but does not bound it.
+	OneDeliveryAtATime bool
+
 	// LongIDProducer publishes the Poison scenario's message whose id is longer than 255 bytes,
 	// where the broker carries such an id but onceflow's publisher for it refuses one
 	// (RabbitMQ: the message_id property holds 255 bytes, a header holds more). Nil publishes it
@@ -148,7 +155,8 @@ func DefaultFeatures(brokerURL string) Features {
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: AMQPProducer,
 			ReturnsOnDisconnect: true, LongIDProducer: AMQPUUIDProducer}
 	case "nats":
-		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, ForeignProducer: NATSProducer}
+		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, ForeignProducer: NATSProducer,
+			OneDeliveryAtATime: true}
 	case "redis", "rediss":
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: RedisProducer}
 	case "postgres", "postgresql", "mysql", "mariadb":

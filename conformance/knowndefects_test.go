@@ -162,3 +162,46 @@ func TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost(t *testing.T) {
 	require.Equal(t, deliveryCounts{Deliveries: 2, Acks: 1, Nacks: 1}, p.get("effects", id), "the delivery whose ack was lost, then its redelivery")
 	require.Len(t, dead.all(), 1, "dead-lettered once, although delivered twice")
 }
+
+// TestKnownDefect_NATSFailedMessageHoldsBackItsSubscription: a message that fails waits its
+// redelivery delay before it is nacked. Subscribers that keep many deliveries in flight take
+// the nack at once and delay the redelivery themselves (redelivery.NackAfter); NATS's, from
+// watermill-nats, hands each subscription one delivery at a time and waits for its ack or nack,
+// so the router holds the failed message, and the messages behind it on the subscription wait
+// the whole delay: with the default delays, up to 2 minutes per failed delivery. JetStream can
+// delay a redelivery itself (a nak with a delay); the NATS pull subscriber being written will.
+func TestKnownDefect_NATSFailedMessageHoldsBackItsSubscription(t *testing.T) {
+	if os.Getenv(knownDefects) == "" {
+		t.Skipf("known defect (see the test's comment); %s=1 runs it", knownDefects)
+	}
+	// RabbitMQ, whose subscriber delays the nack itself, is there to show the difference.
+	for _, tc := range []struct {
+		name string
+		url  func(testing.TB) string
+	}{{"nats", testsvc.NATSURL}, {"amqp", testsvc.AMQPURL}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, Setup{
+				BrokerURL:   tc.url,
+				DatabaseURL: func(t testing.TB) string { return testsvc.SQLiteURL(t) },
+			}, DefaultFeatures(tc.name+"://"), PerMessage)
+			b := f.openBroker(f.brokerURL)
+			topic := f.topic("in")
+			const delay = time.Second
+			proc := processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				if string(msg.Payload) == "fail" {
+					return errors.New("downstream unavailable (injected)")
+				}
+				return writeEffect(ctx, "effects", msg)
+			})
+			n := f.startNode(b, nil, handlerSpec{Name: "effects", Topic: topic, Processor: proc, MaxAttempts: 1, Concurrency: 1,
+				MaxDeliveries: -1, Redelivery: []time.Duration{delay}})
+			failing, good := f.id("failing"), f.id("good")
+			f.publish(b, topic, failing, "fail")
+			f.eventually(func() bool { return n.probe.get("effects", failing).Deliveries >= 1 }, "the failing message was not delivered")
+			start := time.Now()
+			f.publish(b, topic, good, "ok")
+			f.waitAcks(n.probe, "effects", good, 1)
+			require.Less(t, time.Since(start), delay/2, "the good message waited behind the failing one's redelivery delay")
+		})
+	}
+}
