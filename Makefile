@@ -32,7 +32,7 @@ test-order-full:
 	ONCEFLOW_ORDER_FULL=1 $(GO) test -count=1 -timeout 40m -v -run 'TestInOrder_ShuffledDuplicated' ./ordering
 
 ## test-poison-full: the conformance suite's Poison scenario on every broker x database x mode (72
-## runs, about 3 minutes); `make test` runs it on every broker and mode with one database each
+## runs, about 5 minutes); `make test` runs it on every broker and mode with one database each
 test-poison-full:
 	ONCEFLOW_CONFORMANCE_POISON=all $(GO) test -count=1 -timeout 20m -v -run 'TestConformance_Poison' ./conformance
 
