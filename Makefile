@@ -2,7 +2,7 @@ GO      ?= go
 PKGS    ?= ./...
 BIN     ?= bin
 
-.PHONY: all help build test test-order-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory demo verify services up down clean FORCE
+.PHONY: all help build test test-order-full test-poison-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory demo verify services up down clean FORCE
 
 # BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench.
 BENCH_QUICK ?=
@@ -35,8 +35,13 @@ test:
 test-order-full:
 	ONCEFLOW_ORDER_FULL=1 $(GO) test -count=1 -timeout 40m -v -run 'TestInOrder_ShuffledDuplicated' ./ordering
 
-## race: the tests under the race detector (slower; docs/brokers.md names a race inside
-## watermill-amqp's publisher that it may report)
+## test-poison-full: the conformance suite's Poison scenario on every broker x database x mode (72
+## runs, about 5 minutes); `make test` runs it on every broker and mode with one database each
+test-poison-full:
+	ONCEFLOW_CONFORMANCE_POISON=all $(GO) test -count=1 -timeout 20m -v -run 'TestConformance_Poison' ./conformance
+
+## race: the tests under the race detector (slower; docs/brokers.md lists two races inside
+## watermill-amqp and watermill-nats that it may report)
 race:
 	$(GO) test -count=1 -race -timeout 30m $(PKGS)
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +39,7 @@ type fixture struct {
 	mode      Mode
 	timings   Timings
 	brokerURL string
+	dbURL     string
 	db        *sqldb.DB
 	logger    *slog.Logger
 	// prefix starts every topic and message id of the test.
@@ -47,6 +49,10 @@ type fixture struct {
 
 	mu     sync.Mutex
 	topics []string // used on the broker; removed from a shared server when the test ends
+
+	// poisonAgain counts the dead letters that the Poison scenario's phases allowed beyond one
+	// per poison message (a known defect).
+	poisonAgain int
 }
 
 func newFixture(t *testing.T, s Setup, features Features, mode Mode) *fixture {
@@ -72,7 +78,7 @@ func newFixture(t *testing.T, s Setup, features Features, mode Mode) *fixture {
 	})
 	require.NoError(t, err, "open the application database %s", sqldb.Redact(dbURL))
 	t.Cleanup(func() { _ = db.Close() })
-	f.db = db
+	f.db, f.dbURL = db, dbURL
 	_, err = db.Exec(`CREATE TABLE ` + effectsTable + ` (handler VARCHAR(64) NOT NULL, message_id VARCHAR(255) NOT NULL, note VARCHAR(255) NOT NULL)`)
 	require.NoError(t, err)
 	return f
@@ -148,6 +154,10 @@ type handlerSpec struct {
 	Topic string
 	// Processor defaults to applying one effect under the handler's name.
 	Processor processor.Processor
+	// Batch is the processor in Batch mode. It defaults to one multi-row INSERT of the effects
+	// when Processor is nil, and otherwise to Processor run for one message after the other,
+	// the first that fails named with processor.ErrorFor.
+	Batch processor.Batch
 	// Outer are interceptors (registered by the scenario) placed outside "retry": an error
 	// they return goes to the router as it is, and a retryable one is a nack.
 	Outer []string
@@ -157,29 +167,51 @@ type handlerSpec struct {
 	MaxAttempts int
 	// Concurrency overrides the mode's number of subscriptions.
 	Concurrency int
+	// MaxDeliveries is the handler's delivery limit (Handler.MaxDeliveries). Defaults to the
+	// router's.
+	MaxDeliveries int
+	// Redelivery are the handler's redelivery delays. Defaults to the suite's nack delay,
+	// whichever delivery failed.
+	Redelivery []time.Duration
 }
 
 // handler returns the onceflow handler for spec in the fixture's mode. Without custom
-// interceptors it is the canonical ExactlyOnce chain (with group commit in GroupCommit mode);
-// with them, the same chain with them inserted.
+// interceptors it is the canonical ExactlyOnce chain (with group commit in GroupCommit mode,
+// and a batch processor in Batch mode); with them, the same chain with them inserted.
+//
+// It reads only the fixture's mode, features, timings and database: the Poison scenario's
+// consumer processes build their handlers with it too.
 func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Handler {
 	h := onceflow.Handler{
-		Name:        spec.Name,
-		Topic:       spec.Topic,
-		Subscriber:  sub,
-		DB:          f.db,
-		Processor:   spec.Processor,
-		Concurrency: spec.Concurrency,
-		Retry:       onceflow.RetryConfig{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Name:          spec.Name,
+		Topic:         spec.Topic,
+		Subscriber:    sub,
+		DB:            f.db,
+		Processor:     spec.Processor,
+		Concurrency:   spec.Concurrency,
+		MaxDeliveries: spec.MaxDeliveries,
+		Retry:         onceflow.RetryConfig{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		// A failed message comes back after the suite's nack delay, whichever delivery it is.
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{f.timings.NackDelay}},
 	}
-	if h.Processor == nil {
+	if len(spec.Redelivery) > 0 {
+		h.Redelivery.Delays = spec.Redelivery
+	}
+	if f.mode == Batch {
+		h.Processor, h.BatchProcessor = nil, spec.Batch
+		switch {
+		case h.BatchProcessor != nil:
+		case spec.Processor != nil:
+			h.BatchProcessor = oneByOne(spec.Processor)
+		default:
+			h.BatchProcessor = applyEffects(spec.Name)
+		}
+	} else if h.Processor == nil {
 		h.Processor = applyEffect(spec.Name)
 	}
 	if h.Concurrency == 0 {
 		h.Concurrency = 2
-		if f.mode == GroupCommit && f.features.ConcurrentDelivery {
+		if f.mode != PerMessage && f.features.ConcurrentDelivery {
 			// More subscriptions than two add nothing where the consumers of a group take
 			// turns, but connections (an SQL queue's consumer holds one while it waits).
 			h.Concurrency = 4
@@ -194,10 +226,10 @@ func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Han
 	names = append(names, spec.Outer...)
 	names = append(names, onceflow.InterceptorRetry, onceflow.InterceptorTimeout)
 	names = append(names, spec.Inner...)
-	if f.mode == GroupCommit {
-		names = append(names, onceflow.InterceptorGroupCommit)
-	} else {
+	if f.mode == PerMessage {
 		names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate)
+	} else {
+		names = append(names, onceflow.InterceptorGroupCommit)
 	}
 	h.Interceptors = names
 	return h
@@ -295,16 +327,53 @@ func applyEffect(handler string) processor.Processor {
 }
 
 func writeEffect(ctx context.Context, handler string, msg *messagedata.MessageData) error {
+	return writeEffects(ctx, handler, []*messagedata.MessageData{msg})
+}
+
+// applyEffects is the scenarios' default batch: one multi-row INSERT of an effect per message.
+func applyEffects(handler string) processor.Batch {
+	return processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+		return writeEffects(ctx, handler, msgs)
+	})
+}
+
+// writeEffects writes one effect row per message in the context's transaction, with one
+// statement.
+func writeEffects(ctx context.Context, handler string, msgs []*messagedata.MessageData) error {
 	tx, ok := processor.TxFromContext(ctx)
 	if !ok {
 		return errors.New("no transaction in the context")
 	}
-	note := string(msg.Payload)
-	if len(note) > 255 {
-		note = note[:255]
+	var q strings.Builder
+	q.WriteString(`INSERT INTO ` + effectsTable + ` (handler, message_id, note) VALUES `)
+	args := make([]any, 0, 3*len(msgs))
+	for i, msg := range msgs {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?)")
+		note := string(msg.Payload)
+		if len(note) > 255 {
+			note = note[:255]
+		}
+		args = append(args, handler, msg.ID, note)
 	}
-	_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO `+effectsTable+` (handler, message_id, note) VALUES (?, ?, ?)`), handler, msg.ID, note)
+	_, err := tx.ExecContext(ctx, tx.Rebind(q.String()), args...)
 	return err
+}
+
+// oneByOne is the batch of a scenario processor that does more than write an effect: it runs p
+// for each message in turn, and names the first message that fails, so that the batch runs
+// again without it and its error alone decides its outcome.
+func oneByOne(p processor.Processor) processor.Batch {
+	return processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+		for _, msg := range msgs {
+			if err := p.Process(ctx, msg); err != nil {
+				return processor.ErrorFor(msg, err)
+			}
+		}
+		return nil
+	})
 }
 
 // effects returns the number of effects of message id by handler.

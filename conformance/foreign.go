@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	wamqp "github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
@@ -21,6 +22,30 @@ const publishTimeout = 10 * time.Second
 // header, and waits for the publisher confirm.
 func AMQPProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
 	t.Helper()
+	amqpPublish(t, brokerURL, topic, amqp.Publishing{
+		MessageId:    id,
+		DeliveryMode: amqp.Persistent,
+		ContentType:  "text/plain",
+		Body:         payload,
+	})
+}
+
+// AMQPUUIDProducer is a plain amqp091 producer that carries id in watermill's UUID header
+// (_watermill_message_uuid), which RabbitMQ stores whatever its length, and sets no message_id
+// property, which holds 255 bytes: the way a message id longer than that reaches an onceflow
+// consumer on RabbitMQ. It waits for the publisher confirm.
+func AMQPUUIDProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
+	t.Helper()
+	amqpPublish(t, brokerURL, topic, amqp.Publishing{
+		Headers:      amqp.Table{wamqp.HeaderMessageUUID: id},
+		DeliveryMode: amqp.Persistent,
+		Body:         payload,
+	})
+}
+
+// amqpPublish publishes p to the topic's exchange and waits for the publisher confirm.
+func amqpPublish(t testing.TB, brokerURL, topic string, p amqp.Publishing) {
+	t.Helper()
 	conn, err := amqp.Dial(brokerURL)
 	require.NoError(t, err)
 	defer conn.Close()
@@ -29,12 +54,7 @@ func AMQPProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
 	require.NoError(t, ch.Confirm(false))
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, topic, "", false, false, amqp.Publishing{
-		MessageId:    id,
-		DeliveryMode: amqp.Persistent,
-		ContentType:  "text/plain",
-		Body:         payload,
-	})
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, topic, "", false, false, p)
 	require.NoError(t, err)
 	ok, err := conf.WaitContext(ctx)
 	require.NoError(t, err)

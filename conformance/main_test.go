@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/onceflow/onceflow/conformance"
 )
 
 // matrixParallel is how many tests of the matrix run at once unless -parallel says otherwise.
@@ -19,6 +21,8 @@ import (
 const matrixParallel = 12
 
 func TestMain(m *testing.M) {
+	// The Poison scenario runs its consumers as child processes of this binary.
+	conformance.ConsumerMain()
 	flag.Parse()
 	explicit := false
 	flag.Visit(func(f *flag.Flag) {

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -17,18 +19,35 @@ import (
 )
 
 // brokers are the rows of the matrix: every broker onceflow supports, each with a URL per
-// test (a fresh schema, database or file where the broker keeps its messages in one).
+// test (a fresh schema, database or file where the broker keeps its messages in one), and the
+// scheme whose features it has. RabbitMQ is there twice: with classic queues, which say only
+// whether a delivery is the first (the router counts the others in the database), and with
+// quorum queues, which count every delivery.
 var brokers = []struct {
-	name string
-	url  func(t testing.TB) string
+	name   string
+	scheme string
+	url    func(t testing.TB) string
 }{
-	{"amqp", testsvc.AMQPURL},
-	{"postgres", freshPostgres},
-	{"mysql", freshMySQL},
-	{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
-	{"nats", testsvc.NATSURL},
-	{"redis", testsvc.RedisURL},
-	{"mem", func(testing.TB) string { return "mem://" + testsvc.UniqueName("conformance") }},
+	{"amqp", "amqp", testsvc.AMQPURL},
+	{"amqp-quorum", "amqp", func(t testing.TB) string { return withQuery(t, testsvc.AMQPURL(t), "queue_type", "quorum") }},
+	{"postgres", "postgres", freshPostgres},
+	{"mysql", "mysql", freshMySQL},
+	{"sqlite", "sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
+	{"nats", "nats", testsvc.NATSURL},
+	{"redis", "redis", testsvc.RedisURL},
+	{"mem", "mem", func(testing.TB) string { return "mem://" + testsvc.UniqueName("conformance") }},
+}
+
+// withQuery returns rawURL with the query parameter key set to value.
+func withQuery(t testing.TB, rawURL, key, value string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatalf("URL %q: %v", sqldb.Redact(rawURL), err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // databases are the columns: every database dialect.
@@ -41,9 +60,10 @@ var databases = []struct {
 	{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "app.db") }},
 }
 
-// TestConformance runs the conformance suite for every broker crossed with every database,
-// in both commit modes: TestConformance/<broker>/<database>/<mode>/<scenario>.
+// TestConformance runs the conformance suite, but the Poison scenario, for every broker crossed
+// with every database, in every commit mode: TestConformance/<broker>/<database>/<mode>/<scenario>.
 func TestConformance(t *testing.T) {
+	others := slices.DeleteFunc(slices.Clone(conformance.ScenarioNames), func(s string) bool { return s == conformance.ScenarioPoison })
 	for _, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
@@ -54,7 +74,43 @@ func TestConformance(t *testing.T) {
 					conformance.Run(t, conformance.Setup{
 						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, weight); return b.url(t) },
 						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, weight); return d.url(t) },
-					}, conformance.DefaultFeatures(b.name+"://"))
+						Scenarios:   others,
+					}, conformance.DefaultFeatures(b.scheme+"://"))
+				})
+			}
+		})
+	}
+}
+
+// poisonAll names the environment variable that runs the Poison scenario on the whole matrix
+// (ONCEFLOW_CONFORMANCE_POISON=all, about 3 minutes); by default it runs on every broker with
+// one database each, the databases in turn, in every mode.
+const poisonAll = "ONCEFLOW_CONFORMANCE_POISON"
+
+// TestConformance_Poison runs the Poison scenario, after the other scenarios so that its
+// latencies are measured on a machine they do not share: every broker, in every mode, with the
+// database whose turn it is (every database with ONCEFLOW_CONFORMANCE_POISON=all):
+// TestConformance_Poison/<broker>/<database>/<mode>/Poison.
+func TestConformance_Poison(t *testing.T) {
+	all := os.Getenv(poisonAll) == "all"
+	if !all {
+		t.Logf("the Poison scenario runs on one database per broker; %s=all runs it on every pair", poisonAll)
+	}
+	for i, b := range brokers {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			for j, d := range databases {
+				if !all && j != i%len(databases) {
+					continue
+				}
+				t.Run(d.name, func(t *testing.T) {
+					t.Parallel()
+					weight := poisonPGWeight(b.name, d.name)
+					conformance.Run(t, conformance.Setup{
+						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, weight); return b.url(t) },
+						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, weight); return d.url(t) },
+						Scenarios:   []string{conformance.ScenarioPoison},
+					}, conformance.DefaultFeatures(b.scheme+"://"))
 				})
 			}
 		})
@@ -77,6 +133,24 @@ func pgWeight(brokerName, dbName string) int64 {
 		w += 3
 	}
 	return w
+}
+
+// poisonPGWeight is what a test of the Poison scenario holds: each of its consumer processes
+// (two handlers of two consumers, four on RabbitMQ) holds up to 3 connections of its
+// database, and about as many of a PostgreSQL queue.
+func poisonPGWeight(brokerName, dbName string) int64 {
+	consumers := int64(4)
+	if strings.HasPrefix(brokerName, "amqp") {
+		consumers = 8
+	}
+	var w int64
+	if brokerName == "postgres" {
+		w += 3 * consumers
+	}
+	if dbName == "postgres" {
+		w += 2 * consumers
+	}
+	return min(w, pgBudget)
 }
 
 var pgSlots = &slots{sem: semaphore.NewWeighted(pgBudget)}

@@ -2,6 +2,7 @@ package sqlqueue_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -161,6 +162,30 @@ func TestQueue_WakeMakesAnIdleSubscriptionClaimAtOnce(t *testing.T) {
 			m.Ack()
 		case <-time.After(10 * time.Second):
 			t.Fatal("the woken subscription did not claim the message")
+		}
+	})
+}
+
+// Consumer processes that start at once each create the tables of their topic: on PostgreSQL,
+// concurrent CREATE TABLE IF NOT EXISTS of one table fail with duplicate_object or
+// duplicate_table, besides unique_violation, when another one wins.
+func TestEnsureTopic_ConcurrentQueuesCreateTheTablesOnce(t *testing.T) {
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		for round := range 5 {
+			topic := fmt.Sprintf("race_%d_%d", time.Now().UnixNano(), round)
+			errs := make(chan error, 8)
+			for range cap(errs) {
+				go func() {
+					q, err := sqlqueue.New(e.db.DB.DB, e.db.Dialect, fast)
+					if err == nil {
+						err = q.EnsureTopic(context.Background(), topic)
+					}
+					errs <- err
+				}()
+			}
+			for range cap(errs) {
+				require.NoError(t, <-errs, "round %d", round)
+			}
 		}
 	})
 }

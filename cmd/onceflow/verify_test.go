@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -38,7 +40,17 @@ type verifyJSON struct {
 		Duplicated int            `json:"duplicated"`
 		Crashes    map[string]int `json:"crash_point_kills"`
 		OutOfOrder *int           `json:"order_violations"`
-		MsgsPerS   float64        `json:"msgs_per_s"`
+		Poison     *struct {
+			Published    int               `json:"published"`
+			DeadLettered int               `json:"dead_lettered"`
+			Twice        int               `json:"dead_lettered_twice"`
+			Good         int               `json:"good_dead_lettered"`
+			Kinds        map[string]int    `json:"kinds"`
+			Reasons      map[string]string `json:"reasons"`
+			Kills        int               `json:"kills"`
+			Left         map[string]string `json:"left_out"`
+		} `json:"poison"`
+		MsgsPerS float64 `json:"msgs_per_s"`
 	} `json:"modes"`
 }
 
@@ -60,17 +72,32 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 			t.Logf("%s:\n%s", filepath.Base(l), b[max(0, len(b)-3000):])
 		}
 	}
-	require.NoError(t, err, "report: %s\nstderr: %s", stdout.String(), stderr.String())
+	// Exit status 2 says an exactly-once mode failed: the table tells which way, and
+	// checkTable asserts each of them, but a poison message dead-lettered twice, a known
+	// defect (conformance.TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost).
+	if exitCode(err) != 2 {
+		require.NoError(t, err, "report: %s\nstderr: %s", stdout.String(), stderr.String())
+	}
 
 	var report verifyJSON
 	dec := json.NewDecoder(&stdout)
 	require.NoError(t, dec.Decode(&report))
 	require.False(t, dec.More(), "stdout holds one JSON object and nothing else")
-	require.Len(t, report.Modes, 4)
+	require.Len(t, report.Modes, 5)
 	return report
 }
 
-func checkTable(t *testing.T, r verifyJSON, wantCuts bool) {
+// poisonReasons are what the dead letters of each poison kind say. The panic's last delivery may
+// end with a kill instead of a panic.
+var poisonReasons = map[string]string{
+	"data-error":        "run_id", // the column whose NOT NULL the INSERT violates
+	"panic":             "delivery limit reached after 5 deliveries: ",
+	"malformed-payload": "decode JSON payload",
+	"long-id":           "dedup key too long",
+	"crash-loop":        "delivery limit reached after 5 deliveries: the last one ended without an outcome",
+}
+
+func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 	t.Helper()
 	byMode := map[string]int{}
 	for i, m := range r.Modes {
@@ -85,11 +112,42 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool) {
 			require.Positive(t, m.Cuts, "%s: connections were cut", m.Mode)
 		}
 		require.Positive(t, m.MsgsPerS)
+
+		// Poison: none in BestEffort, which has no dead-letter topic; elsewhere each one
+		// dead-lettered exactly once with its reason, and no good message.
+		if m.Mode == "BestEffort" {
+			require.Nil(t, m.Poison, "BestEffort publishes no poison message")
+			continue
+		}
+		require.NotNil(t, m.Poison, m.Mode)
+		p := m.Poison
+		want := 0
+		for _, k := range kinds {
+			if k == "long-id" && (m.Mode == "AtLeastOnce" || p.Left["long-id"] != "") {
+				continue // not poison without duplicate detection, or not carried by the broker
+			}
+			want++
+			require.GreaterOrEqual(t, p.Kinds[k], 1, "%s: %s dead-lettered", m.Mode, k)
+			require.Contains(t, p.Reasons[k], poisonReasons[k], "%s: %s", m.Mode, k)
+		}
+		require.Equal(t, want, p.Published, "%s: poison messages published", m.Mode)
+		require.Equal(t, want, p.DeadLettered, "%s: poison messages dead-lettered", m.Mode)
+		if p.Twice > 0 {
+			t.Logf("%s: %d poison messages dead-lettered more than once (%v): a consumer died or a connection was cut between a dead letter and its ack (a known defect)",
+				m.Mode, p.Twice, p.Kinds)
+		}
+		require.Zero(t, p.Good, "%s: good messages dead-lettered", m.Mode)
+		if slices.Contains(kinds, "crash-loop") {
+			// One per delivery up to the limit, but a delivery that a kill or a cut ends first.
+			require.True(t, p.Kills >= 1 && p.Kills <= 5, "%s: %d consumers killed by the crash-loop message", m.Mode, p.Kills)
+		}
 	}
-	exactly := r.Modes[byMode["ExactlyOnce"]]
-	require.Zero(t, exactly.Lost, "ExactlyOnce lost messages")
-	require.Zero(t, exactly.Duplicated, "ExactlyOnce duplicated effects")
-	require.Nil(t, exactly.OutOfOrder, "ExactlyOnce promises no order, and reports none")
+	for _, mode := range []string{"ExactlyOnce", "ExactlyOnceBatch"} {
+		exactly := r.Modes[byMode[mode]]
+		require.Zero(t, exactly.Lost, "%s lost messages", mode)
+		require.Zero(t, exactly.Duplicated, "%s duplicated effects", mode)
+		require.Nil(t, exactly.OutOfOrder, "%s promises no order, and reports none", mode)
+	}
 	inOrder := r.Modes[byMode["ExactlyOnceInOrder"]]
 	require.Zero(t, inOrder.Lost, "ExactlyOnceInOrder lost messages")
 	require.Zero(t, inOrder.Duplicated, "ExactlyOnceInOrder duplicated effects")
@@ -108,12 +166,18 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool) {
 	require.Positive(t, r.Modes[byMode["BestEffort"]].Lost, "acking on receipt loses the messages in flight at a kill")
 }
 
+// allPoison are the poison kinds; on the SQLite queue the crash loop takes its delivery limit
+// times the ack timeout (5 s) per mode, so the embedded run leaves it to the RabbitMQ one, where
+// a dead consumer's messages come back at once.
+var allPoison = []string{"data-error", "panic", "malformed-payload", "long-id", "crash-loop"}
+
 func TestVerify_EmbeddedDefaultReproducesTheSeedTable(t *testing.T) {
-	checkTable(t, runVerify(t), false)
+	kinds := allPoison[:4]
+	checkTable(t, runVerify(t, "--poison", strings.Join(kinds, ",")), false, kinds)
 }
 
 func TestVerify_RabbitMQAndPostgreSQLReproduceTheSeedTable(t *testing.T) {
 	amqpURL := testsvc.AMQPURL(t)
 	dbURL := testsvc.PostgresSchemaURL(t)
-	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true)
+	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true, allPoison)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -73,12 +74,19 @@ type ConsumerConfig struct {
 	Handler     string
 	Mode        onceflow.QoS
 	GroupCommit bool
-	RunID       string
-	Consumer    int
-	Concurrency int
-	Crash       *Crash
+	// Batch processes the messages with a batch processor (it implies group commit).
+	Batch bool
+	// DeadLetterTopic is the topic of the dead letters.
+	DeadLetterTopic string
+	// MaxDeliveries is the handler's delivery limit.
+	MaxDeliveries int
+	RunID         string
+	Consumer      int
+	Concurrency   int
+	Crash         *Crash
 	// Ready receives the line "ready" once the consumer is subscribed, then every 100 ms a
-	// line "delivered N" with the number of deliveries received so far.
+	// line "delivered N" with the number of deliveries received so far, and the line
+	// "poison-kill" when the crash-loop message is about to kill the process.
 	Ready io.Writer
 	// Logger receives the consumer's logs.
 	Logger *slog.Logger
@@ -91,6 +99,13 @@ const effectsTable = "onceflow_verify_effects"
 // appliedTable records, in ExactlyOnceInOrder mode, each applied message's key and sequence in
 // the order of application.
 const appliedTable = "onceflow_verify_applied"
+
+// poisonKillLine is what a consumer writes just before the crash-loop message kills it.
+const poisonKillLine = "poison-kill"
+
+// redeliveryDelays are the consumers' redelivery delays: short, so that a message that fails
+// every time reaches the delivery limit within the run.
+var redeliveryDelays = []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond}
 
 // Consume runs one consumer until ctx ends. It applies one effect per message to the effects
 // table, in the chain of the configured quality of service, with the crash point armed if any.
@@ -115,6 +130,7 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 
 	router, err := onceflow.NewRouter(onceflow.Config{
 		DeadLetterPublisher: b.Publisher(),
+		DeadLetterTopic:     cfg.DeadLetterTopic,
 		Logger:              cfg.Logger,
 		PurgeInterval:       -1,
 		SkipMigrate:         true,
@@ -123,36 +139,82 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := registerCrash(router, cfg.Crash); err != nil {
+	beforeCommit, err := registerCrash(router, cfg.Crash)
+	if err != nil {
 		return err
 	}
-	insert := db.Rebind(`INSERT INTO ` + effectsTable + ` (run_id, message_id, consumer) VALUES (?, ?, ?)`)
+	var out sync.Mutex
+	line := func(s string) {
+		out.Lock()
+		defer out.Unlock()
+		if cfg.Ready != nil {
+			fmt.Fprintln(cfg.Ready, s)
+		}
+	}
+	insert := `INSERT INTO ` + effectsTable + ` (run_id, message_id, consumer) VALUES (?, ?, ?)`
 	inOrder := cfg.Mode == onceflow.ExactlyOnceInOrder
-	err = router.AddHandler(onceflow.Handler{
-		Name:         cfg.Handler,
-		Topic:        cfg.Topic,
-		Subscriber:   sub,
-		DB:           db,
-		QoS:          cfg.Mode,
-		Interceptors: chainWithCrashPoints(cfg.Mode, cfg.GroupCommit),
-		Concurrency:  max(cfg.Concurrency, 1),
-		Retry:        onceflow.RetryConfig{MaxAttempts: 5, InitialInterval: 20 * time.Millisecond, MaxInterval: time.Second},
-		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			tx, ok := processor.TxFromContext(ctx)
-			if !ok {
-				return errors.New("no transaction")
+	// apply writes the effects of msgs, each in the run its payload names; a message that names
+	// none violates NOT NULL. A message that says so panics, or kills the process.
+	apply := func(ctx context.Context, msgs []*messagedata.MessageData, vs []poisonPayload) error {
+		for _, v := range vs {
+			if v.Crash {
+				line(poisonKillLine)
+				die()
 			}
-			if _, err := tx.ExecContext(ctx, insert, cfg.RunID, msg.ID, cfg.Consumer); err != nil {
+			if v.Panic {
+				panic(poisonPanicValue)
+			}
+		}
+		tx, ok := processor.TxFromContext(ctx)
+		if !ok {
+			return errors.New("no transaction")
+		}
+		q, args := insert, make([]any, 0, 3*len(msgs))
+		for i, msg := range msgs {
+			if i > 0 {
+				q += ", (?, ?, ?)"
+			}
+			args = append(args, vs[i].Run, msg.ID, cfg.Consumer)
+		}
+		if _, err := tx.ExecContext(ctx, db.Rebind(q), args...); err != nil {
+			return err
+		}
+		if inOrder {
+			// The application order of each key, for counting order violations.
+			for _, msg := range msgs {
+				if err := ordercheck.Record(ctx, tx, appliedTable, cfg.RunID, msg.Key, msg.Sequence, msg.ID, cfg.Consumer); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	h := onceflow.Handler{
+		Name:          cfg.Handler,
+		Topic:         cfg.Topic,
+		Subscriber:    sub,
+		DB:            db,
+		QoS:           cfg.Mode,
+		Interceptors:  chainWithCrashPoints(cfg.Mode, cfg.GroupCommit || cfg.Batch, cfg.Batch),
+		Concurrency:   max(cfg.Concurrency, 1),
+		MaxDeliveries: cfg.MaxDeliveries,
+		Redelivery:    onceflow.RedeliveryConfig{Delays: redeliveryDelays},
+		Retry:         onceflow.RetryConfig{MaxAttempts: 5, InitialInterval: 20 * time.Millisecond, MaxInterval: time.Second},
+	}
+	if cfg.Batch {
+		h.BatchProcessor = processor.JSONBatch(func(ctx context.Context, msgs []*messagedata.MessageData, vs []poisonPayload) error {
+			if err := apply(ctx, msgs, vs); err != nil {
 				return err
 			}
-			if inOrder {
-				// The application order of each key, for counting order violations.
-				return ordercheck.Record(ctx, tx, appliedTable, cfg.RunID, msg.Key, msg.Sequence, msg.ID, cfg.Consumer)
-			}
+			beforeCommit(len(msgs))
 			return nil
-		}),
-	})
-	if err != nil {
+		})
+	} else {
+		h.Processor = processor.JSON(func(ctx context.Context, msg *messagedata.MessageData, v poisonPayload) error {
+			return apply(ctx, []*messagedata.MessageData{msg}, []poisonPayload{v})
+		})
+	}
+	if err := router.AddHandler(h); err != nil {
 		return err
 	}
 
@@ -160,9 +222,7 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 	go func() { done <- router.Run(ctx) }()
 	select {
 	case <-router.Running():
-		if cfg.Ready != nil {
-			fmt.Fprintln(cfg.Ready, "ready")
-		}
+		line("ready")
 	case err := <-done:
 		return fmt.Errorf("consumer stopped before subscribing: %w", err)
 	}
@@ -175,15 +235,15 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 		case err := <-done:
 			return err
 		case <-tick.C:
-			if cfg.Ready != nil {
-				fmt.Fprintf(cfg.Ready, "delivered %d\n", delivered.Load())
-			}
+			line(fmt.Sprintf("delivered %d", delivered.Load()))
 		}
 	}
 }
 
 // chainWithCrashPoints is the canonical chain of mode with an interceptor at each crash point.
-func chainWithCrashPoints(mode onceflow.QoS, groupCommit bool) []string {
+// With a batch processor, which nothing may stand before, the batch processor itself holds the
+// before-commit crash point.
+func chainWithCrashPoints(mode onceflow.QoS, groupCommit, batch bool) []string {
 	names := []string{string(AfterReceive)}
 	switch mode {
 	case onceflow.BestEffort:
@@ -201,6 +261,9 @@ func chainWithCrashPoints(mode onceflow.QoS, groupCommit bool) []string {
 			names = append(names, "in-order")
 		}
 	}
+	if batch {
+		return names
+	}
 	return append(names, string(BeforeCommit))
 }
 
@@ -208,9 +271,18 @@ func chainWithCrashPoints(mode onceflow.QoS, groupCommit bool) []string {
 var delivered atomic.Int64
 
 // registerCrash registers an interceptor under each crash point's name; the armed one kills
-// the process at its Nth delivery. The after-receive one also counts deliveries.
-func registerCrash(r *onceflow.Router, armed *Crash) error {
+// the process at its Nth delivery. The after-receive one also counts deliveries. It returns the
+// before-commit crash point of a batch processor, which calls it with the number of messages it
+// wrote.
+func registerCrash(r *onceflow.Router, armed *Crash) (beforeCommit func(n int), err error) {
 	var deliveries atomic.Int64
+	beforeCommit = func(n int) {
+		if armed != nil && armed.Point == BeforeCommit {
+			if k := deliveries.Add(int64(n)); k >= int64(armed.N) && k-int64(n) < int64(armed.N) {
+				die()
+			}
+		}
+	}
 	for _, point := range CrashPoints {
 		point := point
 		err := r.RegisterInterceptor(string(point), func(onceflow.HandlerInfo) (middleware.Middleware, error) {
@@ -246,10 +318,10 @@ func registerCrash(r *onceflow.Router, armed *Crash) error {
 			}, nil
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return beforeCommit, nil
 }
 
 // die ends the process the way a power cut or the OOM killer does: no deferred function, no

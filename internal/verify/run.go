@@ -18,18 +18,21 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/internal/ordercheck"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// runMode measures one quality of service.
-func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mode onceflow.QoS, rng *rand.Rand) (Result, error) {
+// runMode measures one mode.
+func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mode Mode, rng *rand.Rand) (Result, error) {
 	runID := newRunID()
 	name := strings.ToLower(mode.String())
-	groupCommit := cfg.GroupCommit && mode >= onceflow.ExactlyOnce
-	if groupCommit {
+	// A batch processor implies group commit.
+	groupCommit := mode.Batch || (cfg.GroupCommit && mode.exactlyOnce())
+	if groupCommit && !mode.Batch {
 		name += "_gc"
 	}
 	res := Result{Mode: mode.String(), Messages: cfg.Messages, Duplicates: cfg.Duplicates, CrashPoints: map[CrashPoint]int{}}
@@ -43,14 +46,29 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 
 	pool := &pool{
 		cfg: cfg, mode: mode, groupCommit: groupCommit, runID: runID,
-		topic: "onceflow_verify_" + name, handler: "verify_" + name + "_" + runID,
+		topic: "onceflow_verify_" + name, handler: "verify_" + name + "_" + runID, deadLetterTopic: "onceflow_verify_" + name + "_dlq",
 		brokerURL: brokerURL, dbURL: dbURL,
+	}
+	poison := newPoison(cfg, mode, runID, b.Publisher(), pool.topic)
+	var dead *deadLetters
+	if poison != nil {
+		res.Poison = poison.res
+		if dead, err = collectDeadLetters(ctx, b, pool.deadLetterTopic, runID); err != nil {
+			return res, err
+		}
+		defer dead.stop()
 	}
 	defer pool.stopAll()
 	for i := range cfg.Consumers {
 		if err := pool.restart(ctx, i, nil, &res); err != nil {
 			return res, err
 		}
+	}
+	if poison != nil && poison.crash != nil {
+		if err := b.Publisher().Publish(pool.topic, poison.crash); err != nil {
+			return res, fmt.Errorf("publish the crash-loop message: %w", err)
+		}
+		time.Sleep(crashLoopGap)
 	}
 	// Messages are published while the consumers run and the faults are injected, as in
 	// production: the first kill may land before the last message is published.
@@ -59,10 +77,14 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 	pubRng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
 	go func() {
 		keys := 0
-		if mode == onceflow.ExactlyOnceInOrder {
+		if mode == ExactlyOnceInOrder {
 			keys = cfg.Keys
 		}
-		published <- publish(b.Publisher(), pool.topic, runID, cfg.Messages, cfg.Duplicates, keys, pubRng)
+		var others []*message.Message
+		if poison != nil {
+			others = poison.others
+		}
+		published <- publish(b.Publisher(), pool.topic, runID, cfg.Messages, cfg.Duplicates, keys, others, pubRng)
 	}()
 	publishing := true
 
@@ -101,11 +123,21 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 		if total != lastTotal {
 			lastTotal, lastChange, lastEffect = total, time.Now(), time.Now()
 		}
+		poisonDone := true
+		if dead != nil {
+			if last := dead.changed(); last.After(lastChange) {
+				lastChange = last
+			}
+			poisonDone = dead.done(poison)
+		}
 		pool.reportProgress(cfg, mode, distinct, killsDone+res.crashKills(), cutsDone)
 
 		// Consumers that died on their own: an armed crash point fired, or an error.
 		for _, ev := range pool.reap() {
-			if ev.crashed {
+			switch {
+			case ev.poisoned:
+				res.Poison.Kills++
+			case ev.crashed:
 				res.countCrash(ev.crash.Point)
 			}
 			if err := pool.restart(ctx, ev.id, nil, &res); err != nil {
@@ -137,10 +169,10 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 		quiet := time.Since(lastChange)
 		faultsDone := killsDone == cfg.Kills && cutsDone == cuts && !publishing
 		switch {
-		case distinct == cfg.Messages && faultsDone && quiet >= cfg.Settle:
+		case distinct == cfg.Messages && faultsDone && poisonDone && quiet >= cfg.Settle:
 		case quiet >= cfg.Stall:
 			// Nothing changes any more and messages are missing: they are lost.
-		case mode == onceflow.BestEffort && !publishing && quiet >= cfg.Settle:
+		case mode == BestEffort && !publishing && quiet >= cfg.Settle:
 			// BestEffort loses messages, so progress may never reach the last faults' marks.
 		default:
 			continue
@@ -152,6 +184,10 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 	if cfg.Progress != nil {
 		fmt.Fprintln(cfg.Progress)
 	}
+	if dead != nil {
+		dead.stop()
+		dead.tally(poison)
+	}
 
 	lost, duplicated, err := tally(ctx, db, runID, cfg.Messages)
 	if err != nil {
@@ -159,7 +195,7 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 	}
 	res.Lost, res.Duplicated = lost, duplicated
 	violations := 0
-	if mode == onceflow.ExactlyOnceInOrder {
+	if mode == ExactlyOnceInOrder {
 		order, err := ordercheck.Tally(ctx, db, appliedTable, runID, wantSequences(cfg.Messages, cfg.Keys))
 		if err != nil {
 			return res, err
@@ -173,7 +209,12 @@ func runMode(ctx context.Context, cfg Config, db *sqldb.DB, b *broker.Broker, mo
 	if elapsed := lastEffect.Sub(started).Seconds(); elapsed > 0 {
 		res.MsgsPerSec = float64(distinct) / elapsed
 	}
-	res.Verdict, res.OK = verdict(mode, lost, duplicated, violations)
+	res.Verdict, res.OK = verdict(mode.QoS, lost, duplicated, violations)
+	if !res.Poison.held() && mode.QoS != BestEffort.QoS {
+		res.Verdict += fmt.Sprintf("; FAIL: %d of %d poison messages dead-lettered (%d of them twice), and %d good ones",
+			res.Poison.DeadLettered, res.Poison.Published, res.Poison.Twice, res.Poison.GoodDeadLettered)
+		res.OK = false
+	}
 	return res, nil
 }
 
@@ -211,8 +252,11 @@ func tally(ctx context.Context, db *sqldb.DB, runID string, n int) (lost, duplic
 }
 
 // expectation returns seed 001's entry for a persistent broker in mode's column.
-func expectation(mode onceflow.QoS) (string, bool) {
-	switch mode {
+func expectation(m Mode) (string, bool) {
+	if m.Batch {
+		return "exactly once (batch processor)", true
+	}
+	switch m.QoS {
 	case onceflow.BestEffort:
 		return "maybe (lost on consumer crash)", false
 	case onceflow.AtLeastOnce:
@@ -253,14 +297,15 @@ func verdict(mode onceflow.QoS, lost, duplicated, orderViolations int) (string, 
 
 // pool runs the consumer processes of one mode.
 type pool struct {
-	cfg         Config
-	mode        onceflow.QoS
-	groupCommit bool
-	runID       string
-	topic       string
-	handler     string
-	brokerURL   string
-	dbURL       string
+	cfg             Config
+	mode            Mode
+	groupCommit     bool
+	runID           string
+	topic           string
+	handler         string
+	deadLetterTopic string
+	brokerURL       string
+	dbURL           string
 
 	mu       sync.Mutex
 	procs    map[int]*proc
@@ -285,22 +330,28 @@ type proc struct {
 	crash     *Crash
 	done      chan struct{}
 	delivered atomic.Int64 // as last reported by the consumer
+	poisoned  atomic.Bool  // the crash-loop message is killing it
 }
 
 type exitEvent struct {
-	id      int
-	crash   *Crash
-	crashed bool
+	id       int
+	crash    *Crash
+	crashed  bool // its armed crash point fired
+	poisoned bool // the crash-loop message killed it
 }
 
 func (p *pool) args(id int, crash *Crash) []string {
 	args := append([]string(nil), p.cfg.Executable[1:]...)
 	args = append(args,
 		"--broker", p.brokerURL, "--db", p.dbURL, "--topic", p.topic, "--handler", p.handler,
-		"--mode", p.mode.String(), "--run", p.runID, "--consumer", fmt.Sprint(id),
-		"--concurrency", fmt.Sprint(p.cfg.Concurrency))
+		"--mode", p.mode.QoS.String(), "--run", p.runID, "--consumer", fmt.Sprint(id),
+		"--concurrency", fmt.Sprint(p.cfg.Concurrency), "--dead-letter-topic", p.deadLetterTopic,
+		"--max-deliveries", fmt.Sprint(p.cfg.MaxDeliveries))
 	if p.groupCommit {
 		args = append(args, "--group-commit")
+	}
+	if p.mode.Batch {
+		args = append(args, "--batch")
 	}
 	if crash != nil {
 		args = append(args, "--crash", crash.String())
@@ -315,12 +366,17 @@ func (p *pool) args(id int, crash *Crash) []string {
 // tried again, up to 10 times.
 func (p *pool) restart(ctx context.Context, id int, crash *Crash, res *Result) error {
 	var err error
-	for attempt := 0; attempt < 10; attempt++ {
+	// Ten attempts, and one more for each death of the crash-loop message.
+	for attempt := 0; attempt < 10+p.cfg.MaxDeliveries; attempt++ {
 		err = p.start(ctx, id, crash)
 		var early *earlyCrash
 		if errors.As(err, &early) {
 			res.countCrash(early.crash.Point)
 			crash = nil
+			continue
+		}
+		if errors.Is(err, errPoisonedEarly) {
+			res.Poison.Kills++
 			continue
 		}
 		if err == nil || ctx.Err() != nil {
@@ -356,17 +412,22 @@ func (p *pool) start(ctx context.Context, id int, crash *Crash) error {
 	pr := &proc{id: id, cmd: cmd, crash: crash, done: make(chan struct{})}
 	ready := make(chan bool, 1)
 	go func() {
+		// Everything the consumer wrote is read before Wait, which closes the pipe: the line
+		// of a consumer that the crash-loop message kills comes just before its death.
 		sc := bufio.NewScanner(stdout)
 		ok := sc.Scan() && sc.Text() == "ready"
+		if !ok && sc.Text() == poisonKillLine {
+			pr.poisoned.Store(true)
+		}
 		ready <- ok
 		for sc.Scan() {
 			var n int64
-			if _, err := fmt.Sscanf(sc.Text(), "delivered %d", &n); err == nil {
+			if sc.Text() == poisonKillLine {
+				pr.poisoned.Store(true)
+			} else if _, err := fmt.Sscanf(sc.Text(), "delivered %d", &n); err == nil {
 				pr.delivered.Store(n)
 			}
 		}
-	}()
-	go func() {
 		_ = cmd.Wait()
 		close(pr.done)
 	}()
@@ -374,6 +435,10 @@ func (p *pool) start(ctx context.Context, id int, crash *Crash) error {
 	case ok := <-ready:
 		if !ok {
 			<-pr.done
+			if pr.poisoned.Load() && killedBySIGKILL(cmd.ProcessState) {
+				// The crash-loop message reached it before the ready line was out.
+				return errPoisonedEarly
+			}
 			if crash != nil && killedBySIGKILL(cmd.ProcessState) {
 				// The armed crash point fired before the ready line was out.
 				return &earlyCrash{crash: *crash}
@@ -392,6 +457,10 @@ func (p *pool) start(ctx context.Context, id int, crash *Crash) error {
 	p.mu.Unlock()
 	return nil
 }
+
+// errPoisonedEarly reports a consumer that the crash-loop message killed before it said it was
+// ready.
+var errPoisonedEarly = errors.New("consumer killed by the crash-loop message while starting")
 
 // earlyCrash reports a consumer whose armed crash point fired before it said it was ready.
 type earlyCrash struct{ crash Crash }
@@ -459,9 +528,12 @@ func (p *pool) reap() []exitEvent {
 		delete(p.procs, id)
 		p.finished += pr.delivered.Load()
 		ev := exitEvent{id: id, crash: pr.crash}
-		if pr.crash != nil && killedBySIGKILL(pr.cmd.ProcessState) {
+		switch {
+		case pr.poisoned.Load() && killedBySIGKILL(pr.cmd.ProcessState):
+			ev.poisoned = true
+		case pr.crash != nil && killedBySIGKILL(pr.cmd.ProcessState):
 			ev.crashed = true
-		} else {
+		default:
 			p.cfg.Logger.Warn("consumer exited", "consumer", id, "state", pr.cmd.ProcessState.String())
 		}
 		out = append(out, ev)
@@ -490,7 +562,7 @@ func (p *pool) stopAll() {
 
 // reportProgress rewrites one progress line on a terminal, and writes a line every 5 s
 // elsewhere.
-func (p *pool) reportProgress(cfg Config, mode onceflow.QoS, distinct int, kills, cuts int) {
+func (p *pool) reportProgress(cfg Config, mode Mode, distinct int, kills, cuts int) {
 	if cfg.Progress == nil {
 		return
 	}

@@ -4,6 +4,11 @@
 // crash point, cuts their database and broker connections through a loopback TCP proxy, and
 // then counts the effects per message id: lost = no effect, duplicated = more than one.
 //
+// Among the good messages it publishes a few that cannot succeed (poison messages: a data
+// error, a panic every time, a malformed payload, an id longer than 255 bytes, one that kills
+// its consumer process every time), and counts their dead letters: each must be dead-lettered
+// exactly once, while the good ones stay exactly once.
+//
 // It reproduces seed 001's delivery-guarantee table by measurement. The onceflow command's
 // verify subcommand is its user interface.
 package verify
@@ -65,14 +70,23 @@ type Config struct {
 	// broker connections. Only network services can be cut: a run with SQLite for both reports
 	// none. Defaults to 5; None disables them.
 	Cuts int
-	// Modes are the qualities of service to measure. Defaults to all four: BestEffort,
-	// AtLeastOnce, ExactlyOnce and ExactlyOnceInOrder.
-	Modes []onceflow.QoS
+	// Modes are the modes to measure. Defaults to all five: BestEffort, AtLeastOnce,
+	// ExactlyOnce, ExactlyOnceInOrder and ExactlyOnceBatch.
+	Modes []Mode
 	// GroupCommit runs the exactly-once modes with group commit.
 	GroupCommit bool
 	// Keys is the number of ordering keys in ExactlyOnceInOrder mode: message i has key
 	// i mod Keys and the next sequence of that key. Defaults to 100.
 	Keys int
+	// Poison are the kinds of poison message published among the good ones of every mode but
+	// BestEffort (which has no dead-letter topic), one message each. Defaults to
+	// PoisonKinds; NoPoison publishes none.
+	Poison []PoisonKind
+	// MaxDeliveries is the consumers' delivery limit (onceflow.Handler.MaxDeliveries). Defaults
+	// to 5: every consumer death (a kill, a crash point, the crash-loop message) and every
+	// connection cut counts a delivery of the messages in flight, so a limit as low as 3 would
+	// dead-letter good messages that three faults happened to meet.
+	MaxDeliveries int
 	// Seed makes the fault schedule repeatable. Defaults to a random seed.
 	Seed uint64
 	// Settle is how long effects must stay unchanged before a mode counts as finished.
@@ -93,6 +107,85 @@ type Config struct {
 // None, as Kills or Cuts, asks for no fault of that kind.
 const None = -1
 
+// Mode is one row of the table: a quality of service, and for ExactlyOnce whether its handler
+// processes its messages with a batch processor (onceflow.Handler.BatchProcessor, which implies
+// group commit).
+type Mode struct {
+	QoS   onceflow.QoS
+	Batch bool
+}
+
+// The modes.
+var (
+	BestEffort         = Mode{QoS: onceflow.BestEffort}
+	AtLeastOnce        = Mode{QoS: onceflow.AtLeastOnce}
+	ExactlyOnce        = Mode{QoS: onceflow.ExactlyOnce}
+	ExactlyOnceInOrder = Mode{QoS: onceflow.ExactlyOnceInOrder}
+	ExactlyOnceBatch   = Mode{QoS: onceflow.ExactlyOnce, Batch: true}
+)
+
+// Modes lists every mode, in the order of the table.
+var Modes = []Mode{BestEffort, AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder, ExactlyOnceBatch}
+
+// String returns the mode's name: the quality of service's, with "Batch" after it for a batch
+// processor.
+func (m Mode) String() string {
+	if m.Batch {
+		return m.QoS.String() + "Batch"
+	}
+	return m.QoS.String()
+}
+
+// exactlyOnce reports whether the mode records message ids: its verdict is exactly once.
+func (m Mode) exactlyOnce() bool { return m.QoS >= onceflow.ExactlyOnce }
+
+// ParseMode returns the mode named s, ignoring case and the characters '-' and '_'
+// ("exactly-once-batch" and "ExactlyOnceBatch" both work).
+func ParseMode(s string) (Mode, error) {
+	norm := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(s))
+	for _, m := range Modes {
+		if strings.ToLower(m.String()) == norm {
+			return m, nil
+		}
+	}
+	return Mode{}, fmt.Errorf("unknown mode %q (want BestEffort, AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder or ExactlyOnceBatch)", s)
+}
+
+// PoisonKind is a kind of message that cannot succeed.
+type PoisonKind string
+
+// The poison kinds.
+const (
+	// PoisonDataError: its processor's INSERT violates a NOT NULL constraint (the message names
+	// no run).
+	PoisonDataError PoisonKind = "data-error"
+	// PoisonPanic: its processor panics every time.
+	PoisonPanic PoisonKind = "panic"
+	// PoisonMalformed: its payload is not JSON.
+	PoisonMalformed PoisonKind = "malformed-payload"
+	// PoisonLongID: its id is 300 bytes, more than the dedup table holds. Published in the
+	// modes that record ids, where the broker's publisher carries it.
+	PoisonLongID PoisonKind = "long-id"
+	// PoisonCrashLoop: its processor kills the consumer process (SIGKILL) every time.
+	PoisonCrashLoop PoisonKind = "crash-loop"
+)
+
+// PoisonKinds lists every poison kind.
+var PoisonKinds = []PoisonKind{PoisonDataError, PoisonPanic, PoisonMalformed, PoisonLongID, PoisonCrashLoop}
+
+// NoPoison, as Config.Poison, publishes no poison message.
+var NoPoison = []PoisonKind{}
+
+// ParsePoisonKind returns the poison kind named s.
+func ParsePoisonKind(s string) (PoisonKind, error) {
+	for _, k := range PoisonKinds {
+		if string(k) == s {
+			return k, nil
+		}
+	}
+	return "", fmt.Errorf("unknown poison kind %q (want data-error, panic, malformed-payload, long-id or crash-loop)", s)
+}
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	switch {
@@ -104,10 +197,17 @@ func (c Config) Validate() error {
 		return errors.New("Consumers, Concurrency and Keys must not be negative")
 	case c.Kills < None, c.Cuts < None:
 		return errors.New("Kills and Cuts must not be negative (None disables them)")
+	case c.MaxDeliveries < 0:
+		return fmt.Errorf("MaxDeliveries: %d is negative", c.MaxDeliveries)
 	}
 	for _, m := range c.Modes {
-		if !m.Valid() {
-			return fmt.Errorf("Modes: %s is not a quality of service", m)
+		if !m.QoS.Valid() || (m.Batch && m.QoS != onceflow.ExactlyOnce) {
+			return fmt.Errorf("Modes: %s is not a mode", m)
+		}
+	}
+	for _, k := range c.Poison {
+		if _, err := ParsePoisonKind(string(k)); err != nil {
+			return fmt.Errorf("Poison: %w", err)
 		}
 	}
 	return nil
@@ -136,7 +236,13 @@ func (c *Config) setDefaults() {
 		c.Cuts = 0
 	}
 	if len(c.Modes) == 0 {
-		c.Modes = []onceflow.QoS{onceflow.BestEffort, onceflow.AtLeastOnce, onceflow.ExactlyOnce, onceflow.ExactlyOnceInOrder}
+		c.Modes = Modes
+	}
+	if c.Poison == nil {
+		c.Poison = PoisonKinds
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = 5
 	}
 	if c.Keys == 0 {
 		c.Keys = 100
@@ -167,11 +273,39 @@ type Result struct {
 	Duplicated  int                `json:"duplicated"`
 	// OrderViolations counts, in ExactlyOnceInOrder mode, the messages applied after a later
 	// sequence of their key; nil in the other modes, which promise no order.
-	OrderViolations *int    `json:"order_violations,omitempty"`
-	MsgsPerSec      float64 `json:"msgs_per_s"`
-	Expected        string  `json:"expected"`
-	Verdict         string  `json:"verdict"`
-	OK              bool    `json:"ok"`
+	OrderViolations *int `json:"order_violations,omitempty"`
+	// Poison is what became of the mode's poison messages; nil when it published none.
+	Poison     *PoisonResult `json:"poison,omitempty"`
+	MsgsPerSec float64       `json:"msgs_per_s"`
+	Expected   string        `json:"expected"`
+	Verdict    string        `json:"verdict"`
+	OK         bool          `json:"ok"`
+}
+
+// PoisonResult is what became of the poison messages of a mode.
+type PoisonResult struct {
+	// Published are the poison messages published.
+	Published int `json:"published"`
+	// DeadLettered are those that reached the dead-letter topic, once or more.
+	DeadLettered int `json:"dead_lettered"`
+	// Twice are those that reached it more than once.
+	Twice int `json:"dead_lettered_twice"`
+	// Kinds says, for each kind published, how many dead letters it had.
+	Kinds map[PoisonKind]int `json:"kinds"`
+	// Reasons are the dead letters' reasons, by kind (the first one's).
+	Reasons map[PoisonKind]string `json:"reasons"`
+	// Kills are the consumer processes that the crash-loop message killed.
+	Kills int `json:"kills"`
+	// GoodDeadLettered are good messages that reached the dead-letter topic (they count as
+	// lost too: their effect is missing).
+	GoodDeadLettered int `json:"good_dead_lettered"`
+	// Left are the kinds left out, and why.
+	Left map[PoisonKind]string `json:"left_out,omitempty"`
+}
+
+// held reports whether every poison message was dead-lettered exactly once, and no good one.
+func (p *PoisonResult) held() bool {
+	return p == nil || (p.DeadLettered == p.Published && p.Twice == 0 && p.GoodDeadLettered == 0)
 }
 
 // Report is the measurement of a run.
@@ -183,7 +317,7 @@ type Report struct {
 }
 
 // ExactlyOnceHeld reports whether every exactly-once mode of the run lost and duplicated
-// nothing.
+// nothing, and dead-lettered each of its poison messages exactly once.
 func (r Report) ExactlyOnceHeld() bool {
 	for _, m := range r.Modes {
 		if strings.HasPrefix(m.Mode, "ExactlyOnce") && !m.OK {
@@ -251,7 +385,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	return report, nil
 }
 
-// migrate creates the effects and dedup tables.
+// migrate creates the effects, dedup and delivery-count tables.
 func migrate(ctx context.Context, db *sqldb.DB) error {
 	ddl := `CREATE TABLE IF NOT EXISTS ` + effectsTable + ` (
 		run_id VARCHAR(32) NOT NULL,
@@ -270,6 +404,15 @@ func migrate(ctx context.Context, db *sqldb.DB) error {
 		return err
 	}
 	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	// The consumers skip migrations: without this table they could not count the deliveries
+	// of a broker that counts none, and the delivery limit would not apply there.
+	counter, err := dedup.NewCounter(db, dedup.CounterConfig{})
+	if err != nil {
+		return err
+	}
+	if err := counter.Migrate(ctx); err != nil {
 		return err
 	}
 	order, err := ordering.NewStore(db, ordering.StoreConfig{})
@@ -293,12 +436,19 @@ func newRunID() string {
 const publishers = 8
 
 // publish sends the mode's messages: every id once, then Duplicates of them a second time, in
-// batches spread over several goroutines.
+// batches spread over several goroutines, with the poison messages among them (poison[i] goes
+// with the batch of message i*n/len(poison)).
 // In ExactlyOnceInOrder mode (keys > 0) message i carries key i mod keys and sequence
 // i/keys + 1; a duplicate carries the same.
-func publish(pub message.Publisher, topic, runID string, n, duplicates, keys int, rng *rand.Rand) error {
-	ids := make([]int, 0, n+duplicates)
+func publish(pub message.Publisher, topic, runID string, n, duplicates, keys int, poison []*message.Message, rng *rand.Rand) error {
+	// A position of ids below 0 stands for poison[-1-position].
+	ids := make([]int, 0, n+duplicates+len(poison))
 	for i := range n {
+		for p := range poison {
+			if i == p*n/len(poison) {
+				ids = append(ids, -1-p)
+			}
+		}
 		ids = append(ids, i)
 	}
 	ids = append(ids, rng.Perm(n)[:duplicates]...)
@@ -314,7 +464,11 @@ func publish(pub message.Publisher, topic, runID string, n, duplicates, keys int
 			for chunk := range work {
 				msgs := make([]*message.Message, len(chunk))
 				for j, i := range chunk {
-					msgs[j] = message.NewMessage(messageID(runID, i), []byte(fmt.Sprintf(`{"n":%d}`, i)))
+					if i < 0 {
+						msgs[j] = poison[-1-i]
+						continue
+					}
+					msgs[j] = message.NewMessage(messageID(runID, i), goodPayload(runID, i))
 					if keys > 0 {
 						ordering.SetSequence(msgs[j], orderKey(i, keys), uint64(i/keys+1))
 					}
@@ -347,6 +501,12 @@ loop:
 }
 
 func messageID(runID string, i int) string { return fmt.Sprintf("%s-%06d", runID, i) }
+
+// goodPayload is the payload of message i: the run it belongs to, whose effects table the
+// consumer writes it in, and its number.
+func goodPayload(runID string, i int) []byte {
+	return []byte(fmt.Sprintf(`{"run":%q,"n":%d}`, runID, i))
+}
 
 func orderKey(i, keys int) string { return fmt.Sprintf("key-%04d", i%keys) }
 
