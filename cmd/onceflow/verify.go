@@ -124,7 +124,7 @@ func kindNames(kinds []verify.PoisonKind) []string {
 	return out
 }
 
-// printReport writes the measured table beside the seed's expectation.
+// printReport writes the measured table beside what the delivery-guarantee table promises.
 func printReport(w io.Writer, r verify.Report) {
 	fmt.Fprintf(w, "broker %s, database %s, seed %d\n\n", r.Broker, r.Database, r.Seed)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -156,7 +156,7 @@ func printReport(w io.Writer, r verify.Report) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "mode\tseed 001 expects (persistent broker)\tmeasured")
+	fmt.Fprintln(tw, "mode\tpromised (persistent broker)\tmeasured")
 	for _, m := range r.Modes {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", m.Mode, m.Expected, m.Verdict)
 	}

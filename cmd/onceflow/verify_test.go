@@ -171,12 +171,12 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 // a dead consumer's messages come back at once.
 var allPoison = []string{"data-error", "panic", "malformed-payload", "long-id", "crash-loop"}
 
-func TestVerify_EmbeddedDefaultReproducesTheSeedTable(t *testing.T) {
+func TestVerify_EmbeddedDefaultReproducesTheGuaranteeTable(t *testing.T) {
 	kinds := allPoison[:4]
 	checkTable(t, runVerify(t, "--poison", strings.Join(kinds, ",")), false, kinds)
 }
 
-func TestVerify_RabbitMQAndPostgreSQLReproduceTheSeedTable(t *testing.T) {
+func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
 	amqpURL := testsvc.AMQPURL(t)
 	dbURL := testsvc.PostgresSchemaURL(t)
 	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true, allPoison)

@@ -251,7 +251,8 @@ func tally(ctx context.Context, db *sqldb.DB, runID string, n int) (lost, duplic
 	return n - distinct, duplicated, err
 }
 
-// expectation returns seed 001's entry for a persistent broker in mode's column.
+// expectation returns the delivery-guarantee table's entry for a persistent broker in mode's
+// column (docs/background.md).
 func expectation(m Mode) (string, bool) {
 	if m.Batch {
 		return "exactly once (batch processor)", true
@@ -262,7 +263,7 @@ func expectation(m Mode) (string, bool) {
 	case onceflow.AtLeastOnce:
 		return "at least once (duplicates)", false
 	case onceflow.ExactlyOnceInOrder:
-		return "exactly once, in order per key (seed 003)", true
+		return "exactly once, in order per key", true
 	}
 	return "exactly once", true
 }

@@ -9,7 +9,7 @@
 // its consumer process every time), and counts their dead letters: each must be dead-lettered
 // exactly once, while the good ones stay exactly once.
 //
-// It reproduces seed 001's delivery-guarantee table by measurement. The onceflow command's
+// It reproduces the classic delivery-guarantee table (docs/background.md) by measurement. The onceflow command's
 // verify subcommand is its user interface.
 package verify
 
