@@ -131,10 +131,11 @@ type Features struct {
 	ReturnsOnDisconnect bool
 
 	// OneDeliveryAtATime is true when each subscription hands out one delivery at a time and
-	// waits for its ack or nack before the next, and cannot delay a redelivery (watermill-nats,
-	// which the NATS scheme uses): the router then holds a failed message for its redelivery
-	// delay before it nacks it, and the subscription's next deliveries wait behind it. The
-	// Poison scenario reports the good messages' latency but does not bound it.
+	// waits for its ack or nack before the next, and cannot delay a redelivery (a plain
+	// watermill subscriber such as watermill-nats's; onceflow's own subscribers all keep many
+	// deliveries in flight): the router then holds a failed message for its redelivery delay
+	// before it nacks it, and the subscription's next deliveries wait behind it. The Poison
+	// scenario reports the good messages' latency but does not bound it.
 	OneDeliveryAtATime bool
 
 	// LongIDProducer publishes the Poison scenario's message whose id is longer than 255 bytes,
@@ -159,8 +160,7 @@ func DefaultFeatures(brokerURL string) Features {
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: AMQPProducer,
 			ReturnsOnDisconnect: true, LongIDProducer: AMQPUUIDProducer}
 	case "nats":
-		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, ForeignProducer: NATSProducer,
-			OneDeliveryAtATime: true}
+		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, ForeignProducer: NATSProducer}
 	case "redis", "rediss":
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: RedisProducer}
 	case "postgres", "postgresql", "mysql", "mariadb":
