@@ -42,6 +42,8 @@ const (
 	// claim pass (100 ms at this ack timeout) and many SQL polls, so that it is leased,
 	// claimed and handed out on its own.
 	crashLoopGap = 200 * time.Millisecond
+	// handledRuns is how many times the Handled phase runs at most (see testPoison).
+	handledRuns = 3
 	// poisonTable is the business table of the scenario: an effect per row, no unique key, and
 	// a CHECK that the data-error message violates.
 	poisonTable = "conformance_poison"
@@ -231,21 +233,39 @@ func testPoison(t *testing.T, f *fixture) {
 	}
 	// The router's own handling of the messages it can see fail: no consumer dies, and the
 	// good messages' latency is bounded.
+	// The latency of two hundred messages on a shared machine is noisy: a phase whose every
+	// count is right but whose latency bound fails runs again, with new ids, up to
+	// handledRuns times. Head-of-line blocking fails every run; a stall of the machine does not.
+	runs := 0
 	t.Run("Handled", func(t *testing.T) {
-		f.poisonPhase(t, b, dead, "handled", "h", handled)
+		for runs < handledRuns {
+			runs++
+			name, prefix, ms := "handled", "h", handled
+			if runs > 1 {
+				name, prefix, ms = fmt.Sprintf("handled%d", runs), fmt.Sprintf("h%d_", runs), renamed(handled, runs)
+			}
+			err := f.poisonPhase(t, b, dead, name, prefix, ms)
+			if err == nil {
+				return
+			}
+			if runs == handledRuns {
+				t.Fatalf("%v (in each of %d runs)", err, runs)
+			}
+			t.Logf("Poison: %v; running the phase again", err)
+		}
 	})
 	// A crash loop is consumer deaths: what it costs the others is the broker's redelivery
 	// horizon and the restarts, which the latency bound does not cover.
 	t.Run("CrashLoop", func(t *testing.T) {
-		f.poisonPhase(t, b, dead, "crashing", "c", crash)
+		require.NoError(t, f.poisonPhase(t, b, dead, "crashing", "c", crash))
 	})
-	require.Len(t, dead.all(), len(handled)+len(crash)+f.poisonAgain, "dead letters of both")
+	require.Len(t, dead.all(), runs*len(handled)+len(crash)+f.poisonAgain, "dead letters of both")
 }
 
 // poisonPhase runs 200 good messages, and the poison among them, through a handler called
 // name, and the same good messages through a handler without the poison, and checks what
 // became of each (see testPoison). Good message ids start with prefix.
-func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters, name, prefix string, poison []poisonMessage) {
+func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters, name, prefix string, poison []poisonMessage) error {
 	started := time.Now()
 	baseName := "base_" + name
 	baseTopic, poisonTopic := f.topic(baseName), f.topic(name)
@@ -469,15 +489,26 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 		len(poison), pz.deaths(), redelivered, publishedAt.Sub(started).Round(time.Millisecond), settled.Sub(publishedAt).Round(time.Millisecond))
 	switch {
 	case crashLoop:
-		return // consumer deaths: reported, not bounded
+		return nil // consumer deaths: reported, not bounded
 	case f.features.OneDeliveryAtATime:
 		t.Logf("Poison: the latency bound does not apply: the broker's subscriptions hand out one delivery at a time, "+
 			"and a failed message held for its redelivery delay holds back the next (ratio %.2f)", ratio)
-		return
+		return nil
 	}
-	require.LessOrEqual(t, poisonP99, time.Duration(maxP99Ratio*float64(baseP99))+p99Slack,
-		"p99 latency of the good messages among poison ones (%s) against without (%s): ratio %.2f; the slowest: %s",
-		poisonP99, baseP99, ratio, lazy(func() any { return f.slowest(published, started, baseName, name, pz) }))
+	if bound := time.Duration(maxP99Ratio*float64(baseP99)) + p99Slack; poisonP99 > bound {
+		return fmt.Errorf("p99 latency of the good messages among poison ones (%s) is over %s against %s without: ratio %.2f; the slowest: %s",
+			poisonP99, bound, baseP99, ratio, f.slowest(published, started, baseName, name, pz))
+	}
+	return nil
+}
+
+// renamed returns copies of ms with ids that no earlier run used.
+func renamed(ms []poisonMessage, run int) []poisonMessage {
+	out := slices.Clone(ms)
+	for i := range out {
+		out[i].id = fmt.Sprintf("%s-run%d", out[i].id, run)
+	}
+	return out
 }
 
 // slowest describes the five slowest good messages of each handler, and the deaths of the

@@ -72,10 +72,10 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 			t.Logf("%s:\n%s", filepath.Base(l), b[max(0, len(b)-3000):])
 		}
 	}
-	// Exit status 2 says an exactly-once mode failed: the table tells which way, and
+	// Exit status 3 says an exactly-once mode failed: the table tells which way, and
 	// checkTable asserts each of them, but a poison message dead-lettered twice, a known
 	// defect (conformance.TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost).
-	if exitCode(err) != 2 {
+	if exitCode(err) != exitViolation {
 		require.NoError(t, err, "report: %s\nstderr: %s", stdout.String(), stderr.String())
 	}
 

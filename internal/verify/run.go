@@ -272,7 +272,7 @@ func verdict(mode onceflow.QoS, lost, duplicated, orderViolations int) (string, 
 	switch mode {
 	case onceflow.BestEffort:
 		if lost > 0 {
-			return fmt.Sprintf("as the seed says: %d lost", lost), true
+			return fmt.Sprintf("as promised: %d lost", lost), true
 		}
 		return "no loss this run: the faults missed the window between ack and commit", true
 	case onceflow.AtLeastOnce:
@@ -280,7 +280,7 @@ func verdict(mode onceflow.QoS, lost, duplicated, orderViolations int) (string, 
 			return fmt.Sprintf("FAIL: %d lost", lost), false
 		}
 		if duplicated > 0 {
-			return fmt.Sprintf("as the seed says: nothing lost, %d duplicated", duplicated), true
+			return fmt.Sprintf("as promised: nothing lost, %d duplicated", duplicated), true
 		}
 		return "nothing lost; no duplicate this run", true
 	}
