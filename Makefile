@@ -1,5 +1,7 @@
 GO      ?= go
-PKGS    ?= ./...
+# The repository holds three modules, tied together by go.work: the library (.), the runnable
+# examples and the benchmark, so that the library's go.mod lists neither's dependencies.
+PKGS    ?= ./... ./examples/... ./bench/...
 BIN     ?= bin
 
 .PHONY: all help build test test-order-full test-poison-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory demo verify services up down clean FORCE
