@@ -220,7 +220,11 @@ func versions(ctx context.Context, svc services, setups []setup) map[string]stri
 		v["mariadb"] = query(svc.mysql, `SELECT VERSION()`)
 	}
 	if uses["sqlite"] {
-		v["sqlite"] = query("sqlite://"+filepath.Join(os.TempDir(), "onceflow-bench-version-"+newID()+".db"), `SELECT sqlite_version()`)
+		path := filepath.Join(os.TempDir(), "onceflow-bench-version-"+newID()+".db")
+		v["sqlite"] = query("sqlite://"+path, `SELECT sqlite_version()`)
+		for _, f := range []string{path, path + "-wal", path + "-shm"} {
+			_ = os.Remove(f)
+		}
 	}
 	if uses["amqp"] {
 		if conn, err := amqp.Dial(svc.amqp); err == nil {
