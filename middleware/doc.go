@@ -1,14 +1,17 @@
 // Package middleware holds the interceptors that wrap a Processor, as a stack of Spring AOP
-// advisors wraps a message processor in Java (docs/background.md): Tracing, Metrics (the performance monitor), DeadLetter, Recover, Retry,
-// Timeout, Transaction, Deduplicate, NaturalIdempotency, GroupCommit and GroupTransaction,
-// composed by Chain.
+// advisors wraps a message processor in Java (docs/background.md): Tracing, Metrics (the
+// performance monitor), DeadLetter, Recover, Retry, Timeout, Transaction, Deduplicate,
+// NaturalIdempotency, GroupCommit and GroupTransaction, composed by Chain. An interceptor, in
+// the router's words, is one of these middlewares under a name (Handler.Interceptors).
 //
 // Middlewares run in the order given: the first is the outermost, so it sees the message first
 // and the outcome last.
 //
 // The canonical chain for exactly-once processing, outermost first, is
 //
-//	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Transaction -> Deduplicate -> Processor
+//	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Timeout -> Transaction -> Deduplicate -> Processor
+//
+// (docs/concepts.md has the chain of every quality of service).
 //
 // Retry sits outside Transaction so that every attempt gets a fresh transaction; Deduplicate
 // sits inside it so that the message id is recorded in the same transaction as the business

@@ -22,7 +22,7 @@
 // InOrder.Middleware is the "in-order" interceptor of the router's ExactlyOnceInOrder chain,
 // inside the transaction, after duplicate detection:
 //
-//	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Transaction -> Deduplicate -> InOrder -> Processor
+//	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Timeout -> Transaction -> Deduplicate -> InOrder -> Processor
 //
 // (with group commit, GroupCommit takes the place of Transaction and Deduplicate). For each
 // message it locks the key's row in the state table and compares the message's sequence S
