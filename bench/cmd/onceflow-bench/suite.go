@@ -386,10 +386,12 @@ func runSuite(ctx context.Context, args []string) error {
 			if s.pgURL, err = preparePostgres(ctx, svc.postgres, benchSchema); err != nil {
 				return fmt.Errorf("prepare PostgreSQL: %w", err)
 			}
+			defer dropSchema(svc.postgres, benchSchema)
 		case st.Database == "mysql" && s.myURL == "":
 			if s.myURL, err = prepareMySQL(ctx, svc.mysql, benchDatabase); err != nil {
 				return fmt.Errorf("prepare MariaDB: %w", err)
 			}
+			defer dropDatabase(svc.mysql, benchDatabase)
 		}
 	}
 
