@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -29,17 +30,20 @@ type convErrKey struct{}
 
 // consumer is one Handler at run time: what every delivery of its messages goes through.
 type consumer struct {
-	router       *Router
-	name         string
-	topic        string
-	conv         *converter.Converter
-	chain        processor.Processor
-	reject       processor.Processor
-	ackOnReceipt bool
-	// slots bounds the deliveries being processed at once to Concurrency. Subscriptions hold
-	// up to the broker's prefetch of deliveries each, and watermill runs each in a goroutine
-	// of its own: the ones beyond Concurrency wait here. Nil with group commit, where
-	// GroupCommit bounds the transactions and the waiting deliveries form its groups.
+	router *Router
+	name   string
+	topic  string
+	sub    *onceClosingSubscriber
+	// subscriptions is how many times the handler subscribes: Handler.Concurrency.
+	subscriptions int
+	conv          *converter.Converter
+	chain         processor.Processor
+	reject        processor.Processor
+	ackOnReceipt  bool
+	// slots bounds the deliveries being processed at once to Concurrency: a subscription's
+	// reader takes a slot before it starts a delivery's goroutine, and the deliveries beyond
+	// Concurrency wait in their subscriptions. Nil with group commit, where GroupCommit bounds
+	// the transactions and the waiting deliveries form its groups.
 	slots chan struct{}
 	// counter counts deliveries that the broker does not count, for the delivery limit; nil
 	// when the handler has no limit.
@@ -59,27 +63,47 @@ func newSettlement(topic, system, group string) *telemetry.Settlement {
 	return telemetry.NewSettlement(topic, attrs...)
 }
 
-// handle is the watermill handler function. It acks or nacks the message itself and always
-// returns nil, so that watermill's own ack after a nil return is a no-op.
-func (c *consumer) handle(msg *message.Message) error {
-	if !c.router.gate.enter() {
-		msg.Nack()
-		return nil
+// read starts a delivery for each message of one subscription, until the subscription ends.
+// Once the router closes, the messages that still arrive are nacked without being processed.
+func (c *consumer) read(msgs <-chan *message.Message) {
+	for msg := range msgs {
+		if !c.router.gate.enter() {
+			msg.Nack()
+			continue
+		}
+		if c.slots != nil {
+			select {
+			case c.slots <- struct{}{}:
+			case <-msg.Context().Done():
+				// The delivery ended while it waited for its turn (its ack deadline passed,
+				// its subscription closed): the broker delivers it again.
+				msg.Nack()
+				c.router.gate.leave()
+				continue
+			}
+		}
+		go c.handle(msg)
 	}
+}
+
+// handle runs one delivery, which has entered the router's gate (and taken a slot, when the
+// handler has slots), and acks or nacks it.
+func (c *consumer) handle(msg *message.Message) {
 	defer c.router.gate.leave()
+	slot := c.slots != nil
+	defer func() {
+		if slot {
+			<-c.slots
+		}
+		if v := recover(); v != nil {
+			// A chain without Recover: the delivery fails, and the broker delivers it again.
+			c.logger.Error("panic in the handler's chain; message nacked", "message_id", msg.UUID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			msg.Nack()
+		}
+	}()
 
 	st := &delivery.State{Handler: c.name, Received: time.Now()}
 	ctx := delivery.With(msg.Context(), st)
-	if c.slots != nil {
-		select {
-		case c.slots <- struct{}{}:
-		case <-msg.Context().Done():
-			// The delivery ended while it waited for its turn (its ack deadline passed, its
-			// subscription closed): the broker delivers it again.
-			msg.Nack()
-			return nil
-		}
-	}
 	if c.ackOnReceipt {
 		msg.Ack()
 		// The delivery is over for the broker, and subscribers end a message's context once it
@@ -97,7 +121,8 @@ func (c *consumer) handle(msg *message.Message) error {
 		}
 		err = c.chain.Process(ctx, md)
 	}
-	if c.slots != nil {
+	if slot {
+		slot = false
 		<-c.slots // the next delivery may start while this one is settled
 	}
 
@@ -112,7 +137,6 @@ func (c *consumer) handle(msg *message.Message) error {
 	if st.Span != nil {
 		st.Span.End() // last: the delivery's ack, metrics and log are done
 	}
-	return nil
 }
 
 // deliveries returns the delivery count of msg: the broker's, when it counts; 1 for a
@@ -286,8 +310,8 @@ func (g *gate) close() <-chan struct{} {
 	return g.idle
 }
 
-// onceClosingSubscriber lets the watermill router close one subscriber from each of the
-// handler's subscriptions: only the first Close reaches it.
+// onceClosingSubscriber is a handler's subscriber, which the router closes once however
+// often Close is called.
 type onceClosingSubscriber struct {
 	message.Subscriber
 	once sync.Once

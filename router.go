@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -26,7 +25,9 @@ import (
 )
 
 // Router consumes messages and runs each through its handler's chain of interceptors, then
-// acknowledges or rejects it. It is built on watermill's message.Router.
+// acknowledges or rejects it. It reads the message channels of watermill Subscribers itself,
+// Handler.Concurrency subscriptions per handler, and runs each delivery in a goroutine of its
+// own.
 //
 // The router is the only place where an outcome becomes an ack or a nack:
 //
@@ -44,7 +45,6 @@ import (
 // absorbs the redelivery.
 type Router struct {
 	cfg          Config
-	wr           *message.Router
 	logger       *slog.Logger
 	instruments  *telemetry.Instruments
 	interceptors map[string]InterceptorFactory
@@ -58,6 +58,14 @@ type Router struct {
 	holds    holds
 	counters map[storeKey]*dedup.Counter
 	claims   []handlerClaim
+	handlers []*consumer
+	started  bool
+
+	running  chan struct{} // closed once every handler has subscribed
+	closing  chan struct{} // closed when Close begins
+	done     chan struct{} // closed when Close has ended
+	stopSubs context.CancelFunc
+	readers  sync.WaitGroup
 	closeErr error
 	closed   sync.Once
 }
@@ -80,11 +88,6 @@ func NewRouter(cfg Config) (*Router, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
-	wlog := watermill.NewSlogLoggerWithLevelMapping(cfg.Logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
-	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, wlog)
-	if err != nil {
-		return nil, fmt.Errorf("create watermill router: %w", err)
-	}
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -95,7 +98,9 @@ func NewRouter(cfg Config) (*Router, error) {
 	}
 	r := &Router{
 		cfg:         cfg,
-		wr:          wr,
+		running:     make(chan struct{}),
+		closing:     make(chan struct{}),
+		done:        make(chan struct{}),
 		logger:      cfg.Logger,
 		instruments: ins,
 		names:       map[string]bool{},
@@ -210,14 +215,9 @@ func (r *Router) AddHandler(h Handler) error {
 		}
 		c.counter = counter
 	}
-	sub := &onceClosingSubscriber{Subscriber: h.Subscriber}
-	for i := range n {
-		name := h.Name
-		if n > 1 {
-			name = fmt.Sprintf("%s#%d", h.Name, i+1)
-		}
-		r.wr.AddConsumerHandler(name, h.Topic, sub, c.handle)
-	}
+	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
+	c.subscriptions = n
+	r.handlers = append(r.handlers, c)
 	r.names[h.Name] = true
 	r.initHandlerMetrics(h.Name)
 	return nil
@@ -317,16 +317,68 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	defer stopOrdering()
 
-	errCh := make(chan error, 1)
-	go func() { errCh <- r.wr.Run(context.WithoutCancel(ctx)) }()
-	select {
-	case err := <-errCh:
+	ended, err := r.subscribe(ctx)
+	if err != nil {
 		return err
-	case <-ctx.Done():
-		closeErr := r.Close()
-		runErr := <-errCh
-		return errors.Join(runErr, closeErr)
 	}
+	select {
+	case <-ctx.Done():
+		return r.Close()
+	case <-ended: // every subscription has ended by itself
+		return r.Close()
+	case <-r.closing:
+		<-r.done
+		return nil
+	}
+}
+
+// subscribe subscribes each handler Handler.Concurrency times and starts reading the
+// subscriptions. The returned channel is closed when every subscription has ended.
+func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return nil, errors.New("onceflow: the router is running already")
+	}
+	r.started = true
+	select {
+	case <-r.closing:
+		return nil, errors.New("onceflow: the router is closed")
+	default:
+	}
+	// The subscriptions outlive ctx: Close ends them, after the deliveries in flight.
+	subCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	r.stopSubs = stop
+	var chans []<-chan *message.Message
+	var owners []*consumer
+	for _, c := range r.handlers {
+		for range c.subscriptions {
+			msgs, err := c.sub.Subscribe(subCtx, c.topic)
+			if err != nil {
+				stop()
+				for _, c := range r.handlers {
+					_ = c.sub.Close()
+				}
+				return nil, fmt.Errorf("handler %q: subscribe to topic %q: %w", c.name, c.topic, err)
+			}
+			chans = append(chans, msgs)
+			owners = append(owners, c)
+		}
+	}
+	ended := make(chan struct{})
+	r.readers.Add(len(chans))
+	for i, msgs := range chans {
+		go func() {
+			defer r.readers.Done()
+			owners[i].read(msgs)
+		}()
+	}
+	go func() {
+		r.readers.Wait()
+		close(ended)
+	}()
+	close(r.running)
+	return ended, nil
 }
 
 // claimHandlers records, in each dedup store's database, the topic each handler consumes, and
@@ -346,7 +398,7 @@ func (r *Router) claimHandlers(ctx context.Context) error {
 }
 
 // Running is closed once every handler has subscribed.
-func (r *Router) Running() chan struct{} { return r.wr.Running() }
+func (r *Router) Running() chan struct{} { return r.running }
 
 // Close stops the router gracefully: deliveries that arrive from now on are nacked without
 // being processed, deliveries in flight finish (commit and ack) for at most
@@ -354,15 +406,43 @@ func (r *Router) Running() chan struct{} { return r.wr.Running() }
 // committed is never acknowledged. Close is safe to call more than once.
 func (r *Router) Close() error {
 	r.closed.Do(func() {
+		defer close(r.done)
+		close(r.closing)
 		idle := r.gate.close()
 		r.holds.release() // failed messages held for their redelivery delay go back now
+		timeout := time.NewTimer(r.cfg.CloseTimeout)
+		defer timeout.Stop()
 		select {
 		case <-idle:
-		case <-time.After(r.cfg.CloseTimeout):
+		case <-timeout.C:
 			r.logger.Warn("close timeout passed with messages in flight; they will be redelivered", "timeout", r.cfg.CloseTimeout)
 		}
-		r.closeErr = r.wr.Close()
+		r.mu.Lock()
+		stop, handlers := r.stopSubs, r.handlers
+		r.mu.Unlock()
+		if stop == nil {
+			return // never ran
+		}
+		stop()
+		var errs []error
+		for _, c := range handlers {
+			if err := c.sub.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close the subscriber of handler %q: %w", c.name, err))
+			}
+		}
+		ended := make(chan struct{})
+		go func() {
+			r.readers.Wait()
+			close(ended)
+		}()
+		select {
+		case <-ended:
+		case <-time.After(r.cfg.CloseTimeout):
+			errs = append(errs, fmt.Errorf("onceflow: close timeout: subscriptions still open after %s", r.cfg.CloseTimeout))
+		}
+		r.closeErr = errors.Join(errs...)
 	})
+	<-r.done
 	return r.closeErr
 }
 
