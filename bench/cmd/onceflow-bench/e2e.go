@@ -526,10 +526,11 @@ func sanitize(s string) string {
 	return string(b)
 }
 
-// brokerPrefetch is the Options.Prefetch that gives each of c subscriptions a window of p
-// deliveries. Options.Prefetch is per subscription on every scheme but NATS, where it is the
-// MaxAckPending of the consumer group as a whole.
-func brokerPrefetch(st setup, p, c int) int {
+// groupPending is the MaxAckPending of a NATS consumer that gives each of c subscriptions a
+// window of p deliveries, for the watermill baseline and the expert, whose NATS consumers
+// bound their unacknowledged deliveries as a whole; p elsewhere. onceflow's NATS subscriber,
+// like every other broker's, takes Options.Prefetch per subscription.
+func groupPending(st setup, p, c int) int {
 	if st.Broker == "nats" {
 		return p * c
 	}
@@ -565,7 +566,7 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 			return err
 		})
 	}
-	b, err := broker.Open(ctx, t.brokerURL, broker.Options{ConsumerGroup: consumerGroup, Prefetch: brokerPrefetch(cl.st, cl.prefetch, cl.c)})
+	b, err := broker.Open(ctx, t.brokerURL, broker.Options{ConsumerGroup: consumerGroup, Prefetch: cl.prefetch})
 	if err != nil {
 		return nil, err
 	}
