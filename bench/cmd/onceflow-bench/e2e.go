@@ -330,6 +330,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		if profile {
 			var err error
 			prof, err = startProfile(s.cfg.profileDir, e.Name)
+			writeAllocs(s.cfg.profileDir, e.Name, "start")
 			return err
 		}
 		return nil
@@ -339,6 +340,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		if prof != nil {
 			pprof.StopCPUProfile()
 			_ = prof.Close()
+			writeAllocs(s.cfg.profileDir, e.Name, "end")
 		}
 	}
 	if !steady {
@@ -514,6 +516,18 @@ func startProfile(dir, name string) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// writeAllocs writes the allocation profile of the process so far, at the start or the end of
+// a profiled window: `go tool pprof -diff_base allocs-X-start.pprof allocs-X-end.pprof` shows
+// what the window allocated.
+func writeAllocs(dir, name, at string) {
+	f, err := os.Create(filepath.Join(dir, "allocs-"+sanitize(name)+"-"+at+".pprof"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = pprof.Lookup("allocs").WriteTo(f, 0)
 }
 
 func sanitize(s string) string {

@@ -195,7 +195,7 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run: 1 round, short cells, few messages (also BENCH_QUICK=1)")
 	out := fs.String("out", "bench/results/latest.json", "results file")
 	chart := fs.String("chart", "docs/performance.svg", "chart file (.svg or .png); empty for none")
-	profile := fs.String("cpuprofile-dir", "", "write a CPU profile of the consumer for each cell at the highest concurrency into this directory (profiling slows what it measures: not for the reported numbers)")
+	profile := fs.String("cpuprofile-dir", "", "write a CPU profile of the consumer, and allocation profiles at the start and end of its window, for each cell at the highest concurrency into this directory (profiling slows what it measures: not for the reported numbers)")
 	fs.StringVar(&svc.postgres, "postgres", svc.postgres, "PostgreSQL URL")
 	fs.StringVar(&svc.mysql, "mysql", svc.mysql, "MariaDB/MySQL URL")
 	fs.StringVar(&svc.amqp, "amqp", svc.amqp, "RabbitMQ URL")
