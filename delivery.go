@@ -40,10 +40,10 @@ type consumer struct {
 	chain         processor.Processor
 	reject        processor.Processor
 	ackOnReceipt  bool
-	// slots bounds the deliveries being processed at once to Concurrency: a subscription's
-	// reader takes a slot before it starts a delivery's goroutine, and the deliveries beyond
-	// Concurrency wait in their subscriptions. Nil with group commit, where GroupCommit bounds
-	// the transactions and the waiting deliveries form its groups.
+	// slots bounds the deliveries being processed at once: a subscription's reader takes a
+	// slot before it starts a delivery's goroutine, and the deliveries beyond wait in their
+	// subscriptions. Concurrency slots; with group commit, enough for Concurrency full groups
+	// running and one collecting (GroupCommit bounds the transactions).
 	slots chan struct{}
 	// counter counts deliveries that the broker does not count, for the delivery limit; nil
 	// when the handler has no limit.

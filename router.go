@@ -205,7 +205,15 @@ func (r *Router) AddHandler(h Handler) error {
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
 		settlement:   newSettlement(h.Topic, system, group),
 	}
-	if !grouped {
+	if grouped {
+		// Enough deliveries for every group transaction to run full, and the next group to
+		// collect: more would only wait, each in a goroutine of its own.
+		size := h.GroupCommit.MaxSize
+		if size == 0 {
+			size = middleware.DefaultMaxGroupSize
+		}
+		c.slots = make(chan struct{}, (n+1)*size)
+	} else {
 		c.slots = make(chan struct{}, n)
 	}
 	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
