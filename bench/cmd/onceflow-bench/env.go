@@ -46,11 +46,15 @@ func defaultServices() services {
 	}
 }
 
+// benchPrefix begins the names of the bench's schemas and databases; the dedup-at-scale table,
+// which later runs reuse, lives in benchPrefix + "_scale".
+const benchPrefix = "onceflow_bench"
+
 // benchSchema is the PostgreSQL schema, and benchDatabase the MariaDB database, that a run
 // creates its tables in; both are created at the start of a run and dropped at its end. The
 // process id in the names keeps two runs on one machine apart.
 var (
-	benchSchema   = fmt.Sprintf("onceflow_bench_%d", os.Getpid())
+	benchSchema   = fmt.Sprintf("%s_%d", benchPrefix, os.Getpid())
 	benchDatabase = benchSchema
 )
 
