@@ -297,7 +297,10 @@ func (r *Router) AddMigration(fn func(context.Context) error) {
 
 // Run creates the tables the handlers need (unless Config.SkipMigrate), starts the purge loop,
 // the ordering sweepers of ExactlyOnceInOrder handlers and the handlers, and blocks until ctx
-// ends or Close is called. When ctx ends it closes the router gracefully, as Close does. While
+// ends, Close is called, or every subscription has ended by itself (its subscriber closed its
+// message channel). When ctx ends, or the subscriptions do, it closes the router gracefully, as
+// Close does, and returns Close's error. A subscription that fails returns its error. Run
+// runs once. While
 // it runs, the gauges of the dedup tables (onceflow.dedup.*) and of parked messages
 // (onceflow.order.parked) are observed on Config.MeterProvider.
 func (r *Router) Run(ctx context.Context) error {
@@ -410,8 +413,10 @@ func (r *Router) Running() chan struct{} { return r.running }
 
 // Close stops the router gracefully: deliveries that arrive from now on are nacked without
 // being processed, deliveries in flight finish (commit and ack) for at most
-// Config.CloseTimeout, then the subscriptions are closed. A message whose transaction has not
-// committed is never acknowledged. Close is safe to call more than once.
+// Config.CloseTimeout, then the subscribers are closed and Close waits, again for at most
+// Config.CloseTimeout, for their message channels to close. A message whose transaction has not
+// committed is never acknowledged. Close is safe to call more than once, and concurrently; every
+// call returns when the router is closed, with the same error.
 func (r *Router) Close() error {
 	r.closed.Do(func() {
 		defer close(r.done)
