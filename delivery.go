@@ -36,10 +36,12 @@ type consumer struct {
 	sub    *onceClosingSubscriber
 	// subscriptions is how many times the handler subscribes: Handler.Concurrency.
 	subscriptions int
-	conv          *converter.Converter
-	chain         processor.Processor
-	reject        processor.Processor
-	ackOnReceipt  bool
+	// work hands deliveries to idle workers; closed when the subscriptions have ended.
+	work         chan *message.Message
+	conv         *converter.Converter
+	chain        processor.Processor
+	reject       processor.Processor
+	ackOnReceipt bool
 	// slots bounds the deliveries being processed at once: a subscription's reader takes a
 	// slot before it starts a delivery's goroutine, and the deliveries beyond wait in their
 	// subscriptions. Concurrency slots; with group commit, enough for Concurrency full groups
@@ -82,7 +84,29 @@ func (c *consumer) read(msgs <-chan *message.Message) {
 				continue
 			}
 		}
-		go c.handle(msg)
+		c.start(msg)
+	}
+}
+
+// start runs the delivery of msg on an idle worker of the handler, or on a new one when none
+// is idle. Workers outlive their deliveries so that the next one reuses a goroutine whose
+// stack has grown to the chain's depth already; there are never many more than the deliveries
+// admitted at once (the slots), and they end when the handler's subscriptions have.
+func (c *consumer) start(msg *message.Message) {
+	select {
+	case c.work <- msg:
+	default:
+		go c.worker(msg)
+	}
+}
+
+func (c *consumer) worker(msg *message.Message) {
+	for {
+		c.handle(msg)
+		var open bool
+		if msg, open = <-c.work; !open {
+			return
+		}
 	}
 }
 

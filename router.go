@@ -378,9 +378,21 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	}
 	ended := make(chan struct{})
 	r.readers.Add(len(chans))
+	readers := make(map[*consumer]*sync.WaitGroup, len(r.handlers))
+	for _, c := range r.handlers {
+		c.work = make(chan *message.Message)
+		wg := &sync.WaitGroup{}
+		wg.Add(c.subscriptions)
+		readers[c] = wg
+		go func() {
+			wg.Wait()
+			close(c.work) // the idle workers end
+		}()
+	}
 	for i, msgs := range chans {
 		go func() {
 			defer r.readers.Done()
+			defer readers[owners[i]].Done()
 			owners[i].read(msgs)
 		}()
 	}
