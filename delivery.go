@@ -53,7 +53,10 @@ type consumer struct {
 	redelivery RedeliveryConfig
 	logger     *slog.Logger
 	attrs      metric.MeasurementOption
-	settlement *telemetry.Settlement
+	// recordAttrs is attrs as the options of a Record, built once: a slice per call would be
+	// an allocation per message.
+	recordAttrs []metric.RecordOption
+	settlement  *telemetry.Settlement
 }
 
 // newSettlement returns the settle span starts of a handler's topic.
@@ -219,7 +222,7 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 		c.logger.Warn("acknowledgement lost; the broker will deliver the message again", "message_id", md.ID,
 			"attempt", st.Retries+1, "delivery", md.Delivery, "outcome", string(outcome), "committed", !st.CommittedAt.IsZero(), "error", lost)
 	case !st.CommittedAt.IsZero():
-		c.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), c.attrs)
+		c.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), c.recordAttrs...)
 	}
 	c.settlement.Settle(st.Span, true, lost)
 }

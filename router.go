@@ -205,6 +205,7 @@ func (r *Router) AddHandler(h Handler) error {
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
 		settlement:   newSettlement(h.Topic, system, group),
 	}
+	c.recordAttrs = []metric.RecordOption{c.attrs}
 	if grouped {
 		// Enough deliveries for every group transaction to run full, and the next group to
 		// collect: more would only wait, each in a goroutine of its own.

@@ -549,5 +549,6 @@ func (r *groupRun) send(s *slot) {
 		// Never reached; a nil error would be acknowledged, and nothing was committed.
 		res = memberResult{err: fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)}
 	}
-	s.m.done <- res
+	s.m.res = res
+	close(s.m.done)
 }
