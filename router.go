@@ -345,7 +345,8 @@ func (r *Router) Run(ctx context.Context) error {
 }
 
 // subscribe subscribes each handler Handler.Concurrency times and starts reading the
-// subscriptions. The returned channel is closed when every subscription has ended.
+// subscriptions. The returned channel is closed when every subscription has ended; it is nil
+// when there is none.
 func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -402,6 +403,9 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		close(ended)
 	}()
 	close(r.running)
+	if len(chans) == 0 {
+		return nil, nil // no handler: Run waits for ctx or Close
+	}
 	return ended, nil
 }
 
