@@ -299,7 +299,7 @@ func (r *Router) AddMigration(fn func(context.Context) error) {
 // Run creates the tables the handlers need (unless Config.SkipMigrate), starts the purge loop,
 // the ordering sweepers of ExactlyOnceInOrder handlers and the handlers, and blocks until ctx
 // ends, Close is called, or every subscription has ended by itself (its subscriber closed its
-// message channel). When ctx ends, or the subscriptions do, it closes the router gracefully, as
+// message channel; a router without handlers waits for ctx or Close). When ctx ends, or the subscriptions do, it closes the router gracefully, as
 // Close does, and returns Close's error. A subscription that fails returns its error. Run
 // runs once. While
 // it runs, the gauges of the dedup tables (onceflow.dedup.*) and of parked messages
