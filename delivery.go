@@ -43,7 +43,12 @@ type consumer struct {
 	slots chan struct{}
 	// counter counts deliveries that the broker does not count, for the delivery limit; nil
 	// when the handler has no limit.
-	counter    *dedup.Counter
+	counter *dedup.Counter
+	// isolation runs a redelivered message of a handler with a counter alone: it holds the
+	// lock, where the other deliveries share it. A message whose processing kills the process
+	// then takes no other message's processing with it, and the attempts counted for the
+	// delivery limit are its own.
+	isolation  sync.RWMutex
 	redelivery RedeliveryConfig
 	logger     *slog.Logger
 	attrs      metric.MeasurementOption
@@ -95,7 +100,9 @@ func (c *consumer) handle(msg *message.Message) error {
 		if !c.ackOnReceipt {
 			md.Delivery = c.deliveries(ctx, msg, md)
 		}
+		unlock := c.isolate(ctx, md, st)
 		err = c.chain.Process(ctx, md)
+		unlock()
 	}
 	if c.slots != nil {
 		<-c.slots // the next delivery may start while this one is settled
@@ -138,6 +145,29 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 		return 0
 	}
 	return n
+}
+
+// isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
+// handler counts attempts, shared otherwise; none without a counter. A redelivery's attempt is
+// recorded once it holds the lock, before its processing begins. The returned function
+// releases the lock once the processing is over, before the settlement, which may wait out a
+// redelivery delay.
+func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) (unlock func()) {
+	switch {
+	case c.counter == nil:
+		return func() {}
+	case md.Delivery <= 1 || md.ID == "":
+		c.isolation.RLock()
+		return c.isolation.RUnlock
+	}
+	c.isolation.Lock()
+	n, err := c.counter.Attempt(ctx, c.name, md.ID)
+	if err != nil {
+		c.logger.Warn("cannot record the attempt; the delivery limit counts its deliveries", "message_id", md.ID, "error", err)
+	} else {
+		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
+	}
+	return c.isolation.Unlock
 }
 
 // settle acknowledges or rejects msg for outcome and records it: the settle span ("ack <topic>" or "nack <topic>"), the

@@ -180,6 +180,12 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 					limit = DefaultMaxDeliveries
 				}
 				opts = append(opts, middleware.WithMaxDeliveries(limit))
+				if store, db := h.Dedup, h.DB; store != nil && db != nil {
+					opts = append(opts, middleware.WithProcessedCheck(func(ctx context.Context, msg *messagedata.MessageData) (bool, error) {
+						_, found, err := store.Lookup(ctx, db, dedup.Key{Handler: h.Name, MessageID: msg.ID})
+						return found, err
+					}))
+				}
 			}
 			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
 		},

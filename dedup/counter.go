@@ -42,6 +42,8 @@ type Counter struct {
 	now       func() time.Time
 	count     string // handler, message_id, initial, now
 	read      string // handler, message_id (MySQL)
+	attempt   string // handler, message_id, now
+	readTried string // handler, message_id (MySQL)
 	purge     string // before, batch size
 }
 
@@ -68,16 +70,25 @@ func NewCounter(db *sqldb.DB, cfg CounterConfig) (*Counter, error) {
 		c.count = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, updated_at) VALUES ($1, $2, $3, $4)
 ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = c.deliveries + 1, updated_at = EXCLUDED.updated_at
 RETURNING c.deliveries`
+		c.attempt = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, attempts, updated_at) VALUES ($1, $2, 0, 1, $3)
+ON CONFLICT (handler, message_id) DO UPDATE SET attempts = c.attempts + 1, updated_at = EXCLUDED.updated_at
+RETURNING c.attempts`
 		c.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE updated_at <= $1 LIMIT $2))`
 	case sqldb.SQLite:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?1, ?2, ?3, ?4)
 ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = deliveries + 1, updated_at = excluded.updated_at
 RETURNING deliveries`
+		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?1, ?2, 0, 1, ?3)
+ON CONFLICT (handler, message_id) DO UPDATE SET attempts = attempts + 1, updated_at = excluded.updated_at
+RETURNING attempts`
 		c.purge = `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE updated_at <= ?1 LIMIT ?2)`
 	case sqldb.MySQL:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE deliveries = deliveries + 1, updated_at = VALUES(updated_at)`
 		c.read = `SELECT deliveries FROM ` + t + ` WHERE handler = ? AND message_id = ?`
+		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?, ?, 0, 1, ?)
+ON DUPLICATE KEY UPDATE attempts = attempts + 1, updated_at = VALUES(updated_at)`
+		c.readTried = `SELECT attempts FROM ` + t + ` WHERE handler = ? AND message_id = ?`
 		c.purge = `DELETE FROM ` + t + ` WHERE updated_at <= ? LIMIT ?`
 	default:
 		return nil, fmt.Errorf("dedup.NewCounter: db.Dialect: unsupported dialect %q (want postgres, mysql or sqlite)", db.Dialect)
@@ -88,7 +99,8 @@ ON DUPLICATE KEY UPDATE deliveries = deliveries + 1, updated_at = VALUES(updated
 // Table returns the name of the counter's table.
 func (c *Counter) Table() string { return c.table }
 
-// Migrate creates the table if it does not exist. It is idempotent.
+// Migrate creates the table if it does not exist, and adds the attempts column to a table
+// created before it existed. It is idempotent.
 func (c *Counter) Migrate(ctx context.Context) error {
 	t := c.db.Dialect.Quote(c.table)
 	idType, opts := "VARCHAR(255)", ""
@@ -100,6 +112,7 @@ func (c *Counter) Migrate(ctx context.Context) error {
 	handler    ` + idType + ` NOT NULL,
 	message_id ` + idType + ` NOT NULL,
 	deliveries INTEGER NOT NULL,
+	attempts   INTEGER NOT NULL DEFAULT 0,
 	updated_at BIGINT NOT NULL,
 	PRIMARY KEY (handler, message_id)
 )` + opts
@@ -113,7 +126,31 @@ func (c *Counter) Migrate(ctx context.Context) error {
 	if err := sqltx.Exec(ctx, c.db, []string{stmt}, lock); err != nil {
 		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
 	}
+	if err := c.addAttempts(ctx); err != nil {
+		return fmt.Errorf("dedup: migrate counter table %s: add column attempts: %w", c.table, err)
+	}
 	return nil
+}
+
+// addAttempts adds the attempts column to a counter table that lacks it. Two processes may
+// both try: the one whose ALTER fails finds the column there.
+func (c *Counter) addAttempts(ctx context.Context) error {
+	t := c.db.Dialect.Quote(c.table)
+	has := func() bool {
+		rows, err := c.db.QueryContext(ctx, `SELECT attempts FROM `+t+` WHERE 1 = 0`)
+		if err != nil {
+			return false
+		}
+		return rows.Close() == nil
+	}
+	if has() {
+		return nil
+	}
+	_, err := c.db.ExecContext(ctx, `ALTER TABLE `+t+` ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0`)
+	if err != nil && has() {
+		return nil
+	}
+	return err
 }
 
 // Count records one more delivery of the message with id for handler and returns how many
@@ -141,6 +178,34 @@ func (c *Counter) Count(ctx context.Context, handler, id string, initial int) (i
 	})
 	if err != nil {
 		return 0, fmt.Errorf("dedup: count a delivery of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return n, nil
+}
+
+// Attempt records that a delivery of the message with id for handler begins its processing, and
+// returns how many of its deliveries have been recorded so: the router records the deliveries
+// that come after the first, so that a message whose processing kills its consumer is told
+// from the messages delivered with it, whose processing never began. The write is committed
+// when Attempt returns.
+func (c *Counter) Attempt(ctx context.Context, handler, id string) (int, error) {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return 0, err
+	}
+	now := c.now().UnixMicro()
+	var n int
+	var err error
+	if c.readTried == "" {
+		err = c.db.QueryRowxContext(ctx, c.attempt, handler, id, now).Scan(&n)
+	} else {
+		err = sqltx.Run(ctx, c.db, func(tx *sqlx.Tx) error {
+			if _, err := tx.ExecContext(ctx, c.attempt, handler, id, now); err != nil {
+				return err
+			}
+			return tx.QueryRowxContext(ctx, c.readTried, handler, id).Scan(&n)
+		})
+	}
+	if err != nil {
+		return 0, fmt.Errorf("dedup: record an attempt of message %s in %s: %w", quoteShort(id), c.table, err)
 	}
 	return n, nil
 }
