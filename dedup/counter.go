@@ -213,10 +213,9 @@ func (c *Counter) Attempt(ctx context.Context, handler, id string) (int, error) 
 // Purge deletes the counts of messages last delivered more than Retention ago, in batches, as
 // SQLStore.Purge does, and with the same cross-process lock discipline.
 func (c *Counter) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
-	if opts.BatchSize < 0 || opts.MaxBatches < 0 {
-		return res, fmt.Errorf("dedup: Purge: BatchSize and MaxBatches must not be negative, got %d and %d", opts.BatchSize, opts.MaxBatches)
+	if err := opts.Validate(); err != nil {
+		return res, fmt.Errorf("dedup: Purge: %w", err)
 	}
-	batch := cmp.Or(opts.BatchSize, DefaultPurgeBatchSize)
 	release, held, err := sqllock.TryLock(ctx, c.db, c.table+".purge")
 	if err != nil {
 		return res, fmt.Errorf("dedup: purge %s: take the purge lock: %w", c.table, err)
@@ -230,20 +229,11 @@ func (c *Counter) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult
 		}
 	}()
 	before := c.now().Add(-c.retention).UnixMicro()
-	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
-		r, err := c.db.ExecContext(ctx, c.purge, before, batch)
-		if err != nil {
-			return res, fmt.Errorf("dedup: purge %s: batch %d: %w", c.table, res.Batches+1, err)
-		}
-		n, err := r.RowsAffected()
-		if err != nil {
-			return res, fmt.Errorf("dedup: purge %s: read rows affected: %w", c.table, err)
-		}
-		res.Deleted += n
-		res.Batches++
-		if n < int64(batch) {
-			break
-		}
+	res, err = sqldb.PurgeBatches(ctx, opts, func(ctx context.Context, batch int) (int64, error) {
+		return c.db.PurgeExec(ctx, c.purge, before, batch)
+	})
+	if err != nil {
+		return res, fmt.Errorf("dedup: purge %s: %w", c.table, err)
 	}
 	return res, nil
 }
