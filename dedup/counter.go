@@ -102,34 +102,43 @@ func (c *Counter) Table() string { return c.table }
 // Migrate creates the table if it does not exist, and adds the attempts column to a table
 // created before it existed. It is idempotent.
 func (c *Counter) Migrate(ctx context.Context) error {
-	t := c.db.Dialect.Quote(c.table)
-	idType, opts := "VARCHAR(255)", ""
-	if c.db.Dialect == sqldb.MySQL {
-		idType = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-		opts = " ENGINE=InnoDB"
-	}
-	stmt := `CREATE TABLE IF NOT EXISTS ` + t + ` (
-	handler    ` + idType + ` NOT NULL,
+	err := createSmallTable(ctx, c.db, c.table, func(idType string) string {
+		return `handler    ` + idType + ` NOT NULL,
 	message_id ` + idType + ` NOT NULL,
 	deliveries INTEGER NOT NULL,
 	attempts   INTEGER NOT NULL DEFAULT 0,
 	updated_at BIGINT NOT NULL,
-	PRIMARY KEY (handler, message_id)
-)` + opts
-	var lock func(tx *sqlx.Tx) error
-	if c.db.Dialect == sqldb.Postgres {
-		lock = func(tx *sqlx.Tx) error {
-			_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", c.table)
-			return err
-		}
-	}
-	if err := sqltx.Exec(ctx, c.db, []string{stmt}, lock); err != nil {
+	PRIMARY KEY (handler, message_id)`
+	})
+	if err != nil {
 		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
 	}
 	if err := c.addAttempts(ctx); err != nil {
 		return fmt.Errorf("dedup: migrate counter table %s: add column attempts: %w", c.table, err)
 	}
 	return nil
+}
+
+// createSmallTable creates table, whose column list columns returns for the type of its text
+// key columns, if it does not exist; on PostgreSQL under an advisory lock, since concurrent
+// CREATE TABLE IF NOT EXISTS statements may fail there.
+func createSmallTable(ctx context.Context, db *sqldb.DB, table string, columns func(idType string) string) error {
+	idType, opts := "VARCHAR(255)", ""
+	if db.Dialect == sqldb.MySQL {
+		idType = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+		opts = " ENGINE=InnoDB"
+	}
+	stmt := `CREATE TABLE IF NOT EXISTS ` + db.Dialect.Quote(table) + ` (
+	` + columns(idType) + `
+)` + opts
+	var lock func(tx *sqlx.Tx) error
+	if db.Dialect == sqldb.Postgres {
+		lock = func(tx *sqlx.Tx) error {
+			_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", table)
+			return err
+		}
+	}
+	return sqltx.Exec(ctx, db, []string{stmt}, lock)
 }
 
 // addAttempts adds the attempts column to a counter table that lacks it. Two processes may

@@ -10,7 +10,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -81,28 +80,15 @@ func (p *Positions) Table() string { return p.table }
 
 // Migrate creates the table if it does not exist. It is idempotent.
 func (p *Positions) Migrate(ctx context.Context) error {
-	t := p.db.Dialect.Quote(p.table)
-	idType, opts := "VARCHAR(255)", ""
-	if p.db.Dialect == sqldb.MySQL {
-		idType = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-		opts = " ENGINE=InnoDB"
-	}
-	stmt := `CREATE TABLE IF NOT EXISTS ` + t + ` (
-	handler      ` + idType + ` NOT NULL,
+	err := createSmallTable(ctx, p.db, p.table, func(idType string) string {
+		return `handler      ` + idType + ` NOT NULL,
 	topic        ` + idType + ` NOT NULL,
 	partition_id INTEGER NOT NULL,
 	applied      BIGINT NOT NULL,
 	updated_at   BIGINT NOT NULL,
-	PRIMARY KEY (handler, topic, partition_id)
-)` + opts
-	var lock func(tx *sqlx.Tx) error
-	if p.db.Dialect == sqldb.Postgres {
-		lock = func(tx *sqlx.Tx) error {
-			_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", p.table)
-			return err
-		}
-	}
-	if err := sqltx.Exec(ctx, p.db, []string{stmt}, lock); err != nil {
+	PRIMARY KEY (handler, topic, partition_id)`
+	})
+	if err != nil {
 		return fmt.Errorf("dedup: migrate positions table %s: %w", p.table, err)
 	}
 	return nil
