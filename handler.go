@@ -150,6 +150,15 @@ type DedupConfig struct {
 	// middleware.NaturalIdempotency and sqldb.UniqueConstraint for how each database names
 	// them). Required by that interceptor.
 	UniqueConstraints []string
+
+	// ByOffset detects duplicates by position instead of by id, for brokers that deliver each
+	// partition of a topic in order (Kafka): the handler's last applied offset in each
+	// partition is kept in dedup.DefaultPositionsTable and updated in the transaction of each
+	// message, and a message at or below it is a duplicate (see middleware.Offsets). No row
+	// is written per message, so nothing needs purging, and a message needs no id. It takes
+	// the place of the "deduplicate" interceptor in the ExactlyOnce chain; it does not go with
+	// group commit, a batch processor, CheckFirst, WithTimestamp or another quality of service.
+	ByOffset bool
 }
 
 // GroupCommitConfig configures group commit for a handler (see middleware.GroupCommit): the
@@ -259,6 +268,10 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
 	case !h.Dedup.BeyondRetention.Valid():
 		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
+	case h.Dedup.ByOffset && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
+		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
+	case h.Dedup.ByOffset && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
+		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with group commit, a batch processor, Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
 	case h.Dedup.Retention < 0:
 		return fmt.Errorf("Handler.Dedup.Retention: %s is negative", h.Dedup.Retention)
 	case h.GroupCommit.MaxSize < 0:

@@ -27,6 +27,7 @@ const (
 	InterceptorTransaction        = "transaction"
 	InterceptorDeduplicate        = "deduplicate"
 	InterceptorNaturalIdempotency = "natural-idempotency"
+	InterceptorOffsets            = "offsets"
 	InterceptorInOrder            = "in-order"
 	// InterceptorGroupCommit processes concurrent deliveries in one transaction and records
 	// their ids in it (middleware.GroupCommit): it takes the place of "transaction" and
@@ -128,7 +129,7 @@ func checkOrder(names []string) error {
 		if _, ok := pos[group]; !ok {
 			continue
 		}
-		for _, other := range []string{InterceptorTransaction, InterceptorDeduplicate, InterceptorGroupCommit, InterceptorGroupTransaction} {
+		for _, other := range []string{InterceptorTransaction, InterceptorDeduplicate, InterceptorOffsets, InterceptorGroupCommit, InterceptorGroupTransaction} {
 			if _, ok := pos[other]; ok && other != group {
 				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group, other)
 			}
@@ -136,7 +137,7 @@ func checkOrder(names []string) error {
 		txName = group
 	}
 	tx, hasTx := pos[txName]
-	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency, InterceptorInOrder} {
+	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency, InterceptorOffsets, InterceptorInOrder} {
 		if i, ok := pos[inner]; ok && (!hasTx || i < tx) {
 			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner, txName)
 		}
@@ -240,6 +241,13 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 				return nil, errors.New("Handler.Dedup.UniqueConstraints: empty (natural idempotency takes a unique violation for an earlier delivery of the message only on the constraints named here; any other is a conflict with another row)")
 			}
 			return middleware.NaturalIdempotency(names[0], names[1:]...), nil
+		},
+		InterceptorOffsets: func(h HandlerInfo) (middleware.Middleware, error) {
+			p, err := r.positionsFor(h.Handler)
+			if err != nil {
+				return nil, err
+			}
+			return middleware.Offsets(p, h.Name), nil
 		},
 		InterceptorGroupCommit: func(h HandlerInfo) (middleware.Middleware, error) {
 			if h.Handler.Dedup.CheckFirst {

@@ -57,9 +57,12 @@ type Router struct {
 	gate     gate
 	holds    holds
 	counters map[storeKey]*dedup.Counter
-	claims   []handlerClaim
-	closeErr error
-	closed   sync.Once
+	// positions are the position tables of the handlers whose duplicate detection is by
+	// offset, one per database.
+	positions map[storeKey]*dedup.Positions
+	claims    []handlerClaim
+	closeErr  error
+	closed    sync.Once
 }
 
 // handlerClaim is a handler name and the topic it consumes, recorded in its dedup store's
@@ -101,6 +104,7 @@ func NewRouter(cfg Config) (*Router, error) {
 		names:       map[string]bool{},
 		stores:      map[storeKey]*dedup.SQLStore{},
 		counters:    map[storeKey]*dedup.Counter{},
+		positions:   map[storeKey]*dedup.Positions{},
 		gate:        gate{idle: make(chan struct{})},
 	}
 	r.interceptors = r.builtinInterceptors()
@@ -121,6 +125,10 @@ func (r *Router) AddHandler(h Handler) error {
 	names := h.Interceptors
 	if len(names) == 0 {
 		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
+		if h.Dedup.ByOffset {
+			names = slices.Clone(names)
+			names[slices.Index(names, InterceptorDeduplicate)] = InterceptorOffsets
+		}
 	}
 	if err := checkOrder(names); err != nil {
 		return err
@@ -260,6 +268,22 @@ func (r *Router) counterFor(h Handler) (*dedup.Counter, error) {
 	}
 	r.counters[key] = c
 	return c, nil
+}
+
+// positionsFor returns the positions table of h's database, one per database, which Migrate
+// creates. The caller holds r.mu.
+func (r *Router) positionsFor(h Handler) (*dedup.Positions, error) {
+	key := storeKey{db: h.DB, table: dedup.DefaultPositionsTable}
+	if p, ok := r.positions[key]; ok {
+		return p, nil
+	}
+	p, err := dedup.NewPositions(h.DB, dedup.PositionsConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("Handler.Dedup.ByOffset: %w", err)
+	}
+	r.positions[key] = p
+	r.migrate = append(r.migrate, p.Migrate)
+	return p, nil
 }
 
 func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {
