@@ -32,7 +32,7 @@ type consumer struct {
 	router       *Router
 	name         string
 	topic        string
-	conv         *converter.Converter
+	conv         converter.MessageConverter
 	chain        processor.Processor
 	reject       processor.Processor
 	ackOnReceipt bool

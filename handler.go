@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -107,6 +108,13 @@ type Handler struct {
 	// IDHeader is the header read for the message id when the message has no watermill UUID
 	// (see package converter). Defaults to messagedata.HeaderID.
 	IDHeader string
+
+	// Converter turns the subscriber's messages into the MessageData the processor sees, and
+	// says their ids. Defaults to converter.New with IDHeader; a
+	// converter.New(converter.Config{ID: converter.JSONField("order_id")}) takes the id from
+	// a business key in the payload instead, for producers that set no stable id. IDHeader
+	// must be empty when Converter is set.
+	Converter converter.MessageConverter
 
 	// MessagingSystem is the messaging.system attribute of the handler's spans and
 	// semantic-convention metrics, such as "rabbitmq". Defaults to what the Subscriber says
@@ -272,6 +280,8 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
 	case h.Dedup.ByOffset && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
 		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with group commit, a batch processor, Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
+	case h.Converter != nil && h.IDHeader != "":
+		return fmt.Errorf("Handler.IDHeader: set together with Converter (handler %q; give the converter its IDHeader)", h.Name)
 	case h.Dedup.Retention < 0:
 		return fmt.Errorf("Handler.Dedup.Retention: %s is negative", h.Dedup.Retention)
 	case h.GroupCommit.MaxSize < 0:
@@ -290,4 +300,12 @@ func (h Handler) Validate() error {
 		}
 	}
 	return h.Order.validate(h.Name)
+}
+
+// converter returns the handler's converter: Converter, or the default one for IDHeader.
+func (h Handler) converter() converter.MessageConverter {
+	if h.Converter != nil {
+		return h.Converter
+	}
+	return converter.New(converter.Config{IDHeader: h.IDHeader})
 }

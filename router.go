@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
@@ -199,7 +198,7 @@ func (r *Router) AddHandler(h Handler) error {
 		router:       r,
 		name:         h.Name,
 		topic:        h.Topic,
-		conv:         converter.New(converter.Config{IDHeader: h.IDHeader}),
+		conv:         h.converter(),
 		chain:        chain,
 		reject:       reject,
 		ackOnReceipt: h.QoS == BestEffort,
