@@ -139,7 +139,7 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 	if known {
 		initial = 2 // the first went uncounted: the broker said it was the first
 	}
-	n, err := c.counter.Count(ctx, c.name, md.ID, initial)
+	n, err := c.counter.Count(ctx, c.name, counterID(md), initial)
 	if err != nil {
 		c.logger.Warn("cannot count the delivery; the delivery limit does not apply to it", "message_id", md.ID, "error", err)
 		return 0
@@ -161,7 +161,7 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 		return c.isolation.RUnlock
 	}
 	c.isolation.Lock()
-	n, err := c.counter.Attempt(ctx, c.name, md.ID)
+	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
 	if err != nil {
 		c.logger.Warn("cannot record the attempt; the delivery limit counts its deliveries", "message_id", md.ID, "error", err)
 	} else {
@@ -327,4 +327,34 @@ type onceClosingSubscriber struct {
 func (s *onceClosingSubscriber) Close() error {
 	s.once.Do(func() { s.err = s.Subscriber.Close() })
 	return s.err
+}
+
+// counterID is the id under which the delivery counter keeps md: its id, and for a replayed
+// dead letter (messagedata.HeaderReplayCount) its replay count too, so that a replay starts
+// with no deliveries, attempts or dead letter of the message before it.
+func counterID(md *messagedata.MessageData) string {
+	if n := md.Header(messagedata.HeaderReplayCount); n != "" {
+		return md.ID + "#replay-" + n
+	}
+	return md.ID
+}
+
+// deadLetterRecord keeps a handler's dead letters in its delivery counter.
+type deadLetterRecord struct {
+	counter *dedup.Counter
+	handler string
+}
+
+func (r deadLetterRecord) DeadLettered(ctx context.Context, md *messagedata.MessageData) (bool, error) {
+	if md.ID == "" {
+		return false, nil
+	}
+	return r.counter.DeadLettered(ctx, r.handler, counterID(md))
+}
+
+func (r deadLetterRecord) MarkDeadLettered(ctx context.Context, md *messagedata.MessageData) error {
+	if md.ID == "" {
+		return nil // dead-lettered under a fresh id: no redelivery can be told from another message
+	}
+	return r.counter.MarkDeadLettered(ctx, r.handler, counterID(md))
 }

@@ -188,6 +188,13 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 					}))
 				}
 			}
+			if h.Handler.QoS != BestEffort {
+				counter, err := r.counterFor(h.Handler)
+				if err != nil {
+					return nil, err
+				}
+				opts = append(opts, middleware.WithDeadLetterRecord(deadLetterRecord{counter: counter, handler: h.Name}))
+			}
 			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
 		},
 		InterceptorRecover: func(HandlerInfo) (middleware.Middleware, error) { return middleware.Recover(), nil },

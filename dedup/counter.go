@@ -3,6 +3,7 @@ package dedup
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -44,6 +45,8 @@ type Counter struct {
 	read      string // handler, message_id (MySQL)
 	attempt   string // handler, message_id, now
 	readTried string // handler, message_id (MySQL)
+	markDead  string // handler, message_id, now
+	readDead  string // handler, message_id
 	purge     string // before, batch size
 }
 
@@ -93,6 +96,15 @@ ON DUPLICATE KEY UPDATE attempts = attempts + 1, updated_at = VALUES(updated_at)
 	default:
 		return nil, fmt.Errorf("dedup.NewCounter: db.Dialect: unsupported dialect %q (want postgres, mysql or sqlite)", db.Dialect)
 	}
+	switch db.Dialect {
+	case sqldb.MySQL:
+		c.markDead = `INSERT INTO ` + t + ` (handler, message_id, deliveries, dead_lettered, updated_at) VALUES (?, ?, 0, 1, ?)
+ON DUPLICATE KEY UPDATE dead_lettered = 1, updated_at = VALUES(updated_at)`
+	default:
+		c.markDead = db.Rebind(`INSERT INTO ` + t + ` (handler, message_id, deliveries, dead_lettered, updated_at) VALUES (?, ?, 0, 1, ?)
+ON CONFLICT (handler, message_id) DO UPDATE SET dead_lettered = 1, updated_at = EXCLUDED.updated_at`)
+	}
+	c.readDead = db.Rebind(`SELECT dead_lettered FROM ` + t + ` WHERE handler = ? AND message_id = ?`)
 	return c, nil
 }
 
@@ -107,14 +119,17 @@ func (c *Counter) Migrate(ctx context.Context) error {
 	message_id ` + idType + ` NOT NULL,
 	deliveries INTEGER NOT NULL,
 	attempts   INTEGER NOT NULL DEFAULT 0,
+	dead_lettered INTEGER NOT NULL DEFAULT 0,
 	updated_at BIGINT NOT NULL,
 	PRIMARY KEY (handler, message_id)`
 	})
 	if err != nil {
 		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
 	}
-	if err := c.addAttempts(ctx); err != nil {
-		return fmt.Errorf("dedup: migrate counter table %s: add column attempts: %w", c.table, err)
+	for _, col := range []string{"attempts", "dead_lettered"} {
+		if err := c.addColumn(ctx, col); err != nil {
+			return fmt.Errorf("dedup: migrate counter table %s: add column %s: %w", c.table, col, err)
+		}
 	}
 	return nil
 }
@@ -141,12 +156,12 @@ func createSmallTable(ctx context.Context, db *sqldb.DB, table string, columns f
 	return sqltx.Exec(ctx, db, []string{stmt}, lock)
 }
 
-// addAttempts adds the attempts column to a counter table that lacks it. Two processes may
-// both try: the one whose ALTER fails finds the column there.
-func (c *Counter) addAttempts(ctx context.Context) error {
+// addColumn adds the INTEGER column col, 0 by default, to a counter table created before it
+// existed. Two processes may both try: the one whose ALTER fails finds the column there.
+func (c *Counter) addColumn(ctx context.Context, col string) error {
 	t := c.db.Dialect.Quote(c.table)
 	has := func() bool {
-		rows, err := c.db.QueryContext(ctx, `SELECT attempts FROM `+t+` WHERE 1 = 0`)
+		rows, err := c.db.QueryContext(ctx, `SELECT `+col+` FROM `+t+` WHERE 1 = 0`)
 		if err != nil {
 			return false
 		}
@@ -155,7 +170,7 @@ func (c *Counter) addAttempts(ctx context.Context) error {
 	if has() {
 		return nil
 	}
-	_, err := c.db.ExecContext(ctx, `ALTER TABLE `+t+` ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0`)
+	_, err := c.db.ExecContext(ctx, `ALTER TABLE `+t+` ADD COLUMN `+col+` INTEGER NOT NULL DEFAULT 0`)
 	if err != nil && has() {
 		return nil
 	}
@@ -217,6 +232,35 @@ func (c *Counter) Attempt(ctx context.Context, handler, id string) (int, error) 
 		return 0, fmt.Errorf("dedup: record an attempt of message %s in %s: %w", quoteShort(id), c.table, err)
 	}
 	return n, nil
+}
+
+// MarkDeadLettered records that the message with id for handler was published to the
+// dead-letter topic, so that a redelivery of it (its acknowledgement was lost) is not
+// published there again. The write is committed when it returns.
+func (c *Counter) MarkDeadLettered(ctx context.Context, handler, id string) error {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return err
+	}
+	if _, err := c.db.ExecContext(ctx, c.markDead, handler, id, c.now().UnixMicro()); err != nil {
+		return fmt.Errorf("dedup: record the dead letter of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return nil
+}
+
+// DeadLettered reports whether MarkDeadLettered recorded the message with id for handler.
+func (c *Counter) DeadLettered(ctx context.Context, handler, id string) (bool, error) {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return false, err
+	}
+	var n int
+	err := c.db.QueryRowxContext(ctx, c.readDead, handler, id).Scan(&n)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("dedup: look up the dead letter of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return n > 0, nil
 }
 
 // Purge deletes the counts of messages last delivered more than Retention ago, in batches, as

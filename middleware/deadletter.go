@@ -39,6 +39,25 @@ type DeadLetterOption func(*deadLetterConfig)
 type deadLetterConfig struct {
 	maxDeliveries int
 	processed     func(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	record        DeadLetterRecord
+}
+
+// DeadLetterRecord remembers, durably, which messages a handler dead-lettered: the router's is
+// kept in the delivery counter table (dedup.Counter).
+type DeadLetterRecord interface {
+	// DeadLettered reports whether msg was dead-lettered before.
+	DeadLettered(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	// MarkDeadLettered records that msg was dead-lettered.
+	MarkDeadLettered(ctx context.Context, msg *messagedata.MessageData) error
+}
+
+// WithDeadLetterRecord makes dead letters exactly once where their acknowledgement is lost:
+// after publishing a dead letter, DeadLetter records it in rec, and a redelivery of a message
+// that rec says was dead-lettered (its consumer died, or its connection dropped, before the
+// acknowledgement reached the broker) is acknowledged without a second dead letter. A consumer
+// that dies between the publish and the record still publishes it again at the redelivery.
+func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
+	return func(c *deadLetterConfig) { c.record = rec }
 }
 
 // WithMaxDeliveries makes DeadLetter give up a message at its n-th delivery
@@ -118,8 +137,18 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 			if err == nil || !processor.IsPermanent(err) {
 				return err
 			}
+			if cfg.record != nil && msg.Delivery != 1 { // a first delivery has no dead letter before it
+				if done, rerr := cfg.record.DeadLettered(ctx, msg); rerr == nil && done {
+					return fmt.Errorf("%w to %s at an earlier delivery, whose acknowledgement was lost: %w", processor.ErrDeadLettered, topic, err)
+				}
+			}
 			if pubErr := PublishDeadLetter(ctx, pub, topic, handler, msg, err); pubErr != nil {
 				return fmt.Errorf("%w after %v: %w", ErrDeadLetterFailed, err, pubErr)
+			}
+			if cfg.record != nil {
+				if rerr := cfg.record.MarkDeadLettered(ctx, msg); rerr != nil {
+					return fmt.Errorf("%w to %s (not recorded, so a redelivery would be dead-lettered again: %v): %w", processor.ErrDeadLettered, topic, rerr, err)
+				}
 			}
 			return fmt.Errorf("%w to %s: %w", processor.ErrDeadLettered, topic, err)
 		})

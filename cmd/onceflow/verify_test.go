@@ -73,8 +73,8 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 		}
 	}
 	// Exit status 3 says an exactly-once mode failed: the table tells which way, and
-	// checkTable asserts each of them, but a poison message dead-lettered twice, a known
-	// defect (conformance.TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost).
+	// checkTable asserts each of them, but a poison message dead-lettered twice: its consumer
+	// was killed between the dead letter and the router's record of it.
 	if exitCode(err) != exitViolation {
 		require.NoError(t, err, "report: %s\nstderr: %s", stdout.String(), stderr.String())
 	}
@@ -133,7 +133,7 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 		require.Equal(t, want, p.Published, "%s: poison messages published", m.Mode)
 		require.Equal(t, want, p.DeadLettered, "%s: poison messages dead-lettered", m.Mode)
 		if p.Twice > 0 {
-			t.Logf("%s: %d poison messages dead-lettered more than once (%v): a consumer died or a connection was cut between a dead letter and its ack (a known defect)",
+			t.Logf("%s: %d poison messages dead-lettered more than once (%v): a consumer died between a dead letter and the router's record of it",
 				m.Mode, p.Twice, p.Kinds)
 		}
 		require.Zero(t, p.Good, "%s: good messages dead-lettered", m.Mode)

@@ -3,7 +3,6 @@ package conformance
 import (
 	"context"
 	"errors"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -16,24 +15,13 @@ import (
 	"github.com/onceflow/onceflow/processor"
 )
 
-// knownDefects names the environment variable that runs the tests of known defects, which fail
-// until the defect is fixed.
-const knownDefects = "ONCEFLOW_KNOWN_DEFECTS"
-
-// TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost: a message that fails permanently is
+// TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost: a message that fails permanently is
 // published to the dead-letter topic and then acknowledged; when the acknowledgement is lost
 // (its consumer dies, or its connection drops, between the two) the broker delivers the message
-// again and it is dead-lettered again. Nothing records that it was: dead letters are at least
-// once, where the rest of a handler's outcomes are exactly once. verify saw one on RabbitMQ with
-// PostgreSQL (a poison message dead-lettered twice, in a run with five connection cuts).
-//
-// Publishing the dead letter through the handler's outbox, with its id recorded in the dedup
-// table in the same transaction, would make the redelivery a duplicate; on NATS, JetStream drops
-// the second publish of the dead letter's id within its duplicate window.
-func TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost(t *testing.T) {
-	if os.Getenv(knownDefects) == "" {
-		t.Skipf("known defect (see the test's comment); %s=1 runs it", knownDefects)
-	}
+// again. The router recorded the dead letter in the delivery counter table after publishing
+// it, so the redelivery is acknowledged without a second one. (A consumer that dies between the
+// publish and the record still publishes it again.)
+func TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost(t *testing.T) {
 	brokerURL := "mem://" + testsvc.UniqueName("deadletter")
 	f := newFixture(t, Setup{
 		BrokerURL:   func(testing.TB) string { return brokerURL },
