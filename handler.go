@@ -167,6 +167,16 @@ type DedupConfig struct {
 	// the place of the "deduplicate" interceptor in the ExactlyOnce chain; it does not go with
 	// group commit, a batch processor, CheckFirst, WithTimestamp or another quality of service.
 	ByOffset bool
+
+	// AckInTransaction acknowledges each message inside the handler's transaction instead of
+	// recording its id, for the PostgreSQL and MySQL queues (package broker/sqlqueue) when the
+	// queue lives in the handler's database: the queue's lease of the message is deleted with
+	// the business writes, in one commit, so the message is consumed exactly when its effect
+	// commits (see middleware.AckInTransaction). No dedup row, nothing to purge: the fastest
+	// exactly-once setup when one database holds both. The Subscriber must be such a queue's,
+	// on the same database as DB. ExactlyOnce only, without group commit, a batch processor,
+	// CheckFirst, WithTimestamp or ByOffset.
+	AckInTransaction bool
 }
 
 // GroupCommitConfig configures group commit for a handler (see middleware.GroupCommit): the
@@ -276,6 +286,10 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
 	case !h.Dedup.BeyondRetention.Valid():
 		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
+	case h.Dedup.AckInTransaction && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
+		return fmt.Errorf("Handler.Dedup.AckInTransaction: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorAckInTransaction)
+	case h.Dedup.AckInTransaction && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.ByOffset):
+		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with group commit, a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
 	case h.Dedup.ByOffset && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
 		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
 	case h.Dedup.ByOffset && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):

@@ -124,9 +124,13 @@ func (r *Router) AddHandler(h Handler) error {
 	names := h.Interceptors
 	if len(names) == 0 {
 		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
-		if h.Dedup.ByOffset {
+		switch {
+		case h.Dedup.ByOffset:
 			names = slices.Clone(names)
 			names[slices.Index(names, InterceptorDeduplicate)] = InterceptorOffsets
+		case h.Dedup.AckInTransaction:
+			names = slices.Clone(names)
+			names[slices.Index(names, InterceptorDeduplicate)] = InterceptorAckInTransaction
 		}
 	}
 	if err := checkOrder(names); err != nil {
