@@ -73,11 +73,7 @@ func TestExactlyOnceAckInTransaction_QueueAndEffectCommitTogether(t *testing.T) 
 				Interceptors: []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-acks", onceflow.InterceptorDeadLetter,
 					onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorAckInTransaction}}
 			require.NoError(t, r.AddHandler(h))
-			runCtx, cancel := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- r.Run(runCtx) }()
-			t.Cleanup(func() { cancel(); <-done })
-			<-r.Running()
+			testsvc.StartRouter(t, r)
 
 			for _, id := range []string{"plain", "fails-once"} {
 				require.NoError(t, b.Publisher().Publish(topic, message.NewMessage(id, []byte(`x`))))

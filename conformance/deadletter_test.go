@@ -59,11 +59,7 @@ func TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost(t *testing.T) {
 	h.Interceptors = []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-first-ack", onceflow.InterceptorDeadLetter,
 		onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate}
 	require.NoError(t, r.AddHandler(h))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	<-r.Running()
+	testsvc.StartRouter(t, r)
 
 	id := f.id("rejected")
 	f.publish(b, topic, id, "x")
