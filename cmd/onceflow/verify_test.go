@@ -64,14 +64,18 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	cmd.SetErr(&stderr)
 	dir := t.TempDir()
 	cmd.SetArgs(append([]string{"verify", "--json", "--messages", "2000", "--kills", "5", "--dir", dir}, args...))
-	err := cmd.ExecuteContext(context.Background())
-	if err != nil {
+	// The consumers' logs, after the failure that makes them worth reading.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
 		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
 		for _, l := range logs {
 			b, _ := os.ReadFile(l)
-			t.Logf("%s:\n%s", filepath.Base(l), b[max(0, len(b)-3000):])
+			t.Logf("%s:\n%s", filepath.Base(l), b[max(0, len(b)-2000):])
 		}
-	}
+	})
+	err := cmd.ExecuteContext(context.Background())
 	// Exit status 3 says an exactly-once mode failed: the table tells which way, and
 	// checkTable asserts each of them, but a poison message dead-lettered twice: its consumer
 	// was killed between the dead letter and the router's record of it.
