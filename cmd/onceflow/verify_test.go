@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -91,14 +92,15 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	return report
 }
 
-// poisonReasons are what the dead letters of each poison kind say. The panic's last delivery may
-// end with a kill instead of a panic.
-var poisonReasons = map[string]string{
-	"data-error":        "run_id", // the column whose NOT NULL the INSERT violates
-	"panic":             "delivery limit reached after 5 deliveries: ",
-	"malformed-payload": "decode JSON payload",
-	"long-id":           "dedup key too long",
-	"crash-loop":        "delivery limit reached after 5 deliveries: the last one ended without an outcome",
+// poisonReasons match what the dead letters of each poison kind say. The panic's last delivery
+// may end with a kill instead of a panic; and where a connection cut fails the dead letter's
+// publish, the message comes once more, so the limit may be passed by a delivery or two.
+var poisonReasons = map[string]*regexp.Regexp{
+	"data-error":        regexp.MustCompile(`run_id`), // the column whose NOT NULL the INSERT violates
+	"panic":             regexp.MustCompile(`delivery limit reached after [5-7] deliveries: `),
+	"malformed-payload": regexp.MustCompile(`decode JSON payload`),
+	"long-id":           regexp.MustCompile(`dedup key too long`),
+	"crash-loop":        regexp.MustCompile(`delivery limit reached after [5-7] deliveries: the last one ended without an outcome`),
 }
 
 func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
@@ -132,7 +134,7 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 			}
 			want++
 			require.GreaterOrEqual(t, p.Kinds[k], 1, "%s: %s dead-lettered", m.Mode, k)
-			require.Contains(t, p.Reasons[k], poisonReasons[k], "%s: %s", m.Mode, k)
+			require.Regexp(t, poisonReasons[k], p.Reasons[k], "%s: %s", m.Mode, k)
 		}
 		require.Equal(t, want, p.Published, "%s: poison messages published", m.Mode)
 		require.Equal(t, want, p.DeadLettered, "%s: poison messages dead-lettered", m.Mode)
