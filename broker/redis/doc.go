@@ -16,8 +16,9 @@
 // group gets every entry; within a group, an entry is pending for one consumer at a time. A
 // subscription:
 //
-//   - reads new entries with XREADGROUP COUNT <room> BLOCK, keeping up to Config.Prefetch
-//     deliveries unsettled, handed out on its channel in stream order;
+//   - reads new entries with XREADGROUP COUNT <room> BLOCK once half its window is free,
+//     keeping up to Config.Prefetch deliveries unsettled, handed out on its channel in stream
+//     order;
 //   - claims the group's entries that have been idle for Config.AckTimeout (XAUTOCLAIM, every
 //     Config.ClaimInterval): those of consumers that died, closed, or were nacked with a
 //     delay that has ended;

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,10 +41,13 @@ func TestSubscriber_HandsOutPrefetchDeliveriesWithoutWaitingForAcks(t *testing.T
 	require.EqualValues(t, 5, f.pendingCount())
 
 	first[0].Ack()
-	first[1].Nack() // a nacked delivery leaves the window too
-	next := receiveN(t, ch, 2, 10*time.Second)
+	first[1].Nack()                             // a nacked delivery leaves the window too
+	requireNothing(t, ch, 300*time.Millisecond) // new entries are read when half the window is free
+	first[2].Ack()
+	next := receiveN(t, ch, 3, 10*time.Second)
 	require.Equal(t, want[5].UUID, next[0].UUID)
 	require.Equal(t, want[6].UUID, next[1].UUID)
+	require.Equal(t, want[7].UUID, next[2].UUID, "one read brings the three")
 	requireNothing(t, ch, 300*time.Millisecond)
 }
 
@@ -70,21 +74,31 @@ func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
 	m.Ack()
 }
 
-// countingHook counts the XACK commands a client sends and the ids they carry.
+// countingHook counts the XACK commands a client sends and the ids they carry, and records the
+// COUNT of each XREADGROUP and XAUTOCLAIM.
 type countingHook struct {
 	mu       sync.Mutex
 	commands int
 	ids      int
+	reads    []int64
 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *countingHook) count(cmd redis.Cmder) {
-	if cmd.Name() == "xack" {
-		h.mu.Lock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch cmd.Name() {
+	case "xack":
 		h.commands++
 		h.ids += len(cmd.Args()) - 3
-		h.mu.Unlock()
+	case "xreadgroup", "xautoclaim":
+		args := cmd.Args()
+		for i := range len(args) - 1 {
+			if a, ok := args[i].(string); ok && strings.EqualFold(a, "count") {
+				h.reads = append(h.reads, args[i+1].(int64))
+			}
+		}
 	}
 }
 
@@ -128,6 +142,34 @@ func TestSubscriber_AcksGivenTogetherGoInOneXACK(t *testing.T) {
 	require.Equal(t, n, hook.ids, "each ack is sent once")
 	require.LessOrEqual(t, hook.commands, 5, "%d acks given together took %d XACKs", n, hook.commands)
 	t.Logf("%d acks in %d XACK commands", hook.ids, hook.commands)
+}
+
+// Deliveries leave the window one by one; new entries are read once half the window is free,
+// so that one XREADGROUP brings many.
+func TestSubscriber_ReadsWaitForHalfTheWindow(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const n, prefetch = 60, 10
+	f.publish(n)
+	c := f.client(f.url)
+	hook := &countingHook{}
+	c.AddHook(hook)
+	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: prefetch})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ch, err := sub.Subscribe(context.Background(), f.topic)
+	require.NoError(t, err)
+	for range n {
+		receive(t, ch, 10*time.Second).Ack()
+	}
+	testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
+	require.NoError(t, sub.Close())
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	require.NotEmpty(t, hook.reads)
+	for i, count := range hook.reads {
+		require.GreaterOrEqual(t, count, int64(prefetch/2), "read %d of %v asks for less than half the window", i, hook.reads)
+	}
 }
 
 func TestSubscriber_NackAfterComesBackNoSoonerThanAskedWithCountPlusOne(t *testing.T) {

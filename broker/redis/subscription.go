@@ -192,7 +192,9 @@ func (s *subscription) run() {
 }
 
 // step does the most urgent thing: push back the idle time of parked entries, claim back
-// those whose delay has ended, claim entries left idle, or read new ones.
+// those whose delay has ended, claim entries left idle, or read new ones. New and idle entries
+// are read when half the window is free (readRoom), so that each read brings many: a read per
+// delivery that left the window would cost a command per message.
 func (s *subscription) step() error {
 	now := time.Now()
 	if !now.Before(s.nextReap) {
@@ -210,11 +212,19 @@ func (s *subscription) step() error {
 	if due := s.popDue(&s.claims, now, room); len(due) > 0 {
 		return s.claimParked(due)
 	}
+	if room < s.readRoom() {
+		s.waitForRoom()
+		return nil
+	}
 	if !now.Before(s.nextClaim) {
 		return s.claimIdle(room)
 	}
 	return s.read(room, s.blockTime(now))
 }
+
+// readRoom returns the room in the window from which a read of new or idle entries is sent:
+// half the window.
+func (s *subscription) readRoom() int { return max(1, (s.cfg.Prefetch+1)/2) }
 
 // roomLeft returns how many more deliveries the window takes.
 func (s *subscription) roomLeft() int {
@@ -224,12 +234,18 @@ func (s *subscription) roomLeft() int {
 }
 
 // waitForRoom waits until a delivery leaves the window, a parked entry needs its idle time
-// pushed back, or the subscription stops.
+// pushed back or is due to be claimed back, or the subscription stops.
 func (s *subscription) waitForRoom() {
 	s.mu.Lock()
 	var next <-chan time.Time
-	if len(s.refreshes) > 0 {
-		t := time.NewTimer(time.Until(s.refreshes[0].next))
+	var at time.Time
+	for _, h := range []parkHeap{s.claims, s.refreshes} {
+		if len(h) > 0 && (at.IsZero() || h[0].next.Before(at)) {
+			at = h[0].next
+		}
+	}
+	if !at.IsZero() {
+		t := time.NewTimer(time.Until(at))
 		defer t.Stop()
 		next = t.C
 	}
