@@ -78,9 +78,10 @@ func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
 // COUNT of each XREADGROUP and XAUTOCLAIM.
 type countingHook struct {
 	mu       sync.Mutex
-	commands int
-	ids      int
-	reads    []int64
+	commands   int
+	ids        int
+	reads      []int64
+	autoclaims int
 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -93,6 +94,9 @@ func (h *countingHook) count(cmd redis.Cmder) {
 		h.commands++
 		h.ids += len(cmd.Args()) - 3
 	case "xreadgroup", "xautoclaim":
+		if cmd.Name() == "xautoclaim" {
+			h.autoclaims++
+		}
 		args := cmd.Args()
 		for i := range len(args) - 1 {
 			if a, ok := args[i].(string); ok && strings.EqualFold(a, "count") {
@@ -170,6 +174,32 @@ func TestSubscriber_ReadsWaitForHalfTheWindow(t *testing.T) {
 	for i, count := range hook.reads {
 		require.GreaterOrEqual(t, count, int64(prefetch/2), "read %d of %v asks for less than half the window", i, hook.reads)
 	}
+}
+
+// The subscriptions of one Subscriber to a stream are consumers of one group: one pass over the
+// pending entries list per ClaimInterval claims the idle entries for all of them.
+func TestSubscriber_SubscriptionsShareTheClaimOfIdleEntries(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	c := f.client(f.url)
+	hook := &countingHook{}
+	c.AddHook(hook)
+	const interval, subscriptions = 50 * time.Millisecond, 4
+	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, ClaimInterval: interval, BlockTime: 10 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	start := time.Now()
+	for range subscriptions {
+		_, err := sub.Subscribe(context.Background(), f.topic)
+		require.NoError(t, err)
+	}
+	time.Sleep(20 * interval) // idle: each pass is one XAUTOCLAIM of an empty list
+	require.NoError(t, sub.Close())
+	passes := int(time.Since(start)/interval) + 1
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	require.NotZero(t, hook.autoclaims)
+	require.LessOrEqual(t, hook.autoclaims, passes, "%d subscriptions, %d passes at most: %d XAUTOCLAIMs", subscriptions, passes, hook.autoclaims)
 }
 
 func TestSubscriber_NackAfterComesBackNoSoonerThanAskedWithCountPlusOne(t *testing.T) {

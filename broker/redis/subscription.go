@@ -72,10 +72,12 @@ type subscription struct {
 	// XREADGROUP with CLIENT UNBLOCK.
 	readID atomic.Int64
 
+	// pass is the claim pass of the stream, shared with the Subscriber's other subscriptions
+	// to it.
+	pass *claimPass
+
 	// State of run alone.
-	nextClaim time.Time
-	cursor    string // of XAUTOCLAIM
-	nextReap  time.Time
+	nextReap time.Time
 	// readConn is the connection of the XREADGROUPs, when the client can give one of its own
 	// (a *redis.Client can, a cluster client cannot).
 	readConn *redis.Conn
@@ -118,7 +120,7 @@ func newSubscription(owner *Subscriber, ctx context.Context, topic, consumer str
 		room:      make(chan struct{}, 1),
 		ackReady:  make(chan struct{}, 1),
 		wake:      make(chan struct{}, 1),
-		cursor:    "0-0",
+		pass:      owner.claimPass(topic),
 		fields: watermill.LogFields{
 			"provider": "redis", "topic": topic, "consumer_group": owner.cfg.ConsumerGroup, "consumer": consumer,
 		},
@@ -175,7 +177,6 @@ func (s *subscription) sleep(d time.Duration) bool {
 func (s *subscription) run() {
 	defer close(s.loopDone)
 	defer s.dropReader()
-	s.nextClaim = time.Now()
 	s.nextReap = time.Now()
 	failures := 0
 	for !s.isStopping() {
@@ -216,8 +217,8 @@ func (s *subscription) step() error {
 		s.waitForRoom()
 		return nil
 	}
-	if !now.Before(s.nextClaim) {
-		return s.claimIdle(room)
+	if cursor, ok := s.pass.begin(now); ok {
+		return s.claimIdle(room, cursor)
 	}
 	return s.read(room, s.blockTime(now))
 }
@@ -261,7 +262,7 @@ func (s *subscription) waitForRoom() {
 // blockTime returns how long the next XREADGROUP may wait: BlockTime, or less when a claim
 // is due sooner.
 func (s *subscription) blockTime(now time.Time) time.Duration {
-	block := min(s.cfg.BlockTime, s.nextClaim.Sub(now))
+	block := min(s.cfg.BlockTime, s.pass.due().Sub(now))
 	s.mu.Lock()
 	for _, h := range []parkHeap{s.claims, s.refreshes} {
 		if len(h) > 0 {
@@ -579,7 +580,7 @@ func (s *subscription) recoverFrom(err error, failures int) bool {
 			s.cfg.Logger.Error("Could not create the consumer group again", err, s.fields)
 			return s.sleep(backoff(failures))
 		}
-		s.cursor = "0-0"
+		s.pass.restart()
 		return true
 	case isConnErr(err):
 		s.reconnect(err)
@@ -637,7 +638,7 @@ func (s *subscription) reconnect(cause error) {
 	if _, err := s.giveBack(s.opCtx); err != nil {
 		s.cfg.Logger.Error("Could not give back the deliveries in flight at the loss; they come back after AckTimeout", err, s.fields)
 	}
-	s.nextClaim = time.Now()
+	s.pass.restart()
 	s.cfg.Logger.Info("Reconnected to Redis", s.fields)
 }
 
