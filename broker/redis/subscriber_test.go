@@ -77,7 +77,7 @@ func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
 // countingHook counts the XACK commands a client sends and the ids they carry, and records the
 // COUNT of each XREADGROUP and XAUTOCLAIM.
 type countingHook struct {
-	mu       sync.Mutex
+	mu         sync.Mutex
 	commands   int
 	ids        int
 	reads      []int64
