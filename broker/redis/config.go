@@ -44,9 +44,9 @@ type Config struct {
 	ConsumerGroup string
 
 	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
-	// nacked) at most. It reads new entries once half the window is free, with XREADGROUP
-	// COUNT <room left>, so that one read brings many. A nacked delivery leaves the window at
-	// once, whatever its delay. Defaults to DefaultPrefetch.
+	// nacked) at most. It reads new entries once half the window is free (or 20 ms after room
+	// came free), with XREADGROUP COUNT <room left>, so that one read brings many. A nacked
+	// delivery leaves the window at once, whatever its delay. Defaults to DefaultPrefetch.
 	Prefetch int
 
 	// NackDelay is how long a nacked entry waits before it is delivered again, unless the

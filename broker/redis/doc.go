@@ -16,9 +16,9 @@
 // group gets every entry; within a group, an entry is pending for one consumer at a time. A
 // subscription:
 //
-//   - reads new entries with XREADGROUP COUNT <room> BLOCK once half its window is free,
-//     keeping up to Config.Prefetch deliveries unsettled, handed out on its channel in stream
-//     order;
+//   - reads new entries with XREADGROUP COUNT <room> BLOCK once half its window is free (or
+//     20 ms after room came free), keeping up to Config.Prefetch deliveries unsettled, handed
+//     out on its channel in stream order;
 //   - claims the group's entries that have been idle for Config.AckTimeout (XAUTOCLAIM, one
 //     pass over the pending entries list every Config.ClaimInterval, shared by the
 //     Subscriber's subscriptions to the stream): those of consumers that died, closed, or

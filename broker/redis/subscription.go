@@ -78,6 +78,8 @@ type subscription struct {
 
 	// State of run alone.
 	nextReap time.Time
+	// roomSince is when room came free in the window, below readRoom; zero after a read.
+	roomSince time.Time
 	// readConn is the connection of the XREADGROUPs, when the client can give one of its own
 	// (a *redis.Client can, a cluster client cannot).
 	readConn *redis.Conn
@@ -194,8 +196,10 @@ func (s *subscription) run() {
 
 // step does the most urgent thing: push back the idle time of parked entries, claim back
 // those whose delay has ended, claim entries left idle, or read new ones. New and idle entries
-// are read when half the window is free (readRoom), so that each read brings many: a read per
-// delivery that left the window would cost a command per message.
+// are read when half the window is free (readRoom), or fillWait after room first came free,
+// so that each read brings many (a read per delivery that left the window would cost a
+// command per message), and a consumer that holds its deliveries until more come still gets
+// them.
 func (s *subscription) step() error {
 	now := time.Now()
 	if !now.Before(s.nextReap) {
@@ -207,24 +211,34 @@ func (s *subscription) step() error {
 	}
 	room := s.roomLeft()
 	if room == 0 {
-		s.waitForRoom()
+		s.waitForRoom(time.Time{})
 		return nil
 	}
 	if due := s.popDue(&s.claims, now, room); len(due) > 0 {
 		return s.claimParked(due)
 	}
 	if room < s.readRoom() {
-		s.waitForRoom()
-		return nil
+		if s.roomSince.IsZero() {
+			s.roomSince = now
+		}
+		if fillAt := s.roomSince.Add(fillWait); now.Before(fillAt) {
+			s.waitForRoom(fillAt)
+			return nil
+		}
 	}
+	s.roomSince = time.Time{}
 	if cursor, ok := s.pass.begin(now); ok {
 		return s.claimIdle(room, cursor)
 	}
 	return s.read(room, s.blockTime(now))
 }
 
-// readRoom returns the room in the window from which a read of new or idle entries is sent:
-// half the window.
+// fillWait bounds how long room in the window waits to grow to readRoom before new entries
+// are read anyway.
+const fillWait = 20 * time.Millisecond
+
+// readRoom returns the room in the window from which a read of new or idle entries is sent at
+// once: half the window.
 func (s *subscription) readRoom() int { return max(1, (s.cfg.Prefetch+1)/2) }
 
 // roomLeft returns how many more deliveries the window takes.
@@ -235,11 +249,11 @@ func (s *subscription) roomLeft() int {
 }
 
 // waitForRoom waits until a delivery leaves the window, a parked entry needs its idle time
-// pushed back or is due to be claimed back, or the subscription stops.
-func (s *subscription) waitForRoom() {
+// pushed back or is due to be claimed back, until (unless zero), or the subscription stops.
+func (s *subscription) waitForRoom(until time.Time) {
 	s.mu.Lock()
 	var next <-chan time.Time
-	var at time.Time
+	at := until
 	for _, h := range []parkHeap{s.claims, s.refreshes} {
 		if len(h) > 0 && (at.IsZero() || h[0].next.Before(at)) {
 			at = h[0].next

@@ -24,8 +24,8 @@
 // # Delivery
 //
 // Every consumer group receives every message of a topic. A subscription keeps a window of
-// Config.BatchSize messages in flight. When half its window is free (or all of it is) it
-// claims messages in one short transaction: the group's leases that are due, then the
+// Config.BatchSize messages in flight. When half its window is free (or 20 ms after room
+// came free, or when all of it is) it claims messages in one short transaction: the group's leases that are due, then the
 // messages after the group's cursor, each leased for Config.AckDeadline. Acknowledgements
 // delete leases, nacks move a lease's visible_at to the end of the nack's delay. Every
 // transaction of the file is a commit to disk, so settlements wait to be committed together:

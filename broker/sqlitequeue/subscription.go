@@ -18,6 +18,10 @@ import (
 // once: the wait holds up no claim.
 const settleWait = 10 * time.Millisecond
 
+// fillWait bounds how long room in a subscription's window waits to grow to half the window
+// before messages are claimed anyway.
+const fillWait = 20 * time.Millisecond
+
 // closeWait bounds the last transaction of a closing subscription (settling what was
 // acknowledged and nacked, giving back the rest). When the file stays locked for longer, the
 // leases expire by themselves.
@@ -96,6 +100,8 @@ func (s *subscription) run() {
 		// gave says that settlements of this subscription may wait: with nothing else in
 		// flight, it commits them at once.
 		gave bool
+		// roomSince is when room came free in the window; zero after a claim.
+		roomSince time.Time
 		// woken is closed when messages are published to the topic or Wake is called. It is
 		// taken before a round, so that a wake-up during the round is not missed.
 		woken <-chan struct{}
@@ -114,8 +120,16 @@ func (s *subscription) run() {
 		flush := pending && !now.Before(retryAt) && (!now.Before(flushBy) || gave && len(s.inflight) == 0)
 		// A claim waits until half the window is free, so that each claims many messages and
 		// commits the settlements given meanwhile in the same transaction (each transaction
-		// of the queue file is a commit to disk); with nothing in flight it goes at once.
-		claim := canClaim && !now.Before(nextClaim) && (len(s.inflight) == 0 || 2*room >= s.window)
+		// of the queue file is a commit to disk), but no longer than fillWait after room came
+		// free, so that a consumer that holds its messages until more come gets them; with
+		// nothing in flight it goes at once.
+		if !canClaim {
+			roomSince = time.Time{}
+		} else if roomSince.IsZero() {
+			roomSince = now
+		}
+		fillAt := roomSince.Add(fillWait)
+		claim := canClaim && !now.Before(nextClaim) && (len(s.inflight) == 0 || 2*room >= s.window || !now.Before(fillAt))
 		if flush || claim {
 			claimRoom := 0
 			if claim {
@@ -123,6 +137,9 @@ func (s *subscription) run() {
 			}
 			batch, err := s.round(claimRoom)
 			gave = gave && err != nil
+			if claim && err == nil {
+				roomSince = time.Time{}
+			}
 			if err != nil {
 				if s.ctx.Err() != nil {
 					break
@@ -147,8 +164,15 @@ func (s *subscription) run() {
 			if retryAt.After(wake) {
 				wake = retryAt
 			}
-		} else if canClaim {
-			wake = nextClaim
+		}
+		if canClaim {
+			at := nextClaim
+			if fillAt.After(at) && len(s.inflight) > 0 && 2*room < s.window {
+				at = fillAt
+			}
+			if wake.IsZero() || at.Before(wake) {
+				wake = at
+			}
 		}
 		var timeout <-chan time.Time
 		if !wake.IsZero() {
