@@ -10,6 +10,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/sqldb"
 )
 
 // DefaultDeadLetterTopic is the dead-letter topic when Config.DeadLetterTopic is empty.
@@ -40,7 +42,8 @@ type Config struct {
 	// `onceflow purge` instead). Only one node purges a store at a time.
 	PurgeInterval time.Duration
 
-	// PurgeBatchSize is how many keys one purge statement deletes. Defaults to 1000.
+	// PurgeBatchSize is how many keys one purge statement deletes. Defaults to
+	// sqldb.DefaultPurgeBatchSize (1000).
 	PurgeBatchSize int
 
 	// SkipMigrate stops Run from creating the tables its handlers need (duplicate detection,
@@ -89,7 +92,7 @@ func (c *Config) setDefaults() {
 		c.PurgeInterval = time.Hour
 	}
 	if c.PurgeBatchSize == 0 {
-		c.PurgeBatchSize = 1000
+		c.PurgeBatchSize = sqldb.DefaultPurgeBatchSize
 	}
 }
 

@@ -38,7 +38,7 @@ type consumer struct {
 	subscriptions int
 	// work hands deliveries to idle workers; closed when the subscriptions have ended.
 	work         chan *message.Message
-	conv         *converter.Converter
+	conv         converter.MessageConverter
 	chain        processor.Processor
 	reject       processor.Processor
 	ackOnReceipt bool
@@ -49,7 +49,12 @@ type consumer struct {
 	slots chan struct{}
 	// counter counts deliveries that the broker does not count, for the delivery limit; nil
 	// when the handler has no limit.
-	counter    *dedup.Counter
+	counter *dedup.Counter
+	// isolation runs a redelivered message of a handler with a counter alone: it holds the
+	// lock, where the other deliveries share it. A message whose processing kills the process
+	// then takes no other message's processing with it, and the attempts counted for the
+	// delivery limit are its own.
+	isolation  sync.RWMutex
 	redelivery RedeliveryConfig
 	logger     *slog.Logger
 	attrs      metric.MeasurementOption
@@ -146,7 +151,9 @@ func (c *consumer) handle(msg *message.Message) {
 		if !c.ackOnReceipt {
 			md.Delivery = c.deliveries(ctx, msg, md)
 		}
+		unlock := c.isolate(ctx, md, st)
 		err = c.chain.Process(ctx, md)
+		unlock()
 	}
 	if slot {
 		slot = false
@@ -183,12 +190,35 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 	if known {
 		initial = 2 // the first went uncounted: the broker said it was the first
 	}
-	n, err := c.counter.Count(ctx, c.name, md.ID, initial)
+	n, err := c.counter.Count(ctx, c.name, counterID(md), initial)
 	if err != nil {
 		c.logger.Warn("cannot count the delivery; the delivery limit does not apply to it", "message_id", md.ID, "error", err)
 		return 0
 	}
 	return n
+}
+
+// isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
+// handler counts attempts, shared otherwise; none without a counter. A redelivery's attempt is
+// recorded once it holds the lock, before its processing begins. The returned function
+// releases the lock once the processing is over, before the settlement, which may wait out a
+// redelivery delay.
+func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) (unlock func()) {
+	switch {
+	case c.counter == nil:
+		return func() {}
+	case md.Delivery <= 1 || md.ID == "":
+		c.isolation.RLock()
+		return c.isolation.RUnlock
+	}
+	c.isolation.Lock()
+	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
+	if err != nil {
+		c.logger.Warn("cannot record the attempt; the delivery limit counts its deliveries", "message_id", md.ID, "error", err)
+	} else {
+		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
+	}
+	return c.isolation.Unlock
 }
 
 // settle acknowledges or rejects msg for outcome and records it: the settle span ("ack <topic>" or "nack <topic>"), the
@@ -348,4 +378,34 @@ type onceClosingSubscriber struct {
 func (s *onceClosingSubscriber) Close() error {
 	s.once.Do(func() { s.err = s.Subscriber.Close() })
 	return s.err
+}
+
+// counterID is the id under which the delivery counter keeps md: its id, and for a replayed
+// dead letter (messagedata.HeaderReplayCount) its replay count too, so that a replay starts
+// with no deliveries, attempts or dead letter of the message before it.
+func counterID(md *messagedata.MessageData) string {
+	if n := md.Header(messagedata.HeaderReplayCount); n != "" {
+		return md.ID + "#replay-" + n
+	}
+	return md.ID
+}
+
+// deadLetterRecord keeps a handler's dead letters in its delivery counter.
+type deadLetterRecord struct {
+	counter *dedup.Counter
+	handler string
+}
+
+func (r deadLetterRecord) DeadLettered(ctx context.Context, md *messagedata.MessageData) (bool, error) {
+	if md.ID == "" {
+		return false, nil
+	}
+	return r.counter.DeadLettered(ctx, r.handler, counterID(md))
+}
+
+func (r deadLetterRecord) MarkDeadLettered(ctx context.Context, md *messagedata.MessageData) error {
+	if md.ID == "" {
+		return nil // dead-lettered under a fresh id: no redelivery can be told from another message
+	}
+	return r.counter.MarkDeadLettered(ctx, r.handler, counterID(md))
 }

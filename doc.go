@@ -1,7 +1,7 @@
 // Package onceflow is a framework for exactly-once message processing without XA.
 //
-// A message arrives from a broker (RabbitMQ, a SQL queue, NATS JetStream, Redis Streams or the
-// embedded SQLite queue). A chain of interceptors wraps the user's processor.Processor:
+// A message arrives from a broker (RabbitMQ, Kafka, a SQL queue, NATS JetStream, Redis Streams or
+// the embedded SQLite queue). A chain of interceptors wraps the user's processor.Processor:
 // tracing, metrics, dead-lettering, panic recovery, retry, a local database transaction, and
 // duplicate detection that records the message id in that same transaction. The broker message
 // is acknowledged only after the database commit. A redelivered message finds its id recorded
@@ -15,7 +15,9 @@
 //	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Timeout -> Transaction -> Deduplicate -> Processor
 //
 // Middlewares run in the order given: the first is the outermost, so it sees the message first
-// and the outcome last. A handler may instead list interceptors by name (Handler.Interceptors),
+// and the outcome last. An interceptor is a named middleware factory: the name a handler lists,
+// and the function that builds the middleware (package middleware) for that handler. A handler
+// may list interceptors by name instead of taking its QoS chain (Handler.Interceptors),
 // including custom ones registered with Router.RegisterInterceptor.
 //
 // The router alone turns the outcome of the chain into an ack or a nack; see Router.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -108,6 +109,13 @@ type Handler struct {
 	// (see package converter). Defaults to messagedata.HeaderID.
 	IDHeader string
 
+	// Converter turns the subscriber's messages into the MessageData the processor sees, and
+	// says their ids. Defaults to converter.New with IDHeader; a
+	// converter.New(converter.Config{ID: converter.JSONField("order_id")}) takes the id from
+	// a business key in the payload instead, for producers that set no stable id. IDHeader
+	// must be empty when Converter is set.
+	Converter converter.MessageConverter
+
 	// MessagingSystem is the messaging.system attribute of the handler's spans and
 	// semantic-convention metrics, such as "rabbitmq". Defaults to what the Subscriber says
 	// through a method MessagingSystem() string (the Subscribers of package broker say the
@@ -150,6 +158,25 @@ type DedupConfig struct {
 	// middleware.NaturalIdempotency and sqldb.UniqueConstraint for how each database names
 	// them). Required by that interceptor.
 	UniqueConstraints []string
+
+	// ByOffset detects duplicates by position instead of by id, for brokers that deliver each
+	// partition of a topic in order (Kafka): the handler's last applied offset in each
+	// partition is kept in dedup.DefaultPositionsTable and updated in the transaction of each
+	// message, and a message at or below it is a duplicate (see middleware.Offsets). No row
+	// is written per message, so nothing needs purging, and a message needs no id. It takes
+	// the place of the "deduplicate" interceptor in the ExactlyOnce chain; it does not go with
+	// group commit, a batch processor, CheckFirst, WithTimestamp or another quality of service.
+	ByOffset bool
+
+	// AckInTransaction acknowledges each message inside the handler's transaction instead of
+	// recording its id, for the PostgreSQL and MySQL queues (package broker/sqlqueue) when the
+	// queue lives in the handler's database: the queue's lease of the message is deleted with
+	// the business writes, in one commit, so the message is consumed exactly when its effect
+	// commits (see middleware.AckInTransaction). No dedup row is written and nothing needs
+	// purging (BenchmarkSQLQueueExactlyOnce measures it beside a dedup row). The Subscriber
+	// must be such a queue's, on the same database as DB. ExactlyOnce only, without group
+	// commit, a batch processor, CheckFirst, WithTimestamp or ByOffset.
+	AckInTransaction bool
 }
 
 // GroupCommitConfig configures group commit for a handler (see middleware.GroupCommit): the
@@ -259,6 +286,16 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
 	case !h.Dedup.BeyondRetention.Valid():
 		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
+	case h.Dedup.AckInTransaction && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
+		return fmt.Errorf("Handler.Dedup.AckInTransaction: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorAckInTransaction)
+	case h.Dedup.AckInTransaction && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.ByOffset):
+		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with group commit, a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
+	case h.Dedup.ByOffset && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
+		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
+	case h.Dedup.ByOffset && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
+		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with group commit, a batch processor, Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
+	case h.Converter != nil && h.IDHeader != "":
+		return fmt.Errorf("Handler.IDHeader: set together with Converter (handler %q; give the converter its IDHeader)", h.Name)
 	case h.Dedup.Retention < 0:
 		return fmt.Errorf("Handler.Dedup.Retention: %s is negative", h.Dedup.Retention)
 	case h.GroupCommit.MaxSize < 0:
@@ -277,4 +314,12 @@ func (h Handler) Validate() error {
 		}
 	}
 	return h.Order.validate(h.Name)
+}
+
+// converter returns the handler's converter: Converter, or the default one for IDHeader.
+func (h Handler) converter() converter.MessageConverter {
+	if h.Converter != nil {
+		return h.Converter
+	}
+	return converter.New(converter.Config{IDHeader: h.IDHeader})
 }

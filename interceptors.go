@@ -27,6 +27,8 @@ const (
 	InterceptorTransaction        = "transaction"
 	InterceptorDeduplicate        = "deduplicate"
 	InterceptorNaturalIdempotency = "natural-idempotency"
+	InterceptorOffsets            = "offsets"
+	InterceptorAckInTransaction   = "ack-in-transaction"
 	InterceptorInOrder            = "in-order"
 	// InterceptorGroupCommit processes concurrent deliveries in one transaction and records
 	// their ids in it (middleware.GroupCommit): it takes the place of "transaction" and
@@ -128,7 +130,7 @@ func checkOrder(names []string) error {
 		if _, ok := pos[group]; !ok {
 			continue
 		}
-		for _, other := range []string{InterceptorTransaction, InterceptorDeduplicate, InterceptorGroupCommit, InterceptorGroupTransaction} {
+		for _, other := range []string{InterceptorTransaction, InterceptorDeduplicate, InterceptorOffsets, InterceptorAckInTransaction, InterceptorGroupCommit, InterceptorGroupTransaction} {
 			if _, ok := pos[other]; ok && other != group {
 				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group, other)
 			}
@@ -136,7 +138,7 @@ func checkOrder(names []string) error {
 		txName = group
 	}
 	tx, hasTx := pos[txName]
-	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency, InterceptorInOrder} {
+	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency, InterceptorOffsets, InterceptorAckInTransaction, InterceptorInOrder} {
 		if i, ok := pos[inner]; ok && (!hasTx || i < tx) {
 			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner, txName)
 		}
@@ -180,6 +182,19 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 					limit = DefaultMaxDeliveries
 				}
 				opts = append(opts, middleware.WithMaxDeliveries(limit))
+				if store, db := h.Dedup, h.DB; store != nil && db != nil {
+					opts = append(opts, middleware.WithProcessedCheck(func(ctx context.Context, msg *messagedata.MessageData) (bool, error) {
+						_, found, err := store.Lookup(ctx, db, dedup.Key{Handler: h.Name, MessageID: msg.ID})
+						return found, err
+					}))
+				}
+			}
+			if h.Handler.QoS != BestEffort {
+				counter, err := r.counterFor(h.Handler)
+				if err != nil {
+					return nil, err
+				}
+				opts = append(opts, middleware.WithDeadLetterRecord(deadLetterRecord{counter: counter, handler: h.Name}))
 			}
 			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
 		},
@@ -234,6 +249,20 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 				return nil, errors.New("Handler.Dedup.UniqueConstraints: empty (natural idempotency takes a unique violation for an earlier delivery of the message only on the constraints named here; any other is a conflict with another row)")
 			}
 			return middleware.NaturalIdempotency(names[0], names[1:]...), nil
+		},
+		InterceptorAckInTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
+			if a, ok := h.Handler.Subscriber.(interface{ AcksInTransaction() bool }); !ok || !a.AcksInTransaction() {
+				return nil, fmt.Errorf("Handler.Subscriber: %T cannot acknowledge a message in the handler's transaction (%q needs the PostgreSQL or MySQL queue of the handler's database)",
+					h.Handler.Subscriber, InterceptorAckInTransaction)
+			}
+			return middleware.AckInTransaction(), nil
+		},
+		InterceptorOffsets: func(h HandlerInfo) (middleware.Middleware, error) {
+			p, err := r.positionsFor(h.Handler)
+			if err != nil {
+				return nil, err
+			}
+			return middleware.Offsets(p, h.Name), nil
 		},
 		InterceptorGroupCommit: func(h HandlerInfo) (middleware.Middleware, error) {
 			if h.Handler.Dedup.CheckFirst {

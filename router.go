@@ -15,7 +15,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
@@ -57,9 +56,12 @@ type Router struct {
 	gate     gate
 	holds    holds
 	counters map[storeKey]*dedup.Counter
-	claims   []handlerClaim
-	handlers []*consumer
-	started  bool
+	// positions are the position tables of the handlers whose duplicate detection is by
+	// offset, one per database.
+	positions map[storeKey]*dedup.Positions
+	claims    []handlerClaim
+	handlers  []*consumer
+	started   bool
 
 	running  chan struct{} // closed once every handler has subscribed
 	closing  chan struct{} // closed when Close begins
@@ -106,6 +108,7 @@ func NewRouter(cfg Config) (*Router, error) {
 		names:       map[string]bool{},
 		stores:      map[storeKey]*dedup.SQLStore{},
 		counters:    map[storeKey]*dedup.Counter{},
+		positions:   map[storeKey]*dedup.Positions{},
 		gate:        gate{idle: make(chan struct{})},
 	}
 	r.interceptors = r.builtinInterceptors()
@@ -126,6 +129,14 @@ func (r *Router) AddHandler(h Handler) error {
 	names := h.Interceptors
 	if len(names) == 0 {
 		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
+		switch {
+		case h.Dedup.ByOffset:
+			names = slices.Clone(names)
+			names[slices.Index(names, InterceptorDeduplicate)] = InterceptorOffsets
+		case h.Dedup.AckInTransaction:
+			names = slices.Clone(names)
+			names[slices.Index(names, InterceptorDeduplicate)] = InterceptorAckInTransaction
+		}
 	}
 	if err := checkOrder(names); err != nil {
 		return err
@@ -196,7 +207,7 @@ func (r *Router) AddHandler(h Handler) error {
 		router:       r,
 		name:         h.Name,
 		topic:        h.Topic,
-		conv:         converter.New(converter.Config{IDHeader: h.IDHeader}),
+		conv:         h.converter(),
 		chain:        chain,
 		reject:       reject,
 		ackOnReceipt: h.QoS == BestEffort,
@@ -269,6 +280,22 @@ func (r *Router) counterFor(h Handler) (*dedup.Counter, error) {
 	}
 	r.counters[key] = c
 	return c, nil
+}
+
+// positionsFor returns the positions table of h's database, one per database, which Migrate
+// creates. The caller holds r.mu.
+func (r *Router) positionsFor(h Handler) (*dedup.Positions, error) {
+	key := storeKey{db: h.DB, table: dedup.DefaultPositionsTable}
+	if p, ok := r.positions[key]; ok {
+		return p, nil
+	}
+	p, err := dedup.NewPositions(h.DB, dedup.PositionsConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("Handler.Dedup.ByOffset: %w", err)
+	}
+	r.positions[key] = p
+	r.migrate = append(r.migrate, p.Migrate)
+	return p, nil
 }
 
 func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {

@@ -35,6 +35,14 @@ func (s *subscriber) MessagingSystem() string { return s.b.MessagingSystem() }
 // it for its spans and metrics.
 func (s *subscriber) ConsumerGroup() string { return s.b.ConsumerGroup() }
 
+// AcksInTransaction reports whether the scheme's subscriber gives its messages a
+// redelivery.TxAck, so that a handler can acknowledge them in its own transaction (the
+// PostgreSQL and MySQL queues).
+func (s *subscriber) AcksInTransaction() bool {
+	a, ok := s.up.(interface{ AcksInTransaction() bool })
+	return ok && a.AcksInTransaction()
+}
+
 func newSubscriber(b *Broker, up message.Subscriber) *subscriber {
 	return &subscriber{b: b, up: up}
 }

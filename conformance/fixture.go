@@ -51,7 +51,7 @@ type fixture struct {
 	topics []string // used on the broker; removed from a shared server when the test ends
 
 	// poisonAgain counts the dead letters that the Poison scenario's phases allowed beyond one
-	// per poison message (a known defect).
+	// per poison message (a consumer killed between a dead letter and its record).
 	poisonAgain int
 }
 

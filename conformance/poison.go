@@ -174,7 +174,8 @@ func writePoisonEffects(ctx context.Context, handler string, msgs []*messagedata
 //     property) holds; left out where the broker cannot carry it.
 //
 // In CrashLoop, one whose processor kills the consumer process (SIGKILL) every time, published
-// 200 ms apart from the others (see TestKnownDefect_CrashLoopDeadLettersItsNeighbours).
+// 200 ms apart from the others, so that its cost in latency is measured apart from theirs
+// (TestCrashLoopMessageTakesNoNeighbourWithIt shows that those delivered with it are spared).
 //
 // The handlers run in the mode's chain, with a delivery limit of 3, redelivery delays of 20,
 // 40 and 80 ms and an ack timeout of at most 1 s. Each runs its consumers as child processes
@@ -188,9 +189,9 @@ func writePoisonEffects(ctx context.Context, handler string, msgs []*messagedata
 // malformed payload and the long id at the first delivery that reaches their processor, the
 // panic at the delivery limit, the crash loop at the delivery after it ("delivery limit
 // reached after 3 deliveries: the last one ended without an outcome"), after exactly 3
-// consumers died of it; the one exception is the known defect of
-// TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost, a poison message dead-lettered
-// and acked just before a consumer died with the acknowledgement, which the scenario logs.
+// consumers died of it; the one exception is a poison message whose consumer was killed between
+// its dead letter's publish and the router's record of it (see
+// TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost), which the scenario logs.
 // No good message is dead-lettered, and each has exactly one effect in each handler.
 //
 // Latency, from publish to commit: in Handled, the p99 of the good messages among the poison
@@ -299,8 +300,8 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 			case "long-id":
 				require.NoError(t, f.publishLong(b, poisonTopic, pm.id, pm.payload))
 			case "crash-loop":
-				// Alone on its topic, so that no consumer takes a good message in the same
-				// batch or window as it: see TestKnownDefect_CrashLoopDeadLettersItsNeighbours.
+				// Alone on its topic for a moment, so that the first deaths it causes are
+				// measured apart from the good messages.
 				time.Sleep(crashLoopGap)
 				f.publish(b, poisonTopic, pm.id, pm.payload)
 				time.Sleep(crashLoopGap)
@@ -368,11 +369,10 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	settled := time.Now()
 
 	// Dead letters: one per poison message, each with its reason; none of a good message. But
-	// for the known defect of TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost: a
-	// consumer that the crash loop kills takes with it the acknowledgements it had not sent
-	// yet, and a message dead-lettered and acked just before is delivered and dead-lettered
-	// again. That is allowed only where every one of its dead letters was acked: only a lost
-	// ack brings it back.
+	// a consumer that the crash loop kills between a dead letter's publish and the router's
+	// record of it publishes it again at the redelivery (see
+	// TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost). That is allowed only where every one
+	// of its dead letters was acked: only a lost ack brings it back.
 	dls := dlFor()
 	for _, id := range good {
 		require.Empty(t, dls[id], "%s: good message %s dead-lettered", name, id)
@@ -381,7 +381,7 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 		if n := len(dls[pm.id]); n > 1 {
 			c := pz.tally.get(pm.id)
 			require.Equal(t, n, c.Acks, "%s: dead-lettered %d times, acked %d times (%+v)", pm.kind, n, c.Acks, c)
-			t.Logf("Poison: %s dead-lettered %d times: its acknowledgement died with its consumer (a known defect)", pm.kind, n)
+			t.Logf("Poison: %s dead-lettered %d times: its consumer died between the dead letter and its record", pm.kind, n)
 			f.poisonAgain += n - 1
 		}
 	}

@@ -12,11 +12,19 @@
 // A message for which all three are empty has no usable id: FromMessage returns an error
 // wrapping messagedata.ErrNoMessageID that names what it looked at, and the router
 // dead-letters the message with that reason. It is never processed under an empty key.
+//
+// A producer that sets no id, or one that is not stable (a new UUID each time it sends the
+// same business event again), may still carry a business key in its payload or headers:
+// Config.ID takes the id from there instead (JSONField, Header), and the message is processed
+// exactly once by that key. A handler can also be given a MessageConverter of its own.
 package converter
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -24,17 +32,35 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
+// MessageConverter turns an incoming watermill message into the MessageData its processor
+// sees. *Converter is the default one; a handler may take another (Handler.Converter). An
+// error that wraps messagedata.ErrNoMessageID, or any other error, makes the router
+// dead-letter the message with the error as its reason, unprocessed; the MessageData returned
+// with it, if any, carries what could be read. It must be safe for concurrent use.
+type MessageConverter interface {
+	FromMessage(topic string, msg *message.Message) (*messagedata.MessageData, error)
+}
+
+var _ MessageConverter = (*Converter)(nil)
+
 // Config configures a Converter.
 type Config struct {
 	// IDHeader is the header read for the message id when the message has no watermill UUID.
 	// Defaults to messagedata.HeaderID.
 	IDHeader string
+
+	// ID, when set, takes the message id from the message in place of the policy of the
+	// package doc: from a business key in its payload (JSONField) or a header (Header), for
+	// producers whose messages carry no stable id. An empty id it returns is an error
+	// wrapping messagedata.ErrNoMessageID; any error it returns dead-letters the message.
+	ID func(msg *message.Message) (string, error)
 }
 
 // Converter converts between watermill messages and MessageData. It is safe for concurrent
 // use.
 type Converter struct {
 	idHeader string
+	id       func(msg *message.Message) (string, error)
 }
 
 // New returns a Converter for cfg.
@@ -42,7 +68,45 @@ func New(cfg Config) *Converter {
 	if cfg.IDHeader == "" {
 		cfg.IDHeader = messagedata.HeaderID
 	}
-	return &Converter{idHeader: cfg.IDHeader}
+	return &Converter{idHeader: cfg.IDHeader, id: cfg.ID}
+}
+
+// JSONField returns a Config.ID that takes the id from the payload, a JSON object, at path: a
+// field name, or names joined by dots for nested objects ("order.id"). A string is the id as
+// it is; a number is its JSON text. A payload that is not JSON, or a path that leads to
+// nothing, to null or to an object or array, is an error naming the path.
+func JSONField(path string) func(msg *message.Message) (string, error) {
+	names := strings.Split(path, ".")
+	return func(msg *message.Message) (string, error) {
+		var v any
+		dec := json.NewDecoder(bytes.NewReader(msg.Payload))
+		dec.UseNumber()
+		if err := dec.Decode(&v); err != nil {
+			return "", fmt.Errorf("id field %q: payload is not JSON: %w", path, err)
+		}
+		for _, name := range names {
+			obj, ok := v.(map[string]any)
+			if !ok {
+				return "", fmt.Errorf("id field %q: no object holds %q", path, name)
+			}
+			if v, ok = obj[name]; !ok {
+				return "", fmt.Errorf("id field %q: %q is missing", path, name)
+			}
+		}
+		switch id := v.(type) {
+		case string:
+			return id, nil
+		case json.Number:
+			return id.String(), nil
+		default:
+			return "", fmt.Errorf("id field %q holds %T, not a string or a number", path, v)
+		}
+	}
+}
+
+// Header returns a Config.ID that takes the id from the header name.
+func Header(name string) func(msg *message.Message) (string, error) {
+	return func(msg *message.Message) (string, error) { return msg.Metadata.Get(name), nil }
 }
 
 // FromMessage converts msg, consumed from topic. The returned MessageData shares msg's payload
@@ -59,11 +123,23 @@ func (c *Converter) FromMessage(topic string, msg *message.Message) (*messagedat
 		Payload: msg.Payload,
 		Attempt: 1,
 	}
-	if md.ID == "" {
-		md.ID = msg.Metadata.Get(c.idHeader)
-	}
-	if md.ID == "" {
-		md.ID = msg.Metadata.Get(messagedata.HeaderAMQPMessageID)
+	var idErr error
+	switch {
+	case c.id != nil:
+		md.ID, idErr = c.id(msg)
+		if idErr == nil && md.ID == "" {
+			idErr = fmt.Errorf("%w (the handler's id function found none)", messagedata.ErrNoMessageID)
+		}
+	default:
+		if md.ID == "" {
+			md.ID = msg.Metadata.Get(c.idHeader)
+		}
+		if md.ID == "" {
+			md.ID = msg.Metadata.Get(messagedata.HeaderAMQPMessageID)
+		}
+		if md.ID == "" {
+			idErr = fmt.Errorf("%w (watermill uuid, header %q and AMQP message_id are empty)", messagedata.ErrNoMessageID, c.idHeader)
+		}
 	}
 	md.Key = msg.Metadata.Get(messagedata.HeaderKey)
 
@@ -82,8 +158,8 @@ func (c *Converter) FromMessage(topic string, msg *message.Message) (*messagedat
 		}
 		md.Sequence = seq
 	}
-	if md.ID == "" {
-		return md, fmt.Errorf("%w (watermill uuid, header %q and AMQP message_id are empty)", messagedata.ErrNoMessageID, c.idHeader)
+	if idErr != nil {
+		return md, idErr
 	}
 	return md, err
 }

@@ -82,3 +82,34 @@ func TestToMessage_RoundTrip(t *testing.T) {
 	require.Equal(t, "b", back.Header("a"))
 	require.Equal(t, md.Payload, back.Payload)
 }
+
+func TestFromMessage_IDFunctionTakesThePlaceOfThePolicy(t *testing.T) {
+	c := converter.New(converter.Config{ID: converter.JSONField("order.id")})
+	m := message.NewMessage("random-uuid-of-this-send", []byte(`{"order": {"id": "ord-7", "total": 3}}`))
+	md, err := c.FromMessage("orders", m)
+	require.NoError(t, err)
+	require.Equal(t, "ord-7", md.ID, "the business key, not the watermill uuid")
+
+	md, err = c.FromMessage("orders", message.NewMessage("", []byte(`{"order": {"id": 42}}`)))
+	require.NoError(t, err)
+	require.Equal(t, "42", md.ID, "a number is its JSON text")
+
+	md, err = converter.New(converter.Config{ID: converter.Header("x-key")}).FromMessage("orders", message.NewMessage("u", nil))
+	require.ErrorIs(t, err, messagedata.ErrNoMessageID)
+	require.ErrorContains(t, err, "the handler's id function found none")
+	require.Equal(t, "orders", md.Topic, "what could be read is returned with the error")
+}
+
+func TestJSONField_ErrorsNameThePath(t *testing.T) {
+	id := converter.JSONField("order.id")
+	for payload, want := range map[string]string{
+		`not json`:                `id field "order.id": payload is not JSON`,
+		`{"order": "x"}`:          `id field "order.id": no object holds "id"`,
+		`{"other": {}}`:           `id field "order.id": "order" is missing`,
+		`{"order": {"id": null}}`: `id field "order.id" holds <nil>, not a string or a number`,
+		`{"order": {"id": [1]}}`:  `id field "order.id" holds []interface {}, not a string or a number`,
+	} {
+		_, err := id(message.NewMessage("", []byte(payload)))
+		require.ErrorContains(t, err, want, payload)
+	}
+}

@@ -3,6 +3,7 @@ package dedup
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -42,6 +43,10 @@ type Counter struct {
 	now       func() time.Time
 	count     string // handler, message_id, initial, now
 	read      string // handler, message_id (MySQL)
+	attempt   string // handler, message_id, now
+	readTried string // handler, message_id (MySQL)
+	markDead  string // handler, message_id, now
+	readDead  string // handler, message_id
 	purge     string // before, batch size
 }
 
@@ -68,52 +73,108 @@ func NewCounter(db *sqldb.DB, cfg CounterConfig) (*Counter, error) {
 		c.count = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, updated_at) VALUES ($1, $2, $3, $4)
 ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = c.deliveries + 1, updated_at = EXCLUDED.updated_at
 RETURNING c.deliveries`
+		c.attempt = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, attempts, updated_at) VALUES ($1, $2, 0, 1, $3)
+ON CONFLICT (handler, message_id) DO UPDATE SET attempts = c.attempts + 1, updated_at = EXCLUDED.updated_at
+RETURNING c.attempts`
 		c.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE updated_at <= $1 LIMIT $2))`
 	case sqldb.SQLite:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?1, ?2, ?3, ?4)
 ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = deliveries + 1, updated_at = excluded.updated_at
 RETURNING deliveries`
+		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?1, ?2, 0, 1, ?3)
+ON CONFLICT (handler, message_id) DO UPDATE SET attempts = attempts + 1, updated_at = excluded.updated_at
+RETURNING attempts`
 		c.purge = `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE updated_at <= ?1 LIMIT ?2)`
 	case sqldb.MySQL:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE deliveries = deliveries + 1, updated_at = VALUES(updated_at)`
 		c.read = `SELECT deliveries FROM ` + t + ` WHERE handler = ? AND message_id = ?`
+		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?, ?, 0, 1, ?)
+ON DUPLICATE KEY UPDATE attempts = attempts + 1, updated_at = VALUES(updated_at)`
+		c.readTried = `SELECT attempts FROM ` + t + ` WHERE handler = ? AND message_id = ?`
 		c.purge = `DELETE FROM ` + t + ` WHERE updated_at <= ? LIMIT ?`
 	default:
 		return nil, fmt.Errorf("dedup.NewCounter: db.Dialect: unsupported dialect %q (want postgres, mysql or sqlite)", db.Dialect)
 	}
+	switch db.Dialect {
+	case sqldb.MySQL:
+		c.markDead = `INSERT INTO ` + t + ` (handler, message_id, deliveries, dead_lettered, updated_at) VALUES (?, ?, 0, 1, ?)
+ON DUPLICATE KEY UPDATE dead_lettered = 1, updated_at = VALUES(updated_at)`
+	default:
+		c.markDead = db.Rebind(`INSERT INTO ` + t + ` (handler, message_id, deliveries, dead_lettered, updated_at) VALUES (?, ?, 0, 1, ?)
+ON CONFLICT (handler, message_id) DO UPDATE SET dead_lettered = 1, updated_at = EXCLUDED.updated_at`)
+	}
+	c.readDead = db.Rebind(`SELECT dead_lettered FROM ` + t + ` WHERE handler = ? AND message_id = ?`)
 	return c, nil
 }
 
 // Table returns the name of the counter's table.
 func (c *Counter) Table() string { return c.table }
 
-// Migrate creates the table if it does not exist. It is idempotent.
+// Migrate creates the table if it does not exist, and adds the attempts column to a table
+// created before it existed. It is idempotent.
 func (c *Counter) Migrate(ctx context.Context) error {
-	t := c.db.Dialect.Quote(c.table)
+	err := createSmallTable(ctx, c.db, c.table, func(idType string) string {
+		return `handler    ` + idType + ` NOT NULL,
+	message_id ` + idType + ` NOT NULL,
+	deliveries INTEGER NOT NULL,
+	attempts   INTEGER NOT NULL DEFAULT 0,
+	dead_lettered INTEGER NOT NULL DEFAULT 0,
+	updated_at BIGINT NOT NULL,
+	PRIMARY KEY (handler, message_id)`
+	})
+	if err != nil {
+		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
+	}
+	for _, col := range []string{"attempts", "dead_lettered"} {
+		if err := c.addColumn(ctx, col); err != nil {
+			return fmt.Errorf("dedup: migrate counter table %s: add column %s: %w", c.table, col, err)
+		}
+	}
+	return nil
+}
+
+// createSmallTable creates table, whose column list columns returns for the type of its text
+// key columns, if it does not exist; on PostgreSQL under an advisory lock, since concurrent
+// CREATE TABLE IF NOT EXISTS statements may fail there.
+func createSmallTable(ctx context.Context, db *sqldb.DB, table string, columns func(idType string) string) error {
 	idType, opts := "VARCHAR(255)", ""
-	if c.db.Dialect == sqldb.MySQL {
+	if db.Dialect == sqldb.MySQL {
 		idType = "VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
 		opts = " ENGINE=InnoDB"
 	}
-	stmt := `CREATE TABLE IF NOT EXISTS ` + t + ` (
-	handler    ` + idType + ` NOT NULL,
-	message_id ` + idType + ` NOT NULL,
-	deliveries INTEGER NOT NULL,
-	updated_at BIGINT NOT NULL,
-	PRIMARY KEY (handler, message_id)
+	stmt := `CREATE TABLE IF NOT EXISTS ` + db.Dialect.Quote(table) + ` (
+	` + columns(idType) + `
 )` + opts
 	var lock func(tx *sqlx.Tx) error
-	if c.db.Dialect == sqldb.Postgres {
+	if db.Dialect == sqldb.Postgres {
 		lock = func(tx *sqlx.Tx) error {
-			_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", c.table)
+			_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgLockKey+`)`, "migrate", table)
 			return err
 		}
 	}
-	if err := sqltx.Exec(ctx, c.db, []string{stmt}, lock); err != nil {
-		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
+	return sqltx.Exec(ctx, db, []string{stmt}, lock)
+}
+
+// addColumn adds the INTEGER column col, 0 by default, to a counter table created before it
+// existed. Two processes may both try: the one whose ALTER fails finds the column there.
+func (c *Counter) addColumn(ctx context.Context, col string) error {
+	t := c.db.Dialect.Quote(c.table)
+	has := func() bool {
+		rows, err := c.db.QueryContext(ctx, `SELECT `+col+` FROM `+t+` WHERE 1 = 0`)
+		if err != nil {
+			return false
+		}
+		return rows.Close() == nil
 	}
-	return nil
+	if has() {
+		return nil
+	}
+	_, err := c.db.ExecContext(ctx, `ALTER TABLE `+t+` ADD COLUMN `+col+` INTEGER NOT NULL DEFAULT 0`)
+	if err != nil && has() {
+		return nil
+	}
+	return err
 }
 
 // Count records one more delivery of the message with id for handler and returns how many
@@ -145,13 +206,69 @@ func (c *Counter) Count(ctx context.Context, handler, id string, initial int) (i
 	return n, nil
 }
 
+// Attempt records that a delivery of the message with id for handler begins its processing, and
+// returns how many of its deliveries have been recorded so: the router records the deliveries
+// that come after the first, so that a message whose processing kills its consumer is told
+// from the messages delivered with it, whose processing never began. The write is committed
+// when Attempt returns.
+func (c *Counter) Attempt(ctx context.Context, handler, id string) (int, error) {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return 0, err
+	}
+	now := c.now().UnixMicro()
+	var n int
+	var err error
+	if c.readTried == "" {
+		err = c.db.QueryRowxContext(ctx, c.attempt, handler, id, now).Scan(&n)
+	} else {
+		err = sqltx.Run(ctx, c.db, func(tx *sqlx.Tx) error {
+			if _, err := tx.ExecContext(ctx, c.attempt, handler, id, now); err != nil {
+				return err
+			}
+			return tx.QueryRowxContext(ctx, c.readTried, handler, id).Scan(&n)
+		})
+	}
+	if err != nil {
+		return 0, fmt.Errorf("dedup: record an attempt of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return n, nil
+}
+
+// MarkDeadLettered records that the message with id for handler was published to the
+// dead-letter topic, so that a redelivery of it (its acknowledgement was lost) is not
+// published there again. The write is committed when it returns.
+func (c *Counter) MarkDeadLettered(ctx context.Context, handler, id string) error {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return err
+	}
+	if _, err := c.db.ExecContext(ctx, c.markDead, handler, id, c.now().UnixMicro()); err != nil {
+		return fmt.Errorf("dedup: record the dead letter of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return nil
+}
+
+// DeadLettered reports whether MarkDeadLettered recorded the message with id for handler.
+func (c *Counter) DeadLettered(ctx context.Context, handler, id string) (bool, error) {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return false, err
+	}
+	var n int
+	err := c.db.QueryRowxContext(ctx, c.readDead, handler, id).Scan(&n)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("dedup: look up the dead letter of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return n > 0, nil
+}
+
 // Purge deletes the counts of messages last delivered more than Retention ago, in batches, as
 // SQLStore.Purge does, and with the same cross-process lock discipline.
 func (c *Counter) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
-	if opts.BatchSize < 0 || opts.MaxBatches < 0 {
-		return res, fmt.Errorf("dedup: Purge: BatchSize and MaxBatches must not be negative, got %d and %d", opts.BatchSize, opts.MaxBatches)
+	if err := opts.Validate(); err != nil {
+		return res, fmt.Errorf("dedup: Purge: %w", err)
 	}
-	batch := cmp.Or(opts.BatchSize, DefaultPurgeBatchSize)
 	release, held, err := sqllock.TryLock(ctx, c.db, c.table+".purge")
 	if err != nil {
 		return res, fmt.Errorf("dedup: purge %s: take the purge lock: %w", c.table, err)
@@ -165,20 +282,11 @@ func (c *Counter) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult
 		}
 	}()
 	before := c.now().Add(-c.retention).UnixMicro()
-	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
-		r, err := c.db.ExecContext(ctx, c.purge, before, batch)
-		if err != nil {
-			return res, fmt.Errorf("dedup: purge %s: batch %d: %w", c.table, res.Batches+1, err)
-		}
-		n, err := r.RowsAffected()
-		if err != nil {
-			return res, fmt.Errorf("dedup: purge %s: read rows affected: %w", c.table, err)
-		}
-		res.Deleted += n
-		res.Batches++
-		if n < int64(batch) {
-			break
-		}
+	res, err = sqldb.PurgeBatches(ctx, opts, func(ctx context.Context, batch int) (int64, error) {
+		return c.db.PurgeExec(ctx, c.purge, before, batch)
+	})
+	if err != nil {
+		return res, fmt.Errorf("dedup: purge %s: %w", c.table, err)
 	}
 	return res, nil
 }

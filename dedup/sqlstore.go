@@ -397,29 +397,14 @@ func (s *SQLStore) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// PurgeOptions bounds one Purge.
-type PurgeOptions struct {
-	// BatchSize is the number of rows one DELETE removes at most; each batch is its own short
-	// statement, so that no lock is held for long. Must not be negative. Defaults to 1000.
-	BatchSize int
-	// MaxBatches stops the purge after this many batches even if expired rows remain; 0 runs
-	// until no expired row is left. Must not be negative.
-	MaxBatches int
-}
+// PurgeOptions bounds a Purge: rows per DELETE and DELETEs per purge.
+type PurgeOptions = sqldb.PurgeOptions
 
 // PurgeResult says what one Purge did.
-type PurgeResult struct {
-	// Deleted is the number of expired rows deleted.
-	Deleted int64
-	// Batches is the number of DELETE statements run, including a last one that found fewer
-	// rows than BatchSize.
-	Batches int
-	// Skipped is true when another purge of the same table held the lock: nothing was done.
-	Skipped bool
-}
+type PurgeResult = sqldb.PurgeResult
 
 // DefaultPurgeBatchSize is the batch size of a Purge whose BatchSize is zero.
-const DefaultPurgeBatchSize = 1000
+const DefaultPurgeBatchSize = sqldb.DefaultPurgeBatchSize
 
 // purgeLockName names the lock that one Purge of the table holds at a time.
 func (s *SQLStore) purgeLockName() string { return s.table + ".purge" }
@@ -435,14 +420,9 @@ func (s *SQLStore) purgeLockName() string { return s.table + ".purge" }
 // Purge returns at once with Skipped set and a nil error. On error, the result counts what was
 // deleted before it.
 func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
-	if opts.BatchSize < 0 {
-		return res, fmt.Errorf("dedup: Purge: BatchSize: must not be negative, got %d", opts.BatchSize)
+	if err := opts.Validate(); err != nil {
+		return res, fmt.Errorf("dedup: Purge: %w", err)
 	}
-	if opts.MaxBatches < 0 {
-		return res, fmt.Errorf("dedup: Purge: MaxBatches: must not be negative, got %d", opts.MaxBatches)
-	}
-	batch := cmp.Or(opts.BatchSize, DefaultPurgeBatchSize)
-
 	release, held, err := sqllock.TryLock(ctx, s.db, s.purgeLockName())
 	if err != nil {
 		return res, fmt.Errorf("dedup: purge %s: take the purge lock: %w", s.table, err)
@@ -457,23 +437,11 @@ func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResul
 	}()
 
 	now := s.now().UnixMicro()
-	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
-		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("dedup: purge %s: %w", s.table, err)
-		}
-		r, err := s.db.ExecContext(ctx, s.q.purge, now, batch)
-		if err != nil {
-			return res, fmt.Errorf("dedup: purge %s: batch %d: %w", s.table, res.Batches+1, err)
-		}
-		n, err := r.RowsAffected()
-		if err != nil {
-			return res, fmt.Errorf("dedup: purge %s: batch %d: read rows affected: %w", s.table, res.Batches+1, err)
-		}
-		res.Deleted += n
-		res.Batches++
-		if n < int64(batch) {
-			break
-		}
+	res, err = sqldb.PurgeBatches(ctx, opts, func(ctx context.Context, batch int) (int64, error) {
+		return s.db.PurgeExec(ctx, s.q.purge, now, batch)
+	})
+	if err != nil {
+		return res, fmt.Errorf("dedup: purge %s: %w", s.table, err)
 	}
 	return res, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/onceflow/onceflow/converter"
+	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
@@ -37,6 +38,26 @@ type DeadLetterOption func(*deadLetterConfig)
 
 type deadLetterConfig struct {
 	maxDeliveries int
+	processed     func(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	record        DeadLetterRecord
+}
+
+// DeadLetterRecord remembers, durably, which messages a handler dead-lettered: the router's is
+// kept in the delivery counter table (dedup.Counter).
+type DeadLetterRecord interface {
+	// DeadLettered reports whether msg was dead-lettered before.
+	DeadLettered(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	// MarkDeadLettered records that msg was dead-lettered.
+	MarkDeadLettered(ctx context.Context, msg *messagedata.MessageData) error
+}
+
+// WithDeadLetterRecord makes dead letters exactly once where their acknowledgement is lost:
+// after publishing a dead letter, DeadLetter records it in rec, and a redelivery of a message
+// that rec says was dead-lettered (its consumer died, or its connection dropped, before the
+// acknowledgement reached the broker) is acknowledged without a second dead letter. A consumer
+// that dies between the publish and the record still publishes it again at the redelivery.
+func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
+	return func(c *deadLetterConfig) { c.record = rec }
 }
 
 // WithMaxDeliveries makes DeadLetter give up a message at its n-th delivery
@@ -46,8 +67,21 @@ type deadLetterConfig struct {
 // than n times (its n-th delivery ended without an outcome: the consumer died or its
 // acknowledgement was lost) is dead-lettered before it is processed. A message whose delivery
 // count is unknown (0) is never given up this way. Defaults to 0: no limit.
+//
+// Inside the router, the count that the limit applies to is that of the deliveries whose
+// processing began, where the router knows it: a delivery that waited behind a message that
+// killed its consumer, and never began, does not count. So a message that crashes its
+// consumer every time reaches the limit, and the messages delivered with it do not.
 func WithMaxDeliveries(n int) DeadLetterOption {
 	return func(c *deadLetterConfig) { c.maxDeliveries = n }
+}
+
+// WithProcessedCheck gives DeadLetter a way to ask whether a message was processed already
+// (its duplicate-detection record committed). A message over its delivery limit that was
+// processed, whose acknowledgements were lost, is then acknowledged as a duplicate instead of
+// being dead-lettered. When processed fails, the message is dead-lettered as without it.
+func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.MessageData) (bool, error)) DeadLetterOption {
+	return func(c *deadLetterConfig) { c.processed = processed }
 }
 
 // DeadLetter publishes a message that cannot succeed to topic on pub, then reports it as
@@ -82,20 +116,39 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			var err error
-			if limit := cfg.maxDeliveries; limit > 0 && msg.Delivery > limit {
+			n := msg.Delivery
+			if st := delivery.From(ctx); st != nil && st.Attempts > 0 {
+				n = st.Attempts
+			}
+			if limit := cfg.maxDeliveries; limit > 0 && n > limit {
+				if cfg.processed != nil {
+					if done, perr := cfg.processed(ctx, msg); perr == nil && done {
+						return fmt.Errorf("%w: over the delivery limit, and processed already", processor.ErrDuplicate)
+					}
+				}
 				err = processor.Permanent(fmt.Errorf("%w after %d deliveries: the last one ended without an outcome (its consumer stopped, or its acknowledgement was lost)",
-					ErrDeliveryLimit, msg.Delivery-1))
+					ErrDeliveryLimit, n-1))
 			} else {
 				err = next.Process(ctx, msg)
-				if cfg.maxDeliveries > 0 && msg.Delivery >= cfg.maxDeliveries && givesUp(ctx, err) {
-					err = processor.Permanent(fmt.Errorf("%w after %d deliveries: %w", ErrDeliveryLimit, msg.Delivery, err))
+				if cfg.maxDeliveries > 0 && n >= cfg.maxDeliveries && givesUp(ctx, err) {
+					err = processor.Permanent(fmt.Errorf("%w after %d deliveries: %w", ErrDeliveryLimit, n, err))
 				}
 			}
 			if err == nil || !processor.IsPermanent(err) {
 				return err
 			}
+			if cfg.record != nil && msg.Delivery != 1 { // a first delivery has no dead letter before it
+				if done, rerr := cfg.record.DeadLettered(ctx, msg); rerr == nil && done {
+					return fmt.Errorf("%w to %s at an earlier delivery, whose acknowledgement was lost: %w", processor.ErrDeadLettered, topic, err)
+				}
+			}
 			if pubErr := PublishDeadLetter(ctx, pub, topic, handler, msg, err); pubErr != nil {
 				return fmt.Errorf("%w after %v: %w", ErrDeadLetterFailed, err, pubErr)
+			}
+			if cfg.record != nil {
+				if rerr := cfg.record.MarkDeadLettered(ctx, msg); rerr != nil {
+					return fmt.Errorf("%w to %s (not recorded, so a redelivery would be dead-lettered again: %v): %w", processor.ErrDeadLettered, topic, rerr, err)
+				}
 			}
 			return fmt.Errorf("%w to %s: %w", processor.ErrDeadLettered, topic, err)
 		})

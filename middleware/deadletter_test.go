@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/brokertest"
+	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -76,6 +77,51 @@ func TestDeadLetter_MessageBeyondTheLimitIsDeadLetteredWithoutProcessing(t *test
 	dead := b.Drain("dead")
 	require.Len(t, dead, 1)
 	require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), "delivery limit reached after 3 deliveries: the last one ended without an outcome")
+}
+
+func TestDeadLetter_LimitCountsTheDeliveriesWhoseProcessingBegan(t *testing.T) {
+	// Delivered 7 times, but its processing began twice: it waited behind a message that
+	// killed its consumer.
+	b := brokertest.New()
+	calls := 0
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+		calls++
+		return nil
+	}))
+	ctx := delivery.With(context.Background(), &delivery.State{Attempts: 2})
+	require.NoError(t, p.Process(ctx, delivered("a", 7)))
+	require.Equal(t, 1, calls)
+	require.Empty(t, b.Drain("dead"))
+
+	ctx = delivery.With(context.Background(), &delivery.State{Attempts: 4})
+	err := p.Process(ctx, delivered("b", 4))
+	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
+	require.Equal(t, 1, calls, "its fourth began processing: the third ended without an outcome")
+	dead := b.Drain("dead")
+	require.Len(t, dead, 1)
+	require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), "after 3 deliveries: the last one ended without an outcome")
+}
+
+func TestDeadLetter_MessageBeyondTheLimitThatWasProcessedIsADuplicate(t *testing.T) {
+	// Processed, and its acknowledgement lost at every delivery since.
+	b := brokertest.New()
+	processed := map[string]bool{"done": true}
+	check := middleware.WithProcessedCheck(func(_ context.Context, m *messagedata.MessageData) (bool, error) {
+		return processed[m.ID], nil
+	})
+	calls := 0
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3), check)(processor.Func(func(context.Context, *messagedata.MessageData) error {
+		calls++
+		return nil
+	}))
+	err := p.Process(context.Background(), delivered("done", 4))
+	require.Equal(t, processor.Duplicate, processor.OutcomeOf(err))
+	require.Empty(t, b.Drain("dead"))
+
+	err = p.Process(context.Background(), delivered("new", 4))
+	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
+	require.Len(t, b.Drain("dead"), 1)
+	require.Zero(t, calls)
 }
 
 func TestDeadLetter_LimitSparesWhatIsNotTheMessagesFault(t *testing.T) {

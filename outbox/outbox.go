@@ -291,25 +291,13 @@ func (o *Outbox) Stats(ctx context.Context, consumerGroup string) (Stats, error)
 }
 
 // DefaultPurgeBatchSize is the batch size of a Purge whose BatchSize is zero.
-const DefaultPurgeBatchSize = 1000
+const DefaultPurgeBatchSize = sqldb.DefaultPurgeBatchSize
 
-// PurgeOptions bounds one Purge.
-type PurgeOptions struct {
-	// BatchSize is the number of rows one DELETE removes at most; each batch is its own short
-	// statement. Must not be negative. Defaults to DefaultPurgeBatchSize.
-	BatchSize int
-	// MaxBatches stops the purge after this many batches; 0 runs until no purgeable row is
-	// left. Must not be negative.
-	MaxBatches int
-}
+// PurgeOptions bounds a Purge: rows per DELETE and DELETEs per purge.
+type PurgeOptions = sqldb.PurgeOptions
 
-// PurgeResult says what one Purge did.
-type PurgeResult struct {
-	// Deleted is the number of rows deleted.
-	Deleted int64
-	// Batches is the number of DELETE statements run.
-	Batches int
-}
+// PurgeResult says what one Purge did; Skipped is never set.
+type PurgeResult = sqldb.PurgeResult
 
 // Purge deletes messages that every consumer group registered in the offsets table has sent
 // (or dead-lettered), in batches of BatchSize rows, each its own statement, until a batch
@@ -324,31 +312,15 @@ type PurgeResult struct {
 // concurrently from several processes is safe, only wasteful. On error, the result counts
 // what was deleted before it.
 func (o *Outbox) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult, err error) {
-	if opts.BatchSize < 0 {
-		return res, fmt.Errorf("outbox: Purge: BatchSize: must not be negative, got %d", opts.BatchSize)
+	if err := opts.Validate(); err != nil {
+		return res, fmt.Errorf("outbox: Purge: %w", err)
 	}
-	if opts.MaxBatches < 0 {
-		return res, fmt.Errorf("outbox: Purge: MaxBatches: must not be negative, got %d", opts.MaxBatches)
-	}
-	batch := cmp.Or(opts.BatchSize, DefaultPurgeBatchSize)
 	query := o.d.purgeQuery()
-	for opts.MaxBatches == 0 || res.Batches < opts.MaxBatches {
-		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("outbox: purge %s: %w", o.table, err)
-		}
-		r, err := o.db.ExecContext(ctx, query, batch)
-		if err != nil {
-			return res, fmt.Errorf("outbox: purge %s: batch %d: %w", o.table, res.Batches+1, err)
-		}
-		n, err := r.RowsAffected()
-		if err != nil {
-			return res, fmt.Errorf("outbox: purge %s: batch %d: read rows affected: %w", o.table, res.Batches+1, err)
-		}
-		res.Deleted += n
-		res.Batches++
-		if n < int64(batch) {
-			break
-		}
+	res, err = sqldb.PurgeBatches(ctx, opts, func(ctx context.Context, batch int) (int64, error) {
+		return o.db.PurgeExec(ctx, query, batch)
+	})
+	if err != nil {
+		return res, fmt.Errorf("outbox: purge %s: %w", o.table, err)
 	}
 	return res, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // consumeAll publishes n messages, acks each with ack(m) from a fresh subscription with
@@ -59,6 +60,66 @@ func TestSubscriber_AcksOutOfOrderAreCoalescedWherePossible(t *testing.T) {
 			})
 		}, acks.Wait)
 		t.Logf("%d acks out of order: %d frames (%d with multiple, %d single)", n, single+multiple, multiple, single)
-		require.Less(t, single+multiple, n)
+		require.Less(t, single+multiple, n/4, "acks behind older deliveries wait for them")
+	})
+}
+
+// Acks given out of order while older deliveries are still being processed wait for them, and
+// all go as one multiple ack: exactly one frame.
+func TestSubscriber_AcksOutOfOrderGoAsOneMultipleAck(t *testing.T) {
+	t.Parallel()
+	forEachQueueType(t, func(t *testing.T, f *fixture) {
+		const n = 10
+		f.publish("m", n)
+		cfg := f.config(n)
+		cfg.AckDelay = time.Minute // only the acks themselves send anything
+		cfg.OutOfOrderAckDelay = time.Minute
+		s := f.subscriber(cfg)
+		var frames amqp.FrameCounter
+		amqp.CountFrames(s, &frames)
+		got := receiveN(t, f.subscribe(s), n)
+		for i := n - 1; i >= 0; i-- {
+			got[i].Ack()
+		}
+		testsvc.Eventually(t, within, func() bool {
+			_, multiple, _ := frames.Frames()
+			return multiple == 1
+		}, "the acks are not sent")
+		require.NoError(t, s.Close())
+		single, multiple, nacks := frames.Frames()
+		require.Equal(t, [3]int{0, 1, 0}, [3]int{single, multiple, nacks}, "Close sends nothing more")
+		f.eventuallyReady(0)
+	})
+}
+
+// An ack behind a delivery that is not acked in time goes alone: the window never waits for a
+// stuck delivery longer than its bound, and the stuck one is not acked with it.
+func TestSubscriber_AnAckBehindAStuckDeliveryGoesAlone(t *testing.T) {
+	t.Parallel()
+	forEachQueueType(t, func(t *testing.T, f *fixture) {
+		const n = 4
+		ids := f.publish("m", n)
+		cfg := f.config(n)
+		cfg.AckDelay = time.Millisecond
+		cfg.OutOfOrderAckDelay = 20 * time.Millisecond
+		s := f.subscriber(cfg)
+		var frames amqp.FrameCounter
+		amqp.CountFrames(s, &frames)
+		msgs := f.subscribe(s)
+		got := receiveN(t, msgs, n)
+		got[1].Ack()
+		got[2].Ack()
+		testsvc.Eventually(t, within, func() bool {
+			single, _, _ := frames.Frames()
+			return single == 2
+		}, "the acks behind m-0 are not sent")
+		single, multiple, nacks := frames.Frames()
+		require.Equal(t, [3]int{2, 0, 0}, [3]int{single, multiple, nacks}, "single, multiple, nack frames")
+		require.NoError(t, s.Close())
+		single, multiple, nacks = frames.Frames()
+		require.Equal(t, [3]int{2, 0, 0}, [3]int{single, multiple, nacks}, "Close sends nothing more")
+		f.eventuallyReady(2)
+		again := receiveN(t, f.subscribe(f.subscriber(f.config(n))), 2)
+		require.ElementsMatch(t, []string{ids[0], ids[3]}, uuids(again))
 	})
 }

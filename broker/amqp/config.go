@@ -16,6 +16,9 @@ const (
 	// DefaultAckDelay bounds how long an ack waits to be sent with others, when Config.AckDelay
 	// is zero.
 	DefaultAckDelay = 2 * time.Millisecond
+	// DefaultOutOfOrderAckDelay bounds how long an ack behind an older delivery waits for it,
+	// when Config.OutOfOrderAckDelay is zero.
+	DefaultOutOfOrderAckDelay = 250 * time.Millisecond
 	// DefaultReconnectInitial is the first wait before reconnecting, when
 	// Config.ReconnectInitial is zero.
 	DefaultReconnectInitial = 100 * time.Millisecond
@@ -50,11 +53,21 @@ type Config struct {
 	// at once. A held message keeps its prefetch slot.
 	NackDelay time.Duration
 
-	// AckDelay bounds how long an ack waits to be sent together with others: a run of acks
-	// contiguous from the oldest unsettled delivery goes as one basic.ack with multiple set (at
-	// once when half the prefetch window is acked), the others one by one. All go at once when
-	// no other delivery is being processed. Defaults to DefaultAckDelay.
+	// AckDelay bounds how long an ack waits to be sent together with others when it can go
+	// now: a run of acks contiguous from the oldest unsettled delivery goes as one basic.ack
+	// with multiple set, within AckDelay of its oldest ack, or at once when it holds half the
+	// prefetch window. Defaults to DefaultAckDelay.
 	AckDelay time.Duration
+
+	// OutOfOrderAckDelay bounds how long an ack behind an older delivery that is still being
+	// processed, or held after a nack, waits for it. Deliveries processed concurrently finish
+	// in any order, and a basic.ack sent alone costs RabbitMQ about as much as the delivery it
+	// settles, so such an ack waits for the older delivery, to go with it in one multiple ack:
+	// for twice the mean time the subscription's deliveries take from hand-out to ack, at
+	// least AckDelay and at most OutOfOrderAckDelay; then it goes alone. Every ack goes at once
+	// when no delivery is being processed any more. At least AckDelay. Defaults to
+	// DefaultOutOfOrderAckDelay.
+	OutOfOrderAckDelay time.Duration
 
 	// ReconnectInitial is the wait before the first attempt to reopen a lost channel or
 	// connection; it doubles (with jitter) after each failed attempt, up to ReconnectMax.
@@ -89,6 +102,7 @@ func (c Config) Validate() error {
 	}{
 		{"NackDelay", c.NackDelay},
 		{"AckDelay", c.AckDelay},
+		{"OutOfOrderAckDelay", c.OutOfOrderAckDelay},
 		{"ReconnectInitial", c.ReconnectInitial},
 		{"ReconnectMax", c.ReconnectMax},
 		{"CloseTimeout", c.CloseTimeout},
@@ -108,6 +122,10 @@ func (c Config) withDefaults() Config {
 	if c.AckDelay == 0 {
 		c.AckDelay = DefaultAckDelay
 	}
+	if c.OutOfOrderAckDelay == 0 {
+		c.OutOfOrderAckDelay = DefaultOutOfOrderAckDelay
+	}
+	c.OutOfOrderAckDelay = max(c.OutOfOrderAckDelay, c.AckDelay)
 	if c.ReconnectInitial == 0 {
 		c.ReconnectInitial = DefaultReconnectInitial
 	}

@@ -30,6 +30,7 @@ type delivery struct {
 	ctx    context.Context // the message's context, with its redelivery state
 	cancel context.CancelFunc
 	due    time.Time // when a held nack is sent
+	out    time.Time // when it was handed out
 }
 
 // settlement is the consumer's ack or nack of a delivery.
@@ -50,7 +51,6 @@ type session struct {
 	deliveries <-chan amqp.Delivery
 	closed     <-chan *amqp.Error
 	quorum     bool
-	flushAt    int
 
 	// ctx is the parent of the deliveries' contexts, cancelled when the session ends.
 	ctx    context.Context
@@ -59,11 +59,11 @@ type session struct {
 	done   chan struct{}
 	events chan settlement
 
-	win      window
+	acked    *coalescer
 	inflight map[uint64]*delivery // handed out, not settled by the consumer
 	held     heldQueue
 	ackTimer *time.Timer
-	ackArmed bool
+	ackDue   time.Time // when ackTimer fires; zero when it is stopped
 	nackTime *time.Timer
 }
 
@@ -78,11 +78,11 @@ func newSession(sub *subscription, ch *amqp.Channel, a acker, tag string, delive
 		deliveries: deliveries,
 		closed:     closed,
 		quorum:     cfg.Topology.Queue.Type == Quorum,
-		flushAt:    max(1, (cfg.Prefetch+1)/2),
 		ctx:        ctx,
 		cancel:     cancel,
 		done:       make(chan struct{}),
 		events:     make(chan settlement, cfg.Prefetch),
+		acked:      newCoalescer(cfg.Prefetch, cfg.AckDelay, cfg.OutOfOrderAckDelay),
 		inflight:   map[uint64]*delivery{},
 		ackTimer:   time.NewTimer(time.Hour),
 		nackTime:   time.NewTimer(time.Hour),
@@ -131,9 +131,9 @@ func (ss *session) run() (lost bool) {
 			next = nil
 		case st := <-ss.events:
 			err = ss.settle(st)
-		case <-ss.ackTimer.C:
-			ss.ackArmed = false
-			err = ss.flush()
+		case now := <-ss.ackTimer.C:
+			ss.ackDue = time.Time{}
+			err = ss.send(ss.acked.expire(now))
 		case <-ss.nackTime.C:
 			err = ss.nackDue(time.Now())
 		case e := <-ss.closed:
@@ -162,13 +162,14 @@ func (ss *session) receive(d amqp.Delivery) *delivery {
 	msg, _ := Marshaler{}.Unmarshal(d) // never fails
 	ctx, cancel := context.WithCancel(redelivery.NewContext(ss.ctx, deliveryInfo(d, ss.quorum)))
 	msg.SetContext(ctx)
-	ss.win.add(d.DeliveryTag)
+	ss.acked.deliver(d.DeliveryTag)
 	return &delivery{tag: d.DeliveryTag, msg: msg, ctx: ctx, cancel: cancel}
 }
 
 // handOut records that the consumer has d and waits for its ack or nack.
 func (ss *session) handOut(d *delivery) {
 	ss.inflight[d.tag] = d
+	d.out = time.Now()
 	go func() {
 		var st settlement
 		select {
@@ -195,23 +196,8 @@ func (ss *session) settle(st settlement) error {
 	delete(ss.inflight, d.tag)
 	d.cancel()
 	if st.ack {
-		ss.win.ack(d.tag)
-		switch {
-		case !ss.win.busy():
-			// Nothing older can be acked any more (what is not settled is held): send all.
-			return ss.flush()
-		case ss.win.pending() >= ss.flushAt:
-			// Half the window is waiting: free it, with the one frame of the prefix; the acks
-			// behind an open delivery wait for it, up to the timer.
-			if err := ss.sendPrefix(); err != nil {
-				return err
-			}
-		}
-		if ss.win.pending() > 0 && !ss.ackArmed {
-			ss.ackTimer.Reset(ss.sub.s.cfg.AckDelay)
-			ss.ackArmed = true
-		}
-		return nil
+		now := time.Now()
+		return ss.send(ss.acked.ack(d.tag, now, now.Sub(d.out)))
 	}
 	delay, asked := redelivery.RequestedDelay(d.ctx)
 	if !asked {
@@ -221,54 +207,38 @@ func (ss *session) settle(st settlement) error {
 		return ss.nack(d)
 	}
 	d.due = time.Now().Add(delay)
-	ss.win.hold(d.tag)
 	heap.Push(&ss.held, d)
 	ss.resetNackTimer()
-	return nil
+	return ss.send(ss.acked.holdNack(d.tag))
 }
 
-// flush sends every ack given so far: the run at the front of the window as one ack, the
-// others one by one.
-func (ss *session) flush() error {
-	if ss.ackArmed {
-		ss.ackTimer.Stop()
-		ss.ackArmed = false
-	}
-	return ss.send(ss.win.take(true))
-}
-
-// sendPrefix sends the run of acks at the front of the window, as one ack.
-func (ss *session) sendPrefix() error {
-	err := ss.send(ss.win.take(false))
-	if ss.win.pending() == 0 && ss.ackArmed {
-		ss.ackTimer.Stop()
-		ss.ackArmed = false
-	}
-	return err
-}
-
-// send sends the acks that window.take returned.
-func (ss *session) send(prefix uint64, n int, singles []uint64) error {
-	if prefix != 0 {
-		if err := ss.acks.Ack(prefix, n > 1); err != nil {
-			return fmt.Errorf("ack delivery %d (multiple=%t): %w", prefix, n > 1, err)
+// send sends the acks the coalescer returned, and sets the timer for the ones that wait.
+func (ss *session) send(frames []ackFrame) error {
+	for _, f := range frames {
+		if err := ss.acks.Ack(f.tag, f.multiple); err != nil {
+			return fmt.Errorf("ack delivery %d (multiple=%t): %w", f.tag, f.multiple, err)
 		}
 	}
-	for _, tag := range singles {
-		if err := ss.acks.Ack(tag, false); err != nil {
-			return fmt.Errorf("ack delivery %d: %w", tag, err)
+	due, ok := ss.acked.due()
+	switch {
+	case !ok:
+		if !ss.ackDue.IsZero() {
+			ss.ackTimer.Stop()
+			ss.ackDue = time.Time{}
 		}
+	case !due.Equal(ss.ackDue):
+		ss.ackTimer.Reset(time.Until(due))
+		ss.ackDue = due
 	}
 	return nil
 }
 
 // nack gives d back to RabbitMQ, to be delivered again.
 func (ss *session) nack(d *delivery) error {
-	ss.win.settle(d.tag)
 	if err := ss.acks.Nack(d.tag, false, true); err != nil {
 		return fmt.Errorf("nack delivery %d: %w", d.tag, err)
 	}
-	return nil
+	return ss.send(ss.acked.settle(d.tag))
 }
 
 // nackDue sends the held nacks whose delay has passed at now.
@@ -316,7 +286,7 @@ func (ss *session) end() {
 		default:
 		}
 	}
-	errs = append(errs, ss.flush())
+	errs = append(errs, ss.send(ss.acked.flush()))
 	for len(ss.held) > 0 {
 		errs = append(errs, ss.nack(heap.Pop(&ss.held).(*delivery)))
 	}

@@ -102,6 +102,26 @@ func (w *window) trim() {
 	}
 }
 
+// prefixReady reports whether the oldest tag not settled at RabbitMQ is acked: a multiple ack
+// can go.
+func (w *window) prefixReady() bool { return len(w.states) > 0 && w.states[0] == acked }
+
+// prefixLen returns how many acked tags the run at the front of the window holds: those one
+// multiple ack would send now.
+func (w *window) prefixLen() int {
+	n := 0
+	for _, s := range w.states {
+		switch s {
+		case acked:
+			n++
+		case gone:
+		default:
+			return n
+		}
+	}
+	return n
+}
+
 // pending returns how many acks wait to be sent.
 func (w *window) pending() int { return w.nAcked }
 

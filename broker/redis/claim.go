@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -15,27 +16,84 @@ import (
 // while the entry is ours and nobody else can claim it: it is the broker's count, never a
 // guess, and it survives the death of any consumer.
 
+// claimPass is the walk over a stream's pending entries list that claims the entries idle
+// for AckTimeout, shared by the subscriptions of one Subscriber to the stream: they are
+// consumers of one group, and one pass finds the idle entries for all of them. Each step is
+// one XAUTOCLAIM, by whichever subscription has room; the next pass starts ClaimInterval
+// after one ends.
+type claimPass struct {
+	mu     sync.Mutex
+	next   time.Time // when the next step may start
+	cursor string    // where it starts
+	busy   bool      // a step is running
+}
+
+func newClaimPass() *claimPass { return &claimPass{cursor: "0-0"} }
+
+// claimPass returns the claim pass of topic.
+func (s *Subscriber) claimPass(topic string) *claimPass {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.passes[topic]
+	if p == nil {
+		p = newClaimPass()
+		s.passes[topic] = p
+	}
+	return p
+}
+
+// begin starts a step at now, and returns its cursor; false when none is due or one runs.
+func (p *claimPass) begin(now time.Time) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.busy || now.Before(p.next) {
+		return "", false
+	}
+	p.busy = true
+	return p.cursor, true
+}
+
+// end ends a step that reached next ("0-0": the end of the list) at replied, or failed.
+func (p *claimPass) end(next string, replied time.Time, interval time.Duration, failed bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.busy = false
+	if failed || next == "0-0" {
+		// The pass ends here (after a failure too: reads go on), and the next one starts
+		// from the beginning.
+		p.cursor, p.next = "0-0", replied.Add(interval)
+		return
+	}
+	p.cursor, p.next = next, replied // the pass goes on
+}
+
+// restart makes a new pass start at once, from the beginning.
+func (p *claimPass) restart() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cursor, p.next = "0-0", time.Time{}
+}
+
+// due returns when the next step may start.
+func (p *claimPass) due() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.next
+}
+
 // claimIdle claims up to room entries of the group that have been idle for AckTimeout:
 // deliveries of consumers that died, closed or lost their connection, and nacked entries
-// whose delay has ended. A pass walks the whole pending entries list, one XAUTOCLAIM at a
-// time; the next pass starts ClaimInterval after one ends.
-func (s *subscription) claimIdle(room int) error {
+// whose delay has ended; one step of the stream's claim pass, which begin started at cursor.
+func (s *subscription) claimIdle(room int, cursor string) error {
 	sent := time.Now()
 	msgs, next, err := s.client.XAutoClaim(s.opCtx, &redis.XAutoClaimArgs{
 		Stream: s.topic, Group: s.group, Consumer: s.consumer,
-		MinIdle: ceilMs(s.cfg.AckTimeout), Start: s.cursor, Count: int64(room),
+		MinIdle: ceilMs(s.cfg.AckTimeout), Start: cursor, Count: int64(room),
 	}).Result()
-	if err != nil {
-		// The pass ends here: reads go on, and the next pass starts from the beginning.
-		s.cursor, s.nextClaim = "0-0", time.Now().Add(s.cfg.ClaimInterval)
-		return fmt.Errorf("XAUTOCLAIM: %w", err)
-	}
 	replied := time.Now()
-	s.cursor = next
-	if next == "0-0" {
-		s.nextClaim = replied.Add(s.cfg.ClaimInterval)
-	} else {
-		s.nextClaim = replied // the pass goes on
+	s.pass.end(next, replied, s.cfg.ClaimInterval, err != nil)
+	if err != nil {
+		return fmt.Errorf("XAUTOCLAIM: %w", err)
 	}
 	return s.deliverClaimed(msgs, sent, replied)
 }

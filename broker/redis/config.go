@@ -44,8 +44,9 @@ type Config struct {
 	ConsumerGroup string
 
 	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
-	// nacked) at most: it reads with XREADGROUP COUNT <room left>. A nacked delivery leaves
-	// the window at once, whatever its delay. Defaults to DefaultPrefetch.
+	// nacked) at most. It reads new entries once half the window is free (or 20 ms after room
+	// came free), with XREADGROUP COUNT <room left>, so that one read brings many. A nacked
+	// delivery leaves the window at once, whatever its delay. Defaults to DefaultPrefetch.
 	Prefetch int
 
 	// NackDelay is how long a nacked entry waits before it is delivered again, unless the
@@ -60,9 +61,11 @@ type Config struct {
 	// DefaultAckTimeout.
 	AckTimeout time.Duration
 
-	// ClaimInterval is how often a subscription claims the entries that have been idle for
-	// AckTimeout (left by consumers that died or closed, or nacked by one whose delay has
-	// passed). Defaults to a tenth of AckTimeout, between 100 ms and 1 s.
+	// ClaimInterval is how often the entries that have been idle for AckTimeout (left by
+	// consumers that died or closed, or nacked by one whose delay has passed) are claimed: one
+	// pass over the group's pending entries list per stream and Subscriber, whichever of its
+	// subscriptions has room doing each step. Defaults to a tenth of AckTimeout, between 100 ms
+	// and 1 s.
 	ClaimInterval time.Duration
 
 	// BlockTime is how long one XREADGROUP waits for new entries. It bounds how long Close

@@ -16,11 +16,13 @@
 // group gets every entry; within a group, an entry is pending for one consumer at a time. A
 // subscription:
 //
-//   - reads new entries with XREADGROUP COUNT <room> BLOCK, keeping up to Config.Prefetch
-//     deliveries unsettled, handed out on its channel in stream order;
-//   - claims the group's entries that have been idle for Config.AckTimeout (XAUTOCLAIM, every
-//     Config.ClaimInterval): those of consumers that died, closed, or were nacked with a
-//     delay that has ended;
+//   - reads new entries with XREADGROUP COUNT <room> BLOCK once half its window is free (or
+//     20 ms after room came free), keeping up to Config.Prefetch deliveries unsettled, handed
+//     out on its channel in stream order;
+//   - claims the group's entries that have been idle for Config.AckTimeout (XAUTOCLAIM, one
+//     pass over the pending entries list every Config.ClaimInterval, shared by the
+//     Subscriber's subscriptions to the stream): those of consumers that died, closed, or
+//     were nacked with a delay that has ended;
 //   - puts a redelivery.Info in each message's context: Count is the entry's delivery count
 //     from the group's pending entries list (1 for a new entry; each claim adds one), durable
 //     in Redis, so that it survives the death of any consumer; DelaysNacks is true;

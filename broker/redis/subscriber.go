@@ -25,6 +25,7 @@ type Subscriber struct {
 	mu     sync.Mutex
 	closed bool
 	subs   map[*subscription]struct{}
+	passes map[string]*claimPass // by stream
 
 	// readConns counts the subscriptions' connections of their own (subscription.reader).
 	readConns atomic.Int32
@@ -47,7 +48,7 @@ func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Subscriber{client: client, cfg: cfg.withDefaults(), subs: map[*subscription]struct{}{}}, nil
+	return &Subscriber{client: client, cfg: cfg.withDefaults(), subs: map[*subscription]struct{}{}, passes: map[string]*claimPass{}}, nil
 }
 
 // Subscribe starts one consumer of the stream topic in the configured consumer group, under a

@@ -2,6 +2,8 @@ package redis_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,21 +72,34 @@ func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
 	m.Ack()
 }
 
-// countingHook counts the XACK commands a client sends and the ids they carry.
+// countingHook counts the XACK commands a client sends and the ids they carry, and the
+// XAUTOCLAIMs, and records the COUNT of each XREADGROUP.
 type countingHook struct {
-	mu       sync.Mutex
-	commands int
-	ids      int
+	mu         sync.Mutex
+	commands   int
+	ids        int
+	reads      []int64
+	autoclaims int
 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *countingHook) count(cmd redis.Cmder) {
-	if cmd.Name() == "xack" {
-		h.mu.Lock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch cmd.Name() {
+	case "xack":
 		h.commands++
 		h.ids += len(cmd.Args()) - 3
-		h.mu.Unlock()
+	case "xautoclaim":
+		h.autoclaims++
+	case "xreadgroup":
+		args := cmd.Args()
+		for i := range len(args) - 1 {
+			if a, ok := args[i].(string); ok && strings.EqualFold(a, "count") {
+				h.reads = append(h.reads, args[i+1].(int64))
+			}
+		}
 	}
 }
 
@@ -128,6 +143,75 @@ func TestSubscriber_AcksGivenTogetherGoInOneXACK(t *testing.T) {
 	require.Equal(t, n, hook.ids, "each ack is sent once")
 	require.LessOrEqual(t, hook.commands, 5, "%d acks given together took %d XACKs", n, hook.commands)
 	t.Logf("%d acks in %d XACK commands", hook.ids, hook.commands)
+}
+
+// New entries are read once half the window is free, so that one XREADGROUP brings many; room
+// below that waits for more to come free, 20 ms at most, so that a consumer that holds its
+// deliveries until more come still gets them.
+func TestSubscriber_ReadsWaitForHalfTheWindow(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const prefetch = 10
+	f.publish(3 * prefetch)
+	c := f.client(f.url)
+	hook := &countingHook{}
+	c.AddHook(hook)
+	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: prefetch})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ch, err := sub.Subscribe(context.Background(), f.topic)
+	require.NoError(t, err)
+	held := receiveN(t, ch, prefetch, 10*time.Second)
+	reads := func() []int64 {
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		return slices.Clone(hook.reads)
+	}
+	before := len(reads())
+
+	// Half the window at once: one read of five.
+	for _, m := range held[:prefetch/2] {
+		m.Ack()
+	}
+	more := receiveN(t, ch, prefetch/2, 10*time.Second)
+	require.Equal(t, []int64{prefetch / 2}, reads()[before:], "one read for half the window")
+	before = len(reads())
+
+	// One more: read after the fill wait, not at once.
+	acked := time.Now()
+	held[prefetch/2].Ack()
+	receive(t, ch, 10*time.Second)
+	require.GreaterOrEqual(t, time.Since(acked), 20*time.Millisecond, "the read waited for more room")
+	require.Equal(t, []int64{1}, reads()[before:])
+	for _, m := range append(held[prefetch/2+1:], more...) {
+		m.Ack()
+	}
+}
+
+// The subscriptions of one Subscriber to a stream are consumers of one group: one pass over the
+// pending entries list per ClaimInterval claims the idle entries for all of them.
+func TestSubscriber_SubscriptionsShareTheClaimOfIdleEntries(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	c := f.client(f.url)
+	hook := &countingHook{}
+	c.AddHook(hook)
+	const interval, subscriptions = 50 * time.Millisecond, 4
+	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, ClaimInterval: interval, BlockTime: 10 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	start := time.Now()
+	for range subscriptions {
+		_, err := sub.Subscribe(context.Background(), f.topic)
+		require.NoError(t, err)
+	}
+	time.Sleep(20 * interval) // idle: each pass is one XAUTOCLAIM of an empty list
+	require.NoError(t, sub.Close())
+	passes := int(time.Since(start)/interval) + 1
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	require.NotZero(t, hook.autoclaims)
+	require.LessOrEqual(t, hook.autoclaims, passes, "%d subscriptions, %d passes at most: %d XAUTOCLAIMs", subscriptions, passes, hook.autoclaims)
 }
 
 func TestSubscriber_NackAfterComesBackNoSoonerThanAskedWithCountPlusOne(t *testing.T) {

@@ -72,10 +72,14 @@ type subscription struct {
 	// XREADGROUP with CLIENT UNBLOCK.
 	readID atomic.Int64
 
+	// pass is the claim pass of the stream, shared with the Subscriber's other subscriptions
+	// to it.
+	pass *claimPass
+
 	// State of run alone.
-	nextClaim time.Time
-	cursor    string // of XAUTOCLAIM
-	nextReap  time.Time
+	nextReap time.Time
+	// roomSince is when room came free in the window, below readRoom; zero after a read.
+	roomSince time.Time
 	// readConn is the connection of the XREADGROUPs, when the client can give one of its own
 	// (a *redis.Client can, a cluster client cannot).
 	readConn *redis.Conn
@@ -118,7 +122,7 @@ func newSubscription(owner *Subscriber, ctx context.Context, topic, consumer str
 		room:      make(chan struct{}, 1),
 		ackReady:  make(chan struct{}, 1),
 		wake:      make(chan struct{}, 1),
-		cursor:    "0-0",
+		pass:      owner.claimPass(topic),
 		fields: watermill.LogFields{
 			"provider": "redis", "topic": topic, "consumer_group": owner.cfg.ConsumerGroup, "consumer": consumer,
 		},
@@ -175,7 +179,6 @@ func (s *subscription) sleep(d time.Duration) bool {
 func (s *subscription) run() {
 	defer close(s.loopDone)
 	defer s.dropReader()
-	s.nextClaim = time.Now()
 	s.nextReap = time.Now()
 	failures := 0
 	for !s.isStopping() {
@@ -192,7 +195,11 @@ func (s *subscription) run() {
 }
 
 // step does the most urgent thing: push back the idle time of parked entries, claim back
-// those whose delay has ended, claim entries left idle, or read new ones.
+// those whose delay has ended, claim entries left idle, or read new ones. New and idle entries
+// are read when half the window is free (readRoom), or fillWait after room first came free,
+// so that each read brings many (a read per delivery that left the window would cost a
+// command per message), and a consumer that holds its deliveries until more come still gets
+// them.
 func (s *subscription) step() error {
 	now := time.Now()
 	if !now.Before(s.nextReap) {
@@ -204,17 +211,35 @@ func (s *subscription) step() error {
 	}
 	room := s.roomLeft()
 	if room == 0 {
-		s.waitForRoom()
+		s.waitForRoom(time.Time{})
 		return nil
 	}
 	if due := s.popDue(&s.claims, now, room); len(due) > 0 {
 		return s.claimParked(due)
 	}
-	if !now.Before(s.nextClaim) {
-		return s.claimIdle(room)
+	if room < s.readRoom() {
+		if s.roomSince.IsZero() {
+			s.roomSince = now
+		}
+		if fillAt := s.roomSince.Add(fillWait); now.Before(fillAt) {
+			s.waitForRoom(fillAt)
+			return nil
+		}
+	}
+	s.roomSince = time.Time{}
+	if cursor, ok := s.pass.begin(now); ok {
+		return s.claimIdle(room, cursor)
 	}
 	return s.read(room, s.blockTime(now))
 }
+
+// fillWait bounds how long room in the window waits to grow to readRoom before new entries
+// are read anyway.
+const fillWait = 20 * time.Millisecond
+
+// readRoom returns the room in the window from which a read of new or idle entries is sent at
+// once: half the window.
+func (s *subscription) readRoom() int { return max(1, (s.cfg.Prefetch+1)/2) }
 
 // roomLeft returns how many more deliveries the window takes.
 func (s *subscription) roomLeft() int {
@@ -224,12 +249,18 @@ func (s *subscription) roomLeft() int {
 }
 
 // waitForRoom waits until a delivery leaves the window, a parked entry needs its idle time
-// pushed back, or the subscription stops.
-func (s *subscription) waitForRoom() {
+// pushed back or is due to be claimed back, until (unless zero), or the subscription stops.
+func (s *subscription) waitForRoom(until time.Time) {
 	s.mu.Lock()
 	var next <-chan time.Time
-	if len(s.refreshes) > 0 {
-		t := time.NewTimer(time.Until(s.refreshes[0].next))
+	at := until
+	for _, h := range []parkHeap{s.claims, s.refreshes} {
+		if len(h) > 0 && (at.IsZero() || h[0].next.Before(at)) {
+			at = h[0].next
+		}
+	}
+	if !at.IsZero() {
+		t := time.NewTimer(time.Until(at))
 		defer t.Stop()
 		next = t.C
 	}
@@ -245,7 +276,7 @@ func (s *subscription) waitForRoom() {
 // blockTime returns how long the next XREADGROUP may wait: BlockTime, or less when a claim
 // is due sooner.
 func (s *subscription) blockTime(now time.Time) time.Duration {
-	block := min(s.cfg.BlockTime, s.nextClaim.Sub(now))
+	block := min(s.cfg.BlockTime, s.pass.due().Sub(now))
 	s.mu.Lock()
 	for _, h := range []parkHeap{s.claims, s.refreshes} {
 		if len(h) > 0 {
@@ -563,7 +594,7 @@ func (s *subscription) recoverFrom(err error, failures int) bool {
 			s.cfg.Logger.Error("Could not create the consumer group again", err, s.fields)
 			return s.sleep(backoff(failures))
 		}
-		s.cursor = "0-0"
+		s.pass.restart()
 		return true
 	case isConnErr(err):
 		s.reconnect(err)
@@ -621,7 +652,7 @@ func (s *subscription) reconnect(cause error) {
 	if _, err := s.giveBack(s.opCtx); err != nil {
 		s.cfg.Logger.Error("Could not give back the deliveries in flight at the loss; they come back after AckTimeout", err, s.fields)
 	}
-	s.nextClaim = time.Now()
+	s.pass.restart()
 	s.cfg.Logger.Info("Reconnected to Redis", s.fields)
 }
 

@@ -24,12 +24,15 @@
 // # Delivery
 //
 // Every consumer group receives every message of a topic. A subscription keeps a window of
-// Config.BatchSize messages in flight. When its window has room it claims messages in one
-// short transaction: the group's leases that are due, then the messages after the group's
-// cursor, each leased for Config.AckDeadline. Acknowledgements delete leases, nacks move a
-// lease's visible_at to the end of the nack's delay; those given within a few milliseconds are
-// committed together, in the transaction of the next claim when there is room. No transaction,
-// and no lock of the file, is held while messages are processed. So:
+// Config.BatchSize messages in flight. When half its window is free (or 20 ms after room
+// came free, or when all of it is) it claims messages in one short transaction: the group's leases that are due, then the
+// messages after the group's cursor, each leased for Config.AckDeadline. Acknowledgements
+// delete leases, nacks move a lease's visible_at to the end of the nack's delay. Every
+// transaction of the file is a commit to disk, so settlements wait to be committed together:
+// those that the subscriptions of a topic in one Queue give within 10 ms go in one
+// transaction, the next claim of any of them or a commit of their own (at once when the
+// subscription has nothing else in flight). No transaction, and no lock of the file, is held
+// while messages are processed. So:
 //
 //   - consumers of one group, in one process or several, never hold the same message at the
 //     same time, unless a lease expires while its consumer still works on the message;

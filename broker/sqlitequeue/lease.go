@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -23,6 +24,33 @@ type leases struct {
 	table string // quoted name of the leases table
 
 	anyDue, selectDue, renew, orphan, cursor, selectNew, insert, advance, ack, release *sql.Stmt
+	// acks[i] deletes ackSizes[i] leases named by (offset, deliveries) in one statement.
+	acks [len(ackSizes)]*sql.Stmt
+}
+
+// ackSizes are the numbers of leases that the prepared deletes of acknowledgements take, largest
+// first: a batch of acknowledgements goes in few statements, each prepared once.
+var ackSizes = [...]int{64, 8}
+
+// ackManyQuery returns the delete of n leases of a group, named by (offset, deliveries), n
+// distinct offsets: its arguments are the group, the n offsets, then each offset with its
+// deliveries. The offsets are an IN list, so that SQLite finds each lease by its primary key
+// (a row-value IN over (offset, deliveries) would scan the group's leases).
+func ackManyQuery(table string, n int) string {
+	var b strings.Builder
+	b.WriteString(`DELETE FROM ` + table + ` WHERE consumer_group = ? AND "offset" IN (`)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("?")
+	}
+	b.WriteString(`) AND deliveries = CASE "offset"`)
+	for range n {
+		b.WriteString(" WHEN ? THEN ?")
+	}
+	b.WriteString(" END")
+	return b.String()
 }
 
 // prepareLeases prepares the statements of group's leases on topic, whose tables must exist.
@@ -62,12 +90,20 @@ WHERE consumer_group = ? AND "offset" = ? AND deliveries = ?`},
 		}
 		*st.stmt = stmt
 	}
+	for i, n := range ackSizes {
+		stmt, err := db.PrepareContext(ctx, ackManyQuery(table, n))
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("prepare the statements of the leases table %s: %w", table, err)
+		}
+		l.acks[i] = stmt
+	}
 	return l, nil
 }
 
 // close releases the prepared statements.
 func (l *leases) close() {
-	for _, st := range []*sql.Stmt{l.anyDue, l.selectDue, l.renew, l.orphan, l.cursor, l.selectNew, l.insert, l.advance, l.ack, l.release} {
+	for _, st := range append([]*sql.Stmt{l.anyDue, l.selectDue, l.renew, l.orphan, l.cursor, l.selectNew, l.insert, l.advance, l.ack, l.release}, l.acks[:]...) {
 		if st != nil {
 			_ = st.Close()
 		}
@@ -248,17 +284,21 @@ type settlement struct {
 }
 
 // settle applies settlements. A settlement whose lease is gone (acknowledged, expired and
-// claimed again, deleted with its message) does nothing.
+// claimed again, deleted with its message) does nothing. The acknowledgements go in as few
+// statements as the prepared sizes allow.
 func (l *leases) settle(ctx context.Context, tx *sql.Tx, settlements []settlement) error {
-	var ack, release *sql.Stmt
+	var acks []settlement
 	for _, s := range settlements {
 		if s.ack {
-			if ack == nil {
-				ack = tx.StmtContext(ctx, l.ack)
-			}
-			if _, err := ack.ExecContext(ctx, l.group, s.offset, s.deliveries); err != nil {
-				return fmt.Errorf("acknowledge offset %d: %w", s.offset, err)
-			}
+			acks = append(acks, s)
+		}
+	}
+	if err := l.deleteAcked(ctx, tx, acks); err != nil {
+		return err
+	}
+	var release *sql.Stmt
+	for _, s := range settlements {
+		if s.ack {
 			continue
 		}
 		if release == nil {
@@ -270,6 +310,55 @@ func (l *leases) settle(ctx context.Context, tx *sql.Tx, settlements []settlemen
 		}
 		if _, err := release.ExecContext(ctx, unixMilliCeil(s.visibleAt), back, l.group, s.offset, s.deliveries); err != nil {
 			return fmt.Errorf("release offset %d: %w", s.offset, err)
+		}
+	}
+	return nil
+}
+
+// deleteAcked deletes the leases of acknowledgements: runs of the prepared sizes, one
+// statement each, and the rest one by one (so are the acknowledgements of a second lease of
+// an offset, whose first lease is acknowledged in the same batch).
+func (l *leases) deleteAcked(ctx context.Context, tx *sql.Tx, acks []settlement) error {
+	seen := make(map[int64]bool, len(acks))
+	var again []settlement
+	distinct := acks[:0:0]
+	for _, s := range acks {
+		if seen[s.offset] {
+			again = append(again, s)
+			continue
+		}
+		seen[s.offset] = true
+		distinct = append(distinct, s)
+	}
+	acks = distinct
+	for i, n := range ackSizes {
+		var stmt *sql.Stmt
+		for len(acks) >= n {
+			if stmt == nil {
+				stmt = tx.StmtContext(ctx, l.acks[i])
+			}
+			args := make([]any, 0, 1+3*n)
+			args = append(args, l.group)
+			for _, s := range acks[:n] {
+				args = append(args, s.offset)
+			}
+			for _, s := range acks[:n] {
+				args = append(args, s.offset, s.deliveries)
+			}
+			if _, err := stmt.ExecContext(ctx, args...); err != nil {
+				return fmt.Errorf("acknowledge %d offsets from %d: %w", n, acks[0].offset, err)
+			}
+			acks = acks[n:]
+		}
+	}
+	acks = append(acks, again...)
+	if len(acks) == 0 {
+		return nil
+	}
+	ack := tx.StmtContext(ctx, l.ack)
+	for _, s := range acks {
+		if _, err := ack.ExecContext(ctx, l.group, s.offset, s.deliveries); err != nil {
+			return fmt.Errorf("acknowledge offset %d: %w", s.offset, err)
 		}
 	}
 	return nil

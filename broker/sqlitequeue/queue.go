@@ -34,6 +34,8 @@ type Queue struct {
 
 	// initialized holds the topics whose tables this Queue has created or found.
 	initialized sync.Map
+	// pools holds the settlements of each topic's subscriptions (*settlements).
+	pools sync.Map
 
 	mu     sync.Mutex
 	closed bool
@@ -170,15 +172,18 @@ func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 // subscriptions, not the Queue; Close of the Queue closes it too.
 //
 // A subscription keeps up to Config.BatchSize messages delivered and not yet settled (its
-// window). It claims them in a short transaction: first the group's leases that are due (of
+// window). It claims them, once half the window is free (or 20 ms after room came free), in
+// a short transaction: first the
+// group's leases that are due (of
 // nacked messages whose delay has passed, of deliveries whose lease expired), then the messages
 // after the group's cursor, each getting a lease of Config.AckDeadline; it holds no
 // transaction, and no lock of the file, while the messages are processed. So:
 //
 //   - consumers of one group, in one process or several, never hold the same message at the
 //     same time, unless a lease expired while its consumer was still processing the message;
-//   - an acknowledgement deletes the message's lease. The acknowledgements (and nacks) given
-//     within a few milliseconds are committed together; Close commits those given before it;
+//   - an acknowledgement deletes the message's lease. The acknowledgements (and nacks) that
+//     the subscriptions of a topic give within 10 ms are committed together, in one
+//     transaction; Close commits those given before it;
 //   - a nacked message may be delivered again, to any consumer of the group, after the delay
 //     the nack asked for (redelivery.NackAfter) or else after Config.ResendInterval, while the
 //     messages behind it go on being delivered;

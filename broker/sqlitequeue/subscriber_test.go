@@ -41,6 +41,28 @@ func TestSubscriber_WindowOfMessagesWithoutAcks(t *testing.T) {
 	require.Equal(t, ids[9], next.UUID, "a nacked message waits for its delay; the next one comes first")
 }
 
+// Room in the window below half of it waits for more room before messages are claimed, up to
+// 20 ms, so that a claim takes many and commits in one transaction the acknowledgements given
+// meanwhile.
+func TestSubscriber_AClaimWaitsForHalfTheWindowAWhile(t *testing.T) {
+	t.Parallel()
+	q := setup(t, sqlitequeue.Config{BatchSize: 8})
+	ids := publishN(t, q, "t", 20)
+	msgs := subscribe(t, q, context.Background(), "t")
+	held := make([]*message.Message, 8)
+	for i := range held {
+		held[i] = receive(t, msgs, 5*time.Second)
+	}
+	acked := time.Now()
+	require.True(t, held[0].Ack())
+	next := receive(t, msgs, 5*time.Second)
+	require.Equal(t, ids[8], next.UUID)
+	require.GreaterOrEqual(t, time.Since(acked), 20*time.Millisecond, "the claim waited for more room")
+	for _, m := range append(held[1:], next) {
+		require.True(t, m.Ack())
+	}
+}
+
 // An acknowledgement given right before Close is committed by Close: the message is not
 // delivered again, and the backlog is empty as soon as Close returns.
 func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
@@ -367,7 +389,9 @@ func TestClose_BoundedWhenTheFileStaysLocked(t *testing.T) {
 	require.NoError(t, tx.Rollback())
 	t.Logf("Close took %s with the file locked", took)
 
-	again := receive(t, subscribe(t, q, ctx, "t"), 10*time.Second)
+	// Another process (another Queue over the file) gets the message again. (A later
+	// subscription of this Queue would commit the acknowledgement that waits in it.)
+	again := receive(t, subscribe(t, openQueue(t, path, cfg), ctx, "t"), 10*time.Second)
 	require.Equal(t, ids[0], again.UUID, "the acknowledgement could not be committed: at-least-once")
 	require.Equal(t, 2, deliveryCount(t, again))
 }

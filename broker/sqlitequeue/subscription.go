@@ -13,8 +13,14 @@ import (
 )
 
 // settleWait bounds how long an acknowledgement or nack waits to be committed with the ones
-// that follow it. It is not waited for when nothing else is in flight.
-const settleWait = 2 * time.Millisecond
+// that follow it, of its subscription and of the topic's others. It is not waited for when
+// the subscription has nothing else in flight. Acknowledged messages leave the window at
+// once: the wait holds up no claim.
+const settleWait = 10 * time.Millisecond
+
+// fillWait bounds how long room in a subscription's window waits to grow to half the window
+// before messages are claimed anyway.
+const fillWait = 20 * time.Millisecond
 
 // closeWait bounds the last transaction of a closing subscription (settling what was
 // acknowledged and nacked, giving back the rest). When the file stays locked for longer, the
@@ -45,7 +51,7 @@ type subscription struct {
 	handOutDone chan struct{}       // closed when the hand-out goroutine ends
 	done        chan struct{}       // closed when run ends
 	inflight    map[int64]*delivery // claimed and not settled, by offset; owned by run
-	pending     []settlement        // given and not committed yet; owned by run
+	pending     *settlements        // given and not committed yet, shared with the topic's others
 }
 
 // event reports a delivery that ended: acknowledged, nacked, or unsettled (its lease passed,
@@ -75,6 +81,7 @@ func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *su
 		handOutDone: make(chan struct{}),
 		done:        make(chan struct{}),
 		inflight:    make(map[int64]*delivery, cfg.BatchSize),
+		pending:     q.settlements(topic),
 	}
 }
 
@@ -89,7 +96,12 @@ func (s *subscription) run() {
 	var (
 		handing   bool      // a claimed batch is being handed out
 		nextClaim time.Time // no claim before (after an empty claim or an error)
-		flushBy   time.Time // commit the pending settlements by then
+		retryAt   time.Time // no commit of the settlements before (after an error)
+		// gave says that settlements of this subscription may wait: with nothing else in
+		// flight, it commits them at once.
+		gave bool
+		// roomSince is when room came free in the window; zero after a claim.
+		roomSince time.Time
 		// woken is closed when messages are published to the topic or Wake is called. It is
 		// taken before a round, so that a wake-up during the round is not missed.
 		woken <-chan struct{}
@@ -103,25 +115,39 @@ func (s *subscription) run() {
 		now := time.Now()
 		room := s.window - len(s.inflight)
 		canClaim := room > 0 && !handing
-		flush := len(s.pending) > 0 && (!now.Before(flushBy) || len(s.inflight) == 0)
-		// While settlements wait to be committed, a claim waits for them unless half the
-		// window is free: one transaction then does both.
-		claim := canClaim && !now.Before(nextClaim) && (len(s.pending) == 0 || 2*room >= s.window)
+		flushBy, pending := s.pending.due()
+		gave = gave && pending
+		flush := pending && !now.Before(retryAt) && (!now.Before(flushBy) || gave && len(s.inflight) == 0)
+		// A claim waits until half the window is free, so that each claims many messages and
+		// commits the settlements given meanwhile in the same transaction (each transaction
+		// of the queue file is a commit to disk), but no longer than fillWait after room came
+		// free, so that a consumer that holds its messages until more come gets them; with
+		// nothing in flight it goes at once.
+		if !canClaim {
+			roomSince = time.Time{}
+		} else if roomSince.IsZero() {
+			roomSince = now
+		}
+		fillAt := roomSince.Add(fillWait)
+		claim := canClaim && !now.Before(nextClaim) && (len(s.inflight) == 0 || 2*room >= s.window || !now.Before(fillAt))
 		if flush || claim {
 			claimRoom := 0
-			if canClaim {
+			if claim {
 				claimRoom = room
 			}
 			batch, err := s.round(claimRoom)
+			gave = gave && err != nil
+			if claim && err == nil {
+				roomSince = time.Time{}
+			}
 			if err != nil {
 				if s.ctx.Err() != nil {
 					break
 				}
 				wait := s.backoff(err)
-				nextClaim, flushBy = now.Add(wait), now.Add(wait)
+				nextClaim, retryAt = now.Add(wait), now.Add(wait)
 				continue
 			}
-			flushBy = time.Time{}
 			if claimRoom > 0 && len(batch) < claimRoom {
 				nextClaim = now.Add(s.q.cfg.PollInterval)
 			}
@@ -133,10 +159,20 @@ func (s *subscription) run() {
 		}
 
 		var wake time.Time
-		if len(s.pending) > 0 {
+		if pending {
 			wake = flushBy
-		} else if canClaim {
-			wake = nextClaim
+			if retryAt.After(wake) {
+				wake = retryAt
+			}
+		}
+		if canClaim {
+			at := nextClaim
+			if fillAt.After(at) && len(s.inflight) > 0 && 2*room < s.window {
+				at = fillAt
+			}
+			if wake.IsZero() || at.Before(wake) {
+				wake = at
+			}
 		}
 		var timeout <-chan time.Time
 		if !wake.IsZero() {
@@ -149,10 +185,15 @@ func (s *subscription) run() {
 		}
 		select {
 		case e := <-s.events:
-			if len(s.pending) == 0 {
-				flushBy = time.Now().Add(settleWait)
+			// Take every event that waits, so that one transaction commits them all.
+			for more := true; more; {
+				gave = s.ended(e) || gave
+				select {
+				case e = <-s.events:
+				default:
+					more = false
+				}
 			}
-			s.ended(e)
 		case <-s.handed:
 			handing = false
 		case <-published:
@@ -164,12 +205,12 @@ func (s *subscription) run() {
 	s.shutdown()
 }
 
-// round commits the pending settlements and claims up to room messages, in one transaction,
-// and returns the claimed messages' deliveries. With nothing to settle, it first looks, without
-// the write lock, whether there is anything to claim.
+// round commits the pending settlements (the topic's other subscriptions' too) and claims up
+// to room messages, in one transaction, and returns the claimed messages' deliveries. With
+// nothing to settle, it first looks, without the write lock, whether there is anything to
+// claim.
 func (s *subscription) round(room int) ([]*delivery, error) {
-	settle := s.pending
-	if len(settle) == 0 {
+	if s.pending.len() == 0 {
 		found, err := s.leases.anyToClaim(s.ctx, time.Now())
 		if err != nil || !found {
 			return nil, err
@@ -178,9 +219,13 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 	var (
 		rows    []claimedRow
 		claimed time.Time
+		settle  []settlement
+		took    bool
 	)
 	err := s.q.write(s.ctx, func(tx *sql.Tx) error {
-		rows = nil
+		// Taken in the file's turn, so that they are committed (or given back) before any
+		// other transaction of the file looks for them.
+		settle, took = s.pending.take(), true
 		if err := s.leases.settle(s.ctx, tx, settle); err != nil {
 			return err
 		}
@@ -192,10 +237,12 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		rows, err = s.leases.claim(s.ctx, tx, claimed, claimed.Add(s.q.cfg.AckDeadline), room)
 		return err
 	})
+	if took {
+		s.pending.done(settle, err != nil)
+	}
 	if err != nil {
 		return nil, err
 	}
-	s.pending = nil
 	batch := make([]*delivery, 0, len(rows))
 	for _, r := range rows {
 		msg, err := newMessage(r.uuid, r.payload, r.metadata)
@@ -209,23 +256,26 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 	return batch, nil
 }
 
-// ended takes note of a delivery that ended while the subscription runs.
-func (s *subscription) ended(e event) {
+// ended takes note of a delivery that ended while the subscription runs, and reports whether
+// it gave a settlement to commit.
+func (s *subscription) ended(e event) bool {
 	if s.inflight[e.d.offset] != e.d {
-		return // not expected: each delivery ends once
+		return false // not expected: each delivery ends once
 	}
 	delete(s.inflight, e.d.offset)
 	switch {
 	case e.outcome != unsettled:
-		s.pending = append(s.pending, e.d.settlement(e.outcome, e.at, s.resend))
+		s.pending.add(e.d.settlement(e.outcome, e.at, s.resend), time.Now())
 	case !e.d.handed.Load():
 		// Its lease passed before the consumer took it: give the claim back.
-		s.pending = append(s.pending, e.d.settlement(unsettled, e.at, s.resend))
+		s.pending.add(e.d.settlement(unsettled, e.at, s.resend), time.Now())
 	default:
 		// Its lease passed: it is due, for this subscription or another, with its count.
 		s.logger.Info("Message not acknowledged within the ack deadline; it will be delivered again",
 			watermill.LogFields{"msg_uuid": e.d.msg.UUID, "ack_deadline": s.q.cfg.AckDeadline})
+		return false
 	}
+	return true
 }
 
 // handOut passes the claimed batches to the consumer, in order, and starts watching each
@@ -286,8 +336,8 @@ func (s *subscription) report(e event) {
 }
 
 // shutdown ends a subscription: it cancels the contexts of the messages in flight, commits
-// the acknowledgements and nacks given so far and gives back the other leases, in one
-// transaction bounded by closeWait.
+// the acknowledgements and nacks given so far (those of the topic's other subscriptions that
+// wait too) and gives back the other leases, in one transaction bounded by closeWait.
 func (s *subscription) shutdown() {
 	s.cancel()
 	<-s.handOutDone
@@ -298,29 +348,40 @@ drain:
 			// An unsettled delivery stays in flight: it is given back below.
 			if e.outcome != unsettled && s.inflight[e.d.offset] == e.d {
 				delete(s.inflight, e.d.offset)
-				s.pending = append(s.pending, e.d.settlement(e.outcome, e.at, s.resend))
+				s.pending.add(e.d.settlement(e.outcome, e.at, s.resend), e.at)
 			}
 		default:
 			break drain
 		}
 	}
 	now := time.Now()
+	var own []settlement
 	for _, d := range s.inflight {
-		s.pending = append(s.pending, d.settlement(d.outcomeNow(), now, s.resend))
+		own = append(own, d.settlement(d.outcomeNow(), now, s.resend))
 		d.cancel()
 	}
 	s.inflight = nil
-	if len(s.pending) == 0 {
+	// The acknowledgements given to this subscription may be in another's transaction: once
+	// it has ended, they are committed or wait again.
+	s.pending.wait()
+	if s.pending.len() == 0 && len(own) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
 	defer cancel()
-	err := s.q.write(ctx, func(tx *sql.Tx) error { return s.leases.settle(ctx, tx, s.pending) })
+	var settle []settlement
+	took := false
+	err := s.q.write(ctx, func(tx *sql.Tx) error {
+		settle, took = s.pending.take(), true
+		return s.leases.settle(ctx, tx, append(settle, own...))
+	})
+	if took {
+		s.pending.done(settle, err != nil)
+	}
 	if err != nil {
 		s.logger.Error("Cannot settle the leases of a closing subscription; the unsettled ones are delivered again when they expire", err,
-			watermill.LogFields{"leases": len(s.pending)})
+			watermill.LogFields{"leases": len(settle) + len(own)})
 	}
-	s.pending = nil
 }
 
 // backoff logs err and returns how long the subscription waits before it tries again.

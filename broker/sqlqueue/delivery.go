@@ -3,6 +3,7 @@ package sqlqueue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -44,7 +45,8 @@ type delivery struct {
 func (sub *subscription) newDelivery(r row, deadline time.Time) *delivery {
 	ctx, cancel := context.WithDeadline(sub.ctx, deadline)
 	msg := newMessage(r.uuid, r.payload, r.metadata)
-	msg.SetContext(redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true}))
+	rctx := redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true})
+	msg.SetContext(redelivery.WithTxAck(rctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries})))
 	d := &delivery{sub: sub, ref: leaseRef{offset: r.offset, deliveries: r.deliveries}, msg: msg, ctx: ctx, cancel: cancel}
 	sub.mu.Lock()
 	sub.held[d] = struct{}{}
@@ -123,4 +125,24 @@ func (d *delivery) giveBackLocked() {
 	d.state = givenBack
 	d.sub.leave(d, was)
 	d.sub.s.settler.update(d.sub.topic, leaseUpdate{leaseRef: d.ref, delta: delta})
+}
+
+// txAck returns the redelivery.TxAck of the lease ref: it deletes the lease in the caller's
+// transaction, while the lease is the one this delivery holds (no consumer has claimed the
+// message since). The acknowledgement the router gives after the commit then finds no lease,
+// and changes nothing.
+func (sub *subscription) txAck(ref leaseRef) redelivery.TxAck {
+	q := sub.s.q
+	stmt := q.d.ackInTx(sub.topic)
+	return func(ctx context.Context, tx redelivery.Execer) (bool, error) {
+		r, err := tx.ExecContext(ctx, stmt, q.cfg.ConsumerGroup, ref.offset, ref.deliveries)
+		if err != nil {
+			return false, fmt.Errorf("sqlqueue: acknowledge offset %d of %s in the transaction: %w", ref.offset, sub.topic, err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return false, fmt.Errorf("sqlqueue: acknowledge offset %d of %s in the transaction: %w", ref.offset, sub.topic, err)
+		}
+		return n == 1, nil
+	}
 }

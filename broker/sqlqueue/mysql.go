@@ -36,6 +36,10 @@ func (m mysql) tables(topic string) myTables {
 	return myTables{messages: q(n.Messages), offsets: q(n.Offsets), leases: q(n.Leases)}
 }
 
+func (m mysql) ackInTx(topic string) string {
+	return "DELETE FROM " + m.tables(topic).leases + " WHERE consumer_group = ? AND `offset` = ? AND deliveries = ?"
+}
+
 func (m mysql) messagesSchema() wsql.SchemaAdapter {
 	return wsql.DefaultMySQLSchema{
 		GenerateMessagesTableName: func(topic string) string { return m.tables(topic).messages },

@@ -39,6 +39,10 @@ func (p postgres) tables(topic string) pgTables {
 	return pgTables{messages: q(n.Messages), offsets: q(n.Offsets), leases: q(n.Leases), dueIndex: q(n.DueIndex)}
 }
 
+func (p postgres) ackInTx(topic string) string {
+	return `DELETE FROM ` + p.tables(topic).leases + ` WHERE consumer_group = $1 AND "offset" = $2 AND deliveries = $3`
+}
+
 func (p postgres) messagesSchema() wsql.SchemaAdapter {
 	// The default payload type, JSON, refuses payloads that are not JSON.
 	return wsql.DefaultPostgreSQLSchema{

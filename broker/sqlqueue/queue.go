@@ -292,6 +292,9 @@ type dialect interface {
 	waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error)
 	// remove deletes a message that waiting returned, with its leases in every group.
 	remove(ctx context.Context, db *sql.DB, topic string, r row) error
+	// ackInTx is the statement that deletes a lease of the group (its parameters: group,
+	// offset, deliveries) only while its deliveries count is the given one.
+	ackInTx(topic string) string
 }
 
 // row is a message as a claim or a listing reads it.

@@ -40,6 +40,11 @@ var (
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
 )
 
+// AcksInTransaction reports true: every message carries a redelivery.TxAck that deletes its
+// lease in the caller's transaction, for a handler whose database is the queue's
+// (Handler.Dedup.AckInTransaction).
+func (s *Subscriber) AcksInTransaction() bool { return true }
+
 // Subscriber returns a new consumer of the Queue's consumer group. Close it when done.
 func (q *Queue) Subscriber() *Subscriber {
 	ctx, cancel := context.WithCancel(context.Background())

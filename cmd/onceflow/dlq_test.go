@@ -135,20 +135,7 @@ func setupDLQ(t *testing.T, sc dlqBroker) *dlqFixture {
 			return err
 		}),
 	}))
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- router.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		require.NoError(t, <-done)
-	})
-	select {
-	case <-router.Running():
-	case err := <-done:
-		t.Fatalf("router stopped: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("router did not start within 30 s")
-	}
+	testsvc.StartRouter(t, router)
 	return f
 }
 

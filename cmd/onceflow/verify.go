@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/verify"
+	"github.com/onceflow/onceflow/cmd/onceflow/internal/verify"
 )
 
 func newVerifyCommand() *cobra.Command {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -64,17 +65,21 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	cmd.SetErr(&stderr)
 	dir := t.TempDir()
 	cmd.SetArgs(append([]string{"verify", "--json", "--messages", "2000", "--kills", "5", "--dir", dir}, args...))
-	err := cmd.ExecuteContext(context.Background())
-	if err != nil {
+	// The consumers' logs, after the failure that makes them worth reading.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
 		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
 		for _, l := range logs {
 			b, _ := os.ReadFile(l)
-			t.Logf("%s:\n%s", filepath.Base(l), b[max(0, len(b)-3000):])
+			t.Logf("%s:\n%s", filepath.Base(l), b[max(0, len(b)-2000):])
 		}
-	}
+	})
+	err := cmd.ExecuteContext(context.Background())
 	// Exit status 3 says an exactly-once mode failed: the table tells which way, and
-	// checkTable asserts each of them, but a poison message dead-lettered twice, a known
-	// defect (conformance.TestKnownDefect_DeadLetterPublishedAgainWhenItsAckIsLost).
+	// checkTable asserts each of them, but a poison message dead-lettered twice: its consumer
+	// was killed between the dead letter and the router's record of it.
 	if exitCode(err) != exitViolation {
 		require.NoError(t, err, "report: %s\nstderr: %s", stdout.String(), stderr.String())
 	}
@@ -87,14 +92,15 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	return report
 }
 
-// poisonReasons are what the dead letters of each poison kind say. The panic's last delivery may
-// end with a kill instead of a panic.
-var poisonReasons = map[string]string{
-	"data-error":        "run_id", // the column whose NOT NULL the INSERT violates
-	"panic":             "delivery limit reached after 5 deliveries: ",
-	"malformed-payload": "decode JSON payload",
-	"long-id":           "dedup key too long",
-	"crash-loop":        "delivery limit reached after 5 deliveries: the last one ended without an outcome",
+// poisonReasons match what the dead letters of each poison kind say. The panic's last delivery
+// may end with a kill instead of a panic; and where a connection cut fails the dead letter's
+// publish, the message comes once more, so the limit may be passed by a delivery or two.
+var poisonReasons = map[string]*regexp.Regexp{
+	"data-error":        regexp.MustCompile(`run_id`), // the column whose NOT NULL the INSERT violates
+	"panic":             regexp.MustCompile(`delivery limit reached after [5-7] deliveries: `),
+	"malformed-payload": regexp.MustCompile(`decode JSON payload`),
+	"long-id":           regexp.MustCompile(`dedup key too long`),
+	"crash-loop":        regexp.MustCompile(`delivery limit reached after [5-7] deliveries: the last one ended without an outcome`),
 }
 
 func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
@@ -128,12 +134,12 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 			}
 			want++
 			require.GreaterOrEqual(t, p.Kinds[k], 1, "%s: %s dead-lettered", m.Mode, k)
-			require.Contains(t, p.Reasons[k], poisonReasons[k], "%s: %s", m.Mode, k)
+			require.Regexp(t, poisonReasons[k], p.Reasons[k], "%s: %s", m.Mode, k)
 		}
 		require.Equal(t, want, p.Published, "%s: poison messages published", m.Mode)
 		require.Equal(t, want, p.DeadLettered, "%s: poison messages dead-lettered", m.Mode)
 		if p.Twice > 0 {
-			t.Logf("%s: %d poison messages dead-lettered more than once (%v): a consumer died or a connection was cut between a dead letter and its ack (a known defect)",
+			t.Logf("%s: %d poison messages dead-lettered more than once (%v): a consumer died between a dead letter and the router's record of it",
 				m.Mode, p.Twice, p.Kinds)
 		}
 		require.Zero(t, p.Good, "%s: good messages dead-lettered", m.Mode)

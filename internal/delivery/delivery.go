@@ -23,6 +23,10 @@ type State struct {
 	CommittedAt time.Time
 	// Retries counts the attempts after the first.
 	Retries int
+	// Attempts counts the deliveries of the message whose processing began, this one
+	// included, where the router records them (a redelivery, of a handler with a delivery
+	// limit); 0 when unknown.
+	Attempts int
 	// Span is the consumer span the Tracing middleware started, left open for the router to
 	// record the acknowledgement in and end; nil when the delivery is not traced.
 	Span trace.Span

@@ -16,9 +16,7 @@ import (
 )
 
 // crashLoopGap is how long the crash-loop message is alone on its topic before the good
-// messages follow: a consumer that takes other messages with it at its first death would count
-// a delivery of each, and one that met every death of it would reach the delivery limit too
-// (see conformance.TestKnownDefect_CrashLoopDeadLettersItsNeighbours).
+// messages follow, so that the first deaths it causes do not fall among them.
 const crashLoopGap = 200 * time.Millisecond
 
 // poisonPayload is the payload of every message of a run, good or poison: the run whose

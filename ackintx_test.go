@@ -1,0 +1,95 @@
+package onceflow_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker"
+	_ "github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+)
+
+// The PostgreSQL and MySQL queues in the handler's own database: the acknowledgement commits
+// with the effect. A processor that fails once is rolled back with its acknowledgement and
+// applied at the redelivery; an acknowledgement that the router then loses changes nothing,
+// since the queue's lease went with the commit; no dedup row is written.
+func TestExactlyOnceAckInTransaction_QueueAndEffectCommitTogether(t *testing.T) {
+	for _, d := range testsvc.Databases()[1:] { // the SQL queues: postgres, mysql
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			url := d.URL(t)
+			db, err := sqldb.Open(ctx, url)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			createEffects(t, db)
+			b, err := broker.Open(ctx, url, broker.Options{ConsumerGroup: "effects"})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = b.Close() })
+			sub, err := b.Subscriber()
+			require.NoError(t, err)
+			topic := testsvc.UniqueName("ackintx")
+
+			var failed atomic.Bool
+			var lostAcks atomic.Int32
+			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b.Publisher(), PurgeInterval: -1, CloseTimeout: 5 * time.Second})
+			require.NoError(t, err)
+			require.NoError(t, r.RegisterInterceptor("lose-acks", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
+				return func(next processor.Processor) processor.Processor {
+					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+						if err := next.Process(ctx, msg); err != nil {
+							return err
+						}
+						lostAcks.Add(1)
+						return errors.New("the acknowledgement is lost after the commit")
+					})
+				}, nil
+			}))
+			h := onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub, QoS: onceflow.ExactlyOnce,
+				Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{10 * time.Millisecond}},
+				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+					if err := applyEffect(ctx, msg); err != nil {
+						return err
+					}
+					if msg.ID == "fails-once" && failed.CompareAndSwap(false, true) {
+						return errors.New("the first attempt fails after its write")
+					}
+					return nil
+				}),
+				Retry: onceflow.RetryConfig{MaxAttempts: 1},
+				Interceptors: []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-acks", onceflow.InterceptorDeadLetter,
+					onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorAckInTransaction}}
+			require.NoError(t, r.AddHandler(h))
+			testsvc.StartRouter(t, r)
+
+			for _, id := range []string{"plain", "fails-once"} {
+				require.NoError(t, b.Publisher().Publish(topic, message.NewMessage(id, []byte(`x`))))
+			}
+			testsvc.Eventually(t, 15*time.Second, func() bool {
+				return countEffects(t, db, "plain") == 1 && countEffects(t, db, "fails-once") == 1
+			}, "effects not applied")
+			waiting, err := b.Peek(ctx, topic, 10)
+			require.NoError(t, err)
+			require.Empty(t, waiting, "every message consumed by its commit")
+			require.Equal(t, 1, countEffects(t, db, "plain"), "the lost acknowledgement brought nothing back")
+			require.GreaterOrEqual(t, lostAcks.Load(), int32(2), "both acknowledgements were lost")
+			require.Equal(t, 1, countEffects(t, db, "fails-once"), "the failed attempt rolled back with its acknowledgement")
+			has, err := db.TableExists(ctx, "onceflow_dedup")
+			require.NoError(t, err)
+			require.False(t, has, "no dedup table")
+		})
+	}
+}

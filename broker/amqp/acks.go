@@ -1,0 +1,175 @@
+package amqp
+
+import "time"
+
+// ackFrame is one basic.ack to send: with multiple, it settles every unsettled tag up to tag.
+type ackFrame struct {
+	tag      uint64
+	multiple bool
+}
+
+// givenAck is an ack the consumer gave, and when.
+type givenAck struct {
+	tag uint64
+	at  time.Time
+}
+
+// coalescer decides when the acks the consumer gives are sent, and as which frames. A single
+// ack costs RabbitMQ about as much CPU as the delivery it settles; a multiple ack settles a
+// whole run for the price of one. So:
+//
+//   - a run of acked tags from the oldest unsettled delivery (the prefix) goes as one ack with
+//     multiple set, within delay of its oldest ack, or at once when it holds half the window;
+//   - an ack behind a delivery still being processed, or held after a nack, waits for that
+//     delivery, so that both go in the prefix; it goes alone when it has waited for
+//     outOfOrder(): twice the mean time from hand-out to ack, at least delay, at most hold. A
+//     delivery that is late compared to its neighbours (processed concurrently, they finish in
+//     any order) is normally acked within that time; one that is stuck (retried, held after a
+//     nack) does not keep the acks behind it waiting longer;
+//   - every ack goes at once when no delivery is open any more: nothing older can be acked.
+//
+// It never sends an ack the consumer did not give: a multiple ack covers only acked or
+// already settled tags (window.take).
+//
+// A coalescer is not safe for concurrent use; the session's goroutine owns it.
+type coalescer struct {
+	win window
+	// delay bounds the wait of a prefix ack, hold the wait of an ack behind an unsettled
+	// delivery.
+	delay, hold time.Duration
+	// flushAt is half the window.
+	flushAt int
+	// mean is the moving mean of the time from hand-out to ack.
+	mean time.Duration
+	// given holds the acks not sent yet, oldest first from head; entries whose tag went out
+	// since (in a multiple ack) are skipped.
+	given []givenAck
+	head  int
+}
+
+// meanWeight is the weight of the newest sample in coalescer.mean: about the last 64 acks count.
+const meanWeight = 64
+
+func newCoalescer(prefetch int, delay, hold time.Duration) *coalescer {
+	return &coalescer{delay: delay, hold: max(hold, delay), flushAt: max(1, (prefetch+1)/2)}
+}
+
+// deliver records the delivery of tag.
+func (c *coalescer) deliver(tag uint64) { c.win.add(tag) }
+
+// ack records the consumer's ack at now of tag, handed out took ago, and returns the frames to
+// send now.
+func (c *coalescer) ack(tag uint64, now time.Time, took time.Duration) []ackFrame {
+	if c.win.state(tag) != open {
+		return nil
+	}
+	if c.mean == 0 {
+		c.mean = took
+	} else {
+		c.mean += (took - c.mean) / meanWeight
+	}
+	c.win.ack(tag)
+	c.given = append(c.given, givenAck{tag: tag, at: now})
+	if !c.win.busy() {
+		return c.flush()
+	}
+	if c.win.pending() >= c.flushAt && c.win.prefixLen() >= c.flushAt {
+		return c.take(false)
+	}
+	return nil
+}
+
+// holdNack records that the consumer nacked tag and the nack waits; settle that a nack of tag
+// was sent. Both return the frames to send now: all that wait when no delivery is open any
+// more.
+func (c *coalescer) holdNack(tag uint64) []ackFrame {
+	c.win.hold(tag)
+	return c.idle()
+}
+
+func (c *coalescer) settle(tag uint64) []ackFrame {
+	c.win.settle(tag)
+	return c.idle()
+}
+
+func (c *coalescer) idle() []ackFrame {
+	if c.win.pending() > 0 && !c.win.busy() {
+		return c.flush()
+	}
+	return nil
+}
+
+// outOfOrder returns how long an ack behind an unsettled delivery waits for it.
+func (c *coalescer) outOfOrder() time.Duration {
+	return min(max(2*c.mean, c.delay), c.hold)
+}
+
+// due returns when expire should run next; false when no ack waits.
+func (c *coalescer) due() (time.Time, bool) {
+	c.skipSent()
+	if c.head == len(c.given) {
+		return time.Time{}, false
+	}
+	oldest := c.given[c.head].at
+	if c.win.prefixReady() {
+		// The oldest ack waiting may be behind the prefix, and older than its acks: the prefix
+		// then goes early, never late.
+		return oldest.Add(c.delay), true
+	}
+	return oldest.Add(c.outOfOrder()), true
+}
+
+// expire returns the frames due at now: the prefix when its delay has passed, and alone each
+// ack that has waited for outOfOrder.
+func (c *coalescer) expire(now time.Time) []ackFrame {
+	c.skipSent()
+	if c.head == len(c.given) {
+		return nil
+	}
+	var frames []ackFrame
+	if c.win.prefixReady() && !c.given[c.head].at.Add(c.delay).After(now) {
+		frames = c.take(false)
+	}
+	wait := c.outOfOrder()
+	for i := c.head; i < len(c.given) && !c.given[i].at.Add(wait).After(now); i++ {
+		if t := c.given[i].tag; c.win.state(t) == acked {
+			c.win.settle(t)
+			frames = append(frames, ackFrame{tag: t})
+		}
+	}
+	c.skipSent()
+	return frames
+}
+
+// flush returns every ack waiting: the prefix as one frame, the others alone.
+func (c *coalescer) flush() []ackFrame { return c.take(true) }
+
+// pending returns how many acks wait.
+func (c *coalescer) pending() int { return c.win.pending() }
+
+func (c *coalescer) take(all bool) []ackFrame {
+	prefix, n, singles := c.win.take(all)
+	var frames []ackFrame
+	if prefix != 0 {
+		frames = append(frames, ackFrame{tag: prefix, multiple: n > 1})
+	}
+	for _, t := range singles {
+		frames = append(frames, ackFrame{tag: t})
+	}
+	c.skipSent()
+	return frames
+}
+
+// skipSent drops the acks at the head of given that were sent.
+func (c *coalescer) skipSent() {
+	for c.head < len(c.given) && c.win.state(c.given[c.head].tag) != acked {
+		c.head++
+	}
+	if c.head == len(c.given) {
+		c.given, c.head = c.given[:0], 0
+	} else if c.head > 1024 && c.head > len(c.given)/2 {
+		n := copy(c.given, c.given[c.head:])
+		clear(c.given[n:])
+		c.given, c.head = c.given[:n], 0
+	}
+}

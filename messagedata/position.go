@@ -1,0 +1,64 @@
+package messagedata
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// The headers that say where a message sits in an ordered log (a Kafka partition), written by
+// the subscriber from what the broker says, never taken from the producer.
+const (
+	// HeaderPartition is the partition the message was consumed from.
+	HeaderPartition = "onceflow_partition"
+	// HeaderOffset is the message's offset in its partition.
+	HeaderOffset = "onceflow_offset"
+	// HeaderPreviousOffset is the offset of the message that the subscriber received before
+	// this one from the same partition, or -1 when this is the first since the subscriber took
+	// the partition over (it started where the handler's stored position said).
+	HeaderPreviousOffset = "onceflow_previous_offset"
+)
+
+// Position is where a message sits in an ordered log.
+type Position struct {
+	// Partition is the partition the message was consumed from.
+	Partition int32
+	// Offset is the message's offset in its partition.
+	Offset int64
+	// Previous is the offset of the message received before it from the same partition, or
+	// -1 when it is the first since the subscriber took the partition over.
+	Previous int64
+}
+
+// PositionOf returns the position of m in its ordered log, and false when its headers say
+// none: its broker has no partitions. A header that is present but malformed is an error.
+func PositionOf(m *MessageData) (Position, bool, error) {
+	part, off := m.Header(HeaderPartition), m.Header(HeaderOffset)
+	if part == "" && off == "" {
+		return Position{}, false, nil
+	}
+	var p Position
+	n, err := strconv.ParseInt(part, 10, 32)
+	if err != nil || n < 0 {
+		return p, false, fmt.Errorf("header %s holds %q, not a partition number", HeaderPartition, part)
+	}
+	p.Partition = int32(n)
+	if p.Offset, err = strconv.ParseInt(off, 10, 64); err != nil || p.Offset < 0 {
+		return p, false, fmt.Errorf("header %s holds %q, not an offset", HeaderOffset, off)
+	}
+	p.Previous = -1
+	if prev := m.Header(HeaderPreviousOffset); prev != "" {
+		if p.Previous, err = strconv.ParseInt(prev, 10, 64); err != nil || p.Previous < -1 || p.Previous >= p.Offset {
+			return p, false, fmt.Errorf("header %s holds %q, not an offset below %d", HeaderPreviousOffset, prev, p.Offset)
+		}
+	}
+	return p, true, nil
+}
+
+// Headers returns the headers that carry p, for a subscriber to set.
+func (p Position) Headers() map[string]string {
+	return map[string]string{
+		HeaderPartition:      strconv.FormatInt(int64(p.Partition), 10),
+		HeaderOffset:         strconv.FormatInt(p.Offset, 10),
+		HeaderPreviousOffset: strconv.FormatInt(p.Previous, 10),
+	}
+}
