@@ -28,8 +28,8 @@ type Config struct {
 	// DefaultDeadLetterTopic.
 	DeadLetterTopic string
 
-	// Logger receives the router's structured logs, watermill's included. Defaults to
-	// slog.Default(). Info-level entries never contain payloads or credentials.
+	// Logger receives the router's structured logs. Defaults to slog.Default(). Info-level
+	// entries never contain payloads or credentials.
 	Logger *slog.Logger
 
 	// CloseTimeout bounds how long Close waits for messages in flight to finish. Defaults to

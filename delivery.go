@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -29,17 +30,22 @@ type convErrKey struct{}
 
 // consumer is one Handler at run time: what every delivery of its messages goes through.
 type consumer struct {
-	router       *Router
-	name         string
-	topic        string
+	router *Router
+	name   string
+	topic  string
+	sub    *onceClosingSubscriber
+	// subscriptions is how many times the handler subscribes: Handler.Concurrency.
+	subscriptions int
+	// work hands deliveries to idle workers; closed when the subscriptions have ended.
+	work         chan *message.Message
 	conv         converter.MessageConverter
 	chain        processor.Processor
 	reject       processor.Processor
 	ackOnReceipt bool
-	// slots bounds the deliveries being processed at once to Concurrency. Subscriptions hold
-	// up to the broker's prefetch of deliveries each, and watermill runs each in a goroutine
-	// of its own: the ones beyond Concurrency wait here. Nil with group commit, where
-	// GroupCommit bounds the transactions and the waiting deliveries form its groups.
+	// slots bounds the deliveries being processed at once: a subscription's reader takes a
+	// slot before it starts a delivery's goroutine, and the deliveries beyond wait in their
+	// subscriptions. Concurrency slots; with group commit, enough for Concurrency full groups
+	// running and one collecting (GroupCommit bounds the transactions).
 	slots chan struct{}
 	// counter counts deliveries that the broker does not count, for the delivery limit; nil
 	// when the handler has no limit.
@@ -52,7 +58,10 @@ type consumer struct {
 	redelivery RedeliveryConfig
 	logger     *slog.Logger
 	attrs      metric.MeasurementOption
-	settlement *telemetry.Settlement
+	// recordAttrs is attrs as the options of a Record, built once: a slice per call would be
+	// an allocation per message.
+	recordAttrs []metric.RecordOption
+	settlement  *telemetry.Settlement
 }
 
 // newSettlement returns the settle span starts of a handler's topic.
@@ -64,27 +73,69 @@ func newSettlement(topic, system, group string) *telemetry.Settlement {
 	return telemetry.NewSettlement(topic, attrs...)
 }
 
-// handle is the watermill handler function. It acks or nacks the message itself and always
-// returns nil, so that watermill's own ack after a nil return is a no-op.
-func (c *consumer) handle(msg *message.Message) error {
-	if !c.router.gate.enter() {
-		msg.Nack()
-		return nil
+// read starts a delivery for each message of one subscription, until the subscription ends.
+// Once the router closes, the messages that still arrive are nacked without being processed.
+func (c *consumer) read(msgs <-chan *message.Message) {
+	for msg := range msgs {
+		if !c.router.gate.enter() {
+			msg.Nack()
+			continue
+		}
+		if c.slots != nil {
+			select {
+			case c.slots <- struct{}{}:
+			case <-msg.Context().Done():
+				// The delivery ended while it waited for its turn (its ack deadline passed,
+				// its subscription closed): the broker delivers it again.
+				msg.Nack()
+				c.router.gate.leave()
+				continue
+			}
+		}
+		c.start(msg)
 	}
+}
+
+// start runs the delivery of msg on an idle worker of the handler, or on a new one when none
+// is idle. Workers outlive their deliveries so that the next one reuses a goroutine whose
+// stack has grown to the chain's depth already; there are never many more than the deliveries
+// admitted at once (the slots), and they end when the handler's subscriptions have.
+func (c *consumer) start(msg *message.Message) {
+	select {
+	case c.work <- msg:
+	default:
+		go c.worker(msg)
+	}
+}
+
+func (c *consumer) worker(msg *message.Message) {
+	for {
+		c.handle(msg)
+		var open bool
+		if msg, open = <-c.work; !open {
+			return
+		}
+	}
+}
+
+// handle runs one delivery, which has entered the router's gate (and taken a slot, when the
+// handler has slots), and acks or nacks it.
+func (c *consumer) handle(msg *message.Message) {
 	defer c.router.gate.leave()
+	slot := c.slots != nil
+	defer func() {
+		if slot {
+			<-c.slots
+		}
+		if v := recover(); v != nil {
+			// A chain without Recover: the delivery fails, and the broker delivers it again.
+			c.logger.Error("panic in the handler's chain; message nacked", "message_id", msg.UUID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			msg.Nack()
+		}
+	}()
 
 	st := &delivery.State{Handler: c.name, Received: time.Now()}
 	ctx := delivery.With(msg.Context(), st)
-	if c.slots != nil {
-		select {
-		case c.slots <- struct{}{}:
-		case <-msg.Context().Done():
-			// The delivery ended while it waited for its turn (its ack deadline passed, its
-			// subscription closed): the broker delivers it again.
-			msg.Nack()
-			return nil
-		}
-	}
 	if c.ackOnReceipt {
 		msg.Ack()
 		// The delivery is over for the broker, and subscribers end a message's context once it
@@ -100,11 +151,10 @@ func (c *consumer) handle(msg *message.Message) error {
 		if !c.ackOnReceipt {
 			md.Delivery = c.deliveries(ctx, msg, md)
 		}
-		unlock := c.isolate(ctx, md, st)
-		err = c.chain.Process(ctx, md)
-		unlock()
+		err = c.process(ctx, md, st)
 	}
-	if c.slots != nil {
+	if slot {
+		slot = false
 		<-c.slots // the next delivery may start while this one is settled
 	}
 
@@ -119,7 +169,6 @@ func (c *consumer) handle(msg *message.Message) error {
 	if st.Span != nil {
 		st.Span.End() // last: the delivery's ack, metrics and log are done
 	}
-	return nil
 }
 
 // deliveries returns the delivery count of msg: the broker's, when it counts; 1 for a
@@ -145,6 +194,13 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 		return 0
 	}
 	return n
+}
+
+// process runs the chain on md under the handler's isolation lock.
+func (c *consumer) process(ctx context.Context, md *messagedata.MessageData, st *delivery.State) error {
+	unlock := c.isolate(ctx, md, st)
+	defer unlock()
+	return c.chain.Process(ctx, md)
 }
 
 // isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
@@ -201,7 +257,7 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 		c.logger.Warn("acknowledgement lost; the broker will deliver the message again", "message_id", md.ID,
 			"attempt", st.Retries+1, "delivery", md.Delivery, "outcome", string(outcome), "committed", !st.CommittedAt.IsZero(), "error", lost)
 	case !st.CommittedAt.IsZero():
-		c.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), c.attrs)
+		c.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), c.recordAttrs...)
 	}
 	c.settlement.Settle(st.Span, true, lost)
 }
@@ -316,8 +372,8 @@ func (g *gate) close() <-chan struct{} {
 	return g.idle
 }
 
-// onceClosingSubscriber lets the watermill router close one subscriber from each of the
-// handler's subscriptions: only the first Close reaches it.
+// onceClosingSubscriber is a handler's subscriber, which the router closes once however
+// often Close is called.
 type onceClosingSubscriber struct {
 	message.Subscriber
 	once sync.Once

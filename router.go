@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -25,7 +24,9 @@ import (
 )
 
 // Router consumes messages and runs each through its handler's chain of interceptors, then
-// acknowledges or rejects it. It is built on watermill's message.Router.
+// acknowledges or rejects it. It reads the message channels of watermill Subscribers itself,
+// Handler.Concurrency subscriptions per handler, and runs each delivery in a goroutine of its
+// own.
 //
 // The router is the only place where an outcome becomes an ack or a nack:
 //
@@ -43,7 +44,6 @@ import (
 // absorbs the redelivery.
 type Router struct {
 	cfg          Config
-	wr           *message.Router
 	logger       *slog.Logger
 	instruments  *telemetry.Instruments
 	interceptors map[string]InterceptorFactory
@@ -60,8 +60,16 @@ type Router struct {
 	// offset, one per database.
 	positions map[storeKey]*dedup.Positions
 	claims    []handlerClaim
-	closeErr  error
-	closed    sync.Once
+	handlers  []*consumer
+	started   bool
+
+	running  chan struct{} // closed once every handler has subscribed
+	closing  chan struct{} // closed when Close begins
+	done     chan struct{} // closed when Close has ended
+	stopSubs context.CancelFunc
+	readers  sync.WaitGroup
+	closeErr error
+	closed   sync.Once
 }
 
 // handlerClaim is a handler name and the topic it consumes, recorded in its dedup store's
@@ -82,11 +90,6 @@ func NewRouter(cfg Config) (*Router, error) {
 		return nil, err
 	}
 	cfg.setDefaults()
-	wlog := watermill.NewSlogLoggerWithLevelMapping(cfg.Logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
-	wr, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, wlog)
-	if err != nil {
-		return nil, fmt.Errorf("create watermill router: %w", err)
-	}
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -97,7 +100,9 @@ func NewRouter(cfg Config) (*Router, error) {
 	}
 	r := &Router{
 		cfg:         cfg,
-		wr:          wr,
+		running:     make(chan struct{}),
+		closing:     make(chan struct{}),
+		done:        make(chan struct{}),
 		logger:      cfg.Logger,
 		instruments: ins,
 		names:       map[string]bool{},
@@ -211,7 +216,16 @@ func (r *Router) AddHandler(h Handler) error {
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
 		settlement:   newSettlement(h.Topic, system, group),
 	}
-	if !grouped {
+	c.recordAttrs = []metric.RecordOption{c.attrs}
+	if grouped {
+		// Enough deliveries for every group transaction to run full, and the next group to
+		// collect: more would only wait, each in a goroutine of its own.
+		size := h.GroupCommit.MaxSize
+		if size == 0 {
+			size = middleware.DefaultMaxGroupSize
+		}
+		c.slots = make(chan struct{}, (n+1)*size)
+	} else {
 		c.slots = make(chan struct{}, n)
 	}
 	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
@@ -221,14 +235,9 @@ func (r *Router) AddHandler(h Handler) error {
 		}
 		c.counter = counter
 	}
-	sub := &onceClosingSubscriber{Subscriber: h.Subscriber}
-	for i := range n {
-		name := h.Name
-		if n > 1 {
-			name = fmt.Sprintf("%s#%d", h.Name, i+1)
-		}
-		r.wr.AddConsumerHandler(name, h.Topic, sub, c.handle)
-	}
+	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
+	c.subscriptions = n
+	r.handlers = append(r.handlers, c)
 	r.names[h.Name] = true
 	r.initHandlerMetrics(h.Name)
 	return nil
@@ -316,7 +325,10 @@ func (r *Router) AddMigration(fn func(context.Context) error) {
 
 // Run creates the tables the handlers need (unless Config.SkipMigrate), starts the purge loop,
 // the ordering sweepers of ExactlyOnceInOrder handlers and the handlers, and blocks until ctx
-// ends or Close is called. When ctx ends it closes the router gracefully, as Close does. While
+// ends, Close is called, or every subscription has ended by itself (its subscriber closed its
+// message channel; a router without handlers waits for ctx or Close). When ctx ends, or the subscriptions do, it closes the router gracefully, as
+// Close does, and returns Close's error. A subscription that fails returns its error. Run
+// runs once. While
 // it runs, the gauges of the dedup tables (onceflow.dedup.*) and of parked messages
 // (onceflow.order.parked) are observed on Config.MeterProvider.
 func (r *Router) Run(ctx context.Context) error {
@@ -344,16 +356,84 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 	defer stopOrdering()
 
-	errCh := make(chan error, 1)
-	go func() { errCh <- r.wr.Run(context.WithoutCancel(ctx)) }()
-	select {
-	case err := <-errCh:
+	ended, err := r.subscribe(ctx)
+	if err != nil {
 		return err
-	case <-ctx.Done():
-		closeErr := r.Close()
-		runErr := <-errCh
-		return errors.Join(runErr, closeErr)
 	}
+	select {
+	case <-ctx.Done():
+		return r.Close()
+	case <-ended: // every subscription has ended by itself
+		return r.Close()
+	case <-r.closing:
+		<-r.done
+		return nil
+	}
+}
+
+// subscribe subscribes each handler Handler.Concurrency times and starts reading the
+// subscriptions. The returned channel is closed when every subscription has ended; it is nil
+// when there is none.
+func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return nil, errors.New("onceflow: the router is running already")
+	}
+	r.started = true
+	select {
+	case <-r.closing:
+		return nil, errors.New("onceflow: the router is closed")
+	default:
+	}
+	// The subscriptions outlive ctx: Close ends them, after the deliveries in flight.
+	subCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	r.stopSubs = stop
+	var chans []<-chan *message.Message
+	var owners []*consumer
+	for _, c := range r.handlers {
+		for range c.subscriptions {
+			msgs, err := c.sub.Subscribe(subCtx, c.topic)
+			if err != nil {
+				stop()
+				for _, c := range r.handlers {
+					_ = c.sub.Close()
+				}
+				return nil, fmt.Errorf("handler %q: subscribe to topic %q: %w", c.name, c.topic, err)
+			}
+			chans = append(chans, msgs)
+			owners = append(owners, c)
+		}
+	}
+	ended := make(chan struct{})
+	r.readers.Add(len(chans))
+	readers := make(map[*consumer]*sync.WaitGroup, len(r.handlers))
+	for _, c := range r.handlers {
+		c.work = make(chan *message.Message)
+		wg := &sync.WaitGroup{}
+		wg.Add(c.subscriptions)
+		readers[c] = wg
+		go func() {
+			wg.Wait()
+			close(c.work) // the idle workers end
+		}()
+	}
+	for i, msgs := range chans {
+		go func() {
+			defer r.readers.Done()
+			defer readers[owners[i]].Done()
+			owners[i].read(msgs)
+		}()
+	}
+	go func() {
+		r.readers.Wait()
+		close(ended)
+	}()
+	close(r.running)
+	if len(chans) == 0 {
+		return nil, nil // no handler: Run waits for ctx or Close
+	}
+	return ended, nil
 }
 
 // claimHandlers records, in each dedup store's database, the topic each handler consumes, and
@@ -373,23 +453,53 @@ func (r *Router) claimHandlers(ctx context.Context) error {
 }
 
 // Running is closed once every handler has subscribed.
-func (r *Router) Running() chan struct{} { return r.wr.Running() }
+func (r *Router) Running() chan struct{} { return r.running }
 
 // Close stops the router gracefully: deliveries that arrive from now on are nacked without
 // being processed, deliveries in flight finish (commit and ack) for at most
-// Config.CloseTimeout, then the subscriptions are closed. A message whose transaction has not
-// committed is never acknowledged. Close is safe to call more than once.
+// Config.CloseTimeout, then the subscribers are closed and Close waits, again for at most
+// Config.CloseTimeout, for their message channels to close. A message whose transaction has not
+// committed is never acknowledged. Close is safe to call more than once, and concurrently; every
+// call returns when the router is closed, with the same error.
 func (r *Router) Close() error {
 	r.closed.Do(func() {
+		defer close(r.done)
+		close(r.closing)
 		idle := r.gate.close()
 		r.holds.release() // failed messages held for their redelivery delay go back now
+		timeout := time.NewTimer(r.cfg.CloseTimeout)
+		defer timeout.Stop()
 		select {
 		case <-idle:
-		case <-time.After(r.cfg.CloseTimeout):
+		case <-timeout.C:
 			r.logger.Warn("close timeout passed with messages in flight; they will be redelivered", "timeout", r.cfg.CloseTimeout)
 		}
-		r.closeErr = r.wr.Close()
+		r.mu.Lock()
+		stop, handlers := r.stopSubs, r.handlers
+		r.mu.Unlock()
+		if stop == nil {
+			return // never ran
+		}
+		stop()
+		var errs []error
+		for _, c := range handlers {
+			if err := c.sub.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close the subscriber of handler %q: %w", c.name, err))
+			}
+		}
+		ended := make(chan struct{})
+		go func() {
+			r.readers.Wait()
+			close(ended)
+		}()
+		select {
+		case <-ended:
+		case <-time.After(r.cfg.CloseTimeout):
+			errs = append(errs, fmt.Errorf("onceflow: close timeout: subscriptions still open after %s", r.cfg.CloseTimeout))
+		}
+		r.closeErr = errors.Join(errs...)
 	})
+	<-r.done
 	return r.closeErr
 }
 

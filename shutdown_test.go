@@ -129,3 +129,45 @@ func TestRouterPurgeLoop_RemovesExpiredKeys(t *testing.T) {
 	testsvc.Eventually(t, 10*time.Second, func() bool { return countDedup(t, db, "expired") == 0 }, "the purge loop did not remove the expired key")
 	require.Equal(t, 1, countDedup(t, db, "live"))
 }
+
+func TestRun_WithoutHandlersRunsUntilItsContextEnds(t *testing.T) {
+	b := brokertest.New()
+	defer b.Close()
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b, PurgeInterval: -1})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-r.Running()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned before its context ended: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancel()
+	require.NoError(t, <-done)
+}
+
+func TestRun_EndsWhenItsSubscriptionsEnd(t *testing.T) {
+	db := testsvc.SQLite(t)
+	createEffects(t, db)
+	b := brokertest.New()
+	defer b.Close()
+	sub := b.Subscriber()
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b, PurgeInterval: -1})
+	require.NoError(t, err)
+	require.NoError(t, r.AddHandler(onceflow.Handler{
+		Name: "effects", Topic: topic, Subscriber: sub, DB: db, QoS: onceflow.ExactlyOnce, Concurrency: 2,
+		Processor: processor.Func(applyEffect),
+	}))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	require.NoError(t, sub.Close()) // the subscriber ends its message channels by itself
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its subscriptions ended")
+	}
+}

@@ -20,7 +20,8 @@ import (
 type postgres struct {
 	s *SQLStore
 
-	manyPrefix, manySuffix string
+	manyPrefix, manySuffix           string
+	exceptions, exceptionsOneHandler string
 }
 
 // pgLockKey is an advisory lock key for purpose ($1) on table ($2) in the current schema: the
@@ -38,6 +39,26 @@ func (p *postgres) queries(table string) queries {
 	p.manyPrefix = `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, created_at, expires_at) VALUES `
 	// xmax is 0 on a row version this statement inserted, and set on one it updated: a renewal.
 	p.manySuffix = pgUpsert + ` RETURNING d.handler, d.message_id, d.message_ts, d.xmax <> 0`
+	// One text for every batch size, so that one prepared statement serves them all. The rows
+	// go in the order of the arrays (the caller's fixed order); the outer query returns the
+	// batch's keys that the insert did not write (duplicates: NULL) or wrote over an expired
+	// record (renewals: true), by their position in the arrays.
+	insert := `, ins AS (
+	INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, created_at, expires_at)
+	SELECT handler, message_id, message_ts, $1::bigint, $2::bigint FROM k ORDER BY i` + pgUpsert + `
+	RETURNING d.handler, d.message_id, d.message_ts, d.xmax <> 0 AS renewed
+)
+SELECT k.i, ins.renewed FROM k LEFT JOIN ins
+ON ins.handler = k.handler AND ins.message_id = k.message_id AND ins.message_ts = k.message_ts
+WHERE ins.renewed IS NOT FALSE`
+	p.exceptions = `WITH k AS (
+	SELECT * FROM unnest($3::text[], $4::text[], $5::bigint[]) WITH ORDINALITY AS k(handler, message_id, message_ts, i)
+)` + insert
+	// The same when every key has one handler ($3), as a group's keys do: one array fewer.
+	p.exceptionsOneHandler = `WITH k AS (
+	SELECT $3::text AS handler, message_id, message_ts, i
+	FROM unnest($4::text[], $5::bigint[]) WITH ORDINALITY AS k(message_id, message_ts, i)
+)` + insert
 	return queries{
 		record: `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, internal_id, created_at, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6)` + pgUpsert + ` RETURNING d.xmax <> 0`,
@@ -72,6 +93,47 @@ func (p *postgres) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, i
 func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
 	query, args := recordManyStatement(p.manyPrefix, p.manySuffix, "$", keys, created, expires)
 	return queryKeys(ctx, tx, query, args, true)
+}
+
+// recordExceptions runs the exceptions statement over the keys as three arrays, or as the
+// handler and two arrays when the keys share their handler.
+func (p *postgres) recordExceptions(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]exception, error) {
+	ids, stamps := make([]string, len(keys)), make([]int64, len(keys))
+	oneHandler := true
+	for i, k := range keys {
+		ids[i], stamps[i] = k.MessageID, k.Timestamp
+		oneHandler = oneHandler && k.Handler == keys[0].Handler
+	}
+	query, handlers := p.exceptionsOneHandler, any(keys[0].Handler)
+	if !oneHandler {
+		all := make([]string, len(keys))
+		for i, k := range keys {
+			all[i] = k.Handler
+		}
+		query, handlers = p.exceptions, all
+	}
+	rows, err := tx.QueryContext(ctx, query, created, expires, handlers, ids, stamps)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []exception
+	for rows.Next() {
+		var i int
+		var renewed sql.NullBool
+		if err := rows.Scan(&i, &renewed); err != nil {
+			return nil, err
+		}
+		e := exception{index: i - 1, outcome: Duplicate}
+		if renewed.Valid {
+			e.outcome = Renewed
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, rows.Close()
 }
 
 func (p *postgres) migrate(ctx context.Context) error {

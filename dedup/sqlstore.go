@@ -270,10 +270,11 @@ func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 // first position; its later positions report Duplicate. The keys are recorded without an
 // internal id.
 //
-// It runs one multi-row statement per 1000 distinct keys (on MySQL and MariaDB, which lack
-// INSERT ... RETURNING, followed by at most one SELECT of the rows it wrote; on SQLite preceded
-// by one SELECT of the expired records among them), never one
-// statement per key, and leaves tx usable. Keys are written in a fixed order, so that
+// It runs one statement per 1000 distinct keys, never one statement per key, and leaves tx
+// usable: on PostgreSQL an INSERT over three arrays (one statement text for every batch size)
+// that returns only the duplicates and renewals; elsewhere a multi-row INSERT (on MySQL and
+// MariaDB, which lack INSERT ... RETURNING, followed by at most one SELECT of the rows it
+// wrote; on SQLite preceded by one SELECT of the expired records among them). Keys are written in a fixed order, so that
 // concurrent batches sharing keys wait for each other rather than deadlock; a deadlock or
 // serialization failure that happens all the same is retryable (sqldb.Conflict). An invalid key
 // anywhere in keys fails the whole call before any statement runs; the error names its
@@ -282,42 +283,89 @@ func (s *SQLStore) RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 	if tx == nil {
 		return nil, errors.New("dedup: RecordMany: tx is nil")
 	}
-	fresh := make([]Outcome, len(keys))
+	fresh := make([]Outcome, len(keys)) // Duplicate unless recorded below
 	if len(keys) == 0 {
 		return fresh, nil
 	}
-	first := make(map[Key]int, len(keys)) // position of each key's first occurrence
-	distinct := make([]Key, 0, len(keys))
+	// The keys in their fixed order; of a repeated key, its first position comes first.
+	order := make([]int, len(keys))
 	for i, k := range keys {
 		if err := checkKey(k); err != nil {
 			return nil, fmt.Errorf("keys[%d]: %w", i, err)
 		}
-		if _, seen := first[k]; !seen {
-			first[k] = i
-			distinct = append(distinct, k)
-		}
+		order[i] = i
 	}
-	slices.SortFunc(distinct, compareKeys)
+	slices.SortFunc(order, func(a, b int) int { return cmp.Or(compareKeys(keys[a], keys[b]), cmp.Compare(a, b)) })
+	distinct := make([]Key, 0, len(keys))
+	at := make([]int, 0, len(keys)) // the position in keys of each distinct key
+	for j, i := range order {
+		if j > 0 && keys[order[j-1]] == keys[i] {
+			continue
+		}
+		distinct = append(distinct, keys[i])
+		at = append(at, i)
+	}
 
 	now := s.now()
 	created, expires := now.UnixMicro(), now.Add(s.retention).UnixMicro()
-	for chunk := range slices.Chunk(distinct, maxKeysPerStatement) {
-		recorded, err := s.dialect.recordMany(ctx, tx, chunk, created, expires)
-		if err != nil {
+	for start := 0; start < len(distinct); start += maxKeysPerStatement {
+		chunk := distinct[start:min(start+maxKeysPerStatement, len(distinct))]
+		pos := at[start : start+len(chunk)]
+		if err := s.recordChunk(ctx, tx, chunk, pos, fresh, created, expires); err != nil {
 			return nil, fmt.Errorf("dedup: record %d keys in %s: %w", len(chunk), s.table, err)
-		}
-		for k, renewed := range recorded {
-			i, ok := first[k]
-			if !ok {
-				return nil, fmt.Errorf("dedup: record %d keys in %s: the database returned %s, which is not in the batch", len(chunk), s.table, describeKey(k))
-			}
-			fresh[i] = Recorded
-			if renewed {
-				fresh[i] = Renewed
-			}
 		}
 	}
 	return fresh, nil
+}
+
+// recordChunk records chunk (distinct, valid, sorted) and sets fresh at pos, the positions of
+// chunk's keys, for those it recorded.
+func (s *SQLStore) recordChunk(ctx context.Context, tx sqlx.ExtContext, chunk []Key, pos []int, fresh []Outcome, created, expires int64) error {
+	if er, ok := s.dialect.(exceptionRecorder); ok {
+		exceptions, err := er.recordExceptions(ctx, tx, chunk, created, expires)
+		if err != nil {
+			return err
+		}
+		for _, i := range pos {
+			fresh[i] = Recorded
+		}
+		for _, e := range exceptions {
+			if e.index < 0 || e.index >= len(chunk) {
+				return fmt.Errorf("the database returned position %d, which is not in the batch", e.index+1)
+			}
+			fresh[pos[e.index]] = e.outcome
+		}
+		return nil
+	}
+	recorded, err := s.dialect.recordMany(ctx, tx, chunk, created, expires)
+	if err != nil {
+		return err
+	}
+	for k, renewed := range recorded {
+		j, found := slices.BinarySearchFunc(chunk, k, compareKeys)
+		if !found {
+			return fmt.Errorf("the database returned %s, which is not in the batch", describeKey(k))
+		}
+		fresh[pos[j]] = Recorded
+		if renewed {
+			fresh[pos[j]] = Renewed
+		}
+	}
+	return nil
+}
+
+// exceptionRecorder is a dialect that records a batch of keys with one statement returning only
+// the keys that were not simply recorded: duplicates and renewed expired records.
+type exceptionRecorder interface {
+	// recordExceptions records keys (distinct, valid, sorted) in tx and returns the keys,
+	// by index into keys, that it did not record as new: Duplicate or Renewed.
+	recordExceptions(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]exception, error)
+}
+
+// exception is a key of a batch that was not recorded as new.
+type exception struct {
+	index   int
+	outcome Outcome
 }
 
 // Forget deletes key in tx, whether it has expired or not. Group commit uses it for a member

@@ -502,6 +502,20 @@ func TestRecordMany_ReportsNewKeysByPosition(t *testing.T) {
 	})
 }
 
+func TestRecordKeys_KeysOfSeveralHandlersInOneBatch(t *testing.T) {
+	forEachDB(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		billing, shipping := key("same-id"), dedup.Key{Handler: "shipping", MessageID: "same-id"}
+		require.True(t, e.recordCommitted(t, shipping, "int"))
+
+		tx := e.begin(t)
+		got, err := e.store.RecordKeys(ctx, tx, []dedup.Key{shipping, billing, {Handler: "shipping", MessageID: "other"}, billing})
+		require.NoError(t, err)
+		require.Equal(t, []dedup.Outcome{dedup.Duplicate, dedup.Recorded, dedup.Recorded, dedup.Duplicate}, got)
+		require.NoError(t, tx.Commit())
+	})
+}
+
 func TestRecordMany_LargeBatch(t *testing.T) {
 	forEachDB(t, func(t *testing.T, e *env) {
 		all := keys("m-", 2500)

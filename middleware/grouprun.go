@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -61,16 +60,22 @@ func (g *grouper) run(members []*member) {
 	r.size = len(r.slots)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	var alive atomic.Int32
-	alive.Store(int32(len(r.slots)))
+	// One goroutine waits for the members' contexts in turn, and ends the group's once the
+	// last has ended; it stops with the group.
+	ends := make([]<-chan struct{}, len(r.slots))
 	for i := range r.slots {
-		stop := context.AfterFunc(r.slots[i].m.ctx, func() {
-			if alive.Add(-1) == 0 {
-				cancel(errors.New("the context of every member has ended"))
-			}
-		})
-		defer stop()
+		ends[i] = r.slots[i].m.ctx.Done()
 	}
+	go func() {
+		for _, done := range ends {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return
+			}
+		}
+		cancel(errors.New("the context of every member has ended"))
+	}()
 	r.ctx = ctx
 
 	all := make([]*slot, len(r.slots))
@@ -544,5 +549,6 @@ func (r *groupRun) send(s *slot) {
 		// Never reached; a nil error would be acknowledged, and nothing was committed.
 		res = memberResult{err: fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)}
 	}
-	s.m.done <- res
+	s.m.res = res
+	close(s.m.done)
 }

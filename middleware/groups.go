@@ -54,7 +54,8 @@ type member struct {
 	msg   *messagedata.MessageData
 	key   dedup.Key
 	state atomic.Int32
-	done  chan memberResult // buffered: the group never blocks on a member
+	res   memberResult  // set once, before done is closed
+	done  chan struct{} // closed when res is set: the group never blocks on a member
 }
 
 type memberResult struct {
@@ -67,7 +68,7 @@ func (m *member) claim() bool { return m.state.CompareAndSwap(memberWaiting, mem
 
 // process is the Processor of the chain: it runs in each delivery's goroutine.
 func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) error {
-	m := &member{ctx: ctx, msg: msg, done: make(chan memberResult, 1)}
+	m := &member{ctx: ctx, msg: msg, done: make(chan struct{})}
 	if g.store != nil {
 		if msg.ID == "" {
 			return processor.Permanent(messagedata.ErrNoMessageID)
@@ -83,8 +84,8 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 
 	g.join(m)
 	select {
-	case r := <-m.done:
-		return m.settle(r)
+	case <-m.done:
+		return m.settle(m.res)
 	case <-ctx.Done():
 	}
 	if m.state.CompareAndSwap(memberWaiting, memberLeft) {
@@ -92,7 +93,8 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 		return fmt.Errorf("group commit: left the group before processing: %w", ctx.Err())
 	}
 	// The group has claimed the member: its result is on the way.
-	return m.settle(<-m.done)
+	<-m.done
+	return m.settle(m.res)
 }
 
 // settle returns the member's result in its own goroutine: it re-raises a panic of its chain,

@@ -120,7 +120,7 @@ func baselineSubscriber(ctx context.Context, cl cell, t topic) (message.Subscrib
 			},
 			JetStream: wnats.JetStreamConfig{
 				SubscribeOptions: []nats.SubOpt{nats.ManualAck(), nats.AckExplicit(), nats.DeliverAll(),
-					nats.MaxAckPending(brokerPrefetch(cl.st, cl.prefetch, cl.c))},
+					nats.MaxAckPending(groupPending(cl.st, cl.prefetch, cl.c))},
 				DurablePrefix:     consumerGroup,
 				DurableCalculator: name,
 			},

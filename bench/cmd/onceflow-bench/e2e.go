@@ -330,6 +330,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		if profile {
 			var err error
 			prof, err = startProfile(s.cfg.profileDir, e.Name)
+			writeAllocs(s.cfg.profileDir, e.Name, "start")
 			return err
 		}
 		return nil
@@ -339,6 +340,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		if prof != nil {
 			pprof.StopCPUProfile()
 			_ = prof.Close()
+			writeAllocs(s.cfg.profileDir, e.Name, "end")
 		}
 	}
 	if !steady {
@@ -516,6 +518,18 @@ func startProfile(dir, name string) (*os.File, error) {
 	return f, nil
 }
 
+// writeAllocs writes the allocation profile of the process so far, at the start or the end of
+// a profiled window: `go tool pprof -diff_base allocs-X-start.pprof allocs-X-end.pprof` shows
+// what the window allocated.
+func writeAllocs(dir, name, at string) {
+	f, err := os.Create(filepath.Join(dir, "allocs-"+sanitize(name)+"-"+at+".pprof"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = pprof.Lookup("allocs").WriteTo(f, 0)
+}
+
 func sanitize(s string) string {
 	b := []byte(s)
 	for i, c := range b {
@@ -526,10 +540,11 @@ func sanitize(s string) string {
 	return string(b)
 }
 
-// brokerPrefetch is the Options.Prefetch that gives each of c subscriptions a window of p
-// deliveries. Options.Prefetch is per subscription on every scheme but NATS, where it is the
-// MaxAckPending of the consumer group as a whole.
-func brokerPrefetch(st setup, p, c int) int {
+// groupPending is the MaxAckPending of a NATS consumer that gives each of c subscriptions a
+// window of p deliveries, for the watermill baseline and the expert, whose NATS consumers
+// bound their unacknowledged deliveries as a whole; p elsewhere. onceflow's NATS subscriber,
+// like every other broker's, takes Options.Prefetch per subscription.
+func groupPending(st setup, p, c int) int {
 	if st.Broker == "nats" {
 		return p * c
 	}
@@ -565,7 +580,7 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 			return err
 		})
 	}
-	b, err := broker.Open(ctx, t.brokerURL, broker.Options{ConsumerGroup: consumerGroup, Prefetch: brokerPrefetch(cl.st, cl.prefetch, cl.c)})
+	b, err := broker.Open(ctx, t.brokerURL, broker.Options{ConsumerGroup: consumerGroup, Prefetch: cl.prefetch})
 	if err != nil {
 		return nil, err
 	}

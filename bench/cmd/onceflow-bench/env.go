@@ -46,11 +46,16 @@ func defaultServices() services {
 	}
 }
 
+// benchPrefix begins the names of the bench's schemas and databases; the dedup-at-scale table,
+// which later runs reuse, lives in benchPrefix + "_scale".
+const benchPrefix = "onceflow_bench"
+
 // benchSchema is the PostgreSQL schema, and benchDatabase the MariaDB database, that a run
-// creates its tables in; both are dropped and created anew at the start of a run.
-const (
-	benchSchema   = "onceflow_bench"
-	benchDatabase = "onceflow_bench"
+// creates its tables in; both are created at the start of a run and dropped at its end. The
+// process id in the names keeps two runs on one machine apart.
+var (
+	benchSchema   = fmt.Sprintf("%s_%d", benchPrefix, os.Getpid())
+	benchDatabase = benchSchema
 )
 
 // withSearchPath returns the PostgreSQL URL base with its search_path set to schema.
@@ -96,6 +101,16 @@ func dropSchema(base, schema string) {
 	defer cancel()
 	if admin, err := sqldb.Open(ctx, base); err == nil {
 		_, _ = admin.ExecContext(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		_ = admin.Close()
+	}
+}
+
+// dropDatabase drops a MariaDB database and everything in it, ignoring errors.
+func dropDatabase(base, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if admin, err := sqldb.Open(ctx, base); err == nil {
+		_, _ = admin.ExecContext(ctx, `DROP DATABASE IF EXISTS `+name)
 		_ = admin.Close()
 	}
 }

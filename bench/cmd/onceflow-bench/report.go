@@ -226,7 +226,7 @@ var columnTitles = map[string]string{
 func printReport(w io.Writer, cfg suiteConfig, res Results) {
 	fmt.Fprintf(w, "\nonceflow end-to-end benchmark, %s, %d cores (%s), load average %.2f -> %.2f\n",
 		res.Date, res.Machine.Cores, res.Machine.CPU, res.Machine.LoadBefore, res.Machine.LoadAfter)
-	fmt.Fprintf(w, "prefetch per subscription for onceflow and watermill %d (broker.Options.Prefetch; NATS: times the concurrency); expert: prefetch %d, batches of up to %d or %s\n",
+	fmt.Fprintf(w, "prefetch per subscription for onceflow and watermill %d (broker.Options.Prefetch); expert: prefetch %d, batches of up to %d or %s\n",
 		cfg.prefetch, expertPrefetch, expertBatch, expertWait)
 	ms := res.Medians
 	for _, st := range cfg.setups {

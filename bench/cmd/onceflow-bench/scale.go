@@ -77,7 +77,7 @@ func runScale(ctx context.Context, args []string) error {
 			"payload_bytes": 1024, "method": "the ExactlyOnce chain (Retry, Transaction, Deduplicate with dedup.SQLStore) and a processor inserting the business row, in concurrent goroutines, without broker"},
 		Versions: versions(ctx, svc, []setup{{Database: "postgres"}}),
 	}
-	const schema = benchSchema + "_scale"
+	const schema = benchPrefix + "_scale"
 	admin, err := sqldb.Open(ctx, svc.postgres)
 	if err != nil {
 		return err

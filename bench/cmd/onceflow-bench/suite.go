@@ -179,7 +179,7 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	minMsgs := fs.Int("min-messages", 1500, "fewest messages per drain")
 	maxMsgs := fs.Int("max-messages", 150000, "most messages per drain")
 	payload := fs.Int("payload", 1024, "payload bytes per message")
-	prefetch := fs.Int("prefetch", expertPrefetch, "deliveries each subscription holds (broker.Options.Prefetch; on NATS times the concurrency), for onceflow and the watermill baseline")
+	prefetch := fs.Int("prefetch", expertPrefetch, "deliveries each subscription holds (broker.Options.Prefetch), for onceflow and the watermill baseline")
 	sweep := fs.String("gc-prefetch", "10,64", "further prefetches for group commit in the drain, on the first setup of each broker (empty: none)")
 	sweepConc := fs.String("gc-prefetch-concurrency", "1,16", "concurrencies of the drain at which group commit is measured at the further prefetches")
 	maxIdle := fs.Int("max-idle", 0, "database/sql MaxIdleConns of the consumer's pool (0: as sqldb.Open leaves it)")
@@ -195,7 +195,7 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run: 1 round, short cells, few messages (also BENCH_QUICK=1)")
 	out := fs.String("out", "bench/results/latest.json", "results file")
 	chart := fs.String("chart", "docs/performance.svg", "chart file (.svg or .png); empty for none")
-	profile := fs.String("cpuprofile-dir", "", "write a CPU profile of the consumer for each cell at the highest concurrency into this directory (profiling slows what it measures: not for the reported numbers)")
+	profile := fs.String("cpuprofile-dir", "", "write a CPU profile of the consumer, and allocation profiles at the start and end of its window, for each cell at the highest concurrency into this directory (profiling slows what it measures: not for the reported numbers)")
 	fs.StringVar(&svc.postgres, "postgres", svc.postgres, "PostgreSQL URL")
 	fs.StringVar(&svc.mysql, "mysql", svc.mysql, "MariaDB/MySQL URL")
 	fs.StringVar(&svc.amqp, "amqp", svc.amqp, "RabbitMQ URL")
@@ -386,10 +386,12 @@ func runSuite(ctx context.Context, args []string) error {
 			if s.pgURL, err = preparePostgres(ctx, svc.postgres, benchSchema); err != nil {
 				return fmt.Errorf("prepare PostgreSQL: %w", err)
 			}
+			defer dropSchema(svc.postgres, benchSchema)
 		case st.Database == "mysql" && s.myURL == "":
 			if s.myURL, err = prepareMySQL(ctx, svc.mysql, benchDatabase); err != nil {
 				return fmt.Errorf("prepare MariaDB: %w", err)
 			}
+			defer dropDatabase(svc.mysql, benchDatabase)
 		}
 	}
 
@@ -444,11 +446,13 @@ func (s *suite) runCell(ctx context.Context, cl cell, round int) Entry {
 	case cl.variant == vDBLimit || cl.variant == vDBLimitGo:
 		e.Broker = "none"
 	case cl.variant == vExpert:
-		e.Prefetch, e.BrokerPrefetch = expertPrefetch, brokerPrefetch(cl.st, expertPrefetch, cl.c)
+		e.Prefetch, e.BrokerPrefetch = expertPrefetch, groupPending(cl.st, expertPrefetch, cl.c)
 	case cl.variant == vBaseline && cl.st.Broker == "sqlite":
 		e.Prefetch, e.BrokerPrefetch = sqlitequeue.DefaultBatchSize, sqlitequeue.DefaultBatchSize
+	case cl.variant == vBaseline:
+		e.Prefetch, e.BrokerPrefetch = cl.prefetch, groupPending(cl.st, cl.prefetch, cl.c)
 	default:
-		e.Prefetch, e.BrokerPrefetch = cl.prefetch, brokerPrefetch(cl.st, cl.prefetch, cl.c)
+		e.Prefetch, e.BrokerPrefetch = cl.prefetch, cl.prefetch
 	}
 	if cl.scenario == scenarioSlow {
 		e.WaitMs = s.cfg.slowWait.Seconds() * 1000
@@ -531,7 +535,8 @@ type Entry struct {
 	MsgsPerS    float64 `json:"msgs_per_s"`
 	Round       int     `json:"round,omitempty"`
 	// Prefetch is the window of deliveries of each subscription (worker for the expert), and
-	// BrokerPrefetch the broker.Options.Prefetch that gave it (NATS counts the group's).
+	// BrokerPrefetch what the broker was told: broker.Options.Prefetch for onceflow, the
+	// consumer's MaxAckPending (the whole group's) for the NATS baseline and expert.
 	Prefetch       int `json:"prefetch,omitempty"`
 	BrokerPrefetch int `json:"broker_prefetch,omitempty"`
 	// Seconds is the measured time: from the commit that ended the warm-up to the last commit
