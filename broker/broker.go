@@ -66,7 +66,8 @@ type Options struct {
 	// subscription (its XREADGROUP COUNT), the window of each mem subscription. URL parameter:
 	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to nats.DefaultPrefetch
 	// (package broker/nats) for NATS, to sqlitequeue.DefaultBatchSize for SQLite, to
-	// redis.DefaultPrefetch (package broker/redis) for Redis and to mem.DefaultPrefetch for mem.
+	// redis.DefaultPrefetch (package broker/redis) for Redis, to kafka.DefaultPrefetch (package
+	// broker/kafka) for Kafka and to mem.DefaultPrefetch for mem.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a
@@ -183,6 +184,7 @@ type Broker struct {
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue); also sqlite3://
 //	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (broker/nats)
 //	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis)
+//	kafka://host:9092,host2:9092/                           Apache Kafka (broker/kafka)
 //	mem://name                                              in-process, for tests only (broker/mem)
 //
 // broker/all registers them all. A URL whose scheme is not registered fails with an error
@@ -233,8 +235,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	return b, nil
 }
 
-// Scheme returns the broker's kind: "amqp", "postgres", "mysql", "sqlite", "nats", "redis" or
-// "mem", whichever alias the URL used (amqps, postgresql, mariadb, rediss, ...).
+// Scheme returns the broker's kind: "amqp", "postgres", "mysql", "sqlite", "nats", "redis",
+// "kafka" or "mem", whichever alias the URL used (amqps, postgresql, mariadb, rediss, ...).
 func (b *Broker) Scheme() string { return b.scheme }
 
 // String returns the broker's URL without its password or token.
@@ -245,7 +247,7 @@ func (b *Broker) String() string { return b.redacted }
 func (b *Broker) ConsumerGroup() string { return b.opts.ConsumerGroup }
 
 // MessagingSystem returns the broker's name as the OpenTelemetry messaging semantic conventions
-// spell messaging.system: rabbitmq, postgresql, mysql, sqlite, nats, redis (mem for the
+// spell messaging.system: rabbitmq, postgresql, mysql, sqlite, nats, redis, kafka (mem for the
 // in-process broker).
 func (b *Broker) MessagingSystem() string {
 	info, _ := schemeInfoOf(b.scheme)

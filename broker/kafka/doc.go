@@ -1,0 +1,63 @@
+// Package kafka is onceflow's broker for Apache Kafka, on franz-go's kgo client: a watermill
+// message.Publisher (kgo's idempotent producer) and a message.Subscriber that keeps many
+// records in flight per subscription and commits offsets only below the records acked. It
+// registers the kafka:// scheme of broker.Open when a program imports it:
+//
+//	import _ "github.com/onceflow/onceflow/broker/kafka"
+//
+// # Records
+//
+// A message is one record (Record): the payload is the value, the metadata are headers, the
+// UUID is the header UUIDHeader ("_watermill_message_uuid", as watermill's other adapters
+// write it). The key is the message's ordering key (messagedata.HeaderKey) when it has one,
+// so that the records of a key go to one partition in order, and its UUID otherwise. A
+// record that has no UUIDHeader (written by another producer) is given the id
+// "topic/partition/offset", the same on every delivery (Message).
+//
+// # Consumer groups
+//
+// Each Subscribe call is one member of Config.ConsumerGroup, with a client of its own,
+// consuming one topic; the group's members share the topic's partitions, and every group gets
+// every record. A group without committed offsets starts at the first record of each
+// partition. Topics are created when a publisher or subscriber finds them missing (Topics).
+//
+// # Delivery, acks and commits
+//
+// A subscription polls up to Config.Prefetch records ahead of their acknowledgements
+// (PollRecords) and hands each one out at once, from every partition it owns. Kafka's
+// commits are positions, not acknowledgements of single records: the subscription commits,
+// for each partition, the offset of the first record not acked yet (or the offset after the
+// last record taken, when all are acked), as acks arrive, one commit at a time for all
+// partitions. A record acked behind one that is not stays uncommitted until that one is acked.
+//
+// A nacked record is handed out again by the same subscription after
+// redelivery.RequestedDelay, or Config.NackDelay, while the records behind it go on; it holds
+// back its partition's commits until it is acked. A delivery that stays unsettled for
+// Config.AckTimeout ends (ErrAckTimeout) and its record is handed out again. Records are
+// therefore not handed out in offset order once one is nacked: onceflow's ordered quality of
+// service orders by its own sequence numbers, not by the broker.
+//
+// # Delivery counts
+//
+// Each message's context carries a redelivery.Info with DelaysNacks set. Kafka keeps no
+// delivery count, so the count is the subscription's own: Count is 1 for a record's first
+// delivery by this subscription and goes up by one with each nack or AckTimeout. A record that
+// another member, or this process before a restart, may have delivered before cannot be
+// told apart in general; the subscription reports the first record it takes at a partition's
+// committed offset (the record most likely held unacked by the member before, such as a
+// message that crashed it) with Count 0 and Redelivered true, so that onceflow's router
+// counts that record's deliveries durably in its database. The other records taken after a
+// rebalance or restart start at 1 again, and a record that fails in one member and then in
+// the next may reach its delivery limit later than the limit says.
+//
+// # Rebalances and Close
+//
+// When the group takes partitions away from a member (a rebalance), the member commits what
+// is acked of them, drops the rest from its books and ends their deliveries (ErrRevoked):
+// their new owner delivers them again from the committed offset, and onceflow's deduplication
+// absorbs what was processed twice. Acks given after that are ignored. A member whose
+// session expires loses its partitions without a commit. Close (or the end of a Subscribe
+// context) stops polling, waits for the deliveries handed out to end (an ack given before
+// counts), commits what is acked within Config.CloseTimeout, and leaves the group, so that
+// its partitions move at once.
+package kafka

@@ -1,0 +1,285 @@
+package kafka_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	kafkabroker "github.com/onceflow/onceflow/broker/kafka"
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
+	"github.com/onceflow/onceflow/messagedata"
+)
+
+func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 3)
+	ids := f.publish(0, 30)
+	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
+
+	got := map[string]bool{}
+	for range ids {
+		m := receive(t, ch, within)
+		require.False(t, got[m.UUID], "%s delivered twice", m.UUID)
+		got[m.UUID] = true
+		var i int
+		for j, id := range ids {
+			if id == m.UUID {
+				i = j
+			}
+		}
+		want := f.message(i)
+		require.Equal(t, want.Payload, m.Payload)
+		require.Equal(t, want.Metadata, m.Metadata)
+		require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
+		m.Ack()
+	}
+	require.Len(t, got, len(ids))
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == int64(len(ids)) }, "the group has not committed every acked record")
+}
+
+func TestSubscriber_HandsOutManyRecordsBeforeTheirAcks(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	f.publish(0, 20)
+	ch := f.subscribe(f.subscriber(kafkabroker.Config{Prefetch: 8}))
+	var held []*message.Message
+	for range 8 {
+		held = append(held, receive(t, ch, within))
+	}
+	requireNothing(t, ch, 200*time.Millisecond) // the window is full
+	held[0].Ack()
+	held = append(held[1:], receive(t, ch, within))
+	for _, m := range held {
+		m.Ack()
+	}
+	for range 11 {
+		receive(t, ch, within).Ack()
+	}
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 20 }, "not every record committed")
+}
+
+func TestSubscriber_NackRedeliversAfterTheDelayWithoutHoldingTheRecordsBehind(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ids := f.publish(0, 3)
+	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
+
+	first := receive(t, ch, within)
+	require.Equal(t, ids[0], first.UUID)
+	nacked := time.Now()
+	require.True(t, redelivery.NackAfter(first, 500*time.Millisecond))
+	for _, id := range ids[1:] {
+		m := receive(t, ch, within)
+		require.Equal(t, id, m.UUID)
+		m.Ack()
+	}
+	again := receive(t, ch, within)
+	require.Equal(t, ids[0], again.UUID)
+	require.GreaterOrEqual(t, time.Since(nacked), 500*time.Millisecond)
+	require.Equal(t, 2, info(t, again).Count)
+	// The records behind the nacked one are acked, but a commit is a position: nothing of
+	// the partition is committed while its first record is not acked.
+	require.Zero(t, f.committedTotal())
+
+	again.Nack() // Config.NackDelay is 0: at once
+	third := receive(t, ch, within)
+	require.Equal(t, 3, info(t, third).Count)
+	third.Ack()
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 3 }, "the partition is not committed after its first record was acked")
+}
+
+func TestSubscriber_AckTimeoutEndsTheDeliveryAndDeliversTheRecordAgain(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ids := f.publish(0, 1)
+	ch := f.subscribe(f.subscriber(kafkabroker.Config{AckTimeout: 200 * time.Millisecond}))
+	m := receive(t, ch, within)
+	select {
+	case <-m.Context().Done():
+		require.ErrorIs(t, context.Cause(m.Context()), kafkabroker.ErrAckTimeout)
+	case <-time.After(within):
+		t.Fatal("the delivery did not end after AckTimeout")
+	}
+	m.Ack() // too late: ignored
+	again := receive(t, ch, within)
+	require.Equal(t, ids[0], again.UUID)
+	require.Equal(t, 2, info(t, again).Count)
+	again.Ack()
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 1 }, "not committed")
+}
+
+func TestSubscriber_ARestartedMemberResumesAtTheFirstRecordNotAcked(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ids := f.publish(0, 10)
+	s := f.subscriber(kafkabroker.Config{})
+	ch := f.subscribe(s)
+	var held []*message.Message
+	for i := range 10 {
+		m := receive(t, ch, within)
+		require.Equal(t, ids[i], m.UUID)
+		held = append(held, m)
+	}
+	for _, i := range []int{0, 1, 2, 3, 5, 6} {
+		held[i].Ack()
+	}
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 4 }, "the acked prefix is not committed")
+	require.NoError(t, s.Close())
+	_, open := <-ch
+	require.False(t, open)
+	for _, m := range held {
+		select {
+		case <-m.Context().Done():
+		default:
+			t.Fatalf("the delivery of %s did not end with the subscription", m.UUID)
+		}
+	}
+
+	ch = f.subscribe(f.subscriber(kafkabroker.Config{}))
+	m := receive(t, ch, within)
+	require.Equal(t, ids[4], m.UUID)
+	// The record at the committed offset may have been delivered before: its count is
+	// unknown, and the router counts it durably.
+	require.Equal(t, redelivery.Info{Redelivered: true, DelaysNacks: true}, info(t, m))
+	m.Ack()
+	for _, id := range ids[5:] {
+		m := receive(t, ch, within)
+		require.Equal(t, id, m.UUID)
+		require.Equal(t, 1, info(t, m).Count)
+		m.Ack()
+	}
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 10 }, "not committed")
+}
+
+func TestSubscriber_ForeignRecordsGetTheirCoordinatesAsID(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(f.brokers...))
+	require.NoError(t, err)
+	defer cl.Close()
+	require.NoError(t, cl.ProduceSync(context.Background(),
+		&kgo.Record{Topic: f.topic, Value: []byte("a"), Headers: []kgo.RecordHeader{{Key: "origin", Value: []byte("java")}}},
+		&kgo.Record{Topic: f.topic, Key: []byte("k"), Value: []byte("b")},
+	).FirstErr())
+	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
+	a := receive(t, ch, within)
+	require.Equal(t, f.topic+"/0/0", a.UUID)
+	require.Equal(t, message.Metadata{"origin": "java"}, a.Metadata)
+	require.Equal(t, message.Payload("a"), a.Payload)
+	a.Ack()
+	b := receive(t, ch, within)
+	require.Equal(t, f.topic+"/0/1", b.UUID)
+	require.Empty(t, b.Metadata)
+	b.Ack()
+}
+
+func TestPublisher_KeyIsTheOrderingKeyOrTheUUID(t *testing.T) {
+	t.Parallel()
+	m := message.NewMessage("id-1", []byte("x"))
+	require.Equal(t, []byte("id-1"), kafkabroker.Record("t", m).Key)
+	m.Metadata.Set(messagedata.HeaderKey, "account-7")
+	r := kafkabroker.Record("t", m)
+	require.Equal(t, []byte("account-7"), r.Key)
+	require.Equal(t, kgo.RecordHeader{Key: kafkabroker.UUIDHeader, Value: []byte("id-1")}, r.Headers[0])
+
+	// The records of one key land on one partition, in order.
+	f := setup(t, 4)
+	var msgs []*message.Message
+	for i := range 20 {
+		m := f.message(i)
+		m.Metadata.Set(messagedata.HeaderKey, "account-7")
+		msgs = append(msgs, m)
+	}
+	require.NoError(t, f.pub.Publish(f.topic, msgs...))
+	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
+	for i := range 20 {
+		m := receive(t, ch, within)
+		require.Equal(t, msgs[i].UUID, m.UUID)
+		m.Ack()
+	}
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 20 }, "not committed")
+	nonEmpty := 0
+	for _, o := range f.committed() {
+		if o > 0 {
+			nonEmpty++
+		}
+	}
+	require.Equal(t, 1, nonEmpty)
+}
+
+// TestSubscriber_TwoMembersShareTheTopicAndALeavingMemberLosesNothing runs two members of one
+// group; the first leaves while it holds records unacked. Every record is acked in the end,
+// by one member or the other, and the group's offsets reach the end of every partition.
+func TestSubscriber_TwoMembersShareTheTopicAndALeavingMemberLosesNothing(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	f := setup(t, 4)
+	ids := f.publish(0, n)
+
+	var mu sync.Mutex
+	acked := map[string]int{}
+	byMember := [2]int{}
+	ack := func(member int, m *message.Message) {
+		mu.Lock()
+		acked[m.UUID]++
+		byMember[member]++
+		mu.Unlock()
+		m.Ack()
+	}
+	ackedCount := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+
+	s0 := f.subscriber(kafkabroker.Config{Prefetch: 16})
+	ch0 := f.subscribe(s0)
+	s1 := f.subscriber(kafkabroker.Config{Prefetch: 16})
+	ch1 := f.subscribe(s1)
+
+	// Member 1 acks all it gets, slowly enough that both members have records.
+	done1 := make(chan struct{})
+	go func() {
+		defer close(done1)
+		for m := range ch1 {
+			time.Sleep(time.Millisecond)
+			ack(1, m)
+		}
+	}()
+	// Member 0 acks 40 records, then stops acking, holds what it has, and leaves.
+	for range 40 {
+		ack(0, receive(t, ch0, within))
+	}
+	var held []*message.Message
+	for len(held) < 5 {
+		select {
+		case m := <-ch0:
+			held = append(held, m)
+		case <-time.After(within):
+			t.Fatal("member 0 got no more records")
+		}
+	}
+	require.NoError(t, s0.Close())
+	for range ch0 {
+	}
+	for _, m := range held {
+		m.Ack() // after the member left: ignored, the new owner delivers them again
+	}
+
+	testsvc.Eventually(t, within, func() bool { return ackedCount() == n }, "not every record acked: %d of %d", ackedCount(), n)
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == n }, "the group's offsets do not reach the end of the topic")
+	mu.Lock()
+	for _, id := range ids {
+		require.GreaterOrEqual(t, acked[id], 1, id)
+	}
+	require.Positive(t, byMember[1], "member 1 got no records")
+	mu.Unlock()
+	require.NoError(t, s1.Close())
+	<-done1
+}
