@@ -138,6 +138,12 @@ type Features struct {
 	// scenario reports the good messages' latency but does not bound it.
 	OneDeliveryAtATime bool
 
+	// PositionIDs is true when the broker gives a message that has no id the id of its
+	// position, stable across redeliveries (Kafka: topic/partition/offset), so that it is
+	// processed once rather than dead-lettered for want of an id. ForeignProducer then
+	// requires the message without an id to have one effect.
+	PositionIDs bool
+
 	// LongIDProducer publishes the Poison scenario's message whose id is longer than 255 bytes,
 	// where the broker carries such an id but onceflow's publisher for it refuses one
 	// (RabbitMQ: the message_id property holds 255 bytes, a header holds more). Nil publishes it
@@ -163,6 +169,11 @@ func DefaultFeatures(brokerURL string) Features {
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, ForeignProducer: NATSProducer}
 	case "redis", "rediss":
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: RedisProducer}
+	case "kafka":
+		// Kafka clients reach the brokers at the addresses the cluster advertises, not
+		// through a proxy in front of the seed broker: there is no connection to cut. The two
+		// copies of one id share a key, and so a partition, and so a consumer.
+		return Features{ForeignProducer: KafkaProducer, PositionIDs: true}
 	case "postgres", "postgresql", "mysql", "mariadb":
 		return Features{ProxyableConnection: true}
 	}

@@ -17,6 +17,9 @@ const (
 	// DefaultAckTimeout is how long a delivery may stay unsettled before the subscription
 	// hands the record out again, when Config.AckTimeout is zero.
 	DefaultAckTimeout = 30 * time.Second
+	// DefaultRevokeTimeout is how long a revoke waits for the deliveries in flight to settle
+	// when Config.RevokeTimeout is zero.
+	DefaultRevokeTimeout = 5 * time.Second
 	// DefaultCloseTimeout bounds the offset commits of Close when Config.CloseTimeout is zero.
 	DefaultCloseTimeout = 5 * time.Second
 )
@@ -53,6 +56,21 @@ type Config struct {
 	// DefaultAckTimeout.
 	AckTimeout time.Duration
 
+	// SessionTimeout is the group session timeout of each member: a member that the group
+	// coordinator has not heard from for that long (it died, or lost its connection) loses
+	// its partitions, and another member delivers their unacked records again. The brokers
+	// bound it (group.min.session.timeout.ms, 6 s by default, and
+	// group.max.session.timeout.ms). The members heartbeat every tenth of it, 3 s at most.
+	// Defaults to kgo's default, 45 s.
+	SessionTimeout time.Duration
+
+	// RevokeTimeout is how long a member whose partitions the group takes away waits for
+	// their deliveries in flight to be acked or nacked before it commits and lets them go;
+	// the deliveries still unsettled then end (ErrRevoked) and their records go to the new
+	// owner. The group's rebalance waits for it: keep it well below kgo's rebalance timeout
+	// (60 s). Defaults to DefaultRevokeTimeout.
+	RevokeTimeout time.Duration
+
 	// CloseTimeout bounds the offset commits of a closing subscription. Defaults to
 	// DefaultCloseTimeout.
 	CloseTimeout time.Duration
@@ -83,6 +101,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kafka: Config.NackDelay: %s is negative (0 redelivers at once)", c.NackDelay)
 	case c.AckTimeout < 0:
 		return fmt.Errorf("kafka: Config.AckTimeout: %s is negative (0 selects the default)", c.AckTimeout)
+	case c.SessionTimeout < 0:
+		return fmt.Errorf("kafka: Config.SessionTimeout: %s is negative (0 selects the default)", c.SessionTimeout)
+	case c.RevokeTimeout < 0:
+		return fmt.Errorf("kafka: Config.RevokeTimeout: %s is negative (0 selects the default)", c.RevokeTimeout)
 	case c.CloseTimeout < 0:
 		return fmt.Errorf("kafka: Config.CloseTimeout: %s is negative (0 selects the default)", c.CloseTimeout)
 	}
@@ -95,6 +117,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.RevokeTimeout == 0 {
+		c.RevokeTimeout = DefaultRevokeTimeout
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = DefaultCloseTimeout

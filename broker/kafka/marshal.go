@@ -39,10 +39,11 @@ func Record(topic string, msg *message.Message) *kgo.Record {
 }
 
 // Message converts a Kafka record to a watermill message, and never fails. The UUID is the
-// header UUIDHeader; a record without one (written by another producer) gets
-// "topic/partition/offset", which names the record, so that every delivery of it has the
-// same id. The other headers become the metadata; of two headers with one name, the last
-// wins.
+// header UUIDHeader. A record without one (written by another producer) that carries
+// messagedata.HeaderID ("onceflow_id") gets an empty UUID, so that onceflow's converter takes
+// the id from that header; one with neither gets "topic/partition/offset" (RecordID), which
+// names the record, so that every delivery of it has the same id. The other headers become
+// the metadata; of two headers with one name, the last wins.
 func Message(r *kgo.Record) *message.Message {
 	id := ""
 	md := make(message.Metadata, len(r.Headers))
@@ -53,7 +54,7 @@ func Message(r *kgo.Record) *message.Message {
 		}
 		md[h.Key] = string(h.Value)
 	}
-	if id == "" {
+	if _, ok := md[messagedata.HeaderID]; id == "" && !ok {
 		id = RecordID(r)
 	}
 	m := message.NewMessage(id, r.Value)

@@ -51,10 +51,13 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		Prefetch:      o.Prefetch,
 		NackDelay:     max(o.NackDelay, 0),
 		AckTimeout:    o.AckTimeout,
-		CloseTimeout:  broker.SubscriberCloseTimeout,
-		Topics:        pub.topics,
-		ClientOptions: clientOpts,
-		Logger:        o.Logger,
+		// ack_timeout bounds how long the records of a member that died stay unavailable:
+		// its session ends after it.
+		SessionTimeout: o.AckTimeout,
+		CloseTimeout:   broker.SubscriberCloseTimeout,
+		Topics:         pub.topics,
+		ClientOptions:  clientOpts,
+		Logger:         o.Logger,
 	}
 	if err := cfg.Validate(); err != nil {
 		_ = pub.Close()

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -96,7 +98,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 	subCtx, cancel := context.WithCancelCause(ctx)
 	sub := newSubscription(s, topic, subCtx, cancel)
-	opts := append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, s.cfg.ClientOptions...)
+	opts := []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}
+	if st := s.cfg.SessionTimeout; st > 0 {
+		opts = append(opts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(st/10, 3*time.Second)))
+	}
+	opts = append(opts, s.cfg.ClientOptions...)
 	opts = append(opts,
 		kgo.ConsumerGroup(s.cfg.ConsumerGroup),
 		kgo.ConsumeTopics(topic),
@@ -113,7 +119,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		cancel(err)
 		return nil, fmt.Errorf("kafka: subscribe to %q: %w", topic, err)
 	}
-	sub.cl = cl
+	sub.cl, sub.adm = cl, kadm.NewClient(cl)
 	topics := s.cfg.Topics
 	if topics == nil {
 		topics = NewTopics(cl, -1, -1)

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -141,20 +142,24 @@ func TestSubscriber_ARestartedMemberResumesAtTheFirstRecordNotAcked(t *testing.T
 		}
 	}
 
+	// The records acked behind the first one not acked (5 and 6) are done: the group's commit
+	// metadata says so, and they are not delivered again. The others from the committed offset
+	// up to the last one the member before took may have been delivered before: their count
+	// is unknown, and the router counts them durably. Those written after are first
+	// deliveries.
+	ids = append(ids, f.publish(10, 13)...)
 	ch = f.subscribe(f.subscriber(kafkabroker.Config{}))
-	m := receive(t, ch, within)
-	require.Equal(t, ids[4], m.UUID)
-	// The record at the committed offset may have been delivered before: its count is
-	// unknown, and the router counts it durably.
-	require.Equal(t, redelivery.Info{Redelivered: true, DelaysNacks: true}, info(t, m))
-	m.Ack()
-	for _, id := range ids[5:] {
+	for _, i := range []int{4, 7, 8, 9, 10, 11, 12} {
 		m := receive(t, ch, within)
-		require.Equal(t, id, m.UUID)
-		require.Equal(t, 1, info(t, m).Count)
+		require.Equal(t, ids[i], m.UUID)
+		if i < 10 {
+			require.Equal(t, redelivery.Info{Redelivered: true, DelaysNacks: true}, info(t, m), ids[i])
+		} else {
+			require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m), ids[i])
+		}
 		m.Ack()
 	}
-	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 10 }, "not committed")
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 13 }, "not committed")
 }
 
 func TestSubscriber_ForeignRecordsGetTheirCoordinatesAsID(t *testing.T) {
@@ -282,4 +287,69 @@ func TestSubscriber_TwoMembersShareTheTopicAndALeavingMemberLosesNothing(t *test
 	mu.Unlock()
 	require.NoError(t, s1.Close())
 	<-done1
+}
+
+// TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight: a member that holds records when a
+// second member joins keeps them while the revoke waits (RevokeTimeout): acked then, they are
+// committed and not delivered again; held past it, they end with ErrRevoked and go to the new
+// owner.
+func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
+	t.Parallel()
+	t.Run("acked within", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, 2)
+		ids := f.publish(0, 10)
+		ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: 10 * time.Second}))
+		var held []*message.Message
+		for range ids {
+			held = append(held, receive(t, ch0, within))
+		}
+		ch1 := f.subscribe(f.subscriber(kafkabroker.Config{}))
+		time.Sleep(500 * time.Millisecond) // the second member joins; the revoke waits
+		for _, m := range held {
+			require.NoError(t, context.Cause(m.Context()), m.UUID)
+			m.Ack()
+		}
+		testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 10 }, "not committed")
+		requireNothing(t, ch1, 500*time.Millisecond)
+	})
+	t.Run("held past", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, 2)
+		ids := f.publish(0, 10)
+		ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: 200 * time.Millisecond}))
+		var held []*message.Message
+		for range ids {
+			held = append(held, receive(t, ch0, within))
+		}
+		ch1 := f.subscribe(f.subscriber(kafkabroker.Config{}))
+		// One partition moves: its deliveries end when the revoke stops waiting.
+		var revoked, kept []*message.Message
+		testsvc.Eventually(t, within, func() bool {
+			revoked, kept = nil, nil
+			for _, m := range held {
+				if errors.Is(context.Cause(m.Context()), kafkabroker.ErrRevoked) {
+					revoked = append(revoked, m)
+				} else {
+					kept = append(kept, m)
+				}
+			}
+			return len(revoked) > 0
+		}, "no delivery was revoked")
+		got := map[string]bool{}
+		for range revoked {
+			m := receive(t, ch1, within)
+			got[m.UUID] = true
+			m.Ack()
+		}
+		for _, m := range revoked {
+			require.True(t, got[m.UUID], "%s went to the new owner", m.UUID)
+			m.Ack() // ignored
+		}
+		for _, m := range kept {
+			m.Ack()
+		}
+		testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 10 }, "not committed")
+		requireNothing(t, ch1, 300*time.Millisecond)
+	})
 }

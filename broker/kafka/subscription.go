@@ -3,12 +3,14 @@ package kafka
 import (
 	"context"
 	"errors"
-	"time"
-
+	"fmt"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -37,6 +39,7 @@ type subscription struct {
 	s      *Subscriber
 	topic  string
 	cl     *kgo.Client
+	adm    *kadm.Client
 	logger watermill.LoggerAdapter
 
 	// ctx ends when the Subscribe context ends or the Subscriber closes; the deliveries'
@@ -56,7 +59,8 @@ type subscription struct {
 	queue    []*delivery // waiting to be handed out, in order
 	inflight int         // queued or handed out, not settled: the window's use
 	timers   map[*time.Timer]struct{}
-	done     bool // ending: nothing is queued again
+	topicID  [16]byte // the topic's id, from the fetches, for the commits (OffsetCommit v10)
+	done     bool     // ending: nothing is queued again
 
 	// commitMu serialises the commits, and a revoke with them, so that no commit of a
 	// partition is sent after the partition is revoked.
@@ -67,9 +71,26 @@ type subscription struct {
 
 // partition is the books of one partition the subscription owns.
 type partition struct {
-	id      int32
-	gone    bool     // revoked or lost: its deliveries are void
-	entries []*entry // not yet below the commit mark, in offset order
+	id   int32
+	gone bool // revoked or lost: its deliveries are void
+	// revoking is set while a revoke waits for the deliveries handed out to settle: nothing
+	// more of the partition is handed out. drained, if not nil, is closed when live empties.
+	revoking bool
+	drained  chan struct{}
+	// unknownUntil is the offset below which a record taken may have been delivered by a
+	// member that owned the partition before: see take.
+	unknownUntil int64
+	// horizon is the taken offset that the group has in its committed metadata: records
+	// below it may be handed out. pending are the deliveries of records taken at or above
+	// it, waiting for the next commit.
+	horizon int64
+	pending []*delivery
+	// inherited are the acked spans of the member before (see metadata.go): records in them
+	// are taken as acked, not delivered.
+	inherited []span
+	// acks counts the acks booked, ackCommitted those that a commit has carried.
+	acks, ackCommitted int
+	entries            []*entry // not yet below the commit mark, in offset order
 	// next and epoch are the offset after the last record taken, and that record's leader
 	// epoch: the commit mark when entries is empty.
 	next      int64
@@ -87,8 +108,8 @@ type entry struct {
 	acked  bool
 	// deliveries counts this subscription's deliveries of the record.
 	deliveries int
-	// unknownCount marks a record that a member before this one may have delivered: the
-	// first record at a partition's committed offset when the partition is taken.
+	// unknownCount marks a record that a member before this one may have delivered (see
+	// take): its delivery count is unknown.
 	unknownCount bool
 }
 
@@ -180,6 +201,13 @@ func (sub *subscription) poll() {
 			failed = true
 			sub.logger.Error("Fetch failed", err, watermill.LogFields{"partition": p})
 		})
+		fetches.EachTopic(func(t kgo.FetchTopic) {
+			if t.Topic == sub.topic && t.TopicID != [16]byte{} {
+				sub.mu.Lock()
+				sub.topicID = t.TopicID
+				sub.mu.Unlock()
+			}
+		})
 		recs := fetches.Records()
 		sub.take(recs)
 		sub.cl.AllowRebalance()
@@ -192,51 +220,122 @@ func (sub *subscription) poll() {
 	}
 }
 
-// take puts the records of one poll in the books and queues them.
+// take puts the records of one poll in the books. Those below the partition's horizon are
+// queued; the others wait for the commit that raises it.
+//
+// Kafka keeps no delivery count, and a member cannot see which records the member before it
+// handed out. So a record is handed out only once the group's committed metadata of its
+// partition (metadata.go) says it was taken: a member that takes a partition over knows that
+// the records from the committed offset up to that offset may have been delivered before, a
+// record that killed its consumer among them, and marks them as of unknown count; the
+// records the metadata says were acked are booked as acked and not delivered. Where the
+// metadata is not onceflow's (a group committed by another client), the record at the
+// committed offset alone is of unknown count.
 func (sub *subscription) take(recs []*kgo.Record) {
 	if len(recs) == 0 {
 		return
 	}
 	sub.mu.Lock()
-	fresh := false
+	var fresh []int32
 	for _, r := range recs {
-		if sub.parts[r.Partition] == nil {
-			fresh = true
-			break
+		if r.Topic == sub.topic && sub.parts[r.Partition] == nil && !slices.Contains(fresh, r.Partition) {
+			fresh = append(fresh, r.Partition)
 		}
 	}
 	sub.mu.Unlock()
-	var committed map[int32]kgo.EpochOffset
-	if fresh {
-		committed = sub.cl.CommittedOffsets()[sub.topic]
+	starts := map[int32]groupOffset{}
+	if len(fresh) > 0 {
+		starts = sub.groupOffsets(fresh)
 	}
 
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
+	queued, waiting := false, false
 	for _, r := range recs {
 		if r.Topic != sub.topic {
 			continue
 		}
 		p := sub.parts[r.Partition]
-		first := p == nil
-		if first {
+		if p == nil {
 			p = &partition{id: r.Partition, committed: -1, live: map[*delivery]struct{}{}}
-			if eo, ok := committed[r.Partition]; ok {
-				p.committed = eo.Offset
+			if g, ok := starts[r.Partition]; ok && g.committed >= 0 {
+				p.committed = g.committed
+				p.unknownUntil = max(g.md.taken, g.committed+1)
+				p.horizon = p.unknownUntil
+				for _, sp := range g.md.acked {
+					if sp.to >= g.committed {
+						p.inherited = append(p.inherited, span{max(sp.from, g.committed), sp.to})
+					}
+				}
 			}
 			sub.parts[r.Partition] = p
 		} else if r.Offset < p.next {
 			continue // taken already
 		}
-		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch}
-		// The record at the committed offset is the one a member before may have held
-		// unacked when it stopped: its delivery count is unknown.
-		e.unknownCount = first && p.committed == r.Offset
-		p.entries = append(p.entries, e)
 		p.next, p.epoch = r.Offset+1, r.LeaderEpoch
-		sub.enqueueLocked(p, e)
+		if contains(p.inherited, r.Offset) {
+			// Acked by the member before, behind a record that was not.
+			p.entries = append(p.entries, &entry{offset: r.Offset, epoch: r.LeaderEpoch, acked: true})
+			if p.popAcked() > 0 {
+				waiting = true // the mark moved
+			}
+			continue
+		}
+		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch, unknownCount: r.Offset < p.unknownUntil}
+		p.entries = append(p.entries, e)
+		d := &delivery{p: p, e: e}
+		p.inflight++
+		sub.inflight++
+		if r.Offset < p.horizon {
+			sub.queue = append(sub.queue, d)
+			queued = true
+		} else {
+			p.pending = append(p.pending, d)
+			waiting = true
+		}
 	}
-	signal(sub.wake)
+	if queued {
+		signal(sub.wake)
+	}
+	if waiting {
+		signal(sub.commit)
+	}
+}
+
+// groupOffset is what the group has committed for a partition.
+type groupOffset struct {
+	committed int64 // -1 for nothing
+	md        groupMetadata
+}
+
+// groupOffsets fetches the group's committed offsets and metadata of the partitions ids. On
+// failure it falls back to what the client fetched when the partitions were assigned, without
+// metadata.
+func (sub *subscription) groupOffsets(ids []int32) map[int32]groupOffset {
+	out := map[int32]groupOffset{}
+	ctx, cancel := context.WithTimeout(sub.ctx, commitTimeout)
+	defer cancel()
+	resp, err := sub.adm.FetchOffsetsForTopics(ctx, sub.s.cfg.ConsumerGroup, sub.topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		sub.logger.Error("Cannot fetch the group's offsets: counting as redelivered only the record at each committed offset", err, nil)
+		for p, eo := range sub.cl.CommittedOffsets()[sub.topic] {
+			out[p] = groupOffset{committed: eo.Offset}
+		}
+		return out
+	}
+	for _, id := range ids {
+		o, ok := resp.Lookup(sub.topic, id)
+		if !ok || o.At < 0 {
+			continue
+		}
+		g := groupOffset{committed: o.At}
+		g.md, _ = parseMetadata(o.Metadata)
+		out[id] = g
+	}
+	return out
 }
 
 // enqueueLocked queues a hand-out of e; sub.mu is held.
@@ -266,6 +365,12 @@ func (sub *subscription) send() {
 			sub.mu.Unlock()
 			continue
 		}
+		if d.p.revoking {
+			d.p.inflight--
+			sub.inflight--
+			sub.mu.Unlock()
+			continue
+		}
 		d.e.deliveries++
 		info := redelivery.Info{DelaysNacks: true}
 		if d.e.unknownCount {
@@ -288,7 +393,7 @@ func (sub *subscription) send() {
 		case <-ctx.Done():
 			// Revoked or ending before it was handed out.
 			sub.mu.Lock()
-			delete(d.p.live, d)
+			sub.unliveLocked(d)
 			sub.mu.Unlock()
 		}
 	}
@@ -317,6 +422,9 @@ func (sub *subscription) watch(d *delivery, ctx context.Context) {
 		case <-d.msg.Acked():
 			sub.settle(d, true, 0, nil)
 		default:
+			sub.mu.Lock()
+			sub.unliveLocked(d)
+			sub.mu.Unlock()
 		}
 	}
 }
@@ -334,25 +442,19 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		return
 	}
 	d.settled = true
-	delete(p.live, d)
+	sub.unliveLocked(d)
 	p.inflight--
 	sub.inflight--
 	signal(sub.room)
 	if ack {
 		d.e.acked, d.e.rec = true, nil
-		n := 0
-		for n < len(p.entries) && p.entries[n].acked {
-			p.entries[n] = nil
-			n++
-		}
-		p.entries = p.entries[n:]
-		if n > 0 {
-			signal(sub.commit)
-		}
+		p.popAcked()
+		p.acks++
+		signal(sub.commit)
 		return
 	}
-	if sub.done {
-		return
+	if sub.done || p.revoking {
+		return // it stays unacked: its partition's next owner delivers it again
 	}
 	e := d.e
 	if delay <= 0 {
@@ -365,12 +467,57 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		sub.mu.Lock()
 		defer sub.mu.Unlock()
 		delete(sub.timers, t)
-		if !p.gone && !sub.done {
+		if !p.gone && !p.revoking && !sub.done {
 			sub.enqueueLocked(p, e)
 			signal(sub.wake)
 		}
 	})
 	sub.timers[t] = struct{}{}
+}
+
+// unliveLocked takes d off its partition's deliveries in flight; sub.mu is held.
+func (sub *subscription) unliveLocked(d *delivery) {
+	p := d.p
+	delete(p.live, d)
+	if len(p.live) == 0 && p.drained != nil {
+		close(p.drained)
+		p.drained = nil
+	}
+}
+
+// popAcked takes the acked entries at the front out of the books and returns how many.
+func (p *partition) popAcked() int {
+	n := 0
+	for n < len(p.entries) && p.entries[n].acked {
+		p.entries[n] = nil
+		n++
+	}
+	p.entries = p.entries[n:]
+	return n
+}
+
+// spans returns the acked spans behind the commit mark: those of the books, and those
+// inherited that lie beyond the records taken.
+func (p *partition) spans() []span {
+	var out []span
+	open := false
+	for _, e := range p.entries {
+		switch {
+		case !e.acked:
+			open = false
+		case open:
+			out[len(out)-1].to = e.offset
+		default:
+			out = append(out, span{e.offset, e.offset})
+			open = true
+		}
+	}
+	for _, sp := range p.inherited {
+		if sp.to >= p.next {
+			out = append(out, span{max(sp.from, p.next), sp.to})
+		}
+	}
+	return out
 }
 
 // mark returns the commit mark of p: the offset of its first entry not acked, or the offset
@@ -405,9 +552,9 @@ func (sub *subscription) commits() {
 	}
 }
 
-// commitMarks commits the marks that moved, of the partitions ids (all when ids is nil).
-// With drop, it then takes those partitions out of the books: their deliveries end with
-// ErrRevoked.
+// commitMarks commits, for the partitions ids (all when ids is nil), the marks and the taken
+// offsets that moved, and hands out the records that the new taken offsets cover. With drop,
+// it then takes those partitions out of the books: their deliveries end with ErrRevoked.
 func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool) error {
 	sub.commitMu.Lock()
 	defer sub.commitMu.Unlock()
@@ -425,25 +572,44 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 			}
 		}
 	}
-	offsets := map[int32]kgo.EpochOffset{}
+	commits := map[int32]commit{}
 	for _, p := range parts {
-		if m := p.mark(); m.Offset > p.committed {
-			offsets[p.id] = m
+		c := commit{mark: p.mark(), md: groupMetadata{taken: max(p.next, p.unknownUntil)}, acks: p.acks}
+		if c.mark.Offset > p.committed || c.md.taken > p.horizon || c.acks > p.ackCommitted {
+			c.md.acked = p.spans()
+			commits[p.id] = c
 		}
 	}
 	sub.mu.Unlock()
 
 	var err error
-	if len(offsets) > 0 {
-		err = sub.commitOffsets(ctx, offsets)
+	if len(commits) > 0 {
+		err = sub.commitOffsets(ctx, commits)
 	}
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if err == nil {
+		queued := false
 		for _, p := range parts {
-			if m, ok := offsets[p.id]; ok && m.Offset > p.committed {
-				p.committed = m.Offset
+			c, ok := commits[p.id]
+			if !ok || p.gone {
+				continue
 			}
+			p.committed = max(p.committed, c.mark.Offset)
+			p.horizon = max(p.horizon, c.md.taken)
+			p.ackCommitted = max(p.ackCommitted, c.acks)
+			n := 0
+			for n < len(p.pending) && p.pending[n].e.offset < p.horizon {
+				n++
+			}
+			if n > 0 && !p.revoking {
+				sub.queue = append(sub.queue, p.pending[:n]...)
+				p.pending = slices.Delete(p.pending, 0, n)
+				queued = true
+			}
+		}
+		if queued {
+			signal(sub.wake)
 		}
 	}
 	if drop {
@@ -452,24 +618,52 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 	return err
 }
 
-// commitOffsets commits offsets of the subscription's topic and waits for the reply.
-func (sub *subscription) commitOffsets(ctx context.Context, offsets map[int32]kgo.EpochOffset) error {
-	var rerr error
-	sub.cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{sub.topic: offsets},
-		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-			if err != nil {
-				rerr = err
-				return
+// commit is what one offset commit says of a partition.
+type commit struct {
+	mark kgo.EpochOffset
+	md   groupMetadata
+	acks int // p.acks when it was made
+}
+
+// commitOffsets commits the marks of the subscription's topic, with their taken offsets as
+// metadata, in the member's current generation, and waits for the reply. A commit that the
+// group refuses (a rebalance is under way, the member left) changes nothing.
+func (sub *subscription) commitOffsets(ctx context.Context, commits map[int32]commit) error {
+	member, generation := sub.cl.GroupMetadata()
+	if member == "" {
+		return errors.New("kafka: commit: not a member of the group yet")
+	}
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group = sub.s.cfg.ConsumerGroup
+	req.MemberID = member
+	req.Generation = generation
+	t := kmsg.NewOffsetCommitRequestTopic()
+	t.Topic = sub.topic
+	sub.mu.Lock()
+	t.TopicID = sub.topicID
+	sub.mu.Unlock()
+	for id, c := range commits {
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Partition = id
+		rp.Offset = c.mark.Offset
+		rp.LeaderEpoch = c.mark.Epoch
+		md := c.md.encode()
+		rp.Metadata = &md
+		t.Partitions = append(t.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, sub.cl)
+	if err != nil {
+		return err
+	}
+	for _, rt := range resp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return fmt.Errorf("kafka: commit partition %d: %w", rp.Partition, err)
 			}
-			for _, t := range resp.Topics {
-				for _, p := range t.Partitions {
-					if err := kerr.ErrorForCode(p.ErrorCode); err != nil && rerr == nil {
-						rerr = err
-					}
-				}
-			}
-		})
-	return rerr
+		}
+	}
+	return nil
 }
 
 // dropLocked takes parts out of the books; sub.mu is held.
@@ -485,20 +679,50 @@ func (sub *subscription) dropLocked(parts []*partition) {
 			d.cancel(ErrRevoked)
 		}
 		clear(p.live)
-		p.entries = nil
+		p.entries, p.pending = nil, nil
 		delete(sub.parts, p.id)
 	}
 	signal(sub.room)
 }
 
 // revoked is kgo's OnPartitionsRevoked: the group takes partitions away (a rebalance, or the
-// member leaving). It commits what is acked of them and drops the rest from the books, for
-// their new owner to deliver again.
+// member leaving). It stops handing out their records, waits up to Config.RevokeTimeout for
+// the deliveries in flight to settle, commits what is acked and drops the rest from the books,
+// for their new owner to deliver again.
 func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	ids := lost[sub.topic]
 	if len(ids) == 0 {
 		return
 	}
+	var drained []chan struct{}
+	sub.mu.Lock()
+	for _, id := range ids {
+		p := sub.parts[id]
+		if p == nil || p.gone {
+			continue
+		}
+		p.revoking = true
+		if len(p.live) > 0 {
+			if p.drained == nil {
+				p.drained = make(chan struct{})
+			}
+			drained = append(drained, p.drained)
+		}
+	}
+	sub.mu.Unlock()
+	wait := time.NewTimer(sub.s.cfg.RevokeTimeout)
+	defer wait.Stop()
+waiting:
+	for _, ch := range drained {
+		select {
+		case <-ch:
+		case <-wait.C:
+			break waiting
+		case <-sub.ctx.Done():
+			break waiting // the subscription ends: its deliveries end with it
+		}
+	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.CloseTimeout)
 	defer cancel()
 	if err := sub.commitMarks(ctx, ids, true); err != nil {

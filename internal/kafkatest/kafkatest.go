@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -31,7 +32,10 @@ func Brokers(t testing.TB) []string {
 	if v := strings.TrimSpace(os.Getenv(Env)); v != "" {
 		return strings.Split(v, ",")
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.DefaultNumPartitions(Partitions))
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.DefaultNumPartitions(Partitions),
+		// Tests run with session timeouts below Kafka's minimum (6 s), so that the
+		// partitions of a member that dies move in about a second.
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("kafkatest: start an in-process Kafka cluster: %v", err)
 	}
