@@ -1,6 +1,8 @@
 package kafka
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -8,16 +10,19 @@ import (
 // A member of onceflow's consumer groups commits, with each partition's offset, metadata that
 // says what the offset alone cannot:
 //
-//	onceflow taken <offset> [acked <from>-<to>,<from>-<to>...]
+//	onceflow taken <offset> [acked <from>-<to>,...] [counts <offset>:<n>,...]
 //
 // taken is the offset after the last record the member may have handed out: a member that
-// takes the partition over counts the deliveries of the records below it as unknown. The
+// takes the partition over counts the records below it as handed out once. counts are the
+// records not acked that were handed out n times (n >= 2), the last perhaps in progress: the
+// next member goes on from n. A member commits both before the hand-outs they cover. The
 // acked spans are the records at or after the committed offset that are acked already,
 // behind one that is not (Kafka commits a position; these were processed and committed in
 // the database, their acknowledgements given): a member that takes the partition over does
 // not deliver them again. At most maxSpans are kept (Kafka keeps 4096 bytes of metadata by
 // default); the records of the spans left out are delivered again, which deduplication
-// absorbs.
+// absorbs, and so are maxSpans counts, the lowest offsets first; a record whose count is left
+// out counts as handed out once.
 
 // metadataPrefix starts the commit metadata of onceflow's members.
 const metadataPrefix = "onceflow taken "
@@ -30,8 +35,9 @@ type span struct{ from, to int64 }
 
 // groupMetadata is what a commit's metadata says of a partition.
 type groupMetadata struct {
-	taken int64
-	acked []span
+	taken  int64
+	acked  []span
+	counts map[int64]int
 }
 
 // encode returns the commit metadata of md.
@@ -52,6 +58,20 @@ func (md groupMetadata) encode() string {
 		b.WriteByte('-')
 		b.WriteString(strconv.FormatInt(s.to, 10))
 	}
+	offsets := slices.Sorted(maps.Keys(md.counts))
+	for i, o := range offsets {
+		if i == maxSpans {
+			break
+		}
+		if i == 0 {
+			b.WriteString(" counts ")
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(o, 10))
+		b.WriteByte(':')
+		b.WriteString(strconv.Itoa(md.counts[o]))
+	}
 	return b.String()
 }
 
@@ -62,23 +82,41 @@ func parseMetadata(s string) (md groupMetadata, ok bool) {
 	if !ok {
 		return md, false
 	}
+	rest, counts, _ := strings.Cut(rest, " counts ")
 	taken, spans, _ := strings.Cut(rest, " acked ")
 	n, err := strconv.ParseInt(taken, 10, 64)
 	if err != nil || n < 0 {
 		return groupMetadata{}, false
 	}
 	md.taken = n
-	if spans == "" {
-		return md, true
-	}
 	for sp := range strings.SplitSeq(spans, ",") {
+		if sp == "" {
+			continue
+		}
 		a, b, found := strings.Cut(sp, "-")
 		from, err1 := strconv.ParseInt(a, 10, 64)
 		to, err2 := strconv.ParseInt(b, 10, 64)
 		if !found || err1 != nil || err2 != nil || from < 0 || to < from {
-			return groupMetadata{taken: n}, true // the spans are lost, not the rest
+			md.acked = nil // the spans are lost, not the rest
+			break
 		}
 		md.acked = append(md.acked, span{from, to})
+	}
+	for c := range strings.SplitSeq(counts, ",") {
+		if c == "" {
+			continue
+		}
+		a, b, found := strings.Cut(c, ":")
+		o, err1 := strconv.ParseInt(a, 10, 64)
+		k, err2 := strconv.Atoi(b)
+		if !found || err1 != nil || err2 != nil || o < 0 || k < 1 {
+			md.counts = nil
+			break
+		}
+		if md.counts == nil {
+			md.counts = map[int64]int{}
+		}
+		md.counts[o] = k
 	}
 	return md, true
 }

@@ -11,12 +11,14 @@ func TestMetadata_RoundTrips(t *testing.T) {
 		{taken: 0},
 		{taken: 12},
 		{taken: 40, acked: []span{{3, 3}, {5, 9}, {20, 39}}},
+		{taken: 40, counts: map[int64]int{2: 3, 4: 2}},
+		{taken: 40, acked: []span{{5, 9}}, counts: map[int64]int{2: 3}},
 	} {
 		got, ok := parseMetadata(md.encode())
 		require.True(t, ok)
 		require.Equal(t, md, got)
 	}
-	require.Equal(t, "onceflow taken 40 acked 3-3,5-9", groupMetadata{taken: 40, acked: []span{{3, 3}, {5, 9}}}.encode())
+	require.Equal(t, "onceflow taken 40 acked 3-3,5-9 counts 2:4,10:2", groupMetadata{taken: 40, acked: []span{{3, 3}, {5, 9}}, counts: map[int64]int{10: 2, 2: 4}}.encode())
 
 	many := groupMetadata{taken: 1000}
 	for i := range int64(100) {

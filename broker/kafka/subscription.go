@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -62,6 +63,9 @@ type subscription struct {
 	topicID  [16]byte // the topic's id, from the fetches, for the commits (OffsetCommit v10)
 	done     bool     // ending: nothing is queued again
 
+	// gate is where the subscription hands out its records (see handOutGate).
+	gate *handOutGate
+
 	// commitMu serialises the commits, and a revoke with them, so that no commit of a
 	// partition is sent after the partition is revoked.
 	commitMu sync.Mutex
@@ -80,10 +84,12 @@ type partition struct {
 	// unknownUntil is the offset below which a record taken may have been delivered by a
 	// member that owned the partition before: see take.
 	unknownUntil int64
-	// horizon is the taken offset that the group has in its committed metadata: records
-	// below it may be handed out. pending are the deliveries of records taken at or above
-	// it, waiting for the next commit.
+	// horizon is the taken offset that the group has in its committed metadata: the first
+	// deliveries of the records below it may be handed out. want is the taken offset the
+	// sender asks the next commit for. pending are the redeliveries waiting for a commit to
+	// record them (see ready).
 	horizon int64
+	want    int64
 	pending []*delivery
 	// inherited are the acked spans of the member before (see metadata.go): records in them
 	// are taken as acked, not delivered.
@@ -108,9 +114,13 @@ type entry struct {
 	acked  bool
 	// deliveries counts this subscription's deliveries of the record.
 	deliveries int
-	// unknownCount marks a record that a member before this one may have delivered (see
-	// take): its delivery count is unknown.
+	// unknownCount marks a record that a member before this one may have been delivering
+	// when it stopped (see take): it is handed out alone.
 	unknownCount bool
+	// recorded is how many hand-outs of the record the group's committed metadata covers
+	// (see ready).
+	recorded int
+	waiting  bool // its next hand-out waits in pending for a commit
 }
 
 // delivery is one hand-out of an entry.
@@ -120,6 +130,7 @@ type delivery struct {
 	msg     *message.Message
 	cancel  context.CancelCauseFunc
 	settled bool
+	alone   bool // handed out alone in the process (see gate)
 }
 
 func newSubscription(s *Subscriber, topic string, ctx context.Context, cancel context.CancelCauseFunc) *subscription {
@@ -134,6 +145,7 @@ func newSubscription(s *Subscriber, topic string, ctx context.Context, cancel co
 		room:   make(chan struct{}, 1),
 		commit: make(chan struct{}, 1),
 		parts:  map[int32]*partition{},
+		gate:   &handOutGate{changed: make(chan struct{})},
 		timers: map[*time.Timer]struct{}{},
 	}
 }
@@ -172,6 +184,9 @@ func (sub *subscription) run() {
 		sub.logger.Error("Cannot commit the offsets of the acked records on close: the group delivers them again", err, nil)
 	}
 	sub.cl.Close()
+	sub.mu.Lock()
+	sub.dropLocked(slices.Collect(maps.Values(sub.parts)))
+	sub.mu.Unlock()
 }
 
 // poll takes records into the books while the window has room, until the context ends.
@@ -281,19 +296,21 @@ func (sub *subscription) take(recs []*kgo.Record) {
 			}
 			continue
 		}
-		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch, unknownCount: r.Offset < p.unknownUntil}
+		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch}
+		if n := starts[r.Partition].md.counts[r.Offset]; n > 0 {
+			e.deliveries, e.recorded, e.unknownCount = n, n, true
+		} else if r.Offset < p.unknownUntil {
+			// Taken by a member before: handed out once, or waiting to be.
+			e.deliveries, e.recorded, e.unknownCount = 1, 1, true
+		}
 		p.entries = append(p.entries, e)
-		d := &delivery{p: p, e: e}
-		p.inflight++
-		sub.inflight++
-		if r.Offset < p.horizon {
-			sub.queue = append(sub.queue, d)
+		if sub.queueLocked(p, e) {
 			queued = true
 		} else {
-			p.pending = append(p.pending, d)
 			waiting = true
 		}
 	}
+	_ = waiting
 	if queued {
 		signal(sub.wake)
 	}
@@ -338,14 +355,69 @@ func (sub *subscription) groupOffsets(ids []int32) map[int32]groupOffset {
 	return out
 }
 
-// enqueueLocked queues a hand-out of e; sub.mu is held.
-func (sub *subscription) enqueueLocked(p *partition, e *entry) {
-	sub.queue = append(sub.queue, &delivery{p: p, e: e})
+// queueLocked queues the next hand-out of e if the group's metadata covers it (ready), and
+// otherwise puts it with the deliveries that wait for the next commit; it reports whether it
+// queued it. sub.mu is held.
+func (sub *subscription) queueLocked(p *partition, e *entry) bool {
+	d := &delivery{p: p, e: e}
 	p.inflight++
 	sub.inflight++
+	if p.ready(e) {
+		sub.queue = append(sub.queue, d)
+		return true
+	}
+	e.waiting = true
+	p.pending = append(p.pending, d)
+	return false
+}
+
+// enqueueLocked queues the next hand-out of e, or has it wait for the next commit, and
+// signals whichever applies; sub.mu is held.
+func (sub *subscription) enqueueLocked(p *partition, e *entry) {
+	if sub.queueLocked(p, e) {
+		signal(sub.wake)
+	} else {
+		signal(sub.commit)
+	}
+}
+
+// ready reports whether e's next hand-out may be queued: a first one always (the sender
+// waits for the taken offset to pass it, see send), the n-th (n >= 2) once the group's
+// committed metadata records n, so that a member that takes the partition over after it sees
+// the hand-out.
+func (p *partition) ready(e *entry) bool {
+	return e.deliveries == 0 || e.recorded > e.deliveries
+}
+
+// counts returns the hand-outs to record of the unacked entries handed out or to be handed
+// out more than once (a first hand-out is recorded by the taken offset), and whether one of
+// them is more than the metadata has.
+func (p *partition) counts() (map[int64]int, bool) {
+	var out map[int64]int
+	grew := false
+	for _, e := range p.entries {
+		n := e.deliveries
+		if e.waiting {
+			n++ // its next hand-out waits to be recorded
+		}
+		if e.acked || n < 2 {
+			continue
+		}
+		if out == nil {
+			out = map[int64]int{}
+		}
+		out[e.offset] = n
+		grew = grew || n > e.recorded
+	}
+	return out, grew
 }
 
 // send hands out the queued deliveries in order until the context ends.
+//
+// A record that a member before may have been delivering when it stopped (unknownCount) is
+// handed out alone in the process (see gate): if it is a message that kills its consumer, it
+// dies alone, and the records around it are not counted with it towards their delivery
+// limits.
 func (sub *subscription) send() {
 	for {
 		sub.mu.Lock()
@@ -371,14 +443,38 @@ func (sub *subscription) send() {
 			sub.mu.Unlock()
 			continue
 		}
-		d.e.deliveries++
-		info := redelivery.Info{DelaysNacks: true}
-		if d.e.unknownCount {
-			// Count 0 with Redelivered: the router counts this record's deliveries durably.
-			info.Redelivered = true
-		} else {
-			info.Count = d.e.deliveries
+		if d.e.deliveries == 0 && d.e.offset >= d.p.horizon {
+			// A first hand-out: the group's metadata must say it was taken first. Ask the
+			// next commit to cover it and the first hand-outs queued behind it.
+			sub.queue = slices.Insert(sub.queue, 0, d)
+			sub.wantLocked()
+			sub.mu.Unlock()
+			signal(sub.commit)
+			select {
+			case <-sub.wake:
+			case <-sub.ctx.Done():
+				return
+			}
+			continue
 		}
+		d.alone = d.e.unknownCount
+		sub.mu.Unlock()
+		if !sub.gate.enter(sub.ctx, d.alone) {
+			return
+		}
+		sub.mu.Lock()
+		if d.p.gone || d.p.revoking {
+			// Revoked while it waited at the gate.
+			sub.gate.leave(d.alone)
+			if !d.p.gone {
+				d.p.inflight--
+				sub.inflight--
+			}
+			sub.mu.Unlock()
+			continue
+		}
+		d.e.deliveries++
+		info := redelivery.Info{Count: d.e.deliveries, DelaysNacks: true}
 		ctx, cancel := context.WithCancelCause(sub.ctx)
 		d.msg = Message(d.e.rec)
 		d.msg.SetContext(redelivery.NewContext(ctx, info))
@@ -450,6 +546,7 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		d.e.acked, d.e.rec = true, nil
 		p.popAcked()
 		p.acks++
+		sub.gate.acked(1)
 		signal(sub.commit)
 		return
 	}
@@ -459,7 +556,6 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 	e := d.e
 	if delay <= 0 {
 		sub.enqueueLocked(p, e)
-		signal(sub.wake)
 		return
 	}
 	var t *time.Timer
@@ -469,16 +565,35 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		delete(sub.timers, t)
 		if !p.gone && !p.revoking && !sub.done {
 			sub.enqueueLocked(p, e)
-			signal(sub.wake)
 		}
 	})
 	sub.timers[t] = struct{}{}
 }
 
+// wantLocked sets, for the partitions of the first hand-outs at the head of the queue, the
+// taken offset the next commit is to record: up to a quarter of the window ahead, and not
+// past a record handed out alone (which may kill its consumer: the records behind it must
+// not count as handed out with it). sub.mu is held.
+func (sub *subscription) wantLocked() {
+	ahead := max(sub.s.cfg.Prefetch/4, 1)
+	for i, d := range sub.queue {
+		if i == ahead || (i > 0 && d.e.unknownCount) {
+			return
+		}
+		if d.e.deliveries == 0 && !d.p.gone {
+			d.p.want = max(d.p.want, d.e.offset+1)
+		}
+	}
+}
+
 // unliveLocked takes d off its partition's deliveries in flight; sub.mu is held.
 func (sub *subscription) unliveLocked(d *delivery) {
 	p := d.p
+	if _, ok := p.live[d]; !ok {
+		return
+	}
 	delete(p.live, d)
+	sub.gate.leave(d.alone)
 	if len(p.live) == 0 && p.drained != nil {
 		close(p.drained)
 		p.drained = nil
@@ -574,9 +689,10 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 	}
 	commits := map[int32]commit{}
 	for _, p := range parts {
-		c := commit{mark: p.mark(), md: groupMetadata{taken: max(p.next, p.unknownUntil)}, acks: p.acks}
-		if c.mark.Offset > p.committed || c.md.taken > p.horizon || c.acks > p.ackCommitted {
-			c.md.acked = p.spans()
+		c := commit{mark: p.mark(), md: groupMetadata{taken: max(p.want, p.unknownUntil, p.horizon)}, acks: p.acks}
+		counts, grew := p.counts()
+		if c.mark.Offset > p.committed || c.md.taken > p.horizon || c.acks > p.ackCommitted || grew {
+			c.md.acked, c.md.counts = p.spans(), counts
 			commits[p.id] = c
 		}
 	}
@@ -597,16 +713,33 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 			}
 			p.committed = max(p.committed, c.mark.Offset)
 			p.horizon = max(p.horizon, c.md.taken)
-			p.ackCommitted = max(p.ackCommitted, c.acks)
-			n := 0
-			for n < len(p.pending) && p.pending[n].e.offset < p.horizon {
-				n++
+			if c.acks > p.ackCommitted {
+				sub.gate.acked(-(c.acks - p.ackCommitted))
+				p.ackCommitted = c.acks
 			}
-			if n > 0 && !p.revoking {
-				sub.queue = append(sub.queue, p.pending[:n]...)
-				p.pending = slices.Delete(p.pending, 0, n)
-				queued = true
+			for _, e := range p.entries {
+				if n, ok := c.md.counts[e.offset]; ok {
+					e.recorded = max(e.recorded, n)
+				}
 			}
+			if p.revoking {
+				continue
+			}
+			if c.md.taken > p.horizon-1 {
+				queued = true // the sender may wait for it
+			}
+			kept := p.pending[:0]
+			for _, d := range p.pending {
+				if p.ready(d.e) {
+					d.e.waiting = false
+					sub.queue = append(sub.queue, d)
+					queued = true
+				} else {
+					kept = append(kept, d)
+				}
+			}
+			clear(p.pending[len(kept):])
+			p.pending = kept
 		}
 		if queued {
 			signal(sub.wake)
@@ -678,7 +811,12 @@ func (sub *subscription) dropLocked(parts []*partition) {
 		for d := range p.live {
 			d.cancel(ErrRevoked)
 		}
+		for d := range p.live {
+			sub.gate.leave(d.alone)
+		}
 		clear(p.live)
+		sub.gate.acked(-(p.acks - p.ackCommitted))
+		p.ackCommitted = p.acks
 		p.entries, p.pending = nil, nil
 		delete(sub.parts, p.id)
 	}
