@@ -78,7 +78,9 @@ type Options struct {
 	// AckTimeout is how long a delivered message may stay neither acked nor nacked before the
 	// broker delivers it again, to another consumer when there is one: NATS AckWait, Redis
 	// pending-entry idle time before re-claim, the lease of a PostgreSQL, MySQL or SQLite
-	// delivery. It bounds how long the messages of a consumer that died stay unavailable, and
+	// delivery; on Kafka, the session timeout of each member of the group, and the time after
+	// which a member hands an unsettled record out again. It bounds how long the messages of
+	// a consumer that died stay unavailable, and
 	// it must exceed the longest processing time, retries included, or a slow message is
 	// processed twice (deduplication absorbs that, at a cost). Where the adapter enforces it
 	// (NATS, Redis, SQL, SQLite) the delivered message's context is cancelled when it passes,
@@ -95,7 +97,8 @@ type Options struct {
 	// ConnectTimeout bounds each connect to the broker, from the TCP dial to the end of the
 	// TLS and protocol handshakes and the authentication, and the check Open makes that the
 	// broker answers: the AMQP dial and handshake, the NATS connect and the JetStream check,
-	// the Redis ping, the PostgreSQL and MySQL connects (sqldb's connect_timeout). It applies
+	// the Redis ping, the PostgreSQL and MySQL connects (sqldb's connect_timeout), the Kafka
+	// dials and metadata request. It applies
 	// to the connects that Subscribers and reconnections make later too. sqlite and mem have
 	// no connect and ignore it. URL parameter: connect_timeout, a Go duration or whole seconds.
 	// Defaults to DefaultConnectTimeout.

@@ -24,7 +24,8 @@
 // # Delivery, acks and commits
 //
 // A subscription polls up to Config.Prefetch records ahead of their acknowledgements
-// (PollRecords) and hands each one out at once, from every partition it owns. Kafka's
+// (PollRecords) and hands them out, from every partition it owns, as soon as the group's
+// metadata records them (see Delivery counts: one commit covers many). Kafka's
 // commits are positions, not acknowledgements of single records: the subscription commits,
 // for each partition, the offset of the first record not acked yet (or the offset after the
 // last record taken, when all are acked), as acks arrive, one commit at a time for all
@@ -40,20 +41,24 @@
 // # Delivery counts
 //
 // Each message's context carries a redelivery.Info with DelaysNacks set. Kafka keeps no
-// delivery count, so the count is the subscription's own: Count is 1 for a record's first
-// delivery by this subscription and goes up by one with each nack or AckTimeout. A record that
-// another member, or this process before a restart, may have delivered before cannot be
-// told apart in general; the subscription reports the first record it takes at a partition's
-// committed offset (the record most likely held unacked by the member before, such as a
-// message that crashed it) with Count 0 and Redelivered true, so that onceflow's router
-// counts that record's deliveries durably in its database. The other records taken after a
-// rebalance or restart start at 1 again, and a record that fails in one member and then in
-// the next may reach its delivery limit later than the limit says.
+// delivery count; the subscription counts the hand-outs of each record and, before it hands
+// one out, commits in the group's offset metadata (metadata.go) that the record was taken, for
+// a first delivery, or how many times it was handed out, for a redelivery. Count therefore goes
+// on across members, restarts and crashes: the next owner of a partition starts from the
+// committed count. A record that a member had taken but not recorded as handed out counts as
+// handed out once (it may have been waiting in the window): a count may be one too high, never
+// too low. The records a member before may have been delivering when it stopped are handed
+// out alone (see handOutGate). A group whose offsets another client committed has no such
+// metadata: the record at the committed offset counts as handed out once.
+//
+// The metadata also lists the records acked behind one that is not: the next owner does not
+// deliver them again.
 //
 // # Rebalances and Close
 //
-// When the group takes partitions away from a member (a rebalance), the member commits what
-// is acked of them, drops the rest from its books and ends their deliveries (ErrRevoked):
+// When the group takes partitions away from a member (a rebalance), the member stops handing
+// out their records, waits up to Config.RevokeTimeout for those in flight, commits what is
+// acked of them, drops the rest from its books and ends their deliveries (ErrRevoked):
 // their new owner delivers them again from the committed offset, and onceflow's deduplication
 // absorbs what was processed twice. Acks given after that are ignored. A member whose
 // session expires loses its partitions without a commit. Close (or the end of a Subscribe
