@@ -151,9 +151,7 @@ func (c *consumer) handle(msg *message.Message) {
 		if !c.ackOnReceipt {
 			md.Delivery = c.deliveries(ctx, msg, md)
 		}
-		unlock := c.isolate(ctx, md, st)
-		err = c.chain.Process(ctx, md)
-		unlock()
+		err = c.process(ctx, md, st)
 	}
 	if slot {
 		slot = false
@@ -196,6 +194,13 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 		return 0
 	}
 	return n
+}
+
+// process runs the chain on md under the handler's isolation lock.
+func (c *consumer) process(ctx context.Context, md *messagedata.MessageData, st *delivery.State) error {
+	unlock := c.isolate(ctx, md, st)
+	defer unlock()
+	return c.chain.Process(ctx, md)
 }
 
 // isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the

@@ -66,7 +66,8 @@ type Options struct {
 	// subscription (its XREADGROUP COUNT), the window of each mem subscription. URL parameter:
 	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to nats.DefaultPrefetch
 	// (package broker/nats) for NATS, to sqlitequeue.DefaultBatchSize for SQLite, to
-	// redis.DefaultPrefetch (package broker/redis) for Redis and to mem.DefaultPrefetch for mem.
+	// redis.DefaultPrefetch (package broker/redis) for Redis, to kafka.DefaultPrefetch (package
+	// broker/kafka) for Kafka and to mem.DefaultPrefetch for mem.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a
@@ -77,7 +78,9 @@ type Options struct {
 	// AckTimeout is how long a delivered message may stay neither acked nor nacked before the
 	// broker delivers it again, to another consumer when there is one: NATS AckWait, Redis
 	// pending-entry idle time before re-claim, the lease of a PostgreSQL, MySQL or SQLite
-	// delivery. It bounds how long the messages of a consumer that died stay unavailable, and
+	// delivery; on Kafka, the session timeout of each member of the group, and the time after
+	// which a member hands an unsettled record out again. It bounds how long the messages of
+	// a consumer that died stay unavailable, and
 	// it must exceed the longest processing time, retries included, or a slow message is
 	// processed twice (deduplication absorbs that, at a cost). Where the adapter enforces it
 	// (NATS, Redis, SQL, SQLite) the delivered message's context is cancelled when it passes,
@@ -94,7 +97,8 @@ type Options struct {
 	// ConnectTimeout bounds each connect to the broker, from the TCP dial to the end of the
 	// TLS and protocol handshakes and the authentication, and the check Open makes that the
 	// broker answers: the AMQP dial and handshake, the NATS connect and the JetStream check,
-	// the Redis ping, the PostgreSQL and MySQL connects (sqldb's connect_timeout). It applies
+	// the Redis ping, the PostgreSQL and MySQL connects (sqldb's connect_timeout), the Kafka
+	// dials and metadata request. It applies
 	// to the connects that Subscribers and reconnections make later too. sqlite and mem have
 	// no connect and ignore it. URL parameter: connect_timeout, a Go duration or whole seconds.
 	// Defaults to DefaultConnectTimeout.
@@ -183,6 +187,7 @@ type Broker struct {
 //	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue); also sqlite3://
 //	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (broker/nats)
 //	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis)
+//	kafka://host:9092,host2:9092/                           Apache Kafka (broker/kafka)
 //	mem://name                                              in-process, for tests only (broker/mem)
 //
 // broker/all registers them all. A URL whose scheme is not registered fails with an error
@@ -233,8 +238,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	return b, nil
 }
 
-// Scheme returns the broker's kind: "amqp", "postgres", "mysql", "sqlite", "nats", "redis" or
-// "mem", whichever alias the URL used (amqps, postgresql, mariadb, rediss, ...).
+// Scheme returns the broker's kind: "amqp", "postgres", "mysql", "sqlite", "nats", "redis",
+// "kafka" or "mem", whichever alias the URL used (amqps, postgresql, mariadb, rediss, ...).
 func (b *Broker) Scheme() string { return b.scheme }
 
 // String returns the broker's URL without its password or token.
@@ -245,7 +250,7 @@ func (b *Broker) String() string { return b.redacted }
 func (b *Broker) ConsumerGroup() string { return b.opts.ConsumerGroup }
 
 // MessagingSystem returns the broker's name as the OpenTelemetry messaging semantic conventions
-// spell messaging.system: rabbitmq, postgresql, mysql, sqlite, nats, redis (mem for the
+// spell messaging.system: rabbitmq, postgresql, mysql, sqlite, nats, redis, kafka (mem for the
 // in-process broker).
 func (b *Broker) MessagingSystem() string {
 	info, _ := schemeInfoOf(b.scheme)

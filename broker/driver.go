@@ -11,7 +11,7 @@ import (
 )
 
 // Each scheme of Open lives in a package of its own (broker/amqp, broker/nats, broker/redis,
-// broker/sqlqueue, broker/sqlitequeue, broker/mem), which registers it in its init through
+// broker/sqlqueue, broker/sqlitequeue, broker/kafka, broker/mem), which registers it in its init through
 // Register, as a database/sql driver does: a program imports the schemes it opens, for example
 //
 //	import _ "github.com/onceflow/onceflow/broker/amqp"
@@ -111,7 +111,7 @@ var registry struct {
 }
 
 // Register makes Open open URLs of scheme, and of its aliases, with open. scheme is one of
-// the canonical schemes Open lists (amqp, postgres, mysql, sqlite, nats, redis, mem). Register
+// the canonical schemes Open lists (amqp, postgres, mysql, sqlite, nats, redis, kafka, mem). Register
 // is meant to be called from the init of the scheme's package; it panics when scheme is not
 // one Open knows, when open is nil, or when the scheme already has an OpenFunc.
 func Register(scheme string, open OpenFunc) {

@@ -15,8 +15,13 @@ import (
 // the group's other consumers until it is settled, and a nacked message comes back to it. Each
 // scheme has its own way (Backend.View), in its own package; docs/brokers.md compares them.
 
-// errNoView is the error of a scheme that cannot be inspected.
-var errNoView = fmt.Errorf("the in-process broker (mem://) keeps no inspectable store: %w", errors.ErrUnsupported)
+// noView returns the error of a scheme that cannot be inspected.
+func noView(scheme string) error {
+	if scheme == "kafka" {
+		return fmt.Errorf("a Kafka topic is an append-only log: a record cannot be taken out of it for one consumer group, so kafka:// has no Peek, Move or Delete (read the dead-letter topic with a consumer, publish again what must be replayed): %w", errors.ErrUnsupported)
+	}
+	return fmt.Errorf("the in-process broker (mem://) keeps no inspectable store: %w", errors.ErrUnsupported)
+}
 
 // openView opens a view of topic for the Broker's consumer group.
 func (b *Broker) openView(ctx context.Context, topic string) (View, error) {
@@ -30,7 +35,7 @@ func (b *Broker) openView(ctx context.Context, topic string) (View, error) {
 		return nil, err
 	}
 	if b.be.View == nil {
-		return nil, fmt.Errorf("broker: inspect topic %q: %w", topic, errNoView)
+		return nil, fmt.Errorf("broker: inspect topic %q: %w", topic, noView(b.scheme))
 	}
 	v, err := b.be.View(ctx, topic)
 	if err != nil {

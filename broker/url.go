@@ -46,6 +46,7 @@ var schemes = []schemeInfo{
 	{name: "sqlite", aliases: []string{"sqlite3"}, system: "sqlite", pkg: "github.com/onceflow/onceflow/broker/sqlitequeue"},
 	{name: "nats", system: "nats", pkg: "github.com/onceflow/onceflow/broker/nats"},
 	{name: "redis", aliases: []string{"rediss"}, system: "redis", pkg: "github.com/onceflow/onceflow/broker/redis"},
+	{name: "kafka", system: "kafka", pkg: "github.com/onceflow/onceflow/broker/kafka"},
 	{name: "mem", system: "mem", pkg: "github.com/onceflow/onceflow/broker/mem"},
 }
 
@@ -86,7 +87,7 @@ var acceptedSchemes = func() string {
 
 // target is a parsed broker URL.
 type target struct {
-	// scheme is the canonical scheme (amqp, postgres, mysql, sqlite, nats, redis, mem).
+	// scheme is the canonical scheme (amqp, postgres, mysql, sqlite, nats, redis, kafka, mem).
 	scheme string
 	// dsn is the URL without onceflow's query parameters, for the driver.
 	dsn string

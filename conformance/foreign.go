@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"context"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,10 +11,32 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	wamqp "github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/messagedata"
 )
+
+// KafkaProducer is a plain franz-go producer: it writes a record with the value payload to the
+// topic, with the header onceflow_id and the key id when id is not empty (Kafka has no message
+// id of its own: an offset is a position), and no header nor key otherwise. brokerURL is a
+// kafka:// URL.
+func KafkaProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
+	t.Helper()
+	u, err := url.Parse(brokerURL)
+	require.NoError(t, err)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(u.Host, ",")...))
+	require.NoError(t, err)
+	defer cl.Close()
+	r := &kgo.Record{Topic: topic, Value: payload}
+	if id != "" {
+		r.Key = []byte(id)
+		r.Headers = []kgo.RecordHeader{{Key: messagedata.HeaderID, Value: []byte(id)}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	require.NoError(t, cl.ProduceSync(ctx, r).FirstErr())
+}
 
 // publishTimeout bounds a foreign producer's publish.
 const publishTimeout = 10 * time.Second

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/onceflow/onceflow/conformance"
+	"github.com/onceflow/onceflow/internal/kafkatest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -35,6 +36,9 @@ var brokers = []struct {
 	{"sqlite", "sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
 	{"nats", "nats", testsvc.NATSURL},
 	{"redis", "redis", testsvc.RedisURL},
+	// An in-process Kafka cluster per test (or the one ONCEFLOW_TEST_KAFKA names), with
+	// partitions of the test's topics moving a second after their member dies.
+	{"kafka", "kafka", func(t testing.TB) string { return kafkatest.URL(t, "") }},
 	{"mem", "mem", func(testing.TB) string { return "mem://" + testsvc.UniqueName("conformance") }},
 }
 

@@ -9,6 +9,7 @@ package all
 
 import (
 	_ "github.com/onceflow/onceflow/broker/amqp"        // amqp://, amqps://
+	_ "github.com/onceflow/onceflow/broker/kafka"       // kafka://
 	_ "github.com/onceflow/onceflow/broker/mem"         // mem://
 	_ "github.com/onceflow/onceflow/broker/nats"        // nats://
 	_ "github.com/onceflow/onceflow/broker/redis"       // redis://, rediss://

@@ -87,7 +87,7 @@ func (f *dlqFlags) open(ctx context.Context) (*broker.Broker, error) {
 		rawURL = os.Getenv(envBroker)
 	}
 	if rawURL == "" {
-		return nil, usageError(errors.New("no broker: pass --broker URL or set " + envBroker + " (amqp://, postgres://, mysql://, sqlite://, nats:// or redis://)"))
+		return nil, usageError(errors.New("no broker: pass --broker URL or set " + envBroker + " (amqp://, postgres://, mysql://, sqlite://, nats://, redis:// or kafka://)"))
 	}
 	if f.group != "" {
 		// The last group= parameter wins: the flag overrides the URL's.

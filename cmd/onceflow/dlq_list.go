@@ -72,7 +72,8 @@ How each broker is read without consuming: RabbitMQ by basic.get on the group's 
 closing the channel so that every message goes back in its place (with the redelivered flag);
 SQL and SQLite queues by reading, without a lock, the messages the group has leased and those
 past its cursor; NATS by reading the stream past the ack floor of the group's consumer; Redis by
-XPENDING and XRANGE. mem:// cannot be listed.`,
+XPENDING and XRANGE. mem:// and kafka:// cannot be listed (a Kafka record cannot be taken out of
+its topic for one group, so the dead-letter commands do not apply to it).`,
 		Example: `  onceflow dlq list --broker 'amqp://guest:guest@127.0.0.1:5672/?group=billing'
   onceflow dlq list --broker sqlite://var/queue.db --payload --json`,
 		Args: cobra.NoArgs,

@@ -21,6 +21,7 @@ var (
 	natsPkgs     = []string{"github.com/nats-io/", "github.com/ThreeDotsLabs/watermill-nats", "github.com/onceflow/onceflow/broker/nats"}
 	redisPkgs    = []string{"github.com/redis/", "github.com/ThreeDotsLabs/watermill-redisstream", "github.com/onceflow/onceflow/broker/redis"}
 	amqpPkgs     = []string{"github.com/rabbitmq/", "github.com/ThreeDotsLabs/watermill-amqp", "github.com/onceflow/onceflow/broker/amqp"}
+	kafkaPkgs    = []string{"github.com/twmb/", "github.com/onceflow/onceflow/broker/kafka"}
 	otherPkgs    = []string{"github.com/onceflow/onceflow/broker/sqlqueue", "github.com/onceflow/onceflow/broker/mem", "github.com/onceflow/onceflow/broker/all"}
 )
 
@@ -75,8 +76,8 @@ func TestPostgresProgram_LinksNoOtherDriverAndNoBrokerClient(t *testing.T) {
 	t.Parallel()
 	list := deps(t, "./testdata/postgres")
 	require.Contains(t, list, "github.com/jackc/pgx/v5/stdlib")
-	requireNone(t, list, mysqlPkgs, sqlitePkgs, natsPkgs, redisPkgs, amqpPkgs, otherPkgs)
-	requireNoName(t, list, "mysql", "sqlite", "nats", "redis", "amqp")
+	requireNone(t, list, mysqlPkgs, sqlitePkgs, natsPkgs, redisPkgs, amqpPkgs, kafkaPkgs, otherPkgs)
+	requireNoName(t, list, "mysql", "sqlite", "nats", "redis", "amqp", "kafka")
 }
 
 func TestRabbitMQProgram_LinksNoOtherBrokerAndNoOtherDriver(t *testing.T) {
@@ -84,8 +85,20 @@ func TestRabbitMQProgram_LinksNoOtherBrokerAndNoOtherDriver(t *testing.T) {
 	list := deps(t, "./testdata/rabbitmq")
 	require.Contains(t, list, "github.com/onceflow/onceflow/broker/amqp")
 	require.Contains(t, list, "github.com/jackc/pgx/v5/stdlib")
-	requireNone(t, list, mysqlPkgs, sqlitePkgs, natsPkgs, redisPkgs, otherPkgs)
-	requireNoName(t, list, "mysql", "sqlite", "nats", "redis")
+	requireNone(t, list, mysqlPkgs, sqlitePkgs, natsPkgs, redisPkgs, kafkaPkgs, otherPkgs)
+	requireNoName(t, list, "mysql", "sqlite", "nats", "redis", "kafka")
+}
+
+func TestKafkaProgram_LinksNoOtherBrokerAndNoOtherDriver(t *testing.T) {
+	t.Parallel()
+	list := deps(t, "./testdata/kafka")
+	require.Contains(t, list, "github.com/onceflow/onceflow/broker/kafka")
+	require.Contains(t, list, "github.com/twmb/franz-go/pkg/kgo")
+	require.Contains(t, list, "github.com/jackc/pgx/v5/stdlib")
+	// The in-process cluster of the tests is not linked.
+	requireNone(t, list, mysqlPkgs, sqlitePkgs, natsPkgs, redisPkgs, amqpPkgs, otherPkgs,
+		[]string{"github.com/twmb/franz-go/pkg/kfake", "github.com/onceflow/onceflow/internal/kafkatest"})
+	requireNoName(t, list, "mysql", "sqlite", "nats", "redis", "amqp", "rabbitmq")
 }
 
 // The packages a user's code imports, and those they import, link no driver and no client:
@@ -95,7 +108,7 @@ func TestCorePackages_LinkNoDriverAndNoBrokerClient(t *testing.T) {
 	const mod = "github.com/onceflow/onceflow"
 	list := deps(t, mod, mod+"/processor", mod+"/messagedata", mod+"/middleware", mod+"/dedup",
 		mod+"/ordering", mod+"/converter", mod+"/sqldb", mod+"/broker")
-	requireNone(t, list, mysqlPkgs, sqlitePkgs, postgresPkgs, natsPkgs, redisPkgs, amqpPkgs, otherPkgs)
+	requireNone(t, list, mysqlPkgs, sqlitePkgs, postgresPkgs, natsPkgs, redisPkgs, amqpPkgs, kafkaPkgs, otherPkgs)
 }
 
 // The outbox's relay reads its tables as the SQL queues read a topic, so it links their code,
@@ -105,7 +118,7 @@ func TestOutbox_LinksTheQueuesButNoDriverAndNoBrokerClient(t *testing.T) {
 	list := deps(t, "github.com/onceflow/onceflow/outbox")
 	require.Contains(t, list, "github.com/onceflow/onceflow/broker/sqlqueue")
 	require.Contains(t, list, "github.com/onceflow/onceflow/broker/sqlitequeue")
-	requireNone(t, list, mysqlPkgs, postgresPkgs, natsPkgs, redisPkgs, amqpPkgs,
+	requireNone(t, list, mysqlPkgs, postgresPkgs, natsPkgs, redisPkgs, amqpPkgs, kafkaPkgs,
 		[]string{"modernc.org/", "github.com/onceflow/onceflow/sqldb/sqlite", "github.com/onceflow/onceflow/broker/all"})
 }
 
@@ -129,6 +142,7 @@ func TestOpen_MissingDriverNamesTheImport(t *testing.T) {
 		"amqps://app:S3cret@127.0.0.1:1/":          "github.com/onceflow/onceflow/broker/amqp",
 		"nats://app:S3cret@127.0.0.1:1":            "github.com/onceflow/onceflow/broker/nats",
 		"redis://app:S3cret@127.0.0.1:1/0":         "github.com/onceflow/onceflow/broker/redis",
+		"kafka://127.0.0.1:1,127.0.0.1:2/":         "github.com/onceflow/onceflow/broker/kafka",
 		"postgres://app:S3cret@127.0.0.1:1/orders": "github.com/onceflow/onceflow/broker/sqlqueue",
 		"mariadb://app:S3cret@127.0.0.1:1/orders":  "github.com/onceflow/onceflow/broker/sqlqueue",
 		"sqlite:///tmp/queue.db":                   "github.com/onceflow/onceflow/broker/sqlitequeue",

@@ -7,7 +7,8 @@
 //
 // Addresses default to the project's loopback services and can be overridden with
 // ONCEFLOW_TEST_POSTGRES, ONCEFLOW_TEST_MYSQL, ONCEFLOW_TEST_AMQP, ONCEFLOW_TEST_NATS and
-// ONCEFLOW_TEST_REDIS.
+// ONCEFLOW_TEST_REDIS. Kafka is not a loopback service: package internal/kafkatest starts an
+// in-process cluster, or uses the one ONCEFLOW_TEST_KAFKA names.
 package testsvc
 
 import (

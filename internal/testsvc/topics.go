@@ -12,11 +12,14 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // RemoveTopics removes what a test left on a shared broker server for its topics: on RabbitMQ
 // the topics' exchanges and the queues of groups (and of the group the URL names), on NATS the
-// streams that hold the topics (with their consumers), on Redis the streams. Brokers that keep
+// streams that hold the topics (with their consumers), on Redis the streams, on Kafka the
+// topics. Brokers that keep
 // their messages in a database or a file of the test's own need nothing. Failures are logged,
 // not reported: a leftover queue is not a wrong result.
 func RemoveTopics(t testing.TB, brokerURL string, groups []string, topics ...string) {
@@ -38,6 +41,8 @@ func RemoveTopics(t testing.TB, brokerURL string, groups []string, topics ...str
 		err = removeNATS(brokerURL, topics)
 	case "redis", "rediss":
 		err = removeRedis(brokerURL, topics)
+	case "kafka":
+		err = removeKafka(u, topics)
 	}
 	if err != nil {
 		t.Logf("cleanup of topics %v: %v", topics, err)
@@ -116,4 +121,20 @@ func removeRedis(brokerURL string, topics []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return c.Del(ctx, topics...).Err()
+}
+
+// removeKafka deletes the topics (the consumer groups' offsets of them go with them).
+func removeKafka(u *url.URL, topics []string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(u.Host, ",")...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).DeleteTopics(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	return resp.Error()
 }

@@ -46,6 +46,11 @@ func (p *proxies) add(name, rawURL string) (string, error) {
 	if err != nil || u.Host == "" || strings.HasPrefix(u.Scheme, "sqlite") || u.Scheme == "mem" {
 		return rawURL, nil // nothing to cut: an embedded or in-process service
 	}
+	if u.Scheme == "kafka" {
+		// Kafka clients reach the brokers at the addresses the cluster advertises, not
+		// through a proxy in front of the seed broker: a cut there would cut nothing.
+		return rawURL, nil
+	}
 	upstream := u.Host
 	if u.Port() == "" {
 		port, ok := defaultPorts[u.Scheme]

@@ -1,0 +1,131 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Defaults of Config.
+const (
+	// DefaultPrefetch is how many records a subscription holds unsettled when Config.Prefetch
+	// is zero: one PollRecords and one offset commit serve many of them.
+	DefaultPrefetch = 256
+	// DefaultAckTimeout is how long a delivery may stay unsettled before the subscription
+	// hands the record out again, when Config.AckTimeout is zero.
+	DefaultAckTimeout = 30 * time.Second
+	// DefaultRevokeTimeout is how long a revoke waits for the deliveries in flight to settle
+	// when Config.RevokeTimeout is zero.
+	DefaultRevokeTimeout = 5 * time.Second
+	// DefaultCloseTimeout bounds the offset commits of Close when Config.CloseTimeout is zero.
+	DefaultCloseTimeout = 5 * time.Second
+)
+
+// maxPrefetch bounds Config.Prefetch: a subscription keeps one goroutine per unsettled
+// delivery.
+const maxPrefetch = 100_000
+
+// Config configures a Subscriber. Brokers and ConsumerGroup are required; every other zero
+// field selects its default.
+type Config struct {
+	// Brokers are the seed brokers, host:port. Required.
+	Brokers []string
+
+	// ConsumerGroup is the Kafka consumer group of the subscriptions: the subscriptions of one
+	// group share the partitions of a topic, every group gets every record. A group that has
+	// committed no offset for a partition starts at the partition's first record. Required.
+	ConsumerGroup string
+
+	// Prefetch is how many records each subscription holds unsettled (handed out or waiting
+	// to be, neither acked nor nacked) at most: it polls with PollRecords(room left). A nacked
+	// record leaves the window while it waits for its redelivery. Defaults to DefaultPrefetch.
+	Prefetch int
+
+	// NackDelay is how long a nacked record waits before it is handed out again, unless the
+	// consumer asked for another delay with redelivery.NackAfter. Zero hands it out again at
+	// once.
+	NackDelay time.Duration
+
+	// AckTimeout is how long a delivery may stay unsettled. When it passes, the delivery's
+	// context is cancelled (ErrAckTimeout), its ack or nack is ignored, and the record is
+	// handed out again, its delivery count up by one. Kafka itself has no such timeout: an
+	// unsettled record holds back the commits of its partition. Defaults to
+	// DefaultAckTimeout.
+	AckTimeout time.Duration
+
+	// SessionTimeout is the group session timeout of each member: a member that the group
+	// coordinator has not heard from for that long (it died, or lost its connection) loses
+	// its partitions, and another member delivers their unacked records again. The brokers
+	// bound it (group.min.session.timeout.ms, 6 s by default, and
+	// group.max.session.timeout.ms). The members heartbeat every tenth of it, 3 s at most.
+	// Defaults to kgo's default, 45 s.
+	SessionTimeout time.Duration
+
+	// RevokeTimeout is how long a member whose partitions the group takes away waits for
+	// their deliveries in flight to be acked or nacked before it commits and lets them go;
+	// the deliveries still unsettled then end (ErrRevoked) and their records go to the new
+	// owner. The group's rebalance waits for it: keep it well below kgo's rebalance timeout
+	// (60 s). Defaults to DefaultRevokeTimeout.
+	RevokeTimeout time.Duration
+
+	// CloseTimeout bounds the offset commits of a closing subscription. Defaults to
+	// DefaultCloseTimeout.
+	CloseTimeout time.Duration
+
+	// Topics creates the topics that Subscribe finds missing. Nil creates them with the
+	// brokers' default partition count and replication factor.
+	Topics *Topics
+
+	// ClientOptions are passed to kgo.NewClient after the seed brokers and before the
+	// subscriber's own options (the consumer group, the topic, manual commits, the rebalance
+	// callbacks), which they must not replace: dial timeouts, TLS, SASL, heartbeat interval.
+	ClientOptions []kgo.Opt
+
+	// Logger receives the subscriptions' logs. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case len(c.Brokers) == 0:
+		return errors.New("kafka: Config.Brokers is empty")
+	case c.ConsumerGroup == "":
+		return errors.New("kafka: Config.ConsumerGroup is empty")
+	case c.Prefetch < 0 || c.Prefetch > maxPrefetch:
+		return fmt.Errorf("kafka: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, maxPrefetch)
+	case c.NackDelay < 0:
+		return fmt.Errorf("kafka: Config.NackDelay: %s is negative (0 redelivers at once)", c.NackDelay)
+	case c.AckTimeout < 0:
+		return fmt.Errorf("kafka: Config.AckTimeout: %s is negative (0 selects the default)", c.AckTimeout)
+	case c.SessionTimeout < 0:
+		return fmt.Errorf("kafka: Config.SessionTimeout: %s is negative (0 selects the default)", c.SessionTimeout)
+	case c.RevokeTimeout < 0:
+		return fmt.Errorf("kafka: Config.RevokeTimeout: %s is negative (0 selects the default)", c.RevokeTimeout)
+	case c.CloseTimeout < 0:
+		return fmt.Errorf("kafka: Config.CloseTimeout: %s is negative (0 selects the default)", c.CloseTimeout)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.RevokeTimeout == 0 {
+		c.RevokeTimeout = DefaultRevokeTimeout
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}

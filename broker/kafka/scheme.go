@@ -1,0 +1,137 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/broker"
+)
+
+func init() { broker.Register("kafka", openScheme) }
+
+// URL parameters of the kafka:// scheme, besides those of every scheme.
+const (
+	// paramPartitions is the partition count of the topics the broker creates.
+	paramPartitions = "partitions"
+	// paramReplicationFactor is the replication factor of the topics the broker creates.
+	paramReplicationFactor = "replication_factor"
+)
+
+// openScheme publishes with this package's Publisher and subscribes with its Subscriber, each
+// on clients of their own. The URL is kafka://host:port[,host:port...][/]: the seed brokers.
+// The dial of every connection is bounded by opts.ConnectTimeout, and so is the check that
+// the brokers answer (a metadata request).
+func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
+	seeds, topics, err := parseURL(t.Parsed)
+	if err != nil {
+		return nil, err
+	}
+	clientOpts := []kgo.Opt{kgo.DialTimeout(o.ConnectTimeout)}
+	pub, err := NewPublisher(PublisherConfig{Brokers: seeds, ClientOptions: clientOpts})
+	if err != nil {
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
+	defer cancel()
+	if err := pub.Client().Ping(pingCtx); err != nil {
+		_ = pub.Close()
+		return nil, err
+	}
+	pub.topics = NewTopics(pub.Client(), topics.partitions, topics.replicationFactor)
+	cfg := Config{
+		Brokers:       seeds,
+		ConsumerGroup: o.ConsumerGroup,
+		Prefetch:      o.Prefetch,
+		NackDelay:     max(o.NackDelay, 0),
+		AckTimeout:    o.AckTimeout,
+		// ack_timeout bounds how long the records of a member that died stay unavailable:
+		// its session ends after it.
+		SessionTimeout: o.AckTimeout,
+		CloseTimeout:   broker.SubscriberCloseTimeout,
+		Topics:         pub.topics,
+		ClientOptions:  clientOpts,
+		Logger:         o.Logger,
+	}
+	if err := cfg.Validate(); err != nil {
+		_ = pub.Close()
+		return nil, err
+	}
+	return &broker.Backend{
+		Publisher:  pub,
+		CheckTopic: checkTopic,
+		// The subscriber polls many records in flight per subscription, delays nacked records
+		// in process and commits, per partition, what is acked below the first record that is
+		// not.
+		NewSubscriber: func() (message.Subscriber, error) { return NewSubscriber(cfg) },
+	}, nil
+}
+
+// topicSettings are the settings of the topics a broker creates.
+type topicSettings struct {
+	partitions        int32
+	replicationFactor int16
+}
+
+// parseURL returns the seed brokers of a kafka:// URL and the settings of the topics to
+// create.
+func parseURL(u *url.URL) ([]string, topicSettings, error) {
+	ts := topicSettings{partitions: -1, replicationFactor: -1}
+	if u.User != nil {
+		return nil, ts, fmt.Errorf("kafka: the URL has a user name: SASL is not supported by the kafka:// scheme; use the broker/kafka package's Config.ClientOptions")
+	}
+	if u.Path != "" && u.Path != "/" {
+		return nil, ts, fmt.Errorf("kafka: the URL has the path %q: want kafka://host:port[,host:port...]/", u.Path)
+	}
+	var seeds []string
+	for h := range strings.SplitSeq(u.Host, ",") {
+		if h == "" {
+			continue
+		}
+		if !strings.Contains(h, ":") {
+			h += ":9092"
+		}
+		seeds = append(seeds, h)
+	}
+	if len(seeds) == 0 {
+		return nil, ts, fmt.Errorf("kafka: the URL names no broker: want kafka://host:port[,host:port...]/")
+	}
+	for k, vs := range u.Query() {
+		v := vs[len(vs)-1]
+		switch k {
+		case paramPartitions:
+			n, err := strconv.ParseInt(v, 10, 32)
+			if err != nil || n < 1 {
+				return nil, ts, fmt.Errorf("kafka: query parameter %s=%q: want a positive integer", k, v)
+			}
+			ts.partitions = int32(n)
+		case paramReplicationFactor:
+			n, err := strconv.ParseInt(v, 10, 16)
+			if err != nil || n < 1 {
+				return nil, ts, fmt.Errorf("kafka: query parameter %s=%q: want a positive integer", k, v)
+			}
+			ts.replicationFactor = int16(n)
+		default:
+			return nil, ts, fmt.Errorf("kafka: unknown query parameter %q (want %s, %s, or those of every scheme)", k, paramPartitions, paramReplicationFactor)
+		}
+	}
+	return seeds, ts, nil
+}
+
+// legalTopic is what Kafka accepts as a topic name.
+var legalTopic = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
+
+// checkTopic accepts Kafka's legal topic names: up to 249 of the characters a-z, A-Z, 0-9,
+// '.', '_' and '-', and neither "." nor "..".
+func checkTopic(topic string) error {
+	if len(topic) > 249 || !legalTopic.MatchString(topic) || topic == "." || topic == ".." {
+		return fmt.Errorf("broker: topic %q: a Kafka topic is up to 249 of the characters a-z, A-Z, 0-9, '.', '_' and '-'", topic)
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Errors that end a delivery without an acknowledgement, as the cause of its context
+// (context.Cause), and that a closed Subscriber or Publisher returns.
+var (
+	// ErrClosed is returned by Subscribe on a closed Subscriber and by Publish on a closed
+	// Publisher, and is the cause of the contexts of the deliveries that a closing
+	// subscription gives back.
+	ErrClosed = errors.New("kafka: closed")
+	// ErrRevoked is the cause of the context of a delivery whose partition the group gave to
+	// another member: that member delivers the record again, and an ack or nack of this
+	// delivery is ignored.
+	ErrRevoked = errors.New("kafka: partition revoked: another member of the group delivers the record again")
+	// ErrAckTimeout is the cause of the context of a delivery that stayed unsettled for
+	// Config.AckTimeout: the subscription hands the record out again, and an ack or nack of
+	// this delivery is ignored.
+	ErrAckTimeout = errors.New("kafka: AckTimeout passed: the record is delivered again")
+)
+
+// Subscriber is a watermill message.Subscriber on Kafka that keeps many records in flight:
+// each Subscribe call is one member of the consumer group, with a client of its own, that
+// polls up to Config.Prefetch records ahead of their acknowledgements and commits, for each
+// partition, the offset below which every record is acked. NewSubscriber makes one. A
+// Subscriber is safe for concurrent use.
+type Subscriber struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+
+	// ctx ends, with the cause ErrClosed, when Close starts; every subscription's context
+	// derives from it.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu     sync.Mutex
+	closed bool
+	subs   sync.WaitGroup // subscriptions not ended yet
+
+	closeOnce sync.Once
+}
+
+var _ message.Subscriber = (*Subscriber)(nil)
+
+// NewSubscriber returns a Subscriber. It connects nothing: each Subscribe call has a client of
+// its own.
+func NewSubscriber(cfg Config) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Subscriber{cfg: cfg, logger: cfg.Logger.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup})}
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	return s, nil
+}
+
+// Subscribe joins the consumer group as a new member that consumes topic, creating the topic
+// when it is missing, and hands out its records on the returned channel.
+//
+// Each message carries, in its context, a redelivery.Info (see the package documentation for
+// its Count) with DelaysNacks set. The context derives from ctx and is cancelled when the
+// delivery ends unsettled: its partition is revoked (ErrRevoked), its AckTimeout passes
+// (ErrAckTimeout), ctx ends or the Subscriber closes (ErrClosed); and after it is settled.
+//
+// Ack marks the record done; the subscription commits, per partition, the offset of the
+// first record not acked. Nack hands the record out again after redelivery.RequestedDelay, or
+// Config.NackDelay, without holding back the records behind it; it holds back the commits of
+// its partition until it is acked. When ctx ends or the Subscriber closes, the subscription
+// commits what is acked, leaves the group and closes the channel.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("kafka: subscribe: topic is empty")
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s.subs.Add(1)
+	s.mu.Unlock()
+	started := false
+	defer func() {
+		if !started {
+			s.subs.Done()
+		}
+	}()
+
+	subCtx, cancel := context.WithCancelCause(ctx)
+	sub := newSubscription(s, topic, subCtx, cancel)
+	opts := []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}
+	if st := s.cfg.SessionTimeout; st > 0 {
+		opts = append(opts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(st/10, 3*time.Second)))
+	}
+	opts = append(opts, s.cfg.ClientOptions...)
+	opts = append(opts,
+		kgo.ConsumerGroup(s.cfg.ConsumerGroup),
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.DisableAutoCommit(),
+		// Records are taken into the subscription's books between a poll and
+		// AllowRebalance, so a revoke never races with them.
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(sub.revoked),
+		kgo.OnPartitionsLost(sub.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		cancel(err)
+		return nil, fmt.Errorf("kafka: subscribe to %q: %w", topic, err)
+	}
+	sub.cl, sub.adm = cl, kadm.NewClient(cl)
+	topics := s.cfg.Topics
+	if topics == nil {
+		topics = NewTopics(cl, -1, -1)
+	}
+	setup, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(s.ctx, stop)()
+	if err := topics.Ensure(setup, topic); err != nil {
+		cl.Close()
+		cancel(err)
+		return nil, fmt.Errorf("kafka: subscribe to %q: %w", topic, err)
+	}
+	sub.stopWithSubscriber = context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	started = true
+	go sub.run()
+	return sub.out, nil
+}
+
+// Close ends every subscription: each stops polling, gives back the records it holds
+// unsettled (an ack given before Close counts), commits the offsets of what is acked (within
+// Config.CloseTimeout), leaves the group and closes its channel. Close returns when they
+// all have. It is idempotent.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		s.cancel(ErrClosed)
+		s.subs.Wait()
+	})
+	return nil
+}
