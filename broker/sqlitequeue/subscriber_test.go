@@ -241,11 +241,11 @@ func TestCompetingConsumers_NeverHoldTheSameMessageAtOnce(t *testing.T) {
 				holding[m.UUID] = c
 				deliveries[m.UUID]++
 				maxHeld = max(maxHeld, len(holding))
+				work.Add(1) // before done: the test's work.Wait must see it
 				if len(deliveries) == n {
 					close(done)
 				}
 				mu.Unlock()
-				work.Add(1)
 				go func() {
 					defer work.Done()
 					time.Sleep(time.Duration(2+m.UUID[0]%3) * time.Millisecond) // some work
