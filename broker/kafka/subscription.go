@@ -130,7 +130,7 @@ type delivery struct {
 	msg     *message.Message
 	cancel  context.CancelCauseFunc
 	settled bool
-	alone   bool // handed out alone in the process (see gate)
+	alone   bool // handed out alone by its subscription (see handOutGate)
 }
 
 func newSubscription(s *Subscriber, topic string, ctx context.Context, cancel context.CancelCauseFunc) *subscription {
@@ -415,9 +415,9 @@ func (p *partition) counts() (map[int64]int, bool) {
 // send hands out the queued deliveries in order until the context ends.
 //
 // A record that a member before may have been delivering when it stopped (unknownCount) is
-// handed out alone in the process (see gate): if it is a message that kills its consumer, it
-// dies alone, and the records around it are not counted with it towards their delivery
-// limits.
+// handed out alone (see handOutGate): if it is a message that kills its consumer, the
+// subscription's other records do not die with it, and are not counted with it towards their
+// delivery limits.
 func (sub *subscription) send() {
 	for {
 		sub.mu.Lock()
