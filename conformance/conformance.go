@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -145,9 +144,10 @@ type Features struct {
 	// requires the message without an id to have one effect.
 	PositionIDs bool
 
-	// PoisonDefect, when not empty, says why the broker does not pass the Poison scenario
-	// yet: the scenario is skipped with that reason, unless ONCEFLOW_KNOWN_DEFECTS is set.
-	PoisonDefect string
+	// Handover is how long, beyond the ack timeout, the broker takes to hand the messages of a
+	// consumer that died to another one: Kafka's rebalance after the dead member's session
+	// ends. The Poison scenario's redelivery horizon adds it for each death.
+	Handover time.Duration
 
 	// LongIDProducer publishes the Poison scenario's message whose id is longer than 255 bytes,
 	// where the broker carries such an id but onceflow's publisher for it refuses one
@@ -178,11 +178,7 @@ func DefaultFeatures(brokerURL string) Features {
 		// Kafka clients reach the brokers at the addresses the cluster advertises, not
 		// through a proxy in front of the seed broker: there is no connection to cut. The two
 		// copies of one id share a key, and so a partition, and so a consumer.
-		return Features{ForeignProducer: KafkaProducer, PositionIDs: true,
-			PoisonDefect: "on Kafka the records a dying member held come back together after the session timeout, and " +
-				"the rebalances as consumers die and restart move records in flight: good messages near the crash-loop " +
-				"message reach the delivery limit, the crash-loop message is dead-lettered a death or two late, and now " +
-				"and then a message of the Handled phase is delivered once more than the phase allows (docs/brokers.md, Kafka)"}
+		return Features{ForeignProducer: KafkaProducer, PositionIDs: true, Handover: time.Second}
 	case "postgres", "postgresql", "mysql", "mariadb":
 		return Features{ProxyableConnection: true}
 	}
@@ -235,12 +231,7 @@ var scenarios = []scenario{
 		}
 		return ""
 	}},
-	{name: ScenarioPoison, run: testPoison, applies: func(f Features) string {
-		if f.PoisonDefect != "" && os.Getenv("ONCEFLOW_KNOWN_DEFECTS") == "" {
-			return "known defect: " + f.PoisonDefect + " (ONCEFLOW_KNOWN_DEFECTS=1 runs it)"
-		}
-		return ""
-	}},
+	{name: ScenarioPoison, run: testPoison},
 }
 
 // Run runs every scenario that applies to features against the broker and database of s, in

@@ -471,7 +471,7 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	poisonLat := f.poisonLatencies(name, published[name], func(id string) bool { return !held[id] })
 	allLat := f.poisonLatencies(name, published[name], nil)
 	heldLat := f.poisonLatencies(name, published[name], func(id string) bool { return held[id] })
-	horizon := poisonMaxDeliveries*min(f.timings.AckTimeout, poisonAckTimeout) + time.Second
+	horizon := poisonMaxDeliveries*(min(f.timings.AckTimeout, poisonAckTimeout)+f.features.Handover) + time.Second
 	for _, d := range heldLat {
 		require.Less(t, d, horizon, "a good message that a dead consumer held was applied later than its redelivery horizon")
 	}

@@ -137,6 +137,13 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 			if err == nil || !processor.IsPermanent(err) {
 				return err
 			}
+			if n > msg.Delivery {
+				// The broker's count fell behind the deliveries whose processing began (a
+				// count lost with a consumer that died): the dead letter says the larger.
+				m := *msg
+				m.Delivery = n
+				msg = &m
+			}
 			if cfg.record != nil && msg.Delivery != 1 { // a first delivery has no dead letter before it
 				if done, rerr := cfg.record.DeadLettered(ctx, msg); rerr == nil && done {
 					return fmt.Errorf("%w to %s at an earlier delivery, whose acknowledgement was lost: %w", processor.ErrDeadLettered, topic, err)

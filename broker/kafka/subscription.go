@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/messagedata"
 )
 
 // Timings of a subscription.
@@ -121,6 +122,9 @@ type entry struct {
 	// (see ready).
 	recorded int
 	waiting  bool // its next hand-out waits in pending for a commit
+	// prev is the offset of the record taken before it from its partition, -1 for the first
+	// since the subscription took the partition (messagedata.HeaderPreviousOffset).
+	prev int64
 }
 
 // delivery is one hand-out of an entry.
@@ -287,6 +291,7 @@ func (sub *subscription) take(recs []*kgo.Record) {
 		} else if r.Offset < p.next {
 			continue // taken already
 		}
+		prev := p.next - 1 // -1 for a partition just taken: next is 0
 		p.next, p.epoch = r.Offset+1, r.LeaderEpoch
 		if contains(p.inherited, r.Offset) {
 			// Acked by the member before, behind a record that was not.
@@ -296,7 +301,7 @@ func (sub *subscription) take(recs []*kgo.Record) {
 			}
 			continue
 		}
-		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch}
+		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch, prev: prev}
 		if n := starts[r.Partition].md.counts[r.Offset]; n > 0 {
 			e.deliveries, e.recorded, e.unknownCount = n, n, true
 		} else if r.Offset < p.unknownUntil {
@@ -477,6 +482,9 @@ func (sub *subscription) send() {
 		info := redelivery.Info{Count: d.e.deliveries, DelaysNacks: true}
 		ctx, cancel := context.WithCancelCause(sub.ctx)
 		d.msg = Message(d.e.rec)
+		for k, v := range (messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.e.prev}).Headers() {
+			d.msg.Metadata[k] = v // what the broker says, whatever the producer wrote
+		}
 		d.msg.SetContext(redelivery.NewContext(ctx, info))
 		d.cancel = cancel
 		d.p.live[d] = struct{}{}
