@@ -24,6 +24,7 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
 
 	got := map[string]bool{}
+	last := map[int32]int64{} // per partition, the offset received last
 	for range ids {
 		m := receive(t, ch, within)
 		require.False(t, got[m.UUID], "%s delivered twice", m.UUID)
@@ -33,6 +34,21 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 			if id == m.UUID {
 				i = j
 			}
+		}
+		// The subscriber says where the record sits: each record of a partition follows the
+		// one received before it, the first follows none.
+		pos, ok, err := messagedata.PositionOf(&messagedata.MessageData{Headers: m.Metadata})
+		require.NoError(t, err)
+		require.True(t, ok, "position headers")
+		prev, seen := last[pos.Partition]
+		if !seen {
+			prev = -1
+		}
+		require.Equal(t, prev, pos.Previous, "partition %d offset %d", pos.Partition, pos.Offset)
+		require.Greater(t, pos.Offset, prev)
+		last[pos.Partition] = pos.Offset
+		for _, h := range []string{messagedata.HeaderPartition, messagedata.HeaderOffset, messagedata.HeaderPreviousOffset} {
+			delete(m.Metadata, h)
 		}
 		want := f.message(i)
 		require.Equal(t, want.Payload, m.Payload)
@@ -178,12 +194,12 @@ func TestSubscriber_ForeignRecordsGetTheirCoordinatesAsID(t *testing.T) {
 	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
 	a := receive(t, ch, within)
 	require.Equal(t, f.topic+"/0/0", a.UUID)
-	require.Equal(t, message.Metadata{"origin": "java"}, a.Metadata)
+	require.Equal(t, message.Metadata{"origin": "java", messagedata.HeaderPartition: "0", messagedata.HeaderOffset: "0", messagedata.HeaderPreviousOffset: "-1"}, a.Metadata)
 	require.Equal(t, message.Payload("a"), a.Payload)
 	a.Ack()
 	b := receive(t, ch, within)
 	require.Equal(t, f.topic+"/0/1", b.UUID)
-	require.Empty(t, b.Metadata)
+	require.Equal(t, message.Metadata{messagedata.HeaderPartition: "0", messagedata.HeaderOffset: "1", messagedata.HeaderPreviousOffset: "0"}, b.Metadata)
 	b.Ack()
 }
 
