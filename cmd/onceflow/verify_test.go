@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/internal/kafkatest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
@@ -89,6 +90,9 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	require.NoError(t, dec.Decode(&report))
 	require.False(t, dec.More(), "stdout holds one JSON object and nothing else")
 	require.Len(t, report.Modes, 5)
+	for _, m := range report.Modes {
+		t.Logf("%s: %d messages, %d kills, %d cuts, %d lost, %d duplicated, %.0f msgs/s", m.Mode, m.Messages, m.Kills, m.Cuts, m.Lost, m.Duplicated, m.MsgsPerS)
+	}
 	return report
 }
 
@@ -186,4 +190,19 @@ func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
 	amqpURL := testsvc.AMQPURL(t)
 	dbURL := testsvc.PostgresSchemaURL(t)
 	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true, allPoison)
+}
+
+// TestVerify_KafkaAndPostgreSQLReproduceTheGuaranteeTable runs verify against an in-process Kafka
+// cluster (see internal/kafkatest; ONCEFLOW_TEST_KAFKA for a real one): consumers killed, the
+// database connection cut (a Kafka client reaches the brokers at their advertised addresses,
+// so its connections are not cut), and the group rebalancing at every death and restart. It
+// takes about 7 minutes, and does not pass yet (docs/brokers.md, Kafka): `make
+// test-verify-kafka` runs it.
+func TestVerify_KafkaAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
+	if os.Getenv("ONCEFLOW_VERIFY_KAFKA") == "" {
+		t.Skip("about 7 minutes, and it does not pass yet: ONCEFLOW_VERIFY_KAFKA=1 (make test-verify-kafka) runs it")
+	}
+	kafkaURL := kafkatest.URL(t, "partitions=4")
+	dbURL := testsvc.PostgresSchemaURL(t)
+	checkTable(t, runVerify(t, "--broker", kafkaURL, "--db", dbURL, "--cuts", "2"), false, allPoison)
 }
