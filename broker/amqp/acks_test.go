@@ -81,14 +81,19 @@ func TestSubscriber_AcksOutOfOrderGoAsOneMultipleAck(t *testing.T) {
 		for i := n - 1; i >= 0; i-- {
 			got[i].Ack()
 		}
+		// The acks reach the session in any order (each from its delivery's goroutine): the
+		// ones that make the front of the window contiguous go as a multiple ack, and once
+		// half the window waits behind an acked front it goes early. Ten acks take one or two
+		// multiple acks, never ten frames.
 		testsvc.Eventually(t, within, func() bool {
 			_, multiple, _ := frames.Frames()
-			return multiple == 1
-		}, "the acks are not sent")
-		require.NoError(t, s.Close())
+			return multiple >= 1
+		}, "no multiple ack is sent")
+		require.NoError(t, s.Close()) // sends every ack given, if any still waits
 		single, multiple, nacks := frames.Frames()
-		require.Equal(t, [3]int{0, 1, 0}, [3]int{single, multiple, nacks}, "Close sends nothing more")
-		f.eventuallyReady(0)
+		require.LessOrEqual(t, single+multiple, 2, "ten acks in one or two frames (%d single, %d multiple)", single, multiple)
+		require.Zero(t, nacks)
+		f.eventuallyReady(0) // none was given back: every one was acked
 	})
 }
 
