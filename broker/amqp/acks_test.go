@@ -65,7 +65,7 @@ func TestSubscriber_AcksOutOfOrderAreCoalescedWherePossible(t *testing.T) {
 }
 
 // Acks given out of order while older deliveries are still being processed wait for them, and
-// all go as one multiple ack: exactly one frame.
+// go as multiple acks: one or two frames for ten acks.
 func TestSubscriber_AcksOutOfOrderGoAsOneMultipleAck(t *testing.T) {
 	t.Parallel()
 	forEachQueueType(t, func(t *testing.T, f *fixture) {
