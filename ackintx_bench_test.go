@@ -38,7 +38,7 @@ func BenchmarkSQLQueueExactlyOnce(b *testing.B) {
 				b.Run(mode, func(b *testing.B) {
 					var total time.Duration
 					for i := range b.N {
-						bk, err := broker.Open(ctx, url+sep(url)+"prefetch=64", broker.Options{ConsumerGroup: "bench"})
+						bk, err := broker.Open(ctx, url, broker.Options{ConsumerGroup: "bench", Prefetch: 64})
 						require.NoError(b, err)
 						topic := testsvc.UniqueName("bench")
 						pub := bk.Publisher()
@@ -77,13 +77,4 @@ func BenchmarkSQLQueueExactlyOnce(b *testing.B) {
 			}
 		})
 	}
-}
-
-func sep(url string) string {
-	for _, c := range url {
-		if c == '?' {
-			return "&"
-		}
-	}
-	return "?"
 }

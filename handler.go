@@ -166,6 +166,9 @@ type DedupConfig struct {
 	// is written per message, so nothing needs purging, and a message needs no id. It takes
 	// the place of the "deduplicate" interceptor in the ExactlyOnce chain; it does not go with
 	// group commit, a batch processor, CheckFirst, WithTimestamp or another quality of service.
+	// Run it with Concurrency 1: the subscriber does not yet hand out a partition's records one
+	// at a time, and records of one partition processed at once wait for each other through
+	// retries and redelivery delays (middleware.ErrPositionAhead), which can stall a partition.
 	ByOffset bool
 
 	// AckInTransaction acknowledges each message inside the handler's transaction instead of
@@ -322,4 +325,15 @@ func (h Handler) converter() converter.MessageConverter {
 		return h.Converter
 	}
 	return converter.New(converter.Config{IDHeader: h.IDHeader})
+}
+
+// interceptor returns the interceptor that detects duplicates in the ExactlyOnce chain.
+func (c DedupConfig) interceptor() string {
+	switch {
+	case c.ByOffset:
+		return InterceptorOffsets
+	case c.AckInTransaction:
+		return InterceptorAckInTransaction
+	}
+	return InterceptorDeduplicate
 }

@@ -47,7 +47,7 @@ func TestExactlyOnceByOffset_KafkaRebalancesApplyEachRecordOnce(t *testing.T) {
 			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 10 * time.Second})
 			require.NoError(t, err)
 			require.NoError(t, r.AddHandler(onceflow.Handler{Name: "effects", Topic: topic, DB: f.db, Subscriber: sub, QoS: onceflow.ExactlyOnce,
-				Concurrency: 4, Dedup: onceflow.DedupConfig{ByOffset: true},
+				Concurrency: 1, Dedup: onceflow.DedupConfig{ByOffset: true},
 				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 					time.Sleep(2 * time.Millisecond) // records stay in flight across the rebalances
 					return applyEffect(ctx, msg)

@@ -129,13 +129,9 @@ func (r *Router) AddHandler(h Handler) error {
 	names := h.Interceptors
 	if len(names) == 0 {
 		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
-		switch {
-		case h.Dedup.ByOffset:
+		if dedup := h.Dedup.interceptor(); dedup != InterceptorDeduplicate {
 			names = slices.Clone(names)
-			names[slices.Index(names, InterceptorDeduplicate)] = InterceptorOffsets
-		case h.Dedup.AckInTransaction:
-			names = slices.Clone(names)
-			names[slices.Index(names, InterceptorDeduplicate)] = InterceptorAckInTransaction
+			names[slices.Index(names, InterceptorDeduplicate)] = dedup
 		}
 	}
 	if err := checkOrder(names); err != nil {

@@ -85,25 +85,19 @@ func TestPositions_SecondOwnerWaitsForTheFirstAndSeesItsOffset(t *testing.T) {
 			_, err = p.Lock(ctx, first, "billing", "orders", 0)
 			require.NoError(t, err)
 
+			second, err := db.BeginTxx(ctx, nil)
+			require.NoError(t, err)
+			defer func() { _ = second.Rollback() }()
+			session := sessionID(t, &env{dialect: db.Dialect, db: db}, second)
 			seen := make(chan int64, 1)
 			go func() {
-				tx, err := db.BeginTxx(ctx, nil)
-				if err != nil {
-					seen <- -100
-					return
-				}
-				defer func() { _ = tx.Rollback() }()
-				applied, err := p.Lock(ctx, tx, "billing", "orders", 0)
+				applied, err := p.Lock(ctx, second, "billing", "orders", 0)
 				if err != nil {
 					applied = -100
 				}
 				seen <- applied
 			}()
-			select {
-			case v := <-seen:
-				t.Fatalf("the second owner did not wait: saw %d", v)
-			case <-time.After(200 * time.Millisecond):
-			}
+			waitForLockWait(t, &env{dialect: db.Dialect, db: db}, session) // the second owner waits
 			require.NoError(t, p.Set(ctx, first, "billing", "orders", 0, 7))
 			require.NoError(t, first.Commit())
 			select {

@@ -54,11 +54,17 @@ func PositionOf(m *MessageData) (Position, bool, error) {
 	return p, true, nil
 }
 
-// Headers returns the headers that carry p, for a subscriber to set.
+// Headers returns the headers that carry p.
 func (p Position) Headers() map[string]string {
-	return map[string]string{
-		HeaderPartition:      strconv.FormatInt(int64(p.Partition), 10),
-		HeaderOffset:         strconv.FormatInt(p.Offset, 10),
-		HeaderPreviousOffset: strconv.FormatInt(p.Previous, 10),
-	}
+	h := make(map[string]string, 3)
+	p.SetHeaders(h)
+	return h
+}
+
+// SetHeaders writes the headers that carry p into headers, replacing what they held: for a
+// subscriber, which writes what the broker says whatever the producer wrote.
+func (p Position) SetHeaders(headers map[string]string) {
+	headers[HeaderPartition] = strconv.FormatInt(int64(p.Partition), 10)
+	headers[HeaderOffset] = strconv.FormatInt(p.Offset, 10)
+	headers[HeaderPreviousOffset] = strconv.FormatInt(p.Previous, 10)
 }

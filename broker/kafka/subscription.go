@@ -482,9 +482,7 @@ func (sub *subscription) send() {
 		info := redelivery.Info{Count: d.e.deliveries, DelaysNacks: true}
 		ctx, cancel := context.WithCancelCause(sub.ctx)
 		d.msg = Message(d.e.rec)
-		for k, v := range (messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.e.prev}).Headers() {
-			d.msg.Metadata[k] = v // what the broker says, whatever the producer wrote
-		}
+		messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.e.prev}.SetHeaders(d.msg.Metadata)
 		d.msg.SetContext(redelivery.NewContext(ctx, info))
 		d.cancel = cancel
 		d.p.live[d] = struct{}{}
