@@ -79,6 +79,7 @@ func (c *consumer) read(msgs <-chan *message.Message) {
 	for msg := range msgs {
 		if !c.router.gate.enter() {
 			msg.Nack()
+			redelivery.Settle(msg)
 			continue
 		}
 		if c.slots != nil {
@@ -88,6 +89,7 @@ func (c *consumer) read(msgs <-chan *message.Message) {
 				// The delivery ended while it waited for its turn (its ack deadline passed,
 				// its subscription closed): the broker delivers it again.
 				msg.Nack()
+				redelivery.Settle(msg)
 				c.router.gate.leave()
 				continue
 			}
@@ -131,6 +133,7 @@ func (c *consumer) handle(msg *message.Message) {
 			// A chain without Recover: the delivery fails, and the broker delivers it again.
 			c.logger.Error("panic in the handler's chain; message nacked", "message_id", msg.UUID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			msg.Nack()
+			redelivery.Settle(msg)
 		}
 	}()
 
@@ -138,6 +141,7 @@ func (c *consumer) handle(msg *message.Message) {
 	ctx := delivery.With(msg.Context(), st)
 	if c.ackOnReceipt {
 		msg.Ack()
+		redelivery.Settle(msg)
 		// The delivery is over for the broker, and subscribers end a message's context once it
 		// is acked: the processing that follows must not end with it.
 		ctx = context.WithoutCancel(ctx)
@@ -251,6 +255,7 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 	if !msg.Ack() && lost == nil {
 		lost = fmt.Errorf("%w: the delivery was nacked before", ErrAckLost)
 	}
+	redelivery.Settle(msg)
 	switch {
 	case lost != nil:
 		c.router.instruments.AckFailures.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(c.name), telemetry.AttrOutcome.String(string(outcome))))
@@ -300,6 +305,7 @@ func (r *Router) nackLater(msg *message.Message, d time.Duration) {
 		r.holds.wait(d)
 	}
 	msg.Nack() // a no-op after NackAfter
+	redelivery.Settle(msg)
 }
 
 // holds lets the deliveries that wait out their redelivery delay in the router go at once when

@@ -61,6 +61,9 @@ func TestPanickingMessage_IsDeadLetteredAtTheDeliveryLimitAndStarvesNobody(t *te
 		require.Equal(t, "permanent: delivery limit reached after 3 deliveries: processor panicked: nil map", dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason))
 		require.Equal(t, "3", dead[0].Metadata.Get(messagedata.HeaderDeadLetterDeliveries))
 		require.Equal(t, 0, countEffects(t, f.db, "poison"))
+		// The router told the broker of every ack and nack itself: no delivery waited on its
+		// channels, and none was left unsettled.
+		require.Equal(t, f.broker.TotalAcks()+f.broker.TotalNacks(), f.broker.DirectDeliveries())
 	})
 }
 

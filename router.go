@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
@@ -383,7 +384,9 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	default:
 	}
 	// The subscriptions outlive ctx: Close ends them, after the deliveries in flight.
-	subCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	// The router settles every message it receives itself (redelivery.Settle after each ack
+	// or nack), so that a subscriber need not wait on each message's channels.
+	subCtx, stop := context.WithCancel(redelivery.WithDirectSettle(context.WithoutCancel(ctx)))
 	r.stopSubs = stop
 	var chans []<-chan *message.Message
 	var owners []*consumer

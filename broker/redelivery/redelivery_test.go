@@ -70,3 +70,41 @@ func TestInfo_First(t *testing.T) {
 	require.True(t, redelivery.Info{}.First(), "count unknown, not redelivered")
 	require.False(t, redelivery.Info{Redelivered: true}.First())
 }
+
+func TestSettle_RunsTheSubscribersFunctionOnceAfterTheAck(t *testing.T) {
+	msg := message.NewMessage("1", nil)
+	var calls, acks int
+	msg.SetContext(redelivery.NewSettleContext(context.Background(), func() {
+		calls++
+		if redelivery.Acked(msg) {
+			acks++
+		}
+	}))
+	msg.Ack()
+	redelivery.Settle(msg)
+	redelivery.Settle(msg)
+	require.Equal(t, 1, calls)
+	require.Equal(t, 1, acks)
+}
+
+func TestSettle_NackIsToldApartFromAck(t *testing.T) {
+	msg := message.NewMessage("1", nil)
+	acked := make(chan bool, 2)
+	msg.SetContext(redelivery.NewSettleContext(context.Background(), func() { acked <- redelivery.Acked(msg) }))
+	msg.Nack()
+	redelivery.Settle(msg)
+	require.False(t, <-acked)
+	require.Empty(t, acked)
+}
+
+func TestSettle_MessageWithoutSettleFunctionIsLeftAlone(t *testing.T) {
+	msg := message.NewMessage("1", nil)
+	msg.Ack()
+	redelivery.Settle(msg) // must not panic
+	require.True(t, redelivery.Acked(msg))
+}
+
+func TestWithDirectSettle(t *testing.T) {
+	require.False(t, redelivery.SettlesDirectly(context.Background()))
+	require.True(t, redelivery.SettlesDirectly(redelivery.WithDirectSettle(context.Background())))
+}

@@ -10,6 +10,7 @@ package brokertest
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -27,8 +28,10 @@ type Broker struct {
 	// that carries its count on.
 	deliveries map[*message.Message]int
 	pending    sync.WaitGroup
-	closed     chan struct{}
-	once       sync.Once
+	// directs counts the deliveries to consumers that settle directly.
+	directs int
+	closed  chan struct{}
+	once    sync.Once
 
 	// RedeliveryDelay is how long a nacked message waits before it is delivered again, unless
 	// the router asked for another delay.
@@ -140,34 +143,71 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			if !b.CountDeliveries {
 				info = redelivery.Info{Redelivered: count > 1}
 			}
-			m.SetContext(redelivery.NewContext(msgCtx, info))
+			msgCtx = redelivery.NewContext(msgCtx, info)
+			// settled is the message's outcome, taken once: by the consumer's ack or nack, or
+			// by the end of the subscription.
+			var taken atomic.Bool
+			settled := func(acked, nacked, gone bool) {
+				if !taken.CompareAndSwap(false, true) {
+					return
+				}
+				defer inFlight.Done()
+				defer func() { <-window }()
+				defer cancel()
+				switch {
+				case acked:
+					b.count(b.acks, m.UUID)
+				case nacked:
+					b.count(b.nacks, m.UUID)
+					b.redeliver(topic, m)
+				case gone:
+					// The consumer went away without settling the message: like a broker
+					// whose consumer died, deliver it again.
+					in <- b.again(m)
+				}
+			}
+			direct := redelivery.SettlesDirectly(ctx)
+			if direct {
+				b.mu.Lock()
+				b.directs++
+				b.mu.Unlock()
+				msgCtx = redelivery.NewSettleContext(msgCtx, func() {
+					acked := redelivery.Acked(m)
+					settled(acked, !acked, false)
+				})
+			}
+			m.SetContext(msgCtx)
+			inFlight.Add(1)
 			select {
 			case out <- m:
 			case <-ctx.Done():
+				taken.Store(true)
+				inFlight.Done()
 				cancel()
 				in <- b.again(m)
 				return
 			}
-			inFlight.Add(1)
 			go func() {
-				defer inFlight.Done()
-				defer func() { <-window }()
-				defer cancel()
-				select {
-				case <-m.Acked():
-					b.count(b.acks, m.UUID)
-				case <-m.Nacked():
-					b.count(b.nacks, m.UUID)
-					b.redeliver(topic, m)
-				case <-ctx.Done():
+				if direct {
+					// Only the end of the subscription is waited for: the consumer tells of
+					// its ack or nack itself.
+					<-ctx.Done()
+				} else {
 					select {
 					case <-m.Acked():
-						b.count(b.acks, m.UUID)
-					default:
-						// The consumer went away without settling the message: like a broker
-						// whose consumer died, deliver it again.
-						in <- b.again(m)
+						settled(true, false, false)
+						return
+					case <-m.Nacked():
+						settled(false, true, false)
+						return
+					case <-ctx.Done():
 					}
+				}
+				select {
+				case <-m.Acked():
+					settled(true, false, false)
+				default:
+					settled(false, false, true)
 				}
 			}()
 		}
@@ -216,6 +256,14 @@ func (b *Broker) count(m map[string]int, id string) {
 	b.mu.Unlock()
 }
 
+// DirectDeliveries returns how many deliveries went to consumers that promised to settle each
+// message themselves (redelivery.WithDirectSettle).
+func (b *Broker) DirectDeliveries() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.directs
+}
+
 // Acks returns how many times the message with id was acked.
 func (b *Broker) Acks(id string) int {
 	b.mu.Lock()
@@ -236,6 +284,17 @@ func (b *Broker) TotalAcks() int {
 	defer b.mu.Unlock()
 	n := 0
 	for _, v := range b.acks {
+		n += v
+	}
+	return n
+}
+
+// TotalNacks returns the number of nacks of all messages.
+func (b *Broker) TotalNacks() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, v := range b.nacks {
 		n += v
 	}
 	return n

@@ -1,0 +1,70 @@
+package redelivery
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// A subscriber must learn when each message it handed out is acked or nacked. watermill's
+// Message tells only through its Acked and Nacked channels, and waiting on them costs the
+// subscriber a goroutine (or a timer and a select) per message. A consumer that tells the
+// subscriber itself, by calling Settle right after every Ack, Nack or NackAfter of every
+// message it receives, says so on the context it subscribes with (WithDirectSettle). A
+// subscriber that sees it there (SettlesDirectly) may skip the wait: it gives each message a
+// function to run on Settle (NewSettleContext) and reads the message's Acked channel from it.
+// onceflow's router settles directly; any other consumer gets the watching subscriber.
+
+type directSettleKey struct{}
+
+// WithDirectSettle returns a copy of ctx, the context of a Subscribe call, that promises the
+// subscriber a call of Settle after the Ack or Nack of every message delivered on the
+// subscription, including the messages the consumer nacks unprocessed because it is closing.
+func WithDirectSettle(ctx context.Context) context.Context {
+	return context.WithValue(ctx, directSettleKey{}, true)
+}
+
+// SettlesDirectly reports whether the consumer that subscribed with ctx calls Settle for every
+// message (WithDirectSettle).
+func SettlesDirectly(ctx context.Context) bool {
+	v, _ := ctx.Value(directSettleKey{}).(bool)
+	return v
+}
+
+// settleKey carries the settle function of one message.
+type settleKey struct{}
+
+// settler runs a message's settle function once.
+type settler struct {
+	f    func()
+	done atomic.Bool
+}
+
+// NewSettleContext returns a copy of ctx, the context of one delivered message, in which
+// Settle runs settled once, in the goroutine of the consumer that calls it, after the consumer
+// acked or nacked the message. settled tells the two apart with Acked.
+func NewSettleContext(ctx context.Context, settled func()) context.Context {
+	return context.WithValue(ctx, settleKey{}, &settler{f: settled})
+}
+
+// Settle tells the subscriber of msg that the consumer has acked or nacked it, when the
+// subscriber asked to be told (NewSettleContext): its function runs now, once; later calls do
+// nothing. A consumer calls it after Ack, Nack or NackAfter, from the goroutine that settled
+// the message; for a message whose subscriber did not ask it does nothing.
+func Settle(msg *message.Message) {
+	s, ok := msg.Context().Value(settleKey{}).(*settler)
+	if ok && s.done.CompareAndSwap(false, true) {
+		s.f()
+	}
+}
+
+// Acked reports whether msg, settled already, was acked: its Acked channel is closed.
+func Acked(msg *message.Message) bool {
+	select {
+	case <-msg.Acked():
+		return true
+	default:
+		return false
+	}
+}
