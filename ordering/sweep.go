@@ -2,7 +2,6 @@ package ordering
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -12,7 +11,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/onceflow/onceflow/internal/sqllock"
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -222,43 +224,49 @@ type plan struct {
 // sweepKey handles one key in a transaction of its own. more is true when MaxDrain stopped a
 // release of parked messages: the caller runs it again.
 func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key string, cutoff int64, res *SweepResult, seen map[string]int64) (more bool, err error) {
-	tx, err := o.store.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return false, fmt.Errorf("begin transaction: %w", err)
+	var p *plan
+	err = sqltx.Run(ctx, o.store.db, func(tx *sqlx.Tx) error {
+		var err error
+		more, p, err = o.sweepKeyTx(processor.WithTx(ctx, tx), tx, next, key, cutoff, res, seen)
+		return err
+	})
+	switch {
+	case errors.Is(err, errNothingToDo):
+		return false, nil
+	case err != nil:
+		return false, err
+	case p == nil:
+		return more, nil
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-				err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
-			}
-		}
-	}()
-	outer := ctx // for the dead letters, after the commit
-	ctx = processor.WithTx(ctx, tx)
+	return false, o.deadLetter(ctx, next, key, p, res)
+}
+
+// errNothingToDo ends a key's transaction without a commit: there was nothing to change.
+var errNothingToDo = errors.New("nothing to do")
+
+// sweepKeyTx is the transaction of sweepKey; p is the dead letter to publish after its commit.
+func (o *InOrder) sweepKeyTx(ctx context.Context, tx *sqlx.Tx, next processor.Processor, key string, cutoff int64, res *SweepResult, seen map[string]int64) (more bool, p *plan, err error) {
 	handler := o.cfg.Handler
 	st, err := o.store.lockKey(ctx, tx, handler, key)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if st.parked == 0 {
-		return false, nil
+		return false, nil, errNothingToDo
 	}
 	lowest, err := o.store.load(ctx, tx, handler, key, st.last, 1)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if len(lowest) == 0 {
 		// The count says there are parked messages and there are none: repair it.
 		st.parked, st.blocked, st.stalled = 0, 0, false
 		if err := o.store.updateKey(ctx, tx, handler, key, st); err != nil {
-			return false, err
+			return false, nil, err
 		}
-		committed = true
-		return false, tx.Commit()
+		return false, nil, nil
 	}
 
-	var p *plan
 	waited := func() time.Duration { return o.now().Sub(time.UnixMicro(st.blocked)).Round(time.Second) }
 	if lowest[0].Seq == st.last+1 {
 		// Stalled: apply the parked messages again.
@@ -266,7 +274,7 @@ func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key st
 		var failed *failure
 		st, failed, more, err = o.drainFailing(ctx, tx, next, key, st, false)
 		if err != nil {
-			return false, err
+			return false, nil, err
 		}
 		res.Applied += st.last - before
 		if failed != nil {
@@ -292,7 +300,7 @@ func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key st
 	} else {
 		// A gap before the lowest parked message.
 		if st.blocked > cutoff {
-			return false, nil // it moved since it was listed
+			return false, nil, errNothingToDo // it moved since it was listed
 		}
 		gapAt := st.last + 1
 		cause := fmt.Errorf("gap at seq %d of key %s not filled after %s", gapAt, quoteShort(key), waited())
@@ -301,17 +309,17 @@ func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key st
 		}
 		switch o.cfg.GapPolicy {
 		case Wait:
-			return false, nil
+			return false, nil, errNothingToDo
 		case Skip:
 			to := lowest[0].Seq - 1
 			if err := o.store.skip(ctx, tx, handler, key, gapAt, to, cause.Error()+" (gap policy skip)", o.now().UnixMicro()); err != nil {
-				return false, err
+				return false, nil, err
 			}
 			res.SkippedSequences += to - gapAt + 1
 			st.last = to
 			before := st.last
 			if st, _, more, err = o.drainFailing(ctx, tx, next, key, st, true); err != nil {
-				return false, err
+				return false, nil, err
 			}
 			res.Applied += st.last - before
 		case DeadLetter:
@@ -319,16 +327,9 @@ func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key st
 		}
 	}
 	if err := o.store.updateKey(ctx, tx, handler, key, st); err != nil {
-		return false, err
+		return false, nil, err
 	}
-	committed = true
-	if err := tx.Commit(); err != nil {
-		return false, fmt.Errorf("commit: %w", err)
-	}
-	if p == nil {
-		return more, nil
-	}
-	return false, o.deadLetter(outer, next, key, p, res)
+	return more, p, nil
 }
 
 // timedOut logs and counts a key whose wait passed the gap timeout, and reports whether it did:
@@ -383,19 +384,19 @@ func (o *InOrder) deadLetter(ctx context.Context, next processor.Processor, key 
 // removeDeadLettered deletes the published page of p, if the key has not moved. done is true
 // when nothing more of p is to be done.
 func (o *InOrder) removeDeadLettered(ctx context.Context, next processor.Processor, key string, p *plan, page []parkedMsg, res *SweepResult) (done bool, err error) {
-	tx, err := o.store.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return false, fmt.Errorf("begin transaction: %w", err)
+	err = sqltx.Run(ctx, o.store.db, func(tx *sqlx.Tx) error {
+		var err error
+		done, err = o.removeDeadLetteredTx(processor.WithTx(ctx, tx), tx, next, key, p, page, res)
+		return err
+	})
+	if errors.Is(err, errNothingToDo) {
+		return true, nil
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-				err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
-			}
-		}
-	}()
-	ctx = processor.WithTx(ctx, tx)
+	return done, err
+}
+
+// removeDeadLetteredTx is the transaction of removeDeadLettered.
+func (o *InOrder) removeDeadLetteredTx(ctx context.Context, tx *sqlx.Tx, next processor.Processor, key string, p *plan, page []parkedMsg, res *SweepResult) (done bool, err error) {
 	handler := o.cfg.Handler
 	st, err := o.store.lockKey(ctx, tx, handler, key)
 	if err != nil {
@@ -404,7 +405,7 @@ func (o *InOrder) removeDeadLettered(ctx context.Context, next processor.Process
 	if st.last != p.last {
 		// The key moved: the missing message came, or another sweep acted. What was
 		// published stays published; a replay of it is a duplicate by sequence.
-		return true, nil
+		return true, errNothingToDo
 	}
 	var removed int64
 	for _, m := range page {
@@ -447,10 +448,6 @@ func (o *InOrder) removeDeadLettered(ctx context.Context, next processor.Process
 	}
 	if err := o.store.updateKey(ctx, tx, handler, key, st); err != nil {
 		return false, err
-	}
-	committed = true
-	if err := tx.Commit(); err != nil {
-		return false, fmt.Errorf("commit: %w", err)
 	}
 	return p.skip, nil
 }

@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
@@ -55,26 +54,6 @@ func newDialect(d sqldb.Dialect, table string) (dialect, error) {
 		return newSQLite(table), nil
 	}
 	return nil, fmt.Errorf("unsupported dialect %q (want postgres, mysql or sqlite)", d)
-}
-
-// runInTx runs fn in a transaction of db and commits when fn returns nil. Any error rolls the
-// transaction back; a failed rollback is joined to the error.
-func runInTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) (err error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-				err = errors.Join(err, fmt.Errorf("roll back: %w", rerr))
-			}
-		}
-	}()
-	if err := fn(tx); err != nil {
-		return err
-	}
-	return tx.Commit()
 }
 
 // execAll runs queries in tx, in order.

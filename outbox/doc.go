@@ -114,8 +114,8 @@
 // destination's Publish, medians of 25 in three rounds beside the relay that only polled (on a
 // machine shared with other work): 1 to 8 ms with the relay in the publishing process, on
 // every dialect, and 2.5 to 5.4 ms on PostgreSQL from another process; the polling relay took
-// 43 to 70 ms (TestRelay_LatencyFromPublishToDestinationIsWellBelowThePollInterval measures
-// the new one).
+// 43 to 70 ms (TestRelay_IsWokenByEachCommitWithoutWaitingForItsPoll shows the wake-up, with a
+// poll interval of an hour, and logs its latencies).
 //
 // # Failures
 //

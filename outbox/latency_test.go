@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -15,15 +14,12 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 )
 
-// The relay's latency, from the Publish in the handler's transaction, through its commit, to
-// the destination's Publish, with the default poll interval. A relay that only polled would
-// take half the interval on average; it hears of the Publish instead: from the Outbox of its
-// own process on every dialect, and on PostgreSQL from a notification wherever it runs (a
-// relay on a pool of another URL stands for one in another process).
-func TestRelay_LatencyFromPublishToDestinationIsWellBelowThePollInterval(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measures latency for a few seconds")
-	}
+// A relay hears of each commit instead of waiting for its next poll: from the Outbox of its
+// own process on every dialect, and on PostgreSQL from a notification wherever it runs (a relay
+// on a pool of another URL stands for one in another process). Its poll interval is an hour
+// here, so a message reaches the destination within the test only if the relay was woken. The
+// latencies are logged; their speed is not asserted (a loaded machine makes any bound flaky).
+func TestRelay_IsWokenByEachCommitWithoutWaitingForItsPoll(t *testing.T) {
 	t.Parallel()
 	dbs := testsvc.Databases()
 	for _, tc := range []struct {
@@ -47,34 +43,25 @@ func TestRelay_LatencyFromPublishToDestinationIsWellBelowThePollInterval(t *test
 			}
 			rec := newRecorder()
 			cfg := relayConfig(e, open(t, relayURL), rec)
-			cfg.PollInterval = outbox.DefaultPollInterval
+			cfg.PollInterval = time.Hour
 			r := start(t, cfg)
 			e.commitN(t, "warm-up", 1)
 			rec.waitFor(t, 1)
 
-			const samples = 25
-			total := make([]time.Duration, samples)       // Publish in the transaction -> destination
+			const samples = 10
 			afterCommit := make([]time.Duration, samples) // commit returned -> destination
-			for i := range total {
-				// Publish at a random phase of the relay's poll.
-				time.Sleep(time.Duration(rand.Int64N(int64(outbox.DefaultPollInterval))))
+			for i := range afterCommit {
 				in := fmt.Sprintf("order-%03d", i)
-				began := time.Now()
 				require.NoError(t, e.process(context.Background(), in, nil, message.NewMessage(outbox.DerivedID(in, "shipped"), []byte(in))))
 				committed := time.Now()
 				got := rec.waitFor(t, i+2)
-				at := got[len(got)-1].at
-				total[i], afterCommit[i] = at.Sub(began), max(at.Sub(committed), 0)
+				require.Len(t, got, i+2, "one message per commit")
+				afterCommit[i] = max(got[len(got)-1].at.Sub(committed), 0)
 			}
 			require.NoError(t, r.stop(t))
-			describe := func(ds []time.Duration) string {
-				slices.Sort(ds)
-				round := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
-				return fmt.Sprintf("min %s, median %s, p90 %s, max %s", round(ds[0]), round(ds[samples/2]), round(ds[samples*9/10]), round(ds[samples-1]))
-			}
-			t.Logf("relay latency, %s, %d messages, poll interval %s: from the Publish in the transaction %s; from the commit %s",
-				tc.name, samples, outbox.DefaultPollInterval, describe(total), describe(afterCommit))
-			require.Less(t, afterCommit[samples/2], outbox.DefaultPollInterval/5, "the median latency after the commit is not well below the poll interval")
+			slices.Sort(afterCommit)
+			t.Logf("relay latency after the commit, %s, %d messages, poll interval 1h: median %s, max %s",
+				tc.name, samples, afterCommit[samples/2].Round(10*time.Microsecond), afterCommit[samples-1].Round(10*time.Microsecond))
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -64,7 +65,7 @@ func (p *postgres) migrate(ctx context.Context, db *sqldb.DB) error {
 	//
 	// Concurrent CREATE TABLE IF NOT EXISTS can fail with a unique violation on pg_type: the
 	// transaction-scoped advisory lock makes concurrent migrations take turns.
-	err := runInTx(ctx, db.DB.DB, func(tx *sql.Tx) error {
+	err := sqltx.RunSQL(ctx, db.DB.DB, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgKey("migrate")+`)`, p.table); err != nil {
 			return err
 		}
@@ -89,7 +90,7 @@ func (p *postgres) migrate(ctx context.Context, db *sqldb.DB) error {
 	// The leases table, as broker/sqlqueue lays it out, created on a connection of the pool
 	// while the same advisory lock, held by a transaction that writes nothing, keeps concurrent
 	// migrations out (two concurrent CREATE TABLE IF NOT EXISTS fail on the table's type).
-	return runInTx(ctx, db.DB.DB, func(tx *sql.Tx) error {
+	return sqltx.RunSQL(ctx, db.DB.DB, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+pgKey("migrate")+`)`, p.table); err != nil {
 			return err
 		}

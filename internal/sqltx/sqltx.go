@@ -1,5 +1,6 @@
-// Package sqltx runs short units of work in one transaction: schema migrations and the small
-// bookkeeping writes of the packages that own tables (dedup, ordering).
+// Package sqltx runs units of work in one transaction, for every package of onceflow that
+// opens its own: begin, run, roll back on error or panic with the rollback's error joined,
+// commit.
 package sqltx
 
 import (
@@ -13,10 +14,18 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// Run runs fn in a transaction of db and commits when fn returns nil. Any error of fn, or a
-// panic, rolls the transaction back; a failed rollback is joined to the error.
-func Run(ctx context.Context, db *sqldb.DB, fn func(*sqlx.Tx) error) (err error) {
-	tx, err := db.BeginTxx(ctx, nil)
+// Tx is a transaction: *sql.Tx and *sqlx.Tx are.
+type Tx interface {
+	Commit() error
+	Rollback() error
+}
+
+// Do runs fn in the transaction that begin starts and commits it when fn returns nil. Any
+// error of fn, or a panic, rolls the transaction back; a failed rollback is joined to the
+// error. The error of a failed COMMIT is returned as it is: callers that must tell an unknown
+// outcome apart classify it.
+func Do[T Tx](ctx context.Context, begin func(context.Context) (T, error), fn func(T) error) (err error) {
+	tx, err := begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -34,6 +43,16 @@ func Run(ctx context.Context, db *sqldb.DB, fn func(*sqlx.Tx) error) (err error)
 	}
 	committed = true
 	return tx.Commit()
+}
+
+// Run runs fn in a transaction of db, as Do.
+func Run(ctx context.Context, db *sqldb.DB, fn func(*sqlx.Tx) error) error {
+	return Do(ctx, func(ctx context.Context) (*sqlx.Tx, error) { return db.BeginTxx(ctx, nil) }, fn)
+}
+
+// RunSQL runs fn in a transaction of a database/sql handle, as Do.
+func RunSQL(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	return Do(ctx, func(ctx context.Context) (*sql.Tx, error) { return db.BeginTx(ctx, nil) }, fn)
 }
 
 // Exec runs first (when not nil) and then stmts in one transaction on db, and commits. Any
