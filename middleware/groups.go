@@ -184,17 +184,39 @@ func (g *grouper) stopTimer(grp *group) {
 
 func (g *grouper) launch(groups []*group) {
 	for _, grp := range groups {
-		go g.run(grp.members)
+		go g.runner(grp)
 	}
 }
 
-// finished records the end of a group and starts what may start now.
-func (g *grouper) finished() {
-	g.mu.Lock()
-	g.running--
-	starts := g.startLocked()
-	g.mu.Unlock()
-	g.launch(starts)
+// runner runs grp, and then, one after the other, the groups that may start as each group
+// before has finished, as long as there are any: under load, a group's goroutine goes on with
+// the next group on a stack grown to the depth of the chain already, where a new goroutine
+// would start small and grow again. The other groups that may start get goroutines of their
+// own.
+func (g *grouper) runner(grp *group) {
+	for grp != nil {
+		grp = g.runThenNext(grp)
+	}
+}
+
+// runThenNext runs grp, records its end and returns the next group for this goroutine to run,
+// or nil. Should the goroutine end inside (runtime.Goexit in a processor), the groups that may
+// start go to goroutines of their own.
+func (g *grouper) runThenNext(grp *group) (next *group) {
+	returned := false
+	defer func() {
+		g.mu.Lock()
+		g.running--
+		starts := g.startLocked()
+		g.mu.Unlock()
+		if returned && len(starts) > 0 {
+			next, starts = starts[0], starts[1:]
+		}
+		g.launch(starts)
+	}()
+	g.run(grp.members)
+	returned = true
+	return nil
 }
 
 // leave takes m, which has left, out of the group it waits in if that has not started.
