@@ -574,5 +574,5 @@ func (r *groupRun) send(s *slot) {
 		res = memberResult{err: fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)}
 	}
 	s.m.res = res
-	close(s.m.done)
+	s.m.done <- struct{}{} // the group's last use of the member, which its goroutine recycles
 }

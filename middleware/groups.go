@@ -54,9 +54,16 @@ type member struct {
 	msg   *messagedata.MessageData
 	key   dedup.Key
 	state atomic.Int32
-	res   memberResult  // set once, before done is closed
-	done  chan struct{} // closed when res is set: the group never blocks on a member
+	res   memberResult // set once, before the value on done
+	// done receives one value once res is set; it has room for it, so that the group never
+	// blocks on a member.
+	done chan struct{}
 }
+
+// members recycles the members that have taken their result: a member and its channel would
+// be two allocations per message. A member that left its group is not recycled: the group may
+// still look at it, to find that it has left.
+var members = sync.Pool{New: func() any { return &member{done: make(chan struct{}, 1)} }}
 
 type memberResult struct {
 	err         error
@@ -68,24 +75,26 @@ func (m *member) claim() bool { return m.state.CompareAndSwap(memberWaiting, mem
 
 // process is the Processor of the chain: it runs in each delivery's goroutine.
 func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) error {
-	m := &member{ctx: ctx, msg: msg, done: make(chan struct{})}
+	var key dedup.Key
 	if g.store != nil {
 		if msg.ID == "" {
 			return processor.Permanent(messagedata.ErrNoMessageID)
 		}
-		m.key = dedup.Key{Handler: g.handler, MessageID: msg.ID}
+		key = dedup.Key{Handler: g.handler, MessageID: msg.ID}
 		if g.cfg.dedup.withTimestamp && !msg.Timestamp.IsZero() {
-			m.key.Timestamp = msg.Timestamp.UnixMicro()
+			key.Timestamp = msg.Timestamp.UnixMicro()
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("group commit: %w", err)
 	}
 
+	m := members.Get().(*member)
+	m.ctx, m.msg, m.key = ctx, msg, key
 	g.join(m)
 	select {
 	case <-m.done:
-		return m.settle(m.res)
+		return m.settle()
 	case <-ctx.Done():
 	}
 	if m.state.CompareAndSwap(memberWaiting, memberLeft) {
@@ -94,17 +103,22 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 	}
 	// The group has claimed the member: its result is on the way.
 	<-m.done
-	return m.settle(m.res)
+	return m.settle()
 }
 
-// settle returns the member's result in its own goroutine: it re-raises a panic of its chain,
-// and records the commit.
-func (m *member) settle(r memberResult) error {
+// settle returns the member's result, which it has received, in its own goroutine, and
+// recycles the member: the group is done with it. It re-raises a panic of its chain, and
+// records the commit.
+func (m *member) settle() error {
+	r, ctx := m.res, m.ctx
+	m.ctx, m.msg, m.key, m.res = nil, nil, dedup.Key{}, memberResult{}
+	m.state.Store(memberWaiting)
+	members.Put(m)
 	if r.panic != nil {
 		panic(r.panic)
 	}
 	if !r.committedAt.IsZero() {
-		delivery.MarkCommitted(m.ctx, r.committedAt)
+		delivery.MarkCommitted(ctx, r.committedAt)
 	}
 	return r.err
 }
