@@ -32,6 +32,9 @@ type grouper struct {
 	open    *group   // the group that members join; nil when there is none
 	ready   []*group // full, or done waiting, and waiting for a transaction
 	running int      // groups whose transactions run
+	// lastSize is the size of the group that started last: a new group's room for members,
+	// which grows by copying otherwise.
+	lastSize int
 }
 
 type group struct {
@@ -128,7 +131,7 @@ func (g *grouper) join(m *member) {
 	g.mu.Lock()
 	grp := g.open
 	if grp == nil {
-		grp = &group{waited: g.cfg.maxWait == 0}
+		grp = &group{waited: g.cfg.maxWait == 0, members: make([]*member, 0, max(g.lastSize, 1))}
 		g.open = grp
 	}
 	grp.members = append(grp.members, m)
@@ -162,8 +165,8 @@ func (g *grouper) expire(grp *group) {
 // startLocked takes the groups that may start now: ready ones first, then the open group when
 // it is done waiting, or when it has waited for a transaction to be free (its members came
 // while every transaction was busy). It counts them as running.
-func (g *grouper) startLocked() []*group {
-	var starts []*group
+func (g *grouper) startLocked() toStart {
+	var starts toStart
 	for g.running < g.cfg.concurrency {
 		var grp *group
 		switch {
@@ -178,7 +181,8 @@ func (g *grouper) startLocked() []*group {
 			return starts
 		}
 		g.running++
-		starts = append(starts, grp)
+		g.lastSize = len(grp.members)
+		starts.add(grp)
 	}
 	// Every transaction is busy: the open group collects until one is free, and starts then
 	// without waiting further.
@@ -196,8 +200,34 @@ func (g *grouper) stopTimer(grp *group) {
 	}
 }
 
-func (g *grouper) launch(groups []*group) {
-	for _, grp := range groups {
+// toStart is the groups that may start now: most often one or none, which takes no slice.
+type toStart struct {
+	first *group
+	more  []*group
+}
+
+func (s *toStart) add(grp *group) {
+	if s.first == nil {
+		s.first = grp
+		return
+	}
+	s.more = append(s.more, grp)
+}
+
+// take returns the first group and leaves the others.
+func (s *toStart) take() *group {
+	grp := s.first
+	if len(s.more) > 0 {
+		s.first, s.more = s.more[0], s.more[1:]
+	} else {
+		s.first = nil
+	}
+	return grp
+}
+
+// launch starts a goroutine for each group of s.
+func (g *grouper) launch(s toStart) {
+	for grp := s.take(); grp != nil; grp = s.take() {
 		go g.runner(grp)
 	}
 }
@@ -223,8 +253,8 @@ func (g *grouper) runThenNext(grp *group) (next *group) {
 		g.running--
 		starts := g.startLocked()
 		g.mu.Unlock()
-		if returned && len(starts) > 0 {
-			next, starts = starts[0], starts[1:]
+		if returned {
+			next = starts.take()
 		}
 		g.launch(starts)
 	}()
