@@ -137,8 +137,7 @@ func (c *consumer) handle(msg *message.Message) {
 		}
 	}()
 
-	st := &delivery.State{Handler: c.name, Received: time.Now()}
-	ctx := delivery.With(msg.Context(), st)
+	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
 	if c.ackOnReceipt {
 		msg.Ack()
 		redelivery.Settle(msg)
@@ -200,25 +199,38 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 	return n
 }
 
-// process runs the chain on md under the handler's isolation lock.
+// process runs the chain on md under the handler's isolation lock, which it releases once the
+// processing is over, before the settlement, which may wait out a redelivery delay.
 func (c *consumer) process(ctx context.Context, md *messagedata.MessageData, st *delivery.State) error {
-	unlock := c.isolate(ctx, md, st)
-	defer unlock()
+	switch c.isolate(ctx, md, st) {
+	case heldShared:
+		defer c.isolation.RUnlock()
+	case heldAlone:
+		defer c.isolation.Unlock()
+	}
 	return c.chain.Process(ctx, md)
 }
 
+// held is how a delivery holds the handler's isolation lock.
+type held int
+
+const (
+	heldNone   held = iota // the handler has no counter: no lock
+	heldShared             // the read lock, shared with the other deliveries
+	heldAlone              // the lock, alone
+)
+
 // isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
 // handler counts attempts, shared otherwise; none without a counter. A redelivery's attempt is
-// recorded once it holds the lock, before its processing begins. The returned function
-// releases the lock once the processing is over, before the settlement, which may wait out a
-// redelivery delay.
-func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) (unlock func()) {
+// recorded once it holds the lock, before its processing begins. It returns how it holds the
+// lock; a function to release it would be an allocation per delivery.
+func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) held {
 	switch {
 	case c.counter == nil:
-		return func() {}
+		return heldNone
 	case md.Delivery <= 1 || md.ID == "":
 		c.isolation.RLock()
-		return c.isolation.RUnlock
+		return heldShared
 	}
 	c.isolation.Lock()
 	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
@@ -227,7 +239,7 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 	} else {
 		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
 	}
-	return c.isolation.Unlock
+	return heldAlone
 }
 
 // settle acknowledges or rejects msg for outcome and records it: the settle span ("ack <topic>" or "nack <topic>"), the

@@ -21,7 +21,7 @@ import (
 // BenchmarkGroupCommit compares a transaction per message (Transaction + Deduplicate) with
 // group commit (GroupCommit) on each database: concurrency goroutines, standing for a handler's
 // subscriptions, each process one message after the other; the processor inserts one row
-// through the transaction. It reports msgs/s. "remote-call" adds 1 ms of waiting outside the
+// through the transaction. It reports msgs/s and the allocations per message. "remote-call" adds 1 ms of waiting outside the
 // database to every message, where per-message transactions run in parallel and a group's
 // members one after the other.
 //
@@ -80,6 +80,7 @@ func benchChain(b *testing.B, d testsvc.Database, concurrency int, remote time.D
 
 	var next atomic.Int64
 	var failures atomic.Int64
+	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup

@@ -47,8 +47,7 @@ type groupRun struct {
 
 // run runs the group of members and hands every member its result.
 func (g *grouper) run(members []*member) {
-	defer g.finished()
-	r := &groupRun{g: g}
+	r := &groupRun{g: g, slots: make([]slot, 0, len(members))}
 	for _, m := range members {
 		if m.claim() { // the others have left
 			r.slots = append(r.slots, slot{m: m})
@@ -121,7 +120,7 @@ const (
 // one, so that a failure rolls back alone.
 func (r *groupRun) settle(set []*slot, savepoints bool) {
 	for {
-		var pending []*slot
+		pending := make([]*slot, 0, len(set))
 		for _, s := range set {
 			if !s.final {
 				pending = append(pending, s)
@@ -235,10 +234,7 @@ func (r *groupRun) record(tx processor.Tx, set []*slot) (todo []*slot, refused b
 	for i, s := range set {
 		keys[i] = s.m.key
 	}
-	ends := make([]func(error), len(set))
-	for i, s := range set {
-		_, ends[i] = telemetry.Child(s.m.ctx, telemetry.SpanDedup)
-	}
+	ends := childSpans(set, telemetry.SpanDedup, 0)
 	fresh, err := r.recordKeys(tx, keys)
 	if errors.Is(err, dedup.ErrInvalidKey) {
 		fresh, err = r.recordOneByOne(tx, keys, set)
@@ -251,15 +247,29 @@ func (r *groupRun) record(tx processor.Tx, set []*slot) (todo []*slot, refused b
 	}
 
 	todo = make([]*slot, 0, len(set))
-	firsts := make(map[dedup.Key]*slot, len(set))
+	// A later copy of a message in set is never new (GroupStore.RecordMany): only when a member
+	// is not new may there be copies to find, by key.
+	var firsts map[dedup.Key]*slot
+	for i, s := range set {
+		if !s.final && !fresh[i].New() {
+			firsts = make(map[dedup.Key]*slot, len(set))
+			break
+		}
+	}
 	for i, s := range set {
 		if s.final { // an invalid key, refused already
 			continue
 		}
-		first, repeated := firsts[s.m.key]
+		var first *slot
+		repeated := false
+		if firsts != nil {
+			first, repeated = firsts[s.m.key]
+		}
 		switch {
 		case !repeated:
-			firsts[s.m.key] = s
+			if firsts != nil {
+				firsts[s.m.key] = s
+			}
 			if fresh[i].New() {
 				if err := r.g.cfg.dedup.checkRetention(s.m.ctx, s.m.msg, fresh[i], r.g.retention); err != nil {
 					s.finish(memberResult{err: err})
@@ -460,7 +470,7 @@ func transient(ctx context.Context, err error) bool {
 // sets the results. A commit that fails for a reason one of several members may have caused (a
 // deferred constraint) asks for the set to be run again in halves.
 func (r *groupRun) commit(tx processor.Tx, set []*slot) step {
-	var ok []*slot
+	ok := make([]*slot, 0, len(set))
 	for _, s := range set {
 		if s.ok {
 			ok = append(ok, s)
@@ -471,14 +481,7 @@ func (r *groupRun) commit(tx processor.Tx, set []*slot) step {
 		r.settleCopies(set)
 		return settled
 	}
-	ends := make([]func(error), len(ok))
-	for i, s := range ok {
-		var cctx context.Context
-		cctx, ends[i] = telemetry.Child(s.m.ctx, telemetry.SpanCommit)
-		if span := trace.SpanFromContext(cctx); span.IsRecording() {
-			span.SetAttributes(AttrGroupSize.Int(r.size))
-		}
-	}
+	ends := childSpans(ok, telemetry.SpanCommit, r.size)
 	err := tx.Commit()
 	for _, end := range ends {
 		end(err)
@@ -503,6 +506,27 @@ func (r *groupRun) commit(tx processor.Tx, set []*slot) step {
 	}
 	r.settleCopies(set)
 	return settled
+}
+
+// childSpans starts the child span name of each member of set whose delivery is traced, with
+// AttrGroupSize when groupSize is not 0, and returns the functions that end them. It returns
+// nil, allocating nothing, when no member is traced.
+func childSpans(set []*slot, name string, groupSize int) []func(error) {
+	var ends []func(error)
+	for i, s := range set {
+		if !trace.SpanFromContext(s.m.ctx).IsRecording() {
+			continue
+		}
+		if ends == nil {
+			ends = make([]func(error), 0, len(set)-i)
+		}
+		ctx, end := telemetry.Child(s.m.ctx, name)
+		if span := trace.SpanFromContext(ctx); groupSize != 0 && span.IsRecording() {
+			span.SetAttributes(AttrGroupSize.Int(groupSize))
+		}
+		ends = append(ends, end)
+	}
+	return ends
 }
 
 // commitError is the error of a failed COMMIT: one wrapping ErrCommitOutcomeUnknown when the
@@ -550,5 +574,5 @@ func (r *groupRun) send(s *slot) {
 		res = memberResult{err: fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)}
 	}
 	s.m.res = res
-	close(s.m.done)
+	s.m.done <- struct{}{} // the group's last use of the member, which its goroutine recycles
 }

@@ -32,6 +32,9 @@ type grouper struct {
 	open    *group   // the group that members join; nil when there is none
 	ready   []*group // full, or done waiting, and waiting for a transaction
 	running int      // groups whose transactions run
+	// lastSize is the size of the group that started last: a new group's room for members,
+	// which grows by copying otherwise.
+	lastSize int
 }
 
 type group struct {
@@ -54,9 +57,16 @@ type member struct {
 	msg   *messagedata.MessageData
 	key   dedup.Key
 	state atomic.Int32
-	res   memberResult  // set once, before done is closed
-	done  chan struct{} // closed when res is set: the group never blocks on a member
+	res   memberResult // set once, before the value on done
+	// done receives one value once res is set; it has room for it, so that the group never
+	// blocks on a member.
+	done chan struct{}
 }
+
+// members recycles the members that have taken their result: a member and its channel would
+// be two allocations per message. A member that left its group is not recycled: the group may
+// still look at it, to find that it has left.
+var members = sync.Pool{New: func() any { return &member{done: make(chan struct{}, 1)} }}
 
 type memberResult struct {
 	err         error
@@ -68,24 +78,26 @@ func (m *member) claim() bool { return m.state.CompareAndSwap(memberWaiting, mem
 
 // process is the Processor of the chain: it runs in each delivery's goroutine.
 func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) error {
-	m := &member{ctx: ctx, msg: msg, done: make(chan struct{})}
+	var key dedup.Key
 	if g.store != nil {
 		if msg.ID == "" {
 			return processor.Permanent(messagedata.ErrNoMessageID)
 		}
-		m.key = dedup.Key{Handler: g.handler, MessageID: msg.ID}
+		key = dedup.Key{Handler: g.handler, MessageID: msg.ID}
 		if g.cfg.dedup.withTimestamp && !msg.Timestamp.IsZero() {
-			m.key.Timestamp = msg.Timestamp.UnixMicro()
+			key.Timestamp = msg.Timestamp.UnixMicro()
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("group commit: %w", err)
 	}
 
+	m := members.Get().(*member)
+	m.ctx, m.msg, m.key = ctx, msg, key
 	g.join(m)
 	select {
 	case <-m.done:
-		return m.settle(m.res)
+		return m.settle()
 	case <-ctx.Done():
 	}
 	if m.state.CompareAndSwap(memberWaiting, memberLeft) {
@@ -94,17 +106,22 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 	}
 	// The group has claimed the member: its result is on the way.
 	<-m.done
-	return m.settle(m.res)
+	return m.settle()
 }
 
-// settle returns the member's result in its own goroutine: it re-raises a panic of its chain,
-// and records the commit.
-func (m *member) settle(r memberResult) error {
+// settle returns the member's result, which it has received, in its own goroutine, and
+// recycles the member: the group is done with it. It re-raises a panic of its chain, and
+// records the commit.
+func (m *member) settle() error {
+	r, ctx := m.res, m.ctx
+	m.ctx, m.msg, m.key, m.res = nil, nil, dedup.Key{}, memberResult{}
+	m.state.Store(memberWaiting)
+	members.Put(m)
 	if r.panic != nil {
 		panic(r.panic)
 	}
 	if !r.committedAt.IsZero() {
-		delivery.MarkCommitted(m.ctx, r.committedAt)
+		delivery.MarkCommitted(ctx, r.committedAt)
 	}
 	return r.err
 }
@@ -114,7 +131,7 @@ func (g *grouper) join(m *member) {
 	g.mu.Lock()
 	grp := g.open
 	if grp == nil {
-		grp = &group{waited: g.cfg.maxWait == 0}
+		grp = &group{waited: g.cfg.maxWait == 0, members: make([]*member, 0, max(g.lastSize, 1))}
 		g.open = grp
 	}
 	grp.members = append(grp.members, m)
@@ -148,8 +165,8 @@ func (g *grouper) expire(grp *group) {
 // startLocked takes the groups that may start now: ready ones first, then the open group when
 // it is done waiting, or when it has waited for a transaction to be free (its members came
 // while every transaction was busy). It counts them as running.
-func (g *grouper) startLocked() []*group {
-	var starts []*group
+func (g *grouper) startLocked() toStart {
+	var starts toStart
 	for g.running < g.cfg.concurrency {
 		var grp *group
 		switch {
@@ -164,7 +181,8 @@ func (g *grouper) startLocked() []*group {
 			return starts
 		}
 		g.running++
-		starts = append(starts, grp)
+		g.lastSize = len(grp.members)
+		starts.add(grp)
 	}
 	// Every transaction is busy: the open group collects until one is free, and starts then
 	// without waiting further.
@@ -182,19 +200,67 @@ func (g *grouper) stopTimer(grp *group) {
 	}
 }
 
-func (g *grouper) launch(groups []*group) {
-	for _, grp := range groups {
-		go g.run(grp.members)
+// toStart is the groups that may start now: most often one or none, which takes no slice.
+type toStart struct {
+	first *group
+	more  []*group
+}
+
+func (s *toStart) add(grp *group) {
+	if s.first == nil {
+		s.first = grp
+		return
+	}
+	s.more = append(s.more, grp)
+}
+
+// take returns the first group and leaves the others.
+func (s *toStart) take() *group {
+	grp := s.first
+	if len(s.more) > 0 {
+		s.first, s.more = s.more[0], s.more[1:]
+	} else {
+		s.first = nil
+	}
+	return grp
+}
+
+// launch starts a goroutine for each group of s.
+func (g *grouper) launch(s toStart) {
+	for grp := s.take(); grp != nil; grp = s.take() {
+		go g.runner(grp)
 	}
 }
 
-// finished records the end of a group and starts what may start now.
-func (g *grouper) finished() {
-	g.mu.Lock()
-	g.running--
-	starts := g.startLocked()
-	g.mu.Unlock()
-	g.launch(starts)
+// runner runs grp, and then, one after the other, the groups that may start as each group
+// before has finished, as long as there are any: under load, a group's goroutine goes on with
+// the next group on a stack grown to the depth of the chain already, where a new goroutine
+// would start small and grow again. The other groups that may start get goroutines of their
+// own.
+func (g *grouper) runner(grp *group) {
+	for grp != nil {
+		grp = g.runThenNext(grp)
+	}
+}
+
+// runThenNext runs grp, records its end and returns the next group for this goroutine to run,
+// or nil. Should the goroutine end inside (runtime.Goexit in a processor), the groups that may
+// start go to goroutines of their own.
+func (g *grouper) runThenNext(grp *group) (next *group) {
+	returned := false
+	defer func() {
+		g.mu.Lock()
+		g.running--
+		starts := g.startLocked()
+		g.mu.Unlock()
+		if returned {
+			next = starts.take()
+		}
+		g.launch(starts)
+	}()
+	g.run(grp.members)
+	returned = true
+	return nil
 }
 
 // leave takes m, which has left, out of the group it waits in if that has not started.

@@ -37,6 +37,28 @@ type key struct{}
 // With returns a context carrying st.
 func With(ctx context.Context, st *State) context.Context { return context.WithValue(ctx, key{}, st) }
 
+// Start returns a context carrying a new State of a delivery to handler received at received,
+// and that State: one allocation for both, where With takes two.
+func Start(ctx context.Context, handler string, received time.Time) (context.Context, *State) {
+	c := &stateContext{Context: ctx, st: State{Handler: handler, Received: received}}
+	return c, &c.st
+}
+
+// stateContext is a context carrying a State, which it holds itself. The context package treats
+// it as its parent (Deadline, Done, Err and every other value are the parent's): a context
+// derived from it with a cancel registers with the parent's, as it would through WithValue.
+type stateContext struct {
+	context.Context
+	st State
+}
+
+func (c *stateContext) Value(k any) any {
+	if k == (key{}) {
+		return &c.st
+	}
+	return c.Context.Value(k)
+}
+
 // From returns the State in ctx, or nil.
 func From(ctx context.Context) *State {
 	st, _ := ctx.Value(key{}).(*State)
