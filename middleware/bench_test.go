@@ -110,8 +110,8 @@ var settlement = telemetry.NewSettlement("orders")
 // runAsRouter processes msg through p the way the router does: with a delivery state, then the
 // ack span and the end of the consumer span that Tracing leaves open.
 func runAsRouter(b *testing.B, p processor.Processor, msg *messagedata.MessageData) {
-	ctx, st := delivery.Start(context.Background(), "bench", time.Now())
-	err := p.Process(ctx, msg)
+	st := &delivery.State{Handler: "bench", Received: time.Now()}
+	err := p.Process(delivery.With(context.Background(), st), msg)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,12 +3,9 @@ package middleware_test
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -125,67 +122,6 @@ func TestTracing_WithoutRecordingSpanOnlyStartsAndEnds(t *testing.T) {
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(200, func() { _ = p.Process(ctx, m) })
 	require.LessOrEqual(t, allocs, 1.0)
-}
-
-// The tests below run with the global providers as a process starts: no test of this package
-// installs an SDK with otel.SetTracerProvider.
-
-func TestTracing_GlobalProviderWithoutSDKStartsNoSpanAndAllocatesNothing(t *testing.T) {
-	p := middleware.Tracing("h")(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
-	m := tracedMsg("a")
-	ctx := context.Background()
-	allocs := testing.AllocsPerRun(200, func() { _ = p.Process(ctx, m) })
-	require.Zero(t, allocs)
-}
-
-func TestTracing_GlobalProviderWithoutSDKLeavesTheProducersSpanContextToTheChain(t *testing.T) {
-	var inside trace.Span
-	p := middleware.Tracing("h", middleware.WithPropagator(propagation.TraceContext{}))(
-		processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
-			inside = trace.SpanFromContext(ctx)
-			return nil
-		}))
-	require.NoError(t, p.Process(context.Background(), tracedMsg("a")))
-	require.False(t, inside.IsRecording())
-	require.Equal(t, "0af7651916cd43dd8448eb211c80319c", inside.SpanContext().TraceID().String())
-	require.Equal(t, "b7ad6b7169203331", inside.SpanContext().SpanID().String())
-}
-
-func TestTracing_GlobalProviderWithoutSDKStillStartsItsSpanUnderARecordingOne(t *testing.T) {
-	// A recording span in the context, from a provider the application passed elsewhere: the
-	// global provider's span takes its place in the chain, as it always has.
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
-	ctx, parent := tp.Tracer("app").Start(context.Background(), "app")
-	defer parent.End()
-	var inside trace.Span
-	p := middleware.Tracing("h")(processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
-		inside = trace.SpanFromContext(ctx)
-		return nil
-	}))
-	require.NoError(t, p.Process(ctx, msg("a")))
-	require.False(t, inside.IsRecording())
-	require.Equal(t, parent.SpanContext(), inside.SpanContext())
-}
-
-// TestTracing_SDKInstalledAfterTheMiddlewareRecords installs an SDK as the global provider,
-// which cannot be undone, in a process of its own: the test binary runs itself again.
-func TestTracing_SDKInstalledAfterTheMiddlewareRecords(t *testing.T) {
-	if os.Getenv("ONCEFLOW_TEST_GLOBAL_SDK") == "1" {
-		p := middleware.Tracing("h")(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
-		require.NoError(t, p.Process(context.Background(), msg("before")))
-		spans := tracetest.NewSpanRecorder()
-		otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
-		require.NoError(t, p.Process(context.Background(), msg("after")))
-		require.Len(t, spans.Ended(), 1)
-		require.Equal(t, "process "+msg("after").Topic, spans.Ended()[0].Name())
-		require.Equal(t, "after", spanAttrs(spans.Ended()[0])["messaging.message.id"].AsString())
-		return
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestTracing_SDKInstalledAfterTheMiddlewareRecords$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "ONCEFLOW_TEST_GLOBAL_SDK=1")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	require.Contains(t, string(out), "--- PASS: TestTracing_SDKInstalledAfterTheMiddlewareRecords")
 }
 
 func TestMetrics_CountsEachDeliveryOnceByOutcome(t *testing.T) {

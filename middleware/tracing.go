@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"reflect"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
@@ -121,10 +120,7 @@ func WithConsumerGroup(group string) MessagingOption {
 // The attributes that are the same for all messages of a topic (system, destination,
 // operation, consumer group, handler) are given at span start, so samplers see them, from
 // options built once per topic; the others are set when the chain returns, and only when the
-// span is recording: with no SDK installed, or a sampled-out trace, nothing is built. With the
-// global provider and no SDK installed behind it yet, no consumer span is started at all (it
-// would record nothing and carry the producer's span context, which the chain sees either way),
-// unless the context holds a recording span already.
+// span is recording: with no SDK installed, or a sampled-out trace, nothing is built.
 func Tracing(handler string, opts ...TracingOption) Middleware {
 	cfg := tracingConfig{messaging: messagingConfig{system: DefaultMessagingSystem}}
 	for _, o := range opts {
@@ -136,11 +132,6 @@ func Tracing(handler string, opts ...TracingOption) Middleware {
 			provider = otel.GetTracerProvider()
 		}
 		tracer := telemetry.Tracer(provider)
-		// Until an SDK is installed, the global provider's spans record nothing and carry their
-		// parent's span context: starting one for a message whose context holds no recording span
-		// would change nothing but cost three allocations. (An eBPF auto-instrumentation agent,
-		// which hooks the global provider's span start, sees no consumer span then.)
-		global := cfg.provider == nil && isGlobalDefault(provider)
 		// The attributes that are the same for every message of a topic are given at span
 		// start, where samplers see them, in options built once per topic.
 		static := append(cfg.messaging.attrs(),
@@ -159,9 +150,6 @@ func Tracing(handler string, opts ...TracingOption) Middleware {
 				ctx = telemetry.WithPropagator(ctx, prop)
 			}
 			ctx = prop.Extract(ctx, telemetry.HeaderCarrier(msg.Headers))
-			if global && otel.GetTracerProvider() == provider && !trace.SpanFromContext(ctx).IsRecording() {
-				return next.Process(ctx, msg) // no SDK yet: otel.SetTracerProvider replaces the global provider
-			}
 			start := starts.get(msg.Topic)
 			ctx, span := tracer.Start(ctx, start.name, start.opts...)
 			err := next.Process(ctx, msg)
@@ -179,15 +167,6 @@ func Tracing(handler string, opts ...TracingOption) Middleware {
 			return err
 		})
 	}
-}
-
-// isGlobalDefault reports whether tp is the provider that otel.GetTracerProvider returns
-// before otel.SetTracerProvider installs one, which OpenTelemetry does not export. Its spans
-// are non-recording copies of their parent's span context until an SDK is installed behind it.
-func isGlobalDefault(tp trace.TracerProvider) bool {
-	t := reflect.TypeOf(tp)
-	return t != nil && t.Kind() == reflect.Pointer &&
-		t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global" && t.Elem().Name() == "tracerProvider"
 }
 
 // setAttributes sets the attributes of the consumer span that vary by message, in one call.
