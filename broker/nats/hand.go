@@ -28,6 +28,8 @@ type hand struct {
 	// closed is closed when the hand is given back; links is closed when watchLinks returns.
 	closed chan struct{}
 	links  chan struct{}
+	// expired is signalled (not counted) when expire has ended deliveries.
+	expired chan struct{}
 
 	mu         sync.Mutex
 	head, tail *delivery // by deadline, earliest first
@@ -37,7 +39,13 @@ type hand struct {
 }
 
 func newHand(sub *subscription) *hand {
-	h := &hand{sub: sub, base: context.WithoutCancel(sub.ctx), closed: make(chan struct{}), links: make(chan struct{})}
+	h := &hand{
+		sub:     sub,
+		base:    context.WithoutCancel(sub.ctx),
+		closed:  make(chan struct{}),
+		links:   make(chan struct{}),
+		expired: make(chan struct{}, 1),
+	}
 	h.stopWatch = context.AfterFunc(sub.ctx, h.stop)
 	go h.watchLinks()
 	return h
@@ -71,6 +79,29 @@ func (h *hand) add(d *delivery, ackWait time.Duration) {
 		h.arm(d.deadline)
 	}
 	h.mu.Unlock()
+}
+
+// handOut hands d to the consumer, unless the delivery ends first: its AckWait passes, its
+// connection is lost or the subscription ends. (It waits on what ends deliveries rather than
+// on d's context, whose Done channel would cost an allocation per delivery.)
+func (h *hand) handOut(d *delivery) {
+	for {
+		select {
+		case h.sub.out <- d.msg:
+			return
+		case <-d.link.lost:
+			return
+		case <-h.sub.ctx.Done():
+			return
+		case <-h.expired:
+			h.mu.Lock()
+			held := d.held
+			h.mu.Unlock()
+			if !held {
+				return
+			}
+		}
+	}
 }
 
 // settled settles d as the consumer acked or nacked it, unless the delivery has ended. Once the
@@ -109,6 +140,12 @@ func (h *hand) expire() {
 	for _, d := range due {
 		d.end(ErrAckWaitPassed)
 		d.release()
+	}
+	if len(due) > 0 {
+		select {
+		case h.expired <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package nats
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -224,15 +225,20 @@ func (sub *subscription) handOut(m *nats.Msg, link *link) bool {
 	count, ok := numDelivered(m.Reply)
 	if !ok {
 		// Not a JetStream delivery: it cannot be acknowledged.
-		sub.logger.Error("Dropping a message without JetStream metadata", nil, watermill.LogFields{"subject": m.Subject, "reply": m.Reply})
+		err := fmt.Errorf("reply subject %q is not a JetStream ack subject", m.Reply)
+		sub.logger.Error("Dropping a message without JetStream metadata", err, watermill.LogFields{"subject": m.Subject})
 		return false
 	}
 	d := sub.newDelivery(m, count, link)
+	if sub.hand != nil {
+		sub.hand.handOut(d)
+		return true
+	}
 	select {
 	case sub.out <- d.msg:
 	case <-d.ctx.Done():
 		// Its AckWait passed, its connection was lost or the subscription ended before the
-		// consumer took it: the delivery's watcher, or the hand, has dealt with it.
+		// consumer took it: the delivery's watcher has dealt with it.
 	}
 	return true
 }
