@@ -182,6 +182,10 @@ func TestDirectSettle_LostConnectionEndsTheUnsettledDeliveriesAndLeavesThemToThe
 		requireCause(t, m, natsbroker.ErrConnectionLost, within)
 		ack(m) // the delivery has ended: ignored
 	}
+	// The ack freed a place, so a pull request may have waited at the server when the
+	// connection went: the server keeps it until it expires, and would give it (nobody
+	// listens) the next message until AckWait. Reconnect once it is gone.
+	require.Eventually(t, func() bool { return f.consumerInfo().NumWaiting == 0 }, within, 20*time.Millisecond)
 	restart(t, p)
 
 	// The server delivers the four lost deliveries again after AckWait, and the new messages.
