@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
@@ -24,42 +25,52 @@ const benchMessages = 2000
 // with this package's subscriber, and with watermill-nats's push subscriber configured as
 // package broker configured it before (one delivery at a time, synchronous acks). Each
 // message is handled in a goroutine of its own, as watermill's router does, by a handler that
-// takes no time or 1 ms (a database commit). It reports msgs/s for each: compare the two of
-// one run (the machine is shared; the ratio is what holds).
+// takes no time or 1 ms (a database commit); "onceflow-direct" is this package's subscriber
+// with a consumer that settles each message itself (redelivery.Settle after each ack), as
+// onceflow's router does. It reports msgs/s for each, and the process's allocations and µs of
+// CPU per message while consuming: compare the subscribers of one run (the machine is shared;
+// the ratio is what holds).
 //
 //	CI=true go test -run '^$' -bench BenchmarkSubscriber_ ./broker/nats/
 func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 	rawURL := testsvc.NATSURL(b)
+	onceflow := func(b *testing.B, group string) message.Subscriber {
+		s, err := natsbroker.NewSubscriber(natsbroker.Config{URL: rawURL, ConsumerGroup: group})
+		require.NoError(b, err)
+		return s
+	}
 	subscribers := []struct {
-		name string
-		new  func(b *testing.B, group string) message.Subscriber
+		name   string
+		new    func(b *testing.B, group string) message.Subscriber
+		direct bool // the consumer settles each message itself, as onceflow's router does
 	}{
-		{"onceflow", func(b *testing.B, group string) message.Subscriber {
-			s, err := natsbroker.NewSubscriber(natsbroker.Config{URL: rawURL, ConsumerGroup: group})
-			require.NoError(b, err)
-			return s
-		}},
+		{"onceflow", onceflow, false},
+		{"onceflow-direct", onceflow, true},
 		{"watermill-nats", func(b *testing.B, group string) message.Subscriber {
 			return watermillNATSSubscriber(b, rawURL, group)
-		}},
+		}, false},
 	}
 	for _, work := range []time.Duration{0, time.Millisecond} {
 		for _, sc := range subscribers {
 			b.Run(fmt.Sprintf("handler=%s/%s", work, sc.name), func(b *testing.B) {
 				var elapsed time.Duration
+				var cost testsvc.Cost
 				for range b.N {
 					topic := testsvc.UniqueName("bench")
 					group := testsvc.UniqueName("g")
 					publishBench(b, rawURL, topic, benchMessages)
 					sub := sc.new(b, group)
 					start := time.Now()
-					consumeBench(b, sub, topic, benchMessages, work)
+					cost.Start()
+					consumeBench(b, sub, topic, benchMessages, work, sc.direct)
+					cost.Stop()
 					elapsed += time.Since(start)
 					require.NoError(b, sub.Close())
 					testsvc.RemoveTopics(b, rawURL, nil, topic)
 				}
 				b.ReportMetric(0, "ns/op")
 				b.ReportMetric(float64(benchMessages*b.N)/elapsed.Seconds(), "msgs/s")
+				cost.Report(b, benchMessages*b.N)
 			})
 		}
 	}
@@ -90,11 +101,15 @@ func publishBench(b *testing.B, rawURL, topic string, n int) {
 }
 
 // consumeBench subscribes sub to topic and acks n distinct messages, each in a goroutine of
-// its own after work.
-func consumeBench(b *testing.B, sub message.Subscriber, topic string, n int, work time.Duration) {
+// its own after work; direct subscribes with redelivery.WithDirectSettle and settles each
+// message right after its ack.
+func consumeBench(b *testing.B, sub message.Subscriber, topic string, n int, work time.Duration, direct bool) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	if direct {
+		ctx = redelivery.WithDirectSettle(ctx)
+	}
 	ch, err := sub.Subscribe(ctx, topic)
 	require.NoError(b, err)
 	acked := make(chan string, n)
@@ -108,6 +123,7 @@ func consumeBench(b *testing.B, sub message.Subscriber, topic string, n int, wor
 					time.Sleep(work)
 				}
 				m.Ack()
+				redelivery.Settle(m)
 				acked <- m.UUID
 			}()
 		case id := <-acked:

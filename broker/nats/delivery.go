@@ -2,7 +2,6 @@ package nats
 
 import (
 	"context"
-	"math"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,8 +11,9 @@ import (
 	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
-// delivery is one message handed out, from its receipt until it is settled or ends. Its
-// watcher is the only one to send the message's ack or nack, once.
+// delivery is one message handed out, from its receipt until it is settled or ends. Only one
+// party sends the message's ack or nack, once: the delivery's watcher, or, for a consumer that
+// settles each message itself, the subscription's hand.
 type delivery struct {
 	sub    *subscription
 	jm     *nats.Msg
@@ -21,19 +21,43 @@ type delivery struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	link   *link
+
+	// Under sub.hand.mu, for a consumer that settles each message itself: the delivery is in
+	// the hand (held), between prev and next, until it leaves it; and it ends unsettled at
+	// deadline.
+	held       bool
+	prev, next *delivery
+	deadline   time.Time
 }
 
-// newDelivery makes the watermill message of jm and starts the watcher of its delivery: the
-// delivery takes one place of the window until it ends.
-func (sub *subscription) newDelivery(jm *nats.Msg, meta *nats.MsgMetadata, link *link) *delivery {
+// newDelivery makes the watermill message of jm, the count-th delivery of its message, and
+// keeps track of the delivery: in the subscription's hand when the consumer settles each
+// message itself, else with a watcher of its own. The delivery takes one place of the window
+// until it ends.
+func (sub *subscription) newDelivery(jm *nats.Msg, count int, link *link) *delivery {
 	msg := Unmarshal(jm)
-	ctx, cancel := context.WithCancelCause(sub.ctx)
-	count := int(min(meta.NumDelivered, math.MaxInt32))
-	msg.SetContext(redelivery.NewContext(ctx, redelivery.Info{Count: count, DelaysNacks: true}))
-	d := &delivery{sub: sub, jm: jm, msg: msg, ctx: ctx, cancel: cancel, link: link}
+	d := &delivery{sub: sub, jm: jm, msg: msg, link: link}
+	info := redelivery.Info{Count: count, DelaysNacks: true}
 	sub.s.deliveries.Add(1)
-	go d.watch(sub.ackWait)
+	if sub.hand == nil {
+		d.ctx, d.cancel = context.WithCancelCause(sub.ctx)
+		msg.SetContext(redelivery.NewContext(d.ctx, info))
+		go d.watch(sub.ackWait)
+		return d
+	}
+	d.ctx, d.cancel = context.WithCancelCause(sub.hand.base)
+	msg.SetContext(redelivery.NewSettleContext(redelivery.NewContext(d.ctx, info), d.settled))
+	sub.hand.add(d, sub.ackWait)
 	return d
+}
+
+// settled is the delivery's function for redelivery.Settle.
+func (d *delivery) settled() { d.sub.hand.settled(d) }
+
+// release gives the delivery's place of the window back, once it has ended.
+func (d *delivery) release() {
+	d.sub.win.give(1)
+	d.sub.s.deliveries.Done()
 }
 
 // watch waits for the delivery to be settled or to end, and tells the server what it must
@@ -43,8 +67,7 @@ func (sub *subscription) newDelivery(jm *nats.Msg, meta *nats.MsgMetadata, link 
 // message a second time while another consumer holds it. The context is cancelled in every
 // case.
 func (d *delivery) watch(ackWait time.Duration) {
-	defer d.sub.s.deliveries.Done()
-	defer d.sub.win.give(1)
+	defer d.release()
 	// JetStream's AckWait runs from the delivery, which is a little earlier than this.
 	deadline := time.NewTimer(ackWait)
 	defer deadline.Stop()
@@ -62,12 +85,7 @@ func (d *delivery) watch(ackWait time.Duration) {
 		// just before; once the subscription's pull request is withdrawn, or the message
 		// would go straight back to it.
 		<-d.sub.withdrawn
-		select {
-		case <-d.msg.Acked():
-			d.ack()
-		case <-d.msg.Nacked():
-			d.nak()
-		default:
+		if !d.settle() {
 			d.report("give back", d.jm.Nak())
 		}
 	}
@@ -85,8 +103,27 @@ func (d *delivery) end(cause error) {
 	}
 }
 
-// ack acknowledges the message, asynchronously.
-func (d *delivery) ack() { d.report("ack", d.jm.Ack()) }
+// settle sends the ack or the nack that the consumer gave, and reports false when it gave
+// neither.
+func (d *delivery) settle() bool {
+	select {
+	case <-d.msg.Acked():
+		d.ack()
+	case <-d.msg.Nacked():
+		d.nak()
+	default:
+		return false
+	}
+	return true
+}
+
+// ackBody is the body of an acknowledgement, on the delivery's reply subject.
+var ackBody = []byte("+ACK")
+
+// ack acknowledges the message, asynchronously: nats.go writes it out with the acks given
+// around it, in one flush. (nats.Msg.Ack costs an allocation and a lock per ack for options
+// and checks that the subscriber does not need: it acks each delivery once.)
+func (d *delivery) ack() { d.report("ack", d.sub.s.nc.Publish(d.jm.Reply, ackBody)) }
 
 // nak asks the server to deliver the message again after the delay that the nack requested,
 // or Config.NackDelay.

@@ -42,6 +42,11 @@
 //     unsettled at once (a nak), for another consumer of the group to take.
 //   - A consumer that dies leaves its deliveries to the others after AckWait.
 //
+// Each delivery has a watcher that waits for its ack, nack or end, unless the consumer settles
+// each message itself (redelivery.WithDirectSettle, as onceflow's router does): then the
+// subscription learns of each ack or nack from redelivery.Settle, in the consumer's goroutine,
+// and one timer per subscription ends the deliveries whose AckWait passes.
+//
 // The connection reconnects by itself, for ever; the subscriptions go on when it is back.
 //
 // # NATS server 2.9

@@ -26,6 +26,29 @@ type fixture struct {
 	topic string
 	group string
 	pub   message.Publisher
+	// direct makes the fixture's subscriptions those of a consumer that settles each message
+	// itself (redelivery.WithDirectSettle), through settler.
+	direct  bool
+	settler testsvc.Settler
+}
+
+// inBothModes runs test twice, in parallel, each with a fixture of its own: as a consumer that
+// only acks and nacks (the subscriber watches every message), and as one that also tells the
+// subscriber of each ack and nack itself (redelivery.Settle), as onceflow's router does.
+func inBothModes(t *testing.T, test func(t *testing.T, f *fixture)) {
+	t.Helper()
+	for _, direct := range []bool{false, true} {
+		name := "watched"
+		if direct {
+			name = "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			f.direct = direct
+			test(t, f)
+		})
+	}
 }
 
 // setup returns a fixture with a topic and a group of the test's own; the topic's stream (and
@@ -65,9 +88,21 @@ func (f *fixture) subscriber(cfg natsbroker.Config) *natsbroker.Subscriber {
 // subscribe subscribes s to the fixture's topic until the test ends.
 func (f *fixture) subscribe(s *natsbroker.Subscriber) <-chan *message.Message {
 	f.t.Helper()
-	ch, err := s.Subscribe(context.Background(), f.topic)
+	ch, err := f.subscribeWith(context.Background(), s)
 	require.NoError(f.t, err)
 	return ch
+}
+
+// subscribeWith subscribes s to the fixture's topic with ctx, in the fixture's mode.
+func (f *fixture) subscribeWith(ctx context.Context, s *natsbroker.Subscriber) (<-chan *message.Message, error) {
+	if !f.direct {
+		return s.Subscribe(ctx, f.topic)
+	}
+	ch, err := s.Subscribe(redelivery.WithDirectSettle(ctx), f.topic)
+	if err != nil {
+		return nil, err
+	}
+	return f.settler.Settling(f.t, ch), nil
 }
 
 // message returns the i-th test message of the fixture.

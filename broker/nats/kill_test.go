@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // Environment of the consumer process of TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery.
@@ -21,6 +22,9 @@ const (
 	childURLEnv   = "ONCEFLOW_NATS_TEST_CHILD_URL"
 	childTopicEnv = "ONCEFLOW_NATS_TEST_CHILD_TOPIC"
 	childGroupEnv = "ONCEFLOW_NATS_TEST_CHILD_GROUP"
+	// childDirectEnv, when set, makes the child subscribe as a consumer that settles each
+	// message itself (redelivery.WithDirectSettle).
+	childDirectEnv = "ONCEFLOW_NATS_TEST_CHILD_DIRECT"
 )
 
 // killAckWait is the AckWait of the killed consumer and of the one after it.
@@ -36,7 +40,11 @@ func TestKilledConsumer_Child(t *testing.T) {
 	}
 	s, err := natsbroker.NewSubscriber(natsbroker.Config{URL: rawURL, ConsumerGroup: os.Getenv(childGroupEnv), AckWait: killAckWait})
 	require.NoError(t, err)
-	ch, err := s.Subscribe(context.Background(), os.Getenv(childTopicEnv))
+	ctx := context.Background()
+	if os.Getenv(childDirectEnv) != "" {
+		ctx = redelivery.WithDirectSettle(ctx)
+	}
+	ch, err := s.Subscribe(ctx, os.Getenv(childTopicEnv))
 	require.NoError(t, err)
 	m := receive(t, ch, within)
 	fmt.Printf("HOLDING %s %d\n", m.UUID, info(t, m).Count)
@@ -48,17 +56,18 @@ func TestKilledConsumer_Child(t *testing.T) {
 // that crashes its consumers reaches the delivery limit.
 func TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	id := f.publish(0, 1)[0]
-	for want := 1; want <= 2; want++ {
-		got := holdInAChildAndKillIt(t, f)
-		require.Equal(t, fmt.Sprintf("%s %d", id, want), got, "message and delivery count of killed consumer %d", want)
-	}
-	ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: killAckWait}))
-	m := receive(t, ch, within)
-	require.Equal(t, id, m.UUID)
-	require.Equal(t, 3, info(t, m).Count)
-	m.Ack()
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		id := f.publish(0, 1)[0]
+		for want := 1; want <= 2; want++ {
+			got := holdInAChildAndKillIt(t, f)
+			require.Equal(t, fmt.Sprintf("%s %d", id, want), got, "message and delivery count of killed consumer %d", want)
+		}
+		ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: killAckWait}))
+		m := receive(t, ch, within)
+		require.Equal(t, id, m.UUID)
+		require.Equal(t, 3, info(t, m).Count)
+		m.Ack()
+	})
 }
 
 // holdInAChildAndKillIt starts a consumer process of the fixture's group, waits for it to hold
@@ -67,6 +76,9 @@ func holdInAChildAndKillIt(t *testing.T, f *fixture) string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
 	cmd.Env = append(os.Environ(), childURLEnv+"="+f.url, childTopicEnv+"="+f.topic, childGroupEnv+"="+f.group)
+	if f.direct {
+		cmd.Env = append(cmd.Env, childDirectEnv+"=1")
+	}
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

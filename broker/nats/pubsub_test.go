@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker"
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
@@ -35,8 +36,24 @@ import (
 //     with other tests and is not restarted. TestSubscriber_LostConnectionEndsTheDeliveriesInFlightAndTheSubscriptionGoesOn
 //     cuts the connection through a proxy instead.
 //   - ContextPreserved is false: a message's context is not carried over the wire.
+//
+// The suite runs twice: with a consumer that only acks and nacks, and with one that also tells
+// the subscriber of each ack and nack (redelivery.WithDirectSettle, see testsvc.Settler).
 func TestPubSub(t *testing.T) {
 	t.Parallel()
+	for _, direct := range []bool{false, true} {
+		name := "watched"
+		if direct {
+			name = "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testPubSub(t, direct)
+		})
+	}
+}
+
+func testPubSub(t *testing.T, direct bool) {
 	rawURL := testsvc.NATSURL(t)
 	var mu sync.Mutex
 	topics := map[string]bool{}
@@ -59,7 +76,7 @@ func TestPubSub(t *testing.T) {
 		s, err := natsbroker.NewSubscriber(natsbroker.Config{URL: rawURL, ConsumerGroup: group})
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, s.Close()) })
-		return recordingPublisher{b.Publisher(), record}, recordingSubscriber{s, record}
+		return recordingPublisher{b.Publisher(), record}, &recordingSubscriber{Subscriber: s, record: record, direct: direct, t: t}
 	}
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups:                   true,
@@ -84,12 +101,31 @@ func (p recordingPublisher) Publish(topic string, msgs ...*message.Message) erro
 	return p.Publisher.Publish(topic, msgs...)
 }
 
+// recordingSubscriber subscribes as a consumer that settles each message itself when direct
+// is set (see testsvc.Settler).
 type recordingSubscriber struct {
 	*natsbroker.Subscriber
-	record func(topic string)
+	record  func(topic string)
+	direct  bool
+	t       *testing.T
+	settler testsvc.Settler
 }
 
-func (s recordingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *recordingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.record(topic)
-	return s.Subscriber.Subscribe(ctx, topic)
+	if !s.direct {
+		return s.Subscriber.Subscribe(ctx, topic)
+	}
+	ch, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
+	if err != nil {
+		return nil, err
+	}
+	return s.settler.Settling(s.t, ch), nil
+}
+
+// Close closes the Subscriber and returns once the channels of its subscriptions are closed.
+func (s *recordingSubscriber) Close() error {
+	err := s.Subscriber.Close()
+	s.settler.Wait()
+	return err
 }

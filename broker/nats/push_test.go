@@ -56,45 +56,46 @@ func (f *fixture) consumerInfo() *jetstream.ConsumerInfo {
 
 func TestSubscriber_ReplacesTheGroupsPushConsumerAfterItsAckFloor(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	ids := f.publish(0, 5)
-	nc, deliver := f.pushConsumer()
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		ids := f.publish(0, 5)
+		nc, deliver := f.pushConsumer()
 
-	// The earlier subscriber acknowledged the first two messages, held the third, and went
-	// away.
-	old, err := nc.QueueSubscribeSync(deliver, natsbroker.ConsumerName(f.group, f.topic))
-	require.NoError(t, err)
-	for i := range 3 {
-		m, err := old.NextMsg(within)
+		// The earlier subscriber acknowledged the first two messages, held the third, and went
+		// away.
+		old, err := nc.QueueSubscribeSync(deliver, natsbroker.ConsumerName(f.group, f.topic))
 		require.NoError(t, err)
-		require.Equal(t, ids[i], m.Header.Get(natsbroker.UUIDHeader))
-		if i < 2 {
-			require.NoError(t, m.AckSync())
+		for i := range 3 {
+			m, err := old.NextMsg(within)
+			require.NoError(t, err)
+			require.Equal(t, ids[i], m.Header.Get(natsbroker.UUIDHeader))
+			if i < 2 {
+				require.NoError(t, m.AckSync())
+			}
 		}
-	}
-	require.NoError(t, old.Unsubscribe())
-	require.Equal(t, uint64(2), f.consumerInfo().AckFloor.Stream)
+		require.NoError(t, old.Unsubscribe())
+		require.Equal(t, uint64(2), f.consumerInfo().AckFloor.Stream)
 
-	ch := f.subscribe(f.subscriber(natsbroker.Config{}))
-	for _, id := range ids[2:] {
-		m := receive(t, ch, within)
-		require.Equal(t, id, m.UUID, "the pull consumer starts after the push consumer's ack floor")
-		require.Equal(t, 1, info(t, m).Count, "delivery counts start again")
+		ch := f.subscribe(f.subscriber(natsbroker.Config{}))
+		for _, id := range ids[2:] {
+			m := receive(t, ch, within)
+			require.Equal(t, id, m.UUID, "the pull consumer starts after the push consumer's ack floor")
+			require.Equal(t, 1, info(t, m).Count, "delivery counts start again")
+			m.Ack()
+		}
+		requireNothing(t, ch, 300*time.Millisecond)
+		info := f.consumerInfo()
+		require.Positive(t, info.Config.MaxWaiting, "a pull consumer")
+		require.Equal(t, jetstream.DeliverByStartSequencePolicy, info.Config.DeliverPolicy)
+		require.Equal(t, uint64(3), info.Config.OptStartSeq)
+
+		// The replacement is done once: the next subscriber takes the pull consumer as it is.
+		next := f.subscribe(f.subscriber(natsbroker.Config{}))
+		more := f.publish(5, 6)
+		m := receive(t, mergeOf(ch, next), within)
+		require.Equal(t, more[0], m.UUID)
 		m.Ack()
-	}
-	requireNothing(t, ch, 300*time.Millisecond)
-	info := f.consumerInfo()
-	require.Positive(t, info.Config.MaxWaiting, "a pull consumer")
-	require.Equal(t, jetstream.DeliverByStartSequencePolicy, info.Config.DeliverPolicy)
-	require.Equal(t, uint64(3), info.Config.OptStartSeq)
-
-	// The replacement is done once: the next subscriber takes the pull consumer as it is.
-	next := f.subscribe(f.subscriber(natsbroker.Config{}))
-	more := f.publish(5, 6)
-	m := receive(t, mergeOf(ch, next), within)
-	require.Equal(t, more[0], m.UUID)
-	m.Ack()
-	require.Equal(t, uint64(3), f.consumerInfo().Config.OptStartSeq)
+		require.Equal(t, uint64(3), f.consumerInfo().Config.OptStartSeq)
+	})
 }
 
 func TestSubscriber_RefusesToReplaceAPushConsumerThatIsInUse(t *testing.T) {

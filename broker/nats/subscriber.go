@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // Errors that end a delivery without an acknowledgement, as the cause of its context
@@ -141,6 +143,12 @@ func (s *Subscriber) currentLink() *link {
 // makes JetStream deliver it again after redelivery.RequestedDelay, or Config.NackDelay when
 // the nack asked for none. When ctx ends or the Subscriber closes, the channel is closed and
 // the deliveries not settled yet are given back (nacked, for another consumer to take at once).
+//
+// A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
+// redelivery.Settle right after every Ack and Nack, as onceflow's router does: the ack or nack
+// then goes to the server from the consumer's goroutine, and the subscription keeps no
+// goroutine or timer per delivery. Its window place comes back only with Settle (or when the
+// delivery ends); everything else above holds the same.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
 		return nil, errors.New("nats: subscribe: topic is empty")
@@ -187,6 +195,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		logger:    s.logger.With(watermill.LogFields{"topic": topic, "consumer": info.Name}),
 	}
 	sub.stopWithSubscriber = context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	if redelivery.SettlesDirectly(ctx) {
+		sub.hand = newHand(sub)
+	}
 	started = true
 	go sub.run()
 	return sub.out, nil

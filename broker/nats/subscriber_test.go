@@ -33,146 +33,151 @@ func TestConfig_ValidateNamesTheField(t *testing.T) {
 
 func TestSubscriber_PrefetchDeliveriesArriveWithoutAnyAck(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const prefetch = 8
-	ids := f.publish(0, prefetch+4)
-	ch := f.subscribe(f.subscriber(natsbroker.Config{Prefetch: prefetch}))
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const prefetch = 8
+		ids := f.publish(0, prefetch+4)
+		ch := f.subscribe(f.subscriber(natsbroker.Config{Prefetch: prefetch}))
 
-	var held []*message.Message
-	for i := range prefetch {
+		var held []*message.Message
+		for i := range prefetch {
+			m := receive(t, ch, within)
+			require.Equal(t, ids[i], m.UUID)
+			require.Equal(t, f.message(i).Metadata.Get("k"), m.Metadata.Get("k"))
+			require.Equal(t, string(f.message(i).Payload), string(m.Payload))
+			require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
+			held = append(held, m)
+		}
+		// The window is full: nothing more until a delivery is settled.
+		requireNothing(t, ch, 300*time.Millisecond)
+		held[3].Ack()
 		m := receive(t, ch, within)
-		require.Equal(t, ids[i], m.UUID)
-		require.Equal(t, f.message(i).Metadata.Get("k"), m.Metadata.Get("k"))
-		require.Equal(t, string(f.message(i).Payload), string(m.Payload))
-		require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
-		held = append(held, m)
-	}
-	// The window is full: nothing more until a delivery is settled.
-	requireNothing(t, ch, 300*time.Millisecond)
-	held[3].Ack()
-	m := receive(t, ch, within)
-	require.Equal(t, ids[prefetch], m.UUID, "one place freed, one more delivery")
-	requireNothing(t, ch, 300*time.Millisecond)
-	m.Ack()
-	for _, h := range held {
-		h.Ack()
-	}
-	for i := prefetch + 1; i < len(ids); i++ {
-		m := receive(t, ch, within)
-		require.Equal(t, ids[i], m.UUID)
+		require.Equal(t, ids[prefetch], m.UUID, "one place freed, one more delivery")
+		requireNothing(t, ch, 300*time.Millisecond)
 		m.Ack()
-	}
+		for _, h := range held {
+			h.Ack()
+		}
+		for i := prefetch + 1; i < len(ids); i++ {
+			m := receive(t, ch, within)
+			require.Equal(t, ids[i], m.UUID)
+			m.Ack()
+		}
+	})
 }
 
 func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const n = 50
-	f.publish(0, n)
-	s := f.subscriber(natsbroker.Config{Prefetch: n})
-	ch := f.subscribe(s)
-	var got []*message.Message
-	for range n {
-		got = append(got, receive(t, ch, within))
-	}
-	for _, m := range got {
-		m.Ack()
-	}
-	require.NoError(t, s.Close())
-	_, open := <-ch
-	require.False(t, open, "channel closed by Close")
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const n = 50
+		f.publish(0, n)
+		s := f.subscriber(natsbroker.Config{Prefetch: n})
+		ch := f.subscribe(s)
+		var got []*message.Message
+		for range n {
+			got = append(got, receive(t, ch, within))
+		}
+		for _, m := range got {
+			m.Ack()
+		}
+		require.NoError(t, s.Close())
+		_, open := <-ch
+		require.False(t, open, "channel closed by Close")
 
-	sentinel := f.publish(n, n+1)
-	next := f.subscribe(f.subscriber(natsbroker.Config{}))
-	m := receive(t, next, within)
-	require.Equal(t, sentinel[0], m.UUID, "none of the %d messages acked before Close came back", n)
-	m.Ack()
+		sentinel := f.publish(n, n+1)
+		next := f.subscribe(f.subscriber(natsbroker.Config{}))
+		m := receive(t, next, within)
+		require.Equal(t, sentinel[0], m.UUID, "none of the %d messages acked before Close came back", n)
+		m.Ack()
+	})
 }
 
 func TestSubscriber_NackAfterComesBackNoSoonerThanTheDelayWithCountPlusOne(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	ids := f.publish(0, 2)
-	ch := f.subscribe(f.subscriber(natsbroker.Config{NackDelay: 300 * time.Millisecond}))
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		ids := f.publish(0, 2)
+		ch := f.subscribe(f.subscriber(natsbroker.Config{NackDelay: 300 * time.Millisecond}))
 
-	m := receive(t, ch, within)
-	require.Equal(t, ids[0], m.UUID)
-	const delay = 700 * time.Millisecond
-	nacked := time.Now()
-	require.True(t, redelivery.NackAfter(m, delay), "the subscriber delays nacks")
-	requireCause(t, m, context.Canceled, within)
+		m := receive(t, ch, within)
+		require.Equal(t, ids[0], m.UUID)
+		const delay = 700 * time.Millisecond
+		nacked := time.Now()
+		require.True(t, redelivery.NackAfter(m, delay), "the subscriber delays nacks")
+		requireCause(t, m, context.Canceled, within)
 
-	other := receive(t, ch, within)
-	require.Equal(t, ids[1], other.UUID, "the nacked message does not hold the next one back")
-	other.Ack()
+		other := receive(t, ch, within)
+		require.Equal(t, ids[1], other.UUID, "the nacked message does not hold the next one back")
+		other.Ack()
 
-	again := receive(t, ch, within)
-	require.Equal(t, ids[0], again.UUID)
-	require.GreaterOrEqual(t, time.Since(nacked), delay)
-	require.Equal(t, 2, info(t, again).Count)
+		again := receive(t, ch, within)
+		require.Equal(t, ids[0], again.UUID)
+		require.GreaterOrEqual(t, time.Since(nacked), delay)
+		require.Equal(t, 2, info(t, again).Count)
 
-	// A plain Nack waits for Config.NackDelay.
-	nacked = time.Now()
-	again.Nack()
-	third := receive(t, ch, within)
-	require.Equal(t, ids[0], third.UUID)
-	require.GreaterOrEqual(t, time.Since(nacked), 300*time.Millisecond)
-	require.Equal(t, 3, info(t, third).Count)
-	third.Ack()
+		// A plain Nack waits for Config.NackDelay.
+		nacked = time.Now()
+		again.Nack()
+		third := receive(t, ch, within)
+		require.Equal(t, ids[0], third.UUID)
+		require.GreaterOrEqual(t, time.Since(nacked), 300*time.Millisecond)
+		require.Equal(t, 3, info(t, third).Count)
+		third.Ack()
+	})
 }
 
 func TestSubscriber_NackedMessageDoesNotBlockTheOnesBehind(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const good = 100
-	poison := f.publish(0, 1)[0]
-	f.publish(1, 1+good)
-	ch := f.subscribe(f.subscriber(natsbroker.Config{Prefetch: 16}))
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const good = 100
+		poison := f.publish(0, 1)[0]
+		f.publish(1, 1+good)
+		ch := f.subscribe(f.subscriber(natsbroker.Config{Prefetch: 16}))
 
-	const poisonDelay = 10 * time.Second
-	start := time.Now()
-	acked := map[string]bool{}
-	poisonSeen := 0
-	for len(acked) < good {
-		m := receive(t, ch, within)
-		if m.UUID == poison {
-			poisonSeen++
-			require.True(t, redelivery.NackAfter(m, poisonDelay))
-			continue
+		const poisonDelay = 10 * time.Second
+		start := time.Now()
+		acked := map[string]bool{}
+		poisonSeen := 0
+		for len(acked) < good {
+			m := receive(t, ch, within)
+			if m.UUID == poison {
+				poisonSeen++
+				require.True(t, redelivery.NackAfter(m, poisonDelay))
+				continue
+			}
+			require.False(t, acked[m.UUID], "good message %s delivered twice", m.UUID)
+			acked[m.UUID] = true
+			m.Ack()
 		}
-		require.False(t, acked[m.UUID], "good message %s delivered twice", m.UUID)
-		acked[m.UUID] = true
-		m.Ack()
-	}
-	require.Less(t, time.Since(start), poisonDelay, "all good messages acked while the poison message waits")
-	require.Equal(t, 1, poisonSeen)
+		require.Less(t, time.Since(start), poisonDelay, "all good messages acked while the poison message waits")
+		require.Equal(t, 1, poisonSeen)
+	})
 }
 
 func TestSubscriber_CloseGivesBackUnsettledDeliveries(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const n = 5
-	ids := f.publish(0, n)
-	// AckWait is far longer than the test may take: what comes back comes back because
-	// Close gave it back.
-	cfg := natsbroker.Config{Prefetch: n, AckWait: time.Minute}
-	a := f.subscriber(cfg)
-	chA := f.subscribe(a)
-	for i := range n {
-		require.Equal(t, ids[i], receive(t, chA, within).UUID)
-	}
-	chB := f.subscribe(f.subscriber(cfg))
-	requireNothing(t, chB, 300*time.Millisecond) // A holds them all
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const n = 5
+		ids := f.publish(0, n)
+		// AckWait is far longer than the test may take: what comes back comes back because
+		// Close gave it back.
+		cfg := natsbroker.Config{Prefetch: n, AckWait: time.Minute}
+		a := f.subscriber(cfg)
+		chA := f.subscribe(a)
+		for i := range n {
+			require.Equal(t, ids[i], receive(t, chA, within).UUID)
+		}
+		chB := f.subscribe(f.subscriber(cfg))
+		requireNothing(t, chB, 300*time.Millisecond) // A holds them all
 
-	require.NoError(t, a.Close())
-	seen := map[string]bool{}
-	for range n {
-		m := receive(t, chB, 10*time.Second)
-		require.Equal(t, 2, info(t, m).Count)
-		seen[m.UUID] = true
-		m.Ack()
-	}
-	require.Len(t, seen, n)
+		require.NoError(t, a.Close())
+		seen := map[string]bool{}
+		for range n {
+			m := receive(t, chB, 10*time.Second)
+			require.Equal(t, 2, info(t, m).Count)
+			seen[m.UUID] = true
+			m.Ack()
+		}
+		require.Len(t, seen, n)
+	})
 }
 
 // The messages given back come again counted: the subscription's pull request, which still
@@ -180,126 +185,130 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveries(t *testing.T) {
 // given back while the request lies there as a first delivery again).
 func TestSubscriber_SubscriptionEndsWithItsContextAndGivesBack(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	ids := f.publish(0, 3)
-	s := f.subscriber(natsbroker.Config{AckWait: time.Minute})
-	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := s.Subscribe(ctx, f.topic)
-	require.NoError(t, err)
-	held := receive(t, ch, within)
-	require.Equal(t, ids[0], held.UUID)
-	cancel()
-	requireCause(t, held, context.Canceled, within)
-	for range ch { // the channel closes; deliveries not taken are given back
-	}
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		ids := f.publish(0, 3)
+		s := f.subscriber(natsbroker.Config{AckWait: time.Minute})
+		ctx, cancel := context.WithCancel(context.Background())
+		ch, err := f.subscribeWith(ctx, s)
+		require.NoError(t, err)
+		held := receive(t, ch, within)
+		require.Equal(t, ids[0], held.UUID)
+		cancel()
+		requireCause(t, held, context.Canceled, within)
+		for range ch { // the channel closes; deliveries not taken are given back
+		}
 
-	// The Subscriber goes on serving other subscriptions.
-	next := f.subscribe(s)
-	counts := map[string]int{}
-	for range 3 {
-		m := receive(t, next, 10*time.Second)
-		_, seen := counts[m.UUID]
-		require.False(t, seen, "message %s delivered twice", m.UUID)
-		counts[m.UUID] = info(t, m).Count
-		m.Ack()
-	}
-	require.Equal(t, map[string]int{ids[0]: 2, ids[1]: 2, ids[2]: 2}, counts, "delivery counts")
+		// The Subscriber goes on serving other subscriptions.
+		next := f.subscribe(s)
+		counts := map[string]int{}
+		for range 3 {
+			m := receive(t, next, 10*time.Second)
+			_, seen := counts[m.UUID]
+			require.False(t, seen, "message %s delivered twice", m.UUID)
+			counts[m.UUID] = info(t, m).Count
+			m.Ack()
+		}
+		require.Equal(t, map[string]int{ids[0]: 2, ids[1]: 2, ids[2]: 2}, counts, "delivery counts")
+	})
 }
 
 func TestSubscriber_CompetingConsumersNeverHoldTheSameMessageAtOnce(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const n, consumers = 300, 3
-	f.publish(0, n)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const n, consumers = 300, 3
+		f.publish(0, n)
 
-	var mu sync.Mutex
-	held := map[string]bool{}
-	acked := map[string]bool{}
-	overlap := ""
-	done := make(chan struct{})
-	consume := func(ch <-chan *message.Message) {
-		i := 0
-		for m := range ch {
-			mu.Lock()
-			if held[m.UUID] && overlap == "" {
-				overlap = m.UUID
-			}
-			held[m.UUID] = true
-			mu.Unlock()
-			i++
-			go func(m *message.Message, work time.Duration, nack bool) {
-				time.Sleep(work) // a handler at work
+		var mu sync.Mutex
+		held := map[string]bool{}
+		acked := map[string]bool{}
+		overlap := ""
+		done := make(chan struct{})
+		consume := func(ch <-chan *message.Message) {
+			i := 0
+			for m := range ch {
 				mu.Lock()
-				delete(held, m.UUID)
-				if !nack {
-					acked[m.UUID] = true
-					if len(acked) == n {
-						close(done)
-					}
+				if held[m.UUID] && overlap == "" {
+					overlap = m.UUID
 				}
+				held[m.UUID] = true
 				mu.Unlock()
-				if nack {
-					m.Nack()
-				} else {
-					m.Ack()
-				}
-			}(m, time.Duration(i%5)*time.Millisecond, i%7 == 0)
+				i++
+				go func(m *message.Message, work time.Duration, nack bool) {
+					time.Sleep(work) // a handler at work
+					mu.Lock()
+					delete(held, m.UUID)
+					if !nack {
+						acked[m.UUID] = true
+						if len(acked) == n {
+							close(done)
+						}
+					}
+					mu.Unlock()
+					if nack {
+						m.Nack()
+					} else {
+						m.Ack()
+					}
+				}(m, time.Duration(i%5)*time.Millisecond, i%7 == 0)
+			}
 		}
-	}
-	for range consumers {
-		go consume(f.subscribe(f.subscriber(natsbroker.Config{Prefetch: 10})))
-	}
-	select {
-	case <-done:
-	case <-time.After(within):
+		for range consumers {
+			go consume(f.subscribe(f.subscriber(natsbroker.Config{Prefetch: 10})))
+		}
+		select {
+		case <-done:
+		case <-time.After(within):
+			mu.Lock()
+			defer mu.Unlock()
+			t.Fatalf("%d of %d messages acked", len(acked), n)
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		t.Fatalf("%d of %d messages acked", len(acked), n)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	require.Empty(t, overlap, "a message was delivered while another consumer held it")
-	require.Len(t, acked, n)
+		require.Empty(t, overlap, "a message was delivered while another consumer held it")
+		require.Len(t, acked, n)
+	})
 }
 
 func TestSubscriber_ContextEndsWhenAckWaitPassesAndItsLateAckIsIgnored(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	id := f.publish(0, 1)[0]
-	ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: time.Second}))
-	first := receive(t, ch, within)
-	requireCause(t, first, natsbroker.ErrAckWaitPassed, 5*time.Second)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		id := f.publish(0, 1)[0]
+		ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: time.Second}))
+		first := receive(t, ch, within)
+		requireCause(t, first, natsbroker.ErrAckWaitPassed, 5*time.Second)
 
-	second := receive(t, ch, within)
-	require.Equal(t, id, second.UUID)
-	require.Equal(t, 2, info(t, second).Count)
-	first.Ack() // its delivery has ended: ignored
-	requireCause(t, second, natsbroker.ErrAckWaitPassed, 5*time.Second)
-	third := receive(t, ch, within)
-	require.Equal(t, id, third.UUID, "the late ack of the first delivery settled nothing")
-	require.GreaterOrEqual(t, info(t, third).Count, 3)
-	third.Ack()
+		second := receive(t, ch, within)
+		require.Equal(t, id, second.UUID)
+		require.Equal(t, 2, info(t, second).Count)
+		first.Ack() // its delivery has ended: ignored
+		requireCause(t, second, natsbroker.ErrAckWaitPassed, 5*time.Second)
+		third := receive(t, ch, within)
+		require.Equal(t, id, third.UUID, "the late ack of the first delivery settled nothing")
+		require.GreaterOrEqual(t, info(t, third).Count, 3)
+		third.Ack()
+	})
 }
 
 func TestSubscriber_SubscribeSetsAckWaitOnTheGroupsConsumer(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	id := f.publish(0, 1)[0]
-	first := f.subscriber(natsbroker.Config{AckWait: time.Minute})
-	m := receive(t, f.subscribe(first), within)
-	require.NoError(t, first.Close()) // gives m back
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		id := f.publish(0, 1)[0]
+		first := f.subscriber(natsbroker.Config{AckWait: time.Minute})
+		m := receive(t, f.subscribe(first), within)
+		require.NoError(t, first.Close()) // gives m back
 
-	// A later subscriber of the group with another AckWait sets it on the group's consumer.
-	ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: time.Second}))
-	m = receive(t, ch, within)
-	require.Equal(t, id, m.UUID)
-	require.Equal(t, 2, info(t, m).Count)
-	require.Equal(t, time.Second, f.consumerInfo().Config.AckWait)
-	requireCause(t, m, natsbroker.ErrAckWaitPassed, 5*time.Second)
-	again := receive(t, ch, 5*time.Second) // not after a minute: the server's AckWait is the subscriber's
-	require.Equal(t, id, again.UUID)
-	require.GreaterOrEqual(t, info(t, again).Count, 3)
-	again.Ack()
+		// A later subscriber of the group with another AckWait sets it on the group's consumer.
+		ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: time.Second}))
+		m = receive(t, ch, within)
+		require.Equal(t, id, m.UUID)
+		require.Equal(t, 2, info(t, m).Count)
+		require.Equal(t, time.Second, f.consumerInfo().Config.AckWait)
+		requireCause(t, m, natsbroker.ErrAckWaitPassed, 5*time.Second)
+		again := receive(t, ch, 5*time.Second) // not after a minute: the server's AckWait is the subscriber's
+		require.Equal(t, id, again.UUID)
+		require.GreaterOrEqual(t, info(t, again).Count, 3)
+		again.Ack()
+	})
 }
 
 // Subscribers that nack every message and close while redeliveries stream in, one after the
@@ -310,35 +319,36 @@ func TestSubscriber_SubscribeSetsAckWaitOnTheGroupsConsumer(t *testing.T) {
 // would be lost until AckWait and roll the consumer back (see fetch).
 func TestSubscriber_DeliveryCountsHoldThroughNacksAndCloses(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const n, rounds, nacks = 50, 3, 100
-	f.publish(0, n)
-	last := map[string]int{} // the count of each message's last delivery seen
-	for range rounds {
-		s := f.subscriber(natsbroker.Config{})
-		ch := f.subscribe(s)
-		for range nacks {
-			m := receive(t, ch, within)
-			count := info(t, m).Count
-			require.Greater(t, count, last[m.UUID], "delivery count of %s", m.UUID)
-			last[m.UUID] = count
-			m.Nack()
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const n, rounds, nacks = 50, 3, 100
+		f.publish(0, n)
+		last := map[string]int{} // the count of each message's last delivery seen
+		for range rounds {
+			s := f.subscriber(natsbroker.Config{})
+			ch := f.subscribe(s)
+			for range nacks {
+				m := receive(t, ch, within)
+				count := info(t, m).Count
+				require.Greater(t, count, last[m.UUID], "delivery count of %s", m.UUID)
+				last[m.UUID] = count
+				m.Nack()
+			}
+			require.NoError(t, s.Close())
 		}
-		require.NoError(t, s.Close())
-	}
-	ch := f.subscribe(f.subscriber(natsbroker.Config{}))
-	deadline := time.After(10 * time.Second) // AckWait is 30 s
-	acked := map[string]bool{}
-	for len(acked) < n {
-		select {
-		case m := <-ch:
-			require.False(t, acked[m.UUID], "message %s delivered again after its ack", m.UUID)
-			require.Greater(t, info(t, m).Count, last[m.UUID], "delivery count of %s", m.UUID)
-			acked[m.UUID] = true
-			m.Ack()
-		case <-deadline:
-			t.Fatalf("%d of %d messages came back before AckWait", len(acked), n)
+		ch := f.subscribe(f.subscriber(natsbroker.Config{}))
+		deadline := time.After(10 * time.Second) // AckWait is 30 s
+		acked := map[string]bool{}
+		for len(acked) < n {
+			select {
+			case m := <-ch:
+				require.False(t, acked[m.UUID], "message %s delivered again after its ack", m.UUID)
+				require.Greater(t, info(t, m).Count, last[m.UUID], "delivery count of %s", m.UUID)
+				acked[m.UUID] = true
+				m.Ack()
+			case <-deadline:
+				t.Fatalf("%d of %d messages came back before AckWait", len(acked), n)
+			}
 		}
-	}
-	require.Equal(t, uint64(n), f.consumerInfo().Delivered.Stream, "the consumer's position")
+		require.Equal(t, uint64(n), f.consumerInfo().Delivered.Stream, "the consumer's position")
+	})
 }

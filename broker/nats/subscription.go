@@ -3,6 +3,7 @@ package nats
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -44,6 +45,9 @@ type subscription struct {
 
 	out chan *message.Message
 	win *window
+	// hand holds the deliveries when the consumer settles each message itself
+	// (redelivery.SettlesDirectly); nil when each delivery has a watcher.
+	hand *hand
 }
 
 // pullSubject is the subject of the pull requests of a consumer.
@@ -55,6 +59,9 @@ func pullSubject(stream, consumer string) string {
 // channel.
 func (sub *subscription) run() {
 	defer sub.s.pullers.Done()
+	if sub.hand != nil {
+		defer sub.hand.giveBack()
+	}
 	defer close(sub.withdrawn)
 	defer close(sub.out)
 	defer sub.stopWithSubscriber()
@@ -72,6 +79,15 @@ func (sub *subscription) run() {
 		n := sub.win.take(sub.ctx, eager)
 		if n == 0 {
 			return
+		}
+		select {
+		case <-link.lost:
+			// The places came back as the connection was lost (its deliveries ended): a
+			// request sent now would wait in the client's reconnect buffer, and reach the
+			// server with its inbox already dropped. Ask on the next connection.
+			sub.win.give(n)
+			continue
+		default:
 		}
 		f, err := pull(sub.s.nc, sub.subject, n, pullExpires)
 		if err != nil {
@@ -206,13 +222,18 @@ func (sub *subscription) withdraw(f *fetch, link *link) {
 // handOut makes m a delivery and hands it to the consumer, unless the delivery ends first. It
 // reports whether m became a delivery, which holds its place of the window until it ends.
 func (sub *subscription) handOut(m *nats.Msg, link *link) bool {
-	meta, err := m.Metadata()
-	if err != nil {
+	count, ok := numDelivered(m.Reply)
+	if !ok {
 		// Not a JetStream delivery: it cannot be acknowledged.
+		err := fmt.Errorf("reply subject %q is not a JetStream ack subject", m.Reply)
 		sub.logger.Error("Dropping a message without JetStream metadata", err, watermill.LogFields{"subject": m.Subject})
 		return false
 	}
-	d := sub.newDelivery(m, meta, link)
+	d := sub.newDelivery(m, count, link)
+	if sub.hand != nil {
+		sub.hand.handOut(d)
+		return true
+	}
 	select {
 	case sub.out <- d.msg:
 	case <-d.ctx.Done():

@@ -21,7 +21,8 @@ func Unmarshal(m *nats.Msg) *message.Message {
 	if id == "" {
 		id = m.Header.Get(nats.MsgIdHdr)
 	}
-	md := make(message.Metadata, len(m.Header))
+	msg := message.NewMessage(id, m.Data)
+	md := msg.Metadata
 	for k, vs := range m.Header {
 		switch k {
 		case UUIDHeader, nats.MsgIdHdr, nats.ExpectedLastMsgIdHdr, nats.ExpectedStreamHdr,
@@ -38,7 +39,5 @@ func Unmarshal(m *nats.Msg) *message.Message {
 			md[k] = string(b)
 		}
 	}
-	msg := message.NewMessage(id, m.Data)
-	msg.Metadata = md
 	return msg
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	redissub "github.com/onceflow/onceflow/broker/redis"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
@@ -19,21 +20,27 @@ import (
 // BenchmarkSubscriber_ConsumeAndAck drains a backlog of b.N entries with one subscription
 // that acks each message as it arrives, with this package's subscriber and with
 // watermill-redisstream's (configured as onceflow configured it), and reports msgs/s from the
-// Subscribe to the end of Close, when every ack is in Redis. Give a fixed count, so that both
+// Subscribe to the end of Close, when every ack is in Redis, and the process's allocations
+// and µs of CPU per message over that time. "onceflow-direct" is this package's subscriber
+// with a consumer that settles each message itself (redelivery.Settle after each ack), as
+// onceflow's router does. Give a fixed count, so that both
 // drain the same backlog, and compare the two in one run:
 //
 //	go test -run '^$' -bench BenchmarkSubscriber_ -benchtime 20000x ./broker/redis
 func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 	u := testsvc.RedisURL(b)
+	onceflow := func(b *testing.B, c *redis.Client) message.Subscriber {
+		sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group})
+		require.NoError(b, err)
+		return sub
+	}
 	for _, impl := range []struct {
-		name string
-		new  func(b *testing.B, c *redis.Client) message.Subscriber
+		name   string
+		new    func(b *testing.B, c *redis.Client) message.Subscriber
+		direct bool // the consumer settles each message itself, as onceflow's router does
 	}{
-		{"onceflow", func(b *testing.B, c *redis.Client) message.Subscriber {
-			sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group})
-			require.NoError(b, err)
-			return sub
-		}},
+		{"onceflow", onceflow, false},
+		{"onceflow-direct", onceflow, true},
 		{"watermill-redisstream", func(b *testing.B, c *redis.Client) message.Subscriber {
 			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 				Client:                        c,
@@ -49,7 +56,7 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 			}, nil)
 			require.NoError(b, err)
 			return sub
-		}},
+		}, false},
 	} {
 		b.Run(impl.name, func(b *testing.B) {
 			topic := testsvc.UniqueName("bench")
@@ -64,9 +71,15 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 			defer c.Close() // watermill-redisstream closes it too; a second Close is harmless
 			sub := impl.new(b, c)
 
+			ctx := context.Background()
+			if impl.direct {
+				ctx = redelivery.WithDirectSettle(ctx)
+			}
 			b.ResetTimer()
 			start := time.Now()
-			ch, err := sub.Subscribe(context.Background(), topic)
+			var cost testsvc.Cost
+			cost.Start()
+			ch, err := sub.Subscribe(ctx, topic)
 			require.NoError(b, err)
 			for range b.N {
 				m, ok := <-ch
@@ -74,11 +87,14 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 					b.Fatal("subscription closed")
 				}
 				m.Ack()
+				redelivery.Settle(m)
 			}
 			require.NoError(b, sub.Close())
+			cost.Stop()
 			elapsed := time.Since(start)
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+			cost.Report(b, b.N)
 
 			p, err := admin.XPending(context.Background(), topic, group).Result()
 			require.NoError(b, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	redissub "github.com/onceflow/onceflow/broker/redis"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
@@ -28,6 +29,29 @@ type fixture struct {
 	url   string
 	topic string
 	admin *redis.Client // for assertions, beside the subscribers
+	// direct makes the fixture's subscriptions those of a consumer that settles each message
+	// itself (redelivery.WithDirectSettle), through settler.
+	direct  bool
+	settler testsvc.Settler
+}
+
+// inBothModes runs test twice, in parallel, each with a fixture of its own: as a consumer that
+// only acks and nacks (the subscriber watches every message), and as one that also tells the
+// subscriber of each ack and nack itself (redelivery.Settle), as onceflow's router does.
+func inBothModes(t *testing.T, test func(t *testing.T, f *fixture)) {
+	t.Helper()
+	for _, direct := range []bool{false, true} {
+		name := "watched"
+		if direct {
+			name = "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t)
+			f.direct = direct
+			test(t, f)
+		})
+	}
 }
 
 func setup(t *testing.T) *fixture {
@@ -68,9 +92,21 @@ func (f *fixture) subscriber(rawURL string, cfg redissub.Config) *redissub.Subsc
 func (f *fixture) subscribe(cfg redissub.Config) (*redissub.Subscriber, <-chan *message.Message) {
 	f.t.Helper()
 	sub := f.subscriber(f.url, cfg)
-	ch, err := sub.Subscribe(context.Background(), f.topic)
+	ch, err := f.subscribeWith(context.Background(), sub)
 	require.NoError(f.t, err)
 	return sub, ch
+}
+
+// subscribeWith subscribes sub to the fixture's stream with ctx, in the fixture's mode.
+func (f *fixture) subscribeWith(ctx context.Context, sub *redissub.Subscriber) (<-chan *message.Message, error) {
+	if !f.direct {
+		return sub.Subscribe(ctx, f.topic)
+	}
+	ch, err := sub.Subscribe(redelivery.WithDirectSettle(ctx), f.topic)
+	if err != nil {
+		return nil, err
+	}
+	return f.settler.Settling(f.t, ch), nil
 }
 
 // publish publishes n messages with watermill-redisstream's publisher and returns them.

@@ -26,6 +26,7 @@ const (
 	childTopicEnv  = "ONCEFLOW_REDIS_TEST_CHILD_TOPIC"
 	childNackEnv   = "ONCEFLOW_REDIS_TEST_CHILD_NACK_AFTER" // a delay: nack with it instead of holding
 	childAckTOEnv  = "ONCEFLOW_REDIS_TEST_CHILD_ACK_TIMEOUT"
+	childDirectEnv = "ONCEFLOW_REDIS_TEST_CHILD_DIRECT" // set: settle directly (redelivery.WithDirectSettle)
 	childHoldingAs = "HOLDING"
 	childNackedAs  = "NACKED"
 )
@@ -48,7 +49,12 @@ func TestKilledConsumer_Child(t *testing.T) {
 	client := redis.NewClient(opts)
 	sub, err := redissub.NewSubscriber(client, redissub.Config{ConsumerGroup: group, AckTimeout: ackTimeout})
 	require.NoError(t, err)
-	ch, err := sub.Subscribe(context.Background(), topic)
+	ctx := context.Background()
+	direct := os.Getenv(childDirectEnv) != ""
+	if direct {
+		ctx = redelivery.WithDirectSettle(ctx)
+	}
+	ch, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
 	m := receive(t, ch, 30*time.Second)
 	fmt.Printf("%s %s %d\n", childHoldingAs, m.UUID, info(t, m).Count)
@@ -57,6 +63,7 @@ func TestKilledConsumer_Child(t *testing.T) {
 		require.NoError(t, err)
 		nackedAt := time.Now()
 		require.True(t, redelivery.NackAfter(m, delay))
+		redelivery.Settle(m)
 		// The delay is in Redis once the entry's idle time has jumped ahead.
 		for {
 			xps, err := client.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: topic, Group: group, Start: "-", End: "+", Count: 1}).Result()
@@ -83,6 +90,9 @@ func (f *fixture) startChild(ackTimeout, nackAfter time.Duration) *child {
 	cmd.Env = append(os.Environ(), childURLEnv+"="+f.url, childTopicEnv+"="+f.topic, childAckTOEnv+"="+ackTimeout.String())
 	if nackAfter > 0 {
 		cmd.Env = append(cmd.Env, childNackEnv+"="+nackAfter.String())
+	}
+	if f.direct {
+		cmd.Env = append(cmd.Env, childDirectEnv+"=1")
 	}
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
@@ -128,22 +138,23 @@ func (c *child) kill() {
 // leaves it to the next with the delivery count one higher, because the count is Redis's.
 func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	want := f.publish(1)[0]
-	const ackTimeout = 500 * time.Millisecond
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		want := f.publish(1)[0]
+		const ackTimeout = 500 * time.Millisecond
 
-	for n := int64(1); n <= 2; n++ {
-		c := f.startChild(ackTimeout, 0)
-		id, count := c.expect(t, childHoldingAs)
-		require.Equal(t, want.UUID, id)
-		require.Equal(t, n, count, "delivery count seen by consumer process %d", n)
-		c.kill()
-	}
-	_, ch := f.subscribe(redissub.Config{AckTimeout: ackTimeout})
-	m := receive(t, ch, 30*time.Second)
-	require.Equal(t, want.UUID, m.UUID)
-	require.Equal(t, 3, info(t, m).Count)
-	m.Ack()
+		for n := int64(1); n <= 2; n++ {
+			c := f.startChild(ackTimeout, 0)
+			id, count := c.expect(t, childHoldingAs)
+			require.Equal(t, want.UUID, id)
+			require.Equal(t, n, count, "delivery count seen by consumer process %d", n)
+			c.kill()
+		}
+		_, ch := f.subscribe(redissub.Config{AckTimeout: ackTimeout})
+		m := receive(t, ch, 30*time.Second)
+		require.Equal(t, want.UUID, m.UUID)
+		require.Equal(t, 3, info(t, m).Count)
+		m.Ack()
+	})
 }
 
 // The delay of a nack is kept in Redis: the entry of a consumer killed right after it nacked
@@ -151,23 +162,24 @@ func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 // ack timeout.
 func TestKilledConsumer_DelayedNackStillComesBack(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	want := f.publish(1)[0]
-	const ackTimeout, delay = 10 * time.Second, 1500 * time.Millisecond
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		want := f.publish(1)[0]
+		const ackTimeout, delay = 10 * time.Second, 1500 * time.Millisecond
 
-	c := f.startChild(ackTimeout, delay)
-	_, count := c.expect(t, childHoldingAs)
-	require.EqualValues(t, 1, count)
-	_, nackedMs := c.expect(t, childNackedAs)
-	c.kill()
-	nacked := time.UnixMilli(nackedMs)
+		c := f.startChild(ackTimeout, delay)
+		_, count := c.expect(t, childHoldingAs)
+		require.EqualValues(t, 1, count)
+		_, nackedMs := c.expect(t, childNackedAs)
+		c.kill()
+		nacked := time.UnixMilli(nackedMs)
 
-	_, ch := f.subscribe(redissub.Config{AckTimeout: ackTimeout})
-	m := receive(t, ch, 30*time.Second)
-	since := time.Since(nacked)
-	require.Equal(t, want.UUID, m.UUID)
-	require.GreaterOrEqual(t, since, delay, "came back before the delay")
-	require.Less(t, since, ackTimeout, "came back by the ack timeout, not by the delay")
-	require.Equal(t, 2, info(t, m).Count)
-	m.Ack()
+		_, ch := f.subscribe(redissub.Config{AckTimeout: ackTimeout})
+		m := receive(t, ch, 30*time.Second)
+		since := time.Since(nacked)
+		require.Equal(t, want.UUID, m.UUID)
+		require.GreaterOrEqual(t, since, delay, "came back before the delay")
+		require.Less(t, since, ackTimeout, "came back by the ack timeout, not by the delay")
+		require.Equal(t, 2, info(t, m).Count)
+		m.Ack()
+	})
 }

@@ -41,10 +41,14 @@ func (Marshaller) Marshal(topic string, msg *message.Message) (map[string]any, e
 // another producer) become metadata; metadata that does not decode is kept in the header
 // HeaderMetadata. It never returns an error.
 func (Marshaller) Unmarshal(values map[string]any) (*message.Message, error) {
-	md := message.Metadata{}
+	msg := message.NewMessage("", nil)
+	md := msg.Metadata
 	var id, payload string
 	for k, v := range values {
-		s := fmt.Sprint(v)
+		s, ok := v.(string) // as go-redis reads every field
+		if !ok {
+			s = fmt.Sprint(v)
+		}
 		switch k {
 		case redisstream.UUIDHeaderKey:
 			id = s
@@ -68,7 +72,6 @@ func (Marshaller) Unmarshal(values map[string]any) (*message.Message, error) {
 			}
 		}
 	}
-	msg := message.NewMessage(id, []byte(payload))
-	msg.Metadata = md
+	msg.UUID, msg.Payload = id, []byte(payload)
 	return msg, nil
 }

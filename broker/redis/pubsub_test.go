@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	redissub "github.com/onceflow/onceflow/broker/redis"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
@@ -24,11 +25,31 @@ type ownClient struct {
 	client *redis.Client
 	once   sync.Once
 	err    error
+	// direct subscribes as a consumer that settles each message itself, through settler,
+	// until t ends.
+	direct  bool
+	t       *testing.T
+	settler testsvc.Settler
 }
 
 func (s *ownClient) Close() error {
-	s.once.Do(func() { s.err = errors.Join(s.Subscriber.Close(), s.client.Close()) })
+	s.once.Do(func() {
+		s.err = errors.Join(s.Subscriber.Close(), s.client.Close())
+		s.settler.Wait() // the channels are closed when Close returns
+	})
 	return s.err
+}
+
+// Subscribe subscribes as a consumer that settles each message itself when direct is set.
+func (s *ownClient) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if !s.direct {
+		return s.Subscriber.Subscribe(ctx, topic)
+	}
+	ch, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
+	if err != nil {
+		return nil, err
+	}
+	return s.settler.Settling(s.t, ch), nil
 }
 
 // TestPubSub runs watermill's universal Pub/Sub suite against the subscriber, with
@@ -52,9 +73,15 @@ func (s *ownClient) Close() error {
 //     TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn cuts the connection
 //     through a proxy instead.
 //   - ContextPreserved is false: a message's context is not stored.
+//
+// The suite runs twice: with a consumer that only acks and nacks, and with one that also tells
+// the subscriber of each ack and nack (redelivery.WithDirectSettle, see testsvc.Settler).
 func TestPubSub(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
+	inBothModes(t, testPubSub)
+}
+
+func testPubSub(t *testing.T, f *fixture) {
 	prefix := testsvc.UniqueName("pubsub")
 	t.Cleanup(func() { removeTopicsWithPrefix(t, f, prefix) })
 
@@ -74,7 +101,7 @@ func TestPubSub(t *testing.T) {
 			AckTimeout:    5 * time.Second,
 		})
 		require.NoError(t, err)
-		return pub, &ownClient{Subscriber: sub, client: c}
+		return pub, &ownClient{Subscriber: sub, client: c, direct: f.direct, t: t}
 	}
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups:                   true,

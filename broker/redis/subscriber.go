@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // ErrClosed is returned by Subscribe on a closed Subscriber.
@@ -60,6 +62,13 @@ func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error
 // count from the group's pending entries list, DelaysNacks true) and is cancelled when the
 // delivery ends without an ack: Config.AckTimeout passes, the connection is lost, or the
 // subscription ends. It is cancelled after an ack or a nack too.
+//
+// A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
+// redelivery.Settle right after every Ack and Nack, as onceflow's router does: the delivery then
+// leaves the window in the consumer's goroutine, and the subscription keeps no goroutine or
+// timer per delivery. Its window place comes back, and its ack is queued for the XACK, only
+// with Settle (or when the delivery ends); everything else above holds the same, except that a
+// delivery's context has no deadline: it is cancelled when AckTimeout passes.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
 		return nil, errors.New("redis: subscribe: topic is empty")
@@ -71,7 +80,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	s.mu.Unlock()
 
-	sub := newSubscription(s, ctx, topic, "onceflow-"+watermill.NewShortUUID())
+	sub := newSubscription(s, ctx, topic, "onceflow-"+watermill.NewShortUUID(), redelivery.SettlesDirectly(ctx))
 	start, cancel := context.WithTimeout(context.Background(), s.cfg.CloseTimeout)
 	defer cancel()
 	if err := sub.ensureGroup(start); err != nil {

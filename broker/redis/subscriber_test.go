@@ -27,49 +27,51 @@ func info(t *testing.T, m *message.Message) redelivery.Info {
 
 func TestSubscriber_HandsOutPrefetchDeliveriesWithoutWaitingForAcks(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	want := f.publish(12)
-	_, ch := f.subscribe(redissub.Config{Prefetch: 5})
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		want := f.publish(12)
+		_, ch := f.subscribe(redissub.Config{Prefetch: 5})
 
-	first := receiveN(t, ch, 5, 10*time.Second)
-	for i, m := range first {
-		require.Equal(t, want[i].UUID, m.UUID, "stream order")
-		require.Equal(t, string(want[i].Payload), string(m.Payload))
-		require.Equal(t, want[i].Metadata.Get("i"), m.Metadata.Get("i"))
-		require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
-	}
-	requireNothing(t, ch, 300*time.Millisecond) // the window is full
-	require.EqualValues(t, 5, f.pendingCount())
+		first := receiveN(t, ch, 5, 10*time.Second)
+		for i, m := range first {
+			require.Equal(t, want[i].UUID, m.UUID, "stream order")
+			require.Equal(t, string(want[i].Payload), string(m.Payload))
+			require.Equal(t, want[i].Metadata.Get("i"), m.Metadata.Get("i"))
+			require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
+		}
+		requireNothing(t, ch, 300*time.Millisecond) // the window is full
+		require.EqualValues(t, 5, f.pendingCount())
 
-	first[0].Ack()
-	first[1].Nack() // a nacked delivery leaves the window too
-	next := receiveN(t, ch, 2, 10*time.Second)
-	require.Equal(t, want[5].UUID, next[0].UUID)
-	require.Equal(t, want[6].UUID, next[1].UUID)
-	requireNothing(t, ch, 300*time.Millisecond)
+		first[0].Ack()
+		first[1].Nack() // a nacked delivery leaves the window too
+		next := receiveN(t, ch, 2, 10*time.Second)
+		require.Equal(t, want[5].UUID, next[0].UUID)
+		require.Equal(t, want[6].UUID, next[1].UUID)
+		requireNothing(t, ch, 300*time.Millisecond)
+	})
 }
 
 func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	f.publish(50)
-	sub, ch := f.subscribe(redissub.Config{Prefetch: 50})
-	for _, m := range receiveN(t, ch, 50, 10*time.Second) {
-		m.Ack()
-	}
-	require.NoError(t, sub.Close())
-	require.Zero(t, f.pendingCount(), "every ack given before Close is in Redis when Close returns")
-	_, ok := <-ch
-	require.False(t, ok, "the channel is closed")
-	consumers, err := f.admin.XInfoConsumers(context.Background(), f.topic, group).Result()
-	require.NoError(t, err)
-	require.Empty(t, consumers, "a consumer that closes with nothing pending leaves the group")
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		f.publish(50)
+		sub, ch := f.subscribe(redissub.Config{Prefetch: 50})
+		for _, m := range receiveN(t, ch, 50, 10*time.Second) {
+			m.Ack()
+		}
+		require.NoError(t, sub.Close())
+		require.Zero(t, f.pendingCount(), "every ack given before Close is in Redis when Close returns")
+		_, ok := <-ch
+		require.False(t, ok, "the channel is closed")
+		consumers, err := f.admin.XInfoConsumers(context.Background(), f.topic, group).Result()
+		require.NoError(t, err)
+		require.Empty(t, consumers, "a consumer that closes with nothing pending leaves the group")
 
-	sentinel := f.publish(1)[0]
-	_, next := f.subscribe(redissub.Config{})
-	m := receive(t, next, 10*time.Second)
-	require.Equal(t, sentinel.UUID, m.UUID, "no acked entry comes again")
-	m.Ack()
+		sentinel := f.publish(1)[0]
+		_, next := f.subscribe(redissub.Config{})
+		m := receive(t, next, 10*time.Second)
+		require.Equal(t, sentinel.UUID, m.UUID, "no acked entry comes again")
+		m.Ack()
+	})
 }
 
 // countingHook counts the XACK commands a client sends and the ids they carry, and the
@@ -121,28 +123,29 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 
 func TestSubscriber_AcksGivenTogetherGoInOneXACK(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const n = 200
-	f.publish(n)
-	c := f.client(f.url)
-	hook := &countingHook{}
-	c.AddHook(hook)
-	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: n})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	ch, err := sub.Subscribe(context.Background(), f.topic)
-	require.NoError(t, err)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const n = 200
+		f.publish(n)
+		c := f.client(f.url)
+		hook := &countingHook{}
+		c.AddHook(hook)
+		sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: n})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		ch, err := f.subscribeWith(context.Background(), sub)
+		require.NoError(t, err)
 
-	msgs := receiveN(t, ch, n, 10*time.Second)
-	for _, m := range msgs {
-		m.Ack()
-	}
-	testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
-	hook.mu.Lock()
-	defer hook.mu.Unlock()
-	require.Equal(t, n, hook.ids, "each ack is sent once")
-	require.LessOrEqual(t, hook.commands, 5, "%d acks given together took %d XACKs", n, hook.commands)
-	t.Logf("%d acks in %d XACK commands", hook.ids, hook.commands)
+		msgs := receiveN(t, ch, n, 10*time.Second)
+		for _, m := range msgs {
+			m.Ack()
+		}
+		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		require.Equal(t, n, hook.ids, "each ack is sent once")
+		require.LessOrEqual(t, hook.commands, 5, "%d acks given together took %d XACKs", n, hook.commands)
+		t.Logf("%d acks in %d XACK commands", hook.ids, hook.commands)
+	})
 }
 
 // New entries are read once half the window is free, so that one XREADGROUP brings many; room
@@ -150,408 +153,421 @@ func TestSubscriber_AcksGivenTogetherGoInOneXACK(t *testing.T) {
 // deliveries until more come still gets them.
 func TestSubscriber_ReadsWaitForHalfTheWindow(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const prefetch = 10
-	f.publish(3 * prefetch)
-	c := f.client(f.url)
-	hook := &countingHook{}
-	c.AddHook(hook)
-	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: prefetch})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	ch, err := sub.Subscribe(context.Background(), f.topic)
-	require.NoError(t, err)
-	held := receiveN(t, ch, prefetch, 10*time.Second)
-	reads := func() []int64 {
-		hook.mu.Lock()
-		defer hook.mu.Unlock()
-		return slices.Clone(hook.reads)
-	}
-	before := len(reads())
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const prefetch = 10
+		f.publish(3 * prefetch)
+		c := f.client(f.url)
+		hook := &countingHook{}
+		c.AddHook(hook)
+		sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: prefetch})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Close() })
+		ch, err := f.subscribeWith(context.Background(), sub)
+		require.NoError(t, err)
+		held := receiveN(t, ch, prefetch, 10*time.Second)
+		reads := func() []int64 {
+			hook.mu.Lock()
+			defer hook.mu.Unlock()
+			return slices.Clone(hook.reads)
+		}
+		before := len(reads())
 
-	// Half the window at once: one read of five.
-	for _, m := range held[:prefetch/2] {
-		m.Ack()
-	}
-	more := receiveN(t, ch, prefetch/2, 10*time.Second)
-	require.Equal(t, []int64{prefetch / 2}, reads()[before:], "one read for half the window")
-	before = len(reads())
+		// Half the window at once: one read of five.
+		for _, m := range held[:prefetch/2] {
+			m.Ack()
+		}
+		more := receiveN(t, ch, prefetch/2, 10*time.Second)
+		require.Equal(t, []int64{prefetch / 2}, reads()[before:], "one read for half the window")
+		before = len(reads())
 
-	// One more: read after the fill wait, not at once.
-	acked := time.Now()
-	held[prefetch/2].Ack()
-	receive(t, ch, 10*time.Second)
-	require.GreaterOrEqual(t, time.Since(acked), 20*time.Millisecond, "the read waited for more room")
-	require.Equal(t, []int64{1}, reads()[before:])
-	for _, m := range append(held[prefetch/2+1:], more...) {
-		m.Ack()
-	}
+		// One more: read after the fill wait, not at once.
+		acked := time.Now()
+		held[prefetch/2].Ack()
+		receive(t, ch, 10*time.Second)
+		require.GreaterOrEqual(t, time.Since(acked), 20*time.Millisecond, "the read waited for more room")
+		require.Equal(t, []int64{1}, reads()[before:])
+		for _, m := range append(held[prefetch/2+1:], more...) {
+			m.Ack()
+		}
+	})
 }
 
 // The subscriptions of one Subscriber to a stream are consumers of one group: one pass over the
 // pending entries list per ClaimInterval claims the idle entries for all of them.
 func TestSubscriber_SubscriptionsShareTheClaimOfIdleEntries(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	c := f.client(f.url)
-	hook := &countingHook{}
-	c.AddHook(hook)
-	const interval, subscriptions = 50 * time.Millisecond, 4
-	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, ClaimInterval: interval, BlockTime: 10 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-	start := time.Now()
-	for range subscriptions {
-		_, err := sub.Subscribe(context.Background(), f.topic)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		c := f.client(f.url)
+		hook := &countingHook{}
+		c.AddHook(hook)
+		const interval, subscriptions = 50 * time.Millisecond, 4
+		sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, ClaimInterval: interval, BlockTime: 10 * time.Millisecond})
 		require.NoError(t, err)
-	}
-	time.Sleep(20 * interval) // idle: each pass is one XAUTOCLAIM of an empty list
-	require.NoError(t, sub.Close())
-	passes := int(time.Since(start)/interval) + 1
-	hook.mu.Lock()
-	defer hook.mu.Unlock()
-	require.NotZero(t, hook.autoclaims)
-	require.LessOrEqual(t, hook.autoclaims, passes, "%d subscriptions, %d passes at most: %d XAUTOCLAIMs", subscriptions, passes, hook.autoclaims)
+		t.Cleanup(func() { _ = sub.Close() })
+		start := time.Now()
+		for range subscriptions {
+			_, err := f.subscribeWith(context.Background(), sub)
+			require.NoError(t, err)
+		}
+		time.Sleep(20 * interval) // idle: each pass is one XAUTOCLAIM of an empty list
+		require.NoError(t, sub.Close())
+		passes := int(time.Since(start)/interval) + 1
+		hook.mu.Lock()
+		defer hook.mu.Unlock()
+		require.NotZero(t, hook.autoclaims)
+		require.LessOrEqual(t, hook.autoclaims, passes, "%d subscriptions, %d passes at most: %d XAUTOCLAIMs", subscriptions, passes, hook.autoclaims)
+	})
 }
 
 func TestSubscriber_NackAfterComesBackNoSoonerThanAskedWithCountPlusOne(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	want := f.publish(1)[0]
-	_, ch := f.subscribe(redissub.Config{AckTimeout: 10 * time.Second, NackDelay: 200 * time.Millisecond})
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		want := f.publish(1)[0]
+		_, ch := f.subscribe(redissub.Config{AckTimeout: 10 * time.Second, NackDelay: 200 * time.Millisecond})
 
-	m := receive(t, ch, 10*time.Second)
-	require.Equal(t, 1, info(t, m).Count)
-	const asked = 700 * time.Millisecond
-	nacked := time.Now()
-	require.True(t, redelivery.NackAfter(m, asked))
+		m := receive(t, ch, 10*time.Second)
+		require.Equal(t, 1, info(t, m).Count)
+		const asked = 700 * time.Millisecond
+		nacked := time.Now()
+		require.True(t, redelivery.NackAfter(m, asked))
 
-	again := receive(t, ch, 10*time.Second)
-	elapsed := time.Since(nacked)
-	require.Equal(t, want.UUID, again.UUID)
-	require.Equal(t, string(want.Payload), string(again.Payload))
-	require.Equal(t, want.Metadata.Get("i"), again.Metadata.Get("i"))
-	require.GreaterOrEqual(t, elapsed, asked)
-	require.Less(t, elapsed, 5*time.Second, "the delay brought it back, not the ack timeout")
-	require.Equal(t, redelivery.Info{Count: 2, DelaysNacks: true}, info(t, again))
+		again := receive(t, ch, 10*time.Second)
+		elapsed := time.Since(nacked)
+		require.Equal(t, want.UUID, again.UUID)
+		require.Equal(t, string(want.Payload), string(again.Payload))
+		require.Equal(t, want.Metadata.Get("i"), again.Metadata.Get("i"))
+		require.GreaterOrEqual(t, elapsed, asked)
+		require.Less(t, elapsed, 5*time.Second, "the delay brought it back, not the ack timeout")
+		require.Equal(t, redelivery.Info{Count: 2, DelaysNacks: true}, info(t, again))
 
-	// A nack without a requested delay waits Config.NackDelay.
-	nacked = time.Now()
-	again.Nack()
-	third := receive(t, ch, 10*time.Second)
-	require.GreaterOrEqual(t, time.Since(nacked), 200*time.Millisecond)
-	require.Equal(t, 3, info(t, third).Count)
-	third.Ack()
+		// A nack without a requested delay waits Config.NackDelay.
+		nacked = time.Now()
+		again.Nack()
+		third := receive(t, ch, 10*time.Second)
+		require.GreaterOrEqual(t, time.Since(nacked), 200*time.Millisecond)
+		require.Equal(t, 3, info(t, third).Count)
+		third.Ack()
+	})
 }
 
 func TestSubscriber_NackDelayLongerThanAckTimeoutIsKept(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	want := f.publish(1)[0]
-	cfg := redissub.Config{AckTimeout: 400 * time.Millisecond}
-	_, ch := f.subscribe(cfg)
-	_, other := f.subscribe(cfg) // a competitor whose claim passes must not take it early
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		want := f.publish(1)[0]
+		cfg := redissub.Config{AckTimeout: 400 * time.Millisecond}
+		_, ch := f.subscribe(cfg)
+		_, other := f.subscribe(cfg) // a competitor whose claim passes must not take it early
 
-	var m *message.Message
-	select {
-	case m = <-ch:
-	case m = <-other:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no delivery")
-	}
-	const asked = 1500 * time.Millisecond
-	nacked := time.Now()
-	require.True(t, redelivery.NackAfter(m, asked))
-	var again *message.Message
-	select {
-	case again = <-ch:
-	case again = <-other:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no redelivery")
-	}
-	require.Equal(t, want.UUID, again.UUID)
-	require.GreaterOrEqual(t, time.Since(nacked), asked)
-	require.Equal(t, 2, info(t, again).Count)
-	again.Ack()
+		var m *message.Message
+		select {
+		case m = <-ch:
+		case m = <-other:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delivery")
+		}
+		const asked = 1500 * time.Millisecond
+		nacked := time.Now()
+		require.True(t, redelivery.NackAfter(m, asked))
+		var again *message.Message
+		select {
+		case again = <-ch:
+		case again = <-other:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no redelivery")
+		}
+		require.Equal(t, want.UUID, again.UUID)
+		require.GreaterOrEqual(t, time.Since(nacked), asked)
+		require.Equal(t, 2, info(t, again).Count)
+		again.Ack()
+	})
 }
 
 // The poison entry is read first, then 100 good ones. While it waits for its delay, every good
 // one is delivered and acked: nothing is stranded behind it.
 func TestSubscriber_NackedEntryDoesNotBlockTheEntriesBehindIt(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	msgs := f.publish(101)
-	poison := msgs[0].UUID
-	_, ch := f.subscribe(redissub.Config{Prefetch: 10, NackDelay: 3 * time.Second})
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		msgs := f.publish(101)
+		poison := msgs[0].UUID
+		_, ch := f.subscribe(redissub.Config{Prefetch: 10, NackDelay: 3 * time.Second})
 
-	acked := map[string]bool{}
-	var nackedAt time.Time
-	for len(acked) < 100 {
-		m := receive(t, ch, 10*time.Second)
-		if m.UUID == poison {
-			require.Empty(t, acked, "the poison entry comes back only after every good one")
-			require.True(t, nackedAt.IsZero(), "the poison entry came back before its delay")
-			nackedAt = time.Now()
-			m.Nack()
-			continue
+		acked := map[string]bool{}
+		var nackedAt time.Time
+		for len(acked) < 100 {
+			m := receive(t, ch, 10*time.Second)
+			if m.UUID == poison {
+				require.Empty(t, acked, "the poison entry comes back only after every good one")
+				require.True(t, nackedAt.IsZero(), "the poison entry came back before its delay")
+				nackedAt = time.Now()
+				m.Nack()
+				continue
+			}
+			require.False(t, acked[m.UUID], "%s delivered twice", m.UUID)
+			acked[m.UUID] = true
+			m.Ack()
 		}
-		require.False(t, acked[m.UUID], "%s delivered twice", m.UUID)
-		acked[m.UUID] = true
-		m.Ack()
-	}
-	require.False(t, nackedAt.IsZero())
-	require.Less(t, time.Since(nackedAt), 3*time.Second, "the good ones were all acked while the poison one waited")
-	testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 1 }, "the good ones' acks are not all in Redis")
+		require.False(t, nackedAt.IsZero())
+		require.Less(t, time.Since(nackedAt), 3*time.Second, "the good ones were all acked while the poison one waited")
+		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 1 }, "the good ones' acks are not all in Redis")
 
-	m := receive(t, ch, 10*time.Second)
-	require.Equal(t, poison, m.UUID)
-	require.GreaterOrEqual(t, time.Since(nackedAt), 3*time.Second)
-	require.Equal(t, 2, info(t, m).Count)
-	m.Ack()
+		m := receive(t, ch, 10*time.Second)
+		require.Equal(t, poison, m.UUID)
+		require.GreaterOrEqual(t, time.Since(nackedAt), 3*time.Second)
+		require.Equal(t, 2, info(t, m).Count)
+		m.Ack()
+	})
 }
 
 func TestSubscriber_CloseGivesBackUnsettledDeliveriesAtOnce(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	msgs := f.publish(5)
-	// The default ack timeout, 30 s: the entries come back because Close gives them back.
-	subA, chA := f.subscribe(redissub.Config{})
-	held := receiveN(t, chA, 5, 10*time.Second)
-	_, chB := f.subscribe(redissub.Config{})
-	requireNothing(t, chB, 200*time.Millisecond) // A holds them
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		msgs := f.publish(5)
+		// The default ack timeout, 30 s: the entries come back because Close gives them back.
+		subA, chA := f.subscribe(redissub.Config{})
+		held := receiveN(t, chA, 5, 10*time.Second)
+		_, chB := f.subscribe(redissub.Config{})
+		requireNothing(t, chB, 200*time.Millisecond) // A holds them
 
-	closed := time.Now()
-	require.NoError(t, subA.Close())
-	for _, m := range held {
-		requireDone(t, m.Context(), time.Second, "a delivery of a closed subscriber")
-	}
-	got := map[string]int{}
-	for range msgs {
-		m := receive(t, chB, 10*time.Second)
-		got[m.UUID] = info(t, m).Count
-		m.Ack()
-	}
-	require.Less(t, time.Since(closed), 5*time.Second)
-	for _, m := range msgs {
-		require.Equal(t, 2, got[m.UUID], "delivery count of %s", m.UUID)
-	}
-	held[0].Ack() // after Close: a no-op
-	testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
+		closed := time.Now()
+		require.NoError(t, subA.Close())
+		for _, m := range held {
+			requireDone(t, m.Context(), time.Second, "a delivery of a closed subscriber")
+		}
+		got := map[string]int{}
+		for range msgs {
+			m := receive(t, chB, 10*time.Second)
+			got[m.UUID] = info(t, m).Count
+			m.Ack()
+		}
+		require.Less(t, time.Since(closed), 5*time.Second)
+		for _, m := range msgs {
+			require.Equal(t, 2, got[m.UUID], "delivery count of %s", m.UUID)
+		}
+		held[0].Ack() // after Close: a no-op
+		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
+	})
 }
 
 func TestSubscriber_CompetingConsumersNeverHoldTheSameEntry(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const n = 300
-	f.publish(n)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const n = 300
+		f.publish(n)
 
-	var mu sync.Mutex
-	holding := map[string]bool{}
-	acked := map[string]int{}
-	var overlaps []string
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := range 3 {
-		_, ch := f.subscribe(redissub.Config{Prefetch: 20})
-		wg.Go(func() {
-			var handlers sync.WaitGroup
-			defer handlers.Wait()
-			for {
-				var m *message.Message
-				select {
-				case m = <-ch:
-				case <-done:
-					return
-				}
-				handlers.Go(func() {
-					mu.Lock()
-					if holding[m.UUID] {
-						overlaps = append(overlaps, m.UUID)
+		var mu sync.Mutex
+		holding := map[string]bool{}
+		acked := map[string]int{}
+		var overlaps []string
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for c := range 3 {
+			_, ch := f.subscribe(redissub.Config{Prefetch: 20})
+			wg.Go(func() {
+				var handlers sync.WaitGroup
+				defer handlers.Wait()
+				for {
+					var m *message.Message
+					select {
+					case m = <-ch:
+					case <-done:
+						return
 					}
-					holding[m.UUID] = true
-					mu.Unlock()
-					time.Sleep(time.Duration(c) * time.Millisecond) // the consumers differ in speed
-					mu.Lock()
-					holding[m.UUID] = false
-					acked[m.UUID]++
-					mu.Unlock()
-					m.Ack()
-				})
-			}
-		})
-	}
-	testsvc.Eventually(t, 30*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(acked) == n
-	}, "not every entry was acked")
-	testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
-	close(done)
-	wg.Wait()
-	require.Empty(t, overlaps, "entries held by two consumers at once")
-	for id, k := range acked {
-		require.Equal(t, 1, k, "%s acked %d times", id, k)
-	}
+					handlers.Go(func() {
+						mu.Lock()
+						if holding[m.UUID] {
+							overlaps = append(overlaps, m.UUID)
+						}
+						holding[m.UUID] = true
+						mu.Unlock()
+						time.Sleep(time.Duration(c) * time.Millisecond) // the consumers differ in speed
+						mu.Lock()
+						holding[m.UUID] = false
+						acked[m.UUID]++
+						mu.Unlock()
+						m.Ack()
+					})
+				}
+			})
+		}
+		testsvc.Eventually(t, 30*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(acked) == n
+		}, "not every entry was acked")
+		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
+		close(done)
+		wg.Wait()
+		require.Empty(t, overlaps, "entries held by two consumers at once")
+		for id, k := range acked {
+			require.Equal(t, 1, k, "%s acked %d times", id, k)
+		}
+	})
 }
 
 func TestSubscriber_AckTimeoutCancelsTheDeliveryAndALateAckIsDropped(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	msgs := f.publish(1)
-	_, ch := f.subscribe(redissub.Config{AckTimeout: 300 * time.Millisecond})
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		msgs := f.publish(1)
+		_, ch := f.subscribe(redissub.Config{AckTimeout: 300 * time.Millisecond})
 
-	first := receive(t, ch, 10*time.Second)
-	requireDone(t, first.Context(), 5*time.Second, "a delivery past its ack timeout")
-	again := receive(t, ch, 10*time.Second) // claimed again, by the same consumer
-	require.Equal(t, msgs[0].UUID, again.UUID)
-	require.Equal(t, 2, info(t, again).Count)
+		first := receive(t, ch, 10*time.Second)
+		requireDone(t, first.Context(), 5*time.Second, "a delivery past its ack timeout")
+		again := receive(t, ch, 10*time.Second) // claimed again, by the same consumer
+		require.Equal(t, msgs[0].UUID, again.UUID)
+		require.Equal(t, 2, info(t, again).Count)
 
-	first.Ack() // dropped: it would settle the entry that again holds
-	sentinel := f.publish(1)[0]
-	m := receive(t, ch, 10*time.Second)
-	require.Equal(t, sentinel.UUID, m.UUID)
-	m.Ack() // acks are sent in order: once this one is in, the late one was not sent
-	testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 1 }, "the sentinel's ack is not in Redis")
-	require.EqualValues(t, 2, f.pendingOf(msgs[0].UUID).RetryCount)
-	again.Ack()
+		first.Ack() // dropped: it would settle the entry that again holds
+		sentinel := f.publish(1)[0]
+		m := receive(t, ch, 10*time.Second)
+		require.Equal(t, sentinel.UUID, m.UUID)
+		m.Ack() // acks are sent in order: once this one is in, the late one was not sent
+		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 1 }, "the sentinel's ack is not in Redis")
+		require.EqualValues(t, 2, f.pendingOf(msgs[0].UUID).RetryCount)
+		again.Ack()
+	})
 }
 
 func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	px := f.proxy()
-	msgs := f.publish(5)
-	sub := f.subscriber(px.url, redissub.Config{})
-	ch, err := sub.Subscribe(context.Background(), f.topic)
-	require.NoError(t, err)
-	held := receiveN(t, ch, 5, 10*time.Second)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		px := f.proxy()
+		msgs := f.publish(5)
+		sub := f.subscriber(px.url, redissub.Config{})
+		ch, err := f.subscribeWith(context.Background(), sub)
+		require.NoError(t, err)
+		held := receiveN(t, ch, 5, 10*time.Second)
 
-	px.cut()
-	for _, m := range held {
-		requireDone(t, m.Context(), 5*time.Second, "a delivery in flight at a lost connection")
-	}
-	px.restore(t)
+		px.cut()
+		for _, m := range held {
+			requireDone(t, m.Context(), 5*time.Second, "a delivery in flight at a lost connection")
+		}
+		px.restore(t)
 
-	// Given back on reconnection, not after the 30 s ack timeout.
-	got := map[string]int{}
-	for range msgs {
-		m := receive(t, ch, 10*time.Second)
-		got[m.UUID] = info(t, m).Count
-		m.Ack()
-	}
-	for _, m := range msgs {
-		require.Equal(t, 2, got[m.UUID], "delivery count of %s", m.UUID)
-	}
-	later := f.publish(3)
-	for _, want := range later {
-		m := receive(t, ch, 10*time.Second)
-		require.Equal(t, want.UUID, m.UUID)
-		require.Equal(t, 1, info(t, m).Count)
-		m.Ack()
-	}
-	testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
+		// Given back on reconnection, not after the 30 s ack timeout.
+		got := map[string]int{}
+		for range msgs {
+			m := receive(t, ch, 10*time.Second)
+			got[m.UUID] = info(t, m).Count
+			m.Ack()
+		}
+		for _, m := range msgs {
+			require.Equal(t, 2, got[m.UUID], "delivery count of %s", m.UUID)
+		}
+		later := f.publish(3)
+		for _, want := range later {
+			m := receive(t, ch, 10*time.Second)
+			require.Equal(t, want.UUID, m.UUID)
+			require.Equal(t, 1, info(t, m).Count)
+			m.Ack()
+		}
+		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
+	})
 }
 
 func TestSubscriber_CloseReturnsInTimeWhenRedisIsGoneAndReportsUnsentAcks(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	px := f.proxy()
-	f.publish(3)
-	sub := f.subscriber(px.url, redissub.Config{CloseTimeout: time.Second})
-	ch, err := sub.Subscribe(context.Background(), f.topic)
-	require.NoError(t, err)
-	held := receiveN(t, ch, 3, 10*time.Second)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		px := f.proxy()
+		f.publish(3)
+		sub := f.subscriber(px.url, redissub.Config{CloseTimeout: time.Second})
+		ch, err := f.subscribeWith(context.Background(), sub)
+		require.NoError(t, err)
+		held := receiveN(t, ch, 3, 10*time.Second)
 
-	px.cut()
-	held[0].Ack()
-	start := time.Now()
-	err = sub.Close()
-	require.Less(t, time.Since(start), 3*time.Second)
-	// The ack went in before the subscription noticed the loss, or was refused after it:
-	// either way Close says so if it could not send it.
-	if err != nil {
-		require.ErrorContains(t, err, "1 acks of stream")
-	}
-	_, ok := <-ch
-	require.False(t, ok)
-	require.Equal(t, err, sub.Close(), "Close is idempotent: again, the first call's result")
+		px.cut()
+		held[0].Ack()
+		start := time.Now()
+		err = sub.Close()
+		require.Less(t, time.Since(start), 3*time.Second)
+		// The ack went in before the subscription noticed the loss, or was refused after it:
+		// either way Close says so if it could not send it.
+		if err != nil {
+			require.ErrorContains(t, err, "1 acks of stream")
+		}
+		_, ok := <-ch
+		require.False(t, ok)
+		require.Equal(t, err, sub.Close(), "Close is idempotent: again, the first call's result")
+	})
 }
 
 func TestSubscriber_StreamDeletedUnderASubscriptionIsCreatedAgain(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	f.publish(1)
-	_, ch := f.subscribe(redissub.Config{})
-	receive(t, ch, 10*time.Second).Ack()
-	require.NoError(t, f.admin.Del(context.Background(), f.topic).Err())
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		f.publish(1)
+		_, ch := f.subscribe(redissub.Config{})
+		receive(t, ch, 10*time.Second).Ack()
+		require.NoError(t, f.admin.Del(context.Background(), f.topic).Err())
 
-	testsvc.Eventually(t, 10*time.Second, func() bool {
-		n, err := f.admin.Exists(context.Background(), f.topic).Result()
-		return err == nil && n == 1
-	}, "the stream was not created again")
-	want := f.publish(1)[0]
-	m := receive(t, ch, 10*time.Second)
-	require.Equal(t, want.UUID, m.UUID)
-	m.Ack()
+		testsvc.Eventually(t, 10*time.Second, func() bool {
+			n, err := f.admin.Exists(context.Background(), f.topic).Result()
+			return err == nil && n == 1
+		}, "the stream was not created again")
+		want := f.publish(1)[0]
+		m := receive(t, ch, 10*time.Second)
+		require.Equal(t, want.UUID, m.UUID)
+		m.Ack()
+	})
 }
 
 func TestSubscriber_SubscriptionEndsWithItsContext(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	f.publish(2)
-	sub := f.subscriber(f.url, redissub.Config{})
-	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := sub.Subscribe(ctx, f.topic)
-	require.NoError(t, err)
-	held := receiveN(t, ch, 2, 10*time.Second)
-	held[0].Ack()
-	cancel()
-	for range ch { // closed once the subscription has ended
-	}
-	require.EqualValues(t, 1, f.pendingCount(), "the ack was sent, the other entry given back")
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		f.publish(2)
+		sub := f.subscriber(f.url, redissub.Config{})
+		ctx, cancel := context.WithCancel(context.Background())
+		ch, err := f.subscribeWith(ctx, sub)
+		require.NoError(t, err)
+		held := receiveN(t, ch, 2, 10*time.Second)
+		held[0].Ack()
+		cancel()
+		for range ch { // closed once the subscription has ended
+		}
+		require.EqualValues(t, 1, f.pendingCount(), "the ack was sent, the other entry given back")
 
-	_, next := f.subscribe(redissub.Config{})
-	m := receive(t, next, 10*time.Second)
-	require.Equal(t, held[1].UUID, m.UUID)
-	require.Equal(t, 2, info(t, m).Count)
-	m.Ack()
+		_, next := f.subscribe(redissub.Config{})
+		m := receive(t, next, 10*time.Second)
+		require.Equal(t, held[1].UUID, m.UUID)
+		require.Equal(t, 2, info(t, m).Count)
+		m.Ack()
+	})
 }
 
 // Each subscription reads on a connection of its own while they take at most half of the
 // client's pool; the others read on the pool.
 func TestSubscriber_MoreSubscriptionsThanThePoolHasConnections(t *testing.T) {
 	t.Parallel()
-	f := setup(t)
-	const subscriptions, n = 6, 60
-	f.publish(n)
-	opts, err := redis.ParseURL(f.url)
-	require.NoError(t, err)
-	opts.MaxRetries, opts.PoolSize = -1, 4
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: 5})
-	require.NoError(t, err)
-	got := make(chan *message.Message, n)
-	for range subscriptions {
-		ch, err := sub.Subscribe(context.Background(), f.topic)
+	inBothModes(t, func(t *testing.T, f *fixture) {
+		const subscriptions, n = 6, 60
+		f.publish(n)
+		opts, err := redis.ParseURL(f.url)
 		require.NoError(t, err)
-		go func() {
-			for m := range ch {
-				m.Ack()
-				got <- m
-			}
-		}()
-	}
-	seen := map[string]bool{}
-	for range n {
-		m := receive(t, got, 10*time.Second)
-		require.False(t, seen[m.UUID], "%s delivered twice", m.UUID)
-		seen[m.UUID] = true
-	}
-	start := time.Now()
-	require.NoError(t, sub.Close())
-	require.Less(t, time.Since(start), 2*time.Second)
-	require.Zero(t, f.pendingCount())
+		opts.MaxRetries, opts.PoolSize = -1, 4
+		c := redis.NewClient(opts)
+		t.Cleanup(func() { _ = c.Close() })
+		sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: 5})
+		require.NoError(t, err)
+		got := make(chan *message.Message, n)
+		for range subscriptions {
+			ch, err := f.subscribeWith(context.Background(), sub)
+			require.NoError(t, err)
+			go func() {
+				for m := range ch {
+					m.Ack()
+					got <- m
+				}
+			}()
+		}
+		seen := map[string]bool{}
+		for range n {
+			m := receive(t, got, 10*time.Second)
+			require.False(t, seen[m.UUID], "%s delivered twice", m.UUID)
+			seen[m.UUID] = true
+		}
+		start := time.Now()
+		require.NoError(t, sub.Close())
+		require.Less(t, time.Since(start), 2*time.Second)
+		require.Zero(t, f.pendingCount())
+	})
 }
 
 func TestSubscriber_ClosedSubscriberRefusesSubscribe(t *testing.T) {

@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // subscription is one consumer of one stream: the goroutines of one Subscribe call.
@@ -21,7 +23,8 @@ import (
 //     delay has passed (XCLAIM), registers the deliveries, and recovers from lost connections;
 //   - pump hands the registered deliveries out on out, in the order they were read;
 //   - flushAcks sends the acks given, coalesced into one XACK;
-//   - each delivery has a goroutine (watch) that waits for its ack, nack or end.
+//   - each delivery has a goroutine (watch) that waits for its ack, nack or end, unless the
+//     consumer settles each message itself (redelivery.WithDirectSettle, see hand.go).
 //
 // The window is inflight: registered deliveries that are not settled. A nacked delivery
 // leaves it at once and becomes a parked entry.
@@ -53,7 +56,12 @@ type subscription struct {
 	stopOnce  sync.Once
 	stopErr   error
 
-	watchers sync.WaitGroup // the deliveries' goroutines
+	watchers sync.WaitGroup // the deliveries' goroutines, and the parks of nacks settled directly
+
+	// direct says that the consumer settles each message itself: the deliveries are in the
+	// hand, not watched (see hand.go). base is then the parent of their contexts.
+	direct bool
+	base   context.Context
 
 	mu        sync.Mutex
 	stopped   bool                 // no delivery is registered any more
@@ -63,6 +71,7 @@ type subscription struct {
 	parked    map[string]*parked   // nacked, waiting for their delay
 	claims    parkHeap             // parked entries to claim back when their delay ends
 	refreshes parkHeap             // parked entries whose idle time must be pushed back
+	hand      hand                 // the deliveries in flight, when direct
 
 	room     chan struct{} // a delivery left the window
 	ackReady chan struct{} // an ack was given
@@ -94,14 +103,20 @@ type delivery struct {
 	// replied is when the read or claim that delivered the entry returned: the entry's idle
 	// time at the server is at least the time since then (while it is ours).
 	replied time.Time
-	// classified is closed when the delivery has left the window: acked, nacked or ended.
+	// classified is closed when the delivery has left the window: acked, nacked or ended; nil
+	// for a delivery in the hand, which leaves the window in the goroutine that ends it.
 	classified chan struct{}
 	// superseded says, under mu, that the entry was claimed again by the subscription while
 	// this delivery was ending: its ack or nack must not touch the new delivery's entry.
 	superseded bool
+	// Under mu: the delivery has left the window (left); and, for a delivery in the hand, its
+	// place there (prev, next) and when it ends unsettled (deadline).
+	left       bool
+	prev, next *delivery
+	deadline   time.Time
 }
 
-func newSubscription(owner *Subscriber, ctx context.Context, topic, consumer string) *subscription {
+func newSubscription(owner *Subscriber, ctx context.Context, topic, consumer string, direct bool) *subscription {
 	s := &subscription{
 		owner:     owner,
 		client:    owner.client,
@@ -129,6 +144,14 @@ func newSubscription(owner *Subscriber, ctx context.Context, topic, consumer str
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.opCtx, s.opCancel = context.WithCancel(context.Background())
+	if direct {
+		s.direct = true
+		// The hand ends its deliveries' contexts itself; they need not register with the
+		// subscription's context one by one.
+		s.base = context.WithoutCancel(s.ctx)
+		s.hand.timer = time.AfterFunc(time.Hour, s.expire)
+		s.hand.timer.Stop()
+	}
 	return s
 }
 
@@ -424,17 +447,31 @@ func (s *subscription) register(entries []entry, sent, replied time.Time) []*del
 		}
 		if old := s.inflight[id]; old != nil {
 			old.superseded = true // its ack deadline has passed; it is delivered anew
-			old.cancel()
+			if s.direct {
+				s.leave(old, false, false)
+				s.afterLeave(old, nil, false)
+			} else {
+				old.cancel()
+			}
 		}
 		msg, _ := Marshaller{}.Unmarshal(e.msg.Values) // never fails
+		d := &delivery{id: id, msg: msg, replied: replied}
+		s.inflight[id] = d
+		batch = append(batch, d)
+		if s.direct {
+			var ctx context.Context
+			ctx, d.cancel = context.WithCancel(s.base)
+			msg.SetContext(redelivery.NewSettleContext(newInfoContext(ctx, e.count), func() { s.settled(d) }))
+			d.ctx = msg.Context()
+			s.hold(d, sent.Add(s.cfg.AckTimeout))
+			continue
+		}
 		ctx, cancel := context.WithDeadline(s.ctx, sent.Add(s.cfg.AckTimeout))
 		ctx = newInfoContext(ctx, e.count)
 		msg.SetContext(ctx)
-		d := &delivery{id: id, msg: msg, ctx: ctx, cancel: cancel, replied: replied, classified: make(chan struct{})}
-		s.inflight[id] = d
+		d.ctx, d.cancel, d.classified = ctx, cancel, make(chan struct{})
 		s.watchers.Add(1)
 		go s.watch(d)
-		batch = append(batch, d)
 	}
 	return batch
 }
@@ -482,14 +519,31 @@ func (s *subscription) watch(d *delivery) {
 		default:
 		}
 	}
-	var p *parked
 	s.mu.Lock()
+	p, acked := s.leave(d, acked, nacked)
+	s.mu.Unlock()
+	s.afterLeave(d, p, acked)
+	if p != nil {
+		s.park(p)
+	}
+}
+
+// leave takes d out of the window, acked (its XACK queued), nacked (parked, returned) or
+// neither (it stays pending as it is), and reports whether it was acked: an ack or nack of a
+// delivery superseded by a newer one of its entry counts for nothing. The caller holds mu,
+// and then calls afterLeave.
+func (s *subscription) leave(d *delivery, acked, nacked bool) (*parked, bool) {
 	if s.inflight[d.id] == d {
 		delete(s.inflight, d.id)
+	}
+	d.left = true
+	if s.direct {
+		s.unhold(d)
 	}
 	if d.superseded {
 		acked, nacked = false, false
 	}
+	var p *parked
 	switch {
 	case acked:
 		s.acks = append(s.acks, d.id)
@@ -501,15 +555,20 @@ func (s *subscription) watch(d *delivery) {
 		}
 		s.parked[d.id] = p
 	}
-	s.mu.Unlock()
-	close(d.classified)
+	return p, acked
+}
+
+// afterLeave ends the context of d, which has left the window, and wakes the read loop, and
+// the flush of the acks when it was acked. The nacked entry p, if any, is the caller's to
+// park.
+func (s *subscription) afterLeave(d *delivery, p *parked, acked bool) {
+	if d.classified != nil {
+		close(d.classified)
+	}
 	d.cancel()
 	signal(s.room)
 	if acked {
 		signal(s.ackReady)
-	}
-	if p != nil {
-		s.park(p)
 	}
 }
 
@@ -526,6 +585,9 @@ func (s *subscription) stop() error {
 		s.stopped = true
 		s.mu.Unlock()
 		s.cancel() // ends every delivery's context: the watchers settle them
+		if s.direct {
+			s.endHand() // or the hand does, now
+		}
 		<-s.pumpDone
 		waitUntil(waitGroupDone(&s.watchers), deadline)
 		waitUntil(s.loopDone, deadline)
@@ -659,6 +721,10 @@ func (s *subscription) reconnect(cause error) {
 // endInflight cancels the contexts of the deliveries in flight and waits until their
 // goroutines have settled them (an ack or nack given before counts).
 func (s *subscription) endInflight() {
+	if s.direct {
+		s.endHand()
+		return
+	}
 	s.mu.Lock()
 	ds := slices.Collect(maps.Values(s.inflight))
 	s.mu.Unlock()
