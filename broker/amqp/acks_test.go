@@ -81,10 +81,10 @@ func TestSubscriber_AcksOutOfOrderGoAsOneMultipleAck(t *testing.T) {
 		for i := n - 1; i >= 0; i-- {
 			ack(got[i])
 		}
-		// The acks reach the session in any order (each from its delivery's goroutine): the
-		// ones that make the front of the window contiguous go as a multiple ack, and once
-		// half the window waits behind an acked front it goes early. Ten acks take one or two
-		// multiple acks, never ten frames.
+		// The acks reach the session in any order (each from its delivery's goroutine, unless
+		// the consumer settles directly): the ones that make the front of the window contiguous
+		// go as a multiple ack, and once half the window waits behind an acked front it goes
+		// early. Ten acks take one or two multiple acks, never ten frames.
 		testsvc.Eventually(t, within, func() bool {
 			_, multiple, _ := frames.Frames()
 			return multiple >= 1

@@ -122,9 +122,17 @@ func (s recordingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 
 // settlingSubscriber subscribes as a consumer that settles directly, for consumers (the suite)
 // that only ack and nack: it calls redelivery.Settle after each message's ack or nack, as the
-// router does, from a goroutine per message that waits for it.
+// router does, from a goroutine per message that waits for it until the subscription ends.
 type settlingSubscriber struct {
 	message.Subscriber
+}
+
+// SubscribeInitialize passes the call on, if the Subscriber has the method.
+func (s settlingSubscriber) SubscribeInitialize(topic string) error {
+	if i, ok := s.Subscriber.(message.SubscribeInitializer); ok {
+		return i.SubscribeInitialize(topic)
+	}
+	return nil
 }
 
 func (s settlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -133,21 +141,21 @@ func (s settlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 		return nil, err
 	}
 	out := make(chan *message.Message)
+	ended := make(chan struct{})
 	go func() {
 		defer close(out)
+		defer close(ended)
 		for m := range in {
 			go func() {
 				select {
 				case <-m.Acked():
 				case <-m.Nacked():
-				case <-m.Context().Done():
-					// Settled, or the subscription ended: an ack now changes nothing; Settle
-					// does no harm.
+				case <-ended:
 					select {
 					case <-m.Acked():
 					case <-m.Nacked():
 					default:
-						return
+						return // never settled
 					}
 				}
 				redelivery.Settle(m)
@@ -155,7 +163,7 @@ func (s settlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 			select {
 			case out <- m:
 			case <-m.Context().Done():
-				// The subscription ended with m not taken: RabbitMQ gives it back.
+				// Its delivery ended before the consumer took it: RabbitMQ gives it back.
 			}
 		}
 	}()

@@ -38,6 +38,9 @@ type delivery struct {
 	// The subscription's mutex guards the fields below.
 	state     deliveryState
 	handedOut bool
+	// stopExpiry, for a consumer that settles directly, stops the watch of the lease
+	// (watchLease); nil before the hand-out and after the settlement.
+	stopExpiry func() bool
 }
 
 // newDelivery makes the delivery of r, whose lease runs until deadline, and takes its place
@@ -46,8 +49,12 @@ func (sub *subscription) newDelivery(r row, deadline time.Time) *delivery {
 	ctx, cancel := context.WithDeadline(sub.ctx, deadline)
 	msg := newMessage(r.uuid, r.payload, r.metadata)
 	rctx := redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true})
-	msg.SetContext(redelivery.WithTxAck(rctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries})))
+	rctx = redelivery.WithTxAck(rctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries}))
 	d := &delivery{sub: sub, ref: leaseRef{offset: r.offset, deliveries: r.deliveries}, msg: msg, ctx: ctx, cancel: cancel}
+	if sub.direct {
+		rctx = redelivery.NewSettleContext(rctx, d.settleDirect)
+	}
+	msg.SetContext(rctx)
 	sub.mu.Lock()
 	sub.held[d] = struct{}{}
 	sub.mu.Unlock()
@@ -77,6 +84,34 @@ func (d *delivery) watch() {
 		d.settle(false)
 	case <-d.sub.s.closing:
 	}
+}
+
+// watchLease, for a consumer that settles directly, frees the place of the handed-out delivery
+// when its lease passes unsettled, as watch does, without a goroutine until then. The
+// subscription's mutex is held.
+func (d *delivery) watchLease() {
+	if d.state == settled {
+		return // settled before the hand-out was recorded
+	}
+	d.stopExpiry = context.AfterFunc(d.ctx, func() {
+		if errors.Is(d.ctx.Err(), context.DeadlineExceeded) {
+			d.expire()
+		}
+	})
+}
+
+// settleDirect takes the consumer's ack or nack of d, in the consumer's goroutine
+// (redelivery.Settle).
+func (d *delivery) settleDirect() {
+	d.sub.mu.Lock()
+	stop := d.stopExpiry
+	d.stopExpiry = nil
+	d.sub.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	d.settle(redelivery.Acked(d.msg))
+	d.cancel()
 }
 
 // settle records the consumer's ack or nack for writing.

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -84,12 +85,13 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, err
 	}
 	sub := &subscription{
-		s:     s,
-		topic: topic,
-		log:   s.log.With(watermill.LogFields{"topic": topic}),
-		out:   make(chan *message.Message),
-		held:  map[*delivery]struct{}{},
-		wake:  make(chan struct{}, 1),
+		s:      s,
+		topic:  topic,
+		log:    s.log.With(watermill.LogFields{"topic": topic}),
+		out:    make(chan *message.Message),
+		direct: redelivery.SettlesDirectly(ctx),
+		held:   map[*delivery]struct{}{},
+		wake:   make(chan struct{}, 1),
 	}
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
 	sub.claimCtx, sub.stopClaims = context.WithCancel(sub.ctx)
@@ -170,6 +172,8 @@ type subscription struct {
 	topic string
 	log   watermill.LoggerAdapter
 	out   chan *message.Message
+	// direct: the consumer calls redelivery.Settle after each ack or nack.
+	direct bool
 
 	// ctx is the parent of the deliveries' contexts; Close cancels it once the unsettled
 	// leases are given back.
@@ -340,8 +344,13 @@ func (sub *subscription) handOut(rows []row, deadline time.Time) {
 		case sub.out <- d.msg:
 			sub.mu.Lock()
 			d.handedOut = true
+			if sub.direct {
+				d.watchLease()
+			}
 			sub.mu.Unlock()
-			go d.watch()
+			if !sub.direct {
+				go d.watch()
+			}
 		case <-d.ctx.Done():
 			// The lease passed before the consumer took the message, or the subscription
 			// ends: release gives it back.
