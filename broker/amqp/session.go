@@ -78,9 +78,11 @@ type session struct {
 	// dropped (never sent on another channel).
 	over bool
 	// err is the first error of sending a direct settlement.
-	err      error
-	acked    *coalescer
-	inflight map[uint64]*delivery // handed out, not settled by the consumer
+	err   error
+	acked *coalescer
+	// inflight holds the deliveries handed out and not settled by the consumer; for a consumer
+	// that settles directly, from their receipt on.
+	inflight map[uint64]*delivery
 	held     heldQueue
 	ackTimer *time.Timer
 	ackDue   time.Time // when ackTimer fires; zero when it is stopped
