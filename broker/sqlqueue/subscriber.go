@@ -331,21 +331,30 @@ func (sub *subscription) claim(room int, st *claimState) (int, error) {
 // handOut hands the claimed rows to the consumer, in order. A row whose message is gone
 // (removed while leased) has its lease deleted.
 func (sub *subscription) handOut(rows []row, deadline time.Time) {
+	var l *claimLease
+	if sub.direct {
+		l = sub.newClaimLease(deadline)
+	}
 	ds := make([]*delivery, 0, len(rows))
 	for _, r := range rows {
 		if r.orphan {
 			sub.s.settler.ack(sub.topic, leaseRef{offset: r.offset, deliveries: r.deliveries})
 			continue
 		}
-		ds = append(ds, sub.newDelivery(r, deadline))
+		ds = append(ds, sub.newDelivery(r, deadline, l))
+	}
+	if l != nil {
+		l.watch(sub)
 	}
 	for _, d := range ds {
 		select {
 		case sub.out <- d.msg:
 			sub.mu.Lock()
 			d.handedOut = true
-			if sub.direct {
-				d.watchLease()
+			if l != nil && l.passed() {
+				// The lease passed while the consumer took it: its callback may have run
+				// before the hand-out.
+				d.expireLocked()
 			}
 			sub.mu.Unlock()
 			if !sub.direct {
