@@ -33,7 +33,7 @@ type givenAck struct {
 // It never sends an ack the consumer did not give: a multiple ack covers only acked or
 // already settled tags (window.take).
 //
-// A coalescer is not safe for concurrent use; the session's goroutine owns it.
+// A coalescer is not safe for concurrent use; the session's mutex guards it.
 type coalescer struct {
 	win window
 	// delay bounds the wait of a prefix ack, hold the wait of an ack behind an unsettled
