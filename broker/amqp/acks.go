@@ -27,11 +27,13 @@ type givenAck struct {
 //     any order) is normally acked within that time; one that is stuck (retried, held after a
 //     nack) does not keep the acks behind it waiting longer;
 //   - every ack goes at once when no delivery is open any more: nothing older can be acked.
+//     With deferIdle, the session decides when (idleFlush): a consumer that settles in its own
+//     goroutine may ack a delivery before the session has received the next one RabbitMQ sent.
 //
 // It never sends an ack the consumer did not give: a multiple ack covers only acked or
 // already settled tags (window.take).
 //
-// A coalescer is not safe for concurrent use; the session's goroutine owns it.
+// A coalescer is not safe for concurrent use; the session's mutex guards it.
 type coalescer struct {
 	win window
 	// delay bounds the wait of a prefix ack, hold the wait of an ack behind an unsettled
@@ -45,6 +47,8 @@ type coalescer struct {
 	// since (in a multiple ack) are skipped.
 	given []givenAck
 	head  int
+	// deferIdle: the acks that wait when no delivery is open go by idleFlush only.
+	deferIdle bool
 }
 
 // meanWeight is the weight of the newest sample in coalescer.mean: about the last 64 acks count.
@@ -70,7 +74,7 @@ func (c *coalescer) ack(tag uint64, now time.Time, took time.Duration) []ackFram
 	}
 	c.win.ack(tag)
 	c.given = append(c.given, givenAck{tag: tag, at: now})
-	if !c.win.busy() {
+	if !c.deferIdle && !c.win.busy() {
 		return c.flush()
 	}
 	if c.win.pending() >= c.flushAt && c.win.prefixLen() >= c.flushAt {
@@ -93,11 +97,22 @@ func (c *coalescer) settle(tag uint64) []ackFrame {
 }
 
 func (c *coalescer) idle() []ackFrame {
-	if c.win.pending() > 0 && !c.win.busy() {
+	if c.deferIdle {
+		return nil
+	}
+	return c.idleFlush()
+}
+
+// idleFlush returns every ack waiting when no delivery is open.
+func (c *coalescer) idleFlush() []ackFrame {
+	if c.idleDue() {
 		return c.flush()
 	}
 	return nil
 }
+
+// idleDue reports whether acks wait and no delivery is open: idleFlush would send them.
+func (c *coalescer) idleDue() bool { return c.win.pending() > 0 && !c.win.busy() }
 
 // outOfOrder returns how long an ack behind an unsettled delivery waits for it.
 func (c *coalescer) outOfOrder() time.Duration {

@@ -41,7 +41,7 @@ func TestSubscriber_AcksInArrivalOrderAreCoalesced(t *testing.T) {
 	t.Parallel()
 	forEachQueueType(t, func(t *testing.T, f *fixture) {
 		const n, prefetch = 2000, 100
-		single, multiple := consumeAll(t, f, n, prefetch, func(m *message.Message) { m.Ack() }, nil)
+		single, multiple := consumeAll(t, f, n, prefetch, func(m *message.Message) { ack(m) }, nil)
 		t.Logf("%d acks in arrival order: %d frames (%d with multiple, %d single)", n, single+multiple, multiple, single)
 		require.Less(t, single+multiple, n/2, "at most one frame for two acks")
 	})
@@ -56,7 +56,7 @@ func TestSubscriber_AcksOutOfOrderAreCoalescedWherePossible(t *testing.T) {
 			// Processed concurrently, as the router does: they finish in any order.
 			acks.Go(func() {
 				time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-				m.Ack()
+				ack(m)
 			})
 		}, acks.Wait)
 		t.Logf("%d acks out of order: %d frames (%d with multiple, %d single)", n, single+multiple, multiple, single)
@@ -79,12 +79,12 @@ func TestSubscriber_AcksOutOfOrderGoAsOneMultipleAck(t *testing.T) {
 		amqp.CountFrames(s, &frames)
 		got := receiveN(t, f.subscribe(s), n)
 		for i := n - 1; i >= 0; i-- {
-			got[i].Ack()
+			ack(got[i])
 		}
-		// The acks reach the session in any order (each from its delivery's goroutine): the
-		// ones that make the front of the window contiguous go as a multiple ack, and once
-		// half the window waits behind an acked front it goes early. Ten acks take one or two
-		// multiple acks, never ten frames.
+		// The acks reach the session in any order (each from its delivery's goroutine, unless
+		// the consumer settles directly): the ones that make the front of the window contiguous
+		// go as a multiple ack, and once half the window waits behind an acked front it goes
+		// early. Ten acks take one or two multiple acks, never ten frames.
 		testsvc.Eventually(t, within, func() bool {
 			_, multiple, _ := frames.Frames()
 			return multiple >= 1
@@ -112,8 +112,8 @@ func TestSubscriber_AnAckBehindAStuckDeliveryGoesAlone(t *testing.T) {
 		amqp.CountFrames(s, &frames)
 		msgs := f.subscribe(s)
 		got := receiveN(t, msgs, n)
-		got[1].Ack()
-		got[2].Ack()
+		ack(got[1])
+		ack(got[2])
 		testsvc.Eventually(t, within, func() bool {
 			single, _, _ := frames.Frames()
 			return single == 2

@@ -13,27 +13,32 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // BenchmarkSubscriber_ConsumeAndAck publishes 2000 messages per iteration, then consumes and
 // acks them with one subscription at the default prefetch (10), each message handled in a
 // goroutine of its own after work, as watermill's router does: with this package's Subscriber
-// ("onceflow") and with watermill-amqp's ("watermill-amqp") over the same topology, side by
-// side. msgs/s counts the consumption only. Compare the ratios of one run: the machine is
+// ("onceflow"; "onceflow-direct" subscribes as onceflow's router does, and calls
+// redelivery.Settle after each ack) and with watermill-amqp's ("watermill-amqp") over the same
+// topology, side by side. msgs/s counts the consumption only. Compare the ratios of one run: the machine is
 // shared.
 //
 //	CI=true go test ./broker/amqp/ -run '^$' -bench BenchmarkSubscriber_ConsumeAndAck
 func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 	const n = 2000
+	onceflow := func(b *testing.B, f *fixture) message.Subscriber {
+		s, err := amqp.NewSubscriber(f.config(amqp.DefaultPrefetch))
+		require.NoError(b, err)
+		return s
+	}
 	subscribers := []struct {
-		name string
-		new  func(b *testing.B, f *fixture) message.Subscriber
+		name   string
+		new    func(b *testing.B, f *fixture) message.Subscriber
+		direct bool
 	}{
-		{"onceflow", func(b *testing.B, f *fixture) message.Subscriber {
-			s, err := amqp.NewSubscriber(f.config(amqp.DefaultPrefetch))
-			require.NoError(b, err)
-			return s
-		}},
+		{"onceflow", onceflow, false},
+		{"onceflow-direct", onceflow, true},
 		{"watermill-amqp", func(b *testing.B, f *fixture) message.Subscriber {
 			s, err := wamqp.NewSubscriber(wamqp.Config{
 				Connection:      wamqp.ConnectionConfig{AmqpURI: f.url, Reconnect: wamqp.DefaultReconnectConfig()},
@@ -46,7 +51,7 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 			}, watermill.NopLogger{})
 			require.NoError(b, err)
 			return s
-		}},
+		}, false},
 	}
 	for _, work := range []time.Duration{0, time.Millisecond} {
 		for _, sc := range subscribers {
@@ -57,6 +62,9 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 					publishParallel(b, f, n)
 					sub := sc.new(b, f)
 					ctx, cancel := context.WithCancel(context.Background())
+					if sc.direct {
+						ctx = redelivery.WithDirectSettle(ctx)
+					}
 					msgs, err := sub.Subscribe(ctx, f.topic)
 					require.NoError(b, err)
 					var handlers sync.WaitGroup
@@ -68,6 +76,7 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 								time.Sleep(work)
 							}
 							m.Ack()
+							redelivery.Settle(m)
 						})
 					}
 					handlers.Wait()

@@ -31,14 +31,52 @@ const within = 20 * time.Second
 // queueTypes are the queue types every behaviour test runs on.
 var queueTypes = []amqp.QueueType{amqp.Classic, amqp.Quorum}
 
-// forEachQueueType runs test as a parallel subtest on a classic and on a quorum queue.
+// forEachQueueType runs test as a parallel subtest on a classic and on a quorum queue, each
+// with a consumer that settles directly (redelivery.WithDirectSettle, as the router) and with
+// one that does not, whose acks and nacks the subscription watches for.
 func forEachQueueType(t *testing.T, test func(t *testing.T, f *fixture)) {
 	for _, qt := range queueTypes {
-		t.Run(string(qt), func(t *testing.T) {
-			t.Parallel()
-			test(t, setup(t, amqp.Queue{Type: qt}))
+		forEachMode(t, string(qt)+"-", func(t *testing.T, direct bool) {
+			f := setup(t, amqp.Queue{Type: qt})
+			f.direct = direct
+			test(t, f)
 		})
 	}
+}
+
+// forEachMode runs test as a parallel subtest with a consumer that does not settle directly
+// ("<prefix>watched") and with one that does ("<prefix>direct").
+func forEachMode(t *testing.T, prefix string, test func(t *testing.T, direct bool)) {
+	for _, direct := range []bool{false, true} {
+		name := prefix + "watched"
+		if direct {
+			name = prefix + "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, direct)
+		})
+	}
+}
+
+// ack acks m and settles it, as the router does: redelivery.Settle tells a subscription whose
+// consumer settles directly, and does nothing for any other.
+func ack(m *message.Message) {
+	m.Ack()
+	redelivery.Settle(m)
+}
+
+// nack nacks m and settles it, as ack.
+func nack(m *message.Message) {
+	m.Nack()
+	redelivery.Settle(m)
+}
+
+// nackAfter nacks m with redelivery.NackAfter and settles it, as ack.
+func nackAfter(m *message.Message, d time.Duration) bool {
+	ok := redelivery.NackAfter(m, d)
+	redelivery.Settle(m)
+	return ok
 }
 
 // fixture is one test's RabbitMQ, topic, topology and publisher.
@@ -49,6 +87,8 @@ type fixture struct {
 	topology amqp.Topology
 	pub      message.Publisher
 	conn     *amqp091.Connection // for looking at the queue
+	// direct makes the fixture's subscriptions settle directly (redelivery.WithDirectSettle).
+	direct bool
 }
 
 func setup(t testing.TB, q amqp.Queue) *fixture {
@@ -86,10 +126,19 @@ func (f *fixture) subscriber(cfg amqp.Config) *amqp.Subscriber {
 	return s
 }
 
+// context returns the context to subscribe with: one that promises redelivery.Settle when the
+// fixture settles directly.
+func (f *fixture) context() context.Context {
+	if f.direct {
+		return redelivery.WithDirectSettle(context.Background())
+	}
+	return context.Background()
+}
+
 // subscribe subscribes s to the fixture's topic.
 func (f *fixture) subscribe(s *amqp.Subscriber) <-chan *message.Message {
 	f.t.Helper()
-	msgs, err := s.Subscribe(context.Background(), f.topic)
+	msgs, err := s.Subscribe(f.context(), f.topic)
 	require.NoError(f.t, err)
 	return msgs
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // childEnv carries the Config of TestKilledConsumer_Child, as JSON.
@@ -24,6 +25,8 @@ type childConfig struct {
 	URL   string
 	Topic string
 	Queue amqp.Queue
+	// Direct: subscribe as a consumer that settles directly.
+	Direct bool
 }
 
 // TestKilledConsumer_Child is the consumer process of
@@ -38,7 +41,11 @@ func TestKilledConsumer_Child(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(raw), &c))
 	s, err := amqp.NewSubscriber(amqp.Config{URL: c.URL, Topology: amqp.Topology{ConsumerGroup: group, Queue: c.Queue}})
 	require.NoError(t, err)
-	msgs, err := s.Subscribe(context.Background(), c.Topic)
+	ctx := context.Background()
+	if c.Direct {
+		ctx = redelivery.WithDirectSettle(ctx)
+	}
+	msgs, err := s.Subscribe(ctx, c.Topic)
 	require.NoError(t, err)
 	m := receive(t, msgs)
 	fmt.Printf("HOLDING %s %d\n", m.UUID, infoOf(t, m).Count)
@@ -52,7 +59,7 @@ func TestSubscriber_DeliveryCountSurvivesAKilledConsumer(t *testing.T) {
 	t.Parallel()
 	forEachQueueType(t, func(t *testing.T, f *fixture) {
 		id := f.publish("m", 1)[0]
-		env, err := json.Marshal(childConfig{URL: f.url, Topic: f.topic, Queue: f.topology.Queue})
+		env, err := json.Marshal(childConfig{URL: f.url, Topic: f.topic, Queue: f.topology.Queue, Direct: f.direct})
 		require.NoError(t, err)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
 		cmd.Env = append(os.Environ(), childEnv+"="+string(env))
@@ -96,6 +103,6 @@ func TestSubscriber_DeliveryCountSurvivesAKilledConsumer(t *testing.T) {
 		m := receive(t, msgs)
 		require.Equal(t, id, m.UUID)
 		requireAgain(t, f.topology.Queue.Type, m)
-		m.Ack()
+		ack(m)
 	})
 }

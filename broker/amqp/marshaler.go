@@ -83,14 +83,22 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 
 // Unmarshal converts an AMQP delivery to a watermill message. It never returns an error.
 func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
-	md := make(message.Metadata, len(d.Headers)+3)
 	var id string
+	if v, ok := d.Headers[HeaderMessageUUID]; ok {
+		id = headerString(v)
+	}
+	msg := message.NewMessage(id, d.Body)
+	// The message's own empty map takes a few headers without growing; a map made for more
+	// saves growing it several times.
+	md := msg.Metadata
+	if n := len(d.Headers) + 3; n > smallMetadata {
+		md = make(message.Metadata, n)
+		msg.Metadata = md
+	}
 	for k, v := range d.Headers {
-		if k == HeaderMessageUUID {
-			id = headerString(v)
-			continue
+		if k != HeaderMessageUUID {
+			md[k] = headerString(v)
 		}
-		md[k] = headerString(v)
 	}
 	if d.MessageId != "" {
 		md[messagedata.HeaderAMQPMessageID] = d.MessageId
@@ -101,10 +109,11 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Redelivered {
 		md[HeaderRedelivered] = "true"
 	}
-	msg := message.NewMessage(id, d.Body)
-	msg.Metadata = md
 	return msg, nil
 }
+
+// smallMetadata is how many entries an empty map takes before it grows (one group of Go's maps).
+const smallMetadata = 8
 
 // headerString renders an AMQP field value as a string.
 func headerString(v any) string {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
@@ -33,11 +34,13 @@ import (
 //     shared with other tests and cannot be restarted; a lost connection is covered by
 //     TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn, through a proxy.
 //   - ContextPreserved is false: a message's context is not published.
+//
+// Each queue type runs it with a consumer that settles directly (the suite's acks and nacks
+// are followed by redelivery.Settle, see settlingSubscriber) and with one that does not.
 func TestPubSub(t *testing.T) {
 	t.Parallel()
 	for _, qt := range queueTypes {
-		t.Run(string(qt), func(t *testing.T) {
-			t.Parallel()
+		forEachMode(t, string(qt)+"-", func(t *testing.T, direct bool) {
 			url := testsvc.AMQPURL(t)
 			rec := &topics{}
 			t.Cleanup(func() { rec.remove(t, url) })
@@ -48,7 +51,11 @@ func TestPubSub(t *testing.T) {
 				require.NoError(t, err)
 				sub, err := amqp.NewSubscriber(amqp.Config{URL: url, Topology: topology})
 				require.NoError(t, err)
-				return recordingPublisher{pub, rec}, recordingSubscriber{sub, rec}
+				var s message.Subscriber = sub
+				if direct {
+					s = settlingSubscriber{sub}
+				}
+				return recordingPublisher{pub, rec}, recordingSubscriber{s, rec}
 			}
 			tests.TestPubSub(t, tests.Features{
 				ConsumerGroups:                   true,
@@ -111,4 +118,54 @@ type recordingSubscriber struct {
 func (s recordingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.rec.add(topic)
 	return s.Subscriber.Subscribe(ctx, topic)
+}
+
+// settlingSubscriber subscribes as a consumer that settles directly, for consumers (the suite)
+// that only ack and nack: it calls redelivery.Settle after each message's ack or nack, as the
+// router does, from a goroutine per message that waits for it until the subscription ends.
+type settlingSubscriber struct {
+	message.Subscriber
+}
+
+// SubscribeInitialize passes the call on, if the Subscriber has the method.
+func (s settlingSubscriber) SubscribeInitialize(topic string) error {
+	if i, ok := s.Subscriber.(message.SubscribeInitializer); ok {
+		return i.SubscribeInitialize(topic)
+	}
+	return nil
+}
+
+func (s settlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	ended := make(chan struct{})
+	go func() {
+		defer close(out)
+		defer close(ended)
+		for m := range in {
+			go func() {
+				select {
+				case <-m.Acked():
+				case <-m.Nacked():
+				case <-ended:
+					select {
+					case <-m.Acked():
+					case <-m.Nacked():
+					default:
+						return // never settled
+					}
+				}
+				redelivery.Settle(m)
+			}()
+			select {
+			case out <- m:
+			case <-m.Context().Done():
+				// Its delivery ended before the consumer took it: RabbitMQ gives it back.
+			}
+		}
+	}()
+	return out, nil
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,10 +41,14 @@ type settlement struct {
 	ack bool
 }
 
-// session is a subscription's life on one AMQP channel. Its goroutine (run) owns its state and
-// is the only one that sends acks and nacks on the channel, so that the frames go in the order
-// the window decides; a goroutine per handed-out delivery waits for the consumer's ack or nack
-// and reports it.
+// session is a subscription's life on one AMQP channel. Its goroutine (run) receives and hands
+// out the deliveries. Its state (the window, the deliveries handed out, the held nacks and the
+// timers) is guarded by mu, and acks and nacks are sent only under mu, so that the frames go in
+// the order the window decides.
+//
+// A consumer that settles directly (redelivery.SettlesDirectly) settles each delivery in its
+// own goroutine, under mu, when it calls redelivery.Settle. For any other consumer a goroutine
+// per handed-out delivery waits for its ack or nack and reports it to run on events.
 type session struct {
 	sub        *subscription
 	ch         *amqp.Channel
@@ -51,6 +57,8 @@ type session struct {
 	deliveries <-chan amqp.Delivery
 	closed     <-chan *amqp.Error
 	quorum     bool
+	// direct: the consumer calls redelivery.Settle after each ack or nack.
+	direct bool
 
 	// ctx is the parent of the deliveries' contexts, cancelled when the session ends.
 	ctx    context.Context
@@ -58,9 +66,23 @@ type session struct {
 	// done is closed when the session ends: the deliveries' goroutines stop waiting.
 	done   chan struct{}
 	events chan settlement
+	// failed is signalled when a direct settlement could not be sent: run then loses the
+	// channel.
+	failed chan struct{}
+	// idle is signalled when a direct settlement left acks waiting and no delivery open: run
+	// sends them unless it has the next delivery at hand.
+	idle chan struct{}
 
-	acked    *coalescer
-	inflight map[uint64]*delivery // handed out, not settled by the consumer
+	mu sync.Mutex
+	// over is set when the session ends: a settlement after it changes nothing, and its ack is
+	// dropped (never sent on another channel).
+	over bool
+	// err is the first error of sending a direct settlement.
+	err   error
+	acked *coalescer
+	// inflight holds the deliveries handed out and not settled by the consumer; for a consumer
+	// that settles directly, from their receipt on.
+	inflight map[uint64]*delivery
 	held     heldQueue
 	ackTimer *time.Timer
 	ackDue   time.Time // when ackTimer fires; zero when it is stopped
@@ -78,10 +100,13 @@ func newSession(sub *subscription, ch *amqp.Channel, a acker, tag string, delive
 		deliveries: deliveries,
 		closed:     closed,
 		quorum:     cfg.Topology.Queue.Type == Quorum,
+		direct:     redelivery.SettlesDirectly(sub.ctx),
 		ctx:        ctx,
 		cancel:     cancel,
 		done:       make(chan struct{}),
 		events:     make(chan settlement, cfg.Prefetch),
+		failed:     make(chan struct{}, 1),
+		idle:       make(chan struct{}, 1),
 		acked:      newCoalescer(cfg.Prefetch, cfg.AckDelay, cfg.OutOfOrderAckDelay),
 		inflight:   map[uint64]*delivery{},
 		ackTimer:   time.NewTimer(time.Hour),
@@ -89,6 +114,7 @@ func newSession(sub *subscription, ch *amqp.Channel, a acker, tag string, delive
 	}
 	ss.ackTimer.Stop()
 	ss.nackTime.Stop()
+	ss.acked.deferIdle = ss.direct
 	return ss
 }
 
@@ -130,12 +156,47 @@ func (ss *session) run() (lost bool) {
 			ss.handOut(next)
 			next = nil
 		case st := <-ss.events:
+			ss.mu.Lock()
 			err = ss.settle(st)
+			ss.mu.Unlock()
+		case <-ss.failed:
+			ss.mu.Lock()
+			err = ss.err
+			ss.mu.Unlock()
+		case <-ss.idle:
+			// The consumer settled every delivery it has. Sending the acks now takes a frame
+			// for the few acked so far, while RabbitMQ may have sent the next delivery
+			// already: take it first if it is there, and they go with the next ones.
+			if next == nil {
+				// The goroutine of amqp091-go that passes the deliveries on may not be
+				// waiting to pass the next one yet: let it run first.
+				runtime.Gosched()
+				select {
+				case d, ok := <-ss.deliveries:
+					if !ok {
+						ss.lose(errors.New("the consumer was cancelled or its channel closed"))
+						return true
+					}
+					next = ss.receive(d)
+					continue
+				default:
+				}
+			}
+			ss.mu.Lock()
+			err = ss.send(ss.acked.idleFlush())
+			ss.mu.Unlock()
 		case now := <-ss.ackTimer.C:
+			ss.mu.Lock()
 			ss.ackDue = time.Time{}
 			err = ss.send(ss.acked.expire(now))
+			ss.mu.Unlock()
 		case <-ss.nackTime.C:
+			ss.mu.Lock()
 			err = ss.nackDue(time.Now())
+			if err == nil {
+				err = ss.send(ss.acked.idleFlush()) // deferred in direct mode
+			}
+			ss.mu.Unlock()
 		case e := <-ss.closed:
 			if e == nil {
 				ss.lose(errors.New("channel closed"))
@@ -157,19 +218,75 @@ func (ss *session) run() (lost bool) {
 	}
 }
 
-// receive turns an AMQP delivery into a message whose context carries its redelivery.Info.
+// receive turns an AMQP delivery into a message whose context carries its redelivery.Info. For
+// a consumer that settles directly, the delivery counts as handed out from here on: the
+// consumer may settle it as soon as it has it, before run records the hand-out.
 func (ss *session) receive(d amqp.Delivery) *delivery {
 	msg, _ := Marshaler{}.Unmarshal(d) // never fails
 	ctx, cancel := context.WithCancel(redelivery.NewContext(ss.ctx, deliveryInfo(d, ss.quorum)))
-	msg.SetContext(ctx)
+	dv := &delivery{tag: d.DeliveryTag, msg: msg, ctx: ctx, cancel: cancel}
+	if ss.direct {
+		msg.SetContext(redelivery.NewSettleContext(ctx, func() { ss.settleDirect(dv) }))
+	} else {
+		msg.SetContext(ctx)
+	}
+	ss.mu.Lock()
 	ss.acked.deliver(d.DeliveryTag)
-	return &delivery{tag: d.DeliveryTag, msg: msg, ctx: ctx, cancel: cancel}
+	if ss.direct {
+		ss.inflight[dv.tag] = dv
+	}
+	ss.mu.Unlock()
+	return dv
 }
 
-// handOut records that the consumer has d and waits for its ack or nack.
+// settleDirect takes the consumer's ack or nack of d, in the consumer's goroutine.
+func (ss *session) settleDirect(d *delivery) {
+	ack := redelivery.Acked(d.msg)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.over {
+		return // the session is over: an ack now is dropped
+	}
+	if err := ss.settle(settlement{d: d, ack: ack}); err != nil {
+		ss.fail(err)
+		return
+	}
+	if ss.acked.idleDue() {
+		select {
+		case ss.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// fail records the first error of a direct settlement and wakes run, which loses the channel.
+// mu is held.
+func (ss *session) fail(err error) {
+	if ss.err != nil {
+		return
+	}
+	ss.err = err
+	select {
+	case ss.failed <- struct{}{}:
+	default:
+	}
+}
+
+// handOut records that the consumer has d and, unless the consumer settles directly, waits for
+// its ack or nack.
 func (ss *session) handOut(d *delivery) {
+	now := time.Now()
+	ss.mu.Lock()
+	if ss.direct {
+		if ss.inflight[d.tag] == d {
+			d.out = now // not settled already
+		}
+		ss.mu.Unlock()
+		return
+	}
 	ss.inflight[d.tag] = d
-	d.out = time.Now()
+	d.out = now
+	ss.mu.Unlock()
 	go func() {
 		var st settlement
 		select {
@@ -187,7 +304,7 @@ func (ss *session) handOut(d *delivery) {
 	}()
 }
 
-// settle handles the consumer's ack or nack of a delivery.
+// settle handles the consumer's ack or nack of a delivery. mu is held.
 func (ss *session) settle(st settlement) error {
 	d := st.d
 	if ss.inflight[d.tag] != d {
@@ -197,7 +314,11 @@ func (ss *session) settle(st settlement) error {
 	d.cancel()
 	if st.ack {
 		now := time.Now()
-		return ss.send(ss.acked.ack(d.tag, now, now.Sub(d.out)))
+		var took time.Duration
+		if !d.out.IsZero() {
+			took = now.Sub(d.out)
+		} // else settled directly before run recorded the hand-out: at once
+		return ss.send(ss.acked.ack(d.tag, now, took))
 	}
 	delay, asked := redelivery.RequestedDelay(d.ctx)
 	if !asked {
@@ -212,7 +333,8 @@ func (ss *session) settle(st settlement) error {
 	return ss.send(ss.acked.holdNack(d.tag))
 }
 
-// send sends the acks the coalescer returned, and sets the timer for the ones that wait.
+// send sends the acks the coalescer returned, and sets the timer for the ones that wait. mu is
+// held.
 func (ss *session) send(frames []ackFrame) error {
 	for _, f := range frames {
 		if err := ss.acks.Ack(f.tag, f.multiple); err != nil {
@@ -233,7 +355,7 @@ func (ss *session) send(frames []ackFrame) error {
 	return nil
 }
 
-// nack gives d back to RabbitMQ, to be delivered again.
+// nack gives d back to RabbitMQ, to be delivered again. mu is held.
 func (ss *session) nack(d *delivery) error {
 	if err := ss.acks.Nack(d.tag, false, true); err != nil {
 		return fmt.Errorf("nack delivery %d: %w", d.tag, err)
@@ -241,7 +363,7 @@ func (ss *session) nack(d *delivery) error {
 	return ss.send(ss.acked.settle(d.tag))
 }
 
-// nackDue sends the held nacks whose delay has passed at now.
+// nackDue sends the held nacks whose delay has passed at now. mu is held.
 func (ss *session) nackDue(now time.Time) error {
 	for len(ss.held) > 0 && !ss.held[0].due.After(now) {
 		if err := ss.nack(heap.Pop(&ss.held).(*delivery)); err != nil {
@@ -252,6 +374,7 @@ func (ss *session) nackDue(now time.Time) error {
 	return nil
 }
 
+// resetNackTimer sets the nack timer for the first held nack. mu is held.
 func (ss *session) resetNackTimer() {
 	ss.nackTime.Stop()
 	if len(ss.held) > 0 {
@@ -269,6 +392,7 @@ func (ss *session) end() {
 	if err := ss.ch.Cancel(ss.tag, false); err != nil {
 		errs = append(errs, fmt.Errorf("cancel consumer: %w", err))
 	}
+	ss.mu.Lock()
 	for drained := false; !drained; {
 		select {
 		case st := <-ss.events:
@@ -277,6 +401,8 @@ func (ss *session) end() {
 			drained = true
 		}
 	}
+	// An ack given and not reported yet (or, for a consumer that settles directly, given and
+	// not settled yet) is sent all the same.
 	for _, d := range ss.inflight {
 		select {
 		case <-d.msg.Acked():
@@ -290,6 +416,8 @@ func (ss *session) end() {
 	for len(ss.held) > 0 {
 		errs = append(errs, ss.nack(heap.Pop(&ss.held).(*delivery)))
 	}
+	ss.over = true
+	ss.mu.Unlock()
 	ss.stopSession()
 	if err := ss.ch.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		errs = append(errs, fmt.Errorf("close channel: %w", err))
@@ -304,6 +432,9 @@ func (ss *session) end() {
 // channel back).
 func (ss *session) lose(err error) {
 	ss.sub.s.cfg.Logger.Error("Subscription lost its channel; reconnecting", err, watermill.LogFields{"queue": ss.sub.queue})
+	ss.mu.Lock()
+	ss.over = true
+	ss.mu.Unlock()
 	ss.stopSession()
 	if !ss.ch.IsClosed() {
 		_ = ss.ch.Close()

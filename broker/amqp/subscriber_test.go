@@ -56,12 +56,12 @@ func TestSubscriber_PrefetchDeliveriesArriveWithoutAnyAck(t *testing.T) {
 		f.eventuallyReady(8 - prefetch)
 
 		for _, m := range held {
-			m.Ack()
+			ack(m)
 		}
 		rest := receiveN(t, msgs, 8-prefetch)
 		require.Equal(t, ids[prefetch:], uuids(rest))
 		for _, m := range rest {
-			m.Ack()
+			ack(m)
 		}
 		f.eventuallyReady(0)
 	})
@@ -77,7 +77,7 @@ func TestSubscriber_AckGivenRightBeforeCloseIsNotDeliveredAgain(t *testing.T) {
 		var unacked []string
 		for i, m := range got {
 			if i%2 == 0 {
-				m.Ack()
+				ack(m)
 			} else {
 				unacked = append(unacked, m.UUID)
 			}
@@ -90,7 +90,7 @@ func TestSubscriber_AckGivenRightBeforeCloseIsNotDeliveredAgain(t *testing.T) {
 		require.ElementsMatch(t, unacked, uuids(again), "exactly the unacked half comes again")
 		for _, m := range again {
 			requireAgain(t, f.topology.Queue.Type, m)
-			m.Ack()
+			ack(m)
 		}
 		requireNothing(t, next, 300*time.Millisecond)
 		f.eventuallyReady(0)
@@ -108,7 +108,7 @@ func TestSubscriber_NackAfterComesBackNoSoonerAndCounted(t *testing.T) {
 
 		const delay = 500 * time.Millisecond
 		nacked := time.Now()
-		require.True(t, redelivery.NackAfter(first, delay))
+		require.True(t, nackAfter(first, delay))
 		select {
 		case <-first.Context().Done():
 		case <-time.After(within):
@@ -120,7 +120,7 @@ func TestSubscriber_NackAfterComesBackNoSoonerAndCounted(t *testing.T) {
 		require.Equal(t, string(first.Payload), string(again.Payload))
 		requireAgain(t, f.topology.Queue.Type, again)
 		require.Equal(t, "true", again.Metadata.Get(amqp.HeaderRedelivered))
-		again.Ack()
+		ack(again)
 		f.eventuallyReady(0)
 	})
 }
@@ -134,12 +134,12 @@ func TestSubscriber_NackWithoutRequestWaitsNackDelay(t *testing.T) {
 		msgs := f.subscribe(f.subscriber(cfg))
 		first := receive(t, msgs)
 		nacked := time.Now()
-		first.Nack()
+		nack(first)
 		again := receive(t, msgs)
 		require.GreaterOrEqual(t, time.Since(nacked), cfg.NackDelay)
 		require.Equal(t, first.UUID, again.UUID)
 		requireAgain(t, f.topology.Queue.Type, again)
-		again.Ack()
+		ack(again)
 	})
 }
 
@@ -163,10 +163,10 @@ func TestSubscriber_DeliveryCountOfAQuorumQueueIsXDeliveryCountPlusOne(t *testin
 				h = "(none)"
 			}
 			headers = append(headers, h)
-			require.True(t, redelivery.NackAfter(m, 0))
+			require.True(t, nackAfter(m, 0))
 		}
 		m := receive(t, msgs)
-		m.Ack()
+		ack(m)
 		if f.topology.Queue.Type == amqp.Quorum {
 			require.Equal(t, []string{"(none)", "1", "2", "3"}, headers)
 			require.Equal(t, []int{1, 2, 3, 4}, counts)
@@ -196,7 +196,7 @@ func TestSubscriber_HeldNackDoesNotBlockTheMessagesBehindIt(t *testing.T) {
 			m := receive(t, msgs)
 			if m.UUID != poison {
 				seen[m.UUID]++
-				m.Ack()
+				ack(m)
 				if len(seen) == goods && goodsDone.IsZero() {
 					goodsDone = time.Now()
 				}
@@ -205,10 +205,10 @@ func TestSubscriber_HeldNackDoesNotBlockTheMessagesBehindIt(t *testing.T) {
 			poisonDeliveries++
 			if poisonDeliveries == 1 {
 				nackedAt = time.Now()
-				require.True(t, redelivery.NackAfter(m, hold))
+				require.True(t, nackAfter(m, hold))
 			} else {
 				poisonBack = time.Now()
-				m.Ack()
+				ack(m)
 			}
 		}
 		require.Len(t, seen, goods)
@@ -243,11 +243,11 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveriesToAnotherConsumer(t *testin
 		got := receiveN(t, msgsB, 3)
 		require.ElementsMatch(t, ids, uuids(got))
 		for _, m := range held {
-			m.Ack() // too late: a has closed; this changes nothing
+			ack(m) // too late: a has closed; this changes nothing
 		}
 		for _, m := range got {
 			requireAgain(t, f.topology.Queue.Type, m)
-			m.Ack()
+			ack(m)
 		}
 		f.eventuallyReady(0)
 	})
@@ -281,7 +281,7 @@ func TestSubscriber_CompetingConsumersNeverHoldTheSameMessageAtOnce(t *testing.T
 				close(allAcked)
 			}
 			mu.Unlock()
-			m.Ack()
+			ack(m)
 		}
 		for range 3 {
 			msgs := f.subscribe(f.subscriber(f.config(20)))
@@ -325,8 +325,8 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 		// and 5) are in flight when the connection goes.
 		first := receiveN(t, msgs, 5)
 		require.Equal(t, ids[:5], uuids(first))
-		first[0].Ack()
-		first[1].Ack()
+		ack(first[0])
+		ack(first[1])
 		testsvc.Eventually(t, within, func() bool {
 			single, multiple, _ := frames.Frames()
 			return multiple >= 1 || single >= 2
@@ -359,11 +359,11 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 		keep := again[3].UUID
 		require.NotEqual(t, stale[1].UUID, keep, "the test needs another message at tag 4")
 		for _, m := range stale {
-			m.Ack()
+			ack(m)
 		}
 		for _, m := range again {
 			if m.UUID != keep {
-				m.Ack()
+				ack(m)
 			}
 		}
 		require.NoError(t, s.Close())
@@ -371,7 +371,7 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 		next := f.subscribe(f.subscriber(f.config(n)))
 		m := receive(t, next)
 		require.Equal(t, keep, m.UUID, "the one message not acked on the new channel")
-		m.Ack()
+		ack(m)
 		requireNothing(t, next, 300*time.Millisecond)
 	})
 }
@@ -396,25 +396,28 @@ func TestSubscriber_CloseWhileReconnectingReturnsPromptly(t *testing.T) {
 
 func TestSubscriber_CloseIsBoundedWhenRabbitMQDoesNotAnswer(t *testing.T) {
 	t.Parallel()
-	f := setup(t, amqp.Queue{})
-	px := newProxy(t, f.url)
-	cfg := f.config(10)
-	cfg.URL = px.url
-	cfg.CloseTimeout = 500 * time.Millisecond
-	s := f.subscriber(cfg)
-	f.publish("m", 1)
-	msgs := f.subscribe(s)
-	m := receive(t, msgs)
-	px.blackhole(t)
-	m.Ack()
+	forEachMode(t, "", func(t *testing.T, direct bool) {
+		f := setup(t, amqp.Queue{})
+		f.direct = direct
+		px := newProxy(t, f.url)
+		cfg := f.config(10)
+		cfg.URL = px.url
+		cfg.CloseTimeout = 500 * time.Millisecond
+		s := f.subscriber(cfg)
+		f.publish("m", 1)
+		msgs := f.subscribe(s)
+		m := receive(t, msgs)
+		px.blackhole(t)
+		ack(m)
 
-	start := time.Now()
-	err := s.Close()
-	elapsed := time.Since(start)
-	require.Error(t, err, "an ack may be lost: Close says so")
-	require.Less(t, elapsed, cfg.CloseTimeout+1500*time.Millisecond)
-	_, open := <-msgs
-	require.False(t, open)
+		start := time.Now()
+		err := s.Close()
+		elapsed := time.Since(start)
+		require.Error(t, err, "an ack may be lost: Close says so")
+		require.Less(t, elapsed, cfg.CloseTimeout+1500*time.Millisecond)
+		_, open := <-msgs
+		require.False(t, open)
+	})
 }
 
 func TestSubscriber_ContextEndEndsTheSubscriptionOnly(t *testing.T) {
@@ -422,12 +425,12 @@ func TestSubscriber_ContextEndEndsTheSubscriptionOnly(t *testing.T) {
 	forEachQueueType(t, func(t *testing.T, f *fixture) {
 		ids := f.publish("m", 4)
 		s := f.subscriber(f.config(4))
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(f.context())
 		msgs, err := s.Subscribe(ctx, f.topic)
 		require.NoError(t, err)
 		got := receiveN(t, msgs, 4)
-		got[0].Ack()
-		got[1].Ack()
+		ack(got[0])
+		ack(got[1])
 		cancel()
 		for range msgs { // closed, and nothing more handed out
 			t.Fatal("message handed out after the context ended")
@@ -445,7 +448,7 @@ func TestSubscriber_ContextEndEndsTheSubscriptionOnly(t *testing.T) {
 		again := receiveN(t, f.subscribe(s), 2)
 		require.ElementsMatch(t, ids[2:], uuids(again))
 		for _, m := range again {
-			m.Ack()
+			ack(m)
 		}
 		f.eventuallyReady(0)
 	})

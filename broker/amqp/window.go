@@ -20,7 +20,7 @@ const (
 // with multiple set settles every unacked tag up to its own, so it may only cover a run of
 // tags that are all acked (or already settled): never an open or held one.
 //
-// A window is not safe for concurrent use; the session's goroutine owns it.
+// A window is not safe for concurrent use; the session's mutex guards it.
 type window struct {
 	// base is the highest tag below which every tag is gone.
 	base uint64

@@ -3,6 +3,7 @@ package sqlqueue_test
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
@@ -20,11 +22,13 @@ import (
 const benchMessages = 2000
 
 // BenchmarkSubscriber_ConsumeAndAck publishes benchMessages messages to a fresh topic, then
-// consumes and acks them all, with this package's subscriber and with watermill-sql's, side by
-// side, on PostgreSQL and MariaDB, with the same prefetch (watermill-sql's batch size) and poll
+// consumes and acks them all, with this package's subscriber (sqlqueue; sqlqueue-direct
+// subscribes as onceflow's router does, and calls redelivery.Settle after each ack) and with
+// watermill-sql's, side by side, on PostgreSQL and MariaDB, with the same prefetch (watermill-sql's batch size) and poll
 // interval. Each message is processed and acked in a goroutine of its own, as watermill's
 // router does, at once (work=0s: the subscribers' own cost) or after 1 ms (a handler's
-// transaction). It reports msgs/s of the consuming; publishing is not timed.
+// transaction). It reports msgs/s of the consuming, and the CPU time of the test process per
+// message meanwhile (cpu-µs/msg); publishing is not timed.
 //
 //	CI=true go test -run '^$' -bench BenchmarkSubscriber -benchtime 3x ./broker/sqlqueue/
 func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
@@ -44,10 +48,13 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 					require.NoError(b, err)
 					name := fmt.Sprintf("work=%s/prefetch=%d", work, prefetch)
 					b.Run(name+"/sqlqueue", func(b *testing.B) {
-						benchConsume(b, q, work, func() message.Subscriber { return q.Subscriber() })
+						benchConsume(b, q, work, false, func() message.Subscriber { return q.Subscriber() })
+					})
+					b.Run(name+"/sqlqueue-direct", func(b *testing.B) {
+						benchConsume(b, q, work, true, func() message.Subscriber { return q.Subscriber() })
 					})
 					b.Run(name+"/watermill-sql", func(b *testing.B) {
-						benchConsume(b, q, work, func() message.Subscriber { return watermillSubscriber(b, db, q, prefetch) })
+						benchConsume(b, q, work, false, func() message.Subscriber { return watermillSubscriber(b, db, q, prefetch) })
 					})
 				}
 			}
@@ -79,12 +86,17 @@ func watermillSubscriber(b *testing.B, db *sqldb.DB, q *sqlqueue.Queue, prefetch
 }
 
 // benchConsume times the consuming of benchMessages messages by a subscriber that
-// newSubscriber makes; each message takes work to process before its ack.
-func benchConsume(b *testing.B, q *sqlqueue.Queue, work time.Duration, newSubscriber func() message.Subscriber) {
+// newSubscriber makes; each message takes work to process before its ack. With direct it
+// subscribes as a consumer that settles directly.
+func benchConsume(b *testing.B, q *sqlqueue.Queue, work time.Duration, direct bool, newSubscriber func() message.Subscriber) {
 	ctx := context.Background()
+	subCtx := ctx
+	if direct {
+		subCtx = redelivery.WithDirectSettle(ctx)
+	}
 	pub, err := q.NewPublisher()
 	require.NoError(b, err)
-	var consumed time.Duration
+	var consumed, cpu time.Duration
 	for b.Loop() {
 		b.StopTimer()
 		tp := topic()
@@ -99,8 +111,8 @@ func benchConsume(b *testing.B, q *sqlqueue.Queue, work time.Duration, newSubscr
 		sub := newSubscriber()
 		b.StartTimer()
 
-		start := time.Now()
-		ch, err := sub.Subscribe(ctx, tp)
+		start, startCPU := time.Now(), processCPU(b)
+		ch, err := sub.Subscribe(subCtx, tp)
 		require.NoError(b, err)
 		for range benchMessages {
 			m := receive(b, ch)
@@ -109,10 +121,20 @@ func benchConsume(b *testing.B, q *sqlqueue.Queue, work time.Duration, newSubscr
 					time.Sleep(work) // a handler's transaction, say
 				}
 				m.Ack()
+				redelivery.Settle(m)
 			}()
 		}
 		require.NoError(b, sub.Close())
 		consumed += time.Since(start)
+		cpu += processCPU(b) - startCPU
 	}
 	b.ReportMetric(float64(b.N*benchMessages)/consumed.Seconds(), "msgs/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*benchMessages), "cpu-µs/msg")
+}
+
+// processCPU returns the CPU time the test process has used, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

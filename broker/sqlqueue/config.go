@@ -18,8 +18,8 @@ const (
 	DefaultGapWait       = 2 * time.Second
 )
 
-// MaxPrefetch bounds Config.Prefetch: each delivery in flight holds a lease row and a
-// goroutine.
+// MaxPrefetch bounds Config.Prefetch: each delivery in flight holds a lease row, and a
+// goroutine unless its consumer settles directly (redelivery.WithDirectSettle).
 const MaxPrefetch = 10000
 
 // Config configures a Queue. The zero value is valid: every field has a default.

@@ -38,18 +38,77 @@ type delivery struct {
 	// The subscription's mutex guards the fields below.
 	state     deliveryState
 	handedOut bool
+	// lease, for a consumer that settles directly, is the claim's lease the delivery shares.
+	lease *claimLease
 }
 
-// newDelivery makes the delivery of r, whose lease runs until deadline, and takes its place
-// in the window.
-func (sub *subscription) newDelivery(r row, deadline time.Time) *delivery {
+// claimLease is the lease of the deliveries of one claim, for a consumer that settles
+// directly: their contexts derive from its context, which ends at their common deadline, and
+// one callback then frees the places of the handed-out ones still unsettled. No goroutine or
+// timer per delivery waits for the lease.
+type claimLease struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	stop   func() bool // stops the callback
+	ds     []*delivery
+	// open counts the deliveries not settled by the consumer; the subscription's mutex
+	// guards it. The last settlement ends the lease's context early.
+	open int
+}
+
+// newClaimLease returns the lease of a claim whose leases run until deadline.
+func (sub *subscription) newClaimLease(deadline time.Time) *claimLease {
 	ctx, cancel := context.WithDeadline(sub.ctx, deadline)
+	return &claimLease{ctx: ctx, cancel: cancel}
+}
+
+// watch starts the callback of the lease, once its deliveries are made.
+func (l *claimLease) watch(sub *subscription) {
+	if len(l.ds) == 0 {
+		l.cancel()
+		return
+	}
+	l.stop = context.AfterFunc(l.ctx, func() {
+		if !errors.Is(l.ctx.Err(), context.DeadlineExceeded) {
+			return
+		}
+		sub.mu.Lock()
+		defer sub.mu.Unlock()
+		for _, d := range l.ds {
+			if d.handedOut {
+				d.expireLocked()
+			} // one not handed out yet is given back by handOut
+		}
+	})
+}
+
+// passed reports whether the lease passed.
+func (l *claimLease) passed() bool { return errors.Is(l.ctx.Err(), context.DeadlineExceeded) }
+
+// newDelivery makes the delivery of r, whose lease runs until deadline, and takes its place
+// in the window. For a consumer that settles directly, the delivery shares the claim's lease l.
+func (sub *subscription) newDelivery(r row, deadline time.Time, l *claimLease) *delivery {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if l != nil {
+		ctx, cancel = context.WithCancel(l.ctx)
+	} else {
+		ctx, cancel = context.WithDeadline(sub.ctx, deadline)
+	}
 	msg := newMessage(r.uuid, r.payload, r.metadata)
 	rctx := redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true})
-	msg.SetContext(redelivery.WithTxAck(rctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries})))
-	d := &delivery{sub: sub, ref: leaseRef{offset: r.offset, deliveries: r.deliveries}, msg: msg, ctx: ctx, cancel: cancel}
+	rctx = redelivery.WithTxAck(rctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries}))
+	d := &delivery{sub: sub, ref: leaseRef{offset: r.offset, deliveries: r.deliveries}, msg: msg, ctx: ctx, cancel: cancel, lease: l}
+	if l != nil {
+		rctx = redelivery.NewSettleContext(rctx, d.settleDirect)
+		l.ds = append(l.ds, d)
+	}
+	msg.SetContext(rctx)
 	sub.mu.Lock()
 	sub.held[d] = struct{}{}
+	if l != nil {
+		l.open++
+	}
 	sub.mu.Unlock()
 	return d
 }
@@ -79,6 +138,22 @@ func (d *delivery) watch() {
 	}
 }
 
+// settleDirect takes the consumer's ack or nack of d, in the consumer's goroutine
+// (redelivery.Settle).
+func (d *delivery) settleDirect() {
+	d.settle(redelivery.Acked(d.msg))
+	d.cancel()
+	l := d.lease
+	d.sub.mu.Lock()
+	l.open--
+	last := l.open == 0
+	d.sub.mu.Unlock()
+	if last {
+		l.stop() // before the cancel, which would run it
+		l.cancel()
+	}
+}
+
 // settle records the consumer's ack or nack for writing.
 func (d *delivery) settle(acked bool) {
 	sub := d.sub
@@ -105,12 +180,16 @@ func (d *delivery) settle(acked bool) {
 // expire frees the place of a delivery whose lease passed unsettled: the message is due, and
 // the next claim of any subscription of the group takes it.
 func (d *delivery) expire() {
-	sub := d.sub
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
+	d.sub.mu.Lock()
+	defer d.sub.mu.Unlock()
+	d.expireLocked()
+}
+
+// expireLocked is expire with the subscription's mutex held.
+func (d *delivery) expireLocked() {
 	if d.state == live {
 		d.state = expired
-		sub.leave(d, live)
+		d.sub.leave(d, live)
 	}
 }
 

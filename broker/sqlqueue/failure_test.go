@@ -51,7 +51,7 @@ func TestClaim_AMessageThatCommitsAfterAHigherOffsetIsNotSkipped(t *testing.T) {
 		for _, want := range []string{"low", "high"} {
 			m := receive(t, ch)
 			require.Equal(t, want, m.UUID)
-			m.Ack()
+			ack(m)
 		}
 		requireNothing(t, ch, 300*time.Millisecond)
 	})
@@ -75,8 +75,8 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 		px.cut()
 		// Acks given while the database is unreachable are written once it is back; the
 		// leases of the others pass, and they come again.
-		held[0].Ack()
-		held[1].Ack()
+		ack(held[0])
+		ack(held[1])
 		time.Sleep(300 * time.Millisecond) // the outage
 		px.restore(t)
 		later := e.publish(direct, tp, "later", 1)[0]
@@ -86,7 +86,7 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 			m := receive(t, ch)
 			info, _ := redelivery.FromContext(m.Context())
 			counts[m.UUID] = info.Count
-			m.Ack()
+			ack(m)
 		}
 		require.Equal(t, map[string]int{held[2].UUID: 2, held[3].UUID: 2, later: 1}, counts)
 		requireNothing(t, ch, time.Second)
@@ -107,7 +107,7 @@ func TestSubscriber_CloseReturnsInTimeWhenTheDatabaseIsDown(t *testing.T) {
 		receive(t, ch)
 
 		px.cut()
-		first.Ack()
+		ack(first)
 		start := time.Now()
 		err := sub.Close()
 		require.Less(t, time.Since(start), closeTimeout+time.Second)
@@ -121,6 +121,8 @@ func TestSubscriber_CloseReturnsInTimeWhenTheDatabaseIsDown(t *testing.T) {
 const (
 	childURLEnv   = "ONCEFLOW_SQLQUEUE_TEST_CHILD_URL"
 	childTopicEnv = "ONCEFLOW_SQLQUEUE_TEST_CHILD_TOPIC"
+	// childDirectEnv, when set, makes the child subscribe as a consumer that settles directly.
+	childDirectEnv = "ONCEFLOW_SQLQUEUE_TEST_CHILD_DIRECT"
 )
 
 // childAckTimeout is the lease of the child consumers' deliveries.
@@ -136,7 +138,11 @@ func TestKilledConsumer_Child(t *testing.T) {
 	db := openDB(t, url)
 	q, err := sqlqueue.New(db.DB.DB, db.Dialect, sqlqueue.Config{AckTimeout: childAckTimeout, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
-	msgs, err := q.Subscriber().Subscribe(context.Background(), os.Getenv(childTopicEnv))
+	ctx := context.Background()
+	if os.Getenv(childDirectEnv) != "" {
+		ctx = redelivery.WithDirectSettle(ctx)
+	}
+	msgs, err := q.Subscriber().Subscribe(ctx, os.Getenv(childTopicEnv))
 	require.NoError(t, err)
 	m := receive(t, msgs)
 	info, _ := redelivery.FromContext(m.Context())
@@ -154,7 +160,7 @@ func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 		tp := topic()
 		id := e.publish(q, tp, "m", 1)[0]
 		for want := 1; want <= 2; want++ {
-			got, count := runChild(t, e.url, tp)
+			got, count := runChild(t, e.url, tp, e.direct)
 			require.Equal(t, id, got)
 			require.Equal(t, want, count, "delivery count seen by consumer process %d", want)
 		}
@@ -163,17 +169,21 @@ func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 		require.Equal(t, id, m.UUID)
 		info, _ := redelivery.FromContext(m.Context())
 		require.Equal(t, 3, info.Count)
-		m.Ack()
+		ack(m)
 		requireNothing(t, ch, childAckTimeout+500*time.Millisecond)
 	})
 }
 
 // runChild starts TestKilledConsumer_Child on topic, waits until it holds a message, kills it
-// with SIGKILL and returns the message's UUID and delivery count.
-func runChild(t *testing.T, url, topic string) (string, int) {
+// with SIGKILL and returns the message's UUID and delivery count. With direct, the child
+// subscribes as a consumer that settles directly.
+func runChild(t *testing.T, url, topic string, direct bool) (string, int) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=120s")
 	cmd.Env = append(os.Environ(), childURLEnv+"="+url, childTopicEnv+"="+topic)
+	if direct {
+		cmd.Env = append(cmd.Env, childDirectEnv+"=1")
+	}
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -218,7 +228,7 @@ func TestClaim_ConcurrentPublishersAndConsumersNeitherSkipNorRepeat(t *testing.T
 			go func() {
 				for m := range ch {
 					got <- m.UUID
-					m.Ack()
+					ack(m)
 				}
 			}()
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
@@ -27,22 +28,74 @@ type env struct {
 	dialect string
 	url     string
 	db      *sqldb.DB
+	// direct makes the env's subscriptions settle directly (redelivery.WithDirectSettle).
+	direct bool
 }
 
-// forEachDatabase runs test as a parallel subtest on PostgreSQL and on MariaDB.
+// databases are the servers every behaviour test runs on.
+var databases = []struct {
+	name string
+	url  func(testing.TB) string
+}{
+	{"postgres", testsvc.PostgresSchemaURL},
+	{"mysql", testsvc.MySQLDatabaseURL},
+}
+
+// forEachDatabase runs test as a parallel subtest on PostgreSQL and on MariaDB, each with a
+// consumer that settles directly (redelivery.WithDirectSettle, as the router) and with one
+// that does not, whose acks and nacks the subscription watches for.
 func forEachDatabase(t *testing.T, test func(t *testing.T, e *env)) {
-	for _, d := range []struct {
-		name string
-		url  func(testing.TB) string
-	}{
-		{"postgres", testsvc.PostgresSchemaURL},
-		{"mysql", testsvc.MySQLDatabaseURL},
-	} {
-		t.Run(d.name, func(t *testing.T) {
-			t.Parallel()
-			test(t, newEnv(t, d.name, d.url(t)))
+	for _, d := range databases {
+		forEachMode(t, d.name+"-", func(t *testing.T, direct bool) {
+			e := newEnv(t, d.name, d.url(t))
+			e.direct = direct
+			test(t, e)
 		})
 	}
+}
+
+// forEachMode runs test as a parallel subtest with a consumer that does not settle directly
+// ("<prefix>watched") and with one that does ("<prefix>direct").
+func forEachMode(t *testing.T, prefix string, test func(t *testing.T, direct bool)) {
+	for _, direct := range []bool{false, true} {
+		name := prefix + "watched"
+		if direct {
+			name = prefix + "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, direct)
+		})
+	}
+}
+
+// ack acks m and settles it, as the router does: redelivery.Settle tells a subscription whose
+// consumer settles directly, and does nothing for any other.
+func ack(m *message.Message) {
+	m.Ack()
+	redelivery.Settle(m)
+}
+
+// nack nacks m and settles it, as ack.
+func nack(m *message.Message) {
+	m.Nack()
+	redelivery.Settle(m)
+}
+
+// nackAfter nacks m with redelivery.NackAfter and settles it, as ack.
+func nackAfter(m *message.Message, d time.Duration) bool {
+	ok := redelivery.NackAfter(m, d)
+	redelivery.Settle(m)
+	return ok
+}
+
+// context returns the context to subscribe with: one that promises redelivery.Settle when the
+// env settles directly.
+func (e *env) context() context.Context {
+	if e.direct {
+		return redelivery.WithDirectSettle(context.Background())
+	}
+	return context.Background()
 }
 
 func newEnv(t *testing.T, dialect, url string) *env {
@@ -93,7 +146,7 @@ func (e *env) subscriber(q *sqlqueue.Queue) *sqlqueue.Subscriber {
 func (e *env) subscribe(q *sqlqueue.Queue, topic string) (*sqlqueue.Subscriber, <-chan *message.Message) {
 	e.t.Helper()
 	s := e.subscriber(q)
-	ch, err := s.Subscribe(context.Background(), topic)
+	ch, err := s.Subscribe(e.context(), topic)
 	require.NoError(e.t, err)
 	return s, ch
 }

@@ -59,13 +59,13 @@ func TestWaiting_LeasedFirstThenAfterTheCursor_RemoveTakesExactlyTheChosenOnes(t
 		got, _ = waitingIDs(t, other, tp)
 		require.Equal(t, []string{ids[0], ids[2], ids[4]}, got, "the message is gone for the other group too")
 
-		m1.Ack() // its lease is gone: nothing happens
+		ack(m1) // its lease is gone: nothing happens
 		require.NoError(t, sub.Close())
 		_, ch = e.subscribe(q, tp)
 		for _, want := range []string{ids[0], ids[2], ids[4]} {
 			m := receive(t, ch)
 			require.Equal(t, want, m.UUID)
-			m.Ack()
+			ack(m)
 		}
 		requireNothing(t, ch, 300*time.Millisecond)
 		got, _ = waitingIDs(t, q, tp)
@@ -114,7 +114,7 @@ func TestQueue_TakesOverFromWatermillSQLsSubscriber(t *testing.T) {
 		for _, want := range ids[:2] {
 			m := receive(t, ch)
 			require.Equal(t, want, m.UUID)
-			m.Ack()
+			ack(m)
 		}
 		receive(t, ch) // held when the old subscriber closes: not acknowledged
 		require.NoError(t, old.Close())
@@ -129,7 +129,7 @@ func TestQueue_TakesOverFromWatermillSQLsSubscriber(t *testing.T) {
 		for _, want := range ids[2:] {
 			m := receive(t, next)
 			require.Equal(t, want, m.UUID)
-			m.Ack()
+			ack(m)
 		}
 		requireNothing(t, next, 300*time.Millisecond)
 	})

@@ -21,6 +21,11 @@ func newMessage(uuid string, payload, metadata []byte) *message.Message {
 	if len(bytes.TrimSpace(metadata)) == 0 || bytes.Equal(bytes.TrimSpace(metadata), []byte("null")) {
 		return m
 	}
+	// The usual column, an object of strings, in one pass.
+	if json.Unmarshal(metadata, &m.Metadata) == nil {
+		return m
+	}
+	clear(m.Metadata)
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(metadata, &fields); err != nil {
 		m.Metadata.Set(HeaderMetadata, string(metadata))

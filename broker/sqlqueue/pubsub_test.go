@@ -1,6 +1,7 @@
 package sqlqueue_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -8,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
-	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // TestPubSub runs watermill's universal Pub/Sub suite against the queue on PostgreSQL and
@@ -33,17 +34,13 @@ import (
 //     shared with other tests and are not restarted; a lost connection is covered by
 //     TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn, which cuts it.
 //   - ContextPreserved is false: a message's context is not stored.
+//
+// Each database runs it with a consumer that settles directly (the suite's acks and nacks are
+// followed by redelivery.Settle, see settlingSubscriber) and with one that does not.
 func TestPubSub(t *testing.T) {
 	t.Parallel()
-	for _, d := range []struct {
-		name string
-		url  func(testing.TB) string
-	}{
-		{"postgres", testsvc.PostgresSchemaURL},
-		{"mysql", testsvc.MySQLDatabaseURL},
-	} {
-		t.Run(d.name, func(t *testing.T) {
-			t.Parallel()
+	for _, d := range databases {
+		forEachMode(t, d.name+"-", func(t *testing.T, direct bool) {
 			db := openDB(t, d.url(t))
 			// The suite's tests run in parallel; keep within the servers' connection limits.
 			db.SetMaxOpenConns(40)
@@ -56,6 +53,9 @@ func TestPubSub(t *testing.T) {
 				require.NoError(t, err)
 				pub, err := q.NewPublisher()
 				require.NoError(t, err)
+				if direct {
+					return pub, settlingSubscriber{q.Subscriber()}
+				}
 				return pub, q.Subscriber()
 			}
 			tests.TestPubSub(t, tests.Features{
@@ -70,4 +70,54 @@ func TestPubSub(t *testing.T) {
 			}, withGroup)
 		})
 	}
+}
+
+// settlingSubscriber subscribes as a consumer that settles directly, for consumers (the suite)
+// that only ack and nack: it calls redelivery.Settle after each message's ack or nack, as the
+// router does, from a goroutine per message that waits for it until the subscription ends.
+type settlingSubscriber struct {
+	message.Subscriber
+}
+
+// SubscribeInitialize passes the call on, if the Subscriber has the method.
+func (s settlingSubscriber) SubscribeInitialize(topic string) error {
+	if i, ok := s.Subscriber.(message.SubscribeInitializer); ok {
+		return i.SubscribeInitialize(topic)
+	}
+	return nil
+}
+
+func (s settlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	ended := make(chan struct{})
+	go func() {
+		defer close(out)
+		defer close(ended)
+		for m := range in {
+			go func() {
+				select {
+				case <-m.Acked():
+				case <-m.Nacked():
+				case <-ended:
+					select {
+					case <-m.Acked():
+					case <-m.Nacked():
+					default:
+						return // never settled
+					}
+				}
+				redelivery.Settle(m)
+			}()
+			select {
+			case out <- m:
+			case <-m.Context().Done():
+				// Its delivery ended before the consumer took it: it is given back.
+			}
+		}
+	}()
+	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
@@ -62,7 +63,7 @@ func TestQueue_LongestTopicsKeepTheirOwnTables(t *testing.T) {
 			_, ch := e.subscribe(q, tp)
 			m := receive(t, ch)
 			require.Equal(t, id, m.UUID)
-			m.Ack()
+			ack(m)
 			requireNothing(t, ch, 100*time.Millisecond)
 		}
 		if e.dialect == "postgres" {
@@ -104,8 +105,8 @@ func TestSubscriber_ForeignMetadataIsDeliveredAsStrings(t *testing.T) {
 		none := receive(t, ch)
 		require.Equal(t, "none", none.UUID)
 		require.Empty(t, none.Metadata)
-		for _, m := range []interface{ Ack() bool }{typed, array, none} {
-			m.Ack()
+		for _, m := range []*message.Message{typed, array, none} {
+			ack(m)
 		}
 	})
 }
@@ -135,7 +136,7 @@ func TestQueue_TablesNamedByConfig(t *testing.T) {
 		var leases int
 		require.NoError(t, e.db.Get(&leases, `SELECT COUNT(*) FROM `+e.quote(base+"_l")))
 		require.Equal(t, 1, leases)
-		m.Ack()
+		ack(m)
 
 		bad := sqlqueue.Config{Tables: func(string) sqlqueue.Tables {
 			return sqlqueue.Tables{Messages: `a"b`, Offsets: "o", Leases: "l", DueIndex: "d"}
@@ -159,7 +160,7 @@ func TestQueue_WakeMakesAnIdleSubscriptionClaimAtOnce(t *testing.T) {
 		select {
 		case m := <-ch:
 			require.Equal(t, id, m.UUID)
-			m.Ack()
+			ack(m)
 		case <-time.After(10 * time.Second):
 			t.Fatal("the woken subscription did not claim the message")
 		}

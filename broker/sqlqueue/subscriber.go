@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -84,12 +85,13 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, err
 	}
 	sub := &subscription{
-		s:     s,
-		topic: topic,
-		log:   s.log.With(watermill.LogFields{"topic": topic}),
-		out:   make(chan *message.Message),
-		held:  map[*delivery]struct{}{},
-		wake:  make(chan struct{}, 1),
+		s:      s,
+		topic:  topic,
+		log:    s.log.With(watermill.LogFields{"topic": topic}),
+		out:    make(chan *message.Message),
+		direct: redelivery.SettlesDirectly(ctx),
+		held:   map[*delivery]struct{}{},
+		wake:   make(chan struct{}, 1),
 	}
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
 	sub.claimCtx, sub.stopClaims = context.WithCancel(sub.ctx)
@@ -170,6 +172,8 @@ type subscription struct {
 	topic string
 	log   watermill.LoggerAdapter
 	out   chan *message.Message
+	// direct: the consumer calls redelivery.Settle after each ack or nack.
+	direct bool
 
 	// ctx is the parent of the deliveries' contexts; Close cancels it once the unsettled
 	// leases are given back.
@@ -327,21 +331,35 @@ func (sub *subscription) claim(room int, st *claimState) (int, error) {
 // handOut hands the claimed rows to the consumer, in order. A row whose message is gone
 // (removed while leased) has its lease deleted.
 func (sub *subscription) handOut(rows []row, deadline time.Time) {
+	var l *claimLease
+	if sub.direct {
+		l = sub.newClaimLease(deadline)
+	}
 	ds := make([]*delivery, 0, len(rows))
 	for _, r := range rows {
 		if r.orphan {
 			sub.s.settler.ack(sub.topic, leaseRef{offset: r.offset, deliveries: r.deliveries})
 			continue
 		}
-		ds = append(ds, sub.newDelivery(r, deadline))
+		ds = append(ds, sub.newDelivery(r, deadline, l))
+	}
+	if l != nil {
+		l.watch(sub)
 	}
 	for _, d := range ds {
 		select {
 		case sub.out <- d.msg:
 			sub.mu.Lock()
 			d.handedOut = true
+			if l != nil && l.passed() {
+				// The lease passed while the consumer took it: its callback may have run
+				// before the hand-out.
+				d.expireLocked()
+			}
 			sub.mu.Unlock()
-			go d.watch()
+			if !sub.direct {
+				go d.watch()
+			}
 		case <-d.ctx.Done():
 			// The lease passed before the consumer took the message, or the subscription
 			// ends: release gives it back.

@@ -30,7 +30,7 @@ func TestSubscriber_DeliversEachMessageAsPublishedWithCountOne(t *testing.T) {
 			info, ok := redelivery.FromContext(m.Context())
 			require.True(t, ok, "the context carries a redelivery.Info")
 			require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info)
-			m.Ack()
+			ack(m)
 		}
 	})
 }
@@ -46,7 +46,7 @@ func TestSubscriber_NackAfterComesBackNoSoonerWithCountPlusOne(t *testing.T) {
 		require.Equal(t, ids[0], m.UUID)
 		const delay = 700 * time.Millisecond
 		nacked := time.Now()
-		require.True(t, redelivery.NackAfter(m, delay))
+		require.True(t, nackAfter(m, delay))
 
 		again := receive(t, ch)
 		require.GreaterOrEqual(t, time.Since(nacked), delay)
@@ -54,7 +54,7 @@ func TestSubscriber_NackAfterComesBackNoSoonerWithCountPlusOne(t *testing.T) {
 		info, _ := redelivery.FromContext(again.Context())
 		require.Equal(t, 2, info.Count)
 		require.False(t, info.First())
-		again.Ack()
+		ack(again)
 	})
 }
 
@@ -75,9 +75,9 @@ func TestSubscriber_PrefetchDeliveriesArriveWithoutAnyAck(t *testing.T) {
 		requireNothing(t, ch, 300*time.Millisecond)
 
 		// Each settlement frees one place: ack one, nack one.
-		held[0].Ack()
+		ack(held[0])
 		require.Equal(t, ids[prefetch], receive(t, ch).UUID)
-		held[1].Nack()
+		nack(held[1])
 		m := receive(t, ch)
 		require.Contains(t, []string{ids[1], ids[prefetch+1]}, m.UUID, "the nacked message or the next one")
 	})
@@ -103,11 +103,11 @@ func TestSubscriber_NackedMessageDoesNotHoldUpTheOnesBehindIt(t *testing.T) {
 				poisonDeliveries++
 				require.Equal(t, 1, poisonDeliveries, "the poison message came back before its delay")
 				nackedAt = time.Now()
-				require.True(t, redelivery.NackAfter(m, delay))
+				require.True(t, nackAfter(m, delay))
 				continue
 			}
 			acked[m.UUID]++
-			m.Ack()
+			ack(m)
 		}
 		require.Less(t, time.Since(nackedAt), delay, "all good messages were acked while the poison message waited")
 		for _, id := range ids {
@@ -119,7 +119,7 @@ func TestSubscriber_NackedMessageDoesNotHoldUpTheOnesBehindIt(t *testing.T) {
 		require.GreaterOrEqual(t, time.Since(nackedAt), delay)
 		info, _ := redelivery.FromContext(m.Context())
 		require.Equal(t, 2, info.Count)
-		m.Ack()
+		ack(m)
 		requireNothing(t, ch, 300*time.Millisecond)
 	})
 }
@@ -133,7 +133,7 @@ func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 		a, chA := e.subscribe(q, tp)
 		first, second := receive(t, chA), receive(t, chA)
 		require.Equal(t, ids, []string{first.UUID, second.UUID})
-		first.Ack()
+		ack(first)
 		require.NoError(t, a.Close())
 		_, open := <-chA
 		require.False(t, open, "Close closes the channel")
@@ -142,10 +142,10 @@ func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 		_, chB := e.subscribe(q, tp)
 		m := receive(t, chB)
 		require.Equal(t, ids[1], m.UUID, "the unsettled message, given back; not the acked one")
-		m.Ack()
+		ack(m)
 		m = receive(t, chB)
 		require.Equal(t, sentinel, m.UUID)
-		m.Ack()
+		ack(m)
 		requireNothing(t, chB, 300*time.Millisecond)
 	})
 }
@@ -173,7 +173,7 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveriesAtOnce(t *testing.T) {
 			m := receive(t, chB)
 			info, _ := redelivery.FromContext(m.Context())
 			counts[m.UUID] = info.Count
-			m.Ack()
+			ack(m)
 		}
 		require.Less(t, time.Since(closed), ackTimeout/2, "given back at once, not after the lease")
 		require.Equal(t, map[string]int{ids[0]: 2, ids[1]: 2, ids[2]: 1, ids[3]: 1}, counts,
@@ -201,11 +201,11 @@ func TestSubscriber_LeaseExpiryCancelsTheContextAndALateAckChangesNothing(t *tes
 		info, _ := redelivery.FromContext(second.Context())
 		require.Equal(t, 2, info.Count)
 
-		first.Ack() // the lease is the second delivery's now: nothing happens
+		ack(first) // the lease is the second delivery's now: nothing happens
 		third := receive(t, ch)
 		info, _ = redelivery.FromContext(third.Context())
 		require.Equal(t, 3, info.Count, "the late ack of the first delivery did not settle the second")
-		third.Ack()
+		ack(third)
 		requireNothing(t, ch, 2*ackTimeout)
 	})
 }
@@ -248,7 +248,7 @@ func TestSubscriber_CompetingConsumersNeverHoldTheSameMessage(t *testing.T) {
 							mu.Lock()
 							delete(holder, m.UUID)
 							mu.Unlock()
-							m.Ack()
+							ack(m)
 						}()
 						if all {
 							close(done)

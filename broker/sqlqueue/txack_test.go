@@ -21,27 +21,27 @@ func TestTxAck_DeletesTheLeaseInTheCallersTransactionWhileItIsTheDeliverys(t *te
 		require.True(t, sub.AcksInTransaction())
 
 		first := receive(t, ch)
-		ack, ok := redelivery.TxAckFrom(first.Context())
+		txAck, ok := redelivery.TxAckFrom(first.Context())
 		require.True(t, ok, "every message carries its TxAck")
 
 		// Rolled back: the lease stays, and the message comes back after its nack.
 		tx, err := e.db.BeginTxx(ctx, nil)
 		require.NoError(t, err)
-		owned, err := ack(ctx, tx)
+		owned, err := txAck(ctx, tx)
 		require.NoError(t, err)
 		require.True(t, owned)
 		require.NoError(t, tx.Rollback())
-		first.Nack()
+		nack(first)
 		again := receive(t, ch)
 		for again.UUID != first.UUID {
-			again.Ack()
+			ack(again)
 			again = receive(t, ch)
 		}
 
 		// The first delivery's lease is gone (claimed again): its TxAck no longer owns it.
 		tx, err = e.db.BeginTxx(ctx, nil)
 		require.NoError(t, err)
-		owned, err = ack(ctx, tx)
+		owned, err = txAck(ctx, tx)
 		require.NoError(t, err)
 		require.False(t, owned, "a lease claimed again is the new delivery's")
 		require.NoError(t, tx.Rollback())
@@ -54,7 +54,7 @@ func TestTxAck_DeletesTheLeaseInTheCallersTransactionWhileItIsTheDeliverys(t *te
 		require.NoError(t, err)
 		require.True(t, owned)
 		require.NoError(t, tx.Commit())
-		again.Ack()
+		ack(again)
 		requireNothing(t, ch, 300*time.Millisecond)
 		var leases int
 		require.NoError(t, e.db.Get(&leases, `SELECT COUNT(*) FROM `+e.leasesTable(tp)))
