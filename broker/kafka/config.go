@@ -24,8 +24,8 @@ const (
 	DefaultCloseTimeout = 5 * time.Second
 )
 
-// maxPrefetch bounds Config.Prefetch: a subscription keeps one goroutine per unsettled
-// delivery.
+// maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine (or, for a consumer
+// that settles directly, a timer) per unsettled delivery.
 const maxPrefetch = 100_000
 
 // Config configures a Subscriber. Brokers and ConsumerGroup are required; every other zero
