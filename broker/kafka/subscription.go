@@ -555,7 +555,6 @@ func (sub *subscription) send() {
 		msgCtx := ctx
 		if sub.direct {
 			msgCtx = redelivery.NewSettleContext(ctx, func() { sub.settled(d) })
-			d.timer = time.AfterFunc(sub.s.cfg.AckTimeout, func() { sub.settle(d, false, 0, ErrAckTimeout) })
 		}
 		d.msg.SetContext(redelivery.NewContext(msgCtx, info))
 		d.cancel = cancel
@@ -567,7 +566,15 @@ func (sub *subscription) send() {
 			if !sub.direct {
 				sub.watchers.Add(1)
 				go sub.watch(d, ctx)
+				break
 			}
+			// AckTimeout counts from the hand-out, as in watch; the consumer may have
+			// settled the delivery already.
+			sub.mu.Lock()
+			if !d.settled && !d.p.gone {
+				d.timer = time.AfterFunc(sub.s.cfg.AckTimeout, func() { sub.settle(d, false, 0, ErrAckTimeout) })
+			}
+			sub.mu.Unlock()
 		case <-ctx.Done():
 			// Revoked or ending before it was handed out.
 			sub.mu.Lock()
