@@ -112,6 +112,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if st := s.cfg.SessionTimeout; st > 0 {
 		opts = append(opts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(st/10, 3*time.Second)))
 	}
+	// The group waits this long for its members to rejoin at a rebalance: as long as a
+	// member's revoke can take (revoked), and not kgo's 60 s. A member that neither rejoins
+	// nor lets its session lapse (kfake keeps a member that heartbeats but does not rejoin)
+	// holds every member of the group still until then.
+	opts = append(opts, kgo.RebalanceTimeout(s.cfg.RevokeTimeout+commitTimeout+s.cfg.CloseTimeout+rebalanceSlack))
 	opts = append(opts, s.cfg.ClientOptions...)
 	opts = append(opts,
 		kgo.ConsumerGroup(s.cfg.ConsumerGroup),

@@ -28,6 +28,9 @@ const (
 	// retryPause is the pause after a failed commit, or a poll that returned only errors,
 	// before the next try.
 	retryPause = 100 * time.Millisecond
+	// rebalanceSlack is what the group's rebalance timeout allows a member beyond its revoke
+	// (Config.RevokeTimeout, a commit in flight, the revoke's own commit): its rejoin.
+	rebalanceSlack = 5 * time.Second
 )
 
 // subscription is one Subscribe call: one member of the consumer group, which polls records
