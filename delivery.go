@@ -36,6 +36,9 @@ type consumer struct {
 	sub    *onceClosingSubscriber
 	// subscriptions is how many times the handler subscribes: Handler.Concurrency.
 	subscriptions int
+	// positions, for a handler that detects duplicates by offset, are given to its
+	// subscriber on the Subscribe context (redelivery.WithPositions).
+	positions redelivery.Positions
 	// work hands deliveries to idle workers; closed when the subscriptions have ended.
 	work         chan *message.Message
 	conv         converter.MessageConverter

@@ -166,9 +166,11 @@ type DedupConfig struct {
 	// is written per message, so nothing needs purging, and a message needs no id. It takes
 	// the place of the "deduplicate" interceptor in the ExactlyOnce chain; it does not go with
 	// group commit, a batch processor, CheckFirst, WithTimestamp or another quality of service.
-	// Run it with Concurrency 1: the subscriber does not yet hand out a partition's records one
-	// at a time, and records of one partition processed at once wait for each other through
-	// retries and redelivery delays (middleware.ErrPositionAhead), which can stall a partition.
+	// The router gives the handler's positions to its subscriber (redelivery.WithPositions): the
+	// Kafka subscriber then starts each partition it is assigned after the offset applied
+	// there, and hands out a partition's records in order, the next once the one before is
+	// acked, so that records of one partition never run at once; Concurrency spreads the
+	// partitions over that many members of the consumer group.
 	ByOffset bool
 
 	// AckInTransaction acknowledges each message inside the handler's transaction instead of

@@ -232,6 +232,13 @@ func (r *Router) AddHandler(h Handler) error {
 		}
 		c.counter = counter
 	}
+	if slices.Contains(names, InterceptorOffsets) {
+		p, err := r.positionsFor(h)
+		if err != nil {
+			return err
+		}
+		c.positions = handlerPositions{positions: p, handler: h.Name}
+	}
 	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
 	c.subscriptions = n
 	r.handlers = append(r.handlers, c)
@@ -293,6 +300,17 @@ func (r *Router) positionsFor(h Handler) (*dedup.Positions, error) {
 	r.positions[key] = p
 	r.migrate = append(r.migrate, p.Migrate)
 	return p, nil
+}
+
+// handlerPositions are one handler's positions, for its subscriber: where it starts each
+// partition, and that it hands out each partition's messages in order, one at a time.
+type handlerPositions struct {
+	positions *dedup.Positions
+	handler   string
+}
+
+func (p handlerPositions) Applied(ctx context.Context, topic string) (map[int32]int64, error) {
+	return p.positions.Load(ctx, p.handler, topic)
 }
 
 func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {
@@ -391,8 +409,12 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	var chans []<-chan *message.Message
 	var owners []*consumer
 	for _, c := range r.handlers {
+		ctx := subCtx
+		if c.positions != nil {
+			ctx = redelivery.WithPositions(subCtx, c.positions)
+		}
 		for range c.subscriptions {
-			msgs, err := c.sub.Subscribe(subCtx, c.topic)
+			msgs, err := c.sub.Subscribe(ctx, c.topic)
 			if err != nil {
 				stop()
 				for _, c := range r.handlers {

@@ -12,9 +12,11 @@ const (
 	HeaderPartition = "onceflow_partition"
 	// HeaderOffset is the message's offset in its partition.
 	HeaderOffset = "onceflow_offset"
-	// HeaderPreviousOffset is the offset of the message that the subscriber received before
-	// this one from the same partition, or -1 when this is the first since the subscriber took
-	// the partition over (it started where the handler's stored position said).
+	// HeaderPreviousOffset is the offset of the last message before this one in the same
+	// partition that the subscriber holds and that was not acknowledged when it handed this
+	// one out, or -1 when there is none: the message the consumer must apply before this one.
+	// Messages before it that were acknowledged (applied, duplicates, dead-lettered) or that
+	// the subscriber never took (it started after them) need nothing more.
 	HeaderPreviousOffset = "onceflow_previous_offset"
 )
 
@@ -24,8 +26,8 @@ type Position struct {
 	Partition int32
 	// Offset is the message's offset in its partition.
 	Offset int64
-	// Previous is the offset of the message received before it from the same partition, or
-	// -1 when it is the first since the subscriber took the partition over.
+	// Previous is the offset of the last message before it in the same partition that was not
+	// acknowledged when the subscriber handed it out, or -1 for none (HeaderPreviousOffset).
 	Previous int64
 }
 

@@ -37,8 +37,11 @@ var ErrPositionAhead = errors.New("the message before it in its partition is not
 // The message's position comes from its headers (messagedata.PositionOf), written by the
 // subscriber. A message without one is refused with a permanent error: its broker has no
 // partitions. A message whose predecessor in the partition is not applied yet (the
-// subscriber says which offset came before it) returns an error wrapping ErrPositionAhead,
-// retryable, so that no offset is skipped when messages of one partition run at once.
+// subscriber names the last message before it that is not acked) returns an error wrapping
+// ErrPositionAhead, retryable, so that no offset is skipped when messages of one partition
+// run at once. onceflow's router asks the subscriber for each partition's messages one at a
+// time, in order (redelivery.WithPositions), so that this does not happen with its Kafka
+// subscriber.
 //
 // It must run inside Transaction, in place of Deduplicate.
 func Offsets(store PositionStore, handler string) Middleware {

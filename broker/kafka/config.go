@@ -24,8 +24,8 @@ const (
 	DefaultCloseTimeout = 5 * time.Second
 )
 
-// maxPrefetch bounds Config.Prefetch: a subscription keeps one goroutine per unsettled
-// delivery.
+// maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine (or, for a consumer
+// that settles directly, a timer) per unsettled delivery.
 const maxPrefetch = 100_000
 
 // Config configures a Subscriber. Brokers and ConsumerGroup are required; every other zero
@@ -67,8 +67,11 @@ type Config struct {
 	// RevokeTimeout is how long a member whose partitions the group takes away waits for
 	// their deliveries in flight to be acked or nacked before it commits and lets them go;
 	// the deliveries still unsettled then end (ErrRevoked) and their records go to the new
-	// owner. The group's rebalance waits for it: keep it well below kgo's rebalance timeout
-	// (60 s). Defaults to DefaultRevokeTimeout.
+	// owner. The group's rebalance waits for it. The subscription sets the group's rebalance
+	// timeout (how long the group waits for its members to rejoin) to what a revoke can take:
+	// RevokeTimeout + 10 s for a commit in flight + CloseTimeout + 5 s, 25 s with the
+	// defaults (kgo.RebalanceTimeout in ClientOptions overrides it). Defaults to
+	// DefaultRevokeTimeout.
 	RevokeTimeout time.Duration
 
 	// CloseTimeout bounds the offset commits of a closing subscription. Defaults to
@@ -79,9 +82,10 @@ type Config struct {
 	// brokers' default partition count and replication factor.
 	Topics *Topics
 
-	// ClientOptions are passed to kgo.NewClient after the seed brokers and before the
-	// subscriber's own options (the consumer group, the topic, manual commits, the rebalance
-	// callbacks), which they must not replace: dial timeouts, TLS, SASL, heartbeat interval.
+	// ClientOptions are passed to kgo.NewClient after the seed brokers, the session timeout
+	// and the rebalance timeout, and before the subscriber's own options (the consumer group,
+	// the topic, manual commits, the rebalance callbacks), which they must not replace: dial
+	// timeouts, TLS, SASL, heartbeat interval.
 	ClientOptions []kgo.Opt
 
 	// Logger receives the subscriptions' logs. Defaults to no logging.

@@ -38,6 +38,22 @@
 // therefore not handed out in offset order once one is nacked: onceflow's ordered quality of
 // service orders by its own sequence numbers, not by the broker.
 //
+// Each message says where it sits (messagedata.Position): its partition, its offset, and the
+// last record before it in the partition not acked when it was handed out, which the consumer
+// must apply first.
+//
+// # In order, from the consumer's positions
+//
+// A consumer that detects duplicates by offset (onceflow's Handler.Dedup.ByOffset) subscribes
+// with its applied offsets (redelivery.WithPositions). A partition assigned to the member then
+// starts after the offset applied there, when the group has committed less (a new group, a
+// commit lost in a crash): the records the consumer applied are not fetched again, and the
+// group's committed offset follows the acks, for lag monitoring. And a partition's records
+// are handed out in offset order, one at a time: the next once the one before is acked, a
+// nacked record again (after its delay) before the records behind it. Several members of the
+// group, not several records of a partition, then run at once; records of different
+// partitions of one member still do.
+//
 // # Delivery counts
 //
 // Each message's context carries a redelivery.Info with DelaysNacks set. Kafka keeps no

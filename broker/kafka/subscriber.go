@@ -11,6 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // Errors that end a delivery without an acknowledgement, as the cause of its context
@@ -78,6 +80,14 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 // Config.NackDelay, without holding back the records behind it; it holds back the commits of
 // its partition until it is acked. When ctx ends or the Subscriber closes, the subscription
 // commits what is acked, leaves the group and closes the channel.
+//
+// When ctx carries the consumer's positions (redelivery.WithPositions), each partition the
+// member is assigned starts after the offset applied there, when the group's committed offset
+// is below it, and a partition's records are handed out in offset order, one at a time: the
+// next once the one before is acked, a nacked record again before the ones behind it. When
+// ctx says that the consumer settles each message itself (redelivery.WithDirectSettle), the
+// subscription books each ack or nack when the consumer calls redelivery.Settle, instead of
+// waiting on the message's channels in a goroutine per delivery.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
 		return nil, errors.New("kafka: subscribe: topic is empty")
@@ -102,6 +112,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if st := s.cfg.SessionTimeout; st > 0 {
 		opts = append(opts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(st/10, 3*time.Second)))
 	}
+	// The group waits this long for its members to rejoin at a rebalance: as long as a
+	// member's revoke can take (revoked), and not kgo's 60 s. A member that neither rejoins
+	// nor lets its session lapse (kfake keeps a member that heartbeats but does not rejoin)
+	// holds every member of the group still until then.
+	opts = append(opts, kgo.RebalanceTimeout(s.cfg.RevokeTimeout+commitTimeout+s.cfg.CloseTimeout+rebalanceSlack))
 	opts = append(opts, s.cfg.ClientOptions...)
 	opts = append(opts,
 		kgo.ConsumerGroup(s.cfg.ConsumerGroup),
@@ -114,6 +129,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		kgo.OnPartitionsRevoked(sub.revoked),
 		kgo.OnPartitionsLost(sub.lost),
 	)
+	sub.direct = redelivery.SettlesDirectly(ctx)
+	if pos, ok := redelivery.PositionsFrom(ctx); ok {
+		sub.positions = pos
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(sub.startOffsets))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		cancel(err)

@@ -25,6 +25,7 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 
 	got := map[string]bool{}
 	last := map[int32]int64{} // per partition, the offset received last
+	var held []*message.Message
 	for range ids {
 		m := receive(t, ch, within)
 		require.False(t, got[m.UUID], "%s delivered twice", m.UUID)
@@ -36,7 +37,7 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 			}
 		}
 		// The subscriber says where the record sits: each record of a partition follows the
-		// one received before it, the first follows none.
+		// one received before it, not acked yet; the first follows none.
 		pos, ok, err := messagedata.PositionOf(&messagedata.MessageData{Headers: m.Metadata})
 		require.NoError(t, err)
 		require.True(t, ok, "position headers")
@@ -54,6 +55,9 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 		require.Equal(t, want.Payload, m.Payload)
 		require.Equal(t, want.Metadata, m.Metadata)
 		require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
+		held = append(held, m)
+	}
+	for _, m := range held {
 		m.Ack()
 	}
 	require.Len(t, got, len(ids))
@@ -196,10 +200,10 @@ func TestSubscriber_ForeignRecordsGetTheirCoordinatesAsID(t *testing.T) {
 	require.Equal(t, f.topic+"/0/0", a.UUID)
 	require.Equal(t, message.Metadata{"origin": "java", messagedata.HeaderPartition: "0", messagedata.HeaderOffset: "0", messagedata.HeaderPreviousOffset: "-1"}, a.Metadata)
 	require.Equal(t, message.Payload("a"), a.Payload)
-	a.Ack()
 	b := receive(t, ch, within)
 	require.Equal(t, f.topic+"/0/1", b.UUID)
 	require.Equal(t, message.Metadata{messagedata.HeaderPartition: "0", messagedata.HeaderOffset: "1", messagedata.HeaderPreviousOffset: "0"}, b.Metadata)
+	a.Ack()
 	b.Ack()
 }
 

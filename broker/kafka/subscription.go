@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,9 @@ const (
 	// retryPause is the pause after a failed commit, or a poll that returned only errors,
 	// before the next try.
 	retryPause = 100 * time.Millisecond
+	// rebalanceSlack is what the group's rebalance timeout allows a member beyond its revoke
+	// (Config.RevokeTimeout, a commit in flight, the revoke's own commit): its rejoin.
+	rebalanceSlack = 5 * time.Second
 )
 
 // subscription is one Subscribe call: one member of the consumer group, which polls records
@@ -52,6 +56,12 @@ type subscription struct {
 
 	out chan *message.Message
 
+	// positions are the consumer's applied offsets, when it gave them on the Subscribe
+	// context (redelivery.WithPositions): the subscription then hands out each partition's
+	// records in order, one at a time (see readyLocked), and starts each partition it is
+	// assigned after the offset applied there (startOffsets).
+	positions redelivery.Positions
+
 	// wake, room and commit are signals (capacity 1): the queue has grown, the window has
 	// room, a commit mark has moved.
 	wake, room, commit chan struct{}
@@ -71,7 +81,11 @@ type subscription struct {
 	// partition is sent after the partition is revoked.
 	commitMu sync.Mutex
 
-	watchers sync.WaitGroup // one per delivery handed out
+	// direct is set when the consumer settles each message itself (redelivery.Settle, asked
+	// for on the Subscribe context): a delivery is then booked from its settle function, and
+	// ends at AckTimeout by a timer, without a goroutine that waits on its channels (watch).
+	direct   bool
+	watchers sync.WaitGroup // one per delivery handed out and watched
 }
 
 // partition is the books of one partition the subscription owns.
@@ -105,6 +119,9 @@ type partition struct {
 	committed int64 // the last mark committed, -1 for none
 	inflight  int   // this partition's share of the window
 	live      map[*delivery]struct{}
+	// held are, in a subscription that hands out records in order, the hand-outs ready to
+	// queue that wait for the records before them to be acked, in offset order.
+	held []*delivery
 }
 
 // entry is one record in the books.
@@ -122,9 +139,6 @@ type entry struct {
 	// (see ready).
 	recorded int
 	waiting  bool // its next hand-out waits in pending for a commit
-	// prev is the offset of the record taken before it from its partition, -1 for the first
-	// since the subscription took the partition (messagedata.HeaderPreviousOffset).
-	prev int64
 }
 
 // delivery is one hand-out of an entry.
@@ -135,6 +149,9 @@ type delivery struct {
 	cancel  context.CancelCauseFunc
 	settled bool
 	alone   bool // handed out alone by its subscription (see handOutGate)
+	// timer ends the delivery at AckTimeout, in a subscription whose consumer settles
+	// directly.
+	timer *time.Timer
 }
 
 func newSubscription(s *Subscriber, topic string, ctx context.Context, cancel context.CancelCauseFunc) *subscription {
@@ -175,6 +192,9 @@ func (sub *subscription) run() {
 	sub.poll()
 	helpers.Wait()
 	sub.watchers.Wait()
+	if sub.direct {
+		sub.settleAcked()
+	}
 	sub.mu.Lock()
 	sub.done = true
 	for t := range sub.timers {
@@ -291,7 +311,6 @@ func (sub *subscription) take(recs []*kgo.Record) {
 		} else if r.Offset < p.next {
 			continue // taken already
 		}
-		prev := p.next - 1 // -1 for a partition just taken: next is 0
 		p.next, p.epoch = r.Offset+1, r.LeaderEpoch
 		if contains(p.inherited, r.Offset) {
 			// Acked by the member before, behind a record that was not.
@@ -301,7 +320,7 @@ func (sub *subscription) take(recs []*kgo.Record) {
 			}
 			continue
 		}
-		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch, prev: prev}
+		e := &entry{rec: r, offset: r.Offset, epoch: r.LeaderEpoch}
 		if n := starts[r.Partition].md.counts[r.Offset]; n > 0 {
 			e.deliveries, e.recorded, e.unknownCount = n, n, true
 		} else if r.Offset < p.unknownUntil {
@@ -360,6 +379,32 @@ func (sub *subscription) groupOffsets(ids []int32) map[int32]groupOffset {
 	return out
 }
 
+// startOffsets is kgo's AdjustFetchOffsetsFn of a subscription whose consumer gave its
+// positions: each partition assigned starts after the offset the consumer applied last there,
+// when the group's committed offset is below it, so that the records at or below it are not
+// fetched again. When the positions cannot be read, the partitions start at the committed
+// offsets: the consumer's duplicate detection absorbs what it applied already.
+func (sub *subscription) startOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	parts := offsets[sub.topic]
+	if len(parts) == 0 {
+		return offsets, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
+	defer cancel()
+	applied, err := sub.positions.Applied(ctx, sub.topic)
+	if err != nil {
+		sub.logger.Error("Cannot read the consumer's positions: its partitions start at the group's committed offsets", err, nil)
+		return offsets, nil
+	}
+	for id, o := range parts {
+		// A partition without a commit starts at its first record: an offset below 0.
+		if a, ok := applied[id]; ok && o.EpochOffset().Offset <= a {
+			parts[id] = kgo.NewOffset().At(a + 1)
+		}
+	}
+	return offsets, nil
+}
+
 // queueLocked queues the next hand-out of e if the group's metadata covers it (ready), and
 // otherwise puts it with the deliveries that wait for the next commit; it reports whether it
 // queued it. sub.mu is held.
@@ -368,12 +413,39 @@ func (sub *subscription) queueLocked(p *partition, e *entry) bool {
 	p.inflight++
 	sub.inflight++
 	if p.ready(e) {
-		sub.queue = append(sub.queue, d)
-		return true
+		return sub.readyLocked(d)
 	}
 	e.waiting = true
 	p.pending = append(p.pending, d)
 	return false
+}
+
+// readyLocked queues d, whose hand-out is ready, and reports whether the queue grew. A
+// subscription that hands out records in order (positions) holds it instead until every
+// record before it in its partition is acked (releaseLocked). sub.mu is held.
+func (sub *subscription) readyLocked(d *delivery) bool {
+	if sub.positions == nil {
+		sub.queue = append(sub.queue, d)
+		return true
+	}
+	p := d.p
+	i, _ := slices.BinarySearchFunc(p.held, d.e.offset, func(h *delivery, o int64) int { return cmp.Compare(h.e.offset, o) })
+	p.held = slices.Insert(p.held, i, d)
+	return sub.releaseLocked(p)
+}
+
+// releaseLocked queues the hand-out held for p's first record not acked, if it holds it: the
+// record whose turn it is. Every other record of p is either acked, or behind it; so at most
+// one record of p is queued or handed out at once. It reports whether the queue grew. sub.mu
+// is held.
+func (sub *subscription) releaseLocked(p *partition) bool {
+	if len(p.held) == 0 || len(p.entries) == 0 || p.held[0].e != p.entries[0] {
+		return false
+	}
+	sub.queue = append(sub.queue, p.held[0])
+	p.held[0] = nil
+	p.held = p.held[1:]
+	return true
 }
 
 // enqueueLocked queues the next hand-out of e, or has it wait for the next commit, and
@@ -482,16 +554,30 @@ func (sub *subscription) send() {
 		info := redelivery.Info{Count: d.e.deliveries, DelaysNacks: true}
 		ctx, cancel := context.WithCancelCause(sub.ctx)
 		d.msg = Message(d.e.rec)
-		messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.e.prev}.SetHeaders(d.msg.Metadata)
-		d.msg.SetContext(redelivery.NewContext(ctx, info))
+		messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.p.previous(d.e)}.SetHeaders(d.msg.Metadata)
+		msgCtx := ctx
+		if sub.direct {
+			msgCtx = redelivery.NewSettleContext(ctx, func() { sub.settled(d) })
+		}
+		d.msg.SetContext(redelivery.NewContext(msgCtx, info))
 		d.cancel = cancel
 		d.p.live[d] = struct{}{}
 		sub.mu.Unlock()
 
 		select {
 		case sub.out <- d.msg:
-			sub.watchers.Add(1)
-			go sub.watch(d, ctx)
+			if !sub.direct {
+				sub.watchers.Add(1)
+				go sub.watch(d, ctx)
+				break
+			}
+			// AckTimeout counts from the hand-out, as in watch; the consumer may have
+			// settled the delivery already.
+			sub.mu.Lock()
+			if !d.settled && !d.p.gone {
+				d.timer = time.AfterFunc(sub.s.cfg.AckTimeout, func() { sub.settle(d, false, 0, ErrAckTimeout) })
+			}
+			sub.mu.Unlock()
 		case <-ctx.Done():
 			// Revoked or ending before it was handed out.
 			sub.mu.Lock()
@@ -531,6 +617,40 @@ func (sub *subscription) watch(d *delivery, ctx context.Context) {
 	}
 }
 
+// settled is the settle function of d in a subscription whose consumer settles directly
+// (redelivery.Settle): it books d's ack or nack, then ends the delivery's context.
+func (sub *subscription) settled(d *delivery) {
+	if redelivery.Acked(d.msg) {
+		sub.settle(d, true, 0, nil)
+	} else {
+		delay := sub.s.cfg.NackDelay
+		if rd, ok := redelivery.RequestedDelay(d.msg.Context()); ok {
+			delay = rd
+		}
+		sub.settle(d, false, delay, nil)
+	}
+	d.cancel(nil)
+}
+
+// settleAcked books, in a subscription whose consumer settles directly and that is ending, the
+// acks given before the end whose Settle has not come yet: as watch does, an ack given before
+// the delivery ended counts.
+func (sub *subscription) settleAcked() {
+	var acked []*delivery
+	sub.mu.Lock()
+	for _, p := range sub.parts {
+		for d := range p.live {
+			if redelivery.Acked(d.msg) {
+				acked = append(acked, d)
+			}
+		}
+	}
+	sub.mu.Unlock()
+	for _, d := range acked {
+		sub.settle(d, true, 0, nil)
+	}
+}
+
 // settle books the ack or nack of d. A nacked record is queued again after delay; cause, if
 // not nil, ends the delivery's context first.
 func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, cause error) {
@@ -544,6 +664,9 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		return
 	}
 	d.settled = true
+	if d.timer != nil {
+		d.timer.Stop()
+	}
 	sub.unliveLocked(d)
 	p.inflight--
 	sub.inflight--
@@ -554,6 +677,9 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		p.acks++
 		sub.gate.acked(1)
 		signal(sub.commit)
+		if sub.positions != nil && sub.releaseLocked(p) {
+			signal(sub.wake)
+		}
 		return
 	}
 	if sub.done || p.revoking {
@@ -589,6 +715,19 @@ func (sub *subscription) wantLocked() {
 		if d.e.deliveries == 0 && !d.p.gone {
 			d.p.want = max(d.p.want, d.e.offset+1)
 		}
+		if d.e.unknownCount {
+			continue
+		}
+		// In order, the records held behind it are handed out next, one at a time: one
+		// commit covers them too.
+		for j, h := range d.p.held {
+			if j == ahead || h.e.unknownCount {
+				break
+			}
+			if h.e.deliveries == 0 && !d.p.gone {
+				d.p.want = max(d.p.want, h.e.offset+1)
+			}
+		}
 	}
 }
 
@@ -599,11 +738,28 @@ func (sub *subscription) unliveLocked(d *delivery) {
 		return
 	}
 	delete(p.live, d)
+	if d.timer != nil {
+		d.timer.Stop()
+	}
 	sub.gate.leave(d.alone)
 	if len(p.live) == 0 && p.drained != nil {
 		close(p.drained)
 		p.drained = nil
 	}
+}
+
+// previous returns the offset of the last record before e in p's books that is not acked, -1
+// for none (messagedata.HeaderPreviousOffset): the record that the consumer has to apply
+// before e. The records before e that are acked (processed, duplicates, dead-lettered) or
+// below the commit mark need nothing more.
+func (p *partition) previous(e *entry) int64 {
+	i, _ := slices.BinarySearchFunc(p.entries, e.offset, func(x *entry, o int64) int { return cmp.Compare(x.offset, o) })
+	for i--; i >= 0; i-- {
+		if !p.entries[i].acked {
+			return p.entries[i].offset
+		}
+	}
+	return -1
 }
 
 // popAcked takes the acked entries at the front out of the books and returns how many.
@@ -738,8 +894,9 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 			for _, d := range p.pending {
 				if p.ready(d.e) {
 					d.e.waiting = false
-					sub.queue = append(sub.queue, d)
-					queued = true
+					if sub.readyLocked(d) {
+						queued = true
+					}
 				} else {
 					kept = append(kept, d)
 				}
@@ -818,12 +975,15 @@ func (sub *subscription) dropLocked(parts []*partition) {
 			d.cancel(ErrRevoked)
 		}
 		for d := range p.live {
+			if d.timer != nil {
+				d.timer.Stop()
+			}
 			sub.gate.leave(d.alone)
 		}
 		clear(p.live)
 		sub.gate.acked(-(p.acks - p.ackCommitted))
 		p.ackCommitted = p.acks
-		p.entries, p.pending = nil, nil
+		p.entries, p.pending, p.held = nil, nil, nil
 		delete(sub.parts, p.id)
 	}
 	signal(sub.room)

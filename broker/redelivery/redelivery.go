@@ -13,6 +13,10 @@
 // for the others NackAfter reports false, and the router holds the message for the delay
 // before it nacks it.
 //
+// A consumer that detects duplicates by position gives its applied offsets to the subscriber
+// on the Subscribe context (WithPositions, positions.go), and a consumer that settles each
+// message itself says so there too (WithDirectSettle, settle.go).
+//
 // The package imports no broker client: custom subscribers can take part.
 package redelivery
 
