@@ -18,8 +18,12 @@
 // acknowledged: (consumer_group, offset, deliveries, visible_at). Messages are not deleted when
 // they are consumed: Trim removes those every known consumer group has acknowledged. The file
 // is opened through sqldb.Open: WAL journal, synchronous=FULL, a 30 s busy timeout and BEGIN
-// IMMEDIATE transactions. Keep the queue in a file of its own, apart from the application
-// database, as a broker is apart from a database.
+// IMMEDIATE transactions. The subscriptions' claims and settlements commit with
+// synchronous=NORMAL, on a connection of their own: such a commit survives the death of the
+// process, and only a power loss or a crash of the operating system can take one back, which
+// makes messages come again (never lost: publishes commit with FULL, and the WAL is synced in
+// order). Keep the queue in a file of its own, apart from the application database, as a
+// broker is apart from a database.
 //
 // # Delivery
 //

@@ -222,7 +222,7 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		settle  []settlement
 		took    bool
 	)
-	err := s.q.write(s.ctx, func(tx *sql.Tx) error {
+	err := s.q.writeLeases(s.ctx, func(tx *sql.Tx) error {
 		// Taken in the file's turn, so that they are committed (or given back) before any
 		// other transaction of the file looks for them.
 		settle, took = s.pending.take(), true
@@ -371,7 +371,7 @@ drain:
 	defer cancel()
 	var settle []settlement
 	took := false
-	err := s.q.write(ctx, func(tx *sql.Tx) error {
+	err := s.q.writeLeases(ctx, func(tx *sql.Tx) error {
 		settle, took = s.pending.take(), true
 		return s.leases.settle(ctx, tx, append(settle, own...))
 	})
