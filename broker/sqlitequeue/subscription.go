@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -28,9 +29,11 @@ const fillWait = 20 * time.Millisecond
 const closeWait = 5 * time.Second
 
 // subscription is one consumer of a topic in the queue's consumer group: a loop (run) that
-// claims messages into its window and settles their leases in short transactions, a hand-out
-// goroutine that passes the claimed messages to the consumer, and one goroutine per message
-// handed out that waits for its ack or nack.
+// claims messages into its window and settles their leases in short transactions, and a
+// hand-out goroutine that passes the claimed messages to the consumer. A consumer that settles
+// directly (redelivery.SettlesDirectly, as onceflow's router does) reports each ack or nack
+// itself, by redelivery.Settle; for any other, one goroutine per message handed out waits for
+// its ack or nack.
 type subscription struct {
 	q      *Queue
 	topic  string
@@ -38,6 +41,8 @@ type subscription struct {
 	window int
 	resend time.Duration
 	logger watermill.LoggerAdapter
+	// direct says the consumer calls redelivery.Settle after every ack and nack.
+	direct bool
 
 	// ctx ends with the subscription: when the context given to Subscribe ends or the
 	// Subscriber closes. The messages' contexts derive from it.
@@ -71,6 +76,7 @@ func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *su
 		leases:      l,
 		window:      cfg.BatchSize,
 		resend:      cfg.ResendInterval,
+		direct:      redelivery.SettlesDirectly(ctx),
 		logger:      cfg.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": cfg.ConsumerGroup}),
 		ctx:         ctx,
 		cancel:      cancel,
@@ -249,7 +255,11 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		if err != nil {
 			s.logger.Error("Message with unreadable metadata; delivering it without", err, watermill.LogFields{"offset": r.offset, "msg_uuid": r.uuid})
 		}
-		d := newDelivery(s.ctx, msg, r.offset, r.deliveries, claimed.Add(s.q.cfg.AckDeadline))
+		var settled func(*delivery)
+		if s.direct {
+			settled = s.settled
+		}
+		d := newDelivery(s.ctx, msg, r.offset, r.deliveries, claimed.Add(s.q.cfg.AckDeadline), settled)
 		s.inflight[r.offset] = d
 		batch = append(batch, d)
 	}
@@ -295,7 +305,11 @@ func (s *subscription) handOut() {
 				d.handed.Store(true)
 				select {
 				case s.out <- d.msg:
-					go s.watch(d)
+					if s.direct {
+						d.watchEnd(s.expired)
+					} else {
+						go s.watch(d)
+					}
 					continue
 				case <-d.ctx.Done():
 					d.handed.Store(false)
@@ -325,6 +339,24 @@ func (s *subscription) watch(d *delivery) {
 	at := time.Now()
 	d.cancel()
 	s.report(event{d: d, outcome: o, at: at})
+}
+
+// settled reports the ack or nack of a delivery whose consumer settles directly: it runs in
+// the consumer's goroutine, from redelivery.Settle. The message's context is cancelled.
+func (s *subscription) settled(d *delivery) {
+	o := nacked
+	if redelivery.Acked(d.msg) {
+		o = acked
+	}
+	at := time.Now()
+	d.cancel()
+	s.report(event{d: d, outcome: o, at: at})
+}
+
+// expired reports a delivery, handed to a consumer that settles directly, whose context ended
+// (its lease passed, or the subscription ended) before the consumer settled it.
+func (s *subscription) expired(d *delivery) {
+	s.report(event{d: d, outcome: d.outcomeNow(), at: time.Now()})
 }
 
 // report sends e to run, unless run has ended.
