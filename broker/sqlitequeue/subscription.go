@@ -57,6 +57,9 @@ type subscription struct {
 	done        chan struct{}       // closed when run ends
 	inflight    map[int64]*delivery // claimed and not settled, by offset; owned by run
 	pending     *settlements        // given and not committed yet, shared with the topic's others
+	// filled says that the last claim got all the room it asked for: more messages may
+	// wait, and the next claim does not look first. Owned by run.
+	filled bool
 }
 
 // event reports a delivery that ended: acknowledged, nacked, or unsettled (its lease passed,
@@ -214,9 +217,9 @@ func (s *subscription) run() {
 // round commits the pending settlements (the topic's other subscriptions' too) and claims up
 // to room messages, in one transaction, and returns the claimed messages' deliveries. With
 // nothing to settle, it first looks, without the write lock, whether there is anything to
-// claim.
+// claim, unless its last claim filled all its room (a backlog is being drained).
 func (s *subscription) round(room int) ([]*delivery, error) {
-	if s.pending.len() == 0 {
+	if s.pending.len() == 0 && !s.filled {
 		found, err := s.leases.anyToClaim(s.ctx, time.Now())
 		if err != nil || !found {
 			return nil, err
@@ -247,7 +250,11 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		s.pending.done(settle, err != nil)
 	}
 	if err != nil {
+		s.filled = false
 		return nil, err
+	}
+	if room > 0 {
+		s.filled = len(rows) == room
 	}
 	batch := make([]*delivery, 0, len(rows))
 	for _, r := range rows {
