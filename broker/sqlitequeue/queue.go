@@ -48,7 +48,9 @@ type Queue struct {
 // it. url is "sqlite://path/queue.db", "sqlite:///absolute/path/queue.db" or a bare file path;
 // query parameters of a sqlite:// URL are passed to the driver as sqldb.Open describes. The
 // directory must exist. The file is opened with sqldb.Open: WAL journal, synchronous=FULL, a
-// busy timeout of 30 s and BEGIN IMMEDIATE transactions.
+// busy timeout of 30 s and BEGIN IMMEDIATE transactions. The subscriptions' claims and
+// settlements commit with synchronous=NORMAL, on a connection of their own (see the package
+// documentation).
 //
 // The program links the SQLite driver by importing github.com/onceflow/onceflow/sqldb/sqlite
 // (or broker/all); without it Open fails with an error that names the import.

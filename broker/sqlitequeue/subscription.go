@@ -129,9 +129,9 @@ func (s *subscription) run() {
 		flush := pending && !now.Before(retryAt) && (!now.Before(flushBy) || gave && len(s.inflight) == 0)
 		// A claim waits until half the window is free, so that each claims many messages and
 		// commits the settlements given meanwhile in the same transaction (each transaction
-		// of the queue file is a commit to disk), but no longer than fillWait after room came
-		// free, so that a consumer that holds its messages until more come gets them; with
-		// nothing in flight it goes at once.
+		// of the queue file takes its write lock and writes its WAL), but no longer than
+		// fillWait after room came free, so that a consumer that holds its messages until
+		// more come gets them; with nothing in flight it goes at once.
 		if !canClaim {
 			roomSince = time.Time{}
 		} else if roomSince.IsZero() {
