@@ -26,10 +26,17 @@ import (
 // leaseConn is the connection of a Queue's claims and settlements. It is used in the file's
 // turn to write only, so by one transaction at a time; the mutex only guards it against Close.
 type leaseConn struct {
-	mu     sync.Mutex
-	conn   *sql.Conn // nil before the first transaction and after a broken one
-	closed bool
+	mu      sync.Mutex
+	conn    *sql.Conn // nil before the first transaction and after a broken one
+	lowered bool      // conn's synchronous was lowered from FULL
+	closed  bool
 }
+
+// minPoolToHold is the smallest limit of open connections (sql.DB.SetMaxOpenConns) of a pool
+// from which the lease connection is held between transactions. In a smaller pool, such as one
+// of a single connection, holding it would leave publishers and readers none: there it is taken
+// for each transaction and given back with synchronous=FULL again.
+const minPoolToHold = 4
 
 // run runs fn in a transaction on the lease connection, taking a connection from db first when
 // it has none. A connection that breaks is dropped, and the next transaction takes another.
@@ -40,15 +47,20 @@ func (c *leaseConn) run(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) err
 		return ErrClosed
 	}
 	if c.conn == nil {
-		conn, err := openLeaseConn(ctx, db)
+		conn, lowered, err := openLeaseConn(ctx, db)
 		if err != nil {
 			return err
 		}
-		c.conn = conn
+		c.conn, c.lowered = conn, lowered
 	}
 	err := runInTx(ctx, c.conn, fn)
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
 		discard(c.conn)
+		c.conn = nil
+		return err
+	}
+	if limit := db.Stats().MaxOpenConnections; limit > 0 && limit < minPoolToHold {
+		giveBack(c.conn, c.lowered)
 		c.conn = nil
 	}
 	return err
@@ -69,22 +81,35 @@ func (c *leaseConn) close() {
 const synchronousFull = 2
 
 // openLeaseConn takes a connection from db for claims and settlements and lowers its
-// synchronous from FULL to NORMAL.
-func openLeaseConn(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
+// synchronous from FULL to NORMAL, and reports whether it did.
+func openLeaseConn(ctx context.Context, db *sql.DB) (*sql.Conn, bool, error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("take a connection for claims and settlements: %w", err)
+		return nil, false, fmt.Errorf("take a connection for claims and settlements: %w", err)
 	}
 	var level int
 	err = conn.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&level)
-	if err == nil && level == synchronousFull {
+	lower := err == nil && level == synchronousFull
+	if lower {
 		_, err = conn.ExecContext(ctx, `PRAGMA synchronous = NORMAL`)
 	}
 	if err != nil {
 		discard(conn)
-		return nil, fmt.Errorf("set synchronous=NORMAL on the connection of claims and settlements: %w", err)
+		return nil, false, fmt.Errorf("set synchronous=NORMAL on the connection of claims and settlements: %w", err)
 	}
-	return conn, nil
+	return conn, lower, nil
+}
+
+// giveBack returns conn to its pool, with synchronous=FULL again if it was lowered, or
+// discards it when that fails.
+func giveBack(conn *sql.Conn, lowered bool) {
+	if lowered {
+		if _, err := conn.ExecContext(context.Background(), `PRAGMA synchronous = FULL`); err != nil {
+			discard(conn)
+			return
+		}
+	}
+	_ = conn.Close()
 }
 
 // discard closes conn for good instead of giving it back to the pool, where it would commit

@@ -3,8 +3,10 @@ package sqlitequeue
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -79,10 +81,50 @@ func TestLeaseConn_KeepsASynchronousOtherThanFull(t *testing.T) {
 	}{{"OFF", 0}, {"EXTRA", 3}} {
 		db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "queue.db")+"?_pragma=synchronous("+c.pragma+")")
 		require.NoError(t, err)
-		conn, err := openLeaseConn(ctx, db.DB.DB)
+		conn, lowered, err := openLeaseConn(ctx, db.DB.DB)
 		require.NoError(t, err)
+		require.False(t, lowered, c.pragma)
 		require.Equal(t, c.want, synchronousOf(t, conn), c.pragma)
 		discard(conn)
 		require.NoError(t, db.Close())
 	}
+}
+
+// In a pool of one connection the lease connection is not held between transactions: a
+// publisher and a subscriber of the queue both go on, and the connection goes back to the pool
+// with synchronous=FULL.
+func TestLeaseConn_APoolOfOneConnectionIsNotHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(t.TempDir(), "queue.db"))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, db.Close()) }()
+	db.SetMaxOpenConns(1)
+	q, err := New(db, Config{ConsumerGroup: "g", BatchSize: 1})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+
+	sub, err := q.Subscriber()
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(ctx, "t")
+	require.NoError(t, err)
+	for i := range 3 {
+		id := fmt.Sprintf("m%d", i)
+		require.NoError(t, q.Publisher().Publish("t", message.NewMessage(id, nil)))
+		select {
+		case m := <-msgs:
+			require.Equal(t, id, m.UUID)
+			m.Ack()
+		case <-time.After(10 * time.Second):
+			t.Fatalf("message %s not delivered within 10 s", id)
+		}
+	}
+	require.NoError(t, sub.Close())
+	backlog, err := q.Backlog(ctx, "t", "g")
+	require.NoError(t, err)
+	require.Zero(t, backlog, "the acknowledgements are committed")
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	require.Equal(t, synchronousFull, synchronousOf(t, conn), "the pool's one connection")
+	require.NoError(t, conn.Close())
 }
