@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 )
 
@@ -21,23 +23,39 @@ import (
 // tables with the queue's adapters, the core of the subscriber the queue had before leases
 // (which added a savepoint per delivery and turn-taking with publishers, and was slower still).
 //
+// "lease-direct" is the queue's subscriber with a consumer that settles each message itself
+// (redelivery.Settle after its ack), as onceflow's router does, and a window of 128 (the
+// benchmark command's prefetch).
+//
 // Two consumers: "ack" acknowledges each message as soon as it arrives, one after the other;
 // "work-1ms" runs each message in a goroutine of its own that takes 1 ms before it acknowledges,
 // as a watermill router does with a handler that writes a database.
+//
+// Besides msgs/s it reports cpu-µs/msg: the process's CPU time (user and system) over the
+// consumption, per message, which the machine's other work sways less than the rate.
 func BenchmarkSubscriber_PublishThenConsume(b *testing.B) {
 	const n = 2000
 	subscribers := []struct {
-		name string
-		make func(b *testing.B, q *sqlitequeue.Queue) message.Subscriber
+		name   string
+		window int
+		direct bool
+		make   func(b *testing.B, q *sqlitequeue.Queue) message.Subscriber
 	}{
-		{"lease", func(b *testing.B, q *sqlitequeue.Queue) message.Subscriber {
+		{"lease", 0, false, func(b *testing.B, q *sqlitequeue.Queue) message.Subscriber {
 			sub, err := q.Subscriber()
 			if err != nil {
 				b.Fatal(err)
 			}
 			return sub
 		}},
-		{"watermill-sql", func(b *testing.B, q *sqlitequeue.Queue) message.Subscriber {
+		{"lease-direct", 128, true, func(b *testing.B, q *sqlitequeue.Queue) message.Subscriber {
+			sub, err := q.Subscriber()
+			if err != nil {
+				b.Fatal(err)
+			}
+			return sub
+		}},
+		{"watermill-sql", 0, false, func(b *testing.B, q *sqlitequeue.Queue) message.Subscriber {
 			cfg := q.Config()
 			sub, err := wsql.NewSubscriber(q.DB().DB.DB, wsql.SubscriberConfig{
 				ConsumerGroup:  cfg.ConsumerGroup,
@@ -64,11 +82,14 @@ func BenchmarkSubscriber_PublishThenConsume(b *testing.B) {
 	for _, s := range subscribers {
 		for _, c := range consumers {
 			b.Run(s.name+"/"+c.name, func(b *testing.B) {
-				var consumed time.Duration
+				var consumed, cpu time.Duration
 				for i := 0; i < b.N; i++ {
-					consumed += consumeOnce(b, s.make, n, c.work)
+					wall, used := consumeOnce(b, s.make, s.window, s.direct, n, c.work)
+					consumed += wall
+					cpu += used
 				}
 				b.ReportMetric(float64(n*b.N)/consumed.Seconds(), "msgs/s")
+				b.ReportMetric(float64(cpu.Microseconds())/float64(n*b.N), "cpu-µs/msg")
 				b.ReportMetric(0, "ns/op")
 			})
 		}
@@ -76,11 +97,13 @@ func BenchmarkSubscriber_PublishThenConsume(b *testing.B) {
 }
 
 // consumeOnce publishes n messages to a fresh queue file and returns how long the subscriber
-// that newSub makes took to deliver all of them and have them acknowledged.
-func consumeOnce(b *testing.B, newSub func(*testing.B, *sqlitequeue.Queue) message.Subscriber, n int, work time.Duration) time.Duration {
+// that newSub makes took to deliver all of them and have them acknowledged, and the CPU time
+// the process used meanwhile. window is the queue's BatchSize (0: the default); with direct,
+// the consumer subscribes with redelivery.WithDirectSettle and settles each message.
+func consumeOnce(b *testing.B, newSub func(*testing.B, *sqlitequeue.Queue) message.Subscriber, window int, direct bool, n int, work time.Duration) (time.Duration, time.Duration) {
 	b.Helper()
 	ctx := context.Background()
-	q, err := sqlitequeue.Open(ctx, filepath.Join(b.TempDir(), "queue.db"), sqlitequeue.Config{ConsumerGroup: "bench"})
+	q, err := sqlitequeue.Open(ctx, filepath.Join(b.TempDir(), "queue.db"), sqlitequeue.Config{ConsumerGroup: "bench", BatchSize: window})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -95,8 +118,16 @@ func consumeOnce(b *testing.B, newSub func(*testing.B, *sqlitequeue.Queue) messa
 	sub := newSub(b, q)
 	defer func() { _ = sub.Close() }()
 
-	start := time.Now()
-	in, err := sub.Subscribe(ctx, "bench")
+	subCtx := ctx
+	if direct {
+		subCtx = redelivery.WithDirectSettle(ctx)
+	}
+	ack := func(m *message.Message) {
+		m.Ack()
+		redelivery.Settle(m)
+	}
+	start, cpu0 := time.Now(), processCPU(b)
+	in, err := sub.Subscribe(subCtx, "bench")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -110,18 +141,18 @@ func consumeOnce(b *testing.B, newSub func(*testing.B, *sqlitequeue.Queue) messa
 			b.Fatalf("%d of %d messages consumed within 30 s", len(seen), n)
 		}
 		if seen[m.UUID] {
-			m.Ack()
+			ack(m)
 			continue
 		}
 		seen[m.UUID] = true
 		if work == 0 {
-			m.Ack()
+			ack(m)
 			acked <- struct{}{}
 			continue
 		}
 		go func() {
 			time.Sleep(work)
-			m.Ack()
+			ack(m)
 			acked <- struct{}{}
 		}()
 	}
@@ -142,5 +173,15 @@ func consumeOnce(b *testing.B, newSub func(*testing.B, *sqlitequeue.Queue) messa
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return time.Since(start)
+	return time.Since(start), processCPU(b) - cpu0
+}
+
+// processCPU returns the CPU time, user and system, that the process has used so far.
+func processCPU(b *testing.B) time.Duration {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -2,6 +2,7 @@ package sqlitequeue
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,16 +23,68 @@ type delivery struct {
 	// subscription's loop reads it after an event from that goroutine or from the watcher it
 	// started, or after the goroutine has ended.
 	handed atomic.Bool
+
+	// For a consumer that settles directly (redelivery.SettlesDirectly), the delivery ends
+	// once, by the first of its Settle and the end of its context: taken says it has ended,
+	// stop unregisters the watch of its context (context.AfterFunc) that the hand-out
+	// goroutine registered.
+	mu    sync.Mutex
+	taken bool
+	stop  func() bool
 }
 
 // newDelivery makes the delivery of msg under a lease claimed until expires. The message's
 // context derives from parent, ends when the lease passes, and carries a redelivery.Info with
-// the lease's count.
-func newDelivery(parent context.Context, msg *message.Message, offset int64, deliveries int, expires time.Time) *delivery {
+// the lease's count. With settled not nil, the consumer settles the message directly
+// (redelivery.Settle), and settled then runs once, in the consumer's goroutine, unless the
+// context of the delivery ended before.
+func newDelivery(parent context.Context, msg *message.Message, offset int64, deliveries int, expires time.Time, settled func(*delivery)) *delivery {
 	ctx, cancel := context.WithDeadline(parent, expires)
 	ctx = redelivery.NewContext(ctx, redelivery.Info{Count: deliveries, DelaysNacks: true})
+	d := &delivery{offset: offset, deliveries: deliveries, msg: msg, cancel: cancel, expires: expires}
+	if settled != nil {
+		ctx = redelivery.NewSettleContext(ctx, func() {
+			if d.take() {
+				settled(d)
+			}
+		})
+	}
+	d.ctx = ctx
 	msg.SetContext(ctx)
-	return &delivery{offset: offset, deliveries: deliveries, msg: msg, ctx: ctx, cancel: cancel, expires: expires}
+	return d
+}
+
+// watchEnd arranges, for a consumer that settles directly, that ended runs once the delivery's
+// context ends (its lease passes, or the subscription ends) before the consumer settles it. The
+// hand-out goroutine calls it when it hands the message out.
+func (d *delivery) watchEnd(ended func(*delivery)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.taken {
+		return
+	}
+	d.stop = context.AfterFunc(d.ctx, func() {
+		if d.take() {
+			ended(d)
+		}
+	})
+}
+
+// take reports whether the delivery had not ended yet, and ends it. The watch of its context
+// is unregistered, so that cancelling the context starts no goroutine.
+func (d *delivery) take() bool {
+	d.mu.Lock()
+	if d.taken {
+		d.mu.Unlock()
+		return false
+	}
+	d.taken = true
+	stop := d.stop
+	d.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	return true
 }
 
 // outcome is what the consumer did with a delivery.

@@ -18,8 +18,12 @@
 // acknowledged: (consumer_group, offset, deliveries, visible_at). Messages are not deleted when
 // they are consumed: Trim removes those every known consumer group has acknowledged. The file
 // is opened through sqldb.Open: WAL journal, synchronous=FULL, a 30 s busy timeout and BEGIN
-// IMMEDIATE transactions. Keep the queue in a file of its own, apart from the application
-// database, as a broker is apart from a database.
+// IMMEDIATE transactions. The subscriptions' claims and settlements commit with
+// synchronous=NORMAL, on a connection of their own: such a commit survives the death of the
+// process, and only a power loss or a crash of the operating system can take one back, which
+// makes messages come again (never lost: publishes commit with FULL, and the WAL is synced in
+// order). Keep the queue in a file of its own, apart from the application database, as a
+// broker is apart from a database.
 //
 // # Delivery
 //
@@ -28,7 +32,7 @@
 // came free, or when all of it is) it claims messages in one short transaction: the group's leases that are due, then the
 // messages after the group's cursor, each leased for Config.AckDeadline. Acknowledgements
 // delete leases, nacks move a lease's visible_at to the end of the nack's delay. Every
-// transaction of the file is a commit to disk, so settlements wait to be committed together:
+// transaction of the file has its cost, so settlements wait to be committed together:
 // those that the subscriptions of a topic in one Queue give within 10 ms go in one
 // transaction, the next claim of any of them or a commit of their own (at once when the
 // subscription has nothing else in flight). No transaction, and no lock of the file, is held
@@ -49,7 +53,10 @@
 //     not have been committed. onceflow's deduplication makes the processing exactly-once.
 //
 // Each delivered message's context carries a redelivery.Info: Count is the number of times
-// the group has been handed the message (1 the first time), DelaysNacks is true.
+// the group has been handed the message (1 the first time), DelaysNacks is true. A consumer
+// that subscribes with redelivery.WithDirectSettle (onceflow's router does) tells the
+// subscription of each ack and nack by redelivery.Settle; for any other consumer, the
+// subscription waits on each message's Acked and Nacked channels, a goroutine per message.
 //
 // # Concurrency
 //

@@ -36,6 +36,8 @@ type Queue struct {
 	initialized sync.Map
 	// pools holds the settlements of each topic's subscriptions (*settlements).
 	pools sync.Map
+	// leases is the connection of the subscriptions' claims and settlements.
+	leases leaseConn
 
 	mu     sync.Mutex
 	closed bool
@@ -46,7 +48,9 @@ type Queue struct {
 // it. url is "sqlite://path/queue.db", "sqlite:///absolute/path/queue.db" or a bare file path;
 // query parameters of a sqlite:// URL are passed to the driver as sqldb.Open describes. The
 // directory must exist. The file is opened with sqldb.Open: WAL journal, synchronous=FULL, a
-// busy timeout of 30 s and BEGIN IMMEDIATE transactions.
+// busy timeout of 30 s and BEGIN IMMEDIATE transactions. The subscriptions' claims and
+// settlements commit with synchronous=NORMAL, on a connection of their own (see the package
+// documentation).
 //
 // The program links the SQLite driver by importing github.com/onceflow/onceflow/sqldb/sqlite
 // (or broker/all); without it Open fails with an error that names the import.
@@ -243,6 +247,7 @@ func (q *Queue) Close() error {
 	for _, s := range subs {
 		errs = append(errs, s.Close())
 	}
+	q.leases.close()
 	closeStore(q.store)
 	if q.ownDB {
 		errs = append(errs, q.db.Close())
@@ -328,9 +333,14 @@ func (q *Queue) prepareTopic(ctx context.Context, topic, group string) error {
 	return nil
 }
 
+// beginner is a pool (*sql.DB) or one connection of it (*sql.Conn).
+type beginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
 // runInTx runs fn in a transaction of db, committing when fn returns nil and rolling back
 // otherwise; a failed rollback is joined to fn's error.
-func runInTx(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) (err error) {
+func runInTx(ctx context.Context, db beginner, fn func(tx *sql.Tx) error) (err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)

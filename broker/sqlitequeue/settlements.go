@@ -7,8 +7,8 @@ import (
 
 // settlements holds the settlements that the subscriptions of one topic in a Queue have given
 // and that are not committed yet. The next transaction of any of them commits all, its own
-// and the others': every transaction of the queue file is a commit to disk, and a router's
-// subscriptions of one topic (Handler.Concurrency of them) then share them.
+// and the others': every transaction of the queue file takes its write lock and writes its
+// WAL, and a router's subscriptions of one topic (Handler.Concurrency of them) then share them.
 type settlements struct {
 	mu    sync.Mutex
 	idle  sync.Cond // signalled when no transaction has settlements taken

@@ -122,6 +122,16 @@ func (q *Queue) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return runInTx(ctx, rawDB(q.db), fn)
 }
 
+// writeLeases runs fn, a claim or a settlement of leases, in a transaction of the queue file
+// on the Queue's lease connection (synchronous=NORMAL, see leaseConn), in this process's turn.
+func (q *Queue) writeLeases(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	if err := q.store.lock(ctx, busyTimeout); err != nil {
+		return err
+	}
+	defer q.store.unlock()
+	return q.leases.run(ctx, rawDB(q.db), fn)
+}
+
 // woken returns a channel that is closed when messages are next published to topic through a
 // Queue of this process over the file.
 func (s *store) woken(topic string) <-chan struct{} {

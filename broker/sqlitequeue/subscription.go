@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -28,9 +29,11 @@ const fillWait = 20 * time.Millisecond
 const closeWait = 5 * time.Second
 
 // subscription is one consumer of a topic in the queue's consumer group: a loop (run) that
-// claims messages into its window and settles their leases in short transactions, a hand-out
-// goroutine that passes the claimed messages to the consumer, and one goroutine per message
-// handed out that waits for its ack or nack.
+// claims messages into its window and settles their leases in short transactions, and a
+// hand-out goroutine that passes the claimed messages to the consumer. A consumer that settles
+// directly (redelivery.SettlesDirectly, as onceflow's router does) reports each ack or nack
+// itself, by redelivery.Settle; for any other, one goroutine per message handed out waits for
+// its ack or nack.
 type subscription struct {
 	q      *Queue
 	topic  string
@@ -38,6 +41,8 @@ type subscription struct {
 	window int
 	resend time.Duration
 	logger watermill.LoggerAdapter
+	// direct says the consumer calls redelivery.Settle after every ack and nack.
+	direct bool
 
 	// ctx ends with the subscription: when the context given to Subscribe ends or the
 	// Subscriber closes. The messages' contexts derive from it.
@@ -52,6 +57,9 @@ type subscription struct {
 	done        chan struct{}       // closed when run ends
 	inflight    map[int64]*delivery // claimed and not settled, by offset; owned by run
 	pending     *settlements        // given and not committed yet, shared with the topic's others
+	// filled says that the last claim got all the room it asked for: more messages may
+	// wait, and the next claim does not look first. Owned by run.
+	filled bool
 }
 
 // event reports a delivery that ended: acknowledged, nacked, or unsettled (its lease passed,
@@ -71,6 +79,7 @@ func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *su
 		leases:      l,
 		window:      cfg.BatchSize,
 		resend:      cfg.ResendInterval,
+		direct:      redelivery.SettlesDirectly(ctx),
 		logger:      cfg.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": cfg.ConsumerGroup}),
 		ctx:         ctx,
 		cancel:      cancel,
@@ -120,9 +129,9 @@ func (s *subscription) run() {
 		flush := pending && !now.Before(retryAt) && (!now.Before(flushBy) || gave && len(s.inflight) == 0)
 		// A claim waits until half the window is free, so that each claims many messages and
 		// commits the settlements given meanwhile in the same transaction (each transaction
-		// of the queue file is a commit to disk), but no longer than fillWait after room came
-		// free, so that a consumer that holds its messages until more come gets them; with
-		// nothing in flight it goes at once.
+		// of the queue file takes its write lock and writes its WAL), but no longer than
+		// fillWait after room came free, so that a consumer that holds its messages until
+		// more come gets them; with nothing in flight it goes at once.
 		if !canClaim {
 			roomSince = time.Time{}
 		} else if roomSince.IsZero() {
@@ -208,9 +217,9 @@ func (s *subscription) run() {
 // round commits the pending settlements (the topic's other subscriptions' too) and claims up
 // to room messages, in one transaction, and returns the claimed messages' deliveries. With
 // nothing to settle, it first looks, without the write lock, whether there is anything to
-// claim.
+// claim, unless its last claim filled all its room (a backlog is being drained).
 func (s *subscription) round(room int) ([]*delivery, error) {
-	if s.pending.len() == 0 {
+	if s.pending.len() == 0 && !s.filled {
 		found, err := s.leases.anyToClaim(s.ctx, time.Now())
 		if err != nil || !found {
 			return nil, err
@@ -222,7 +231,7 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		settle  []settlement
 		took    bool
 	)
-	err := s.q.write(s.ctx, func(tx *sql.Tx) error {
+	err := s.q.writeLeases(s.ctx, func(tx *sql.Tx) error {
 		// Taken in the file's turn, so that they are committed (or given back) before any
 		// other transaction of the file looks for them.
 		settle, took = s.pending.take(), true
@@ -241,7 +250,11 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		s.pending.done(settle, err != nil)
 	}
 	if err != nil {
+		s.filled = false
 		return nil, err
+	}
+	if room > 0 {
+		s.filled = len(rows) == room
 	}
 	batch := make([]*delivery, 0, len(rows))
 	for _, r := range rows {
@@ -249,7 +262,11 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		if err != nil {
 			s.logger.Error("Message with unreadable metadata; delivering it without", err, watermill.LogFields{"offset": r.offset, "msg_uuid": r.uuid})
 		}
-		d := newDelivery(s.ctx, msg, r.offset, r.deliveries, claimed.Add(s.q.cfg.AckDeadline))
+		var settled func(*delivery)
+		if s.direct {
+			settled = s.settled
+		}
+		d := newDelivery(s.ctx, msg, r.offset, r.deliveries, claimed.Add(s.q.cfg.AckDeadline), settled)
 		s.inflight[r.offset] = d
 		batch = append(batch, d)
 	}
@@ -295,7 +312,11 @@ func (s *subscription) handOut() {
 				d.handed.Store(true)
 				select {
 				case s.out <- d.msg:
-					go s.watch(d)
+					if s.direct {
+						d.watchEnd(s.expired)
+					} else {
+						go s.watch(d)
+					}
 					continue
 				case <-d.ctx.Done():
 					d.handed.Store(false)
@@ -325,6 +346,24 @@ func (s *subscription) watch(d *delivery) {
 	at := time.Now()
 	d.cancel()
 	s.report(event{d: d, outcome: o, at: at})
+}
+
+// settled reports the ack or nack of a delivery whose consumer settles directly: it runs in
+// the consumer's goroutine, from redelivery.Settle. The message's context is cancelled.
+func (s *subscription) settled(d *delivery) {
+	o := nacked
+	if redelivery.Acked(d.msg) {
+		o = acked
+	}
+	at := time.Now()
+	d.cancel()
+	s.report(event{d: d, outcome: o, at: at})
+}
+
+// expired reports a delivery, handed to a consumer that settles directly, whose context ended
+// (its lease passed, or the subscription ended) before the consumer settled it.
+func (s *subscription) expired(d *delivery) {
+	s.report(event{d: d, outcome: d.outcomeNow(), at: time.Now()})
 }
 
 // report sends e to run, unless run has ended.
@@ -371,7 +410,7 @@ drain:
 	defer cancel()
 	var settle []settlement
 	took := false
-	err := s.q.write(ctx, func(tx *sql.Tx) error {
+	err := s.q.writeLeases(ctx, func(tx *sql.Tx) error {
 		settle, took = s.pending.take(), true
 		return s.leases.settle(ctx, tx, append(settle, own...))
 	})

@@ -1,0 +1,120 @@
+package sqlitequeue
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// The subscriptions' transactions (claims of messages, settlements of their leases) are most of
+// the queue file's commits: with synchronous=FULL each one waits for the disk (an fsync of the
+// WAL), which kept a draining consumer waiting rather than working. They run on a connection of
+// their own, with synchronous=NORMAL. In WAL mode such a commit is written to the WAL before it
+// returns, so it survives the death of the process (SIGKILL included) exactly as a FULL one
+// does; only a power loss or a crash of the operating system may take back the last of them.
+// The WAL is synced in order, so that never takes back a publish, which still commits with FULL,
+// nor anything committed before a publish. What it can take back is a claim or a settlement, and
+// both only make messages come again: an unrecorded claim is claimed again, an unrecorded
+// acknowledgement leaves its message to be delivered again, as when a consumer dies before its
+// acknowledgement is committed. Delivery stays at-least-once, and onceflow's deduplication keeps
+// the processing exactly-once. A queue file whose URL asks for another synchronous than FULL
+// keeps it for these transactions too.
+
+// leaseConn is the connection of a Queue's claims and settlements. It is used in the file's
+// turn to write only, so by one transaction at a time; the mutex only guards it against Close.
+type leaseConn struct {
+	mu      sync.Mutex
+	conn    *sql.Conn // nil before the first transaction and after a broken one
+	lowered bool      // conn's synchronous was lowered from FULL
+	closed  bool
+}
+
+// minPoolToHold is the smallest limit of open connections (sql.DB.SetMaxOpenConns) of a pool
+// from which the lease connection is held between transactions. In a smaller pool, such as one
+// of a single connection, holding it would leave publishers and readers none: there it is taken
+// for each transaction and given back with synchronous=FULL again.
+const minPoolToHold = 4
+
+// run runs fn in a transaction on the lease connection, taking a connection from db first when
+// it has none. A connection that breaks is dropped, and the next transaction takes another.
+func (c *leaseConn) run(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if c.conn == nil {
+		conn, lowered, err := openLeaseConn(ctx, db)
+		if err != nil {
+			return err
+		}
+		c.conn, c.lowered = conn, lowered
+	}
+	err := runInTx(ctx, c.conn, fn)
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		discard(c.conn)
+		c.conn = nil
+		return err
+	}
+	if limit := db.Stats().MaxOpenConnections; limit > 0 && limit < minPoolToHold {
+		giveBack(c.conn, c.lowered)
+		c.conn = nil
+	}
+	return err
+}
+
+// close drops the connection; run fails with ErrClosed from then on.
+func (c *leaseConn) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.conn != nil {
+		discard(c.conn)
+		c.conn = nil
+	}
+}
+
+// synchronousFull is the value of PRAGMA synchronous for FULL.
+const synchronousFull = 2
+
+// openLeaseConn takes a connection from db for claims and settlements and lowers its
+// synchronous from FULL to NORMAL, and reports whether it did.
+func openLeaseConn(ctx context.Context, db *sql.DB) (*sql.Conn, bool, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("take a connection for claims and settlements: %w", err)
+	}
+	var level int
+	err = conn.QueryRowContext(ctx, `PRAGMA synchronous`).Scan(&level)
+	lower := err == nil && level == synchronousFull
+	if lower {
+		_, err = conn.ExecContext(ctx, `PRAGMA synchronous = NORMAL`)
+	}
+	if err != nil {
+		discard(conn)
+		return nil, false, fmt.Errorf("set synchronous=NORMAL on the connection of claims and settlements: %w", err)
+	}
+	return conn, lower, nil
+}
+
+// giveBack returns conn to its pool, with synchronous=FULL again if it was lowered, or
+// discards it when that fails.
+func giveBack(conn *sql.Conn, lowered bool) {
+	if lowered {
+		if _, err := conn.ExecContext(context.Background(), `PRAGMA synchronous = FULL`); err != nil {
+			discard(conn)
+			return
+		}
+	}
+	_ = conn.Close()
+}
+
+// discard closes conn for good instead of giving it back to the pool, where it would commit
+// publishes with its lowered synchronous.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
+}
