@@ -93,8 +93,18 @@ func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.Mes
 // publishes the message, with its id, payload and headers, plus the headers
 // messagedata.HeaderDeadLetterReason (the error text), HeaderDeadLetterHandler,
 // HeaderDeadLetterAttempt, HeaderDeadLetterDeliveries, HeaderDeadLetterTopic and
-// HeaderDeadLetterTime, and returns an error wrapping processor.ErrDeadLettered: the router
-// acks the message. Other outcomes pass through unchanged.
+// HeaderDeadLetterTime, and HeaderDeadLetterKey (DeadLetterKey), and returns an error wrapping
+// processor.ErrDeadLettered: the router acks the message. Other outcomes pass through
+// unchanged.
+//
+// A dead letter is published, then the message is acknowledged: a consumer that dies in
+// between (or whose acknowledgement is lost) leaves the message to be delivered again, and its
+// dead letter to be published again. With WithDeadLetterRecord, a redelivery after the record
+// is acknowledged without a second publish; one before it (the consumer died between the
+// publish and the record) publishes the dead letter again with the same id and the same
+// HeaderDeadLetterKey, which a broker that deduplicates by that key drops: the embedded SQLite
+// queue always, NATS within its duplicate window. On the other brokers that second copy
+// reaches the dead-letter topic, recognisable by its key.
 //
 // A dead letter is never refused for the message's own sake: when pub refuses it (an id the
 // broker cannot carry, a payload too large), DeadLetter publishes it again under an id derived
@@ -203,6 +213,7 @@ func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handle
 		again.Metadata[k] = headerSafe(again.Metadata[k])
 	}
 	again.Metadata[messagedata.HeaderDeadLetterOriginalID] = headerSafe(out.UUID)
+	again.Metadata[messagedata.HeaderDeadLetterKey] = out.Metadata[messagedata.HeaderDeadLetterKey]
 	again.UUID = derivedID(out.UUID)
 	second := pub.Publish(topic, again)
 	if second == nil {
@@ -212,7 +223,8 @@ func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handle
 	bare := message.NewMessage(again.UUID, nil)
 	for _, k := range []string{messagedata.HeaderDeadLetterReason, messagedata.HeaderDeadLetterHandler,
 		messagedata.HeaderDeadLetterAttempt, messagedata.HeaderDeadLetterDeliveries, messagedata.HeaderDeadLetterTopic,
-		messagedata.HeaderDeadLetterTime, messagedata.HeaderDeadLetterOriginalID, messagedata.HeaderKey, messagedata.HeaderSequence} {
+		messagedata.HeaderDeadLetterTime, messagedata.HeaderDeadLetterOriginalID, messagedata.HeaderDeadLetterKey, messagedata.HeaderKey,
+		messagedata.HeaderSequence} {
 		if v, ok := again.Metadata[k]; ok {
 			bare.Metadata[k] = v
 		}
@@ -241,9 +253,20 @@ func deadLetter(ctx context.Context, handler string, msg *messagedata.MessageDat
 	}
 	out.Metadata[messagedata.HeaderDeadLetterTopic] = msg.Topic
 	out.Metadata[messagedata.HeaderDeadLetterTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	out.Metadata[messagedata.HeaderDeadLetterKey] = DeadLetterKey(handler, out.UUID, msg.Header(messagedata.HeaderReplayCount))
 	telemetry.Inject(ctx, out.Metadata)
 	out.SetContext(ctx)
 	return out
+}
+
+// DeadLetterKey returns the key of the dead letter that handler publishes for the message with
+// id, replayed replayCount times (messagedata.HeaderReplayCount; empty if never): the value of
+// messagedata.HeaderDeadLetterKey. It is the same at every publish of that dead letter, under
+// whatever id the dead-letter broker accepts, and differs between handlers and between replays
+// of the message: a 26-character string of Crockford base32, made from the SHA-256 of the
+// three, which every broker carries in a header and NATS as a Nats-Msg-Id.
+func DeadLetterKey(handler, id, replayCount string) string {
+	return derivedID(handler + "\x00" + id + "\x00" + replayCount)
 }
 
 // derivedID returns an id for a dead letter whose own id the broker refused: a ULID-shaped

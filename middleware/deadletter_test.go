@@ -307,3 +307,45 @@ func TestRetry_ClassifierOverridesTheDefault(t *testing.T) {
 	require.Equal(t, 3, calls)
 	require.False(t, processor.IsPermanent(err))
 }
+
+// Every publish of one message's dead letter by one handler carries the same key, whatever id
+// or form the dead-letter broker accepted and whatever the reason or the time; another handler
+// and another replay of the message have keys of their own.
+func TestPublishDeadLetter_KeyIsTheSameAtEveryPublishOfOneDeadLetter(t *testing.T) {
+	key := func(pub message.Publisher, kept func() []*message.Message, handler string, m *messagedata.MessageData, reason string) string {
+		t.Helper()
+		require.NoError(t, middleware.PublishDeadLetter(context.Background(), pub, "dead", handler, m, errors.New(reason)))
+		all := kept()
+		k := all[len(all)-1].Metadata.Get(messagedata.HeaderDeadLetterKey)
+		require.Len(t, k, 26)
+		return k
+	}
+	plain := &pickyPublisher{maxID: 255, maxPayload: 1 << 20}
+	kept := func() []*message.Message { return plain.kept }
+	m := msg("order-7")
+	first := key(plain, kept, "billing", m, "bad")
+	require.Equal(t, middleware.DeadLetterKey("billing", "order-7", ""), first)
+	require.Equal(t, first, key(plain, kept, "billing", m, "delivery limit reached after 6 deliveries"), "published again at a redelivery")
+	require.NotEqual(t, first, key(plain, kept, "shipping", m, "bad"), "another handler")
+	replayed := msg("order-7")
+	replayed.Headers = map[string]string{messagedata.HeaderReplayCount: "1"}
+	require.NotEqual(t, first, key(plain, kept, "billing", replayed, "bad"), "dead-lettered again after a replay")
+
+	// Under a derived id, and without the payload: the key of the message's own id.
+	long := msg(strings.Repeat("x", 300))
+	noLong := &pickyPublisher{maxID: 36, maxPayload: 1 << 20}
+	require.Equal(t, middleware.DeadLetterKey("billing", long.ID, ""), key(noLong, func() []*message.Message { return noLong.kept }, "billing", long, "bad"))
+	big := msg("big")
+	big.Payload = []byte(strings.Repeat("y", 100))
+	noBig := &pickyPublisher{maxID: 255, maxPayload: 10}
+	require.Equal(t, middleware.DeadLetterKey("billing", "big", ""), key(noBig, func() []*message.Message { return noBig.kept }, "billing", big, "bad"))
+
+	// A message without an id is dead-lettered under a fresh one: each form tried carries the
+	// key of that one.
+	anon := msg("")
+	anon.Payload = []byte(strings.Repeat("z", 100))
+	noAnon := &pickyPublisher{maxID: 255, maxPayload: 10}
+	got := key(noAnon, func() []*message.Message { return noAnon.kept }, "billing", anon, "message has no id")
+	d := noAnon.kept[0]
+	require.Equal(t, middleware.DeadLetterKey("billing", d.Metadata.Get(messagedata.HeaderDeadLetterOriginalID), ""), got)
+}
