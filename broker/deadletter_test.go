@@ -11,9 +11,9 @@ import (
 )
 
 // dropsDeadLetterCopies are the schemes that store a dead letter published again under its key
-// (messagedata.HeaderDeadLetterKey) once: the SQLite queue always, NATS within the stream's
-// duplicate window. The others store each publish.
-var dropsDeadLetterCopies = map[string]bool{"sqlite": true, "nats": true}
+// (messagedata.HeaderDeadLetterKey) once: the SQLite and SQL queues always, NATS within the
+// stream's duplicate window. The others store each publish.
+var dropsDeadLetterCopies = map[string]bool{"sqlite": true, "nats": true, "postgres": true, "mysql": true}
 
 // A dead letter published again with its key (the next consumer publishes it again when its
 // predecessor died between the publish and the router's record of it) is stored once where the

@@ -120,8 +120,8 @@ type Features struct {
 	DeduplicatesPublishes bool
 
 	// DeduplicatesDeadLetters is true when the broker stores a dead letter published again
-	// under its key (messagedata.HeaderDeadLetterKey) once: the SQLite queue always, NATS
-	// JetStream within its duplicate window. A consumer that dies between a dead letter's
+	// under its key (messagedata.HeaderDeadLetterKey) once: the SQLite and SQL queues always,
+	// NATS JetStream within its duplicate window. A consumer that dies between a dead letter's
 	// publish and the router's record of it then leaves no second copy; elsewhere the next
 	// consumer's publish is one.
 	DeduplicatesDeadLetters bool
@@ -188,7 +188,7 @@ func DefaultFeatures(brokerURL string) Features {
 		// copies of one id share a key, and so a partition, and so a consumer.
 		return Features{ForeignProducer: KafkaProducer, PositionIDs: true, Handover: time.Second}
 	case "postgres", "postgresql", "mysql", "mariadb":
-		return Features{ProxyableConnection: true}
+		return Features{ProxyableConnection: true, DeduplicatesDeadLetters: true}
 	case "sqlite":
 		return Features{DeduplicatesDeadLetters: true}
 	}

@@ -129,14 +129,15 @@ func (p dyingPublisher) Publish(topic string, msgs ...*message.Message) error {
 // is on the dead-letter topic exactly once, the message acked exactly once, in every quality
 // of service that dead-letters. Between the publish and the record the next delivery
 // publishes the dead letter again, under the same key (messagedata.HeaderDeadLetterKey): the
-// SQLite queue and NATS store it once; a broker that cannot tell (Redis here, RabbitMQ and
-// Kafka too) stores the second copy, and nowhere else does one appear.
+// SQLite and SQL queues and NATS store it once; a broker that cannot tell (Redis here,
+// RabbitMQ and Kafka too) stores the second copy, and nowhere else does one appear.
 func TestDeadLetterIsPublishedOnceWhateverStepItsConsumerDiesAt(t *testing.T) {
 	brokers := []struct {
 		name string
 		url  func(t testing.TB) string
 	}{
 		{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") }},
+		{"postgres", testsvc.PostgresSchemaURL},
 		{"nats", testsvc.NATSURL},
 		{"redis", testsvc.RedisURL},
 	}

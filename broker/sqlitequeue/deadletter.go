@@ -20,10 +20,10 @@ const DeadLetterKeysTable = "onceflow_dead_letter_keys"
 
 // deadLetterKeysSchema creates DeadLetterKeysTable.
 const deadLetterKeysSchema = `CREATE TABLE IF NOT EXISTS ` + DeadLetterKeysTable + ` (
-	topic        TEXT NOT NULL,
-	key          TEXT NOT NULL,
-	published_at INTEGER NOT NULL,
-	PRIMARY KEY (topic, key)
+	topic           TEXT NOT NULL,
+	dead_letter_key TEXT NOT NULL,
+	published_at    INTEGER NOT NULL,
+	PRIMARY KEY (topic, dead_letter_key)
 ) WITHOUT ROWID`
 
 // firstDeadLetters returns msgs without the dead letters whose key topic has stored before,
@@ -53,8 +53,8 @@ func (q *Queue) firstDeadLetters(ctx context.Context, tx *sql.Tx, topic string, 
 			kept = append(kept, m)
 			continue
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO `+DeadLetterKeysTable+` (topic, key, published_at) VALUES (?, ?, ?)
-ON CONFLICT (topic, key) DO NOTHING`, topic, key, now)
+		res, err := tx.ExecContext(ctx, `INSERT INTO `+DeadLetterKeysTable+` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)
+ON CONFLICT (topic, dead_letter_key) DO NOTHING`, topic, key, now)
 		if err != nil {
 			return nil, true, fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
 		}
