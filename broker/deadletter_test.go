@@ -1,17 +1,20 @@
 package broker_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/sqldb"
 )
 
 // dropsDeadLetterCopies are the schemes that store a dead letter published again under its key
-// (messagedata.HeaderDeadLetterKey) once: the SQLite and SQL queues always, NATS within the
+// (messagedata.HeaderDeadLetterKey) once: the SQLite and SQL queues within an hour, NATS within the
 // stream's duplicate window. The others store each publish.
 var dropsDeadLetterCopies = map[string]bool{"sqlite": true, "nats": true, "postgres": true, "mysql": true}
 
@@ -48,4 +51,35 @@ func TestBroker_DeadLetterPublishedAgainUnderItsKey(t *testing.T) {
 		}
 		require.Len(t, got, 5, "%s stores every publish", f.sc.name)
 	})
+}
+
+// The SQL and SQLite queues remember a dead letter's key for broker.DeadLetterKeyWindow: a dead
+// letter of the key published later (a message its producer sent again long after) is stored.
+func TestBroker_DeadLetterKeyIsForgottenAfterTheWindow(t *testing.T) {
+	t.Parallel()
+	for _, sc := range schemes() {
+		if sc.name != "sqlite" && sc.name != "postgres" && sc.name != "mysql" {
+			continue
+		}
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, sc, testTimings)
+			b := f.open(broker.Options{})
+			dead := f.message(1)
+			dead.Metadata.Set(messagedata.HeaderDeadLetterKey, "k-"+f.topic)
+			f.publish(b, dead)
+			f.publish(b, dead)
+			require.Len(t, peek(t, b, f.topic, 10), 1)
+
+			db, err := sqldb.Open(context.Background(), f.raw)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			_, err = db.ExecContext(context.Background(), db.Rebind(`UPDATE onceflow_dead_letter_keys SET published_at = ? WHERE topic = ?`),
+				time.Now().Add(-broker.DeadLetterKeyWindow-time.Minute).UnixMilli(), f.topic)
+			require.NoError(t, err)
+			f.publish(b, dead)
+			f.publish(b, dead)
+			require.Len(t, peek(t, b, f.topic, 10), 2, "stored again once after the window, then remembered")
+		})
+	}
 }

@@ -120,7 +120,7 @@ type Features struct {
 	DeduplicatesPublishes bool
 
 	// DeduplicatesDeadLetters is true when the broker stores a dead letter published again
-	// under its key (messagedata.HeaderDeadLetterKey) once: the SQLite and SQL queues always,
+	// under its key (messagedata.HeaderDeadLetterKey) once: the SQLite and SQL queues within an hour,
 	// NATS JetStream within its duplicate window. A consumer that dies between a dead letter's
 	// publish and the router's record of it then leaves no second copy; elsewhere the next
 	// consumer's publish is one.

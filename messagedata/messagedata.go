@@ -55,8 +55,8 @@ const (
 	// the dead letter of one message by one handler carries the same key, also one published
 	// again by the next consumer after the first died before it could record the dead letter.
 	// A broker that can drop a second publish of a key does: the embedded SQLite queue and the
-	// PostgreSQL and MySQL queues always, NATS JetStream within its duplicate window (see
-	// docs/operations.md, Dead letters).
+	// PostgreSQL and MySQL queues within an hour, NATS JetStream within its duplicate window
+	// (see docs/operations.md, Dead letters).
 	HeaderDeadLetterKey = "onceflow_dlq_key"
 
 	// HeaderReplayCount is set on a dead letter that `onceflow dlq replay` puts back on its

@@ -103,9 +103,9 @@ func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.Mes
 // is acknowledged without a second publish; one before it (the consumer died between the
 // publish and the record) publishes the dead letter again with the same id and the same
 // HeaderDeadLetterKey, which a broker that deduplicates by that key drops: the embedded SQLite
-// queue and the SQL queues always, NATS within its duplicate window. On the other brokers
-// (RabbitMQ, Redis, Kafka) that second copy reaches the dead-letter topic, recognisable by its
-// key.
+// queue and the SQL queues within an hour of the first, NATS within its duplicate window. On
+// the other brokers (RabbitMQ, Redis, Kafka) that second copy reaches the dead-letter topic,
+// recognisable by its key.
 //
 // A dead letter is never refused for the message's own sake: when pub refuses it (an id the
 // broker cannot carry, a payload too large), DeadLetter publishes it again under an id derived

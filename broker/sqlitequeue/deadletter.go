@@ -8,14 +8,14 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
 // DeadLetterKeysTable is the table of the queue file that keeps the key
-// (messagedata.HeaderDeadLetterKey) of every dead letter stored, per topic, so that a dead
-// letter published again is stored once. A row is a few dozen bytes per dead letter; rows
-// older than the longest redelivery horizon of the consumers that dead-letter (their ack
-// deadline and redelivery delays) may be deleted by hand.
+// (messagedata.HeaderDeadLetterKey) of every dead letter stored within the last
+// broker.DeadLetterKeyWindow, per topic, so that a dead letter published again within it is
+// stored once. Each publish of a dead letter deletes the keys older than that.
 const DeadLetterKeysTable = "onceflow_dead_letter_keys"
 
 // deadLetterKeysSchema creates DeadLetterKeysTable.
@@ -45,8 +45,12 @@ func (q *Queue) firstDeadLetters(ctx context.Context, tx *sql.Tx, topic string, 
 			return nil, true, fmt.Errorf("create table %s: %w", DeadLetterKeysTable, err)
 		}
 	}
+	now := time.Now()
+	cutoff := now.Add(-broker.DeadLetterKeyWindow).UnixMilli()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM `+DeadLetterKeysTable+` WHERE published_at < ?`, cutoff); err != nil {
+		return nil, true, fmt.Errorf("delete the dead-letter keys older than %s: %w", broker.DeadLetterKeyWindow, err)
+	}
 	kept = append(make([]*message.Message, 0, len(msgs)), msgs[:first]...)
-	now := time.Now().UnixMilli()
 	for _, m := range msgs[first:] {
 		key := m.Metadata.Get(messagedata.HeaderDeadLetterKey)
 		if key == "" {
@@ -54,7 +58,7 @@ func (q *Queue) firstDeadLetters(ctx context.Context, tx *sql.Tx, topic string, 
 			continue
 		}
 		res, err := tx.ExecContext(ctx, `INSERT INTO `+DeadLetterKeysTable+` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)
-ON CONFLICT (topic, dead_letter_key) DO NOTHING`, topic, key, now)
+ON CONFLICT (topic, dead_letter_key) DO NOTHING`, topic, key, now.UnixMilli())
 		if err != nil {
 			return nil, true, fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
 		}

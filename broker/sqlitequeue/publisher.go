@@ -27,7 +27,8 @@ var _ message.Publisher = (*publisher)(nil)
 // of a delivered message is stored at once, like any other.
 //
 // A dead letter (a message with the header messagedata.HeaderDeadLetterKey) is stored once per
-// topic and key: one whose key the topic has stored before is left out, and Publish returns
+// topic and key within broker.DeadLetterKeyWindow: one whose key the topic has stored within
+// it is left out, and Publish returns
 // nil as for a message stored, so the dead letter that a consumer publishes again after its
 // predecessor died between the publish and the router's record of it is not a second copy. The
 // keys are kept in the table DeadLetterKeysTable, in the same transaction as the messages.

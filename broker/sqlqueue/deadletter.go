@@ -9,19 +9,21 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
 // DeadLetterKeysTable is the table, beside the queue's topics, that keeps the key
-// (messagedata.HeaderDeadLetterKey) of every dead letter stored, per topic, so that a dead
-// letter published again is stored once. The first publish of a dead letter creates it. A row
-// is a few dozen bytes per dead letter; rows older than the longest redelivery horizon of the
-// consumers that dead-letter (their ack timeout and redelivery delays) may be deleted by hand.
+// (messagedata.HeaderDeadLetterKey) of every dead letter stored within the last
+// broker.DeadLetterKeyWindow, per topic, so that a dead letter published again within it is
+// stored once. The first publish of a dead letter creates it; each deletes the keys older than
+// the window.
 const DeadLetterKeysTable = "onceflow_dead_letter_keys"
 
 // publisher is the postgres:// and mysql:// schemes' Publisher: watermill-sql's, and for a
 // publish with dead letters, one transaction that records their keys and leaves out each dead
-// letter whose key the topic has stored before, returning nil as for one stored. The dead
+// letter whose key the topic has stored within broker.DeadLetterKeyWindow, returning nil as for
+// one stored. The dead
 // letter that a consumer publishes again, after its predecessor died between the publish and
 // the router's record of it, is then not a second copy.
 type publisher struct {
@@ -45,8 +47,11 @@ func (q *Queue) publishOnce(ctx context.Context, topic string, msgs []*message.M
 		return fmt.Errorf("sqlqueue: create table %s: %w", DeadLetterKeysTable, err)
 	}
 	err := inTx(ctx, q.db, func(tx *sql.Tx) error {
+		now := time.Now()
+		if _, err := tx.ExecContext(ctx, q.d.deleteKeys(), now.Add(-broker.DeadLetterKeyWindow).UnixMilli()); err != nil {
+			return fmt.Errorf("delete the dead-letter keys older than %s: %w", broker.DeadLetterKeyWindow, err)
+		}
 		kept := make([]*message.Message, 0, len(msgs))
-		now := time.Now().UnixMilli()
 		for i, m := range msgs {
 			if m == nil {
 				return fmt.Errorf("message %d of %d is nil", i, len(msgs))
@@ -56,7 +61,7 @@ func (q *Queue) publishOnce(ctx context.Context, topic string, msgs []*message.M
 				kept = append(kept, m)
 				continue
 			}
-			res, err := tx.ExecContext(ctx, q.d.insertKey(), topic, key, now)
+			res, err := tx.ExecContext(ctx, q.d.insertKey(), topic, key, now.UnixMilli())
 			if err != nil {
 				return fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
 			}

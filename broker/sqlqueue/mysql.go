@@ -76,6 +76,10 @@ func (mysql) keysSchema() string {
 		) ENGINE=InnoDB`
 }
 
+func (mysql) deleteKeys() string {
+	return "DELETE FROM " + DeadLetterKeysTable + " WHERE published_at < ?"
+}
+
 // insertKey leaves an existing row as it is, which MySQL reports as 0 rows affected.
 func (mysql) insertKey() string {
 	return "INSERT INTO " + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)

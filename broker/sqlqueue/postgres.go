@@ -82,6 +82,10 @@ func (postgres) keysSchema() string {
 		)`
 }
 
+func (postgres) deleteKeys() string {
+	return `DELETE FROM ` + DeadLetterKeysTable + ` WHERE published_at < $1`
+}
+
 func (postgres) insertKey() string {
 	return `INSERT INTO ` + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES ($1, $2, $3)
 ON CONFLICT (topic, dead_letter_key) DO NOTHING`

@@ -306,6 +306,9 @@ type dialect interface {
 	// insertKey records a dead letter's key (parameters: topic, key, published_at in Unix
 	// milliseconds), one row affected, or leaves the row of the key as it is, none affected.
 	insertKey() string
+	// deleteKeys deletes the dead-letter keys published before its parameter, in Unix
+	// milliseconds.
+	deleteKeys() string
 	// addGroup creates the group's cursor row at the start of the topic when it has none.
 	addGroup(ctx context.Context, db *sql.DB, topic, group string) error
 	// probe reports, without taking a lock, whether the group has due leases and whether
