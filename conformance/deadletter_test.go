@@ -246,3 +246,48 @@ func peekAll(t *testing.T, b *broker.Broker, topic string) []*message.Message {
 	require.NoError(t, err)
 	return msgs
 }
+
+// TestDeadLetter_AtLeastOnceMessageWhoseRedeliveriesCommittedIsNotDeadLetteredOverTheLimit: a
+// handler without duplicate detection (AtLeastOnce) whose message is processed and committed,
+// then loses its acknowledgement, delivery after delivery, until it is over its delivery limit.
+// Its effect is there (twice: at least once), so it is acknowledged, not dead-lettered: the
+// router recorded in the delivery counter that a redelivery of it was processed.
+func TestDeadLetter_AtLeastOnceMessageWhoseRedeliveriesCommittedIsNotDeadLetteredOverTheLimit(t *testing.T) {
+	brokerURL := "sqlite://" + filepath.Join(t.TempDir(), "queue.db")
+	f := newFixture(t, Setup{
+		BrokerURL:   func(testing.TB) string { return brokerURL },
+		DatabaseURL: func(t testing.TB) string { return testsvc.SQLiteURL(t) },
+	}, DefaultFeatures(brokerURL), PerMessage)
+	b := f.openBroker(f.brokerURL)
+	topic := f.topic("in")
+	r, err := onceflow.NewRouter(onceflow.Config{
+		DeadLetterPublisher: b.Publisher(), DeadLetterTopic: f.dlq, Logger: f.logger, PurgeInterval: -1, CloseTimeout: 5 * time.Second,
+	})
+	require.NoError(t, err)
+	// Outside "deadletter": every delivery up to the limit commits and loses its ack.
+	interceptor(t, r, "lose-acks", func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			err := next.Process(ctx, msg)
+			if err == nil && msg.Delivery <= 2 {
+				return errAckLost
+			}
+			return err
+		})
+	})
+	sub, err := b.Subscriber()
+	require.NoError(t, err)
+	p := newProbe(t)
+	h := f.handler(handlerSpec{Name: "effects", Topic: topic, MaxDeliveries: 2}, p.wrap("effects", sub))
+	h.QoS = onceflow.AtLeastOnce
+	h.Interceptors = []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-acks", onceflow.InterceptorDeadLetter,
+		onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction}
+	require.NoError(t, r.AddHandler(h))
+	testsvc.StartRouter(t, r)
+
+	id := f.id("committed")
+	f.publish(b, topic, id, "x")
+	f.waitAcks(p, "effects", id, 1)
+	require.Equal(t, deliveryCounts{Deliveries: 3, Acks: 1, Nacks: 2}, p.get("effects", id), "two deliveries whose ack was lost, then one over the limit")
+	require.Equal(t, 2, f.effects("effects", id), "at least once")
+	require.Empty(t, peekAll(t, b, f.dlq), "not dead-lettered")
+}

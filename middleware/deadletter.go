@@ -39,6 +39,7 @@ type DeadLetterOption func(*deadLetterConfig)
 type deadLetterConfig struct {
 	maxDeliveries int
 	processed     func(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	markProcessed func(ctx context.Context, msg *messagedata.MessageData) error
 	record        DeadLetterRecord
 }
 
@@ -82,6 +83,17 @@ func WithMaxDeliveries(n int) DeadLetterOption {
 // being dead-lettered. When processed fails, the message is dead-lettered as without it.
 func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.MessageData) (bool, error)) DeadLetterOption {
 	return func(c *deadLetterConfig) { c.processed = processed }
+}
+
+// WithProcessedMark gives DeadLetter a way to record that a redelivered message (delivery 2 or
+// later) was processed, for a chain without duplicate detection, whose WithProcessedCheck then
+// reads the record: DeadLetter calls mark once the chain inside returns nil (its transaction
+// committed). A message whose redeliveries commit and lose their acknowledgements until it is
+// over its delivery limit is then acknowledged, not dead-lettered. A first delivery is not
+// recorded, so that the common case costs nothing, nor is one whose consumer dies between the
+// commit and the record; an error of mark is ignored.
+func WithProcessedMark(mark func(ctx context.Context, msg *messagedata.MessageData) error) DeadLetterOption {
+	return func(c *deadLetterConfig) { c.markProcessed = mark }
 }
 
 // DeadLetter publishes a message that cannot succeed to topic on pub, then reports it as
@@ -144,6 +156,9 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 				if cfg.maxDeliveries > 0 && n >= cfg.maxDeliveries && givesUp(ctx, err) {
 					err = processor.Permanent(fmt.Errorf("%w after %d deliveries: %w", ErrDeliveryLimit, n, err))
 				}
+			}
+			if err == nil && cfg.markProcessed != nil && n > 1 {
+				_ = cfg.markProcessed(ctx, msg)
 			}
 			if err == nil || !processor.IsPermanent(err) {
 				return err
