@@ -23,6 +23,10 @@ import (
 // maxReasonLength bounds the reason header; some brokers limit header sizes.
 const maxReasonLength = 1024
 
+// deadLetterRecordTimeout bounds the reads and writes of a DeadLetterRecord, which outlive the
+// delivery's context.
+const deadLetterRecordTimeout = 10 * time.Second
+
 // ErrDeliveryLimit reports a message given up because it reached its handler's delivery limit
 // (WithMaxDeliveries) without succeeding. The dead letter's reason says after how many
 // deliveries, and the last error.
@@ -54,9 +58,11 @@ type DeadLetterRecord interface {
 
 // WithDeadLetterRecord makes dead letters exactly once where their acknowledgement is lost:
 // after publishing a dead letter, DeadLetter records it in rec, and a redelivery of a message
-// that rec says was dead-lettered (its consumer died, or its connection dropped, before the
-// acknowledgement reached the broker) is acknowledged without a second dead letter. A consumer
-// that dies between the publish and the record still publishes it again at the redelivery.
+// that rec says was dead-lettered (its consumer died, or its connection dropped, or its ack
+// deadline passed, before the acknowledgement reached the broker) is acknowledged without a
+// second dead letter. The record is written even when the delivery's context has ended (within
+// 10 s). A consumer that dies between the publish and the record still publishes it again at
+// the redelivery, under the same HeaderDeadLetterKey (see DeadLetter).
 func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
 	return func(c *deadLetterConfig) { c.record = rec }
 }
@@ -158,7 +164,9 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 				}
 			}
 			if err == nil && cfg.markProcessed != nil && n > 1 {
-				_ = cfg.markProcessed(ctx, msg)
+				mctx, cancel := recordContext(ctx)
+				_ = cfg.markProcessed(mctx, msg)
+				cancel()
 			}
 			if err == nil || !processor.IsPermanent(err) {
 				return err
@@ -170,8 +178,14 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 				m.Delivery = n
 				msg = &m
 			}
+			// The record is read and written even when the delivery has ended meanwhile (its
+			// lease or ack deadline passed while the dead letter was published): the message
+			// comes back then, and only the record tells the redelivery that its dead letter is
+			// out.
+			rctx, cancel := recordContext(ctx)
+			defer cancel()
 			if cfg.record != nil && msg.Delivery != 1 { // a first delivery has no dead letter before it
-				if done, rerr := cfg.record.DeadLettered(ctx, msg); rerr == nil && done {
+				if done, rerr := cfg.record.DeadLettered(rctx, msg); rerr == nil && done {
 					return fmt.Errorf("%w to %s at an earlier delivery, whose acknowledgement was lost: %w", processor.ErrDeadLettered, topic, err)
 				}
 			}
@@ -179,13 +193,19 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 				return fmt.Errorf("%w after %v: %w", ErrDeadLetterFailed, err, pubErr)
 			}
 			if cfg.record != nil {
-				if rerr := cfg.record.MarkDeadLettered(ctx, msg); rerr != nil {
+				if rerr := cfg.record.MarkDeadLettered(rctx, msg); rerr != nil {
 					return fmt.Errorf("%w to %s (not recorded, so a redelivery would be dead-lettered again: %v): %w", processor.ErrDeadLettered, topic, rerr, err)
 				}
 			}
 			return fmt.Errorf("%w to %s: %w", processor.ErrDeadLettered, topic, err)
 		})
 	}
+}
+
+// recordContext returns the context of a record's read or write for a delivery with ctx: its
+// values without its end, bounded by deadLetterRecordTimeout.
+func recordContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), deadLetterRecordTimeout)
 }
 
 // givesUp reports whether err, the outcome of the last allowed delivery, is a failure that the

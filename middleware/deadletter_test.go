@@ -349,3 +349,42 @@ func TestPublishDeadLetter_KeyIsTheSameAtEveryPublishOfOneDeadLetter(t *testing.
 	d := noAnon.kept[0]
 	require.Equal(t, middleware.DeadLetterKey("billing", d.Metadata.Get(messagedata.HeaderDeadLetterOriginalID), ""), got)
 }
+
+// ctxRecord is a DeadLetterRecord that fails, as a database call does, when its context has
+// ended.
+type ctxRecord struct{ marked, looked int }
+
+func (r *ctxRecord) DeadLettered(ctx context.Context, _ *messagedata.MessageData) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	r.looked++
+	return false, nil
+}
+
+func (r *ctxRecord) MarkDeadLettered(ctx context.Context, _ *messagedata.MessageData) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.marked++
+	return nil
+}
+
+// A delivery whose context ends while it fails (its ack deadline passed: the broker delivers
+// it again) still records its dead letter, so that the redelivery finds it.
+func TestDeadLetter_RecordIsWrittenAfterTheDeliveryEnded(t *testing.T) {
+	b := brokertest.New()
+	rec := &ctxRecord{}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithDeadLetterRecord(rec))(
+		processor.Func(func(context.Context, *messagedata.MessageData) error {
+			cancel() // the delivery ends while the message fails
+			return processor.Permanent(errors.New("bad"))
+		}))
+	err := p.Process(ctx, delivered("a", 2))
+	require.True(t, processor.IsDeadLettered(err), "%v", err)
+	require.NotContains(t, err.Error(), "not recorded")
+	require.Equal(t, 1, rec.looked, "looked up")
+	require.Equal(t, 1, rec.marked, "recorded")
+	require.Len(t, b.Drain("dead"), 1)
+}
