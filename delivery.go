@@ -435,3 +435,20 @@ func (r deadLetterRecord) MarkDeadLettered(ctx context.Context, md *messagedata.
 	}
 	return r.counter.MarkDeadLettered(ctx, r.handler, counterID(md))
 }
+
+// Processed reports whether a redelivery of md was processed (MarkProcessed), for a handler
+// without duplicate detection.
+func (r deadLetterRecord) Processed(ctx context.Context, md *messagedata.MessageData) (bool, error) {
+	if md.ID == "" {
+		return false, nil
+	}
+	return r.counter.Processed(ctx, r.handler, counterID(md))
+}
+
+// MarkProcessed records that a redelivery of md was processed and committed.
+func (r deadLetterRecord) MarkProcessed(ctx context.Context, md *messagedata.MessageData) error {
+	if md.ID == "" {
+		return nil
+	}
+	return r.counter.MarkProcessed(ctx, r.handler, counterID(md))
+}

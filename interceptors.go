@@ -194,7 +194,13 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 				if err != nil {
 					return nil, err
 				}
-				opts = append(opts, middleware.WithDeadLetterRecord(deadLetterRecord{counter: counter, handler: h.Name}))
+				rec := deadLetterRecord{counter: counter, handler: h.Name}
+				opts = append(opts, middleware.WithDeadLetterRecord(rec))
+				if h.Dedup == nil && h.Handler.MaxDeliveries >= 0 {
+					// No duplicate detection to ask whether a message over the limit was
+					// processed: the counter remembers the redeliveries that were.
+					opts = append(opts, middleware.WithProcessedCheck(rec.Processed), middleware.WithProcessedMark(rec.MarkProcessed))
+				}
 			}
 			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
 		},

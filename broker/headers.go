@@ -1,5 +1,7 @@
 package broker
 
+import "time"
+
 // Headers that a scheme's package sets or reads, here so that code handling messages of any
 // broker can name them without linking the scheme.
 const (
@@ -21,3 +23,12 @@ const (
 	// it HeaderMetadata.
 	HeaderRedisMetadata = "redis_metadata"
 )
+
+// DeadLetterKeyWindow is how long the brokers that store a dead letter once per key
+// (messagedata.HeaderDeadLetterKey: the SQLite, PostgreSQL and MySQL queues) remember a key: a
+// dead letter published again within it is left out, one published later is stored. The
+// consumer that publishes a dead letter again after its predecessor died before recording it
+// does so at the message's next delivery, within the ack timeout; a message sent again by its
+// producer under the same id, an hour or more after its first dead letter, gets a dead letter
+// of its own. NATS has its stream's duplicate window instead (2 minutes by default).
+const DeadLetterKeyWindow = time.Hour

@@ -119,6 +119,13 @@ type Features struct {
 	// duplicate detection absorbs it.
 	DeduplicatesPublishes bool
 
+	// DeduplicatesDeadLetters is true when the broker stores a dead letter published again
+	// under its key (messagedata.HeaderDeadLetterKey) once: the SQLite and SQL queues within an hour,
+	// NATS JetStream within its duplicate window. A consumer that dies between a dead letter's
+	// publish and the router's record of it then leaves no second copy; elsewhere the next
+	// consumer's publish is one.
+	DeduplicatesDeadLetters bool
+
 	// ForeignProducer publishes as a producer that is not watermill would, for
 	// ForeignProducer. Nil leaves the scenario out.
 	ForeignProducer ForeignProducer
@@ -171,7 +178,8 @@ func DefaultFeatures(brokerURL string) Features {
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: AMQPProducer,
 			ReturnsOnDisconnect: true, LongIDProducer: AMQPUUIDProducer}
 	case "nats":
-		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, ForeignProducer: NATSProducer}
+		return Features{ConcurrentDelivery: true, ProxyableConnection: true, DeduplicatesPublishes: true, DeduplicatesDeadLetters: true,
+			ForeignProducer: NATSProducer}
 	case "redis", "rediss":
 		return Features{ConcurrentDelivery: true, ProxyableConnection: true, ForeignProducer: RedisProducer}
 	case "kafka":
@@ -180,7 +188,9 @@ func DefaultFeatures(brokerURL string) Features {
 		// copies of one id share a key, and so a partition, and so a consumer.
 		return Features{ForeignProducer: KafkaProducer, PositionIDs: true, Handover: time.Second}
 	case "postgres", "postgresql", "mysql", "mariadb":
-		return Features{ProxyableConnection: true}
+		return Features{ProxyableConnection: true, DeduplicatesDeadLetters: true}
+	case "sqlite":
+		return Features{DeduplicatesDeadLetters: true}
 	}
 	return Features{}
 }

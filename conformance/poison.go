@@ -189,9 +189,10 @@ func writePoisonEffects(ctx context.Context, handler string, msgs []*messagedata
 // malformed payload and the long id at the first delivery that reaches their processor, the
 // panic at the delivery limit, the crash loop at the delivery after it ("delivery limit
 // reached after 3 deliveries: the last one ended without an outcome"), after exactly 3
-// consumers died of it; the one exception is a poison message whose consumer was killed between
-// its dead letter's publish and the router's record of it (see
-// TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost), which the scenario logs.
+// consumers died of it; the one exception, on a broker that cannot store a dead letter once
+// per key (not Features.DeduplicatesDeadLetters), is a poison message whose consumer was killed
+// between its dead letter's publish and the router's record of it (see
+// TestDeadLetterIsPublishedOnceWhateverStepItsConsumerDiesAt), which the scenario logs.
 // No good message is dead-lettered, and each has exactly one effect in each handler.
 //
 // Latency, from publish to commit: in Handled, the p99 of the good messages among the poison
@@ -371,14 +372,17 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	// Dead letters: one per poison message, each with its reason; none of a good message. But
 	// a consumer that the crash loop kills between a dead letter's publish and the router's
 	// record of it publishes it again at the redelivery (see
-	// TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost). That is allowed only where every one
-	// of its dead letters was acked: only a lost ack brings it back.
+	// TestDeadLetterIsPublishedOnceWhateverStepItsConsumerDiesAt), under the same key. Where
+	// the broker stores it once (Features.DeduplicatesDeadLetters), no second one is allowed;
+	// elsewhere, only where every one of its dead letters was acked: only a lost ack brings it
+	// back.
 	dls := dlFor()
 	for _, id := range good {
 		require.Empty(t, dls[id], "%s: good message %s dead-lettered", name, id)
 	}
 	for _, pm := range poison {
 		if n := len(dls[pm.id]); n > 1 {
+			require.False(t, f.features.DeduplicatesDeadLetters, "%s: dead-lettered %d times on a broker that stores a dead letter once per key", pm.kind, n)
 			c := pz.tally.get(pm.id)
 			require.Equal(t, n, c.Acks, "%s: dead-lettered %d times, acked %d times (%+v)", pm.kind, n, c.Acks, c)
 			t.Logf("Poison: %s dead-lettered %d times: its consumer died between the dead letter and its record", pm.kind, n)

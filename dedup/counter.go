@@ -47,6 +47,8 @@ type Counter struct {
 	readTried string // handler, message_id (MySQL)
 	markDead  string // handler, message_id, now
 	readDead  string // handler, message_id
+	markDone  string // handler, message_id, now
+	readDone  string // handler, message_id
 	purge     string // before, batch size
 }
 
@@ -105,14 +107,23 @@ ON DUPLICATE KEY UPDATE dead_lettered = 1, updated_at = VALUES(updated_at)`
 ON CONFLICT (handler, message_id) DO UPDATE SET dead_lettered = 1, updated_at = EXCLUDED.updated_at`)
 	}
 	c.readDead = db.Rebind(`SELECT dead_lettered FROM ` + t + ` WHERE handler = ? AND message_id = ?`)
+	switch db.Dialect {
+	case sqldb.MySQL:
+		c.markDone = `INSERT INTO ` + t + ` (handler, message_id, deliveries, processed, updated_at) VALUES (?, ?, 0, 1, ?)
+ON DUPLICATE KEY UPDATE processed = 1, updated_at = VALUES(updated_at)`
+	default:
+		c.markDone = db.Rebind(`INSERT INTO ` + t + ` (handler, message_id, deliveries, processed, updated_at) VALUES (?, ?, 0, 1, ?)
+ON CONFLICT (handler, message_id) DO UPDATE SET processed = 1, updated_at = EXCLUDED.updated_at`)
+	}
+	c.readDone = db.Rebind(`SELECT processed FROM ` + t + ` WHERE handler = ? AND message_id = ?`)
 	return c, nil
 }
 
 // Table returns the name of the counter's table.
 func (c *Counter) Table() string { return c.table }
 
-// Migrate creates the table if it does not exist, and adds the attempts column to a table
-// created before it existed. It is idempotent.
+// Migrate creates the table if it does not exist, and adds the attempts, dead_lettered and
+// processed columns to a table created before they existed. It is idempotent.
 func (c *Counter) Migrate(ctx context.Context) error {
 	err := createSmallTable(ctx, c.db, c.table, func(idType string) string {
 		return `handler    ` + idType + ` NOT NULL,
@@ -120,13 +131,14 @@ func (c *Counter) Migrate(ctx context.Context) error {
 	deliveries INTEGER NOT NULL,
 	attempts   INTEGER NOT NULL DEFAULT 0,
 	dead_lettered INTEGER NOT NULL DEFAULT 0,
+	processed  INTEGER NOT NULL DEFAULT 0,
 	updated_at BIGINT NOT NULL,
 	PRIMARY KEY (handler, message_id)`
 	})
 	if err != nil {
 		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
 	}
-	for _, col := range []string{"attempts", "dead_lettered"} {
+	for _, col := range []string{"attempts", "dead_lettered", "processed"} {
 		if err := c.addColumn(ctx, col); err != nil {
 			return fmt.Errorf("dedup: migrate counter table %s: add column %s: %w", c.table, col, err)
 		}
@@ -259,6 +271,36 @@ func (c *Counter) DeadLettered(ctx context.Context, handler, id string) (bool, e
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("dedup: look up the dead letter of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return n > 0, nil
+}
+
+// MarkProcessed records that a delivery of the message with id for handler was processed and
+// committed, for a handler without duplicate detection: a later delivery of the message over
+// its delivery limit (its acknowledgements were lost) is then acknowledged rather than
+// dead-lettered. The write is committed when it returns.
+func (c *Counter) MarkProcessed(ctx context.Context, handler, id string) error {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return err
+	}
+	if _, err := c.db.ExecContext(ctx, c.markDone, handler, id, c.now().UnixMicro()); err != nil {
+		return fmt.Errorf("dedup: record the processing of message %s in %s: %w", quoteShort(id), c.table, err)
+	}
+	return nil
+}
+
+// Processed reports whether MarkProcessed recorded the message with id for handler.
+func (c *Counter) Processed(ctx context.Context, handler, id string) (bool, error) {
+	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
+		return false, err
+	}
+	var n int
+	err := c.db.QueryRowxContext(ctx, c.readDone, handler, id).Scan(&n)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("dedup: look up the processing of message %s in %s: %w", quoteShort(id), c.table, err)
 	}
 	return n > 0, nil
 }

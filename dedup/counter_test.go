@@ -90,8 +90,41 @@ func TestCounter_MigrateAddsAttemptsToAnOlderTable(t *testing.T) {
 			dead, err := c.DeadLettered(ctx, "billing", "m1")
 			require.NoError(t, err)
 			require.True(t, dead)
+			require.NoError(t, c.MarkProcessed(ctx, "billing", "m1"))
+			done, err := c.Processed(ctx, "billing", "m1")
+			require.NoError(t, err)
+			require.True(t, done)
 		})
 	}
+}
+
+func TestCounter_RemembersProcessedRedeliveries(t *testing.T) {
+	forEachCounter(t, func(t *testing.T, ctx context.Context, c *dedup.Counter) {
+		done, err := c.Processed(ctx, "billing", "m1")
+		require.NoError(t, err)
+		require.False(t, done, "no row")
+		a, err := c.Attempt(ctx, "billing", "m1")
+		require.NoError(t, err)
+		require.Equal(t, 1, a)
+		done, err = c.Processed(ctx, "billing", "m1")
+		require.NoError(t, err)
+		require.False(t, done, "attempted, not processed")
+
+		require.NoError(t, c.MarkProcessed(ctx, "billing", "m1"))
+		require.NoError(t, c.MarkProcessed(ctx, "billing", "m1"), "idempotent")
+		done, err = c.Processed(ctx, "billing", "m1")
+		require.NoError(t, err)
+		require.True(t, done)
+		done, err = c.Processed(ctx, "shipping", "m1")
+		require.NoError(t, err)
+		require.False(t, done, "handlers apart")
+		dead, err := c.DeadLettered(ctx, "billing", "m1")
+		require.NoError(t, err)
+		require.False(t, dead, "processed is not dead-lettered")
+		a, err = c.Attempt(ctx, "billing", "m1")
+		require.NoError(t, err)
+		require.Equal(t, 2, a, "the mark leaves the attempts alone")
+	})
 }
 
 func TestCounter_RemembersDeadLetters(t *testing.T) {

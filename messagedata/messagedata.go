@@ -50,6 +50,14 @@ const (
 	// headers and the reason without the payload, and this header says how many bytes were
 	// dropped and why.
 	HeaderDeadLetterPayloadDropped = "onceflow_dlq_payload_dropped"
+	// HeaderDeadLetterKey identifies one dead letter: it is made from the handler that
+	// dead-lettered the message, the message's id and its replay count, so every publish of
+	// the dead letter of one message by one handler carries the same key, also one published
+	// again by the next consumer after the first died before it could record the dead letter.
+	// A broker that can drop a second publish of a key does: the embedded SQLite queue and the
+	// PostgreSQL and MySQL queues within an hour, NATS JetStream within its duplicate window
+	// (see docs/operations.md, Dead letters).
+	HeaderDeadLetterKey = "onceflow_dlq_key"
 
 	// HeaderReplayCount is set on a dead letter that `onceflow dlq replay` puts back on its
 	// topic: how many times the message has been replayed, a positive decimal integer. The
@@ -71,6 +79,7 @@ var DeadLetterHeaders = []string{
 	HeaderDeadLetterTime,
 	HeaderDeadLetterOriginalID,
 	HeaderDeadLetterPayloadDropped,
+	HeaderDeadLetterKey,
 }
 
 // MessageData is one incoming message, independent of the broker it came from.

@@ -23,6 +23,10 @@ import (
 // maxReasonLength bounds the reason header; some brokers limit header sizes.
 const maxReasonLength = 1024
 
+// deadLetterRecordTimeout bounds the reads and writes of a DeadLetterRecord, which outlive the
+// delivery's context.
+const deadLetterRecordTimeout = 10 * time.Second
+
 // ErrDeliveryLimit reports a message given up because it reached its handler's delivery limit
 // (WithMaxDeliveries) without succeeding. The dead letter's reason says after how many
 // deliveries, and the last error.
@@ -39,6 +43,7 @@ type DeadLetterOption func(*deadLetterConfig)
 type deadLetterConfig struct {
 	maxDeliveries int
 	processed     func(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	markProcessed func(ctx context.Context, msg *messagedata.MessageData) error
 	record        DeadLetterRecord
 }
 
@@ -53,9 +58,11 @@ type DeadLetterRecord interface {
 
 // WithDeadLetterRecord makes dead letters exactly once where their acknowledgement is lost:
 // after publishing a dead letter, DeadLetter records it in rec, and a redelivery of a message
-// that rec says was dead-lettered (its consumer died, or its connection dropped, before the
-// acknowledgement reached the broker) is acknowledged without a second dead letter. A consumer
-// that dies between the publish and the record still publishes it again at the redelivery.
+// that rec says was dead-lettered (its consumer died, or its connection dropped, or its ack
+// deadline passed, before the acknowledgement reached the broker) is acknowledged without a
+// second dead letter. The record is written even when the delivery's context has ended (within
+// 10 s). A consumer that dies between the publish and the record still publishes it again at
+// the redelivery, under the same HeaderDeadLetterKey (see DeadLetter).
 func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
 	return func(c *deadLetterConfig) { c.record = rec }
 }
@@ -84,6 +91,17 @@ func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.Mes
 	return func(c *deadLetterConfig) { c.processed = processed }
 }
 
+// WithProcessedMark gives DeadLetter a way to record that a redelivered message (delivery 2 or
+// later) was processed, for a chain without duplicate detection, whose WithProcessedCheck then
+// reads the record: DeadLetter calls mark once the chain inside returns nil (its transaction
+// committed). A message whose redeliveries commit and lose their acknowledgements until it is
+// over its delivery limit is then acknowledged, not dead-lettered. A first delivery is not
+// recorded, so that the common case costs nothing, nor is one whose consumer dies between the
+// commit and the record; an error of mark is ignored.
+func WithProcessedMark(mark func(ctx context.Context, msg *messagedata.MessageData) error) DeadLetterOption {
+	return func(c *deadLetterConfig) { c.markProcessed = mark }
+}
+
 // DeadLetter publishes a message that cannot succeed to topic on pub, then reports it as
 // handled.
 //
@@ -93,8 +111,19 @@ func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.Mes
 // publishes the message, with its id, payload and headers, plus the headers
 // messagedata.HeaderDeadLetterReason (the error text), HeaderDeadLetterHandler,
 // HeaderDeadLetterAttempt, HeaderDeadLetterDeliveries, HeaderDeadLetterTopic and
-// HeaderDeadLetterTime, and returns an error wrapping processor.ErrDeadLettered: the router
-// acks the message. Other outcomes pass through unchanged.
+// HeaderDeadLetterTime, and HeaderDeadLetterKey (DeadLetterKey), and returns an error wrapping
+// processor.ErrDeadLettered: the router acks the message. Other outcomes pass through
+// unchanged.
+//
+// A dead letter is published, then the message is acknowledged: a consumer that dies in
+// between (or whose acknowledgement is lost) leaves the message to be delivered again, and its
+// dead letter to be published again. With WithDeadLetterRecord, a redelivery after the record
+// is acknowledged without a second publish; one before it (the consumer died between the
+// publish and the record) publishes the dead letter again with the same id and the same
+// HeaderDeadLetterKey, which a broker that deduplicates by that key drops: the embedded SQLite
+// queue and the SQL queues within an hour of the first, NATS within its duplicate window. On
+// the other brokers (RabbitMQ, Redis, Kafka) that second copy reaches the dead-letter topic,
+// recognisable by its key.
 //
 // A dead letter is never refused for the message's own sake: when pub refuses it (an id the
 // broker cannot carry, a payload too large), DeadLetter publishes it again under an id derived
@@ -134,6 +163,11 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 					err = processor.Permanent(fmt.Errorf("%w after %d deliveries: %w", ErrDeliveryLimit, n, err))
 				}
 			}
+			if err == nil && cfg.markProcessed != nil && n > 1 {
+				mctx, cancel := recordContext(ctx)
+				_ = cfg.markProcessed(mctx, msg)
+				cancel()
+			}
 			if err == nil || !processor.IsPermanent(err) {
 				return err
 			}
@@ -144,8 +178,14 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 				m.Delivery = n
 				msg = &m
 			}
+			// The record is read and written even when the delivery has ended meanwhile (its
+			// lease or ack deadline passed while the dead letter was published): the message
+			// comes back then, and only the record tells the redelivery that its dead letter is
+			// out.
+			rctx, cancel := recordContext(ctx)
+			defer cancel()
 			if cfg.record != nil && msg.Delivery != 1 { // a first delivery has no dead letter before it
-				if done, rerr := cfg.record.DeadLettered(ctx, msg); rerr == nil && done {
+				if done, rerr := cfg.record.DeadLettered(rctx, msg); rerr == nil && done {
 					return fmt.Errorf("%w to %s at an earlier delivery, whose acknowledgement was lost: %w", processor.ErrDeadLettered, topic, err)
 				}
 			}
@@ -153,13 +193,19 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 				return fmt.Errorf("%w after %v: %w", ErrDeadLetterFailed, err, pubErr)
 			}
 			if cfg.record != nil {
-				if rerr := cfg.record.MarkDeadLettered(ctx, msg); rerr != nil {
+				if rerr := cfg.record.MarkDeadLettered(rctx, msg); rerr != nil {
 					return fmt.Errorf("%w to %s (not recorded, so a redelivery would be dead-lettered again: %v): %w", processor.ErrDeadLettered, topic, rerr, err)
 				}
 			}
 			return fmt.Errorf("%w to %s: %w", processor.ErrDeadLettered, topic, err)
 		})
 	}
+}
+
+// recordContext returns the context of a record's read or write for a delivery with ctx: its
+// values without its end, bounded by deadLetterRecordTimeout.
+func recordContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), deadLetterRecordTimeout)
 }
 
 // givesUp reports whether err, the outcome of the last allowed delivery, is a failure that the
@@ -203,6 +249,7 @@ func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handle
 		again.Metadata[k] = headerSafe(again.Metadata[k])
 	}
 	again.Metadata[messagedata.HeaderDeadLetterOriginalID] = headerSafe(out.UUID)
+	again.Metadata[messagedata.HeaderDeadLetterKey] = out.Metadata[messagedata.HeaderDeadLetterKey]
 	again.UUID = derivedID(out.UUID)
 	second := pub.Publish(topic, again)
 	if second == nil {
@@ -212,7 +259,8 @@ func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handle
 	bare := message.NewMessage(again.UUID, nil)
 	for _, k := range []string{messagedata.HeaderDeadLetterReason, messagedata.HeaderDeadLetterHandler,
 		messagedata.HeaderDeadLetterAttempt, messagedata.HeaderDeadLetterDeliveries, messagedata.HeaderDeadLetterTopic,
-		messagedata.HeaderDeadLetterTime, messagedata.HeaderDeadLetterOriginalID, messagedata.HeaderKey, messagedata.HeaderSequence} {
+		messagedata.HeaderDeadLetterTime, messagedata.HeaderDeadLetterOriginalID, messagedata.HeaderDeadLetterKey, messagedata.HeaderKey,
+		messagedata.HeaderSequence} {
 		if v, ok := again.Metadata[k]; ok {
 			bare.Metadata[k] = v
 		}
@@ -241,9 +289,20 @@ func deadLetter(ctx context.Context, handler string, msg *messagedata.MessageDat
 	}
 	out.Metadata[messagedata.HeaderDeadLetterTopic] = msg.Topic
 	out.Metadata[messagedata.HeaderDeadLetterTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	out.Metadata[messagedata.HeaderDeadLetterKey] = DeadLetterKey(handler, out.UUID, msg.Header(messagedata.HeaderReplayCount))
 	telemetry.Inject(ctx, out.Metadata)
 	out.SetContext(ctx)
 	return out
+}
+
+// DeadLetterKey returns the key of the dead letter that handler publishes for the message with
+// id, replayed replayCount times (messagedata.HeaderReplayCount; empty if never): the value of
+// messagedata.HeaderDeadLetterKey. It is the same at every publish of that dead letter, under
+// whatever id the dead-letter broker accepts, and differs between handlers and between replays
+// of the message: a 26-character string of Crockford base32, made from the SHA-256 of the
+// three, which every broker carries in a header and NATS as a Nats-Msg-Id.
+func DeadLetterKey(handler, id, replayCount string) string {
+	return derivedID(handler + "\x00" + id + "\x00" + replayCount)
 }
 
 // derivedID returns an id for a dead letter whose own id the broker refused: a ULID-shaped

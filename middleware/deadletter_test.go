@@ -307,3 +307,84 @@ func TestRetry_ClassifierOverridesTheDefault(t *testing.T) {
 	require.Equal(t, 3, calls)
 	require.False(t, processor.IsPermanent(err))
 }
+
+// Every publish of one message's dead letter by one handler carries the same key, whatever id
+// or form the dead-letter broker accepted and whatever the reason or the time; another handler
+// and another replay of the message have keys of their own.
+func TestPublishDeadLetter_KeyIsTheSameAtEveryPublishOfOneDeadLetter(t *testing.T) {
+	key := func(pub message.Publisher, kept func() []*message.Message, handler string, m *messagedata.MessageData, reason string) string {
+		t.Helper()
+		require.NoError(t, middleware.PublishDeadLetter(context.Background(), pub, "dead", handler, m, errors.New(reason)))
+		all := kept()
+		k := all[len(all)-1].Metadata.Get(messagedata.HeaderDeadLetterKey)
+		require.Len(t, k, 26)
+		return k
+	}
+	plain := &pickyPublisher{maxID: 255, maxPayload: 1 << 20}
+	kept := func() []*message.Message { return plain.kept }
+	m := msg("order-7")
+	first := key(plain, kept, "billing", m, "bad")
+	require.Equal(t, middleware.DeadLetterKey("billing", "order-7", ""), first)
+	require.Equal(t, first, key(plain, kept, "billing", m, "delivery limit reached after 6 deliveries"), "published again at a redelivery")
+	require.NotEqual(t, first, key(plain, kept, "shipping", m, "bad"), "another handler")
+	replayed := msg("order-7")
+	replayed.Headers = map[string]string{messagedata.HeaderReplayCount: "1"}
+	require.NotEqual(t, first, key(plain, kept, "billing", replayed, "bad"), "dead-lettered again after a replay")
+
+	// Under a derived id, and without the payload: the key of the message's own id.
+	long := msg(strings.Repeat("x", 300))
+	noLong := &pickyPublisher{maxID: 36, maxPayload: 1 << 20}
+	require.Equal(t, middleware.DeadLetterKey("billing", long.ID, ""), key(noLong, func() []*message.Message { return noLong.kept }, "billing", long, "bad"))
+	big := msg("big")
+	big.Payload = []byte(strings.Repeat("y", 100))
+	noBig := &pickyPublisher{maxID: 255, maxPayload: 10}
+	require.Equal(t, middleware.DeadLetterKey("billing", "big", ""), key(noBig, func() []*message.Message { return noBig.kept }, "billing", big, "bad"))
+
+	// A message without an id is dead-lettered under a fresh one: each form tried carries the
+	// key of that one.
+	anon := msg("")
+	anon.Payload = []byte(strings.Repeat("z", 100))
+	noAnon := &pickyPublisher{maxID: 255, maxPayload: 10}
+	got := key(noAnon, func() []*message.Message { return noAnon.kept }, "billing", anon, "message has no id")
+	d := noAnon.kept[0]
+	require.Equal(t, middleware.DeadLetterKey("billing", d.Metadata.Get(messagedata.HeaderDeadLetterOriginalID), ""), got)
+}
+
+// ctxRecord is a DeadLetterRecord that fails, as a database call does, when its context has
+// ended.
+type ctxRecord struct{ marked, looked int }
+
+func (r *ctxRecord) DeadLettered(ctx context.Context, _ *messagedata.MessageData) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	r.looked++
+	return false, nil
+}
+
+func (r *ctxRecord) MarkDeadLettered(ctx context.Context, _ *messagedata.MessageData) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.marked++
+	return nil
+}
+
+// A delivery whose context ends while it fails (its ack deadline passed: the broker delivers
+// it again) still records its dead letter, so that the redelivery finds it.
+func TestDeadLetter_RecordIsWrittenAfterTheDeliveryEnded(t *testing.T) {
+	b := brokertest.New()
+	rec := &ctxRecord{}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := middleware.DeadLetter(b, "dead", "h", middleware.WithDeadLetterRecord(rec))(
+		processor.Func(func(context.Context, *messagedata.MessageData) error {
+			cancel() // the delivery ends while the message fails
+			return processor.Permanent(errors.New("bad"))
+		}))
+	err := p.Process(ctx, delivered("a", 2))
+	require.True(t, processor.IsDeadLettered(err), "%v", err)
+	require.NotContains(t, err.Error(), "not recorded")
+	require.Equal(t, 1, rec.looked, "looked up")
+	require.Equal(t, 1, rec.marked, "recorded")
+	require.Len(t, b.Drain("dead"), 1)
+}

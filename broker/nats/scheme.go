@@ -96,14 +96,19 @@ func checkTopic(topic string) error {
 	return nil
 }
 
-// msgID returns the Nats-Msg-Id of msg: broker.HeaderNATSMsgID when set; for a dead letter (a
-// message with the header messagedata.HeaderDeadLetterTime), its UUID with the handler and the
-// time it was dead-lettered, so that a message dead-lettered again (replayed, failed again)
-// within the duplicate window is not dropped from the dead-letter topic, and lost, while a
-// retried publish of one dead letter still is; otherwise the UUID.
+// msgID returns the Nats-Msg-Id of msg: broker.HeaderNATSMsgID when set; for a dead letter, its
+// key (messagedata.HeaderDeadLetterKey: the handler, the message id and its replay count), so
+// that JetStream drops, within the duplicate window, the dead letter that a consumer publishes
+// again after its predecessor died before recording it, while a message dead-lettered again
+// after a replay, whose key differs, is kept; for a dead letter without a key (published by an
+// earlier version), its UUID with the handler and the time it was dead-lettered; otherwise the
+// UUID.
 func msgID(msg *message.Message) string {
 	if id := msg.Metadata.Get(broker.HeaderNATSMsgID); id != "" {
 		return id
+	}
+	if key := msg.Metadata.Get(messagedata.HeaderDeadLetterKey); key != "" {
+		return "dead-letter|" + key
 	}
 	if at := msg.Metadata.Get(messagedata.HeaderDeadLetterTime); at != "" && msg.UUID != "" {
 		return msg.UUID + "|dead-letter|" + msg.Metadata.Get(messagedata.HeaderDeadLetterHandler) + "|" + at

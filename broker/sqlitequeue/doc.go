@@ -25,6 +25,12 @@
 // order). Keep the queue in a file of its own, apart from the application database, as a
 // broker is apart from a database.
 //
+// A dead letter (a message with the header messagedata.HeaderDeadLetterKey) is stored once
+// per topic and key within broker.DeadLetterKeyWindow: the publish records the key in DeadLetterKeysTable in its own
+// transaction and leaves out a dead letter whose key is there already, so that the dead letter
+// a consumer publishes again, after its predecessor died between the publish and the router's
+// record of it, is not a second copy.
+//
 // # Delivery
 //
 // Every consumer group receives every message of a topic. A subscription keeps a window of

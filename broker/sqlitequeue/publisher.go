@@ -25,6 +25,13 @@ var _ message.Publisher = (*publisher)(nil)
 // Publish stores messages on topic, in their order, in one transaction, and returns nil once
 // it has committed. The messages' contexts play no part: a message published with the context
 // of a delivered message is stored at once, like any other.
+//
+// A dead letter (a message with the header messagedata.HeaderDeadLetterKey) is stored once per
+// topic and key within broker.DeadLetterKeyWindow: one whose key the topic has stored within
+// it is left out, and Publish returns
+// nil as for a message stored, so the dead letter that a consumer publishes again after its
+// predecessor died between the publish and the router's record of it is not a second copy. The
+// keys are kept in the table DeadLetterKeysTable, in the same transaction as the messages.
 func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 	p.mu.Lock()
 	if p.closed {
@@ -50,14 +57,23 @@ func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 		return nil
 	}
 	ctx := context.Background()
+	keyed := false
 	err := p.q.write(ctx, func(tx *sql.Tx) error {
 		if err := p.q.createTables(ctx, tx, topic); err != nil {
 			return err
 		}
-		return p.insertRows(ctx, tx, topic, messages)
+		msgs, k, err := p.q.firstDeadLetters(ctx, tx, topic, messages)
+		if err != nil {
+			return err
+		}
+		keyed = k
+		return p.insertRows(ctx, tx, topic, msgs)
 	})
 	if err != nil {
 		return fmt.Errorf("sqlitequeue: publish %d messages to topic %q: %w", len(messages), topic, err)
+	}
+	if keyed {
+		p.q.keysCreated.Store(true)
 	}
 	p.q.tablesCreated(topic)
 	p.q.store.published(topic)

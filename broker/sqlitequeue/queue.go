@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -34,6 +35,8 @@ type Queue struct {
 
 	// initialized holds the topics whose tables this Queue has created or found.
 	initialized sync.Map
+	// keysCreated is set once this Queue has created or found DeadLetterKeysTable.
+	keysCreated atomic.Bool
 	// pools holds the settlements of each topic's subscriptions (*settlements).
 	pools sync.Map
 	// leases is the connection of the subscriptions' claims and settlements.

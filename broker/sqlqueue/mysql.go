@@ -67,6 +67,25 @@ func (m mysql) schema(topic string) []string {
 		)`)
 }
 
+func (mysql) keysSchema() string {
+	return "CREATE TABLE IF NOT EXISTS " + DeadLetterKeysTable + ` (
+			topic           VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+			dead_letter_key VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+			published_at    BIGINT NOT NULL,
+			PRIMARY KEY (topic, dead_letter_key)
+		) ENGINE=InnoDB`
+}
+
+func (mysql) deleteKeys() string {
+	return "DELETE FROM " + DeadLetterKeysTable + " WHERE published_at < ?"
+}
+
+// insertKey leaves an existing row as it is, which MySQL reports as 0 rows affected.
+func (mysql) insertKey() string {
+	return "INSERT INTO " + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)
+ON DUPLICATE KEY UPDATE topic = topic`
+}
+
 func (m mysql) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {
 	// Look before writing: an upsert of the row would wait for a consumer that holds it.
 	t := m.tables(topic)

@@ -73,6 +73,24 @@ func (p postgres) schema(topic string) []string {
 	)
 }
 
+func (postgres) keysSchema() string {
+	return `CREATE TABLE IF NOT EXISTS ` + DeadLetterKeysTable + ` (
+			topic           VARCHAR(255) NOT NULL,
+			dead_letter_key VARCHAR(64) NOT NULL,
+			published_at    BIGINT NOT NULL,
+			PRIMARY KEY (topic, dead_letter_key)
+		)`
+}
+
+func (postgres) deleteKeys() string {
+	return `DELETE FROM ` + DeadLetterKeysTable + ` WHERE published_at < $1`
+}
+
+func (postgres) insertKey() string {
+	return `INSERT INTO ` + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES ($1, $2, $3)
+ON CONFLICT (topic, dead_letter_key) DO NOTHING`
+}
+
 func (p postgres) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {
 	// ON CONFLICT DO NOTHING does not wait for a consumer that holds the row locked.
 	_, err := db.ExecContext(ctx, `INSERT INTO `+p.tables(topic).offsets+

@@ -111,6 +111,9 @@ type Queue struct {
 
 	wakeMu sync.Mutex
 	wake   map[string]chan struct{} // per topic: closed by Wake
+
+	keysMu    sync.Mutex
+	keysReady bool // DeadLetterKeysTable exists
 }
 
 // New returns the queue in db, whose dialect is d (sqldb.Postgres or sqldb.MySQL), for the
@@ -186,18 +189,44 @@ func (q *Queue) CreateTables(ctx context.Context, topic string) error {
 }
 
 func (q *Queue) createTablesRetrying(ctx context.Context, topic string) error {
+	if err := createRetrying(func() error { return q.createTables(ctx, topic) }); err != nil {
+		return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
+	}
+	return nil
+}
+
+// createKeysTable creates DeadLetterKeysTable, which the topics share, once per Queue, before
+// its first publish of a dead letter (outside the publish's transaction: on MySQL, DDL would
+// commit it).
+func (q *Queue) createKeysTable(ctx context.Context) error {
+	q.keysMu.Lock()
+	defer q.keysMu.Unlock()
+	if q.keysReady {
+		return nil
+	}
+	err := createRetrying(func() error {
+		_, err := q.db.ExecContext(ctx, q.d.keysSchema())
+		return err
+	})
+	q.keysReady = err == nil
+	return err
+}
+
+// createRetrying runs create, a sequence of CREATE ... IF NOT EXISTS statements, again while it
+// fails because another process created the same objects at the same moment.
+func createRetrying(create func() error) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
 		// Two concurrent CREATE TABLE IF NOT EXISTS of one table can fail on PostgreSQL with a
 		// unique violation or an object that already exists: the other one won, run again.
-		if err = q.createTables(ctx, topic); err == nil {
+		if err = create(); err == nil {
 			return nil
 		}
 		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict && !alreadyExists(err) {
 			break
 		}
 	}
-	return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
+	return err
 }
 
 // alreadyExists reports whether err is PostgreSQL's duplicate_table or duplicate_object: a
@@ -272,6 +301,14 @@ type dialect interface {
 	messagesSchema() wsql.SchemaAdapter
 	// schema returns the statements that create the topic's tables, each harmless to repeat.
 	schema(topic string) []string
+	// keysSchema creates DeadLetterKeysTable, harmless to repeat.
+	keysSchema() string
+	// insertKey records a dead letter's key (parameters: topic, key, published_at in Unix
+	// milliseconds), one row affected, or leaves the row of the key as it is, none affected.
+	insertKey() string
+	// deleteKeys deletes the dead-letter keys published before its parameter, in Unix
+	// milliseconds.
+	deleteKeys() string
 	// addGroup creates the group's cursor row at the start of the topic when it has none.
 	addGroup(ctx context.Context, db *sql.DB, topic, group string) error
 	// probe reports, without taking a lock, whether the group has due leases and whether

@@ -55,7 +55,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		return nil, err
 	}
 	return &broker.Backend{
-		Publisher:  pub,
+		Publisher:  &publisher{Publisher: pub, q: q},
 		CheckTopic: checkTopic,
 		CheckMessage: func(m *message.Message) error {
 			if len(m.UUID) > MaxUUID {

@@ -301,10 +301,12 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 			require.Equal(t, []string{"bad-2"}, ids(f.list().DeadLetters))
 			f.waitApplied(map[string]int{"good-1": 1, "good-2": 1, "bad-1": 1})
 
-			// The same message dead-lettered again and replayed again: deduplication
-			// acknowledges it without applying it.
+			// The same message dead-lettered again after its replay (it carries its replay
+			// count, so its dead letter has a key of its own) and replayed again:
+			// deduplication acknowledges it without applying it.
 			require.NoError(t, middleware.PublishDeadLetter(context.Background(), f.b.Publisher(), f.dlq, f.handler,
-				&messagedata.MessageData{ID: "bad-1", Topic: f.topic, Payload: []byte("not json 1"), Headers: map[string]string{}},
+				&messagedata.MessageData{ID: "bad-1", Topic: f.topic, Payload: []byte("not json 1"),
+					Headers: map[string]string{messagedata.HeaderReplayCount: "1"}},
 				errors.New("dead-lettered again by hand")))
 			f.waitDeadLetters(2)
 			rr = f.replay("--id", "bad-1")

@@ -1,0 +1,90 @@
+package sqlqueue
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/messagedata"
+)
+
+// DeadLetterKeysTable is the table, beside the queue's topics, that keeps the key
+// (messagedata.HeaderDeadLetterKey) of every dead letter stored within the last
+// broker.DeadLetterKeyWindow, per topic, so that a dead letter published again within it is
+// stored once. The first publish of a dead letter creates it; each deletes the keys older than
+// the window.
+const DeadLetterKeysTable = "onceflow_dead_letter_keys"
+
+// publisher is the postgres:// and mysql:// schemes' Publisher: watermill-sql's, and for a
+// publish with dead letters, one transaction that records their keys and leaves out each dead
+// letter whose key the topic has stored within broker.DeadLetterKeyWindow, returning nil as for
+// one stored. The dead
+// letter that a consumer publishes again, after its predecessor died between the publish and
+// the router's record of it, is then not a second copy.
+type publisher struct {
+	*wsql.Publisher
+	q *Queue
+}
+
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if m != nil && m.Metadata.Get(messagedata.HeaderDeadLetterKey) != "" {
+			return p.q.publishOnce(context.Background(), topic, msgs)
+		}
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// publishOnce stores msgs on topic in one transaction, without the dead letters whose key the
+// topic has stored before, and records the keys of those it stores.
+func (q *Queue) publishOnce(ctx context.Context, topic string, msgs []*message.Message) error {
+	if err := q.createKeysTable(ctx); err != nil {
+		return fmt.Errorf("sqlqueue: create table %s: %w", DeadLetterKeysTable, err)
+	}
+	err := inTx(ctx, q.db, func(tx *sql.Tx) error {
+		now := time.Now()
+		if _, err := tx.ExecContext(ctx, q.d.deleteKeys(), now.Add(-broker.DeadLetterKeyWindow).UnixMilli()); err != nil {
+			return fmt.Errorf("delete the dead-letter keys older than %s: %w", broker.DeadLetterKeyWindow, err)
+		}
+		kept := make([]*message.Message, 0, len(msgs))
+		for i, m := range msgs {
+			if m == nil {
+				return fmt.Errorf("message %d of %d is nil", i, len(msgs))
+			}
+			key := m.Metadata.Get(messagedata.HeaderDeadLetterKey)
+			if key == "" {
+				kept = append(kept, m)
+				continue
+			}
+			res, err := tx.ExecContext(ctx, q.d.insertKey(), topic, key, now.UnixMilli())
+			if err != nil {
+				return fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
+			}
+			if n == 1 {
+				kept = append(kept, m)
+			}
+		}
+		if len(kept) == 0 {
+			return nil
+		}
+		insert, err := q.d.messagesSchema().InsertQuery(topic, kept)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, insert.Query, insert.Args...)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqlqueue: publish %d messages to topic %q: %w", len(msgs), topic, err)
+	}
+	return nil
+}
