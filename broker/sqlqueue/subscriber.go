@@ -253,15 +253,17 @@ func (sub *subscription) run() {
 		}
 		wait := cfg.PollInterval
 		switch {
+		case err != nil && sqldb.Classify(err) == sqldb.Conflict:
+			// Another consumer claimed the same rows: claim again at once; what it took is
+			// not there any more.
+			st.busy = false
+			sub.log.Debug("claim conflicted with another consumer; claiming again", watermill.LogFields{"err": err.Error()})
+			continue
 		case err != nil:
 			st.busy = false
 			woken = nil // after a failure, wait out the interval
-			if sqldb.Classify(err) == sqldb.Conflict {
-				sub.log.Debug("claim conflicted with another consumer; claiming again", watermill.LogFields{"err": err.Error()})
-			} else {
-				wait = cfg.RetryInterval
-				sub.log.Error("claiming messages failed", err, watermill.LogFields{"wait_time": wait})
-			}
+			wait = cfg.RetryInterval
+			sub.log.Error("claiming messages failed", err, watermill.LogFields{"wait_time": wait})
 		case n > 0:
 			st.busy = true
 			continue
