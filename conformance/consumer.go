@@ -592,6 +592,11 @@ func (p *pool) launchChild(n int) (*consumerProc, error) {
 	case ok := <-ready:
 		if !ok {
 			<-c.done
+			if c.crashed() {
+				// The crash-loop message reached it between its subscription and its "ready":
+				// a death like any other, which supervise counts.
+				return c, nil
+			}
 			return nil, fmt.Errorf("exited before subscribing (%s): %s", cmd.ProcessState, stderr.tail())
 		}
 	case <-time.After(waitFor):

@@ -396,7 +396,7 @@ func TestSubscriber_CloseWhileReconnectingReturnsPromptly(t *testing.T) {
 
 func TestSubscriber_CloseIsBoundedWhenRabbitMQDoesNotAnswer(t *testing.T) {
 	t.Parallel()
-	forEachMode(t, "", func(t *testing.T, direct bool) {
+	forEachMode(t, "", true, func(t *testing.T, direct bool) {
 		f := setup(t, amqp.Queue{})
 		f.direct = direct
 		px := newProxy(t, f.url)
