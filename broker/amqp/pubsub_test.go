@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
-	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
@@ -54,7 +53,7 @@ func TestPubSub(t *testing.T) {
 				require.NoError(t, err)
 				var s message.Subscriber = sub
 				if direct {
-					s = settlingSubscriber{sub}
+					s = testsvc.SettlingSubscriber{Subscriber: sub}
 				}
 				return recordingPublisher{pub, rec}, recordingSubscriber{s, rec}
 			}
@@ -119,54 +118,4 @@ type recordingSubscriber struct {
 func (s recordingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.rec.add(topic)
 	return s.Subscriber.Subscribe(ctx, topic)
-}
-
-// settlingSubscriber subscribes as a consumer that settles directly, for consumers (the suite)
-// that only ack and nack: it calls redelivery.Settle after each message's ack or nack, as the
-// router does, from a goroutine per message that waits for it until the subscription ends.
-type settlingSubscriber struct {
-	message.Subscriber
-}
-
-// SubscribeInitialize passes the call on, if the Subscriber has the method.
-func (s settlingSubscriber) SubscribeInitialize(topic string) error {
-	if i, ok := s.Subscriber.(message.SubscribeInitializer); ok {
-		return i.SubscribeInitialize(topic)
-	}
-	return nil
-}
-
-func (s settlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	in, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
-	if err != nil {
-		return nil, err
-	}
-	out := make(chan *message.Message)
-	ended := make(chan struct{})
-	go func() {
-		defer close(out)
-		defer close(ended)
-		for m := range in {
-			go func() {
-				select {
-				case <-m.Acked():
-				case <-m.Nacked():
-				case <-ended:
-					select {
-					case <-m.Acked():
-					case <-m.Nacked():
-					default:
-						return // never settled
-					}
-				}
-				redelivery.Settle(m)
-			}()
-			select {
-			case out <- m:
-			case <-m.Context().Done():
-				// Its delivery ended before the consumer took it: RabbitMQ gives it back.
-			}
-		}
-	}()
-	return out, nil
 }

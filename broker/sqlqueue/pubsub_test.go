@@ -1,7 +1,6 @@
 package sqlqueue_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -9,8 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // TestPubSub runs watermill's universal Pub/Sub suite against the queue on PostgreSQL and
@@ -55,7 +54,7 @@ func TestPubSub(t *testing.T) {
 				pub, err := q.NewPublisher()
 				require.NoError(t, err)
 				if direct {
-					return pub, settlingSubscriber{q.Subscriber()}
+					return pub, testsvc.SettlingSubscriber{Subscriber: q.Subscriber()}
 				}
 				return pub, q.Subscriber()
 			}
@@ -71,54 +70,4 @@ func TestPubSub(t *testing.T) {
 			}, withGroup)
 		})
 	}
-}
-
-// settlingSubscriber subscribes as a consumer that settles directly, for consumers (the suite)
-// that only ack and nack: it calls redelivery.Settle after each message's ack or nack, as the
-// router does, from a goroutine per message that waits for it until the subscription ends.
-type settlingSubscriber struct {
-	message.Subscriber
-}
-
-// SubscribeInitialize passes the call on, if the Subscriber has the method.
-func (s settlingSubscriber) SubscribeInitialize(topic string) error {
-	if i, ok := s.Subscriber.(message.SubscribeInitializer); ok {
-		return i.SubscribeInitialize(topic)
-	}
-	return nil
-}
-
-func (s settlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	in, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
-	if err != nil {
-		return nil, err
-	}
-	out := make(chan *message.Message)
-	ended := make(chan struct{})
-	go func() {
-		defer close(out)
-		defer close(ended)
-		for m := range in {
-			go func() {
-				select {
-				case <-m.Acked():
-				case <-m.Nacked():
-				case <-ended:
-					select {
-					case <-m.Acked():
-					case <-m.Nacked():
-					default:
-						return // never settled
-					}
-				}
-				redelivery.Settle(m)
-			}()
-			select {
-			case out <- m:
-			case <-m.Context().Done():
-				// Its delivery ended before the consumer took it: it is given back.
-			}
-		}
-	}()
-	return out, nil
 }

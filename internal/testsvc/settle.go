@@ -1,6 +1,7 @@
 package testsvc
 
 import (
+	"context"
 	"sync"
 	"testing"
 
@@ -55,3 +56,55 @@ func (s *Settler) Settling(t testing.TB, ch <-chan *message.Message) <-chan *mes
 // Wait waits until the channels that Settling returned are closed: after the subscriber's
 // Close, so that they are closed when Close returns, as the subscriber's own are.
 func (s *Settler) Wait() { s.passing.Wait() }
+
+// SettlingSubscriber subscribes as a consumer that settles directly, for consumers (watermill's
+// universal suite) that only ack and nack: it calls redelivery.Settle after each message's ack or nack, as the
+// router does, from a goroutine per message that waits for it until the subscription ends.
+type SettlingSubscriber struct {
+	message.Subscriber
+}
+
+// SubscribeInitialize passes the call on, if the Subscriber has the method.
+func (s SettlingSubscriber) SubscribeInitialize(topic string) error {
+	if i, ok := s.Subscriber.(message.SubscribeInitializer); ok {
+		return i.SubscribeInitialize(topic)
+	}
+	return nil
+}
+
+// Subscribe subscribes with redelivery.WithDirectSettle and settles each message of the
+// subscription once it is acked or nacked.
+func (s SettlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	ended := make(chan struct{})
+	go func() {
+		defer close(out)
+		defer close(ended)
+		for m := range in {
+			go func() {
+				select {
+				case <-m.Acked():
+				case <-m.Nacked():
+				case <-ended:
+					select {
+					case <-m.Acked():
+					case <-m.Nacked():
+					default:
+						return // never settled
+					}
+				}
+				redelivery.Settle(m)
+			}()
+			select {
+			case out <- m:
+			case <-m.Context().Done():
+				// Its delivery ended before the consumer took it: the broker gives it back.
+			}
+		}
+	}()
+	return out, nil
+}
