@@ -41,16 +41,7 @@ import (
 // the subscriber of each ack and nack (redelivery.WithDirectSettle, see testsvc.Settler).
 func TestPubSub(t *testing.T) {
 	t.Parallel()
-	for _, direct := range []bool{false, true} {
-		name := "watched"
-		if direct {
-			name = "direct"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testPubSub(t, direct)
-		})
-	}
+	testsvc.ForEachSettleMode(t, "", true, testPubSub)
 }
 
 func testPubSub(t *testing.T, direct bool) {

@@ -40,18 +40,11 @@ type fixture struct {
 // subscriber of each ack and nack itself (redelivery.Settle), as onceflow's router does.
 func inBothModes(t *testing.T, test func(t *testing.T, f *fixture)) {
 	t.Helper()
-	for _, direct := range []bool{false, true} {
-		name := "watched"
-		if direct {
-			name = "direct"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			f := setup(t)
-			f.direct = direct
-			test(t, f)
-		})
-	}
+	testsvc.ForEachSettleMode(t, "", true, func(t *testing.T, direct bool) {
+		f := setup(t)
+		f.direct = direct
+		test(t, f)
+	})
 }
 
 func setup(t *testing.T) *fixture {

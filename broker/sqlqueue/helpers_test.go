@@ -56,44 +56,13 @@ func forEachDatabase(t *testing.T, test func(t *testing.T, e *env)) {
 	}
 }
 
-// forEachMode runs test as a parallel subtest with a consumer that settles directly
-// ("<prefix>direct") and, when watched is true, with one that does not ("<prefix>watched").
-func forEachMode(t *testing.T, prefix string, watched bool, test func(t *testing.T, direct bool)) {
-	modes := []bool{true}
-	if watched {
-		modes = append(modes, false)
-	}
-	for _, direct := range modes {
-		name := prefix + "watched"
-		if direct {
-			name = prefix + "direct"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			test(t, direct)
-		})
-	}
-}
-
-// ack acks m and settles it, as the router does: redelivery.Settle tells a subscription whose
-// consumer settles directly, and does nothing for any other.
-func ack(m *message.Message) {
-	m.Ack()
-	redelivery.Settle(m)
-}
-
-// nack nacks m and settles it, as ack.
-func nack(m *message.Message) {
-	m.Nack()
-	redelivery.Settle(m)
-}
-
-// nackAfter nacks m with redelivery.NackAfter and settles it, as ack.
-func nackAfter(m *message.Message, d time.Duration) bool {
-	ok := redelivery.NackAfter(m, d)
-	redelivery.Settle(m)
-	return ok
-}
+// The settling helpers every test of the package uses: testsvc's.
+var (
+	forEachMode = testsvc.ForEachSettleMode
+	ack         = testsvc.Ack
+	nack        = testsvc.Nack
+	nackAfter   = testsvc.NackAfter
+)
 
 // context returns the context to subscribe with: one that promises redelivery.Settle when the
 // env settles directly.

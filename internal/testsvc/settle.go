@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -107,4 +108,46 @@ func (s SettlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 		}
 	}()
 	return out, nil
+}
+
+// ForEachSettleMode runs test as a parallel subtest with a consumer that settles each message
+// itself (redelivery.WithDirectSettle, as onceflow's router does; "<prefix>direct") and, when
+// watched is true, with one that only acks and nacks, whose settlements the subscriber watches
+// for ("<prefix>watched").
+func ForEachSettleMode(t *testing.T, prefix string, watched bool, test func(t *testing.T, direct bool)) {
+	t.Helper()
+	modes := []bool{true}
+	if watched {
+		modes = append(modes, false)
+	}
+	for _, direct := range modes {
+		name := prefix + "watched"
+		if direct {
+			name = prefix + "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, direct)
+		})
+	}
+}
+
+// Ack acks m and settles it, as the router does: redelivery.Settle tells a subscription whose
+// consumer settles directly, and does nothing for any other.
+func Ack(m *message.Message) {
+	m.Ack()
+	redelivery.Settle(m)
+}
+
+// Nack nacks m and settles it, as Ack.
+func Nack(m *message.Message) {
+	m.Nack()
+	redelivery.Settle(m)
+}
+
+// NackAfter nacks m with redelivery.NackAfter and settles it, as Ack.
+func NackAfter(m *message.Message, d time.Duration) bool {
+	ok := redelivery.NackAfter(m, d)
+	redelivery.Settle(m)
+	return ok
 }
