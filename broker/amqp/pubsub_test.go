@@ -53,7 +53,7 @@ func TestPubSub(t *testing.T) {
 				require.NoError(t, err)
 				var s message.Subscriber = sub
 				if direct {
-					s = testsvc.SettlingSubscriber{Subscriber: sub}
+					s = testsvc.NewSettlingSubscriber(sub)
 				}
 				return recordingPublisher{pub, rec}, recordingSubscriber{s, rec}
 			}

@@ -54,7 +54,7 @@ func TestPubSub(t *testing.T) {
 				pub, err := q.NewPublisher()
 				require.NoError(t, err)
 				if direct {
-					return pub, testsvc.SettlingSubscriber{Subscriber: q.Subscriber()}
+					return pub, testsvc.NewSettlingSubscriber(q.Subscriber())
 				}
 				return pub, q.Subscriber()
 			}

@@ -63,10 +63,24 @@ func (s *Settler) Wait() { s.passing.Wait() }
 // router does, from a goroutine per message that waits for it until the subscription ends.
 type SettlingSubscriber struct {
 	message.Subscriber
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+// NewSettlingSubscriber returns sub as a consumer that settles directly.
+func NewSettlingSubscriber(sub message.Subscriber) *SettlingSubscriber {
+	return &SettlingSubscriber{Subscriber: sub, closed: make(chan struct{})}
+}
+
+// Close closes the subscriber; a message that waits to be handed out is then dropped (its
+// broker delivers it again), so that the subscription's channel closes with the subscriber's.
+func (s *SettlingSubscriber) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return s.Subscriber.Close()
 }
 
 // SubscribeInitialize passes the call on, if the Subscriber has the method.
-func (s SettlingSubscriber) SubscribeInitialize(topic string) error {
+func (s *SettlingSubscriber) SubscribeInitialize(topic string) error {
 	if i, ok := s.Subscriber.(message.SubscribeInitializer); ok {
 		return i.SubscribeInitialize(topic)
 	}
@@ -75,7 +89,7 @@ func (s SettlingSubscriber) SubscribeInitialize(topic string) error {
 
 // Subscribe subscribes with redelivery.WithDirectSettle and settles each message of the
 // subscription once it is acked or nacked.
-func (s SettlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *SettlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	in, err := s.Subscriber.Subscribe(redelivery.WithDirectSettle(ctx), topic)
 	if err != nil {
 		return nil, err
@@ -102,6 +116,7 @@ func (s SettlingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan
 			}()
 			select {
 			case out <- m:
+			case <-s.closed:
 			case <-m.Context().Done():
 				// Its delivery ended before the consumer took it: the broker gives it back.
 			}
