@@ -567,12 +567,18 @@ func (p *pool) launchChild(n int) (*consumerProc, error) {
 	}
 	ready := make(chan bool, 1)
 	go func() {
-		// Everything the consumer wrote is read before Wait, and before done says it died.
+		// Everything the consumer wrote is read before Wait, and before done says it died. A
+		// delivery may reach its router between the subscription and "ready": its line comes
+		// first and counts like any other.
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		ok := sc.Scan() && sc.Text() == "ready"
-		ready <- ok
-		for ok && sc.Scan() {
+		subscribed := false
+		for sc.Scan() {
+			if !subscribed && sc.Text() == "ready" {
+				subscribed = true
+				ready <- true
+				continue
+			}
 			fields := strings.SplitN(sc.Text(), " ", 3)
 			if len(fields) != 3 || len(fields[0]) != 1 {
 				continue
@@ -583,6 +589,9 @@ func (p *pool) launchChild(n int) (*consumerProc, error) {
 				continue
 			}
 			p.tally.event(n, fields[0][0], count, id)
+		}
+		if !subscribed {
+			ready <- false
 		}
 		_, _ = io.Copy(io.Discard, stdout)
 		_ = cmd.Wait()
