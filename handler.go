@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/ordering"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -338,4 +339,51 @@ func (c DedupConfig) interceptor() string {
 		return InterceptorAckInTransaction
 	}
 	return InterceptorDeduplicate
+}
+
+// OrderConfig configures per-key ordering for a handler: the "in-order" interceptor of
+// ExactlyOnceInOrder (package ordering). The zero value is valid.
+type OrderConfig struct {
+	// GapTimeout is how long a key may wait for its next message (missing, or parked and
+	// failing) before GapPolicy applies. Defaults to ordering.DefaultGapTimeout (5 min). It
+	// should exceed the longest time the broker takes to redeliver a message.
+	GapTimeout time.Duration
+
+	// GapPolicy is what happens to a key whose wait passed GapTimeout: ordering.Wait (the
+	// default) keeps waiting, ordering.Skip gives up on the missing sequences and applies what
+	// follows, ordering.DeadLetter moves the key's parked messages to the dead-letter topic.
+	// The timeout is logged and counted in onceflow.order.gap_timeouts whatever the policy.
+	GapPolicy ordering.GapPolicy
+
+	// SweepInterval is how often the router's sweeper retries stalled keys and looks for
+	// timed-out gaps. Defaults to ordering.DefaultSweepInterval (10 s), or GapTimeout/2 when
+	// shorter. A negative value starts no sweeper: call ordering.InOrder.Sweep yourself.
+	SweepInterval time.Duration
+
+	// MaxDrain bounds how many parked messages the transaction of the message that fills their
+	// gap applies; the sweeper releases the rest. Defaults to ordering.DefaultMaxDrain (1000).
+	MaxDrain int
+
+	// AllowUnkeyed processes messages without an ordering key and sequence exactly once, in no
+	// particular order. Defaults to false: they are dead-lettered.
+	AllowUnkeyed bool
+
+	// Table is the prefix of the ordering tables. Defaults to ordering.DefaultTable
+	// (onceflow_order_state, _parked, _skipped). Handlers may share them.
+	Table string
+}
+
+func (c OrderConfig) validate(handler string) error {
+	switch {
+	case c.GapTimeout < 0:
+		return fmt.Errorf("Handler.Order.GapTimeout: %s is negative (handler %q)", c.GapTimeout, handler)
+	case c.MaxDrain < 0:
+		return fmt.Errorf("Handler.Order.MaxDrain: %d is negative (handler %q)", c.MaxDrain, handler)
+	case c.GapPolicy < ordering.Wait || c.GapPolicy > ordering.DeadLetter:
+		return fmt.Errorf("Handler.Order.GapPolicy: %s is not a gap policy (handler %q; want ordering.Wait, Skip or DeadLetter)", c.GapPolicy, handler)
+	}
+	if err := (ordering.StoreConfig{Table: c.Table}).Validate(); err != nil {
+		return fmt.Errorf("Handler.Order.%w", err)
+	}
+	return nil
 }

@@ -130,3 +130,20 @@ func dbSystem(db *sqldb.DB) attribute.KeyValue {
 }
 
 func secondsSince(t time.Time) float64 { return time.Since(t).Seconds() }
+
+// describeBroker returns the messaging.system and consumer group of h's broker: what
+// h.MessagingSystem says, else what the subscriber says (onceflow's brokers say both), else
+// middleware.DefaultMessagingSystem and no group.
+func describeBroker(h Handler) (system, group string) {
+	system = h.MessagingSystem
+	if d, ok := h.Subscriber.(interface{ MessagingSystem() string }); ok && system == "" {
+		system = d.MessagingSystem()
+	}
+	if system == "" {
+		system = middleware.DefaultMessagingSystem
+	}
+	if g, ok := h.Subscriber.(interface{ ConsumerGroup() string }); ok {
+		group = g.ConsumerGroup()
+	}
+	return system, group
+}

@@ -21,7 +21,6 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sqldb"
 )
 
 // Router consumes messages and runs each through its handler's chain of interceptors, then
@@ -71,18 +70,6 @@ type Router struct {
 	readers  sync.WaitGroup
 	closeErr error
 	closed   sync.Once
-}
-
-// handlerClaim is a handler name and the topic it consumes, recorded in its dedup store's
-// database when the router runs.
-type handlerClaim struct {
-	store       *dedup.SQLStore
-	name, topic string
-}
-
-type storeKey struct {
-	db    *sqldb.DB
-	table string
 }
 
 // NewRouter returns a Router for cfg, or an error naming the first invalid field.
@@ -245,89 +232,6 @@ func (r *Router) AddHandler(h Handler) error {
 	r.names[h.Name] = true
 	r.initHandlerMetrics(h.Name)
 	return nil
-}
-
-// describeBroker returns the messaging.system and consumer group of h's broker: what
-// h.MessagingSystem says, else what the subscriber says (onceflow's brokers say both), else
-// middleware.DefaultMessagingSystem and no group.
-func describeBroker(h Handler) (system, group string) {
-	system = h.MessagingSystem
-	if d, ok := h.Subscriber.(interface{ MessagingSystem() string }); ok && system == "" {
-		system = d.MessagingSystem()
-	}
-	if system == "" {
-		system = middleware.DefaultMessagingSystem
-	}
-	if g, ok := h.Subscriber.(interface{ ConsumerGroup() string }); ok {
-		group = g.ConsumerGroup()
-	}
-	return system, group
-}
-
-// batchOnly is the innermost processor of a handler with a BatchProcessor: the group-commit
-// interceptor hands the messages to the batch processor and never calls it.
-type batchOnly struct{}
-
-func (batchOnly) Process(context.Context, *messagedata.MessageData) error {
-	return errors.New("onceflow: a handler with a BatchProcessor reached its per-message processor (the chain must end with group commit)")
-}
-
-// counterFor returns the delivery counter of h's database, one per database and table.
-func (r *Router) counterFor(h Handler) (*dedup.Counter, error) {
-	key := storeKey{db: h.DB, table: dedup.DefaultCounterTable}
-	if c, ok := r.counters[key]; ok {
-		return c, nil
-	}
-	c, err := dedup.NewCounter(h.DB, dedup.CounterConfig{Retention: h.Dedup.Retention})
-	if err != nil {
-		return nil, fmt.Errorf("Handler.MaxDeliveries: %w", err)
-	}
-	r.counters[key] = c
-	return c, nil
-}
-
-// positionsFor returns the positions table of h's database, one per database, which Migrate
-// creates. The caller holds r.mu.
-func (r *Router) positionsFor(h Handler) (*dedup.Positions, error) {
-	key := storeKey{db: h.DB, table: dedup.DefaultPositionsTable}
-	if p, ok := r.positions[key]; ok {
-		return p, nil
-	}
-	p, err := dedup.NewPositions(h.DB, dedup.PositionsConfig{})
-	if err != nil {
-		return nil, fmt.Errorf("Handler.Dedup.ByOffset: %w", err)
-	}
-	r.positions[key] = p
-	r.migrate = append(r.migrate, p.Migrate)
-	return p, nil
-}
-
-// handlerPositions are one handler's positions, for its subscriber: where it starts each
-// partition, and that it hands out each partition's messages in order, one at a time.
-type handlerPositions struct {
-	positions *dedup.Positions
-	handler   string
-}
-
-func (p handlerPositions) Applied(ctx context.Context, topic string) (map[int32]int64, error) {
-	return p.positions.Load(ctx, p.handler, topic)
-}
-
-func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {
-	table := h.Dedup.Table
-	if table == "" {
-		table = dedup.DefaultTable
-	}
-	key := storeKey{db: h.DB, table: table}
-	if s, ok := r.stores[key]; ok {
-		return s, nil
-	}
-	s, err := dedup.New(h.DB, dedup.Config{Table: table, Retention: h.Dedup.Retention})
-	if err != nil {
-		return nil, fmt.Errorf("Handler.Dedup: %w", err)
-	}
-	r.stores[key] = s
-	return s, nil
 }
 
 // AddMigration registers fn to run before the handlers start, unless Config.SkipMigrate is
@@ -599,11 +503,4 @@ func (r *Router) purgeLoop(ctx context.Context) {
 			}
 		}
 	}
-}
-
-func wrap(mws []middleware.Middleware, p processor.Processor) processor.Processor {
-	for i := len(mws) - 1; i >= 0; i-- {
-		p = mws[i](p)
-	}
-	return p
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -362,4 +363,19 @@ func (r *Router) buildChain(info HandlerInfo, names []string) ([]middleware.Midd
 		}
 	}
 	return mws, nil
+}
+
+// batchOnly is the innermost processor of a handler with a BatchProcessor: the group-commit
+// interceptor hands the messages to the batch processor and never calls it.
+type batchOnly struct{}
+
+func (batchOnly) Process(context.Context, *messagedata.MessageData) error {
+	return errors.New("onceflow: a handler with a BatchProcessor reached its per-message processor (the chain must end with group commit)")
+}
+
+func wrap(mws []middleware.Middleware, p processor.Processor) processor.Processor {
+	for i := len(mws) - 1; i >= 0; i-- {
+		p = mws[i](p)
+	}
+	return p
 }
