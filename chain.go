@@ -7,10 +7,7 @@ import (
 	"log/slog"
 	"slices"
 
-	"go.opentelemetry.io/otel/metric"
-
 	"github.com/onceflow/onceflow/dedup"
-	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -60,6 +57,73 @@ type HandlerInfo struct {
 // InterceptorFactory builds the middleware an interceptor name stands for, for one handler.
 type InterceptorFactory func(h HandlerInfo) (middleware.Middleware, error)
 
+// builtin is one built-in interceptor: its name, what the chain rules need to know of it, and
+// the factory of its middleware. The table builtins is the one place these facts are written:
+// the canonical chains, the order rules, whether a chain needs a dedup store and the chain of a
+// message that cannot be converted are all derived from it.
+type builtin struct {
+	name string
+	// levels are the qualities of service whose canonical chain holds the interceptor; a chain
+	// holds its interceptors in the order of the table.
+	levels []QoS
+	// observes: it reports or dead-letters the delivery and touches nothing of the business
+	// transaction, so it runs for a message that cannot be converted too.
+	observes bool
+	// reruns: it runs what it wraps again, so it must come before the transaction: each
+	// attempt needs a fresh one.
+	reruns bool
+	// tx: it runs the transaction that the interceptors after it write through.
+	tx bool
+	// group: it runs one transaction for a group of deliveries (group commit) and marks their
+	// messages applied itself, so it goes with no other tx or marks interceptor.
+	group bool
+	// inTx: it writes through the transaction, so it must come after the one that runs it.
+	inTx bool
+	// marks: it records in the transaction that the message was applied (its id, its offset,
+	// the queue's acknowledgement); group commit takes its place.
+	marks bool
+	// recordsKeys: it records message ids in the handler's dedup store, which the router
+	// creates for it.
+	recordsKeys bool
+	// build returns the middleware for one handler, or nil to take no part in its chain.
+	build func(r *Router, h HandlerInfo) (middleware.Middleware, error)
+}
+
+var (
+	allLevels      = []QoS{BestEffort, AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder}
+	redeliveredQoS = []QoS{AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder}
+	exactlyOnceQoS = []QoS{ExactlyOnce, ExactlyOnceInOrder}
+)
+
+// builtins are the built-in interceptors, in the order of the canonical chains, outermost
+// first.
+var builtins = []builtin{
+	{name: InterceptorTracing, levels: allLevels, observes: true, build: newTracing},
+	{name: InterceptorMetrics, levels: allLevels, observes: true, build: newMetrics},
+	{name: InterceptorDeadLetter, levels: redeliveredQoS, observes: true, build: newDeadLetter},
+	{name: InterceptorRecover, levels: allLevels, build: newRecover},
+	{name: InterceptorRetry, levels: redeliveredQoS, reruns: true, build: newRetry},
+	{name: InterceptorTimeout, levels: allLevels, build: newTimeout},
+	{name: InterceptorTransaction, levels: allLevels, tx: true, build: newTransaction},
+	{name: InterceptorDeduplicate, levels: exactlyOnceQoS, inTx: true, marks: true, recordsKeys: true, build: newDeduplicate},
+	{name: InterceptorNaturalIdempotency, inTx: true, build: newNaturalIdempotency},
+	{name: InterceptorOffsets, inTx: true, marks: true, build: newOffsets},
+	{name: InterceptorAckInTransaction, inTx: true, marks: true, build: newAckInTransaction},
+	{name: InterceptorInOrder, levels: []QoS{ExactlyOnceInOrder}, inTx: true, recordsKeys: true, build: newInOrder},
+	{name: InterceptorGroupCommit, tx: true, group: true, recordsKeys: true, build: newGroupCommit},
+	{name: InterceptorGroupTransaction, tx: true, group: true, build: newGroupTransaction},
+}
+
+// builtinNamed returns the built-in interceptor called name.
+func builtinNamed(name string) (builtin, bool) {
+	for _, b := range builtins {
+		if b.name == name {
+			return b, true
+		}
+	}
+	return builtin{}, false
+}
+
 // chainFor returns the interceptor names of the canonical chain for q, outermost first; with
 // group, group commit takes the place of "transaction" and "deduplicate".
 //
@@ -70,16 +134,20 @@ func chainFor(q QoS, group bool) []string {
 	if !group {
 		return names
 	}
+	// The interceptors that mark a message applied go; the transaction becomes group commit,
+	// which marks the messages itself, or group transaction when there was nothing to mark.
+	groupTx := InterceptorGroupTransaction
 	out := make([]string, 0, len(names))
 	for _, n := range names {
-		switch n {
-		case InterceptorTransaction:
-			if slices.Contains(names, InterceptorDeduplicate) {
-				out = append(out, InterceptorGroupCommit)
-			} else {
-				out = append(out, InterceptorGroupTransaction)
-			}
-		case InterceptorDeduplicate:
+		if b, _ := builtinNamed(n); b.marks {
+			groupTx = InterceptorGroupCommit
+		}
+	}
+	for _, n := range names {
+		switch b, _ := builtinNamed(n); {
+		case b.tx:
+			out = append(out, groupTx)
+		case b.marks:
 		default:
 			out = append(out, n)
 		}
@@ -87,37 +155,41 @@ func chainFor(q QoS, group bool) []string {
 	return out
 }
 
+// qosChain returns the interceptor names of the canonical chain for q, outermost first.
 func qosChain(q QoS) []string {
-	switch q {
-	case BestEffort:
-		return []string{InterceptorTracing, InterceptorMetrics, InterceptorRecover, InterceptorTimeout, InterceptorTransaction}
-	case AtLeastOnce:
-		return []string{InterceptorTracing, InterceptorMetrics, InterceptorDeadLetter, InterceptorRecover, InterceptorRetry,
-			InterceptorTimeout, InterceptorTransaction}
-	case ExactlyOnce:
-		return []string{InterceptorTracing, InterceptorMetrics, InterceptorDeadLetter, InterceptorRecover, InterceptorRetry,
-			InterceptorTimeout, InterceptorTransaction, InterceptorDeduplicate}
-	case ExactlyOnceInOrder:
-		return []string{InterceptorTracing, InterceptorMetrics, InterceptorDeadLetter, InterceptorRecover, InterceptorRetry,
-			InterceptorTimeout, InterceptorTransaction, InterceptorDeduplicate, InterceptorInOrder}
+	var names []string
+	for _, b := range builtins {
+		if slices.Contains(b.levels, q) {
+			names = append(names, b.name)
+		}
 	}
-	return nil
+	return names
 }
 
 // recordsKeys reports whether a chain records message ids in a dedup store.
 func recordsKeys(names []string) bool {
+	return slices.ContainsFunc(names, func(n string) bool { b, _ := builtinNamed(n); return b.recordsKeys })
+}
+
+// rejectChain returns the interceptor names of the chain of a message of a chain names that
+// cannot be converted: the interceptors that observe the delivery, always with "deadletter".
+func rejectChain(names []string) []string {
+	var outer []string
 	for _, n := range names {
-		if n == InterceptorDeduplicate || n == InterceptorInOrder || n == InterceptorGroupCommit {
-			return true
+		if b, _ := builtinNamed(n); b.observes {
+			outer = append(outer, n)
 		}
 	}
-	return false
+	if !slices.Contains(outer, InterceptorDeadLetter) {
+		outer = append(outer, InterceptorDeadLetter)
+	}
+	return outer
 }
 
 // checkOrder enforces the two rules every chain keeps: Retry outside Transaction, so each
 // attempt gets a fresh transaction, and the interceptors that write through the transaction
-// inside it. A group-commit interceptor stands for the transaction, and owns duplicate
-// detection: it does not go with "transaction" or "deduplicate".
+// inside it. A group-commit interceptor stands for the transaction, and marks the messages
+// applied itself: it does not go with another transaction or with "deduplicate".
 func checkOrder(names []string) error {
 	pos := map[string]int{}
 	for i, n := range names {
@@ -127,227 +199,121 @@ func checkOrder(names []string) error {
 		pos[n] = i
 	}
 	txName := InterceptorTransaction
-	for _, group := range []string{InterceptorGroupCommit, InterceptorGroupTransaction} {
-		if _, ok := pos[group]; !ok {
+	for _, group := range builtins {
+		if _, ok := pos[group.name]; !ok || !group.group {
 			continue
 		}
-		for _, other := range []string{InterceptorTransaction, InterceptorDeduplicate, InterceptorOffsets, InterceptorAckInTransaction, InterceptorGroupCommit, InterceptorGroupTransaction} {
-			if _, ok := pos[other]; ok && other != group {
-				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group, other)
+		for _, other := range builtins {
+			if _, ok := pos[other.name]; ok && other.name != group.name && (other.tx || other.marks) {
+				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group.name, other.name)
 			}
 		}
-		txName = group
+		txName = group.name
 	}
 	tx, hasTx := pos[txName]
-	for _, inner := range []string{InterceptorDeduplicate, InterceptorNaturalIdempotency, InterceptorOffsets, InterceptorAckInTransaction, InterceptorInOrder} {
-		if i, ok := pos[inner]; ok && (!hasTx || i < tx) {
-			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner, txName)
+	for _, inner := range builtins {
+		if i, ok := pos[inner.name]; ok && inner.inTx && (!hasTx || i < tx) {
+			return fmt.Errorf("Handler.Interceptors: %q must come after %q (it writes through the transaction)", inner.name, txName)
 		}
 	}
-	if r, ok := pos[InterceptorRetry]; ok && hasTx && r > tx {
-		return fmt.Errorf("Handler.Interceptors: %q must come before %q (each attempt needs a fresh transaction)", InterceptorRetry, txName)
+	for _, rerun := range builtins {
+		if r, ok := pos[rerun.name]; ok && rerun.reruns && hasTx && r > tx {
+			return fmt.Errorf("Handler.Interceptors: %q must come before %q (each attempt needs a fresh transaction)", rerun.name, txName)
+		}
 	}
 	return nil
 }
 
-func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
-	return map[string]InterceptorFactory{
-		InterceptorTracing: func(h HandlerInfo) (middleware.Middleware, error) {
-			opts := []middleware.TracingOption{}
-			if r.cfg.TracerProvider != nil {
-				opts = append(opts, middleware.WithTracerProvider(r.cfg.TracerProvider))
-			}
-			if r.cfg.Propagator != nil {
-				opts = append(opts, middleware.WithPropagator(r.cfg.Propagator))
-			}
-			opts = append(opts, middleware.WithMessagingSystem(h.MessagingSystem))
-			if h.ConsumerGroup != "" {
-				opts = append(opts, middleware.WithConsumerGroup(h.ConsumerGroup))
-			}
-			return middleware.Tracing(h.Name, opts...), nil
-		},
-		InterceptorMetrics: func(h HandlerInfo) (middleware.Middleware, error) {
-			opts := []middleware.MetricsOption{middleware.WithMessagingSystem(h.MessagingSystem)}
-			if h.ConsumerGroup != "" {
-				opts = append(opts, middleware.WithConsumerGroup(h.ConsumerGroup))
-			}
-			if r.cfg.MeterProvider != nil {
-				opts = append(opts, middleware.WithMeterProvider(r.cfg.MeterProvider))
-			}
-			return middleware.Metrics(h.Name, opts...)
-		},
-		InterceptorDeadLetter: func(h HandlerInfo) (middleware.Middleware, error) {
-			var opts []middleware.DeadLetterOption
-			if limit := h.Handler.MaxDeliveries; limit >= 0 && h.Handler.QoS != BestEffort {
-				if limit == 0 {
-					limit = DefaultMaxDeliveries
-				}
-				opts = append(opts, middleware.WithMaxDeliveries(limit))
-				if store, db := h.Dedup, h.DB; store != nil && db != nil {
-					opts = append(opts, middleware.WithProcessedCheck(func(ctx context.Context, msg *messagedata.MessageData) (bool, error) {
-						_, found, err := store.Lookup(ctx, db, dedup.Key{Handler: h.Name, MessageID: msg.ID})
-						return found, err
-					}))
-				}
-			}
-			if h.Handler.QoS != BestEffort {
-				counter, err := r.counterFor(h.Handler)
-				if err != nil {
-					return nil, err
-				}
-				rec := deadLetterRecord{counter: counter, handler: h.Name}
-				opts = append(opts, middleware.WithDeadLetterRecord(rec))
-				if h.Dedup == nil && h.Handler.MaxDeliveries >= 0 {
-					// No duplicate detection to ask whether a message over the limit was
-					// processed: the counter remembers the redeliveries that were.
-					opts = append(opts, middleware.WithProcessedCheck(rec.Processed), middleware.WithProcessedMark(rec.MarkProcessed))
-				}
-			}
-			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
-		},
-		InterceptorRecover: func(HandlerInfo) (middleware.Middleware, error) { return middleware.Recover(), nil },
-		InterceptorRetry: func(h HandlerInfo) (middleware.Middleware, error) {
-			rc := h.Handler.Retry
-			opts := []middleware.RetryOption{}
-			if h.Handler.Classifier != nil {
-				opts = append(opts, middleware.WithClassifier(h.Handler.Classifier))
-			}
-			if rc.MaxAttempts > 0 {
-				opts = append(opts, middleware.WithMaxAttempts(rc.MaxAttempts))
-			}
-			if rc.InitialInterval > 0 || rc.MaxInterval > 0 {
-				initial, maxI := rc.InitialInterval, rc.MaxInterval
-				if initial == 0 {
-					initial = middleware.DefaultRetryInitialInterval
-				}
-				if maxI == 0 {
-					maxI = max(initial, middleware.DefaultRetryMaxInterval)
-				}
-				opts = append(opts, middleware.WithBackoff(initial, maxI))
-			}
-			return middleware.Retry(opts...), nil
-		},
-		InterceptorTimeout: func(h HandlerInfo) (middleware.Middleware, error) {
-			if h.Handler.Timeout == 0 {
-				return nil, nil
-			}
-			return middleware.Timeout(h.Handler.Timeout), nil
-		},
-		InterceptorTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
-			var opts []middleware.TxOption
-			if h.Handler.Isolation != 0 {
-				opts = append(opts, middleware.WithIsolation(h.Handler.Isolation))
-			}
-			return middleware.Transaction(h.DB, opts...), nil
-		},
-		InterceptorDeduplicate: func(h HandlerInfo) (middleware.Middleware, error) {
-			opts := []middleware.DedupOption{r.retentionPolicy(h)}
-			if h.Handler.Dedup.WithTimestamp {
-				opts = append(opts, middleware.WithTimestampKey())
-			}
-			if h.Handler.Dedup.CheckFirst {
-				opts = append(opts, middleware.CheckFirst())
-			}
-			return middleware.Deduplicate(h.Dedup, h.Name, opts...), nil
-		},
-		InterceptorNaturalIdempotency: func(h HandlerInfo) (middleware.Middleware, error) {
-			names := h.Handler.Dedup.UniqueConstraints
-			if len(names) == 0 {
-				return nil, errors.New("Handler.Dedup.UniqueConstraints: empty (natural idempotency takes a unique violation for an earlier delivery of the message only on the constraints named here; any other is a conflict with another row)")
-			}
-			return middleware.NaturalIdempotency(names[0], names[1:]...), nil
-		},
-		InterceptorAckInTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
-			if a, ok := h.Handler.Subscriber.(interface{ AcksInTransaction() bool }); !ok || !a.AcksInTransaction() {
-				return nil, fmt.Errorf("Handler.Subscriber: %T cannot acknowledge a message in the handler's transaction (%q needs the PostgreSQL or MySQL queue of the handler's database)",
-					h.Handler.Subscriber, InterceptorAckInTransaction)
-			}
-			return middleware.AckInTransaction(), nil
-		},
-		InterceptorOffsets: func(h HandlerInfo) (middleware.Middleware, error) {
-			p, err := r.positionsFor(h.Handler)
-			if err != nil {
-				return nil, err
-			}
-			return middleware.Offsets(p, h.Name), nil
-		},
-		InterceptorGroupCommit: func(h HandlerInfo) (middleware.Middleware, error) {
-			if h.Handler.Dedup.CheckFirst {
-				return nil, errors.New("Handler.Dedup.CheckFirst: not supported with group commit (a group records its ids with one multi-row insert, without internal ids)")
-			}
-			store, ok := h.Dedup.(middleware.GroupStore)
-			if !ok {
-				return nil, fmt.Errorf("Handler.Dedup.Store: %T cannot record a group's ids (group commit needs RecordMany and Forget, as *dedup.SQLStore has)", h.Dedup)
-			}
-			opts := append(groupOptions(h.Handler), r.retentionPolicy(h))
-			if h.Handler.Dedup.WithTimestamp {
-				opts = append(opts, middleware.WithTimestampKey())
-			}
-			return middleware.GroupCommit(h.DB, store, h.Name, opts...)
-		},
-		InterceptorGroupTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
-			return middleware.GroupTransaction(h.DB, groupOptions(h.Handler)...)
-		},
-		InterceptorInOrder: r.inOrder,
+// chainNames returns the interceptor names of h's chain, outermost first: Interceptors, or
+// the canonical chain of its QoS with the duplicate detection that Dedup chooses.
+func chainNames(h Handler) []string {
+	names := h.Interceptors
+	if len(names) == 0 {
+		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
+		if dedup := h.Dedup.interceptor(); dedup != InterceptorDeduplicate {
+			names = slices.Clone(names)
+			names[slices.Index(names, InterceptorDeduplicate)] = dedup
+		}
 	}
+	return names
 }
 
-// retentionPolicy is the retention option of h's duplicate detection: its policy, and a report
-// that counts and logs each message delivered beyond the retention.
-func (r *Router) retentionPolicy(h HandlerInfo) middleware.DedupOption {
-	attrs := func(reason string) metric.AddOption {
-		return metric.WithAttributes(telemetry.AttrHandler.String(h.Name), telemetry.AttrReason.String(reason))
-	}
-	return middleware.WithRetentionPolicy(h.Handler.Dedup.BeyondRetention, func(ctx context.Context, msg *messagedata.MessageData, reason string) {
-		r.instruments.BeyondRetention.Add(ctx, 1, attrs(reason))
-		h.Logger.Warn("message delivered beyond the dedup retention", "message_id", msg.ID, "reason", reason,
-			"policy", h.Handler.Dedup.BeyondRetention.String(), "delivery", msg.Delivery)
-	})
-}
-
-// groupOptions are the options of a group-commit interceptor for h.
-func groupOptions(h Handler) []middleware.GroupOption {
-	opts := []middleware.GroupOption{middleware.WithConcurrency(max(h.Concurrency, 1))}
-	if h.GroupCommit.MaxSize > 0 {
-		opts = append(opts, middleware.WithMaxGroupSize(h.GroupCommit.MaxSize))
-	}
-	if h.GroupCommit.MaxWait > 0 {
-		opts = append(opts, middleware.WithMaxWait(h.GroupCommit.MaxWait))
-	}
-	if h.Isolation != 0 {
-		opts = append(opts, middleware.WithIsolation(h.Isolation))
+// checkChain checks names, the chain of h, against the order rules, and that a batch
+// processor gets its batches.
+func checkChain(h Handler, names []string) error {
+	if err := checkOrder(names); err != nil {
+		return err
 	}
 	if h.BatchProcessor != nil {
-		opts = append(opts, middleware.WithBatch(h.BatchProcessor))
+		if last := names[len(names)-1]; last != InterceptorGroupCommit && last != InterceptorGroupTransaction {
+			return fmt.Errorf("Handler.BatchProcessor: the chain must end with %q or %q, which hand the batch to it (handler %q ends with %q)",
+				InterceptorGroupCommit, InterceptorGroupTransaction, h.Name, last)
+		}
 	}
-	return opts
-}
-
-// RegisterInterceptor makes a custom interceptor available to Handler.Interceptors under name.
-// It must be called before the handlers that use it are added. A factory may return a nil
-// middleware to take no part in a handler's chain.
-func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
-	if name == "" {
-		return fmt.Errorf("RegisterInterceptor: empty name")
-	}
-	if f == nil {
-		return fmt.Errorf("RegisterInterceptor %q: nil factory", name)
-	}
-	if _, exists := r.interceptors[name]; exists {
-		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
-	}
-	r.interceptors[name] = f
 	return nil
 }
 
-// buildChain builds the middlewares for names. outerOnly keeps only the interceptors that do not
-// touch the database, for messages that cannot be converted.
-func (r *Router) buildChain(info HandlerInfo, names []string) ([]middleware.Middleware, error) {
+// grouped reports whether a chain runs group commit.
+func grouped(names []string) bool {
+	return slices.ContainsFunc(names, func(n string) bool { b, _ := builtinNamed(n); return b.group })
+}
+
+// handlerInfo is what the interceptor factories of h's chain know of it, whose dedup store is
+// store and whose log lines go to logger.
+func handlerInfo(h Handler, store dedup.Store, logger *slog.Logger) HandlerInfo {
+	system, group := describeBroker(h)
+	return HandlerInfo{
+		Name:            h.Name,
+		Topic:           h.Topic,
+		DB:              h.DB,
+		Dedup:           store,
+		Logger:          logger.With("handler", h.Name),
+		Handler:         h,
+		MessagingSystem: system,
+		ConsumerGroup:   group,
+	}
+}
+
+// buildChains builds the two chains of the handler of info, whose interceptors are names: the
+// one its messages go through, and the one of a message that cannot be converted.
+func buildChains(r *Router, info HandlerInfo, names []string) (chain, reject processor.Processor, err error) {
+	mws, err := buildChain(r, info, names)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The onceflow.process span is innermost: one per attempt, around the user's processor only.
+	var inner processor.Processor = batchOnly{}
+	if info.Handler.Processor != nil {
+		inner = traceProcessor(info.Handler.Processor)
+	}
+	chain = compose(mws, inner)
+
+	// A message that cannot be converted goes through the interceptors that observe the
+	// delivery, to a processor that fails permanently with the conversion error: it is traced,
+	// counted and dead-lettered like any other permanent failure.
+	rejectMWs, err := buildChain(r, info, rejectChain(names))
+	if err != nil {
+		return nil, nil, err
+	}
+	reject = compose(rejectMWs, processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+		return processor.Permanent(ctx.Value(convErrKey{}).(error))
+	}))
+	return chain, reject, nil
+}
+
+// buildChain builds the middlewares for names, outermost first: the built-in interceptors and
+// the registered ones.
+func buildChain(r *Router, info HandlerInfo, names []string) ([]middleware.Middleware, error) {
 	var mws []middleware.Middleware
 	for _, name := range names {
-		f, ok := r.interceptors[name]
-		if !ok {
-			known := make([]string, 0, len(r.interceptors))
+		var f InterceptorFactory
+		if b, ok := builtinNamed(name); ok {
+			f = func(h HandlerInfo) (middleware.Middleware, error) { return b.build(r, h) }
+		} else if f, ok = r.interceptors[name]; !ok {
+			known := make([]string, 0, len(builtins)+len(r.interceptors))
+			for _, b := range builtins {
+				known = append(known, b.name)
+			}
 			for k := range r.interceptors {
 				known = append(known, k)
 			}
@@ -373,9 +339,10 @@ func (batchOnly) Process(context.Context, *messagedata.MessageData) error {
 	return errors.New("onceflow: a handler with a BatchProcessor reached its per-message processor (the chain must end with group commit)")
 }
 
-func wrap(mws []middleware.Middleware, p processor.Processor) processor.Processor {
-	for i := len(mws) - 1; i >= 0; i-- {
-		p = mws[i](p)
+// compose returns p wrapped in mws, the first outermost.
+func compose(mws []middleware.Middleware, p processor.Processor) processor.Processor {
+	if len(mws) == 0 {
+		return p
 	}
-	return p
+	return middleware.Chain(mws[0], mws[1:]...)(p)
 }

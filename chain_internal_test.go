@@ -25,3 +25,9 @@ func TestRecordsKeys_GroupCommitRecordsKeysGroupTransactionDoesNot(t *testing.T)
 	require.True(t, recordsKeys([]string{"retry", "group-commit"}))
 	require.False(t, recordsKeys([]string{"retry", "group-transaction"}))
 }
+
+func TestRejectChain_ObservesAndDeadLettersOnly(t *testing.T) {
+	require.Equal(t, []string{"tracing", "metrics", "deadletter"}, rejectChain(chainFor(ExactlyOnce, false)))
+	require.Equal(t, []string{"tracing", "metrics", "deadletter"}, rejectChain(chainFor(BestEffort, true)))
+	require.Equal(t, []string{"metrics", "deadletter"}, rejectChain([]string{"metrics", "retry", "transaction", "audit"}))
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,6 +66,55 @@ type consumer struct {
 	// an allocation per message.
 	recordAttrs []metric.RecordOption
 	settlement  *telemetry.Settlement
+}
+
+// newConsumer returns the run-time consumer of the handler of info, whose interceptors are
+// names: its messages go through chain, and through reject when they cannot be converted.
+func newConsumer(r *Router, info HandlerInfo, names []string, chain, reject processor.Processor) (*consumer, error) {
+	h := info.Handler
+	n := max(h.Concurrency, 1)
+	c := &consumer{
+		router:       r,
+		name:         h.Name,
+		topic:        h.Topic,
+		conv:         h.converter(),
+		chain:        chain,
+		reject:       reject,
+		ackOnReceipt: h.QoS == BestEffort,
+		redelivery:   h.Redelivery,
+		logger:       info.Logger,
+		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
+		settlement:   newSettlement(h.Topic, info.MessagingSystem, info.ConsumerGroup),
+	}
+	c.recordAttrs = []metric.RecordOption{c.attrs}
+	if grouped(names) {
+		// Enough deliveries for every group transaction to run full, and the next group to
+		// collect: more would only wait, each in a goroutine of its own.
+		size := h.GroupCommit.MaxSize
+		if size == 0 {
+			size = middleware.DefaultMaxGroupSize
+		}
+		c.slots = make(chan struct{}, (n+1)*size)
+	} else {
+		c.slots = make(chan struct{}, n)
+	}
+	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
+		counter, err := r.counterFor(h)
+		if err != nil {
+			return nil, err
+		}
+		c.counter = counter
+	}
+	if slices.Contains(names, InterceptorOffsets) {
+		p, err := r.positionsFor(h)
+		if err != nil {
+			return nil, err
+		}
+		c.positions = handlerPositions{positions: p, handler: h.Name}
+	}
+	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
+	c.subscriptions = n
+	return c, nil
 }
 
 // newSettlement returns the settle span starts of a handler's topic.
@@ -203,7 +253,7 @@ func (c *consumer) process(ctx context.Context, md *messagedata.MessageData, st 
 // redelivery counted with outcome duplicate.
 func (c *consumer) settle(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome) {
 	if !outcome.Acks() {
-		c.router.nackLater(msg, c.redelivery.delay(md.Delivery))
+		c.nackLater(msg, c.redelivery.delay(md.Delivery))
 		c.settlement.Settle(st.Span, false, nil)
 		return
 	}
@@ -259,9 +309,9 @@ func (c *consumer) log(md *messagedata.MessageData, st *delivery.State, outcome 
 // with the delay, when its subscriber can delay redelivery; otherwise after holding it for d,
 // in the delivery's goroutine (watermill acks a message whose handler returns, so the nack must
 // come first). Close ends the holds at once.
-func (r *Router) nackLater(msg *message.Message, d time.Duration) {
+func (c *consumer) nackLater(msg *message.Message, d time.Duration) {
 	if d > 0 && !redelivery.NackAfter(msg, d) {
-		r.holds.wait(d)
+		c.router.holds.wait(d)
 	}
 	msg.Nack() // a no-op after NackAfter
 	redelivery.Settle(msg)

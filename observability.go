@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -61,23 +62,22 @@ func traceProcessor(p processor.Processor) processor.Processor {
 
 // initHandlerMetrics starts the router's counters of a handler at 0, so that they are exported
 // before the first failure.
-func (r *Router) initHandlerMetrics(handler string) {
+func initHandlerMetrics(ins *telemetry.Instruments, handler string) {
 	ctx := context.Background()
 	for _, o := range []processor.Outcome{processor.Processed, processor.Duplicate, processor.DeadLettered} {
-		r.instruments.AckFailures.Add(ctx, 0,
+		ins.AckFailures.Add(ctx, 0,
 			metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrOutcome.String(string(o))))
 	}
-	r.instruments.DeadLetterFails.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler)))
+	ins.DeadLetterFails.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler)))
 	for _, reason := range []string{middleware.BeyondExpiredKey, middleware.BeyondOldMessage} {
-		r.instruments.BeyondRetention.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrReason.String(reason)))
+		ins.BeyondRetention.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrReason.String(reason)))
 	}
 }
 
-// registerDedupGauges registers the gauges of the router's dedup tables, observed at each
-// collection with SQLStore.Stats (one statement that reads the table). A View that drops all
-// three gauges stops the reads.
-func (r *Router) registerDedupGauges() (metric.Registration, error) {
-	mp := r.cfg.MeterProvider
+// registerDedupGauges registers on mp the gauges of the dedup tables that stores returns,
+// observed at each collection with SQLStore.Stats (one statement that reads the table). A View
+// that drops all three gauges stops the reads.
+func registerDedupGauges(mp metric.MeterProvider, logger *slog.Logger, dedupStores func() map[storeKey]*dedup.SQLStore) (metric.Registration, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -87,16 +87,10 @@ func (r *Router) registerDedupGauges() (metric.Registration, error) {
 		return nil, fmt.Errorf("create dedup gauges: %w", err)
 	}
 	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		r.mu.Lock()
-		stores := make(map[storeKey]*dedup.SQLStore, len(r.stores))
-		for k, s := range r.stores {
-			stores[k] = s
-		}
-		r.mu.Unlock()
-		for k, s := range stores {
+		for k, s := range dedupStores() {
 			st, err := s.Stats(ctx)
 			if err != nil {
-				r.logger.Warn("cannot read the dedup table for its gauges", "table", s.Table(), "error", err)
+				logger.Warn("cannot read the dedup table for its gauges", "table", s.Table(), "error", err)
 				continue
 			}
 			attrs := metric.WithAttributeSet(attribute.NewSet(telemetry.AttrDedupTable.String(s.Table()), dbSystem(k.db)))

@@ -3,6 +3,7 @@ package onceflow
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/jmoiron/sqlx"
@@ -76,8 +77,8 @@ func (o *orderRegistry) migrate(ctx context.Context) error {
 	return nil
 }
 
-// inOrder is the factory of the "in-order" interceptor.
-func (r *Router) inOrder(h HandlerInfo) (middleware.Middleware, error) {
+// newInOrder is the factory of the "in-order" interceptor.
+func newInOrder(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	cfg := h.Handler.Order
 	store, err := r.orders.store(h.DB, cfg.Table)
 	if err != nil {
@@ -126,15 +127,13 @@ func forgetter(h HandlerInfo) func(context.Context, sqlx.ExtContext, *messagedat
 	}
 }
 
-// startOrdering starts the sweeper of every in-order handler and registers the
-// onceflow.order.parked gauge. stop ends the sweepers, waits for them, and unregisters the
-// gauge.
-func (r *Router) startOrdering(ctx context.Context) (stop func(), err error) {
-	ios := r.orders.all()
+// start starts the sweeper of every in-order handler and registers the onceflow.order.parked
+// gauge on mp. stop ends the sweepers, waits for them, and unregisters the gauge.
+func (o *orderRegistry) start(ctx context.Context, mp metric.MeterProvider, logger *slog.Logger) (stop func(), err error) {
+	ios := o.all()
 	if len(ios) == 0 {
 		return func() {}, nil
 	}
-	mp := r.cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -144,14 +143,14 @@ func (r *Router) startOrdering(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("create the parked messages gauge: %w", err)
 	}
-	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	reg, err := meter.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
 		for _, io := range ios {
 			st, err := io.Stats(ctx)
 			if err != nil {
-				r.logger.Warn("cannot read the ordering state for its gauge", "handler", io.Handler(), "error", err)
+				logger.Warn("cannot read the ordering state for its gauge", "handler", io.Handler(), "error", err)
 				continue
 			}
-			o.ObserveInt64(parked, st.Parked, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(io.Handler()))))
+			obs.ObserveInt64(parked, st.Parked, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(io.Handler()))))
 		}
 		return nil
 	}, parked)
@@ -161,13 +160,13 @@ func (r *Router) startOrdering(ctx context.Context) (stop func(), err error) {
 
 	sweepCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	r.orders.mu.Lock()
+	o.mu.Lock()
 	for _, io := range ios {
-		if r.orders.sweep[io] {
+		if o.sweep[io] {
 			wg.Go(func() { _ = io.Run(sweepCtx) })
 		}
 	}
-	r.orders.mu.Unlock()
+	o.mu.Unlock()
 	return func() {
 		cancel()
 		wg.Wait()

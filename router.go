@@ -6,21 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
-	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
-	"github.com/onceflow/onceflow/processor"
 )
 
 // Router consumes messages and runs each through its handler's chain of interceptors, then
@@ -87,19 +81,19 @@ func NewRouter(cfg Config) (*Router, error) {
 		return nil, fmt.Errorf("create metric instruments: %w", err)
 	}
 	r := &Router{
-		cfg:         cfg,
-		running:     make(chan struct{}),
-		closing:     make(chan struct{}),
-		done:        make(chan struct{}),
-		logger:      cfg.Logger,
-		instruments: ins,
-		names:       map[string]bool{},
-		stores:      map[storeKey]*dedup.SQLStore{},
-		counters:    map[storeKey]*dedup.Counter{},
-		positions:   map[storeKey]*dedup.Positions{},
-		gate:        gate{idle: make(chan struct{})},
+		cfg:          cfg,
+		running:      make(chan struct{}),
+		closing:      make(chan struct{}),
+		done:         make(chan struct{}),
+		logger:       cfg.Logger,
+		instruments:  ins,
+		names:        map[string]bool{},
+		stores:       map[storeKey]*dedup.SQLStore{},
+		counters:     map[storeKey]*dedup.Counter{},
+		positions:    map[storeKey]*dedup.Positions{},
+		gate:         gate{idle: make(chan struct{})},
+		interceptors: map[string]InterceptorFactory{},
 	}
-	r.interceptors = r.builtinInterceptors()
 	return r, nil
 }
 
@@ -114,123 +108,46 @@ func (r *Router) AddHandler(h Handler) error {
 	if r.names[h.Name] {
 		return fmt.Errorf("Handler.Name: %q is already used by another handler", h.Name)
 	}
-	names := h.Interceptors
-	if len(names) == 0 {
-		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
-		if dedup := h.Dedup.interceptor(); dedup != InterceptorDeduplicate {
-			names = slices.Clone(names)
-			names[slices.Index(names, InterceptorDeduplicate)] = dedup
-		}
-	}
-	if err := checkOrder(names); err != nil {
+	names := chainNames(h)
+	if err := checkChain(h, names); err != nil {
 		return err
 	}
-	grouped := slices.Contains(names, InterceptorGroupCommit) || slices.Contains(names, InterceptorGroupTransaction)
-	if h.BatchProcessor != nil {
-		if last := names[len(names)-1]; last != InterceptorGroupCommit && last != InterceptorGroupTransaction {
-			return fmt.Errorf("Handler.BatchProcessor: the chain must end with %q or %q, which hand the batch to it (handler %q ends with %q)",
-				InterceptorGroupCommit, InterceptorGroupTransaction, h.Name, last)
-		}
-	}
-
-	// The dedup table is created only for chains that record keys: a chain that relies on
-	// natural idempotency has none.
-	store := h.Dedup.Store
-	if store == nil && recordsKeys(names) {
-		s, err := r.storeFor(h)
-		if err != nil {
-			return err
-		}
-		store = s
-		r.claims = append(r.claims, handlerClaim{store: s, name: h.Name, topic: h.Topic})
-	}
-	system, group := describeBroker(h)
-	info := HandlerInfo{
-		Name:            h.Name,
-		Topic:           h.Topic,
-		DB:              h.DB,
-		Dedup:           store,
-		Logger:          r.logger.With("handler", h.Name),
-		Handler:         h,
-		MessagingSystem: system,
-		ConsumerGroup:   group,
-	}
-	mws, err := r.buildChain(info, names)
+	store, err := r.dedupStore(h, names)
 	if err != nil {
 		return err
 	}
-	// The onceflow.process span is innermost: one per attempt, around the user's processor only.
-	var inner processor.Processor = batchOnly{}
-	if h.Processor != nil {
-		inner = traceProcessor(h.Processor)
-	}
-	chain := wrap(mws, inner)
-
-	// A message that cannot be converted goes through the interceptors that do not touch the
-	// database, to a processor that fails permanently with the conversion error: it is traced,
-	// counted and dead-lettered like any other permanent failure.
-	var outer []string
-	for _, n := range names {
-		if n == InterceptorTracing || n == InterceptorMetrics || n == InterceptorDeadLetter {
-			outer = append(outer, n)
-		}
-	}
-	if !slices.Contains(outer, InterceptorDeadLetter) {
-		outer = append(outer, InterceptorDeadLetter)
-	}
-	rejectMWs, err := r.buildChain(info, outer)
+	info := handlerInfo(h, store, r.logger)
+	chain, reject, err := buildChains(r, info, names)
 	if err != nil {
 		return err
 	}
-	reject := wrap(rejectMWs, processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
-		return processor.Permanent(ctx.Value(convErrKey{}).(error))
-	}))
-
-	n := max(h.Concurrency, 1)
-	c := &consumer{
-		router:       r,
-		name:         h.Name,
-		topic:        h.Topic,
-		conv:         h.converter(),
-		chain:        chain,
-		reject:       reject,
-		ackOnReceipt: h.QoS == BestEffort,
-		redelivery:   h.Redelivery,
-		logger:       info.Logger,
-		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
-		settlement:   newSettlement(h.Topic, system, group),
+	c, err := newConsumer(r, info, names, chain, reject)
+	if err != nil {
+		return err
 	}
-	c.recordAttrs = []metric.RecordOption{c.attrs}
-	if grouped {
-		// Enough deliveries for every group transaction to run full, and the next group to
-		// collect: more would only wait, each in a goroutine of its own.
-		size := h.GroupCommit.MaxSize
-		if size == 0 {
-			size = middleware.DefaultMaxGroupSize
-		}
-		c.slots = make(chan struct{}, (n+1)*size)
-	} else {
-		c.slots = make(chan struct{}, n)
-	}
-	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
-		counter, err := r.counterFor(h)
-		if err != nil {
-			return err
-		}
-		c.counter = counter
-	}
-	if slices.Contains(names, InterceptorOffsets) {
-		p, err := r.positionsFor(h)
-		if err != nil {
-			return err
-		}
-		c.positions = handlerPositions{positions: p, handler: h.Name}
-	}
-	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
-	c.subscriptions = n
 	r.handlers = append(r.handlers, c)
 	r.names[h.Name] = true
-	r.initHandlerMetrics(h.Name)
+	initHandlerMetrics(r.instruments, h.Name)
+	return nil
+}
+
+// RegisterInterceptor makes a custom interceptor available to Handler.Interceptors under name.
+// It must be called before the handlers that use it are added. A factory may return a nil
+// middleware to take no part in a handler's chain.
+func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
+	if name == "" {
+		return fmt.Errorf("RegisterInterceptor: empty name")
+	}
+	if f == nil {
+		return fmt.Errorf("RegisterInterceptor %q: nil factory", name)
+	}
+	if _, builtin := builtinNamed(name); builtin {
+		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
+	}
+	if _, exists := r.interceptors[name]; exists {
+		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
+	}
+	r.interceptors[name] = f
 	return nil
 }
 
@@ -259,7 +176,7 @@ func (r *Router) Run(ctx context.Context) error {
 	if err := r.claimHandlers(ctx); err != nil {
 		return err
 	}
-	gauges, err := r.registerDedupGauges()
+	gauges, err := registerDedupGauges(r.cfg.MeterProvider, r.logger, r.dedupStores)
 	if err != nil {
 		return err
 	}
@@ -269,7 +186,7 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.cfg.PurgeInterval > 0 {
 		go r.purgeLoop(purgeCtx)
 	}
-	stopOrdering, err := r.startOrdering(ctx)
+	stopOrdering, err := r.orders.start(ctx, r.cfg.MeterProvider, r.logger)
 	if err != nil {
 		return err
 	}
@@ -359,22 +276,6 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		return nil, nil // no handler: Run waits for ctx or Close
 	}
 	return ended, nil
-}
-
-// claimHandlers records, in each dedup store's database, the topic each handler consumes, and
-// fails when another process uses one of the handler names for another topic: the handler name,
-// not the topic, is part of every duplicate-detection key, so the two would take each other's
-// messages for duplicates.
-func (r *Router) claimHandlers(ctx context.Context) error {
-	r.mu.Lock()
-	claims := append([]handlerClaim(nil), r.claims...)
-	r.mu.Unlock()
-	for _, c := range claims {
-		if err := c.store.ClaimHandler(ctx, c.name, c.topic); err != nil {
-			return fmt.Errorf("Handler.Name: %w", err)
-		}
-	}
-	return nil
 }
 
 // Running is closed once every handler has subscribed.

@@ -3,6 +3,7 @@ package onceflow
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/sqldb"
@@ -80,4 +81,43 @@ func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {
 	}
 	r.stores[key] = s
 	return s, nil
+}
+
+// dedupStore returns the dedup store of h, whose chain is names: Dedup.Store, else, for a
+// chain that records keys, the SQL store of h's database and Dedup.Table, which the router
+// claims h's name in when it runs. A chain that records no keys (natural idempotency, offsets)
+// has none, and no table is created for it.
+func (r *Router) dedupStore(h Handler, names []string) (dedup.Store, error) {
+	if h.Dedup.Store != nil || !recordsKeys(names) {
+		return h.Dedup.Store, nil
+	}
+	s, err := r.storeFor(h)
+	if err != nil {
+		return nil, err
+	}
+	r.claims = append(r.claims, handlerClaim{store: s, name: h.Name, topic: h.Topic})
+	return s, nil
+}
+
+// dedupStores returns the router's dedup stores, by database and table.
+func (r *Router) dedupStores() map[storeKey]*dedup.SQLStore {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.stores)
+}
+
+// claimHandlers records, in each dedup store's database, the topic each handler consumes, and
+// fails when another process uses one of the handler names for another topic: the handler name,
+// not the topic, is part of every duplicate-detection key, so the two would take each other's
+// messages for duplicates.
+func (r *Router) claimHandlers(ctx context.Context) error {
+	r.mu.Lock()
+	claims := append([]handlerClaim(nil), r.claims...)
+	r.mu.Unlock()
+	for _, c := range claims {
+		if err := c.store.ClaimHandler(ctx, c.name, c.topic); err != nil {
+			return fmt.Errorf("Handler.Name: %w", err)
+		}
+	}
+	return nil
 }
