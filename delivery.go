@@ -202,6 +202,9 @@ func (c *consumer) handle(msg *message.Message) {
 	md, convErr := c.conv.FromMessage(c.topic, msg)
 	var err error
 	if convErr != nil {
+		if md == nil { // a converter of the user's may return nothing with its error
+			md = &messagedata.MessageData{ID: msg.UUID, Topic: c.topic, Headers: msg.Metadata, Payload: msg.Payload}
+		}
 		err = c.reject.Process(context.WithValue(ctx, convErrKey{}, convErr), md)
 	} else {
 		if !c.ackOnReceipt {
