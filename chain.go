@@ -301,15 +301,21 @@ func buildChains(r *Router, info HandlerInfo, names []string) (chain, reject pro
 	return chain, reject, nil
 }
 
-// buildChain builds the middlewares for names, outermost first: the built-in interceptors and
-// the registered ones.
+// buildChain builds the middlewares for names, outermost first: the built-in interceptors, the
+// handler's own middlewares (Handler.Middlewares) and the registered interceptors.
 func buildChain(r *Router, info HandlerInfo, names []string) ([]middleware.Middleware, error) {
 	var mws []middleware.Middleware
 	for _, name := range names {
-		var f InterceptorFactory
-		if b, ok := builtinNamed(name); ok {
+		f, registered := r.interceptors[name]
+		own, isOwn := info.Handler.Middlewares[name]
+		switch b, builtin := builtinNamed(name); {
+		case builtin:
 			f = func(h HandlerInfo) (middleware.Middleware, error) { return b.build(r, h) }
-		} else if f, ok = r.interceptors[name]; !ok {
+		case isOwn && registered:
+			return nil, fmt.Errorf("Handler.Middlewares: %q is the name of a registered interceptor too (handler %q)", name, info.Name)
+		case isOwn:
+			f = func(HandlerInfo) (middleware.Middleware, error) { return own, nil }
+		case !registered:
 			known := make([]string, 0, len(builtins)+len(r.interceptors))
 			for _, b := range builtins {
 				known = append(known, b.name)

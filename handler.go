@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -57,6 +58,14 @@ type Handler struct {
 	// "transaction", and "retry" before it; "group-commit" replaces both "transaction" and
 	// "deduplicate", with "retry" before it.
 	Interceptors []string
+
+	// Middlewares are middleware values of this handler, each under the name that
+	// Interceptors lists it by, where it takes its place in the chain: the way to put a
+	// middleware built in code into a handler's chain without registering a factory
+	// (Router.RegisterInterceptor). An interceptor is a named middleware factory; an entry
+	// here is a named middleware, built once. A name must not be a built-in or registered
+	// interceptor's, and must appear in Interceptors.
+	Middlewares map[string]middleware.Middleware
 
 	// DB is the database the processor writes to, in whose transaction the message id is
 	// recorded. Required by every built-in chain.
@@ -314,6 +323,9 @@ func (h Handler) Validate() error {
 	case h.GroupCommit.Enabled && h.Dedup.CheckFirst:
 		return errors.New("Handler.GroupCommit.Enabled: not supported with Dedup.CheckFirst (a group records its ids with one multi-row insert, without internal ids)")
 	}
+	if err := h.validateMiddlewares(); err != nil {
+		return err
+	}
 	if h.Dedup.Table != "" {
 		if err := sqldb.CheckIdentifier("Handler.Dedup.Table", h.Dedup.Table); err != nil {
 			return err
@@ -384,6 +396,23 @@ func (c OrderConfig) validate(handler string) error {
 	}
 	if err := (ordering.StoreConfig{Table: c.Table}).Validate(); err != nil {
 		return fmt.Errorf("Handler.Order.%w", err)
+	}
+	return nil
+}
+
+// validateMiddlewares reports the first entry of h.Middlewares that cannot take its place in
+// the chain: nil, a built-in's name, or a name that Interceptors does not list.
+func (h Handler) validateMiddlewares() error {
+	names := slices.Sorted(maps.Keys(h.Middlewares))
+	for _, name := range names {
+		switch _, builtin := builtinNamed(name); {
+		case h.Middlewares[name] == nil:
+			return fmt.Errorf("Handler.Middlewares: %q is nil (handler %q)", name, h.Name)
+		case builtin:
+			return fmt.Errorf("Handler.Middlewares: %q is the name of a built-in interceptor (handler %q)", name, h.Name)
+		case !slices.Contains(h.Interceptors, name):
+			return fmt.Errorf("Handler.Middlewares: %q is not listed in Interceptors (handler %q; the list says where each goes in the chain)", name, h.Name)
+		}
 	}
 	return nil
 }
