@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/converter"
@@ -115,15 +114,6 @@ func newConsumer(r *Router, info HandlerInfo, names []string, chain, reject proc
 	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
 	c.subscriptions = n
 	return c, nil
-}
-
-// newSettlement returns the settle span starts of a handler's topic.
-func newSettlement(topic, system, group string) *telemetry.Settlement {
-	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String(system)}
-	if group != "" {
-		attrs = append(attrs, semconv.MessagingConsumerGroupName(group))
-	}
-	return telemetry.NewSettlement(topic, attrs...)
 }
 
 // read starts a delivery for each message of one subscription, until the subscription ends.

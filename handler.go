@@ -18,6 +18,9 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
+// This file is long because it is all of a handler's configuration, documented field by field,
+// with its validation: a reader finds every setting of a Handler here.
+
 // maxHandlerName is the longest handler name; the name is part of every dedup key.
 const maxHandlerName = 200
 

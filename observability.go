@@ -21,8 +21,8 @@ import (
 )
 
 // This file holds the router's part of onceflow's telemetry: the onceflow.process span, the
-// acknowledgement metrics, and the gauges of the dedup tables (the settle spans are in
-// delivery.go).
+// acknowledgement metrics, the settle spans' starts (the delivery ends them, in delivery.go),
+// and the gauges of the dedup tables.
 // docs/observability.md lists them all.
 
 // ErrAckLost reports an acknowledgement that could not reach the subscriber: the delivery had
@@ -140,4 +140,13 @@ func describeBroker(h Handler) (system, group string) {
 		group = g.ConsumerGroup()
 	}
 	return system, group
+}
+
+// newSettlement returns the settle span starts of a handler's topic.
+func newSettlement(topic, system, group string) *telemetry.Settlement {
+	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String(system)}
+	if group != "" {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(group))
+	}
+	return telemetry.NewSettlement(topic, attrs...)
 }
