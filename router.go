@@ -97,8 +97,9 @@ func NewRouter(cfg Config) (*Router, error) {
 	return r, nil
 }
 
-// AddHandler adds h to the router. It validates h and builds its chain, and returns an error
-// naming the offending field when h is invalid. Handlers must be added before Run.
+// AddHandler adds h to the router: it validates h, builds its chain, and makes the consumer
+// that subscribes to h.Topic when Run starts. It returns an error naming the offending field
+// when h is invalid. Handlers must be added before Run.
 func (r *Router) AddHandler(h Handler) error {
 	if err := h.Validate(); err != nil {
 		return err
@@ -133,7 +134,8 @@ func (r *Router) AddHandler(h Handler) error {
 
 // RegisterInterceptor makes a custom interceptor available to Handler.Interceptors under name.
 // It must be called before the handlers that use it are added. A factory may return a nil
-// middleware to take no part in a handler's chain.
+// middleware to take no part in a handler's chain. A middleware that needs no factory goes in
+// Handler.Middlewares instead.
 func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
 	if name == "" {
 		return fmt.Errorf("RegisterInterceptor: empty name")
@@ -141,10 +143,7 @@ func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
 	if f == nil {
 		return fmt.Errorf("RegisterInterceptor %q: nil factory", name)
 	}
-	if _, builtin := builtinNamed(name); builtin {
-		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
-	}
-	if _, exists := r.interceptors[name]; exists {
+	if _, builtin := builtinNamed(name); builtin || r.interceptors[name] != nil {
 		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
 	}
 	r.interceptors[name] = f
