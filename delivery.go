@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/converter"
@@ -67,13 +67,53 @@ type consumer struct {
 	settlement  *telemetry.Settlement
 }
 
-// newSettlement returns the settle span starts of a handler's topic.
-func newSettlement(topic, system, group string) *telemetry.Settlement {
-	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String(system)}
-	if group != "" {
-		attrs = append(attrs, semconv.MessagingConsumerGroupName(group))
+// newConsumer returns the run-time consumer of the handler of info, whose interceptors are
+// names: its messages go through chain, and through reject when they cannot be converted.
+func newConsumer(r *Router, info HandlerInfo, names []string, chain, reject processor.Processor) (*consumer, error) {
+	h := info.Handler
+	n := max(h.Concurrency, 1)
+	c := &consumer{
+		router:       r,
+		name:         h.Name,
+		topic:        h.Topic,
+		conv:         h.converter(),
+		chain:        chain,
+		reject:       reject,
+		ackOnReceipt: h.QoS == BestEffort,
+		redelivery:   h.Redelivery,
+		logger:       info.Logger,
+		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
+		settlement:   newSettlement(h.Topic, info.MessagingSystem, info.ConsumerGroup),
 	}
-	return telemetry.NewSettlement(topic, attrs...)
+	c.recordAttrs = []metric.RecordOption{c.attrs}
+	if grouped(names) {
+		// Enough deliveries for every group transaction to run full, and the next group to
+		// collect: more would only wait, each in a goroutine of its own.
+		size := h.GroupCommit.MaxSize
+		if size == 0 {
+			size = middleware.DefaultMaxGroupSize
+		}
+		c.slots = make(chan struct{}, (n+1)*size)
+	} else {
+		c.slots = make(chan struct{}, n)
+	}
+	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
+		counter, err := r.counterFor(h)
+		if err != nil {
+			return nil, err
+		}
+		c.counter = counter
+	}
+	if slices.Contains(names, InterceptorOffsets) {
+		p, err := r.positionsFor(h)
+		if err != nil {
+			return nil, err
+		}
+		c.positions = handlerPositions{positions: p, handler: h.Name}
+	}
+	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
+	c.subscriptions = n
+	return c, nil
 }
 
 // read starts a delivery for each message of one subscription, until the subscription ends.
@@ -152,6 +192,9 @@ func (c *consumer) handle(msg *message.Message) {
 	md, convErr := c.conv.FromMessage(c.topic, msg)
 	var err error
 	if convErr != nil {
+		if md == nil { // a converter of the user's may return nothing with its error
+			md = &messagedata.MessageData{ID: msg.UUID, Topic: c.topic, Headers: msg.Metadata, Payload: msg.Payload}
+		}
 		err = c.reject.Process(context.WithValue(ctx, convErrKey{}, convErr), md)
 	} else {
 		if !c.ackOnReceipt {
@@ -177,31 +220,6 @@ func (c *consumer) handle(msg *message.Message) {
 	}
 }
 
-// deliveries returns the delivery count of msg: the broker's, when it counts; 1 for a
-// delivery the broker says is the first; otherwise the durable count of the handler's counter
-// (0 when the handler has none, or it cannot be read).
-func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *messagedata.MessageData) int {
-	info, known := redelivery.FromContext(msg.Context())
-	switch {
-	case known && info.Count > 0:
-		return info.Count
-	case known && !info.Redelivered:
-		return 1
-	case c.counter == nil || md.ID == "":
-		return 0
-	}
-	initial := 1 // every delivery is counted here
-	if known {
-		initial = 2 // the first went uncounted: the broker said it was the first
-	}
-	n, err := c.counter.Count(ctx, c.name, counterID(md), initial)
-	if err != nil {
-		c.logger.Warn("cannot count the delivery; the delivery limit does not apply to it", "message_id", md.ID, "error", err)
-		return 0
-	}
-	return n
-}
-
 // process runs the chain on md under the handler's isolation lock, which it releases once the
 // processing is over, before the settlement, which may wait out a redelivery delay.
 func (c *consumer) process(ctx context.Context, md *messagedata.MessageData, st *delivery.State) error {
@@ -212,37 +230,6 @@ func (c *consumer) process(ctx context.Context, md *messagedata.MessageData, st 
 		defer c.isolation.Unlock()
 	}
 	return c.chain.Process(ctx, md)
-}
-
-// held is how a delivery holds the handler's isolation lock.
-type held int
-
-const (
-	heldNone   held = iota // the handler has no counter: no lock
-	heldShared             // the read lock, shared with the other deliveries
-	heldAlone              // the lock, alone
-)
-
-// isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
-// handler counts attempts, shared otherwise; none without a counter. A redelivery's attempt is
-// recorded once it holds the lock, before its processing begins. It returns how it holds the
-// lock; a function to release it would be an allocation per delivery.
-func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) held {
-	switch {
-	case c.counter == nil:
-		return heldNone
-	case md.Delivery <= 1 || md.ID == "":
-		c.isolation.RLock()
-		return heldShared
-	}
-	c.isolation.Lock()
-	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
-	if err != nil {
-		c.logger.Warn("cannot record the attempt; the delivery limit counts its deliveries", "message_id", md.ID, "error", err)
-	} else {
-		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
-	}
-	return heldAlone
 }
 
 // settle acknowledges or rejects msg for outcome and records it: the settle span ("ack <topic>" or "nack <topic>"), the
@@ -259,7 +246,7 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 // redelivery counted with outcome duplicate.
 func (c *consumer) settle(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome) {
 	if !outcome.Acks() {
-		c.router.nackLater(msg, c.redelivery.delay(md.Delivery))
+		c.nackLater(msg, c.redelivery.delay(md.Delivery))
 		c.settlement.Settle(st.Span, false, nil)
 		return
 	}
@@ -315,9 +302,9 @@ func (c *consumer) log(md *messagedata.MessageData, st *delivery.State, outcome 
 // with the delay, when its subscriber can delay redelivery; otherwise after holding it for d,
 // in the delivery's goroutine (watermill acks a message whose handler returns, so the nack must
 // come first). Close ends the holds at once.
-func (r *Router) nackLater(msg *message.Message, d time.Duration) {
+func (c *consumer) nackLater(msg *message.Message, d time.Duration) {
 	if d > 0 && !redelivery.NackAfter(msg, d) {
-		r.holds.wait(d)
+		c.router.holds.wait(d)
 	}
 	msg.Nack() // a no-op after NackAfter
 	redelivery.Settle(msg)
@@ -404,51 +391,4 @@ type onceClosingSubscriber struct {
 func (s *onceClosingSubscriber) Close() error {
 	s.once.Do(func() { s.err = s.Subscriber.Close() })
 	return s.err
-}
-
-// counterID is the id under which the delivery counter keeps md: its id, and for a replayed
-// dead letter (messagedata.HeaderReplayCount) its replay count too, so that a replay starts
-// with no deliveries, attempts or dead letter of the message before it.
-func counterID(md *messagedata.MessageData) string {
-	if n := md.Header(messagedata.HeaderReplayCount); n != "" {
-		return md.ID + "#replay-" + n
-	}
-	return md.ID
-}
-
-// deadLetterRecord keeps a handler's dead letters in its delivery counter.
-type deadLetterRecord struct {
-	counter *dedup.Counter
-	handler string
-}
-
-func (r deadLetterRecord) DeadLettered(ctx context.Context, md *messagedata.MessageData) (bool, error) {
-	if md.ID == "" {
-		return false, nil
-	}
-	return r.counter.DeadLettered(ctx, r.handler, counterID(md))
-}
-
-func (r deadLetterRecord) MarkDeadLettered(ctx context.Context, md *messagedata.MessageData) error {
-	if md.ID == "" {
-		return nil // dead-lettered under a fresh id: no redelivery can be told from another message
-	}
-	return r.counter.MarkDeadLettered(ctx, r.handler, counterID(md))
-}
-
-// Processed reports whether a redelivery of md was processed (MarkProcessed), for a handler
-// without duplicate detection.
-func (r deadLetterRecord) Processed(ctx context.Context, md *messagedata.MessageData) (bool, error) {
-	if md.ID == "" {
-		return false, nil
-	}
-	return r.counter.Processed(ctx, r.handler, counterID(md))
-}
-
-// MarkProcessed records that a redelivery of md was processed and committed.
-func (r deadLetterRecord) MarkProcessed(ctx context.Context, md *messagedata.MessageData) error {
-	if md.ID == "" {
-		return nil
-	}
-	return r.counter.MarkProcessed(ctx, r.handler, counterID(md))
 }

@@ -18,7 +18,13 @@
 // and the outcome last. An interceptor is a named middleware factory: the name a handler lists,
 // and the function that builds the middleware (package middleware) for that handler. A handler
 // may list interceptors by name instead of taking its QoS chain (Handler.Interceptors),
-// including custom ones registered with Router.RegisterInterceptor.
+// including custom ones registered with Router.RegisterInterceptor and middleware values of
+// its own (Handler.Middlewares). A program that composes a chain without the router takes the
+// canonical order from middleware.ExactlyOnce and its siblings.
+//
+// Handler.Converter takes a converter of one's own; converter.Config.ID takes the message id
+// from a payload field or any function of the message, so that a message without an id of its
+// own is still processed exactly once by the business key it carries.
 //
 // The router alone turns the outcome of the chain into an ack or a nack; see Router.
 package onceflow

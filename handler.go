@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -12,9 +13,13 @@ import (
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/ordering"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
+
+// This file is long because it is all of a handler's configuration, documented field by field,
+// with its validation: a reader finds every setting of a Handler here.
 
 // maxHandlerName is the longest handler name; the name is part of every dedup key.
 const maxHandlerName = 200
@@ -56,6 +61,14 @@ type Handler struct {
 	// "transaction", and "retry" before it; "group-commit" replaces both "transaction" and
 	// "deduplicate", with "retry" before it.
 	Interceptors []string
+
+	// Middlewares are middleware values of this handler, each under the name that
+	// Interceptors lists it by, where it takes its place in the chain: the way to put a
+	// middleware built in code into a handler's chain without registering a factory
+	// (Router.RegisterInterceptor). An interceptor is a named middleware factory; an entry
+	// here is a named middleware, built once. A name must not be a built-in or registered
+	// interceptor's, and must appear in Interceptors.
+	Middlewares map[string]middleware.Middleware
 
 	// DB is the database the processor writes to, in whose transaction the message id is
 	// recorded. Required by every built-in chain.
@@ -313,6 +326,9 @@ func (h Handler) Validate() error {
 	case h.GroupCommit.Enabled && h.Dedup.CheckFirst:
 		return errors.New("Handler.GroupCommit.Enabled: not supported with Dedup.CheckFirst (a group records its ids with one multi-row insert, without internal ids)")
 	}
+	if err := h.validateMiddlewares(); err != nil {
+		return err
+	}
 	if h.Dedup.Table != "" {
 		if err := sqldb.CheckIdentifier("Handler.Dedup.Table", h.Dedup.Table); err != nil {
 			return err
@@ -338,4 +354,68 @@ func (c DedupConfig) interceptor() string {
 		return InterceptorAckInTransaction
 	}
 	return InterceptorDeduplicate
+}
+
+// OrderConfig configures per-key ordering for a handler: the "in-order" interceptor of
+// ExactlyOnceInOrder (package ordering). The zero value is valid.
+type OrderConfig struct {
+	// GapTimeout is how long a key may wait for its next message (missing, or parked and
+	// failing) before GapPolicy applies. Defaults to ordering.DefaultGapTimeout (5 min). It
+	// should exceed the longest time the broker takes to redeliver a message.
+	GapTimeout time.Duration
+
+	// GapPolicy is what happens to a key whose wait passed GapTimeout: ordering.Wait (the
+	// default) keeps waiting, ordering.Skip gives up on the missing sequences and applies what
+	// follows, ordering.DeadLetter moves the key's parked messages to the dead-letter topic.
+	// The timeout is logged and counted in onceflow.order.gap_timeouts whatever the policy.
+	GapPolicy ordering.GapPolicy
+
+	// SweepInterval is how often the router's sweeper retries stalled keys and looks for
+	// timed-out gaps. Defaults to ordering.DefaultSweepInterval (10 s), or GapTimeout/2 when
+	// shorter. A negative value starts no sweeper: call ordering.InOrder.Sweep yourself.
+	SweepInterval time.Duration
+
+	// MaxDrain bounds how many parked messages the transaction of the message that fills their
+	// gap applies; the sweeper releases the rest. Defaults to ordering.DefaultMaxDrain (1000).
+	MaxDrain int
+
+	// AllowUnkeyed processes messages without an ordering key and sequence exactly once, in no
+	// particular order. Defaults to false: they are dead-lettered.
+	AllowUnkeyed bool
+
+	// Table is the prefix of the ordering tables. Defaults to ordering.DefaultTable
+	// (onceflow_order_state, _parked, _skipped). Handlers may share them.
+	Table string
+}
+
+func (c OrderConfig) validate(handler string) error {
+	switch {
+	case c.GapTimeout < 0:
+		return fmt.Errorf("Handler.Order.GapTimeout: %s is negative (handler %q)", c.GapTimeout, handler)
+	case c.MaxDrain < 0:
+		return fmt.Errorf("Handler.Order.MaxDrain: %d is negative (handler %q)", c.MaxDrain, handler)
+	case c.GapPolicy < ordering.Wait || c.GapPolicy > ordering.DeadLetter:
+		return fmt.Errorf("Handler.Order.GapPolicy: %s is not a gap policy (handler %q; want ordering.Wait, Skip or DeadLetter)", c.GapPolicy, handler)
+	}
+	if err := (ordering.StoreConfig{Table: c.Table}).Validate(); err != nil {
+		return fmt.Errorf("Handler.Order.%w", err)
+	}
+	return nil
+}
+
+// validateMiddlewares reports the first entry of h.Middlewares that cannot take its place in
+// the chain: nil, a built-in's name, or a name that Interceptors does not list.
+func (h Handler) validateMiddlewares() error {
+	names := slices.Sorted(maps.Keys(h.Middlewares))
+	for _, name := range names {
+		switch _, builtin := builtinNamed(name); {
+		case h.Middlewares[name] == nil:
+			return fmt.Errorf("Handler.Middlewares: %q is nil (handler %q)", name, h.Name)
+		case builtin:
+			return fmt.Errorf("Handler.Middlewares: %q is the name of a built-in interceptor (handler %q)", name, h.Name)
+		case !slices.Contains(h.Interceptors, name):
+			return fmt.Errorf("Handler.Middlewares: %q is not listed in Interceptors (handler %q; the list says where each goes in the chain)", name, h.Name)
+		}
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -20,8 +21,8 @@ import (
 )
 
 // This file holds the router's part of onceflow's telemetry: the onceflow.process span, the
-// acknowledgement metrics, and the gauges of the dedup tables (the settle spans are in
-// delivery.go).
+// acknowledgement metrics, the settle spans' starts (the delivery ends them, in delivery.go),
+// and the gauges of the dedup tables.
 // docs/observability.md lists them all.
 
 // ErrAckLost reports an acknowledgement that could not reach the subscriber: the delivery had
@@ -61,23 +62,22 @@ func traceProcessor(p processor.Processor) processor.Processor {
 
 // initHandlerMetrics starts the router's counters of a handler at 0, so that they are exported
 // before the first failure.
-func (r *Router) initHandlerMetrics(handler string) {
+func initHandlerMetrics(ins *telemetry.Instruments, handler string) {
 	ctx := context.Background()
 	for _, o := range []processor.Outcome{processor.Processed, processor.Duplicate, processor.DeadLettered} {
-		r.instruments.AckFailures.Add(ctx, 0,
+		ins.AckFailures.Add(ctx, 0,
 			metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrOutcome.String(string(o))))
 	}
-	r.instruments.DeadLetterFails.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler)))
+	ins.DeadLetterFails.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler)))
 	for _, reason := range []string{middleware.BeyondExpiredKey, middleware.BeyondOldMessage} {
-		r.instruments.BeyondRetention.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrReason.String(reason)))
+		ins.BeyondRetention.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrReason.String(reason)))
 	}
 }
 
-// registerDedupGauges registers the gauges of the router's dedup tables, observed at each
-// collection with SQLStore.Stats (one statement that reads the table). A View that drops all
-// three gauges stops the reads.
-func (r *Router) registerDedupGauges() (metric.Registration, error) {
-	mp := r.cfg.MeterProvider
+// registerDedupGauges registers on mp the gauges of the dedup tables that stores returns,
+// observed at each collection with SQLStore.Stats (one statement that reads the table). A View
+// that drops all three gauges stops the reads.
+func registerDedupGauges(mp metric.MeterProvider, logger *slog.Logger, dedupStores func() map[storeKey]*dedup.SQLStore) (metric.Registration, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -87,16 +87,10 @@ func (r *Router) registerDedupGauges() (metric.Registration, error) {
 		return nil, fmt.Errorf("create dedup gauges: %w", err)
 	}
 	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		r.mu.Lock()
-		stores := make(map[storeKey]*dedup.SQLStore, len(r.stores))
-		for k, s := range r.stores {
-			stores[k] = s
-		}
-		r.mu.Unlock()
-		for k, s := range stores {
+		for k, s := range dedupStores() {
 			st, err := s.Stats(ctx)
 			if err != nil {
-				r.logger.Warn("cannot read the dedup table for its gauges", "table", s.Table(), "error", err)
+				logger.Warn("cannot read the dedup table for its gauges", "table", s.Table(), "error", err)
 				continue
 			}
 			attrs := metric.WithAttributeSet(attribute.NewSet(telemetry.AttrDedupTable.String(s.Table()), dbSystem(k.db)))
@@ -130,3 +124,29 @@ func dbSystem(db *sqldb.DB) attribute.KeyValue {
 }
 
 func secondsSince(t time.Time) float64 { return time.Since(t).Seconds() }
+
+// describeBroker returns the messaging.system and consumer group of h's broker: what
+// h.MessagingSystem says, else what the subscriber says (onceflow's brokers say both), else
+// middleware.DefaultMessagingSystem and no group.
+func describeBroker(h Handler) (system, group string) {
+	system = h.MessagingSystem
+	if d, ok := h.Subscriber.(interface{ MessagingSystem() string }); ok && system == "" {
+		system = d.MessagingSystem()
+	}
+	if system == "" {
+		system = middleware.DefaultMessagingSystem
+	}
+	if g, ok := h.Subscriber.(interface{ ConsumerGroup() string }); ok {
+		group = g.ConsumerGroup()
+	}
+	return system, group
+}
+
+// newSettlement returns the settle span starts of a handler's topic.
+func newSettlement(topic, system, group string) *telemetry.Settlement {
+	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String(system)}
+	if group != "" {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(group))
+	}
+	return telemetry.NewSettlement(topic, attrs...)
+}

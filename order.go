@@ -3,8 +3,8 @@ package onceflow
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel"
@@ -19,53 +19,6 @@ import (
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
-
-// OrderConfig configures per-key ordering for a handler: the "in-order" interceptor of
-// ExactlyOnceInOrder (package ordering). The zero value is valid.
-type OrderConfig struct {
-	// GapTimeout is how long a key may wait for its next message (missing, or parked and
-	// failing) before GapPolicy applies. Defaults to ordering.DefaultGapTimeout (5 min). It
-	// should exceed the longest time the broker takes to redeliver a message.
-	GapTimeout time.Duration
-
-	// GapPolicy is what happens to a key whose wait passed GapTimeout: ordering.Wait (the
-	// default) keeps waiting, ordering.Skip gives up on the missing sequences and applies what
-	// follows, ordering.DeadLetter moves the key's parked messages to the dead-letter topic.
-	// The timeout is logged and counted in onceflow.order.gap_timeouts whatever the policy.
-	GapPolicy ordering.GapPolicy
-
-	// SweepInterval is how often the router's sweeper retries stalled keys and looks for
-	// timed-out gaps. Defaults to ordering.DefaultSweepInterval (10 s), or GapTimeout/2 when
-	// shorter. A negative value starts no sweeper: call ordering.InOrder.Sweep yourself.
-	SweepInterval time.Duration
-
-	// MaxDrain bounds how many parked messages the transaction of the message that fills their
-	// gap applies; the sweeper releases the rest. Defaults to ordering.DefaultMaxDrain (1000).
-	MaxDrain int
-
-	// AllowUnkeyed processes messages without an ordering key and sequence exactly once, in no
-	// particular order. Defaults to false: they are dead-lettered.
-	AllowUnkeyed bool
-
-	// Table is the prefix of the ordering tables. Defaults to ordering.DefaultTable
-	// (onceflow_order_state, _parked, _skipped). Handlers may share them.
-	Table string
-}
-
-func (c OrderConfig) validate(handler string) error {
-	switch {
-	case c.GapTimeout < 0:
-		return fmt.Errorf("Handler.Order.GapTimeout: %s is negative (handler %q)", c.GapTimeout, handler)
-	case c.MaxDrain < 0:
-		return fmt.Errorf("Handler.Order.MaxDrain: %d is negative (handler %q)", c.MaxDrain, handler)
-	case c.GapPolicy < ordering.Wait || c.GapPolicy > ordering.DeadLetter:
-		return fmt.Errorf("Handler.Order.GapPolicy: %s is not a gap policy (handler %q; want ordering.Wait, Skip or DeadLetter)", c.GapPolicy, handler)
-	}
-	if err := (ordering.StoreConfig{Table: c.Table}).Validate(); err != nil {
-		return fmt.Errorf("Handler.Order.%w", err)
-	}
-	return nil
-}
 
 // orderRegistry holds the ordering stores and interceptors of the router's handlers.
 type orderRegistry struct {
@@ -124,8 +77,8 @@ func (o *orderRegistry) migrate(ctx context.Context) error {
 	return nil
 }
 
-// inOrder is the factory of the "in-order" interceptor.
-func (r *Router) inOrder(h HandlerInfo) (middleware.Middleware, error) {
+// newInOrder is the factory of the "in-order" interceptor.
+func newInOrder(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	cfg := h.Handler.Order
 	store, err := r.orders.store(h.DB, cfg.Table)
 	if err != nil {
@@ -174,15 +127,13 @@ func forgetter(h HandlerInfo) func(context.Context, sqlx.ExtContext, *messagedat
 	}
 }
 
-// startOrdering starts the sweeper of every in-order handler and registers the
-// onceflow.order.parked gauge. stop ends the sweepers, waits for them, and unregisters the
-// gauge.
-func (r *Router) startOrdering(ctx context.Context) (stop func(), err error) {
-	ios := r.orders.all()
+// start starts the sweeper of every in-order handler and registers the onceflow.order.parked
+// gauge on mp. stop ends the sweepers, waits for them, and unregisters the gauge.
+func (o *orderRegistry) start(ctx context.Context, mp metric.MeterProvider, logger *slog.Logger) (stop func(), err error) {
+	ios := o.all()
 	if len(ios) == 0 {
 		return func() {}, nil
 	}
-	mp := r.cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -192,14 +143,14 @@ func (r *Router) startOrdering(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("create the parked messages gauge: %w", err)
 	}
-	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	reg, err := meter.RegisterCallback(func(ctx context.Context, obs metric.Observer) error {
 		for _, io := range ios {
 			st, err := io.Stats(ctx)
 			if err != nil {
-				r.logger.Warn("cannot read the ordering state for its gauge", "handler", io.Handler(), "error", err)
+				logger.Warn("cannot read the ordering state for its gauge", "handler", io.Handler(), "error", err)
 				continue
 			}
-			o.ObserveInt64(parked, st.Parked, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(io.Handler()))))
+			obs.ObserveInt64(parked, st.Parked, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(io.Handler()))))
 		}
 		return nil
 	}, parked)
@@ -209,13 +160,13 @@ func (r *Router) startOrdering(ctx context.Context) (stop func(), err error) {
 
 	sweepCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	r.orders.mu.Lock()
+	o.mu.Lock()
 	for _, io := range ios {
-		if r.orders.sweep[io] {
+		if o.sweep[io] {
 			wg.Go(func() { _ = io.Run(sweepCtx) })
 		}
 	}
-	r.orders.mu.Unlock()
+	o.mu.Unlock()
 	return func() {
 		cancel()
 		wg.Wait()

@@ -6,22 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
-	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
-	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sqldb"
 )
 
 // Router consumes messages and runs each through its handler's chain of interceptors, then
@@ -73,18 +66,6 @@ type Router struct {
 	closed   sync.Once
 }
 
-// handlerClaim is a handler name and the topic it consumes, recorded in its dedup store's
-// database when the router runs.
-type handlerClaim struct {
-	store       *dedup.SQLStore
-	name, topic string
-}
-
-type storeKey struct {
-	db    *sqldb.DB
-	table string
-}
-
 // NewRouter returns a Router for cfg, or an error naming the first invalid field.
 func NewRouter(cfg Config) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
@@ -100,24 +81,25 @@ func NewRouter(cfg Config) (*Router, error) {
 		return nil, fmt.Errorf("create metric instruments: %w", err)
 	}
 	r := &Router{
-		cfg:         cfg,
-		running:     make(chan struct{}),
-		closing:     make(chan struct{}),
-		done:        make(chan struct{}),
-		logger:      cfg.Logger,
-		instruments: ins,
-		names:       map[string]bool{},
-		stores:      map[storeKey]*dedup.SQLStore{},
-		counters:    map[storeKey]*dedup.Counter{},
-		positions:   map[storeKey]*dedup.Positions{},
-		gate:        gate{idle: make(chan struct{})},
+		cfg:          cfg,
+		running:      make(chan struct{}),
+		closing:      make(chan struct{}),
+		done:         make(chan struct{}),
+		logger:       cfg.Logger,
+		instruments:  ins,
+		names:        map[string]bool{},
+		stores:       map[storeKey]*dedup.SQLStore{},
+		counters:     map[storeKey]*dedup.Counter{},
+		positions:    map[storeKey]*dedup.Positions{},
+		gate:         gate{idle: make(chan struct{})},
+		interceptors: map[string]InterceptorFactory{},
 	}
-	r.interceptors = r.builtinInterceptors()
 	return r, nil
 }
 
-// AddHandler adds h to the router. It validates h and builds its chain, and returns an error
-// naming the offending field when h is invalid. Handlers must be added before Run.
+// AddHandler adds h to the router: it validates h, builds its chain, and makes the consumer
+// that subscribes to h.Topic when Run starts. It returns an error naming the offending field
+// when h is invalid. Handlers must be added before Run.
 func (r *Router) AddHandler(h Handler) error {
 	if err := h.Validate(); err != nil {
 		return err
@@ -127,207 +109,45 @@ func (r *Router) AddHandler(h Handler) error {
 	if r.names[h.Name] {
 		return fmt.Errorf("Handler.Name: %q is already used by another handler", h.Name)
 	}
-	names := h.Interceptors
-	if len(names) == 0 {
-		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
-		if dedup := h.Dedup.interceptor(); dedup != InterceptorDeduplicate {
-			names = slices.Clone(names)
-			names[slices.Index(names, InterceptorDeduplicate)] = dedup
-		}
-	}
-	if err := checkOrder(names); err != nil {
+	names := chainNames(h)
+	if err := checkChain(h, names); err != nil {
 		return err
 	}
-	grouped := slices.Contains(names, InterceptorGroupCommit) || slices.Contains(names, InterceptorGroupTransaction)
-	if h.BatchProcessor != nil {
-		if last := names[len(names)-1]; last != InterceptorGroupCommit && last != InterceptorGroupTransaction {
-			return fmt.Errorf("Handler.BatchProcessor: the chain must end with %q or %q, which hand the batch to it (handler %q ends with %q)",
-				InterceptorGroupCommit, InterceptorGroupTransaction, h.Name, last)
-		}
-	}
-
-	// The dedup table is created only for chains that record keys: a chain that relies on
-	// natural idempotency has none.
-	store := h.Dedup.Store
-	if store == nil && recordsKeys(names) {
-		s, err := r.storeFor(h)
-		if err != nil {
-			return err
-		}
-		store = s
-		r.claims = append(r.claims, handlerClaim{store: s, name: h.Name, topic: h.Topic})
-	}
-	system, group := describeBroker(h)
-	info := HandlerInfo{
-		Name:            h.Name,
-		Topic:           h.Topic,
-		DB:              h.DB,
-		Dedup:           store,
-		Logger:          r.logger.With("handler", h.Name),
-		Handler:         h,
-		MessagingSystem: system,
-		ConsumerGroup:   group,
-	}
-	mws, err := r.buildChain(info, names)
+	store, err := r.dedupStore(h, names)
 	if err != nil {
 		return err
 	}
-	// The onceflow.process span is innermost: one per attempt, around the user's processor only.
-	var inner processor.Processor = batchOnly{}
-	if h.Processor != nil {
-		inner = traceProcessor(h.Processor)
-	}
-	chain := wrap(mws, inner)
-
-	// A message that cannot be converted goes through the interceptors that do not touch the
-	// database, to a processor that fails permanently with the conversion error: it is traced,
-	// counted and dead-lettered like any other permanent failure.
-	var outer []string
-	for _, n := range names {
-		if n == InterceptorTracing || n == InterceptorMetrics || n == InterceptorDeadLetter {
-			outer = append(outer, n)
-		}
-	}
-	if !slices.Contains(outer, InterceptorDeadLetter) {
-		outer = append(outer, InterceptorDeadLetter)
-	}
-	rejectMWs, err := r.buildChain(info, outer)
+	info := handlerInfo(h, store, r.logger)
+	chain, reject, err := buildChains(r, info, names)
 	if err != nil {
 		return err
 	}
-	reject := wrap(rejectMWs, processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
-		return processor.Permanent(ctx.Value(convErrKey{}).(error))
-	}))
-
-	n := max(h.Concurrency, 1)
-	c := &consumer{
-		router:       r,
-		name:         h.Name,
-		topic:        h.Topic,
-		conv:         h.converter(),
-		chain:        chain,
-		reject:       reject,
-		ackOnReceipt: h.QoS == BestEffort,
-		redelivery:   h.Redelivery,
-		logger:       info.Logger,
-		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
-		settlement:   newSettlement(h.Topic, system, group),
+	c, err := newConsumer(r, info, names, chain, reject)
+	if err != nil {
+		return err
 	}
-	c.recordAttrs = []metric.RecordOption{c.attrs}
-	if grouped {
-		// Enough deliveries for every group transaction to run full, and the next group to
-		// collect: more would only wait, each in a goroutine of its own.
-		size := h.GroupCommit.MaxSize
-		if size == 0 {
-			size = middleware.DefaultMaxGroupSize
-		}
-		c.slots = make(chan struct{}, (n+1)*size)
-	} else {
-		c.slots = make(chan struct{}, n)
-	}
-	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
-		counter, err := r.counterFor(h)
-		if err != nil {
-			return err
-		}
-		c.counter = counter
-	}
-	if slices.Contains(names, InterceptorOffsets) {
-		p, err := r.positionsFor(h)
-		if err != nil {
-			return err
-		}
-		c.positions = handlerPositions{positions: p, handler: h.Name}
-	}
-	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
-	c.subscriptions = n
 	r.handlers = append(r.handlers, c)
 	r.names[h.Name] = true
-	r.initHandlerMetrics(h.Name)
+	initHandlerMetrics(r.instruments, h.Name)
 	return nil
 }
 
-// describeBroker returns the messaging.system and consumer group of h's broker: what
-// h.MessagingSystem says, else what the subscriber says (onceflow's brokers say both), else
-// middleware.DefaultMessagingSystem and no group.
-func describeBroker(h Handler) (system, group string) {
-	system = h.MessagingSystem
-	if d, ok := h.Subscriber.(interface{ MessagingSystem() string }); ok && system == "" {
-		system = d.MessagingSystem()
+// RegisterInterceptor makes a custom interceptor available to Handler.Interceptors under name.
+// It must be called before the handlers that use it are added. A factory may return a nil
+// middleware to take no part in a handler's chain. A middleware that needs no factory goes in
+// Handler.Middlewares instead.
+func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
+	if name == "" {
+		return fmt.Errorf("RegisterInterceptor: empty name")
 	}
-	if system == "" {
-		system = middleware.DefaultMessagingSystem
+	if f == nil {
+		return fmt.Errorf("RegisterInterceptor %q: nil factory", name)
 	}
-	if g, ok := h.Subscriber.(interface{ ConsumerGroup() string }); ok {
-		group = g.ConsumerGroup()
+	if _, builtin := builtinNamed(name); builtin || r.interceptors[name] != nil {
+		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
 	}
-	return system, group
-}
-
-// batchOnly is the innermost processor of a handler with a BatchProcessor: the group-commit
-// interceptor hands the messages to the batch processor and never calls it.
-type batchOnly struct{}
-
-func (batchOnly) Process(context.Context, *messagedata.MessageData) error {
-	return errors.New("onceflow: a handler with a BatchProcessor reached its per-message processor (the chain must end with group commit)")
-}
-
-// counterFor returns the delivery counter of h's database, one per database and table.
-func (r *Router) counterFor(h Handler) (*dedup.Counter, error) {
-	key := storeKey{db: h.DB, table: dedup.DefaultCounterTable}
-	if c, ok := r.counters[key]; ok {
-		return c, nil
-	}
-	c, err := dedup.NewCounter(h.DB, dedup.CounterConfig{Retention: h.Dedup.Retention})
-	if err != nil {
-		return nil, fmt.Errorf("Handler.MaxDeliveries: %w", err)
-	}
-	r.counters[key] = c
-	return c, nil
-}
-
-// positionsFor returns the positions table of h's database, one per database, which Migrate
-// creates. The caller holds r.mu.
-func (r *Router) positionsFor(h Handler) (*dedup.Positions, error) {
-	key := storeKey{db: h.DB, table: dedup.DefaultPositionsTable}
-	if p, ok := r.positions[key]; ok {
-		return p, nil
-	}
-	p, err := dedup.NewPositions(h.DB, dedup.PositionsConfig{})
-	if err != nil {
-		return nil, fmt.Errorf("Handler.Dedup.ByOffset: %w", err)
-	}
-	r.positions[key] = p
-	r.migrate = append(r.migrate, p.Migrate)
-	return p, nil
-}
-
-// handlerPositions are one handler's positions, for its subscriber: where it starts each
-// partition, and that it hands out each partition's messages in order, one at a time.
-type handlerPositions struct {
-	positions *dedup.Positions
-	handler   string
-}
-
-func (p handlerPositions) Applied(ctx context.Context, topic string) (map[int32]int64, error) {
-	return p.positions.Load(ctx, p.handler, topic)
-}
-
-func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {
-	table := h.Dedup.Table
-	if table == "" {
-		table = dedup.DefaultTable
-	}
-	key := storeKey{db: h.DB, table: table}
-	if s, ok := r.stores[key]; ok {
-		return s, nil
-	}
-	s, err := dedup.New(h.DB, dedup.Config{Table: table, Retention: h.Dedup.Retention})
-	if err != nil {
-		return nil, fmt.Errorf("Handler.Dedup: %w", err)
-	}
-	r.stores[key] = s
-	return s, nil
+	r.interceptors[name] = f
+	return nil
 }
 
 // AddMigration registers fn to run before the handlers start, unless Config.SkipMigrate is
@@ -355,7 +175,7 @@ func (r *Router) Run(ctx context.Context) error {
 	if err := r.claimHandlers(ctx); err != nil {
 		return err
 	}
-	gauges, err := r.registerDedupGauges()
+	gauges, err := registerDedupGauges(r.cfg.MeterProvider, r.logger, r.dedupStores)
 	if err != nil {
 		return err
 	}
@@ -365,7 +185,7 @@ func (r *Router) Run(ctx context.Context) error {
 	if r.cfg.PurgeInterval > 0 {
 		go r.purgeLoop(purgeCtx)
 	}
-	stopOrdering, err := r.startOrdering(ctx)
+	stopOrdering, err := r.orders.start(ctx, r.cfg.MeterProvider, r.logger)
 	if err != nil {
 		return err
 	}
@@ -455,22 +275,6 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		return nil, nil // no handler: Run waits for ctx or Close
 	}
 	return ended, nil
-}
-
-// claimHandlers records, in each dedup store's database, the topic each handler consumes, and
-// fails when another process uses one of the handler names for another topic: the handler name,
-// not the topic, is part of every duplicate-detection key, so the two would take each other's
-// messages for duplicates.
-func (r *Router) claimHandlers(ctx context.Context) error {
-	r.mu.Lock()
-	claims := append([]handlerClaim(nil), r.claims...)
-	r.mu.Unlock()
-	for _, c := range claims {
-		if err := c.store.ClaimHandler(ctx, c.name, c.topic); err != nil {
-			return fmt.Errorf("Handler.Name: %w", err)
-		}
-	}
-	return nil
 }
 
 // Running is closed once every handler has subscribed.
@@ -599,11 +403,4 @@ func (r *Router) purgeLoop(ctx context.Context) {
 			}
 		}
 	}
-}
-
-func wrap(mws []middleware.Middleware, p processor.Processor) processor.Processor {
-	for i := len(mws) - 1; i >= 0; i-- {
-		p = mws[i](p)
-	}
-	return p
 }

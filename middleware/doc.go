@@ -28,6 +28,14 @@
 // topic, and with WithMaxDeliveries gives up a message at its delivery limit, so that nothing
 // is redelivered for ever.
 //
+// AtLeastOnce, ExactlyOnce and ExactlyOnceInOrder compose the middlewares given as Stages in
+// the canonical order, for a program that builds its chain itself.
+//
+// The facts the middlewares of one delivery share (its retries, its commit) are recorded in
+// its context and read by any middleware through DeliveryFrom; a middleware that takes the
+// place of a built-in records them with RecordRetry and RecordCommit, so that the others, and
+// the router, see what it did.
+//
 // No middleware acknowledges a message. The chain returns an error (or nil) and the router alone
 // maps it to ack or nack, after the transaction's outcome is known.
 package middleware

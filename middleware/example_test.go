@@ -39,3 +39,48 @@ func ExampleChain() {
 	// second after
 	// first after
 }
+
+// The canonical exactly-once chain, composed from its stages: each stage goes in its place,
+// whatever order the program names them in. Here each stage only prints its name; a program
+// gives the middlewares of the same names (Tracing, Metrics, DeadLetter, Recover, Retry,
+// Transaction, Deduplicate) for the stages it wants.
+func ExampleExactlyOnce() {
+	chain, err := middleware.ExactlyOnce(middleware.Stages{
+		Deduplicate: annotate("deduplicate"),
+		Transaction: annotate("transaction"),
+		Retry:       annotate("retry"),
+		Recover:     annotate("recover"),
+		DeadLetter:  annotate("deadletter"),
+		Metrics:     annotate("metrics"),
+		Tracing:     annotate("tracing"),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	audited := middleware.Chain(annotate("audit"), chain) // a middleware of one's own goes around it
+	p := audited(processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+		fmt.Println("processor", msg.ID)
+		return nil
+	}))
+
+	_ = p.Process(context.Background(), &messagedata.MessageData{ID: "m-1"})
+	// Output:
+	// audit before
+	// tracing before
+	// metrics before
+	// deadletter before
+	// recover before
+	// retry before
+	// transaction before
+	// deduplicate before
+	// processor m-1
+	// deduplicate after
+	// transaction after
+	// retry after
+	// recover after
+	// deadletter after
+	// metrics after
+	// tracing after
+	// audit after
+}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
-	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
 )
@@ -122,9 +121,7 @@ func Retry(opts ...RetryOption) Middleware {
 				if cfg.onRetry != nil {
 					cfg.onRetry(ctx, cur, err)
 				}
-				if st := delivery.From(ctx); st != nil {
-					st.Retries++
-				}
+				RecordRetry(ctx)
 				timer := time.NewTimer(bo.NextBackOff())
 				select {
 				case <-ctx.Done():

@@ -11,7 +11,6 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
@@ -153,14 +152,13 @@ func Tracing(handler string, opts ...TracingOption) Middleware {
 			start := starts.get(msg.Topic)
 			ctx, span := tracer.Start(ctx, start.name, start.opts...)
 			err := next.Process(ctx, msg)
-			st := delivery.From(ctx)
+			d, started := DeliveryFrom(ctx)
 			if span.IsRecording() {
-				setAttributes(span, msg, st, err)
+				setAttributes(span, msg, d, started, err)
 			}
-			if st != nil && st.Span == nil {
+			if d.HandOverSpan(span) {
 				// The router acknowledges after the chain returns: it records the ack as a child
 				// span and ends this one then.
-				st.Span = span
 				return err
 			}
 			span.End()
@@ -170,7 +168,7 @@ func Tracing(handler string, opts ...TracingOption) Middleware {
 }
 
 // setAttributes sets the attributes of the consumer span that vary by message, in one call.
-func setAttributes(span trace.Span, msg *messagedata.MessageData, st *delivery.State, err error) {
+func setAttributes(span trace.Span, msg *messagedata.MessageData, d Delivery, started bool, err error) {
 	outcome := processor.OutcomeOf(err)
 	attrs := make([]attribute.KeyValue, 0, 5)
 	attrs = append(attrs,
@@ -178,8 +176,8 @@ func setAttributes(span trace.Span, msg *messagedata.MessageData, st *delivery.S
 		semconv.MessagingMessageBodySize(len(msg.Payload)),
 		AttrOutcome.String(string(outcome)),
 	)
-	if st != nil {
-		attrs = append(attrs, AttrAttempts.Int(st.Retries+1))
+	if started {
+		attrs = append(attrs, AttrAttempts.Int(d.Retries()+1))
 	}
 	if outcome == processor.Failed || outcome == processor.Panicked || outcome == processor.DeadLettered {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(string(outcome)))

@@ -30,6 +30,9 @@ type State struct {
 	// Span is the consumer span the Tracing middleware started, left open for the router to
 	// record the acknowledgement in and end; nil when the delivery is not traced.
 	Span trace.Span
+	// EndSpanInChain is set for a delivery that no router settles (middleware.StartDelivery):
+	// its consumer span ends when the chain returns, and Span stays nil.
+	EndSpanInChain bool
 }
 
 type key struct{}

@@ -1,0 +1,118 @@
+package onceflow
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/messagedata"
+)
+
+// This file holds the delivery limit's bookkeeping: the durable count of a message's deliveries
+// and attempts where the broker does not count them, and its dead letters.
+
+// deliveries returns the delivery count of msg: the broker's, when it counts; 1 for a
+// delivery the broker says is the first; otherwise the durable count of the handler's counter
+// (0 when the handler has none, or it cannot be read).
+func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *messagedata.MessageData) int {
+	info, known := redelivery.FromContext(msg.Context())
+	switch {
+	case known && info.Count > 0:
+		return info.Count
+	case known && !info.Redelivered:
+		return 1
+	case c.counter == nil || md.ID == "":
+		return 0
+	}
+	initial := 1 // every delivery is counted here
+	if known {
+		initial = 2 // the first went uncounted: the broker said it was the first
+	}
+	n, err := c.counter.Count(ctx, c.name, counterID(md), initial)
+	if err != nil {
+		c.logger.Warn("cannot count the delivery; the delivery limit does not apply to it", "message_id", md.ID, "error", err)
+		return 0
+	}
+	return n
+}
+
+// held is how a delivery holds the handler's isolation lock.
+type held int
+
+const (
+	heldNone   held = iota // the handler has no counter: no lock
+	heldShared             // the read lock, shared with the other deliveries
+	heldAlone              // the lock, alone
+)
+
+// isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
+// handler counts attempts, shared otherwise; none without a counter. A redelivery's attempt is
+// recorded once it holds the lock, before its processing begins. It returns how it holds the
+// lock; a function to release it would be an allocation per delivery.
+func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) held {
+	switch {
+	case c.counter == nil:
+		return heldNone
+	case md.Delivery <= 1 || md.ID == "":
+		c.isolation.RLock()
+		return heldShared
+	}
+	c.isolation.Lock()
+	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
+	if err != nil {
+		c.logger.Warn("cannot record the attempt; the delivery limit counts its deliveries", "message_id", md.ID, "error", err)
+	} else {
+		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
+	}
+	return heldAlone
+}
+
+// counterID is the id under which the delivery counter keeps md: its id, and for a replayed
+// dead letter (messagedata.HeaderReplayCount) its replay count too, so that a replay starts
+// with no deliveries, attempts or dead letter of the message before it.
+func counterID(md *messagedata.MessageData) string {
+	if n := md.Header(messagedata.HeaderReplayCount); n != "" {
+		return md.ID + "#replay-" + n
+	}
+	return md.ID
+}
+
+// deadLetterRecord keeps a handler's dead letters in its delivery counter.
+type deadLetterRecord struct {
+	counter *dedup.Counter
+	handler string
+}
+
+func (r deadLetterRecord) DeadLettered(ctx context.Context, md *messagedata.MessageData) (bool, error) {
+	if md.ID == "" {
+		return false, nil
+	}
+	return r.counter.DeadLettered(ctx, r.handler, counterID(md))
+}
+
+func (r deadLetterRecord) MarkDeadLettered(ctx context.Context, md *messagedata.MessageData) error {
+	if md.ID == "" {
+		return nil // dead-lettered under a fresh id: no redelivery can be told from another message
+	}
+	return r.counter.MarkDeadLettered(ctx, r.handler, counterID(md))
+}
+
+// Processed reports whether a redelivery of md was processed (MarkProcessed), for a handler
+// without duplicate detection.
+func (r deadLetterRecord) Processed(ctx context.Context, md *messagedata.MessageData) (bool, error) {
+	if md.ID == "" {
+		return false, nil
+	}
+	return r.counter.Processed(ctx, r.handler, counterID(md))
+}
+
+// MarkProcessed records that a redelivery of md was processed and committed.
+func (r deadLetterRecord) MarkProcessed(ctx context.Context, md *messagedata.MessageData) error {
+	if md.ID == "" {
+		return nil
+	}
+	return r.counter.MarkProcessed(ctx, r.handler, counterID(md))
+}
