@@ -1,0 +1,126 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/redis/go-redis/v9"
+)
+
+// This file keeps a subscription going through lost connections: it backs off, reconnects,
+// ends the deliveries of a dead connection, and creates the consumer group again if it went.
+
+// recoverFrom handles an error of the read loop, and reports whether the loop goes on.
+func (s *subscription) recoverFrom(err error, failures int) bool {
+	switch {
+	case s.isStopping():
+		return false
+	case errors.Is(err, redis.ErrClosed):
+		s.cfg.Logger.Error("Redis client closed under a subscription; ending it", err, s.fields)
+		go s.stop()
+		return false
+	case redis.HasErrorPrefix(err, "NOGROUP"):
+		// The stream or the group was deleted: its entries, and so the deliveries in flight,
+		// are gone. Start again on a new one.
+		s.cfg.Logger.Info("Redis stream or consumer group vanished; creating it again", s.fields.Add(watermill.LogFields{"err": err}))
+		s.endInflight()
+		if err := s.ensureGroup(s.opCtx); err != nil {
+			s.cfg.Logger.Error("Could not create the consumer group again", err, s.fields)
+			return s.sleep(backoff(failures))
+		}
+		s.pass.restart()
+		return true
+	case isConnErr(err):
+		s.reconnect(err)
+		return !s.isStopping()
+	default:
+		s.cfg.Logger.Error("Redis stream read failed", err, s.fields)
+		return s.sleep(backoff(failures))
+	}
+}
+
+// backoff returns the wait after the n-th failure in a row: 50 ms doubling up to 1 s.
+func backoff(n int) time.Duration {
+	d := 50 * time.Millisecond
+	for i := 1; i < n && d < time.Second; i++ {
+		d *= 2
+	}
+	return min(d, time.Second)
+}
+
+// isConnErr reports whether err says that Redis could not be reached or did not answer, as
+// opposed to an answer that is an error.
+func isConnErr(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var rerr redis.Error
+	return !errors.As(err, &rerr)
+}
+
+// reconnect handles a lost connection: it ends the deliveries in flight (they may have lost
+// their acks), waits until Redis answers again, then gives back every entry of the consumer
+// that is not settled or parked, including those a read delivered into the consumer's
+// pending list while the reply was lost, and claims at once.
+func (s *subscription) reconnect(cause error) {
+	s.cfg.Logger.Error("Lost the connection to Redis; deliveries in flight are cancelled and given back once it is back", cause, s.fields)
+	s.endInflight()
+	for n := 1; ; n++ {
+		if s.isStopping() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(s.opCtx, time.Second)
+		err := s.client.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			break
+		}
+		if !s.sleep(backoff(n)) {
+			return
+		}
+	}
+	if err := s.ensureGroup(s.opCtx); err != nil {
+		s.cfg.Logger.Error("Could not check the consumer group after reconnecting", err, s.fields)
+		return
+	}
+	if _, err := s.giveBack(s.opCtx); err != nil {
+		s.cfg.Logger.Error("Could not give back the deliveries in flight at the loss; they come back after AckTimeout", err, s.fields)
+	}
+	s.pass.restart()
+	s.cfg.Logger.Info("Reconnected to Redis", s.fields)
+}
+
+// endInflight cancels the contexts of the deliveries in flight and waits until their
+// goroutines have settled them (an ack or nack given before counts).
+func (s *subscription) endInflight() {
+	if s.direct {
+		s.endHand()
+		return
+	}
+	s.mu.Lock()
+	ds := slices.Collect(maps.Values(s.inflight))
+	s.mu.Unlock()
+	for _, d := range ds {
+		d.cancel()
+	}
+	for _, d := range ds {
+		select {
+		case <-d.classified:
+		case <-s.stopping:
+			return
+		}
+	}
+}
+
+// ensureGroup creates the consumer group, and the stream, unless they exist.
+func (s *subscription) ensureGroup(ctx context.Context) error {
+	err := s.client.XGroupCreateMkStream(ctx, s.topic, s.group, "0").Err()
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		return err
+	}
+	return nil
+}
