@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -333,14 +335,7 @@ func (r *Router) Close() error {
 // Config.SkipMigrate is set.
 func (r *Router) Migrate(ctx context.Context) error {
 	r.mu.Lock()
-	stores := make([]*dedup.SQLStore, 0, len(r.stores))
-	for _, s := range r.stores {
-		stores = append(stores, s)
-	}
-	counters := make([]*dedup.Counter, 0, len(r.counters))
-	for _, c := range r.counters {
-		counters = append(counters, c)
-	}
+	stores, counters := slices.Collect(maps.Values(r.stores)), slices.Collect(maps.Values(r.counters))
 	extra := append([]func(context.Context) error(nil), r.migrate...)
 	r.mu.Unlock()
 	for _, s := range stores {
@@ -374,14 +369,7 @@ func (r *Router) purgeLoop(ctx context.Context) {
 		case <-time.After(wait):
 		}
 		r.mu.Lock()
-		stores := make([]*dedup.SQLStore, 0, len(r.stores))
-		for _, s := range r.stores {
-			stores = append(stores, s)
-		}
-		counters := make([]*dedup.Counter, 0, len(r.counters))
-		for _, c := range r.counters {
-			counters = append(counters, c)
-		}
+		stores, counters := slices.Collect(maps.Values(r.stores)), slices.Collect(maps.Values(r.counters))
 		r.mu.Unlock()
 		for _, c := range counters {
 			res, err := c.Purge(ctx, dedup.PurgeOptions{BatchSize: r.cfg.PurgeBatchSize})

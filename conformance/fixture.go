@@ -386,8 +386,13 @@ func (f *fixture) effects(handler, id string) int {
 
 // effectCounts returns the number of effects of each message by handler.
 func (f *fixture) effectCounts(handler string) map[string]int {
+	return f.countsIn(effectsTable, handler)
+}
+
+// countsIn returns the number of rows of each message of handler in table, an effects table.
+func (f *fixture) countsIn(table, handler string) map[string]int {
 	f.t.Helper()
-	rows, err := f.db.Query(f.db.Rebind(`SELECT message_id, COUNT(*) FROM `+effectsTable+` WHERE handler = ? GROUP BY message_id`), handler)
+	rows, err := f.db.Query(f.db.Rebind(`SELECT message_id, COUNT(*) FROM `+table+` WHERE handler = ? GROUP BY message_id`), handler)
 	require.NoError(f.t, err)
 	defer rows.Close()
 	out := map[string]int{}

@@ -76,19 +76,7 @@ func (f *fixture) poisonDistinct(handler string) int {
 
 // poisonCounts returns the number of effects of each message in handler.
 func (f *fixture) poisonCounts(handler string) map[string]int {
-	f.t.Helper()
-	rows, err := f.db.Query(f.db.Rebind(`SELECT message_id, COUNT(*) FROM `+poisonTable+` WHERE handler = ? GROUP BY message_id`), handler)
-	require.NoError(f.t, err)
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		require.NoError(f.t, rows.Scan(&id, &n))
-		out[id] = n
-	}
-	require.NoError(f.t, rows.Err())
-	return out
+	return f.countsIn(poisonTable, handler)
 }
 
 // poisonLatencies returns, for each message of handler published at published[id] and kept by
