@@ -219,6 +219,7 @@ func newVerifyConsumerCommand() *cobra.Command {
 	f.StringVar(&mode, "mode", "ExactlyOnce", "quality of service")
 	f.BoolVar(&cfg.GroupCommit, "group-commit", false, "group commit")
 	f.BoolVar(&cfg.Batch, "batch", false, "a batch processor (implies group commit)")
+	f.StringVar((*string)(&cfg.Dedup), "dedup", "", "how duplicates are detected: by id (empty), ByOffset or AckInTx")
 	f.StringVar(&cfg.DeadLetterTopic, "dead-letter-topic", "", "dead-letter topic")
 	f.IntVar(&cfg.MaxDeliveries, "max-deliveries", 0, "delivery limit (0: the router's default)")
 	f.StringVar(&cfg.RunID, "run", "", "run id")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/cmd/onceflow/internal/verify"
 	"github.com/onceflow/onceflow/internal/kafkatest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
@@ -89,7 +90,13 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	dec := json.NewDecoder(&stdout)
 	require.NoError(t, dec.Decode(&report))
 	require.False(t, dec.More(), "stdout holds one JSON object and nothing else")
-	require.Len(t, report.Modes, 5)
+	want := len(verify.Modes)
+	for i, a := range args[:len(args)-1] {
+		if a == "--modes" {
+			want = len(strings.Split(args[i+1], ","))
+		}
+	}
+	require.Len(t, report.Modes, want, "a row per mode asked for")
 	for _, m := range report.Modes {
 		t.Logf("%s: %d messages, %d kills, %d cuts, %d lost, %d duplicated, %.0f msgs/s", m.Mode, m.Messages, m.Kills, m.Cuts, m.Lost, m.Duplicated, m.MsgsPerS)
 	}
@@ -109,10 +116,47 @@ var poisonReasons = map[string]*regexp.Regexp{
 
 func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 	t.Helper()
+	byMode := checkEachMode(t, r, 2000, wantCuts, kinds)
+	checkExactlyOnce(t, r, byMode, "ExactlyOnce", "ExactlyOnceBatch")
+	inOrder := r.Modes[byMode["ExactlyOnceInOrder"]]
+	require.Zero(t, inOrder.Lost, "ExactlyOnceInOrder lost messages")
+	require.Zero(t, inOrder.Duplicated, "ExactlyOnceInOrder duplicated effects")
+	require.NotNil(t, inOrder.OutOfOrder)
+	require.Zero(t, *inOrder.OutOfOrder, "ExactlyOnceInOrder applied a key's messages out of order")
+	atLeast := r.Modes[byMode["AtLeastOnce"]]
+	require.Zero(t, atLeast.Lost, "AtLeastOnce lost messages")
+	// A consumer killed after its commit and before its ack duplicates the effect without
+	// dedup. A random kill may do it too, but only the armed crash point is certain to; it
+	// fires unless the run ends before the armed consumer receives its next messages.
+	if atLeast.Crashes["after-commit"] > 0 {
+		require.Positive(t, atLeast.Duplicated, "a crash after commit, before ack, duplicates without dedup")
+	} else {
+		t.Logf("AtLeastOnce: the after-commit crash point did not fire (%d duplicated)", atLeast.Duplicated)
+	}
+	require.Positive(t, r.Modes[byMode["BestEffort"]].Lost, "acking on receipt loses the messages in flight at a kill")
+}
+
+// checkExactlyOnce asserts that each of modes lost and duplicated nothing, and reports no order.
+func checkExactlyOnce(t *testing.T, r verifyJSON, byMode map[string]int, modes ...string) {
+	t.Helper()
+	for _, mode := range modes {
+		i, ok := byMode[mode]
+		require.True(t, ok, "mode %s measured", mode)
+		exactly := r.Modes[i]
+		require.Zero(t, exactly.Lost, "%s lost messages", mode)
+		require.Zero(t, exactly.Duplicated, "%s duplicated effects", mode)
+		require.Nil(t, exactly.OutOfOrder, "%s promises no order, and reports none", mode)
+	}
+}
+
+// checkEachMode asserts what holds in every mode of r: the messages, kills, cuts and poison
+// messages; it returns each mode's index in r.Modes by name.
+func checkEachMode(t *testing.T, r verifyJSON, messages int, wantCuts bool, kinds []string) map[string]int {
+	t.Helper()
 	byMode := map[string]int{}
 	for i, m := range r.Modes {
 		byMode[m.Mode] = i
-		require.Equal(t, 2000, m.Messages)
+		require.Equal(t, messages, m.Messages)
 		if m.Mode != "BestEffort" { // it loses messages, so progress may not reach the last kill marks
 			require.GreaterOrEqual(t, m.Kills, 5, "%s: every scheduled kill happened", m.Mode)
 		} else {
@@ -152,28 +196,7 @@ func checkTable(t *testing.T, r verifyJSON, wantCuts bool, kinds []string) {
 			require.True(t, p.Kills >= 1 && p.Kills <= 5, "%s: %d consumers killed by the crash-loop message", m.Mode, p.Kills)
 		}
 	}
-	for _, mode := range []string{"ExactlyOnce", "ExactlyOnceBatch"} {
-		exactly := r.Modes[byMode[mode]]
-		require.Zero(t, exactly.Lost, "%s lost messages", mode)
-		require.Zero(t, exactly.Duplicated, "%s duplicated effects", mode)
-		require.Nil(t, exactly.OutOfOrder, "%s promises no order, and reports none", mode)
-	}
-	inOrder := r.Modes[byMode["ExactlyOnceInOrder"]]
-	require.Zero(t, inOrder.Lost, "ExactlyOnceInOrder lost messages")
-	require.Zero(t, inOrder.Duplicated, "ExactlyOnceInOrder duplicated effects")
-	require.NotNil(t, inOrder.OutOfOrder)
-	require.Zero(t, *inOrder.OutOfOrder, "ExactlyOnceInOrder applied a key's messages out of order")
-	atLeast := r.Modes[byMode["AtLeastOnce"]]
-	require.Zero(t, atLeast.Lost, "AtLeastOnce lost messages")
-	// A consumer killed after its commit and before its ack duplicates the effect without
-	// dedup. A random kill may do it too, but only the armed crash point is certain to; it
-	// fires unless the run ends before the armed consumer receives its next messages.
-	if atLeast.Crashes["after-commit"] > 0 {
-		require.Positive(t, atLeast.Duplicated, "a crash after commit, before ack, duplicates without dedup")
-	} else {
-		t.Logf("AtLeastOnce: the after-commit crash point did not fire (%d duplicated)", atLeast.Duplicated)
-	}
-	require.Positive(t, r.Modes[byMode["BestEffort"]].Lost, "acking on receipt loses the messages in flight at a kill")
+	return byMode
 }
 
 // allPoison are the poison kinds; on the SQLite queue the crash loop takes its delivery limit
@@ -190,6 +213,33 @@ func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
 	amqpURL := testsvc.AMQPURL(t)
 	dbURL := testsvc.PostgresSchemaURL(t)
 	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true, allPoison)
+}
+
+// TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction runs verify's ExactlyOnceAckInTx mode:
+// the PostgreSQL queue in the handler's own database, each message taken off the queue in the
+// transaction of its effect, without a dedup row (Handler.Dedup.AckInTransaction), with
+// consumers killed and connections cut.
+func TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction(t *testing.T) {
+	dbURL := testsvc.PostgresSchemaURL(t)
+	r := runVerify(t, "--broker", dbURL, "--db", dbURL, "--modes", "ExactlyOnceAckInTx", "--cuts", "2")
+	checkExactlyOnce(t, r, checkEachMode(t, r, 2000, true, allPoison), "ExactlyOnceAckInTx")
+}
+
+// TestVerify_KafkaOffsetsInTheTransaction runs verify's ExactlyOnceByOffset mode on an
+// in-process Kafka cluster at full size: 10,000 records, 20 consumers killed at random and as
+// many at crash points, each death and restart a rebalance of the group, with the last applied
+// offset of each partition written in the handler's transaction instead of a dedup row
+// (Handler.Dedup.ByOffset). Like the test above, `make test-verify-kafka` runs it.
+func TestVerify_KafkaOffsetsInTheTransaction(t *testing.T) {
+	if os.Getenv("ONCEFLOW_VERIFY_KAFKA") == "" {
+		t.Skip("several minutes: ONCEFLOW_VERIFY_KAFKA=1 (make test-verify-kafka) runs it")
+	}
+	kafkaURL := kafkatest.URL(t, "partitions=4")
+	dbURL := testsvc.PostgresSchemaURL(t)
+	r := runVerify(t, "--broker", kafkaURL, "--db", dbURL, "--modes", "ExactlyOnceByOffset", "--messages", "10000", "--kills", "20", "--cuts", "2")
+	byMode := checkEachMode(t, r, 10000, false, allPoison)
+	checkExactlyOnce(t, r, byMode, "ExactlyOnceByOffset")
+	require.GreaterOrEqual(t, r.Modes[0].Kills, 20, "every scheduled kill happened, each a rebalance")
 }
 
 // TestVerify_KafkaAndPostgreSQLReproduceTheGuaranteeTable runs verify against an in-process Kafka

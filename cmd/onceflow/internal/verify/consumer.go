@@ -76,6 +76,8 @@ type ConsumerConfig struct {
 	GroupCommit bool
 	// Batch processes the messages with a batch processor (it implies group commit).
 	Batch bool
+	// Dedup is how the handler detects duplicates, when Mode is ExactlyOnce.
+	Dedup Dedup
 	// DeadLetterTopic is the topic of the dead letters.
 	DeadLetterTopic string
 	// MaxDeliveries is the handler's delivery limit.
@@ -195,7 +197,7 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 		Subscriber:    sub,
 		DB:            db,
 		QoS:           cfg.Mode,
-		Interceptors:  chainWithCrashPoints(cfg.Mode, cfg.GroupCommit || cfg.Batch, cfg.Batch),
+		Interceptors:  chainWithCrashPoints(cfg.Mode, cfg.Dedup, cfg.GroupCommit || cfg.Batch, cfg.Batch),
 		Concurrency:   max(cfg.Concurrency, 1),
 		MaxDeliveries: cfg.MaxDeliveries,
 		Redelivery:    onceflow.RedeliveryConfig{Delays: redeliveryDelays},
@@ -243,7 +245,7 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 // chainWithCrashPoints is the canonical chain of mode with an interceptor at each crash point.
 // With a batch processor, which nothing may stand before, the batch processor itself holds the
 // before-commit crash point.
-func chainWithCrashPoints(mode onceflow.QoS, groupCommit, batch bool) []string {
+func chainWithCrashPoints(mode onceflow.QoS, dedup Dedup, groupCommit, batch bool) []string {
 	names := []string{string(AfterReceive)}
 	switch mode {
 	case onceflow.BestEffort:
@@ -252,10 +254,15 @@ func chainWithCrashPoints(mode onceflow.QoS, groupCommit, batch bool) []string {
 		names = append(names, "deadletter", "recover", "retry", string(AfterCommit), "transaction")
 	default:
 		names = append(names, "deadletter", "recover", "retry", string(AfterCommit))
-		if groupCommit {
-			names = append(names, "group-commit")
-		} else {
-			names = append(names, "transaction", "deduplicate")
+		switch {
+		case groupCommit:
+			names = append(names, onceflow.InterceptorGroupCommit)
+		case dedup == DedupByOffset:
+			names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorOffsets)
+		case dedup == DedupAckInTx:
+			names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorAckInTransaction)
+		default:
+			names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate)
 		}
 		if mode == onceflow.ExactlyOnceInOrder {
 			names = append(names, "in-order")

@@ -54,7 +54,9 @@ func newPoison(cfg Config, mode Mode, runID string, pub message.Publisher, topic
 	}
 	run := fmt.Sprintf("%q", runID)
 	for _, kind := range cfg.Poison {
-		id := runID + ".poison-" + string(kind)
+		// run id (12) + ".poison-" + kind stays within the 36 bytes of the SQL queues' ids
+		// but for the long id, which is meant to be too long.
+		id := runID + ".poison-" + strings.TrimSuffix(string(kind), "-payload")
 		var payload string
 		switch kind {
 		case PoisonDataError:
@@ -64,8 +66,8 @@ func newPoison(cfg Config, mode Mode, runID string, pub message.Publisher, topic
 		case PoisonMalformed:
 			payload = `{"run":` + run + `,"n":`
 		case PoisonLongID:
-			if !mode.exactlyOnce() {
-				p.res.Left[kind] = "not poison without duplicate detection"
+			if !mode.recordsIDs() {
+				p.res.Left[kind] = "not poison without a dedup record per id"
 				continue
 			}
 			id += "-" + strings.Repeat("x", 300)

@@ -254,8 +254,13 @@ func tally(ctx context.Context, db *sqldb.DB, runID string, n int) (lost, duplic
 // expectation returns the delivery-guarantee table's entry for a persistent broker in mode's
 // column (docs/background.md).
 func expectation(m Mode) (string, bool) {
-	if m.Batch {
+	switch {
+	case m.Batch:
 		return "exactly once (batch processor)", true
+	case m.Dedup == DedupByOffset:
+		return "exactly once (offsets in the transaction)", true
+	case m.Dedup == DedupAckInTx:
+		return "exactly once (ack in the transaction)", true
 	}
 	switch m.QoS {
 	case onceflow.BestEffort:
@@ -353,6 +358,9 @@ func (p *pool) args(id int, crash *Crash) []string {
 	}
 	if p.mode.Batch {
 		args = append(args, "--batch")
+	}
+	if p.mode.Dedup != DedupByID {
+		args = append(args, "--dedup", string(p.mode.Dedup))
 	}
 	if crash != nil {
 		args = append(args, "--crash", crash.String())

@@ -107,48 +107,79 @@ type Config struct {
 // None, as Kills or Cuts, asks for no fault of that kind.
 const None = -1
 
-// Mode is one row of the table: a quality of service, and for ExactlyOnce whether its handler
+// Mode is one row of the table: a quality of service, for ExactlyOnce whether its handler
 // processes its messages with a batch processor (onceflow.Handler.BatchProcessor, which implies
-// group commit).
+// group commit), and how it detects duplicates.
 type Mode struct {
 	QoS   onceflow.QoS
 	Batch bool
+	// Dedup is how an exactly-once mode detects what it applied already: by id (a dedup row per
+	// message, the zero value), by position, or by taking the message off the queue in the
+	// handler's transaction.
+	Dedup Dedup
 }
+
+// Dedup is how an exactly-once mode detects the messages it applied already.
+type Dedup string
+
+// The ways of detecting duplicates.
+const (
+	// DedupByID records each message's id in the handler's dedup table.
+	DedupByID Dedup = ""
+	// DedupByOffset keeps the last applied offset of each partition in the handler's
+	// transaction (onceflow.DedupConfig.ByOffset): Kafka only.
+	DedupByOffset Dedup = "ByOffset"
+	// DedupAckInTx deletes the queue's lease of the message in the handler's transaction
+	// (onceflow.DedupConfig.AckInTransaction): the PostgreSQL and MySQL queues, in the database
+	// of the handler, only.
+	DedupAckInTx Dedup = "AckInTx"
+)
 
 // The modes.
 var (
-	BestEffort         = Mode{QoS: onceflow.BestEffort}
-	AtLeastOnce        = Mode{QoS: onceflow.AtLeastOnce}
-	ExactlyOnce        = Mode{QoS: onceflow.ExactlyOnce}
-	ExactlyOnceInOrder = Mode{QoS: onceflow.ExactlyOnceInOrder}
-	ExactlyOnceBatch   = Mode{QoS: onceflow.ExactlyOnce, Batch: true}
+	BestEffort          = Mode{QoS: onceflow.BestEffort}
+	AtLeastOnce         = Mode{QoS: onceflow.AtLeastOnce}
+	ExactlyOnce         = Mode{QoS: onceflow.ExactlyOnce}
+	ExactlyOnceInOrder  = Mode{QoS: onceflow.ExactlyOnceInOrder}
+	ExactlyOnceBatch    = Mode{QoS: onceflow.ExactlyOnce, Batch: true}
+	ExactlyOnceByOffset = Mode{QoS: onceflow.ExactlyOnce, Dedup: DedupByOffset}
+	ExactlyOnceAckInTx  = Mode{QoS: onceflow.ExactlyOnce, Dedup: DedupAckInTx}
 )
 
-// Modes lists every mode, in the order of the table.
+// Modes lists the modes every broker has, in the order of the table: the default.
 var Modes = []Mode{BestEffort, AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder, ExactlyOnceBatch}
 
+// BrokerModes lists the modes that only some brokers have: ExactlyOnceByOffset (Kafka) and
+// ExactlyOnceAckInTx (the PostgreSQL and MySQL queues in the handler's database).
+var BrokerModes = []Mode{ExactlyOnceByOffset, ExactlyOnceAckInTx}
+
 // String returns the mode's name: the quality of service's, with "Batch" after it for a batch
-// processor.
+// processor, then the way it detects duplicates when that is not by id.
 func (m Mode) String() string {
+	s := m.QoS.String()
 	if m.Batch {
-		return m.QoS.String() + "Batch"
+		s += "Batch"
 	}
-	return m.QoS.String()
+	return s + string(m.Dedup)
 }
 
-// exactlyOnce reports whether the mode records message ids: its verdict is exactly once.
+// exactlyOnce reports whether the mode detects duplicates: its verdict is exactly once.
 func (m Mode) exactlyOnce() bool { return m.QoS >= onceflow.ExactlyOnce }
+
+// recordsIDs reports whether the mode records message ids: a message it cannot record (an id
+// too long) is poison, and a second publish of an id is a duplicate it drops.
+func (m Mode) recordsIDs() bool { return m.exactlyOnce() && m.Dedup == DedupByID }
 
 // ParseMode returns the mode named s, ignoring case and the characters '-' and '_'
 // ("exactly-once-batch" and "ExactlyOnceBatch" both work).
 func ParseMode(s string) (Mode, error) {
 	norm := strings.ToLower(strings.NewReplacer("-", "", "_", "").Replace(s))
-	for _, m := range Modes {
+	for _, m := range append(append([]Mode(nil), Modes...), BrokerModes...) {
 		if strings.ToLower(m.String()) == norm {
 			return m, nil
 		}
 	}
-	return Mode{}, fmt.Errorf("unknown mode %q (want BestEffort, AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder or ExactlyOnceBatch)", s)
+	return Mode{}, fmt.Errorf("unknown mode %q (want BestEffort, AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder, ExactlyOnceBatch, ExactlyOnceByOffset or ExactlyOnceAckInTx)", s)
 }
 
 // PoisonKind is a kind of message that cannot succeed.
@@ -186,6 +217,25 @@ func ParsePoisonKind(s string) (PoisonKind, error) {
 	return "", fmt.Errorf("unknown poison kind %q (want data-error, panic, malformed-payload, long-id or crash-loop)", s)
 }
 
+// checkBroker reports why m cannot run on the configured broker and database, if it cannot.
+func (c Config) checkBroker(m Mode) error {
+	scheme := func(u string) string { s, _, _ := strings.Cut(u, "://"); return s }
+	switch m.Dedup {
+	case DedupByOffset:
+		if scheme(c.BrokerURL) != "kafka" {
+			return fmt.Errorf("Modes: %s needs a broker with ordered partitions (kafka://), not %q", m, scheme(c.BrokerURL))
+		}
+	case DedupAckInTx:
+		if s := scheme(c.BrokerURL); (s != "postgres" && s != "mysql") || c.BrokerURL != c.DBURL {
+			return fmt.Errorf("Modes: %s needs the PostgreSQL or MySQL queue in the handler's database (the same URL for the broker and the database)", m)
+		}
+	}
+	if m.Dedup != DedupByID && c.Duplicates > 0 {
+		return fmt.Errorf("Duplicates: %s applies a second publish of an id again (it detects redeliveries, not republished ids); run it with no duplicates", m)
+	}
+	return nil
+}
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	switch {
@@ -201,8 +251,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("MaxDeliveries: %d is negative", c.MaxDeliveries)
 	}
 	for _, m := range c.Modes {
-		if !m.QoS.Valid() || (m.Batch && m.QoS != onceflow.ExactlyOnce) {
+		if !m.QoS.Valid() || ((m.Batch || m.Dedup != DedupByID) && m.QoS != onceflow.ExactlyOnce) {
 			return fmt.Errorf("Modes: %s is not a mode", m)
+		}
+		if err := c.checkBroker(m); err != nil {
+			return err
 		}
 	}
 	for _, k := range c.Poison {
