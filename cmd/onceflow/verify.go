@@ -37,7 +37,13 @@ time (published first, alone). Each must be dead-lettered exactly once, with its
 delivery limit (--max-deliveries, 5); BestEffort has no dead-letter topic and gets none.
 
 ExactlyOnceBatch is ExactlyOnce with a batch processor (Handler.BatchProcessor, which implies group
-commit): one multi-row INSERT per group of messages.
+commit): one multi-row INSERT per group of messages. Two more modes, not in the default list, run
+only where the broker has them: ExactlyOnceByOffset (Kafka: each partition's last applied offset
+written in the handler's transaction, no dedup row; Handler.Dedup.ByOffset) and
+ExactlyOnceAckInTx (the PostgreSQL or MySQL queue in the handler's database, --broker and --db the
+same URL: the message taken off the queue in the handler's transaction;
+Handler.Dedup.AckInTransaction). Both detect redeliveries, not a second publish of an id, so they
+refuse --duplicates.
 
 The result is the classic delivery-guarantee table (maybe, at least once, exactly once;
 see docs/background.md), measured. With no flags it runs on the embedded
