@@ -19,24 +19,8 @@ import (
 func TestLeases_SettlementOfAnEarlierLeaseDoesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	q, err := Open(ctx, filepath.Join(t.TempDir(), "queue.db"), Config{ConsumerGroup: "g"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, q.Close()) }()
-	require.NoError(t, q.Publisher().Publish("t", message.NewMessage("m", nil)))
-	require.NoError(t, q.prepareTopic(ctx, "t", "g"))
-	l, err := prepareLeases(ctx, rawDB(q.db), "t", "g")
-	require.NoError(t, err)
-	defer l.close()
-
-	claim := func(now time.Time, lease time.Duration) []claimedRow {
-		var rows []claimedRow
-		require.NoError(t, q.write(ctx, func(tx *sql.Tx) error {
-			var err error
-			rows, err = l.claim(ctx, tx, now, now.Add(lease), 10)
-			return err
-		}))
-		return rows
-	}
+	q, l := leasesOf(t, 1)
+	claim := func(now time.Time, lease time.Duration) []claimedRow { return claimFor(t, q, l, now, lease, 10) }
 	settle := func(s settlement) {
 		require.NoError(t, q.write(ctx, func(tx *sql.Tx) error { return l.settle(ctx, tx, []settlement{s}) }))
 	}
@@ -70,33 +54,17 @@ func TestLeases_SettlementOfAnEarlierLeaseDoesNothing(t *testing.T) {
 func TestLeases_AcknowledgementsOfABatchDeleteExactlyTheirLeases(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	q, err := Open(ctx, filepath.Join(t.TempDir(), "queue.db"), Config{ConsumerGroup: "g"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, q.Close()) }()
 	const n = 100
-	for range n {
-		require.NoError(t, q.Publisher().Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
-	}
-	require.NoError(t, q.prepareTopic(ctx, "t", "g"))
-	l, err := prepareLeases(ctx, rawDB(q.db), "t", "g")
-	require.NoError(t, err)
-	defer l.close()
+	q, l := leasesOf(t, n)
 
 	var plan string
 	require.NoError(t, rawDB(q.db).QueryRowContext(ctx, "EXPLAIN QUERY PLAN "+ackManyQuery(l.table, 2), "g", 1, 2, 1, 1, 2, 1).Scan(new(int), new(int), new(int), &plan))
 	require.Contains(t, plan, "PRIMARY KEY (consumer_group=? AND offset=?)")
 
 	now := time.Now()
-	var rows []claimedRow
-	require.NoError(t, q.write(ctx, func(tx *sql.Tx) error {
-		_, err = l.claim(ctx, tx, now, now.Add(time.Second), n)
-		return err
-	}))
+	claimFor(t, q, l, now, time.Second, n)
 	now = now.Add(2 * time.Second) // the claims have expired: their offsets are lease rows
-	require.NoError(t, q.write(ctx, func(tx *sql.Tx) error {
-		rows, err = l.claim(ctx, tx, now, now.Add(time.Minute), n)
-		return err
-	}))
+	rows := claimFor(t, q, l, now, time.Minute, n)
 	require.Len(t, rows, n)
 	require.Equal(t, claimedRow{offset: 1, deliveries: 2}, claimedRow{offset: rows[0].offset, deliveries: rows[0].deliveries, claim: rows[0].claim})
 	// 64 + 8 + 8 + 5 acknowledgements of the first 85 leases, one with a wrong count (an
@@ -132,26 +100,9 @@ func TestLeases_AcknowledgementsOfABatchDeleteExactlyTheirLeases(t *testing.T) {
 func TestLeases_ClaimRowsHoldNewMessagesUntilSettledOrExpired(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	q, err := Open(ctx, filepath.Join(t.TempDir(), "queue.db"), Config{ConsumerGroup: "g"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, q.Close()) }()
 	const n = 100
-	for range n {
-		require.NoError(t, q.Publisher().Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
-	}
-	require.NoError(t, q.prepareTopic(ctx, "t", "g"))
-	l, err := prepareLeases(ctx, rawDB(q.db), "t", "g")
-	require.NoError(t, err)
-	defer l.close()
-	claim := func(now time.Time) []claimedRow {
-		var rows []claimedRow
-		require.NoError(t, q.write(ctx, func(tx *sql.Tx) error {
-			var err error
-			rows, err = l.claim(ctx, tx, now, now.Add(time.Minute), n)
-			return err
-		}))
-		return rows
-	}
+	q, l := leasesOf(t, n)
+	claim := func(now time.Time) []claimedRow { return claimFor(t, q, l, now, time.Minute, n) }
 	count := func(query string) int {
 		var c int
 		require.NoError(t, rawDB(q.db).QueryRowContext(ctx, query).Scan(&c))
@@ -238,25 +189,8 @@ func stripped(rows []claimedRow) []claimedRow {
 func TestLeases_CursorMovedBackSkipsLeasedMessages(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	q, err := Open(ctx, filepath.Join(t.TempDir(), "queue.db"), Config{ConsumerGroup: "g"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, q.Close()) }()
-	for range 4 {
-		require.NoError(t, q.Publisher().Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
-	}
-	require.NoError(t, q.prepareTopic(ctx, "t", "g"))
-	l, err := prepareLeases(ctx, rawDB(q.db), "t", "g")
-	require.NoError(t, err)
-	defer l.close()
-	claim := func(now time.Time) []claimedRow {
-		var rows []claimedRow
-		require.NoError(t, q.write(ctx, func(tx *sql.Tx) error {
-			var err error
-			rows, err = l.claim(ctx, tx, now, now.Add(time.Minute), 10)
-			return err
-		}))
-		return rows
-	}
+	q, l := leasesOf(t, 4)
+	claim := func(now time.Time) []claimedRow { return claimFor(t, q, l, now, time.Minute, 10) }
 	now := time.Now()
 	rows := claim(now)
 	require.Len(t, rows, 4)
@@ -268,11 +202,42 @@ func TestLeases_CursorMovedBackSkipsLeasedMessages(t *testing.T) {
 			{offset: 3, deliveries: 1, claim: rows[2].claim, ack: true},
 		})
 	}))
-	_, err = rawDB(q.db).ExecContext(ctx, `UPDATE `+quote(OffsetsTable("t"))+` SET offset_acked = 0 WHERE consumer_group = 'g'`)
+	_, err := rawDB(q.db).ExecContext(ctx, `UPDATE `+quote(OffsetsTable("t"))+` SET offset_acked = 0 WHERE consumer_group = 'g'`)
 	require.NoError(t, err)
 	require.Equal(t, []claimedRow{{offset: 1, deliveries: 1}, {offset: 3, deliveries: 1}}, stripped(claim(now)))
 	require.Empty(t, claim(now))
 	n, err := q.Backlog(ctx, "t", "g")
 	require.NoError(t, err)
 	require.EqualValues(t, 4, n)
+}
+
+// leasesOf returns a queue file with n messages on topic "t", known to group "g", and the
+// leases of "g" on "t"; both are closed at the end of the test.
+func leasesOf(t *testing.T, n int) (*Queue, *leases) {
+	t.Helper()
+	ctx := context.Background()
+	q, err := Open(ctx, filepath.Join(t.TempDir(), "queue.db"), Config{ConsumerGroup: "g"})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close()) })
+	for range n {
+		require.NoError(t, q.Publisher().Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
+	}
+	require.NoError(t, q.prepareTopic(ctx, "t", "g"))
+	l, err := prepareLeases(ctx, rawDB(q.db), "t", "g")
+	require.NoError(t, err)
+	t.Cleanup(l.close)
+	return q, l
+}
+
+// claimFor claims up to room messages of l at now, each leased for lease.
+func claimFor(t *testing.T, q *Queue, l *leases, now time.Time, lease time.Duration, room int) []claimedRow {
+	t.Helper()
+	ctx := context.Background()
+	var rows []claimedRow
+	require.NoError(t, q.write(ctx, func(tx *sql.Tx) error {
+		var err error
+		rows, err = l.claim(ctx, tx, now, now.Add(lease), room)
+		return err
+	}))
+	return rows
 }

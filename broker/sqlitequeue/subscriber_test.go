@@ -396,36 +396,50 @@ func TestClose_BoundedWhenTheFileStaysLocked(t *testing.T) {
 	require.Equal(t, 2, deliveryCount(t, again))
 }
 
-// A queue file written before the queue had leases (messages and offsets tables only, the
-// group's acknowledged offset in its offsets row) is consumed from that offset on.
-func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	path := testFile(t)
-	old, err := sqldb.Open(ctx, "sqlite://"+path)
-	require.NoError(t, err)
-	// The tables as the queue created them before it had leases, and what its publisher and
-	// subscriber wrote: five messages, of which group "g" acknowledged the first two.
-	for _, stmt := range []string{
-		`CREATE TABLE IF NOT EXISTS "onceflow_queue_orders" (
+// The messages and offsets tables of topic "orders" as the queue created them before it had
+// leases.
+const (
+	oldMessagesTable = `CREATE TABLE IF NOT EXISTS "onceflow_queue_orders" (
 	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
 	uuid       TEXT NOT NULL,
 	payload    BLOB,
 	metadata   TEXT,
 	created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-)`,
-		`CREATE TABLE IF NOT EXISTS "onceflow_offsets_orders" (
+)`
+	oldOffsetsTable = `CREATE TABLE IF NOT EXISTS "onceflow_offsets_orders" (
 	consumer_group TEXT NOT NULL PRIMARY KEY,
 	offset_acked   INTEGER NOT NULL DEFAULT 0
-)`,
-		`INSERT INTO "onceflow_queue_orders" (uuid, payload, metadata) VALUES
-	('o-1', 'p1', '{}'), ('o-2', 'p2', '{}'), ('o-3', 'p3', '{"k":"v"}'), ('o-4', 'p4', '{}'), ('o-5', 'p5', NULL)`,
-		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
-	} {
+)`
+)
+
+// oldQueueFile returns a queue file with the tables oldMessagesTable and oldOffsetsTable,
+// written by the statements stmts.
+func oldQueueFile(t *testing.T, stmts ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	path := testFile(t)
+	old, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	for _, stmt := range append([]string{oldMessagesTable, oldOffsetsTable}, stmts...) {
 		_, err := old.ExecContext(ctx, stmt)
 		require.NoError(t, err)
 	}
 	require.NoError(t, old.Close())
+	return path
+}
+
+// A queue file written before the queue had leases (messages and offsets tables only, the
+// group's acknowledged offset in its offsets row) is consumed from that offset on.
+func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// The tables as the queue created them before it had leases, and what its publisher and
+	// subscriber wrote: five messages, of which group "g" acknowledged the first two.
+	path := oldQueueFile(t,
+		`INSERT INTO "onceflow_queue_orders" (uuid, payload, metadata) VALUES
+	('o-1', 'p1', '{}'), ('o-2', 'p2', '{}'), ('o-3', 'p3', '{"k":"v"}'), ('o-4', 'p4', '{}'), ('o-5', 'p5', NULL)`,
+		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
+	)
 
 	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
 	n, err := q.Backlog(ctx, "orders", "g")
@@ -456,21 +470,7 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
 func TestSubscriber_ConsumesAFileOfTheQueueBeforeClaims(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	path := testFile(t)
-	old, err := sqldb.Open(ctx, "sqlite://"+path)
-	require.NoError(t, err)
-	for _, stmt := range []string{
-		`CREATE TABLE "onceflow_queue_orders" (
-	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
-	uuid       TEXT NOT NULL,
-	payload    BLOB,
-	metadata   TEXT,
-	created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-)`,
-		`CREATE TABLE "onceflow_offsets_orders" (
-	consumer_group TEXT NOT NULL PRIMARY KEY,
-	offset_acked   INTEGER NOT NULL DEFAULT 0
-)`,
+	path := oldQueueFile(t,
 		`CREATE TABLE "onceflow_leases_orders" (
 	consumer_group TEXT    NOT NULL,
 	"offset"       INTEGER NOT NULL,
@@ -484,11 +484,7 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeClaims(t *testing.T) {
 		// o-1 acknowledged, o-2 nacked after its first delivery and due.
 		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
 		`INSERT INTO "onceflow_leases_orders" (consumer_group, "offset", deliveries, visible_at) VALUES ('g', 2, 1, 0)`,
-	} {
-		_, err := old.ExecContext(ctx, stmt)
-		require.NoError(t, err)
-	}
-	require.NoError(t, old.Close())
+	)
 
 	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
 	n, err := q.Backlog(ctx, "orders", "g")
