@@ -3,7 +3,6 @@ package sqldb
 import (
 	"context"
 	"database/sql/driver"
-	"io"
 	"path/filepath"
 	"sync"
 	"time"
@@ -61,12 +60,7 @@ func (c turnConnector) Connect(ctx context.Context) (driver.Conn, error) {
 }
 
 // Close closes the wrapped connector if it has anything to close.
-func (c turnConnector) Close() error {
-	if cl, ok := c.Connector.(io.Closer); ok {
-		return cl.Close()
-	}
-	return nil
-}
+func (c turnConnector) Close() error { return closeConnector(c.Connector) }
 
 // turnConn is a connection whose transactions hold the file's turn from before BEGIN until
 // COMMIT or ROLLBACK. It passes everything else to the driver's connection, which must
