@@ -10,6 +10,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/internal/sqllock"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -22,12 +23,12 @@ import (
 // can be passed by a cursor before it commits. The relays claim and settle in short write
 // transactions and hold none while they send.
 type sqlite struct {
-	table, messagesTable, offsetsTable, leasesTable string
+	table, messagesTable, offsetsTable string
 }
 
 func newSQLite(table string) *sqlite {
 	return &sqlite{table: table, messagesTable: sqlitequeue.MessagesTable(table),
-		offsetsTable: sqlitequeue.OffsetsTable(table), leasesTable: sqlitequeue.LeasesTable(table)}
+		offsetsTable: sqlitequeue.OffsetsTable(table)}
 }
 
 func (s *sqlite) tables() (string, string) { return s.messagesTable, s.offsetsTable }
@@ -46,21 +47,21 @@ func (s *sqlite) newSource(cfg RelayConfig) (source, error) { return newSQLiteSo
 
 // stats counts the rows after the group's cursor and the rows it has leased.
 func (s *sqlite) stats(group string) (string, []any) {
-	t, o, l := sqldb.SQLite.Quote(s.messagesTable), sqldb.SQLite.Quote(s.offsetsTable), sqldb.SQLite.Quote(s.leasesTable)
+	t, o := sqldb.SQLite.Quote(s.messagesTable), sqldb.SQLite.Quote(s.offsetsTable)
 	return `SELECT COUNT(*),
 	COALESCE(CAST(ROUND(unixepoch(MIN(created_at), 'subsec') * 1000000) AS INTEGER), 0),
 	COALESCE(CAST(ROUND((unixepoch('now', 'subsec') - unixepoch(MIN(created_at), 'subsec')) * 1000000) AS INTEGER), 0)
 FROM ` + t + `
 WHERE "offset" > COALESCE((SELECT offset_acked FROM ` + o + ` WHERE consumer_group = ?1), 0)
-	OR "offset" IN (SELECT "offset" FROM ` + l + ` WHERE consumer_group = ?1)`, []any{group}
+	OR ` + queuetable.Leased(s.table, `"offset"`, `?1`), []any{group}
 }
 
 func (s *sqlite) purgeQuery() string {
-	t, o, l := sqldb.SQLite.Quote(s.messagesTable), sqldb.SQLite.Quote(s.offsetsTable), sqldb.SQLite.Quote(s.leasesTable)
+	t, o := sqldb.SQLite.Quote(s.messagesTable), sqldb.SQLite.Quote(s.offsetsTable)
 	return `DELETE FROM ` + t + ` WHERE "offset" IN (
 	SELECT "offset" FROM ` + t + `
 	WHERE "offset" < (SELECT MIN(COALESCE(offset_acked, 0)) FROM ` + o + `)
-	AND "offset" NOT IN (SELECT "offset" FROM ` + l + `)
+	AND NOT ` + queuetable.Leased(s.table, `"offset"`, ``) + `
 	ORDER BY "offset" LIMIT ?)`
 }
 

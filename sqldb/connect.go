@@ -92,8 +92,11 @@ func (c boundedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 
 // Close closes the wrapped connector if it has anything to close; database/sql calls it when
 // the pool closes.
-func (c boundedConnector) Close() error {
-	if cl, ok := c.Connector.(io.Closer); ok {
+func (c boundedConnector) Close() error { return closeConnector(c.Connector) }
+
+// closeConnector closes c if it has anything to close.
+func closeConnector(c driver.Connector) error {
+	if cl, ok := c.(io.Closer); ok {
 		return cl.Close()
 	}
 	return nil

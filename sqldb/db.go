@@ -117,6 +117,11 @@ func open(ctx context.Context, rawURL string, t *target) (*DB, error) {
 	if t.connectTimeout > 0 {
 		connector = boundedConnector{Connector: connector, timeout: t.connectTimeout}
 	}
+	if t.path != "" && !strings.Contains(t.path, ":memory:") && !strings.Contains(t.dsn, "mode=memory") && t.driver.WriteTurn != nil {
+		if wait, ok := t.driver.WriteTurn(t.dsn); ok {
+			connector = turnConnector{Connector: connector, turn: writeTurn(t.path), wait: wait}
+		}
+	}
 	sdb := sql.OpenDB(connector)
 	sdb.SetMaxIdleConns(DefaultMaxIdleConns)
 	sdb.SetConnMaxIdleTime(DefaultConnMaxIdleTime)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Driver is what a driver package registers for one dialect: how to turn a URL into the DSN of
@@ -48,6 +49,14 @@ type Driver struct {
 	// UniqueConstraint, if not nil, returns the constraint that a unique violation of the
 	// driver broke (see the package function UniqueConstraint).
 	UniqueConstraint func(err error) (string, bool)
+
+	// WriteTurn, if not nil, reports whether each transaction of a database opened with dsn
+	// holds the only write lock of its file from BEGIN on (SQLite with BEGIN IMMEDIATE), and
+	// how long a transaction waits for that lock (its busy timeout). Open then hands the
+	// transactions of this process over the file their turns in arrival order, before BEGIN,
+	// instead of leaving them to the driver's busy waiting; one that waits longer than that
+	// begins without its turn, and fails or succeeds as the driver decides.
+	WriteTurn func(dsn string) (wait time.Duration, ok bool)
 
 	// Listen, if not nil, makes conn listen on a notification channel, calls ready once it
 	// does and notified for each notification, until ctx ends or the connection fails (see the

@@ -10,3 +10,7 @@ func ParseURL(rawURL string) (driverName, dsn, path, redacted string, connectTim
 	}
 	return t.driver.DriverName, t.dsn, t.path, t.redacted, t.connectTimeout, nil
 }
+
+// WriteTurnHeld reports whether a transaction of this process has the turn to write the
+// SQLite file at path.
+func WriteTurnHeld(path string) bool { return len(writeTurn(path)) == 1 }

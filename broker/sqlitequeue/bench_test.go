@@ -3,6 +3,7 @@ package sqlitequeue_test
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -184,4 +185,83 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkSubscriber_SteadyLatency publishes one message a millisecond (1,000 msgs/s) for
+// 2 s to a subscription that settles directly, with a window of 128, and a consumer that
+// acknowledges each message 1 ms after it arrives, and reports the latency from before the
+// publish to the hand-out, p50 and p99: the queue's share of the steady state's latency from
+// publish to commit. The publish's own commit (synchronous=FULL) is in it.
+func BenchmarkSubscriber_SteadyLatency(b *testing.B) {
+	const n = 2000
+	var p50, p99 time.Duration
+	for i := 0; i < b.N; i++ {
+		lat := steadyOnce(b, n)
+		slices.Sort(lat)
+		p50 += lat[n/2]
+		p99 += lat[n*99/100]
+	}
+	b.ReportMetric(float64(p50.Microseconds())/1000/float64(b.N), "p50-ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000/float64(b.N), "p99-ms")
+	b.ReportMetric(0, "ns/op")
+}
+
+// steadyOnce publishes n messages to a fresh queue file at 1,000 msgs/s and returns the
+// latency of each from before its publish until a direct-settling subscription handed it out.
+func steadyOnce(b *testing.B, n int) []time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	q, err := sqlitequeue.Open(ctx, filepath.Join(b.TempDir(), "queue.db"), sqlitequeue.Config{ConsumerGroup: "bench", BatchSize: 128})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = q.Close() }()
+	sub, err := q.Subscriber()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = sub.Close() }()
+	in, err := sub.Subscribe(redelivery.WithDirectSettle(ctx), "steady")
+	if err != nil {
+		b.Fatal(err)
+	}
+	published := make(chan error, 1)
+	go func() {
+		start := time.Now()
+		for i := range n {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * time.Millisecond)))
+			m := message.NewMessage(watermill.NewUUID(), nil)
+			m.Metadata.Set("sent", strconv.FormatInt(time.Now().UnixNano(), 10))
+			if err := q.Publisher().Publish("steady", m); err != nil {
+				published <- err
+				return
+			}
+		}
+		published <- nil
+	}()
+	lat := make([]time.Duration, 0, n)
+	for len(lat) < n {
+		var m *message.Message
+		select {
+		case m = <-in:
+		case err := <-published:
+			if err != nil {
+				b.Fatal(err)
+			}
+			published = nil
+			continue
+		case <-time.After(30 * time.Second):
+			b.Fatalf("%d of %d messages received within 30 s", len(lat), n)
+		}
+		sent, err := strconv.ParseInt(m.Metadata.Get("sent"), 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(time.Unix(0, sent)))
+		time.AfterFunc(time.Millisecond, func() {
+			m.Ack()
+			redelivery.Settle(m)
+		})
+	}
+	return lat
 }

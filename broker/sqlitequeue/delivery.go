@@ -14,7 +14,8 @@ import (
 // delivery is one message claimed by a subscription under one lease.
 type delivery struct {
 	offset     int64
-	deliveries int // the lease's count, which names the lease
+	deliveries int      // the lease's count, which names the lease
+	claim      claimRef // the claim row that holds the lease; zero for a lease row
 	msg        *message.Message
 	ctx        context.Context // the message's context, as the subscription made it
 	cancel     context.CancelFunc
@@ -33,15 +34,15 @@ type delivery struct {
 	stop  func() bool
 }
 
-// newDelivery makes the delivery of msg under a lease claimed until expires. The message's
+// newDelivery makes the delivery of msg, claimed as r, under a lease claimed until expires. The message's
 // context derives from parent, ends when the lease passes, and carries a redelivery.Info with
 // the lease's count. With settled not nil, the consumer settles the message directly
 // (redelivery.Settle), and settled then runs once, in the consumer's goroutine, unless the
 // context of the delivery ended before.
-func newDelivery(parent context.Context, msg *message.Message, offset int64, deliveries int, expires time.Time, settled func(*delivery)) *delivery {
+func newDelivery(parent context.Context, msg *message.Message, r claimedRow, expires time.Time, settled func(*delivery)) *delivery {
 	ctx, cancel := context.WithDeadline(parent, expires)
-	ctx = redelivery.NewContext(ctx, redelivery.Info{Count: deliveries, DelaysNacks: true})
-	d := &delivery{offset: offset, deliveries: deliveries, msg: msg, cancel: cancel, expires: expires}
+	ctx = redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true})
+	d := &delivery{offset: r.offset, deliveries: r.deliveries, claim: r.claim, msg: msg, cancel: cancel, expires: expires}
 	if settled != nil {
 		ctx = redelivery.NewSettleContext(ctx, func() {
 			if d.take() {
@@ -116,7 +117,7 @@ func (d *delivery) outcomeNow() outcome {
 // deleted when acked, visible again after the nack's delay (the one NackAfter asked for, else
 // resend) when nacked, visible again at once (given back) when unsettled.
 func (d *delivery) settlement(o outcome, at time.Time, resend time.Duration) settlement {
-	s := settlement{offset: d.offset, deliveries: d.deliveries}
+	s := settlement{offset: d.offset, deliveries: d.deliveries, claim: d.claim}
 	switch o {
 	case acked:
 		s.ack = true

@@ -11,11 +11,15 @@
 // The package links no driver itself, so that the outbox, which reads its SQLite tables with
 // this package's code, adds no SQLite driver to a program on PostgreSQL or MySQL.
 //
-// Each topic has three tables. The messages table, "onceflow_queue_<topic>", gives every
+// Each topic has four tables. The messages table, "onceflow_queue_<topic>", gives every
 // message an increasing offset. The offsets table, "onceflow_offsets_<topic>", has a cursor
-// per consumer group: every message at or below it has been claimed by the group. The leases
-// table, "onceflow_leases_<topic>", has a row per message that a group has claimed and not
-// acknowledged: (consumer_group, offset, deliveries, visible_at). Messages are not deleted when
+// per consumer group: every message at or below it has been claimed by the group. The claims
+// table, "onceflow_claims_<topic>", has a row per run of up to 63 new messages that a group
+// claimed in one go: (consumer_group, first_offset, last_offset, visible_at, settled), settled
+// being a bitmap of the offsets of the run no longer held (acknowledged, nacked, deleted). The
+// leases table, "onceflow_leases_<topic>", has a row per message that a group holds outside a
+// claim row (nacked, given back, or delivered again after its claim expired): (consumer_group,
+// offset, deliveries, visible_at). Messages are not deleted when
 // they are consumed: Trim removes those every known consumer group has acknowledged. The file
 // is opened through sqldb.Open: WAL journal, synchronous=FULL, a 30 s busy timeout and BEGIN
 // IMMEDIATE transactions. The subscriptions' claims and settlements commit with
@@ -35,9 +39,14 @@
 //
 // Every consumer group receives every message of a topic. A subscription keeps a window of
 // Config.BatchSize messages in flight. When half its window is free (or 20 ms after room
-// came free, or when all of it is) it claims messages in one short transaction: the group's leases that are due, then the
-// messages after the group's cursor, each leased for Config.AckDeadline. Acknowledgements
-// delete leases, nacks move a lease's visible_at to the end of the nack's delay. Every
+// came free, or when all of it is) it claims messages in one short transaction: the group's
+// leases that are due, then the messages after the group's cursor, leased for
+// Config.AckDeadline by a claim row per 63 offsets, not a row per message. An acknowledgement
+// sets its offset's bit in the claim row, the acknowledgements of a claim row in one
+// statement, and a row all settled is deleted; an acknowledgement of a lease row deletes it. A
+// nack moves the message to a lease row (or moves its lease row's visible_at) to the end of
+// the nack's delay. When a claim row expires, the messages it still holds get lease rows, due,
+// with their delivery count of 1. Every
 // transaction of the file has its cost, so settlements wait to be committed together:
 // those that the subscriptions of a topic in one Queue give within 10 ms go in one
 // transaction, the next claim of any of them or a commit of their own (at once when the
@@ -74,7 +83,9 @@
 // # Files of earlier versions
 //
 // A file written before the queue had leases is consumed as it is: a group's acknowledged
-// offset becomes its cursor, and the leases table is created at the first subscription. Stop
+// offset becomes its cursor, and the leases table is created at the first subscription; so is
+// the claims table in a file written before the queue had claims, whose lease rows are
+// consumed as they are. Stop
 // every process of the file that runs the earlier version before consumers of the new one
 // start: the earlier subscriber knows nothing of leases.
 //

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -171,6 +172,10 @@ func (q *Queue) Delete(ctx context.Context, topic string, offset int64) (bool, e
 		if t.leases {
 			_, err = tx.ExecContext(ctx, `DELETE FROM `+quote(LeasesTable(topic))+` WHERE "offset" = ?`, offset)
 		}
+		if err == nil && t.claims {
+			_, err = tx.ExecContext(ctx, `UPDATE `+quote(queuetable.ClaimsTable(topic))+` SET settled = settled | (1 << (?1 - first_offset))
+WHERE first_offset BETWEEN ?1 - `+strconv.Itoa(queuetable.MaxClaimSpan-1)+` AND ?1 AND last_offset >= ?1`, offset)
+		}
 		return err
 	})
 	if err != nil {
@@ -197,7 +202,9 @@ func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 		return 0, err
 	}
 	leased := ``
-	if t.leases {
+	if t.all() {
+		leased = ` AND NOT ` + queuetable.Leased(topic, `"offset"`, ``)
+	} else if t.leases {
 		leased = ` AND "offset" NOT IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + `)`
 	}
 	del := `DELETE FROM ` + quote(MessagesTable(topic)) + ` WHERE "offset" IN (
@@ -227,22 +234,26 @@ func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 
 // topicTables says which of a topic's tables exist.
 type topicTables struct {
-	messages, offsets, leases bool
+	messages, offsets, leases, claims bool
 }
 
 // exist reports whether the topic exists: its messages and offsets tables do. (A file written
-// before the queue had leases has no leases table until a consumer subscribes.)
+// before the queue had leases has no leases table until a consumer subscribes, nor one written
+// before it had claims a claims table.)
 func (t topicTables) exist() bool { return t.messages && t.offsets }
 
 // all reports whether every table of the topic exists.
-func (t topicTables) all() bool { return t.messages && t.offsets && t.leases }
+func (t topicTables) all() bool { return t.messages && t.offsets && t.leases && t.claims }
 
 // waiting returns the condition on the messages table of topic that selects the messages
 // waiting for group: leased, or after its cursor.
 func (t topicTables) waiting(topic, group string) (string, []any) {
 	cond := `"offset" > COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?), 0)`
 	args := []any{group}
-	if t.leases {
+	if t.all() {
+		cond += ` OR ` + queuetable.Leased(topic, quote(MessagesTable(topic))+`."offset"`, `?`)
+		args = append(args, group, group)
+	} else if t.leases {
 		cond += ` OR "offset" IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?)`
 		args = append(args, group)
 	}
@@ -256,8 +267,12 @@ func (t topicTables) waitingFrom(topic, group string) (string, []any) {
 	if !t.leases {
 		return cursor, []any{group}
 	}
-	return `min(` + cursor + `, COALESCE((SELECT min("offset") FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?) - 1, ` + cursor + `))`,
-		[]any{group, group, group}
+	lowest := `COALESCE((SELECT min("offset") FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?) - 1, ` + cursor + `)`
+	if !t.claims {
+		return `min(` + cursor + `, ` + lowest + `)`, []any{group, group, group}
+	}
+	return `min(` + cursor + `, ` + lowest + `, COALESCE((SELECT min(first_offset) FROM ` + quote(queuetable.ClaimsTable(topic)) + ` WHERE consumer_group = ?) - 1, ` + cursor + `))`,
+		[]any{group, group, group, group, group}
 }
 
 // topicTables returns which of topic's tables exist. An invalid topic name is an error.
@@ -269,10 +284,10 @@ func (q *Queue) topicTables(ctx context.Context, topic string) (topicTables, err
 		return topicTables{}, err
 	}
 	if _, ok := q.initialized.Load(topic); ok {
-		return topicTables{true, true, true}, nil
+		return topicTables{true, true, true, true}, nil
 	}
-	rows, err := q.db.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?, ?)`,
-		MessagesTable(topic), OffsetsTable(topic), LeasesTable(topic))
+	rows, err := q.db.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?, ?, ?)`,
+		MessagesTable(topic), OffsetsTable(topic), LeasesTable(topic), queuetable.ClaimsTable(topic))
 	if err != nil {
 		return topicTables{}, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
 	}
@@ -290,6 +305,8 @@ func (q *Queue) topicTables(ctx context.Context, topic string) (topicTables, err
 			t.offsets = true
 		case LeasesTable(topic):
 			t.leases = true
+		case queuetable.ClaimsTable(topic):
+			t.claims = true
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
 // leases is the SQL of one consumer group's leases on one topic: claiming messages, settling
@@ -14,16 +16,33 @@ import (
 // statements are prepared once, when the subscription starts.
 //
 // The group's row in the offsets table is its cursor: every offset at or below it is
-// acknowledged (its lease deleted, or never had one before the queue had leases) or leased.
-// A lease row is (consumer_group, offset, deliveries, visible_at): the message at offset was
-// handed out deliveries times, and may be claimed again from visible_at on, in Unix
-// milliseconds. Each claim raises deliveries by one, so that (offset, deliveries) names one
-// lease: a settlement names the lease it settles and does nothing to a later one.
+// acknowledged (never had a lease, or had its lease deleted) or leased. A lease is held in one
+// of two forms:
+//
+//   - A claim row (consumer_group, first_offset, last_offset, visible_at, settled) of the
+//     claims table: messages claimed in one go for the first time, after the cursor, up to
+//     queuetable.MaxClaimSpan offsets per row. Each offset of the row whose bit in settled is
+//     clear is leased, handed out once, until visible_at. An acknowledgement sets its bit; the
+//     row is deleted once every bit is set. A nack (or a lease given back) sets the bit and
+//     moves the offset to a lease row. When visible_at passes, the offsets still held move to
+//     lease rows, due, with a delivery count of 1. (consumer_group, first_offset, visible_at)
+//     names a claim: visible_at never changes, so a settlement of an earlier claim does
+//     nothing to a later one.
+//   - A lease row (consumer_group, offset, deliveries, visible_at) of the leases table: the
+//     message at offset was handed out deliveries times, and may be claimed again from
+//     visible_at on, in Unix milliseconds. Each claim raises deliveries by one, so that
+//     (offset, deliveries) names one lease: a settlement names the lease it settles and does
+//     nothing to a later one.
+//
+// Draining a backlog, a claim of a window of messages thus writes a row per 63 messages, and
+// their acknowledgements update that row, instead of a row inserted and deleted per message.
 type leases struct {
-	group string
-	table string // quoted name of the leases table
+	group  string
+	table  string // quoted name of the leases table
+	claims string // quoted name of the claims table
 
-	anyDue, selectDue, renew, orphan, cursor, selectNew, insert, advance, ack, release *sql.Stmt
+	anyDue, selectDue, renew, orphan, cursor, selectNew, selectNewLeased, insert, insertClaim, advance, ack, release,
+	expireClaims, leaseClaimed, ackClaimed, takeClaimed, giveBack, sweepClaims *sql.Stmt
 	// acks[i] deletes ackSizes[i] leases named by (offset, deliveries) in one statement.
 	acks [len(ackSizes)]*sql.Stmt
 }
@@ -56,32 +75,53 @@ func ackManyQuery(table string, n int) string {
 // prepareLeases prepares the statements of group's leases on topic, whose tables must exist.
 func prepareLeases(ctx context.Context, db *sql.DB, topic, group string) (*leases, error) {
 	messages, offsets, table := quote(MessagesTable(topic)), quote(OffsetsTable(topic)), quote(LeasesTable(topic))
-	l := &leases{group: group, table: table}
+	claims := quote(queuetable.ClaimsTable(topic))
+	l := &leases{group: group, table: table, claims: claims}
 	for _, st := range []struct {
 		stmt  **sql.Stmt
 		query string
 	}{
-		{&l.anyDue, `SELECT EXISTS (SELECT 1 FROM ` + table + ` WHERE consumer_group = ? AND visible_at <= ?)
-	OR EXISTS (SELECT 1 FROM ` + messages + ` WHERE "offset" > COALESCE((SELECT offset_acked FROM ` + offsets + ` WHERE consumer_group = ?), 0))`},
+		{&l.anyDue, `SELECT EXISTS (SELECT 1 FROM ` + table + ` WHERE consumer_group = ?1 AND visible_at <= ?2)
+	OR EXISTS (SELECT 1 FROM ` + claims + ` WHERE consumer_group = ?1 AND visible_at <= ?2)
+	OR EXISTS (SELECT 1 FROM ` + messages + ` WHERE "offset" > COALESCE((SELECT offset_acked FROM ` + offsets + ` WHERE consumer_group = ?1), 0))`},
 		{&l.selectDue, `SELECT l."offset", l.deliveries, m.uuid, m.payload, m.metadata
 FROM ` + table + ` AS l LEFT JOIN ` + messages + ` AS m ON m."offset" = l."offset"
 WHERE l.consumer_group = ? AND l.visible_at <= ?
 ORDER BY l.visible_at, l."offset" LIMIT ?`},
 		{&l.renew, `UPDATE ` + table + ` SET deliveries = deliveries + 1, visible_at = ? WHERE consumer_group = ? AND "offset" = ?`},
 		{&l.orphan, `DELETE FROM ` + table + ` WHERE consumer_group = ? AND "offset" = ?`},
-		{&l.cursor, `SELECT COALESCE((SELECT offset_acked FROM ` + offsets + ` WHERE consumer_group = ?), 0)`},
+		// The cursor, and the highest offset the group holds a lease of: above the cursor only
+		// when the cursor was moved back by hand.
+		{&l.cursor, `SELECT COALESCE((SELECT offset_acked FROM ` + offsets + ` WHERE consumer_group = ?1), 0),
+	max(COALESCE((SELECT max("offset") FROM ` + table + ` WHERE consumer_group = ?1), 0),
+		COALESCE((SELECT max(last_offset) FROM ` + claims + ` WHERE consumer_group = ?1), 0))`},
 		{&l.selectNew, `SELECT "offset", uuid, payload, metadata FROM ` + messages + ` WHERE "offset" > ? ORDER BY "offset" LIMIT ?`},
 		// A message after the cursor has no lease, unless the cursor was moved back by hand:
 		// such a message keeps its lease, and is delivered through it.
-		{&l.insert, `INSERT INTO ` + table + ` (consumer_group, "offset", deliveries, visible_at)
-SELECT ?, "offset", 1, ? FROM ` + messages + ` WHERE "offset" > ? AND "offset" <= ?
-ON CONFLICT (consumer_group, "offset") DO NOTHING
-RETURNING "offset"`},
+		{&l.selectNewLeased, `SELECT "offset", uuid, payload, metadata FROM ` + messages + ` WHERE "offset" > ?2
+	AND NOT ` + queuetable.Leased(topic, `"offset"`, `?1`) + ` ORDER BY "offset" LIMIT ?3`},
+		{&l.insert, `INSERT INTO ` + table + ` (consumer_group, "offset", deliveries, visible_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (consumer_group, "offset") DO NOTHING`},
+		{&l.insertClaim, `INSERT INTO ` + claims + ` (consumer_group, first_offset, last_offset, visible_at, settled) VALUES (?, ?, ?, ?, ?)`},
 		{&l.advance, `INSERT INTO ` + offsets + ` (consumer_group, offset_acked) VALUES (?, ?)
 ON CONFLICT (consumer_group) DO UPDATE SET offset_acked = max(offset_acked, excluded.offset_acked)`},
 		{&l.ack, `DELETE FROM ` + table + ` WHERE consumer_group = ? AND "offset" = ? AND deliveries = ?`},
 		{&l.release, `UPDATE ` + table + ` SET visible_at = ?, deliveries = deliveries - ?
 WHERE consumer_group = ? AND "offset" = ? AND deliveries = ?`},
+		{&l.expireClaims, `DELETE FROM ` + claims + ` WHERE consumer_group = ? AND visible_at <= ?
+RETURNING first_offset, last_offset, visible_at, settled`},
+		// The offsets an expired claim still held become lease rows, due, handed out once.
+		{&l.leaseClaimed, `INSERT INTO ` + table + ` (consumer_group, "offset", deliveries, visible_at)
+SELECT ?1, "offset", 1, ?2 FROM ` + messages + `
+WHERE "offset" BETWEEN ?3 AND ?4 AND ((?5 >> ("offset" - ?3)) & 1) = 0
+ON CONFLICT (consumer_group, "offset") DO NOTHING`},
+		{&l.ackClaimed, `UPDATE ` + claims + ` SET settled = settled | ?1 WHERE consumer_group = ?2 AND first_offset = ?3 AND visible_at = ?4`},
+		// Takes one offset out of a claim that still holds it; the caller then gives it a lease row.
+		{&l.takeClaimed, `UPDATE ` + claims + ` SET settled = settled | ?1
+WHERE consumer_group = ?2 AND first_offset = ?3 AND visible_at = ?4 AND (settled & ?1) = 0`},
+		{&l.giveBack, `INSERT INTO ` + table + ` (consumer_group, "offset", deliveries, visible_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (consumer_group, "offset") DO NOTHING`},
+		{&l.sweepClaims, `DELETE FROM ` + claims + ` WHERE consumer_group = ? AND settled = (((1 << (last_offset - first_offset)) - 1) << 1) | 1`},
 	} {
 		stmt, err := db.PrepareContext(ctx, st.query)
 		if err != nil {
@@ -103,7 +143,9 @@ WHERE consumer_group = ? AND "offset" = ? AND deliveries = ?`},
 
 // close releases the prepared statements.
 func (l *leases) close() {
-	for _, st := range append([]*sql.Stmt{l.anyDue, l.selectDue, l.renew, l.orphan, l.cursor, l.selectNew, l.insert, l.advance, l.ack, l.release}, l.acks[:]...) {
+	for _, st := range append([]*sql.Stmt{l.anyDue, l.selectDue, l.renew, l.orphan, l.cursor, l.selectNew, l.selectNewLeased,
+		l.insert, l.insertClaim, l.advance, l.ack, l.release, l.expireClaims, l.leaseClaimed, l.ackClaimed, l.takeClaimed,
+		l.giveBack, l.sweepClaims}, l.acks[:]...) {
 		if st != nil {
 			_ = st.Close()
 		}
@@ -123,10 +165,18 @@ func unixMilliCeil(t time.Time) int64 {
 	return ms
 }
 
+// claimRef names a claim row: its first offset and its visible_at. The zero claimRef names
+// none: the lease is a lease row.
+type claimRef struct {
+	first int64
+	at    int64 // visible_at, Unix milliseconds
+}
+
 // claimedRow is a message claimed with its lease.
 type claimedRow struct {
 	offset     int64
 	deliveries int
+	claim      claimRef // the claim row that holds the lease; zero for a lease row
 	uuid       string
 	payload    []byte
 	metadata   sql.NullString
@@ -136,7 +186,7 @@ type claimedRow struct {
 // It reads without a transaction, so it never waits for writers.
 func (l *leases) anyToClaim(ctx context.Context, now time.Time) (bool, error) {
 	var found bool
-	if err := l.anyDue.QueryRowContext(ctx, l.group, unixMilli(now), l.group).Scan(&found); err != nil {
+	if err := l.anyDue.QueryRowContext(ctx, l.group, unixMilli(now)).Scan(&found); err != nil {
 		return false, fmt.Errorf("look for messages to claim: %w", err)
 	}
 	return found, nil
@@ -162,6 +212,9 @@ func (l *leases) claim(ctx context.Context, tx *sql.Tx, now, until time.Time, ro
 }
 
 func (l *leases) claimDue(ctx context.Context, tx *sql.Tx, now, until time.Time, room int) ([]claimedRow, error) {
+	if err := l.expire(ctx, tx, now); err != nil {
+		return nil, err
+	}
 	rows, err := tx.StmtContext(ctx, l.selectDue).QueryContext(ctx, l.group, unixMilli(now), room)
 	if err != nil {
 		return nil, err
@@ -209,12 +262,54 @@ func (l *leases) claimDue(ctx context.Context, tx *sql.Tx, now, until time.Time,
 	return due, nil
 }
 
+// expire deletes the group's claim rows whose visible_at has passed at now, and gives each
+// offset they still held a lease row, due, handed out once.
+func (l *leases) expire(ctx context.Context, tx *sql.Tx, now time.Time) error {
+	rows, err := tx.StmtContext(ctx, l.expireClaims).QueryContext(ctx, l.group, unixMilli(now))
+	if err != nil {
+		return err
+	}
+	type expired struct{ first, last, at, settled int64 }
+	var list []expired
+	for rows.Next() {
+		var e expired
+		if err := rows.Scan(&e.first, &e.last, &e.at, &e.settled); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		list = append(list, e)
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, e := range list {
+		if _, err := tx.StmtContext(ctx, l.leaseClaimed).ExecContext(ctx, l.group, e.at, e.first, e.last, e.settled); err != nil {
+			return fmt.Errorf("give the expired claim of offsets %d to %d lease rows: %w", e.first, e.last, err)
+		}
+	}
+	return nil
+}
+
 func (l *leases) claimNew(ctx context.Context, tx *sql.Tx, until time.Time, room int) ([]claimedRow, error) {
-	var cursor int64
-	if err := tx.StmtContext(ctx, l.cursor).QueryRowContext(ctx, l.group).Scan(&cursor); err != nil {
+	var cursor, highest int64
+	if err := tx.StmtContext(ctx, l.cursor).QueryRowContext(ctx, l.group).Scan(&cursor, &highest); err != nil {
 		return nil, err
 	}
-	rows, err := tx.StmtContext(ctx, l.selectNew).QueryContext(ctx, cursor, room)
+	// A lease above the cursor (moved back by hand): the messages after the cursor are looked
+	// up one by one, and each gets a lease row.
+	movedBack := highest > cursor
+	var (
+		rows *sql.Rows
+		err  error
+	)
+	if movedBack {
+		rows, err = tx.StmtContext(ctx, l.selectNewLeased).QueryContext(ctx, l.group, cursor, room)
+	} else {
+		rows, err = tx.StmtContext(ctx, l.selectNew).QueryContext(ctx, cursor, room)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -236,46 +331,56 @@ func (l *leases) claimNew(ctx context.Context, tx *sql.Tx, until time.Time, room
 	if len(fresh) == 0 {
 		return nil, nil
 	}
-	last := fresh[len(fresh)-1].offset
-	inserted, err := tx.StmtContext(ctx, l.insert).QueryContext(ctx, l.group, unixMilliCeil(until), cursor, last)
-	if err != nil {
-		return nil, err
-	}
-	leased := make(map[int64]bool, len(fresh))
-	for inserted.Next() {
-		var off int64
-		if err := inserted.Scan(&off); err != nil {
-			_ = inserted.Close()
-			return nil, err
+	at := unixMilliCeil(until)
+	if movedBack {
+		insert := tx.StmtContext(ctx, l.insert)
+		for _, r := range fresh {
+			if _, err := insert.ExecContext(ctx, l.group, r.offset, 1, at); err != nil {
+				return nil, err
+			}
 		}
-		leased[off] = true
-	}
-	if err := inserted.Close(); err != nil {
+	} else if err := l.insertClaims(ctx, tx, fresh, at); err != nil {
 		return nil, err
 	}
-	if err := inserted.Err(); err != nil {
+	if _, err := tx.StmtContext(ctx, l.advance).ExecContext(ctx, l.group, fresh[len(fresh)-1].offset); err != nil {
 		return nil, err
 	}
-	if _, err := tx.StmtContext(ctx, l.advance).ExecContext(ctx, l.group, last); err != nil {
-		return nil, err
-	}
-	if len(leased) == len(fresh) {
-		return fresh, nil
-	}
-	kept := fresh[:0]
-	for _, r := range fresh {
-		if leased[r.offset] {
-			kept = append(kept, r)
+	return fresh, nil
+}
+
+// insertClaims writes the claim rows of fresh, messages in offset order that no lease holds,
+// leased until at: one row per run of up to queuetable.MaxClaimSpan offsets, the offsets of
+// the run that are not in fresh (deleted messages) settled from the start. It names each
+// row's claim in fresh.
+func (l *leases) insertClaims(ctx context.Context, tx *sql.Tx, fresh []claimedRow, at int64) error {
+	insert := tx.StmtContext(ctx, l.insertClaim)
+	for len(fresh) > 0 {
+		first := fresh[0].offset
+		n := 1
+		for n < len(fresh) && fresh[n].offset-first < queuetable.MaxClaimSpan {
+			n++
 		}
+		last := fresh[n-1].offset
+		held := int64(0)
+		for i := range fresh[:n] {
+			held |= 1 << (fresh[i].offset - first)
+			fresh[i].claim = claimRef{first: first, at: at}
+		}
+		full := int64(1)<<(last-first+1) - 1
+		if _, err := insert.ExecContext(ctx, l.group, first, last, at, full&^held); err != nil {
+			return fmt.Errorf("claim offsets %d to %d: %w", first, last, err)
+		}
+		fresh = fresh[n:]
 	}
-	return kept, nil
+	return nil
 }
 
 // settlement is what becomes of one lease: deleted (acknowledged), or made visible again
 // from visibleAt (nacked, given back).
 type settlement struct {
 	offset     int64
-	deliveries int // of the lease settled; a later lease of the message is left alone
+	deliveries int      // of the lease settled; a later lease of the message is left alone
+	claim      claimRef // the claim row of the lease settled; zero for a lease row
 	ack        bool
 	visibleAt  time.Time
 	// undeliver gives back a lease whose message was never handed to the consumer: the
@@ -284,13 +389,40 @@ type settlement struct {
 }
 
 // settle applies settlements. A settlement whose lease is gone (acknowledged, expired and
-// claimed again, deleted with its message) does nothing. The acknowledgements go in as few
-// statements as the prepared sizes allow.
+// claimed again, deleted with its message) does nothing. The acknowledgements of a claim row
+// go in one statement; those of lease rows in as few statements as the prepared sizes allow.
 func (l *leases) settle(ctx context.Context, tx *sql.Tx, settlements []settlement) error {
 	var acks []settlement
+	claimed := map[claimRef]int64{} // the acknowledged offsets of each claim row, as its bits
+	var order []claimRef
 	for _, s := range settlements {
-		if s.ack {
+		switch {
+		case !s.ack:
+		case s.claim != claimRef{}:
+			if _, ok := claimed[s.claim]; !ok {
+				order = append(order, s.claim)
+			}
+			claimed[s.claim] |= 1 << (s.offset - s.claim.first)
+		default:
 			acks = append(acks, s)
+		}
+	}
+	if len(order) > 0 {
+		ackClaimed := tx.StmtContext(ctx, l.ackClaimed)
+		for _, c := range order {
+			res, err := ackClaimed.ExecContext(ctx, claimed[c], l.group, c.first, c.at)
+			if err != nil {
+				return fmt.Errorf("acknowledge offsets of the claim from %d: %w", c.first, err)
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				// The claim expired: its offsets went to lease rows, handed out once.
+				acks = appendClaimed(acks, settlements, c)
+			}
+		}
+		if _, err := tx.StmtContext(ctx, l.sweepClaims).ExecContext(ctx, l.group); err != nil {
+			return fmt.Errorf("delete settled claims: %w", err)
 		}
 	}
 	if err := l.deleteAcked(ctx, tx, acks); err != nil {
@@ -301,18 +433,54 @@ func (l *leases) settle(ctx context.Context, tx *sql.Tx, settlements []settlemen
 		if s.ack {
 			continue
 		}
-		if release == nil {
-			release = tx.StmtContext(ctx, l.release)
-		}
 		back := 0
 		if s.undeliver {
 			back = 1
+		}
+		if s.claim != (claimRef{}) {
+			taken, err := l.releaseClaimed(ctx, tx, s, back)
+			if err != nil {
+				return fmt.Errorf("release offset %d: %w", s.offset, err)
+			}
+			if taken {
+				continue
+			}
+		}
+		if release == nil {
+			release = tx.StmtContext(ctx, l.release)
 		}
 		if _, err := release.ExecContext(ctx, unixMilliCeil(s.visibleAt), back, l.group, s.offset, s.deliveries); err != nil {
 			return fmt.Errorf("release offset %d: %w", s.offset, err)
 		}
 	}
 	return nil
+}
+
+// appendClaimed appends to acks the acknowledgements among settlements of claim c, as
+// acknowledgements of lease rows.
+func appendClaimed(acks, settlements []settlement, c claimRef) []settlement {
+	for _, s := range settlements {
+		if s.ack && s.claim == c {
+			s.claim = claimRef{}
+			acks = append(acks, s)
+		}
+	}
+	return acks
+}
+
+// releaseClaimed takes the offset of s, a nack or a lease given back, out of its claim row and
+// gives it a lease row visible from s.visibleAt, handed out 1-back times; it reports false
+// when the claim no longer holds it (expired, or the message deleted).
+func (l *leases) releaseClaimed(ctx context.Context, tx *sql.Tx, s settlement, back int) (bool, error) {
+	res, err := tx.StmtContext(ctx, l.takeClaimed).ExecContext(ctx, int64(1)<<(s.offset-s.claim.first), l.group, s.claim.first, s.claim.at)
+	if err != nil {
+		return false, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
+	}
+	_, err = tx.StmtContext(ctx, l.giveBack).ExecContext(ctx, l.group, s.offset, s.deliveries-back, unixMilliCeil(s.visibleAt))
+	return true, err
 }
 
 // deleteAcked deletes the leases of acknowledgements: runs of the prepared sizes, one

@@ -396,36 +396,50 @@ func TestClose_BoundedWhenTheFileStaysLocked(t *testing.T) {
 	require.Equal(t, 2, deliveryCount(t, again))
 }
 
-// A queue file written before the queue had leases (messages and offsets tables only, the
-// group's acknowledged offset in its offsets row) is consumed from that offset on.
-func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	path := testFile(t)
-	old, err := sqldb.Open(ctx, "sqlite://"+path)
-	require.NoError(t, err)
-	// The tables as the queue created them before it had leases, and what its publisher and
-	// subscriber wrote: five messages, of which group "g" acknowledged the first two.
-	for _, stmt := range []string{
-		`CREATE TABLE IF NOT EXISTS "onceflow_queue_orders" (
+// The messages and offsets tables of topic "orders" as the queue created them before it had
+// leases.
+const (
+	oldMessagesTable = `CREATE TABLE IF NOT EXISTS "onceflow_queue_orders" (
 	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
 	uuid       TEXT NOT NULL,
 	payload    BLOB,
 	metadata   TEXT,
 	created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-)`,
-		`CREATE TABLE IF NOT EXISTS "onceflow_offsets_orders" (
+)`
+	oldOffsetsTable = `CREATE TABLE IF NOT EXISTS "onceflow_offsets_orders" (
 	consumer_group TEXT NOT NULL PRIMARY KEY,
 	offset_acked   INTEGER NOT NULL DEFAULT 0
-)`,
-		`INSERT INTO "onceflow_queue_orders" (uuid, payload, metadata) VALUES
-	('o-1', 'p1', '{}'), ('o-2', 'p2', '{}'), ('o-3', 'p3', '{"k":"v"}'), ('o-4', 'p4', '{}'), ('o-5', 'p5', NULL)`,
-		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
-	} {
+)`
+)
+
+// oldQueueFile returns a queue file with the tables oldMessagesTable and oldOffsetsTable,
+// written by the statements stmts.
+func oldQueueFile(t *testing.T, stmts ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	path := testFile(t)
+	old, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	for _, stmt := range append([]string{oldMessagesTable, oldOffsetsTable}, stmts...) {
 		_, err := old.ExecContext(ctx, stmt)
 		require.NoError(t, err)
 	}
 	require.NoError(t, old.Close())
+	return path
+}
+
+// A queue file written before the queue had leases (messages and offsets tables only, the
+// group's acknowledged offset in its offsets row) is consumed from that offset on.
+func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// The tables as the queue created them before it had leases, and what its publisher and
+	// subscriber wrote: five messages, of which group "g" acknowledged the first two.
+	path := oldQueueFile(t,
+		`INSERT INTO "onceflow_queue_orders" (uuid, payload, metadata) VALUES
+	('o-1', 'p1', '{}'), ('o-2', 'p2', '{}'), ('o-3', 'p3', '{"k":"v"}'), ('o-4', 'p4', '{}'), ('o-5', 'p5', NULL)`,
+		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
+	)
 
 	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
 	n, err := q.Backlog(ctx, "orders", "g")
@@ -448,6 +462,51 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
 	trimmed, err := q.Trim(ctx, "orders")
 	require.NoError(t, err)
 	require.EqualValues(t, 5, trimmed)
+}
+
+// A queue file written before the queue had claims (a lease row per message held, no claims
+// table) keeps its leases: a nacked message comes again with its count, then the messages
+// after the cursor, and the claims table is created at the first subscription.
+func TestSubscriber_ConsumesAFileOfTheQueueBeforeClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := oldQueueFile(t,
+		`CREATE TABLE "onceflow_leases_orders" (
+	consumer_group TEXT    NOT NULL,
+	"offset"       INTEGER NOT NULL,
+	deliveries     INTEGER NOT NULL,
+	visible_at     INTEGER NOT NULL,
+	PRIMARY KEY (consumer_group, "offset")
+) WITHOUT ROWID`,
+		`CREATE INDEX "onceflow_due_orders" ON "onceflow_leases_orders" (consumer_group, visible_at)`,
+		`INSERT INTO "onceflow_queue_orders" (uuid, payload, metadata) VALUES
+	('o-1', 'p1', '{}'), ('o-2', 'p2', '{}'), ('o-3', 'p3', '{}'), ('o-4', 'p4', '{}')`,
+		// o-1 acknowledged, o-2 nacked after its first delivery and due.
+		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
+		`INSERT INTO "onceflow_leases_orders" (consumer_group, "offset", deliveries, visible_at) VALUES ('g', 2, 1, 0)`,
+	)
+
+	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
+	n, err := q.Backlog(ctx, "orders", "g")
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "before any subscription, with no claims table")
+	require.Equal(t, []string{"o-2", "o-3", "o-4"}, uuidsOf(mustWaiting(t, q, "orders", "g")))
+
+	msgs := subscribe(t, q, ctx, "orders")
+	for _, want := range []struct {
+		uuid  string
+		count int
+	}{{"o-2", 2}, {"o-3", 1}, {"o-4", 1}} {
+		m := receive(t, msgs, 5*time.Second)
+		require.Equal(t, want.uuid, m.UUID)
+		require.Equal(t, want.count, deliveryCount(t, m), want.uuid)
+		require.True(t, m.Ack())
+	}
+	requireNothing(t, msgs, 200*time.Millisecond)
+	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "orders", "g") }, "backlog of g")
+	trimmed, err := q.Trim(ctx, "orders")
+	require.NoError(t, err)
+	require.EqualValues(t, 4, trimmed)
 }
 
 // Rows that another producer wrote with metadata the queue's publisher would not write are

@@ -266,7 +266,7 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		if s.direct {
 			settled = s.settled
 		}
-		d := newDelivery(s.ctx, msg, r.offset, r.deliveries, claimed.Add(s.q.cfg.AckDeadline), settled)
+		d := newDelivery(s.ctx, msg, r, claimed.Add(s.q.cfg.AckDeadline), settled)
 		s.inflight[r.offset] = d
 		batch = append(batch, d)
 	}

@@ -133,7 +133,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	obMessages, obOffsets := ob.Tables()
 	defer func() {
 		tables := []string{inbound, internal, mapping, mapping + "_handlers", obMessages, obOffsets,
-			ob.Table() + "_leases", ob.Table() + "_lock", "onceflow_leases_" + ob.Table()}
+			ob.Table() + "_leases", ob.Table() + "_lock", "onceflow_leases_" + ob.Table(), "onceflow_claims_" + ob.Table()}
 		if cerr := cleanUp(db, tables, []string{"inbound-" + runID, "internal-" + runID}); cerr != nil && err == nil {
 			err = fmt.Errorf("clean up: %w", cerr)
 		}

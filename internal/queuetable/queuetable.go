@@ -25,7 +25,13 @@ const (
 	OffsetsPrefix  = "onceflow_offsets_"
 	LeasesPrefix   = "onceflow_leases_"
 	DueIndexPrefix = "onceflow_due_"
+	ClaimsPrefix   = "onceflow_claims_"
 )
+
+// MaxClaimSpan bounds the offsets one row of a claims table covers, from its first_offset to
+// its last_offset: its settled bitmap is an INTEGER, 63 bits that SQLite's bit operators keep
+// positive.
+const MaxClaimSpan = 63
 
 // DefaultBatchSize is the number of messages SchemaAdapter.SelectQuery reads at once when
 // SchemaAdapter.BatchSize is zero, and the default window of the queue's subscriptions.
@@ -110,8 +116,12 @@ func OffsetsTable(topic string) string { return OffsetsPrefix + Suffix(topic) }
 // topic, spelled as in MessagesTable.
 func LeasesTable(topic string) string { return LeasesPrefix + Suffix(topic) }
 
-// LeasesSchema returns the statements that create topic's leases table and its index of due
-// leases, if missing:
+// ClaimsTable returns the unquoted name of topic's claims table: "onceflow_claims_" and the
+// topic, spelled as in MessagesTable.
+func ClaimsTable(topic string) string { return ClaimsPrefix + Suffix(topic) }
+
+// LeasesSchema returns the statements that create topic's leases table, its index of due
+// leases and its claims table, if missing:
 //
 //	"onceflow_leases_<topic>" (
 //	    consumer_group TEXT    NOT NULL,
@@ -121,9 +131,22 @@ func LeasesTable(topic string) string { return LeasesPrefix + Suffix(topic) }
 //	    PRIMARY KEY (consumer_group, "offset")
 //	)
 //
-// with the index "onceflow_due_<topic>" on (consumer_group, visible_at). A row is a message
-// that its consumer group has claimed (its offset is at or below the group's cursor in the
-// offsets table) and not acknowledged.
+// with the index "onceflow_due_<topic>" on (consumer_group, visible_at), and
+//
+//	"onceflow_claims_<topic>" (
+//	    consumer_group TEXT    NOT NULL,
+//	    first_offset   INTEGER NOT NULL,
+//	    last_offset    INTEGER NOT NULL,  -- at most MaxClaimSpan-1 after first_offset
+//	    visible_at     INTEGER NOT NULL,  -- Unix milliseconds at which the claim expires
+//	    settled        INTEGER NOT NULL,  -- bit i set: the claim no longer holds first_offset+i
+//	    PRIMARY KEY (consumer_group, first_offset)
+//	)
+//
+// A row of the leases table is a message that its consumer group has claimed (its offset is at
+// or below the group's cursor in the offsets table) and not acknowledged. A row of the claims
+// table is a run of messages that the group claimed in one go, each for the first time: every
+// offset from first_offset to last_offset whose bit in settled is clear is leased by it, with a
+// delivery count of 1, until visible_at. Leased gives the condition that covers both.
 func LeasesSchema(topic string) []string {
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + Quote(LeasesTable(topic)) + ` (
@@ -135,7 +158,31 @@ func LeasesSchema(topic string) []string {
 ) WITHOUT ROWID`,
 		`CREATE INDEX IF NOT EXISTS ` + Quote(DueIndexPrefix+Suffix(topic)) + ` ON ` +
 			Quote(LeasesTable(topic)) + ` (consumer_group, visible_at)`,
+		`CREATE TABLE IF NOT EXISTS ` + Quote(ClaimsTable(topic)) + ` (
+	consumer_group TEXT    NOT NULL,
+	first_offset   INTEGER NOT NULL,
+	last_offset    INTEGER NOT NULL,
+	visible_at     INTEGER NOT NULL,
+	settled        INTEGER NOT NULL,
+	PRIMARY KEY (consumer_group, first_offset)
+) WITHOUT ROWID`,
 	}
+}
+
+// Leased returns the SQL condition that the message at offset, an SQL expression (such as a
+// column of the messages table), is leased: it has a row in topic's leases table, or an
+// unsettled place in a row of its claims table. group is a placeholder ("?", "?1") for the
+// consumer group, which then appears twice in the condition, or empty for any group.
+func Leased(topic, offset, group string) string {
+	inGroup, claimInGroup := ``, ``
+	if group != "" {
+		inGroup = ` WHERE consumer_group = ` + group
+		claimInGroup = `c.consumer_group = ` + group + ` AND `
+	}
+	return `(` + offset + ` IN (SELECT "offset" FROM ` + Quote(LeasesTable(topic)) + inGroup + `)
+	OR EXISTS (SELECT 1 FROM ` + Quote(ClaimsTable(topic)) + ` AS c WHERE ` + claimInGroup +
+		`c.first_offset BETWEEN ` + offset + ` - ` + strconv.Itoa(MaxClaimSpan-1) + ` AND ` + offset +
+		` AND ` + offset + ` <= c.last_offset AND ((c.settled >> (` + offset + ` - c.first_offset)) & 1) = 0))`
 }
 
 // SchemaAdapter is the watermill-sql SchemaAdapter of the queue. Each topic has a table

@@ -7,17 +7,21 @@
 // sqldb.Open opens sqlite://path/to/file.db (relative) and sqlite:///absolute/path/file.db
 // (also sqlite3://), creating the file if missing, in WAL mode with synchronous=FULL, a busy
 // timeout of 30 s, foreign keys enforced and BEGIN IMMEDIATE transactions, so that concurrent
-// writers queue instead of failing. The query parameters of the URL are passed to the driver; a
-// _pragma parameter replaces the default of the same pragma (_pragma=busy_timeout(10) sets a
-// 10 ms busy timeout), as _txlock replaces the IMMEDIATE default. A file has no connect to
-// bound: connect_timeout is ignored.
+// writers queue instead of failing. The transactions of one process over a file take turns in
+// arrival order before BEGIN, each waiting up to the busy timeout (see sqldb.Driver.WriteTurn),
+// rather than polling the lock in SQLite's busy handler. The query parameters of the URL are
+// passed to the driver; a _pragma parameter replaces the default of the same pragma
+// (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock replaces the IMMEDIATE
+// default. A file has no connect to bound: connect_timeout is ignored.
 package sqlite
 
 import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
@@ -31,7 +35,34 @@ func init() {
 		DSN:              dsn,
 		Classify:         classify,
 		UniqueConstraint: constraint,
+		WriteTurn:        writeTurn,
 	})
+}
+
+// writeTurn reports whether the transactions of a database opened with dsn take the write
+// lock at BEGIN (_txlock immediate, the default, or exclusive), and how long one waits for the
+// lock: the busy timeout, 0 when none is set.
+func writeTurn(dsn string) (time.Duration, bool) {
+	q, err := url.ParseQuery(dsn[strings.IndexByte(dsn, '?')+1:])
+	if err != nil {
+		return 0, false
+	}
+	if lock := strings.ToLower(q.Get("_txlock")); lock != "immediate" && lock != "exclusive" {
+		return 0, false
+	}
+	ms := 0
+	for _, p := range q["_pragma"] {
+		if pragmaName(p) == "busy_timeout" {
+			_, value, _ := strings.Cut(strings.ToLower(p), "busy_timeout")
+			ms, _ = strconv.Atoi(strings.Trim(value, " =()"))
+		}
+	}
+	for _, k := range []string{"_busy_timeout", "_timeout"} {
+		if v := q.Get(k); v != "" {
+			ms, _ = strconv.Atoi(v)
+		}
+	}
+	return time.Duration(ms) * time.Millisecond, true
 }
 
 // dsn turns a sqlite: URL into a modernc.org/sqlite DSN, and returns the path of the file.
