@@ -73,7 +73,8 @@ type consumerSpec struct {
 // runConsumer is the consumer process: the handler of spec on a router of its own. It writes
 // "ready" on standard output once subscribed, then a line per delivery ("d <count> <id>", with
 // the broker's delivery count, before the router gets it) and per settlement ("a 0 <id>" for an
-// ack, "n 0 <id>" for a nack), and kills itself with SIGKILL when the crash-loop message reaches
+// ack, "n 0 <id>" for a nack, then "l 0 <id>" when the router found the delivery ended before
+// its ack), and kills itself with SIGKILL when the crash-loop message reaches
 // its processor.
 func runConsumer(raw string) error {
 	var spec consumerSpec
@@ -103,7 +104,10 @@ func runConsumer(raw string) error {
 		return err
 	}
 	out := &eventWriter{w: os.Stdout}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logger := slog.New(ackLostReporter{
+		Handler: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}),
+		report:  func(id string) { out.event('l', 0, id) },
+	})
 	r, err := onceflow.NewRouter(onceflow.Config{
 		DeadLetterPublisher: b.Publisher(),
 		DeadLetterTopic:     spec.DeadLetterTopic,

@@ -312,7 +312,11 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	for _, pm := range poison {
 		c := pz.tally.get(pm.id)
 		again := len(dls[pm.id]) - 1
-		require.Equal(t, 1+again, c.Acks, "%s: acked at each dead letter (%+v)", pm.kind, c)
+		// An ack given after the delivery ended (its ack timeout passed while the dead letter
+		// was published) does not reach the broker: it delivers the message again, and the
+		// router acks that delivery too, without a second dead letter.
+		again += c.AcksLost
+		require.Equal(t, 1+again, c.Acks, "%s: acked at each dead letter, and again after each ack lost (%+v)", pm.kind, c)
 		switch pm.kind {
 		case "crash-loop":
 			require.Equal(t, [2]int{pm.deliveries + again, pm.deliveries - 1}, [2]int{c.Deliveries, c.Lost},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -358,7 +359,7 @@ func (p *pool) launchInProcess(n int) (*consumerProc, error) {
 	r, err := onceflow.NewRouter(onceflow.Config{
 		DeadLetterPublisher: b.Publisher(),
 		DeadLetterTopic:     p.spec.DeadLetterTopic,
-		Logger:              p.f.logger,
+		Logger:              slog.New(ackLostReporter{Handler: p.f.logger.Handler(), report: func(id string) { p.tally.event(n, 'l', 0, id) }}),
 		PurgeInterval:       -1,
 		SkipMigrate:         true,
 		CloseTimeout:        5 * time.Second,

@@ -1,17 +1,23 @@
 package conformance
 
 import (
+	"context"
+	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
 
 // This file counts what the consumers of the Poison scenario report: each message's deliveries,
-// acks, nacks and the deliveries lost with a consumer that died.
+// acks, nacks, the acks given too late and the deliveries lost with a consumer that died.
 
 // poisonCounts are the deliveries of one message to the consumers of a pool: Lost counts the
 // deliveries that ended with the death of their consumer, neither acked nor nacked.
 type poisonCounts struct {
 	Deliveries, Acks, Nacks, Lost int
+	// AcksLost counts the acks that the router gave after the delivery had ended (its ack
+	// timeout passed first): the broker delivers the message again.
+	AcksLost int
 	// BrokerCount is the highest delivery count the broker gave the message (0 where it counts
 	// none): above Deliveries when the broker handed it to a consumer that died before the
 	// router saw it (a window of leases, a prefetch).
@@ -68,6 +74,8 @@ func (t *tally) event(n int, kind byte, count int, id string) {
 		} else {
 			c.Nacks++
 		}
+	case 'l':
+		c.AcksLost++
 	}
 }
 
@@ -114,4 +122,33 @@ func (t *tally) counts(ids ...string) map[string]poisonCounts {
 		out[id] = t.get(id)
 	}
 	return out
+}
+
+// ackLostReporter passes log records on to its Handler, and reports the message id of each
+// record in which the router says that an acknowledgement was lost: the delivery had ended
+// before the router acked it, so the broker delivers the message again.
+type ackLostReporter struct {
+	slog.Handler
+	report func(id string)
+}
+
+func (h ackLostReporter) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "acknowledgement lost") {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "message_id" {
+				h.report(a.Value.String())
+				return false
+			}
+			return true
+		})
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h ackLostReporter) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return ackLostReporter{Handler: h.Handler.WithAttrs(attrs), report: h.report}
+}
+
+func (h ackLostReporter) WithGroup(name string) slog.Handler {
+	return ackLostReporter{Handler: h.Handler.WithGroup(name), report: h.report}
 }
