@@ -226,20 +226,19 @@ func TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction(t *testing.T) {
 }
 
 // TestVerify_KafkaOffsetsInTheTransaction runs verify's ExactlyOnceByOffset mode on an
-// in-process Kafka cluster at full size: 10,000 records, 20 consumers killed at random and as
-// many at crash points, each death and restart a rebalance of the group, with the last applied
-// offset of each partition written in the handler's transaction instead of a dedup row
-// (Handler.Dedup.ByOffset). Like the test above, `make test-verify-kafka` runs it.
+// in-process Kafka cluster: consumers killed at random and at crash points, each death and
+// restart a rebalance of the group, with the last applied offset of each partition written in
+// the handler's transaction instead of a dedup row (Handler.Dedup.ByOffset). Like the test
+// below, `make test-verify-kafka` runs it; each death holds its partitions for the session
+// timeout, which is what makes it slow.
 func TestVerify_KafkaOffsetsInTheTransaction(t *testing.T) {
 	if os.Getenv("ONCEFLOW_VERIFY_KAFKA") == "" {
-		t.Skip("several minutes: ONCEFLOW_VERIFY_KAFKA=1 (make test-verify-kafka) runs it")
+		t.Skip("a few minutes: ONCEFLOW_VERIFY_KAFKA=1 (make test-verify-kafka) runs it")
 	}
 	kafkaURL := kafkatest.URL(t, "partitions=4")
 	dbURL := testsvc.PostgresSchemaURL(t)
-	r := runVerify(t, "--broker", kafkaURL, "--db", dbURL, "--modes", "ExactlyOnceByOffset", "--messages", "10000", "--kills", "20", "--cuts", "2")
-	byMode := checkEachMode(t, r, 10000, false, allPoison)
-	checkExactlyOnce(t, r, byMode, "ExactlyOnceByOffset")
-	require.GreaterOrEqual(t, r.Modes[0].Kills, 20, "every scheduled kill happened, each a rebalance")
+	r := runVerify(t, "--broker", kafkaURL, "--db", dbURL, "--modes", "ExactlyOnceByOffset", "--cuts", "2")
+	checkExactlyOnce(t, r, checkEachMode(t, r, 2000, false, allPoison), "ExactlyOnceByOffset")
 }
 
 // TestVerify_KafkaAndPostgreSQLReproduceTheGuaranteeTable runs verify against an in-process Kafka
