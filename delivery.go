@@ -37,8 +37,10 @@ type consumer struct {
 	// subscriptions is how many times the handler subscribes: Handler.Concurrency.
 	subscriptions int
 	// positions, for a handler that detects duplicates by offset, are given to its
-	// subscriber on the Subscribe context (redelivery.WithPositions).
-	positions redelivery.Positions
+	// subscriber on the Subscribe context (redelivery.WithPositions), or, with group commit,
+	// positionWindow set (redelivery.WithPositionWindow).
+	positions      redelivery.Positions
+	positionWindow bool
 	// work hands deliveries to idle workers; closed when the subscriptions have ended.
 	work         chan *message.Message
 	conv         converter.MessageConverter

@@ -164,13 +164,18 @@ type DedupConfig struct {
 	// partition is kept in dedup.DefaultPositionsTable and updated in the transaction of each
 	// message, and a message at or below it is a duplicate (see middleware.Offsets). No row
 	// is written per message, so nothing needs purging, and a message needs no id. It takes
-	// the place of the "deduplicate" interceptor in the ExactlyOnce chain; it does not go with
-	// group commit, a batch processor, CheckFirst, WithTimestamp or another quality of service.
-	// The router gives the handler's positions to its subscriber (redelivery.WithPositions): the
-	// Kafka subscriber then starts each partition it is assigned after the offset applied
-	// there, and hands out a partition's records in order, the next once the one before is
-	// acked, so that records of one partition never run at once; Concurrency spreads the
-	// partitions over that many members of the consumer group.
+	// the place of the "deduplicate" interceptor in the ExactlyOnce chain ("group-offsets"
+	// takes the place of "group-commit" with group commit or a batch processor); it does not go
+	// with CheckFirst, WithTimestamp or another quality of service. The router gives the
+	// handler's positions to its subscriber (redelivery.WithPositions): the Kafka subscriber
+	// then starts each partition it is assigned after the offset applied there, and hands out
+	// a partition's records in order, the next once the one before is acked, so that records
+	// of one partition never run at once; Concurrency spreads the partitions over that many
+	// members of the consumer group. With group commit (redelivery.WithPositionWindow), it
+	// hands out up to its prefetch of a partition's records at once, in order: a group applies
+	// a partition's consecutive records in offset order in one transaction and writes the
+	// partition's position once, and a record that fails stops the ones behind it in its
+	// partition, which come again after it (middleware.GroupOffsets).
 	ByOffset bool
 
 	// AckInTransaction acknowledges each message inside the handler's transaction instead of
@@ -297,8 +302,8 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with group commit, a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
 	case h.Dedup.ByOffset && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
 		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
-	case h.Dedup.ByOffset && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
-		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with group commit, a batch processor, Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
+	case h.Dedup.ByOffset && (h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
+		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
 	case h.Converter != nil && h.IDHeader != "":
 		return fmt.Errorf("Handler.IDHeader: set together with Converter (handler %q; give the converter its IDHeader)", h.Name)
 	case h.Dedup.Retention < 0:

@@ -37,7 +37,13 @@ const (
 	// InterceptorGroupTransaction is group commit without duplicate detection
 	// (middleware.GroupTransaction): it takes the place of "transaction".
 	InterceptorGroupTransaction = "group-transaction"
+	// InterceptorGroupOffsets is group commit with duplicate detection by position
+	// (middleware.GroupOffsets): it takes the place of "transaction" and "offsets".
+	InterceptorGroupOffsets = "group-offsets"
 )
+
+// groupInterceptors are the interceptors that run a group's transaction.
+var groupInterceptors = []string{InterceptorGroupCommit, InterceptorGroupTransaction, InterceptorGroupOffsets}
 
 // HandlerInfo is what an InterceptorFactory knows of the handler it builds a middleware for.
 type HandlerInfo struct {
@@ -126,11 +132,11 @@ func checkOrder(names []string) error {
 		pos[n] = i
 	}
 	txName := InterceptorTransaction
-	for _, group := range []string{InterceptorGroupCommit, InterceptorGroupTransaction} {
+	for _, group := range groupInterceptors {
 		if _, ok := pos[group]; !ok {
 			continue
 		}
-		for _, other := range []string{InterceptorTransaction, InterceptorDeduplicate, InterceptorOffsets, InterceptorAckInTransaction, InterceptorGroupCommit, InterceptorGroupTransaction} {
+		for _, other := range append([]string{InterceptorTransaction, InterceptorDeduplicate, InterceptorOffsets, InterceptorAckInTransaction}, groupInterceptors...) {
 			if _, ok := pos[other]; ok && other != group {
 				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group, other)
 			}
@@ -286,6 +292,13 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 		},
 		InterceptorGroupTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
 			return middleware.GroupTransaction(h.DB, groupOptions(h.Handler)...)
+		},
+		InterceptorGroupOffsets: func(h HandlerInfo) (middleware.Middleware, error) {
+			p, err := r.positionsFor(h.Handler)
+			if err != nil {
+				return nil, err
+			}
+			return middleware.GroupOffsets(h.DB, p, h.Name, groupOptions(h.Handler)...)
 		},
 		InterceptorInOrder: r.inOrder,
 	}

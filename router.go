@@ -132,17 +132,21 @@ func (r *Router) AddHandler(h Handler) error {
 		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
 		if dedup := h.Dedup.interceptor(); dedup != InterceptorDeduplicate {
 			names = slices.Clone(names)
-			names[slices.Index(names, InterceptorDeduplicate)] = dedup
+			if i := slices.Index(names, InterceptorGroupCommit); i >= 0 {
+				names[i] = InterceptorGroupOffsets // Validate allows no other with group commit
+			} else {
+				names[slices.Index(names, InterceptorDeduplicate)] = dedup
+			}
 		}
 	}
 	if err := checkOrder(names); err != nil {
 		return err
 	}
-	grouped := slices.Contains(names, InterceptorGroupCommit) || slices.Contains(names, InterceptorGroupTransaction)
+	grouped := slices.ContainsFunc(names, func(n string) bool { return slices.Contains(groupInterceptors, n) })
 	if h.BatchProcessor != nil {
-		if last := names[len(names)-1]; last != InterceptorGroupCommit && last != InterceptorGroupTransaction {
-			return fmt.Errorf("Handler.BatchProcessor: the chain must end with %q or %q, which hand the batch to it (handler %q ends with %q)",
-				InterceptorGroupCommit, InterceptorGroupTransaction, h.Name, last)
+		if last := names[len(names)-1]; !slices.Contains(groupInterceptors, last) {
+			return fmt.Errorf("Handler.BatchProcessor: the chain must end with one of %q, which hand the batch to it (handler %q ends with %q)",
+				groupInterceptors, h.Name, last)
 		}
 	}
 
@@ -232,12 +236,13 @@ func (r *Router) AddHandler(h Handler) error {
 		}
 		c.counter = counter
 	}
-	if slices.Contains(names, InterceptorOffsets) {
+	if windowed := slices.Contains(names, InterceptorGroupOffsets); windowed || slices.Contains(names, InterceptorOffsets) {
 		p, err := r.positionsFor(h)
 		if err != nil {
 			return err
 		}
 		c.positions = handlerPositions{positions: p, handler: h.Name}
+		c.positionWindow = windowed
 	}
 	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
 	c.subscriptions = n
@@ -303,7 +308,8 @@ func (r *Router) positionsFor(h Handler) (*dedup.Positions, error) {
 }
 
 // handlerPositions are one handler's positions, for its subscriber: where it starts each
-// partition, and that it hands out each partition's messages in order, one at a time.
+// partition, and that it hands out each partition's messages in order (one at a time, or
+// several at once with group commit: consumer.positionWindow).
 type handlerPositions struct {
 	positions *dedup.Positions
 	handler   string
@@ -410,7 +416,10 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	var owners []*consumer
 	for _, c := range r.handlers {
 		ctx := subCtx
-		if c.positions != nil {
+		switch {
+		case c.positionWindow:
+			ctx = redelivery.WithPositionWindow(subCtx, c.positions)
+		case c.positions != nil:
 			ctx = redelivery.WithPositions(subCtx, c.positions)
 		}
 		for range c.subscriptions {

@@ -57,6 +57,9 @@ func (g *grouper) run(members []*member) {
 		return
 	}
 	r.size = len(r.slots)
+	if g.positions != nil {
+		inPartitionOrder(r.slots)
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	// One goroutine waits for the members' contexts in turn, and ends the group's once the
@@ -191,13 +194,22 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 		}
 	} else {
 		for _, s := range todo {
+			if s.final { // stopped behind a member of its partition that was not applied
+				continue
+			}
 			if savepoints {
 				if err := r.runSaved(tx, s); err != nil {
 					return abort(err)
 				}
+				if !s.ok && r.g.positions != nil {
+					r.stopBehind(todo, s)
+				}
 				continue
 			}
 			if !r.runMember(tx, s) || s.ok {
+				if !s.ok && r.g.positions != nil {
+					r.stopBehind(todo, s)
+				}
 				continue
 			}
 			// s failed on its own: roll back, and run the others again.
@@ -218,6 +230,11 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 			}
 		}
 	}
+	if r.g.positions != nil {
+		if err := r.setPositions(tx, todo); err != nil {
+			return abort(err)
+		}
+	}
 	return r.commit(tx, set)
 }
 
@@ -227,6 +244,10 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 // the retention horizon that the retention policy dead-letters: it has its result, and the
 // transaction must not commit the key recorded for it.
 func (r *groupRun) record(tx processor.Tx, set []*slot) (todo []*slot, refused bool, err error) {
+	if r.g.positions != nil {
+		todo, err = r.lockPositions(tx, set)
+		return todo, false, err
+	}
 	if r.g.store == nil {
 		return set, false, nil
 	}
@@ -394,8 +415,14 @@ func asPanicError(v any) *processor.PanicError {
 func (r *groupRun) runBatch(tx processor.Tx, todo []*slot) (step, error) {
 	live := make([]*slot, 0, len(todo))
 	for _, s := range todo {
+		if s.final { // stopped behind a member of its partition that left
+			continue
+		}
 		if err := s.m.ctx.Err(); err != nil {
 			s.finish(memberResult{err: fmt.Errorf("group commit: context ended before processing: %w", err)})
+			if r.g.positions != nil {
+				r.stopBehind(todo, s)
+			}
 			continue
 		}
 		live = append(live, s)

@@ -19,12 +19,18 @@ import (
 
 // grouper forms the groups of one chain and runs them.
 type grouper struct {
-	db      Beginner
-	store   GroupStore // nil: no duplicate detection
-	handler string
-	cfg     groupConfig
-	txOpts  *sql.TxOptions
-	next    processor.Processor
+	db    Beginner
+	store GroupStore // nil: no duplicate detection by id
+	// positions, for GroupOffsets, detect duplicates by position; joined is the highest
+	// offset of each partition that has joined, and joinedChanged, when not nil, is closed
+	// at the next join (see awaitPredecessor). Both are guarded by mu.
+	positions     PositionStore
+	joined        map[partitionKey]int64
+	joinedChanged chan struct{}
+	handler       string
+	cfg           groupConfig
+	txOpts        *sql.TxOptions
+	next          processor.Processor
 	// retention is the store's retention, when it says, for messages older than it.
 	retention time.Duration
 
@@ -56,6 +62,7 @@ type member struct {
 	ctx   context.Context
 	msg   *messagedata.MessageData
 	key   dedup.Key
+	pos   messagedata.Position // for GroupOffsets
 	state atomic.Int32
 	res   memberResult // set once, before the value on done
 	// done receives one value once res is set; it has room for it, so that the group never
@@ -88,12 +95,22 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 			key.Timestamp = msg.Timestamp.UnixMicro()
 		}
 	}
+	var pos messagedata.Position
+	if g.positions != nil {
+		var err error
+		if pos, err = positionOf(msg); err != nil {
+			return err
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("group commit: %w", err)
 	}
 
 	m := members.Get().(*member)
-	m.ctx, m.msg, m.key = ctx, msg, key
+	m.ctx, m.msg, m.key, m.pos = ctx, msg, key, pos
+	if g.positions != nil {
+		g.awaitPredecessor(m)
+	}
 	g.join(m)
 	select {
 	case <-m.done:
@@ -114,7 +131,7 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 // records the commit.
 func (m *member) settle() error {
 	r, ctx := m.res, m.ctx
-	m.ctx, m.msg, m.key, m.res = nil, nil, dedup.Key{}, memberResult{}
+	m.ctx, m.msg, m.key, m.pos, m.res = nil, nil, dedup.Key{}, messagedata.Position{}, memberResult{}
 	m.state.Store(memberWaiting)
 	members.Put(m)
 	if r.panic != nil {
@@ -135,6 +152,9 @@ func (g *grouper) join(m *member) {
 		g.open = grp
 	}
 	grp.members = append(grp.members, m)
+	if g.positions != nil {
+		g.joinedLocked(m)
+	}
 	size := len(grp.members)
 	switch {
 	case size >= g.cfg.maxSize:
