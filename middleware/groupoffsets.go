@@ -18,7 +18,7 @@ import (
 
 // predecessorWait bounds how long a member waits for the message before it in its partition
 // to join the grouper first (see awaitPredecessor).
-const predecessorWait = 50 * time.Millisecond
+const predecessorWait = 500 * time.Millisecond
 
 // GroupOffsets is GroupCommit with duplicate detection by position in place of a dedup row
 // per message, for brokers that deliver each partition of a topic in order (Kafka, whose
@@ -62,7 +62,7 @@ func GroupOffsets(db Beginner, store PositionStore, handler string, opts ...Grou
 	txOpts := txOptions(cfg)
 	return func(next processor.Processor) processor.Processor {
 		g := &grouper{db: db, positions: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next,
-			joined: map[partitionKey]int64{}}
+			opens: make([]*group, cfg.concurrency)}
 		return processor.Func(g.process)
 	}, nil
 }
@@ -86,53 +86,174 @@ func positionOf(msg *messagedata.MessageData) (messagedata.Position, error) {
 	return pos, nil
 }
 
+// partitionBooks is what GroupOffsets keeps of the partitions of its members, guarded by
+// grouper.mu.
+type partitionBooks struct {
+	// pending counts the members of each position that have joined and have no result yet;
+	// committed is the highest offset of each partition that a group committed.
+	pending   map[positionKey]int
+	committed map[partitionKey]int64
+	// changed, when not nil, is closed at the next change of pending or committed.
+	changed chan struct{}
+	// groups is the group that started last among those running with members of each
+	// partition (see orderLocked).
+	groups map[partitionKey]*group
+}
+
+// positionKey names a record of a partition.
+type positionKey struct {
+	partitionKey
+	offset int64
+}
+
+func (b *partitionBooks) notifyLocked() {
+	if b.changed != nil {
+		close(b.changed)
+		b.changed = nil
+	}
+}
+
 // awaitPredecessor waits, up to predecessorWait, until the message before m in its partition
-// that was not acknowledged when m was handed out has joined the grouper: the subscriber hands
-// them out in order, but their goroutines may reach the grouper in any order, and a member
-// that ran in a group before its predecessor would only be retried. It returns at once when
-// the predecessor has joined, or there is none.
+// that was not acknowledged when m was handed out (m.pos.Previous) has joined the grouper and
+// waits for its result, or was committed by it: the subscriber hands them out in order, but
+// their goroutines may reach the grouper in any order, and between two attempts a message is
+// not in the grouper. A member that ran in a group before its predecessor would only find
+// itself ahead of the position, and be retried. It returns at once when there is no
+// predecessor.
 func (g *grouper) awaitPredecessor(m *member) {
 	if m.pos.Previous < 0 {
 		return
 	}
-	key := partitionKey{m.msg.Topic, m.pos.Partition}
+	part := partitionKey{m.msg.Topic, m.pos.Partition}
+	prev := positionKey{part, m.pos.Previous}
 	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		g.mu.Lock()
-		if j, ok := g.joined[key]; ok && j >= m.pos.Previous {
+		if c, ok := g.books.committed[part]; g.books.pending[prev] > 0 || ok && c >= prev.offset {
 			g.mu.Unlock()
-			break
+			return
 		}
-		if g.joinedChanged == nil {
-			g.joinedChanged = make(chan struct{})
+		if g.books.changed == nil {
+			g.books.changed = make(chan struct{})
 		}
-		changed := g.joinedChanged
+		changed := g.books.changed
 		g.mu.Unlock()
 		if timer == nil {
 			timer = time.NewTimer(predecessorWait)
 		}
 		select {
 		case <-changed:
-			continue
 		case <-timer.C:
+			return
 		case <-m.ctx.Done():
+			return
 		}
-		break
-	}
-	if timer != nil {
-		timer.Stop()
 	}
 }
 
-// joinedLocked records that m joined, for the members that wait for it; g.mu is held.
-func (g *grouper) joinedLocked(m *member) {
-	key := partitionKey{m.msg.Topic, m.pos.Partition}
-	if j, ok := g.joined[key]; !ok || m.pos.Offset > j {
-		g.joined[key] = m.pos.Offset
+// maxCarries bounds how many times a member follows its predecessor to a later group.
+const maxCarries = 8
+
+// carries reports whether m, whose predecessor is not applied, is to join the next group
+// instead of failing with ErrPositionAhead: its predecessor has joined the grouper and waits
+// for its result (in a later group: it was retried), and m has not been carried maxCarries
+// times. A member carried joins again when its group ends (rejoin).
+func (g *grouper) carries(m *member) bool {
+	if m.carried >= maxCarries {
+		return false
 	}
-	if g.joinedChanged != nil {
-		close(g.joinedChanged)
-		g.joinedChanged = nil
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.books.pending[positionKey{partitionKey{m.msg.Topic, m.pos.Partition}, m.pos.Previous}] > 0
+}
+
+// rejoin has m, which its group carries, join the next group, as it would join at first.
+func (g *grouper) rejoin(m *member) {
+	m.carried++
+	g.settledPosition(m, false) // join counts it again
+	m.state.Store(memberWaiting)
+	g.join(m)
+}
+
+// joinedLocked records that m joined grp; g.mu is held.
+func (b *partitionBooks) joinedLocked(grp *group, m *member) {
+	if b.pending == nil {
+		b.pending, b.committed = map[positionKey]int{}, map[partitionKey]int64{}
+	}
+	part := partitionKey{m.msg.Topic, m.pos.Partition}
+	if !slices.Contains(grp.parts, part) {
+		grp.parts = append(grp.parts, part)
+	}
+	b.pending[positionKey{part, m.pos.Offset}]++
+	b.notifyLocked()
+}
+
+// settledPosition records that m has its result, committed or not.
+func (g *grouper) settledPosition(m *member, committed bool) {
+	part := partitionKey{m.msg.Topic, m.pos.Partition}
+	key := positionKey{part, m.pos.Offset}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := &g.books
+	if b.pending[key]--; b.pending[key] <= 0 {
+		delete(b.pending, key)
+	}
+	if c, ok := b.committed[part]; committed && (!ok || m.pos.Offset > c) {
+		b.committed[part] = m.pos.Offset
+	}
+	b.notifyLocked()
+}
+
+// lane returns the open group m joins: for GroupOffsets, the partition's lane, so that the
+// groups that run at once hold different partitions and do not wait for each other's commits
+// (a group that holds a partition runs after the one before it that holds it: orderLocked).
+func (g *grouper) lane(m *member) int {
+	if len(g.opens) == 1 {
+		return 0
+	}
+	return int(m.pos.Partition) % len(g.opens)
+}
+
+// orderLocked makes grp, which starts now, run after the groups running with members of the
+// same partitions: a group that locked a partition's position before the group that started
+// before it would find its members ahead of the position, to be retried. g.mu is held.
+func (g *grouper) orderLocked(grp *group) {
+	grp.done = make(chan struct{})
+	if g.books.groups == nil {
+		g.books.groups = map[partitionKey]*group{}
+	}
+	for _, key := range grp.parts {
+		if before := g.books.groups[key]; before != nil && !slices.Contains(grp.after, before) {
+			grp.after = append(grp.after, before)
+		}
+		g.books.groups[key] = grp
+	}
+}
+
+// waitsLocked reports whether grp, an open group, would wait for a running group if it
+// started now: it then goes on collecting members, and leaves the transaction to a group that
+// can run. g.mu is held.
+func (g *grouper) waitsLocked(grp *group) bool {
+	for _, key := range grp.parts {
+		if g.books.groups[key] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// endedLocked records that grp has run; g.mu is held.
+func (g *grouper) endedLocked(grp *group) {
+	close(grp.done)
+	for key, last := range g.books.groups {
+		if last == grp {
+			delete(g.books.groups, key)
+		}
 	}
 }
 
@@ -185,6 +306,10 @@ func (r *groupRun) lockPositions(tx processor.Tx, set []*slot) ([]*slot, error) 
 		case pos.Offset <= applied:
 			s.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d is at or below the last applied, %d", processor.ErrDuplicate, pos.Offset, pos.Partition, applied)})
 			r.send(s)
+		case pos.Previous > applied && r.g.carries(s.m):
+			// Its predecessor waits in the grouper: it follows it to a later group.
+			s.carry = true
+			s.finish(memberResult{})
 		case pos.Previous > applied:
 			s.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d follows %d, and the last applied is %d", ErrPositionAhead, pos.Offset, pos.Partition, pos.Previous, applied)})
 			r.send(s)

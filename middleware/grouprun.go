@@ -28,6 +28,7 @@ type slot struct {
 	final bool  // res is its result
 	res   memberResult
 	sent  bool
+	carry bool // GroupOffsets: joins the next group instead of taking a result
 }
 
 // finish gives s its result.
@@ -149,7 +150,7 @@ func (r *groupRun) settle(set []*slot, savepoints bool) {
 // attempt runs set, whose members have no result yet, in one transaction.
 func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 	for _, s := range set {
-		s.first, s.ok = nil, false
+		s.first, s.ok, s.carry = nil, false, false
 	}
 	tx, err := r.g.db.BeginTx(r.ctx, r.g.txOpts)
 	if err != nil {
@@ -595,11 +596,18 @@ func (r *groupRun) send(s *slot) {
 		return
 	}
 	s.sent = true
+	if s.carry {
+		r.g.rejoin(s.m)
+		return
+	}
 	res := s.res
 	if !s.final || (res.err == nil && res.panic == nil && res.committedAt.IsZero()) {
 		// Never reached; a nil error would be acknowledged, and nothing was committed.
 		res = memberResult{err: fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)}
 	}
 	s.m.res = res
+	if r.g.positions != nil {
+		r.g.settledPosition(s.m, !res.committedAt.IsZero())
+	}
 	s.m.done <- struct{}{} // the group's last use of the member, which its goroutine recycles
 }
