@@ -184,8 +184,11 @@ type DedupConfig struct {
 	// the business writes, in one commit, so the message is consumed exactly when its effect
 	// commits (see middleware.AckInTransaction). No dedup row is written and nothing needs
 	// purging (BenchmarkSQLQueueExactlyOnce measures it beside a dedup row). The Subscriber
-	// must be such a queue's, on the same database as DB. ExactlyOnce only, without group
-	// commit, a batch processor, CheckFirst, WithTimestamp or ByOffset.
+	// must be such a queue's, on the same database as DB. With group commit, the chain runs
+	// "group-transaction" followed by "ack-in-transaction": each member's lease is deleted in
+	// the group's one transaction (under its savepoint once a member has failed), and a member
+	// that fails is rolled back with its lease, its message still queued. ExactlyOnce only,
+	// without a batch processor, CheckFirst, WithTimestamp or ByOffset.
 	AckInTransaction bool
 }
 
@@ -298,8 +301,8 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
 	case h.Dedup.AckInTransaction && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
 		return fmt.Errorf("Handler.Dedup.AckInTransaction: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorAckInTransaction)
-	case h.Dedup.AckInTransaction && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.ByOffset):
-		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with group commit, a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
+	case h.Dedup.AckInTransaction && (h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.ByOffset):
+		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
 	case h.Dedup.ByOffset && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
 		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
 	case h.Dedup.ByOffset && (h.Dedup.CheckFirst || h.Dedup.WithTimestamp):

@@ -137,7 +137,9 @@ func checkOrder(names []string) error {
 			continue
 		}
 		for _, other := range append([]string{InterceptorTransaction, InterceptorDeduplicate, InterceptorOffsets, InterceptorAckInTransaction}, groupInterceptors...) {
-			if _, ok := pos[other]; ok && other != group {
+			// A group's transaction without duplicate detection may acknowledge its members
+			// in it.
+			if _, ok := pos[other]; ok && other != group && (group != InterceptorGroupTransaction || other != InterceptorAckInTransaction) {
 				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group, other)
 			}
 		}

@@ -127,18 +127,7 @@ func (r *Router) AddHandler(h Handler) error {
 	if r.names[h.Name] {
 		return fmt.Errorf("Handler.Name: %q is already used by another handler", h.Name)
 	}
-	names := h.Interceptors
-	if len(names) == 0 {
-		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
-		if dedup := h.Dedup.interceptor(); dedup != InterceptorDeduplicate {
-			names = slices.Clone(names)
-			if i := slices.Index(names, InterceptorGroupCommit); i >= 0 {
-				names[i] = InterceptorGroupOffsets // Validate allows no other with group commit
-			} else {
-				names[slices.Index(names, InterceptorDeduplicate)] = dedup
-			}
-		}
-	}
+	names := h.interceptorNames()
 	if err := checkOrder(names); err != nil {
 		return err
 	}
@@ -250,6 +239,31 @@ func (r *Router) AddHandler(h Handler) error {
 	r.names[h.Name] = true
 	r.initHandlerMetrics(h.Name)
 	return nil
+}
+
+// interceptorNames returns the names of h's chain, outermost first: Interceptors, or the QoS
+// chain with h's duplicate detection.
+func (h Handler) interceptorNames() []string {
+	if len(h.Interceptors) > 0 {
+		return h.Interceptors
+	}
+	names := chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
+	dedup := h.Dedup.interceptor()
+	if dedup == InterceptorDeduplicate {
+		return names
+	}
+	names = slices.Clone(names)
+	i := slices.Index(names, InterceptorGroupCommit)
+	switch {
+	case i < 0:
+		names[slices.Index(names, InterceptorDeduplicate)] = dedup
+	case dedup == InterceptorOffsets:
+		names[i] = InterceptorGroupOffsets
+	default: // acknowledged in the group's transaction, member by member
+		names[i] = InterceptorGroupTransaction
+		names = slices.Insert(names, i+1, dedup)
+	}
+	return names
 }
 
 // describeBroker returns the messaging.system and consumer group of h's broker: what
