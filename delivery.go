@@ -59,7 +59,13 @@ type consumer struct {
 	// lock, where the other deliveries share it. A message whose processing kills the process
 	// then takes no other message's processing with it, and the attempts counted for the
 	// delivery limit are its own.
-	isolation  sync.RWMutex
+	isolation sync.RWMutex
+	// shared is set for a handler whose subscriber hands out a partition's records several at
+	// once and in order (positionWindow): a redelivery there comes only once every record
+	// before it is acked, while the records behind it that are out wait in the chain for it
+	// to be applied; run alone, it would wait for them. Its subscriber hands out alone, by
+	// itself, the records that a consumer may have died of (the Kafka subscriber's gate).
+	shared     bool
 	redelivery RedeliveryConfig
 	logger     *slog.Logger
 	attrs      metric.MeasurementOption
@@ -231,7 +237,7 @@ const (
 // lock; a function to release it would be an allocation per delivery.
 func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) held {
 	switch {
-	case c.counter == nil:
+	case c.counter == nil || c.shared:
 		return heldNone
 	case md.Delivery <= 1 || md.ID == "":
 		c.isolation.RLock()

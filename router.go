@@ -231,7 +231,7 @@ func (r *Router) AddHandler(h Handler) error {
 			return err
 		}
 		c.positions = handlerPositions{positions: p, handler: h.Name}
-		c.positionWindow = windowed
+		c.positionWindow, c.shared = windowed, windowed
 	}
 	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
 	c.subscriptions = n
