@@ -32,33 +32,13 @@ func TestExactlyOnceAckInTransaction_QueueAndEffectCommitTogether(t *testing.T) 
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			url := d.URL(t)
-			db, err := sqldb.Open(ctx, url)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = db.Close() })
-			createEffects(t, db)
-			b, err := broker.Open(ctx, url, broker.Options{ConsumerGroup: "effects"})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = b.Close() })
-			sub, err := b.Subscriber()
-			require.NoError(t, err)
-			topic := testsvc.UniqueName("ackintx")
+			db, b, sub, topic := openQueueInDB(t, d)
 
 			var failed atomic.Bool
 			var lostAcks atomic.Int32
 			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b.Publisher(), PurgeInterval: -1, CloseTimeout: 5 * time.Second})
 			require.NoError(t, err)
-			require.NoError(t, r.RegisterInterceptor("lose-acks", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-				return func(next processor.Processor) processor.Processor {
-					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-						if err := next.Process(ctx, msg); err != nil {
-							return err
-						}
-						lostAcks.Add(1)
-						return errors.New("the acknowledgement is lost after the commit")
-					})
-				}, nil
-			}))
+			require.NoError(t, r.RegisterInterceptor("lose-acks", loseAcks(&lostAcks)))
 			h := onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub, QoS: onceflow.ExactlyOnce,
 				Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{10 * time.Millisecond}},
 				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
@@ -106,17 +86,7 @@ func TestExactlyOnceAckInTransaction_GroupCommitRollsBackAFailedMemberAlone(t *t
 		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			url := d.URL(t)
-			db, err := sqldb.Open(ctx, url)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = db.Close() })
-			createEffects(t, db)
-			b, err := broker.Open(ctx, url, broker.Options{ConsumerGroup: "effects"})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = b.Close() })
-			sub, err := b.Subscriber()
-			require.NoError(t, err)
-			topic := testsvc.UniqueName("ackintx")
+			db, b, sub, topic := openQueueInDB(t, d)
 			ids := []string{"fails"}
 			for i := range others {
 				ids = append(ids, fmt.Sprintf("m-%02d", i))
@@ -131,17 +101,7 @@ func TestExactlyOnceAckInTransaction_GroupCommitRollsBackAFailedMemberAlone(t *t
 			var lostAcks atomic.Int32
 			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b.Publisher(), PurgeInterval: -1, CloseTimeout: 5 * time.Second})
 			require.NoError(t, err)
-			require.NoError(t, r.RegisterInterceptor("lose-acks", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-				return func(next processor.Processor) processor.Processor {
-					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-						if err := next.Process(ctx, msg); err != nil {
-							return err
-						}
-						lostAcks.Add(1)
-						return errors.New("the acknowledgement is lost after the commit")
-					})
-				}, nil
-			}))
+			require.NoError(t, r.RegisterInterceptor("lose-acks", loseAcks(&lostAcks)))
 			// The QoS chain of Dedup.AckInTransaction with GroupCommit.Enabled, with acks lost.
 			require.NoError(t, r.AddHandler(onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub, QoS: onceflow.ExactlyOnce,
 				Interceptors: []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-acks", onceflow.InterceptorDeadLetter,
@@ -187,5 +147,39 @@ func TestExactlyOnceAckInTransaction_GroupCommitRollsBackAFailedMemberAlone(t *t
 			require.NoError(t, err)
 			require.False(t, has, "no dedup table")
 		})
+	}
+}
+
+// openQueueInDB opens a fresh database of d, with the effects table, and the SQL queue in it:
+// its broker, a subscriber of group "effects" and a new topic.
+func openQueueInDB(t *testing.T, d testsvc.Database) (*sqldb.DB, *broker.Broker, message.Subscriber, string) {
+	t.Helper()
+	ctx := context.Background()
+	url := d.URL(t)
+	db, err := sqldb.Open(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	createEffects(t, db)
+	b, err := broker.Open(ctx, url, broker.Options{ConsumerGroup: "effects"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close() })
+	sub, err := b.Subscriber()
+	require.NoError(t, err)
+	return db, b, sub, testsvc.UniqueName("ackintx")
+}
+
+// loseAcks is an interceptor that fails every message after the rest of the chain succeeded,
+// as if the acknowledgement after the commit were lost, and counts them.
+func loseAcks(lost *atomic.Int32) onceflow.InterceptorFactory {
+	return func(onceflow.HandlerInfo) (middleware.Middleware, error) {
+		return func(next processor.Processor) processor.Processor {
+			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				if err := next.Process(ctx, msg); err != nil {
+					return err
+				}
+				lost.Add(1)
+				return errors.New("the acknowledgement is lost after the commit")
+			})
+		}, nil
 	}
 }

@@ -66,6 +66,13 @@ func (o *orderedEffects) apply(ctx context.Context, msg *messagedata.MessageData
 	return err
 }
 
+// publish publishes n records "r-000".. to the topic.
+func (k *kafkaByOffset) publish(n int) {
+	for i := range n {
+		require.NoError(k.t, k.pub.Publisher().Publish(k.topic, message.NewMessage(fmt.Sprintf("r-%03d", i), []byte("x"))))
+	}
+}
+
 // positions returns the handler's applied offset of each partition.
 func (k *kafkaByOffset) positions() map[int32]int64 {
 	rows, err := k.f.db.Query(`SELECT partition_id, applied FROM onceflow_positions WHERE handler = 'effects' AND topic = `+k.f.db.Rebind("?"), k.topic)
@@ -112,9 +119,7 @@ func TestExactlyOnceByOffset_KafkaGroupsDrainABacklogOnceInOrder(t *testing.T) {
 			forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
 				f := newFixture(t, d)
 				k := newKafkaByOffset(t, f, "partitions=4")
-				for i := range records {
-					require.NoError(t, k.pub.Publisher().Publish(k.topic, message.NewMessage(fmt.Sprintf("r-%03d", i), []byte("x"))))
-				}
+				k.publish(records)
 				var effects orderedEffects
 				k.start(k.group, 2, nil, func(h *onceflow.Handler) { mode.set(h, effects.apply) })
 				testsvc.Eventually(t, 30*time.Second, func() bool { return k.applied() == records }, "not every record was applied")
@@ -143,9 +148,7 @@ func TestExactlyOnceByOffset_KafkaGroupsDeadLetterAPoisonAndApplyTheRestInOrder(
 			forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
 				f := newFixture(t, d)
 				k := newKafkaByOffset(t, f, "partitions=1")
-				for i := range records {
-					require.NoError(t, k.pub.Publisher().Publish(k.topic, message.NewMessage(fmt.Sprintf("r-%03d", i), []byte("x"))))
-				}
+				k.publish(records)
 				var effects orderedEffects
 				var mu sync.Mutex
 				poisonRuns := 0
