@@ -40,9 +40,11 @@ type Handler struct {
 	// BatchProcessor, set instead of Processor, applies the effects of a group of messages in
 	// one call and one transaction, so that it can write them with one multi-row statement
 	// (processor.Batch documents what its result does to each message). It implies group
-	// commit: the QoS chain uses "group-commit" ("group-transaction" for AtLeastOnce), whatever
-	// GroupCommit.Enabled says, and a chain named in Interceptors must end with one of them.
-	// Not supported with BestEffort, ExactlyOnceInOrder or Dedup.CheckFirst.
+	// commit: the QoS chain uses "group-commit" ("group-transaction" for AtLeastOnce,
+	// "group-offsets" with Dedup.ByOffset, which hands it a partition's messages in offset
+	// order), whatever GroupCommit.Enabled says, and a chain named in Interceptors must end with
+	// one of them. Not supported with BestEffort, ExactlyOnceInOrder, Dedup.CheckFirst or
+	// Dedup.AckInTransaction.
 	BatchProcessor processor.Batch
 
 	// QoS selects the canonical chain of interceptors for the quality of service. Required
@@ -203,7 +205,9 @@ type DedupConfig struct {
 type GroupCommitConfig struct {
 	// Enabled makes the QoS chain use group commit: "group-commit" in place of "transaction"
 	// and "deduplicate", or, for AtLeastOnce and BestEffort, "group-transaction" in place of
-	// "transaction". Defaults to false. A handler with Interceptors names those interceptors
+	// "transaction"; with Dedup.ByOffset "group-offsets" in place of "transaction" and
+	// "offsets", with Dedup.AckInTransaction "group-transaction" in place of "transaction".
+	// Defaults to false. A handler with Interceptors names those interceptors
 	// instead, and leaves Enabled false. Not supported with Dedup.CheckFirst.
 	Enabled bool
 
