@@ -93,8 +93,9 @@ type partitionBooks struct {
 	// committed is the highest offset of each partition that a group committed.
 	pending   map[positionKey]int
 	committed map[partitionKey]int64
-	// changed, when not nil, is closed at the next change of pending or committed.
-	changed chan struct{}
+	// waiters are, for each position that members wait for (awaitPredecessor), a channel
+	// closed when it joins: each join wakes only the member that waits for it.
+	waiters map[positionKey]chan struct{}
 	// groups is the group that started last among those running with members of each
 	// partition (see orderLocked).
 	groups map[partitionKey]*group
@@ -104,13 +105,6 @@ type partitionBooks struct {
 type positionKey struct {
 	partitionKey
 	offset int64
-}
-
-func (b *partitionBooks) notifyLocked() {
-	if b.changed != nil {
-		close(b.changed)
-		b.changed = nil
-	}
 }
 
 // awaitPredecessor waits, up to predecessorWait, until the message before m in its partition
@@ -138,16 +132,20 @@ func (g *grouper) awaitPredecessor(m *member) {
 			g.mu.Unlock()
 			return
 		}
-		if g.books.changed == nil {
-			g.books.changed = make(chan struct{})
+		if g.books.waiters == nil {
+			g.books.waiters = map[positionKey]chan struct{}{}
 		}
-		changed := g.books.changed
+		joined := g.books.waiters[prev]
+		if joined == nil {
+			joined = make(chan struct{})
+			g.books.waiters[prev] = joined
+		}
 		g.mu.Unlock()
 		if timer == nil {
 			timer = time.NewTimer(predecessorWait)
 		}
 		select {
-		case <-changed:
+		case <-joined:
 		case <-timer.C:
 			return
 		case <-m.ctx.Done():
@@ -189,8 +187,12 @@ func (b *partitionBooks) joinedLocked(grp *group, m *member) {
 	if !slices.Contains(grp.parts, part) {
 		grp.parts = append(grp.parts, part)
 	}
-	b.pending[positionKey{part, m.pos.Offset}]++
-	b.notifyLocked()
+	key := positionKey{part, m.pos.Offset}
+	b.pending[key]++
+	if joined := b.waiters[key]; joined != nil {
+		close(joined)
+		delete(b.waiters, key)
+	}
 }
 
 // settledPosition records that m has its result, committed or not.
@@ -206,7 +208,6 @@ func (g *grouper) settledPosition(m *member, committed bool) {
 	if c, ok := b.committed[part]; committed && (!ok || m.pos.Offset > c) {
 		b.committed[part] = m.pos.Offset
 	}
-	b.notifyLocked()
 }
 
 // lane returns the open group m joins: for GroupOffsets, the partition's lane, so that the
