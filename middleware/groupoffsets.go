@@ -26,15 +26,24 @@ const predecessorWait = 500 * time.Millisecond
 // redelivery.WithPositionWindow). It is to GroupCommit what Offsets is to Deduplicate; it
 // replaces Transaction and Offsets in a chain, with Retry outside it.
 //
+// Members collect in groups by lanes of partitions (partition modulo WithConcurrency), so
+// that the groups that run at once hold different partitions; a group that holds a partition
+// runs after the groups that started before it with that partition, since it needs the
+// position they commit. A member whose predecessor in its partition
+// (messagedata.Position.Previous) has not reached the grouper yet waits for it briefly, so
+// that it joins the same group or a later one.
+//
 // A group's transaction locks the handler's position in each partition its members come from
-// (store.Lock, in partition order, so that two groups never wait for each other), takes the
-// members of each partition in offset order, and:
+// (store.Lock, in partition order, so that two groups cannot deadlock), takes the members of
+// each partition in offset order, and:
 //
 //   - a member at or below the applied offset is a duplicate (an error wrapping
 //     processor.ErrDuplicate: the router acks);
-//   - a member whose predecessor (messagedata.Position.Previous) is neither applied nor ahead
-//     of it in the same transaction, and every member behind it in its partition, returns an
-//     error wrapping ErrPositionAhead, retryable: no offset is applied past one that is not;
+//   - a member whose predecessor is neither applied nor ahead of it in the same transaction
+//     follows the predecessor to the next group when the predecessor waits in the grouper
+//     (it was retried), a few times at most; otherwise it, and every member behind it in its
+//     partition, returns an error wrapping ErrPositionAhead, retryable: no offset is applied
+//     past one that is not;
 //   - the others run in offset order, as GroupCommit runs its members (or go to the batch
 //     processor in one call, in that order), and the position of each partition is set once,
 //     to the highest offset applied, before the one commit.
