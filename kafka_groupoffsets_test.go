@@ -193,3 +193,39 @@ func TestExactlyOnceByOffset_KafkaGroupsDeadLetterAPoisonAndApplyTheRestInOrder(
 		})
 	}
 }
+
+// Two consumers of one Kafka group applying by groups, the second joining while the first has
+// groups in flight and the first leaving while the second has: each rebalance moves
+// partitions whose records are being applied, and still each record has exactly one effect, in
+// its partition's order, and each partition's position is its last offset.
+func TestExactlyOnceByOffset_KafkaGroupsThroughRebalancesApplyEachRecordOnce(t *testing.T) {
+	const records = 300
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		if d.Name == "sqlite" {
+			t.Skip("two routers on one SQLite file take turns at its write lock: the rebalance is shown on the servers")
+		}
+		f := newFixture(t, d)
+		k := newKafkaByOffset(t, f, "partitions=4")
+		k.publish(records)
+		var effects orderedEffects
+		slow := func(ctx context.Context, msg *messagedata.MessageData) error {
+			time.Sleep(time.Millisecond) // groups stay in flight across the rebalances
+			return effects.apply(ctx, msg)
+		}
+		grouped := func(h *onceflow.Handler) { groupedByOffset[0].set(h, slow) }
+		stopFirst := k.start(k.group, 2, nil, grouped)
+		testsvc.Eventually(t, 30*time.Second, func() bool { return k.applied() >= records/4 }, "the first consumer applied nothing")
+		k.start(k.group, 2, nil, grouped)
+		testsvc.Eventually(t, 30*time.Second, func() bool { return k.applied() >= records/2 }, "no progress after the second joined")
+		stopFirst()
+		testsvc.Eventually(t, 60*time.Second, func() bool { return k.applied() == records }, "not every record was applied")
+
+		var n int
+		require.NoError(t, f.db.Get(&n, `SELECT COUNT(*) FROM effects`))
+		require.Equal(t, records, n, "each record has exactly one effect")
+		require.Zero(t, effects.outOfOrder.Load(), "records applied after a later offset of their partition")
+		last := k.lastOffsets()
+		testsvc.Eventually(t, 10*time.Second, func() bool { return len(k.positions()) == len(last) }, "a partition has no position")
+		require.Equal(t, last, k.positions(), "each partition's position is its last offset")
+	})
+}
