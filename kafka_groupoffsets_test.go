@@ -109,6 +109,20 @@ func (k *kafkaByOffset) lastOffsets() map[int32]int64 {
 	return last
 }
 
+// requireAppliedOnceInOrder checks that the effects are the records, each once, none applied
+// after a later offset of its partition, and that each partition's position is its last
+// offset.
+func (k *kafkaByOffset) requireAppliedOnceInOrder(records int, effects *orderedEffects) {
+	t := k.t
+	var n int
+	require.NoError(t, k.f.db.Get(&n, `SELECT COUNT(*) FROM effects`))
+	require.Equal(t, records, n, "each record has exactly one effect")
+	require.Zero(t, effects.outOfOrder.Load(), "records applied after a later offset of their partition")
+	last := k.lastOffsets()
+	testsvc.Eventually(t, 10*time.Second, func() bool { return len(k.positions()) == len(last) }, "a partition has no position")
+	require.Equal(t, last, k.positions(), "each partition's position is its last offset")
+}
+
 // A backlog drained by group commit or a batch processor with duplicate detection by offset:
 // each record is applied exactly once and in its partition's order, the position of each
 // partition is its last offset, and groups held several records of a partition at once.
@@ -123,14 +137,7 @@ func TestExactlyOnceByOffset_KafkaGroupsDrainABacklogOnceInOrder(t *testing.T) {
 				var effects orderedEffects
 				k.start(k.group, 2, nil, func(h *onceflow.Handler) { mode.set(h, effects.apply) })
 				testsvc.Eventually(t, 30*time.Second, func() bool { return k.applied() == records }, "not every record was applied")
-
-				var n int
-				require.NoError(t, f.db.Get(&n, `SELECT COUNT(*) FROM effects`))
-				require.Equal(t, records, n, "each record has exactly one effect")
-				require.Zero(t, effects.outOfOrder.Load(), "records applied after a later offset of their partition")
-				last := k.lastOffsets()
-				testsvc.Eventually(t, 10*time.Second, func() bool { return len(k.positions()) == len(last) }, "a partition has no position")
-				require.Equal(t, last, k.positions(), "each partition's position is its last offset")
+				k.requireAppliedOnceInOrder(records, &effects)
 				require.NotZero(t, k.probe.overlapping(), "no record was handed out while the one before it in its partition was in processing")
 			})
 		})
@@ -219,13 +226,6 @@ func TestExactlyOnceByOffset_KafkaGroupsThroughRebalancesApplyEachRecordOnce(t *
 		testsvc.Eventually(t, 30*time.Second, func() bool { return k.applied() >= records/2 }, "no progress after the second joined")
 		stopFirst()
 		testsvc.Eventually(t, 60*time.Second, func() bool { return k.applied() == records }, "not every record was applied")
-
-		var n int
-		require.NoError(t, f.db.Get(&n, `SELECT COUNT(*) FROM effects`))
-		require.Equal(t, records, n, "each record has exactly one effect")
-		require.Zero(t, effects.outOfOrder.Load(), "records applied after a later offset of their partition")
-		last := k.lastOffsets()
-		testsvc.Eventually(t, 10*time.Second, func() bool { return len(k.positions()) == len(last) }, "a partition has no position")
-		require.Equal(t, last, k.positions(), "each partition's position is its last offset")
+		k.requireAppliedOnceInOrder(records, &effects)
 	})
 }
