@@ -282,31 +282,43 @@ func samePartition(a, b *slot) bool {
 
 // lockPositions locks, in tx, the position of each partition of set, whose members are in
 // partition order, and returns the members to process. A duplicate, and a member that comes
-// before its predecessor is applied, gets its result and is sent it at once; a later copy of
-// a member (the same offset) waits for the first copy's outcome.
+// before its predecessor is applied, gets its result and is sent it before the return; a
+// later copy of a member (the same offset) waits for the first copy's outcome.
 func (r *groupRun) lockPositions(tx processor.Tx, set []*slot) ([]*slot, error) {
+	// A member sent its result is recycled by its goroutine at once: the positions are read
+	// first, and the results sent once the loop no longer looks at the members.
+	keys := make([]positionKey, len(set))
+	for i, s := range set {
+		keys[i] = positionKey{partitionKey{s.m.msg.Topic, s.m.pos.Partition}, s.m.pos.Offset}
+	}
+	var early []*slot
+	defer func() {
+		for _, s := range early {
+			r.send(s)
+		}
+	}()
 	todo := make([]*slot, 0, len(set))
 	var applied int64
 	for i, s := range set {
 		pos := s.m.pos
-		if i == 0 || !samePartition(set[i-1], s) {
+		if i == 0 || keys[i-1].partitionKey != keys[i].partitionKey {
 			ends := childSpans(set[i:i+1], telemetry.SpanDedup, 0)
 			var err error
-			applied, err = r.g.positions.Lock(r.ctx, tx, r.g.handler, s.m.msg.Topic, pos.Partition)
+			applied, err = r.g.positions.Lock(r.ctx, tx, r.g.handler, keys[i].topic, pos.Partition)
 			for _, end := range ends {
 				end(err)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("lock the position of partition %d: %w", pos.Partition, err)
 			}
-		} else if prev := set[i-1]; prev.m.pos.Offset == pos.Offset {
+		} else if prev := set[i-1]; keys[i-1].offset == pos.Offset {
 			// Another delivery of the same record.
 			switch {
 			case prev.first != nil:
 				s.first = prev.first
 			case prev.final:
 				s.finish(prev.res)
-				r.send(s)
+				early = append(early, s)
 			default:
 				s.first = prev
 			}
@@ -315,14 +327,14 @@ func (r *groupRun) lockPositions(tx processor.Tx, set []*slot) ([]*slot, error) 
 		switch {
 		case pos.Offset <= applied:
 			s.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d is at or below the last applied, %d", processor.ErrDuplicate, pos.Offset, pos.Partition, applied)})
-			r.send(s)
+			early = append(early, s)
 		case pos.Previous > applied && r.g.carries(s.m):
 			// Its predecessor waits in the grouper: it follows it to a later group.
 			s.carry = true
 			s.finish(memberResult{})
 		case pos.Previous > applied:
 			s.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d follows %d, and the last applied is %d", ErrPositionAhead, pos.Offset, pos.Partition, pos.Previous, applied)})
-			r.send(s)
+			early = append(early, s)
 		default:
 			todo = append(todo, s)
 			applied = pos.Offset
