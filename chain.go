@@ -35,6 +35,9 @@ const (
 	// InterceptorGroupTransaction is group commit without duplicate detection
 	// (middleware.GroupTransaction): it takes the place of "transaction".
 	InterceptorGroupTransaction = "group-transaction"
+	// InterceptorGroupOffsets is group commit with duplicate detection by position
+	// (middleware.GroupOffsets): it takes the place of "transaction" and "offsets".
+	InterceptorGroupOffsets = "group-offsets"
 )
 
 // HandlerInfo is what an InterceptorFactory knows of the handler it builds a middleware for.
@@ -74,9 +77,14 @@ type builtin struct {
 	reruns bool
 	// tx: it runs the transaction that the interceptors after it write through.
 	tx bool
-	// group: it runs one transaction for a group of deliveries (group commit) and marks their
-	// messages applied itself, so it goes with no other tx or marks interceptor.
-	group bool
+	// group: it runs one transaction for a group of deliveries (group commit), so it goes with
+	// no other tx interceptor; groupMarks: it also marks their messages applied itself, so it
+	// goes with no marks interceptor either. A group that does not mark them takes one that
+	// marksInGroup.
+	group, groupMarks bool
+	// marksInGroup: it marks a message applied member by member inside a group's transaction
+	// (the queue's acknowledgement), so it may follow a group interceptor that does not mark.
+	marksInGroup bool
 	// inTx: it writes through the transaction, so it must come after the one that runs it.
 	inTx bool
 	// marks: it records in the transaction that the message was applied (its id, its offset,
@@ -108,10 +116,11 @@ var builtins = []builtin{
 	{name: InterceptorDeduplicate, levels: exactlyOnceQoS, inTx: true, marks: true, recordsKeys: true, build: newDeduplicate},
 	{name: InterceptorNaturalIdempotency, inTx: true, build: newNaturalIdempotency},
 	{name: InterceptorOffsets, inTx: true, marks: true, build: newOffsets},
-	{name: InterceptorAckInTransaction, inTx: true, marks: true, build: newAckInTransaction},
+	{name: InterceptorAckInTransaction, inTx: true, marks: true, marksInGroup: true, build: newAckInTransaction},
 	{name: InterceptorInOrder, levels: []QoS{ExactlyOnceInOrder}, inTx: true, recordsKeys: true, build: newInOrder},
-	{name: InterceptorGroupCommit, tx: true, group: true, recordsKeys: true, build: newGroupCommit},
+	{name: InterceptorGroupCommit, tx: true, group: true, groupMarks: true, recordsKeys: true, build: newGroupCommit},
 	{name: InterceptorGroupTransaction, tx: true, group: true, build: newGroupTransaction},
+	{name: InterceptorGroupOffsets, tx: true, group: true, groupMarks: true, build: newGroupOffsets},
 }
 
 // builtinNamed returns the built-in interceptor called name.
@@ -204,7 +213,9 @@ func checkOrder(names []string) error {
 			continue
 		}
 		for _, other := range builtins {
-			if _, ok := pos[other.name]; ok && other.name != group.name && (other.tx || other.marks) {
+			_, ok := pos[other.name]
+			clash := other.tx || (other.marks && (group.groupMarks || !other.marksInGroup))
+			if ok && other.name != group.name && clash {
 				return fmt.Errorf("Handler.Interceptors: %q cannot be combined with %q (group commit runs the transaction and records the message ids itself)", group.name, other.name)
 			}
 		}
@@ -225,15 +236,28 @@ func checkOrder(names []string) error {
 }
 
 // chainNames returns the interceptor names of h's chain, outermost first: Interceptors, or
-// the canonical chain of its QoS with the duplicate detection that Dedup chooses.
+// the canonical chain of its QoS with the duplicate detection that Dedup chooses. With group
+// commit, detection by position runs the group's transaction itself ("group-offsets"), and the
+// acknowledgement in the transaction runs inside a group's transaction, member by member.
 func chainNames(h Handler) []string {
-	names := h.Interceptors
-	if len(names) == 0 {
-		names = chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
-		if dedup := h.Dedup.interceptor(); dedup != InterceptorDeduplicate {
-			names = slices.Clone(names)
-			names[slices.Index(names, InterceptorDeduplicate)] = dedup
-		}
+	if len(h.Interceptors) > 0 {
+		return h.Interceptors
+	}
+	names := chainFor(h.QoS, h.GroupCommit.Enabled || h.BatchProcessor != nil)
+	dedup := h.Dedup.interceptor()
+	if dedup == InterceptorDeduplicate {
+		return names
+	}
+	names = slices.Clone(names)
+	i := slices.Index(names, InterceptorGroupCommit)
+	switch {
+	case i < 0:
+		names[slices.Index(names, InterceptorDeduplicate)] = dedup
+	case dedup == InterceptorOffsets:
+		names[i] = InterceptorGroupOffsets
+	default:
+		names[i] = InterceptorGroupTransaction
+		names = slices.Insert(names, i+1, dedup)
 	}
 	return names
 }
@@ -245,12 +269,23 @@ func checkChain(h Handler, names []string) error {
 		return err
 	}
 	if h.BatchProcessor != nil {
-		if last := names[len(names)-1]; last != InterceptorGroupCommit && last != InterceptorGroupTransaction {
-			return fmt.Errorf("Handler.BatchProcessor: the chain must end with %q or %q, which hand the batch to it (handler %q ends with %q)",
-				InterceptorGroupCommit, InterceptorGroupTransaction, h.Name, last)
+		if last := names[len(names)-1]; !grouped([]string{last}) {
+			return fmt.Errorf("Handler.BatchProcessor: the chain must end with one of %q, which hand the batch to it (handler %q ends with %q)",
+				groupNames(), h.Name, last)
 		}
 	}
 	return nil
+}
+
+// groupNames returns the names of the interceptors that run a group's transaction.
+func groupNames() []string {
+	var names []string
+	for _, b := range builtins {
+		if b.group {
+			names = append(names, b.name)
+		}
+	}
+	return names
 }
 
 // grouped reports whether a chain runs group commit.

@@ -71,3 +71,26 @@ func TestMiddlewareChains_RunInTheOrderOfTheRoutersChains(t *testing.T) {
 		require.Equal(t, names, ran, q)
 	}
 }
+// With group commit, duplicate detection by offset runs the group's transaction itself
+// ("group-offsets"), and the acknowledgement in the transaction runs inside a group's
+// transaction without a dedup row, member by member.
+func TestInterceptorNames_GroupCommitWithOffsetsOrAckInTransaction(t *testing.T) {
+	outer := []string{"tracing", "metrics", "deadletter", "recover", "retry", "timeout"}
+	for _, tc := range []struct {
+		h    Handler
+		want []string
+	}{
+		{Handler{QoS: ExactlyOnce, Dedup: DedupConfig{ByOffset: true}}, append(outer[:6:6], "transaction", "offsets")},
+		{Handler{QoS: ExactlyOnce, Dedup: DedupConfig{ByOffset: true}, GroupCommit: GroupCommitConfig{Enabled: true}}, append(outer[:6:6], "group-offsets")},
+		{Handler{QoS: ExactlyOnce, Dedup: DedupConfig{AckInTransaction: true}}, append(outer[:6:6], "transaction", "ack-in-transaction")},
+		{Handler{QoS: ExactlyOnce, Dedup: DedupConfig{AckInTransaction: true}, GroupCommit: GroupCommitConfig{Enabled: true}},
+			append(outer[:6:6], "group-transaction", "ack-in-transaction")},
+	} {
+		names := chainNames(tc.h)
+		require.Equal(t, tc.want, names)
+		require.NoError(t, checkOrder(names))
+	}
+	require.Error(t, checkOrder([]string{"group-commit", "ack-in-transaction"}), "a dedup row and the acknowledgement in the transaction")
+	require.Error(t, checkOrder([]string{"group-offsets", "offsets"}))
+	require.Error(t, checkOrder([]string{"ack-in-transaction", "group-transaction"}), "outside the transaction")
+}

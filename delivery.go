@@ -37,8 +37,10 @@ type consumer struct {
 	// subscriptions is how many times the handler subscribes: Handler.Concurrency.
 	subscriptions int
 	// positions, for a handler that detects duplicates by offset, are given to its
-	// subscriber on the Subscribe context (redelivery.WithPositions).
-	positions redelivery.Positions
+	// subscriber on the Subscribe context (redelivery.WithPositions), or, with group commit,
+	// positionWindow set (redelivery.WithPositionWindow).
+	positions      redelivery.Positions
+	positionWindow bool
 	// work hands deliveries to idle workers; closed when the subscriptions have ended.
 	work         chan *message.Message
 	conv         converter.MessageConverter
@@ -57,7 +59,13 @@ type consumer struct {
 	// lock, where the other deliveries share it. A message whose processing kills the process
 	// then takes no other message's processing with it, and the attempts counted for the
 	// delivery limit are its own.
-	isolation  sync.RWMutex
+	isolation sync.RWMutex
+	// shared is set for a handler whose subscriber hands out a partition's records several at
+	// once and in order (positionWindow): a redelivery there comes only once every record
+	// before it is acked, while the records behind it that are out wait in the chain for it
+	// to be applied; run alone, it would wait for them. Its subscriber hands out alone, by
+	// itself, the records that a consumer may have died of (the Kafka subscriber's gate).
+	shared     bool
 	redelivery RedeliveryConfig
 	logger     *slog.Logger
 	attrs      metric.MeasurementOption
@@ -104,12 +112,13 @@ func newConsumer(r *Router, info HandlerInfo, names []string, chain, reject proc
 		}
 		c.counter = counter
 	}
-	if slices.Contains(names, InterceptorOffsets) {
+	if windowed := slices.Contains(names, InterceptorGroupOffsets); windowed || slices.Contains(names, InterceptorOffsets) {
 		p, err := r.positionsFor(h)
 		if err != nil {
 			return nil, err
 		}
 		c.positions = handlerPositions{positions: p, handler: h.Name}
+		c.positionWindow, c.shared = windowed, windowed
 	}
 	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
 	c.subscriptions = n

@@ -167,6 +167,14 @@ func newGroupTransaction(_ *Router, h HandlerInfo) (middleware.Middleware, error
 	return middleware.GroupTransaction(h.DB, groupOptions(h.Handler)...)
 }
 
+func newGroupOffsets(r *Router, h HandlerInfo) (middleware.Middleware, error) {
+	p, err := r.positionsFor(h.Handler)
+	if err != nil {
+		return nil, err
+	}
+	return middleware.GroupOffsets(h.DB, p, h.Name, groupOptions(h.Handler)...)
+}
+
 // retentionPolicy is the retention option of h's duplicate detection: its policy, and a report
 // that counts and logs each message delivered beyond the retention.
 func retentionPolicy(r *Router, h HandlerInfo) middleware.DedupOption {

@@ -45,9 +45,11 @@ type Handler struct {
 	// BatchProcessor, set instead of Processor, applies the effects of a group of messages in
 	// one call and one transaction, so that it can write them with one multi-row statement
 	// (processor.Batch documents what its result does to each message). It implies group
-	// commit: the QoS chain uses "group-commit" ("group-transaction" for AtLeastOnce), whatever
-	// GroupCommit.Enabled says, and a chain named in Interceptors must end with one of them.
-	// Not supported with BestEffort, ExactlyOnceInOrder or Dedup.CheckFirst.
+	// commit: the QoS chain uses "group-commit" ("group-transaction" for AtLeastOnce,
+	// "group-offsets" with Dedup.ByOffset, which hands it a partition's messages in offset
+	// order), whatever GroupCommit.Enabled says, and a chain named in Interceptors must end with
+	// one of them. Not supported with BestEffort, ExactlyOnceInOrder, Dedup.CheckFirst or
+	// Dedup.AckInTransaction.
 	BatchProcessor processor.Batch
 
 	// QoS selects the canonical chain of interceptors for the quality of service. Required
@@ -177,13 +179,18 @@ type DedupConfig struct {
 	// partition is kept in dedup.DefaultPositionsTable and updated in the transaction of each
 	// message, and a message at or below it is a duplicate (see middleware.Offsets). No row
 	// is written per message, so nothing needs purging, and a message needs no id. It takes
-	// the place of the "deduplicate" interceptor in the ExactlyOnce chain; it does not go with
-	// group commit, a batch processor, CheckFirst, WithTimestamp or another quality of service.
-	// The router gives the handler's positions to its subscriber (redelivery.WithPositions): the
-	// Kafka subscriber then starts each partition it is assigned after the offset applied
-	// there, and hands out a partition's records in order, the next once the one before is
-	// acked, so that records of one partition never run at once; Concurrency spreads the
-	// partitions over that many members of the consumer group.
+	// the place of the "deduplicate" interceptor in the ExactlyOnce chain ("group-offsets"
+	// takes the place of "group-commit" with group commit or a batch processor); it does not go
+	// with CheckFirst, WithTimestamp or another quality of service. The router gives the
+	// handler's positions to its subscriber (redelivery.WithPositions): the Kafka subscriber
+	// then starts each partition it is assigned after the offset applied there, and hands out
+	// a partition's records in order, the next once the one before is acked, so that records
+	// of one partition never run at once; Concurrency spreads the partitions over that many
+	// members of the consumer group. With group commit (redelivery.WithPositionWindow), it
+	// hands out up to its prefetch of a partition's records at once, in order: a group applies
+	// a partition's consecutive records in offset order in one transaction and writes the
+	// partition's position once, and a record that fails stops the ones behind it in its
+	// partition, which come again after it (middleware.GroupOffsets).
 	ByOffset bool
 
 	// AckInTransaction acknowledges each message inside the handler's transaction instead of
@@ -192,8 +199,11 @@ type DedupConfig struct {
 	// the business writes, in one commit, so the message is consumed exactly when its effect
 	// commits (see middleware.AckInTransaction). No dedup row is written and nothing needs
 	// purging (BenchmarkSQLQueueExactlyOnce measures it beside a dedup row). The Subscriber
-	// must be such a queue's, on the same database as DB. ExactlyOnce only, without group
-	// commit, a batch processor, CheckFirst, WithTimestamp or ByOffset.
+	// must be such a queue's, on the same database as DB. With group commit, the chain runs
+	// "group-transaction" followed by "ack-in-transaction": each member's lease is deleted in
+	// the group's one transaction (under its savepoint once a member has failed), and a member
+	// that fails is rolled back with its lease, its message still queued. ExactlyOnce only,
+	// without a batch processor, CheckFirst, WithTimestamp or ByOffset.
 	AckInTransaction bool
 }
 
@@ -208,7 +218,9 @@ type DedupConfig struct {
 type GroupCommitConfig struct {
 	// Enabled makes the QoS chain use group commit: "group-commit" in place of "transaction"
 	// and "deduplicate", or, for AtLeastOnce and BestEffort, "group-transaction" in place of
-	// "transaction". Defaults to false. A handler with Interceptors names those interceptors
+	// "transaction"; with Dedup.ByOffset "group-offsets" in place of "transaction" and
+	// "offsets", with Dedup.AckInTransaction "group-transaction" in place of "transaction".
+	// Defaults to false. A handler with Interceptors names those interceptors
 	// instead, and leaves Enabled false. Not supported with Dedup.CheckFirst.
 	Enabled bool
 
@@ -306,12 +318,12 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
 	case h.Dedup.AckInTransaction && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
 		return fmt.Errorf("Handler.Dedup.AckInTransaction: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorAckInTransaction)
-	case h.Dedup.AckInTransaction && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.ByOffset):
-		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with group commit, a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
+	case h.Dedup.AckInTransaction && (h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.ByOffset):
+		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
 	case h.Dedup.ByOffset && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
 		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
-	case h.Dedup.ByOffset && (h.GroupCommit.Enabled || h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
-		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with group commit, a batch processor, Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
+	case h.Dedup.ByOffset && (h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
+		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
 	case h.Converter != nil && h.IDHeader != "":
 		return fmt.Errorf("Handler.IDHeader: set together with Converter (handler %q; give the converter its IDHeader)", h.Name)
 	case h.Dedup.Retention < 0:

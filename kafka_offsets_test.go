@@ -145,16 +145,20 @@ func (k *kafkaByOffset) open(group string) *broker.Broker {
 	return b
 }
 
-// start runs a router of group with the handler at concurrency, until stop or the end of the
-// test.
-func (k *kafkaByOffset) start(group string, concurrency int, proc processor.Func) (stop func()) {
+// start runs a router of group with the handler at concurrency, changed by opts, until stop
+// or the end of the test.
+func (k *kafkaByOffset) start(group string, concurrency int, proc processor.Func, opts ...func(*onceflow.Handler)) (stop func()) {
 	t := k.t
 	s, err := k.open(group).Subscriber()
 	require.NoError(t, err)
 	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: k.f.broker, PurgeInterval: -1, CloseTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	require.NoError(t, r.AddHandler(onceflow.Handler{Name: "effects", Topic: k.topic, DB: k.f.db, Subscriber: &probedSubscriber{Subscriber: s, probe: k.probe},
-		QoS: onceflow.ExactlyOnce, Concurrency: concurrency, Dedup: onceflow.DedupConfig{ByOffset: true}, Processor: proc}))
+	h := onceflow.Handler{Name: "effects", Topic: k.topic, DB: k.f.db, Subscriber: &probedSubscriber{Subscriber: s, probe: k.probe},
+		QoS: onceflow.ExactlyOnce, Concurrency: concurrency, Dedup: onceflow.DedupConfig{ByOffset: true}, Processor: proc}
+	for _, o := range opts {
+		o(&h)
+	}
+	require.NoError(t, r.AddHandler(h))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

@@ -54,7 +54,7 @@ const (
 // lock; a function to release it would be an allocation per delivery.
 func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) held {
 	switch {
-	case c.counter == nil:
+	case c.counter == nil || c.shared:
 		return heldNone
 	case md.Delivery <= 1 || md.ID == "":
 		c.isolation.RLock()

@@ -66,7 +66,7 @@ func TestExactlyOnceByOffset_InvalidCombinationsFailAtAddHandler(t *testing.T) {
 		Dedup: onceflow.DedupConfig{ByOffset: true}}
 	for _, tc := range []func(h *onceflow.Handler){
 		func(h *onceflow.Handler) { h.QoS = onceflow.AtLeastOnce },
-		func(h *onceflow.Handler) { h.QoS = onceflow.ExactlyOnce; h.GroupCommit.Enabled = true },
+		func(h *onceflow.Handler) { h.QoS = onceflow.ExactlyOnce; h.Dedup.WithTimestamp = true },
 		func(h *onceflow.Handler) { h.QoS = onceflow.ExactlyOnce; h.Dedup.CheckFirst = true },
 	} {
 		h := base

@@ -232,7 +232,10 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	var owners []*consumer
 	for _, c := range r.handlers {
 		ctx := subCtx
-		if c.positions != nil {
+		switch {
+		case c.positionWindow:
+			ctx = redelivery.WithPositionWindow(subCtx, c.positions)
+		case c.positions != nil:
 			ctx = redelivery.WithPositions(subCtx, c.positions)
 		}
 		for range c.subscriptions {

@@ -221,13 +221,19 @@ func GroupTransaction(db Beginner, opts ...GroupOption) (Middleware, error) {
 	return groupMiddleware(db, nil, "", cfg), nil
 }
 
-func groupMiddleware(db Beginner, store GroupStore, handler string, cfg groupConfig) Middleware {
-	var txOpts *sql.TxOptions
-	if cfg.txOpts != (sql.TxOptions{}) {
-		txOpts = &cfg.txOpts
+// txOptions returns the options of a group's transactions, nil for the database's defaults.
+func txOptions(cfg groupConfig) *sql.TxOptions {
+	if cfg.txOpts == (sql.TxOptions{}) {
+		return nil
 	}
+	return &cfg.txOpts
+}
+
+func groupMiddleware(db Beginner, store GroupStore, handler string, cfg groupConfig) Middleware {
+	txOpts := txOptions(cfg)
 	return func(next processor.Processor) processor.Processor {
-		g := &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next, retention: retentionOf(store)}
+		g := &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next, retention: retentionOf(store),
+			opens: make([]*group, 1)}
 		return processor.Func(g.process)
 	}
 }

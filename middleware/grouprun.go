@@ -28,6 +28,7 @@ type slot struct {
 	final bool  // res is its result
 	res   memberResult
 	sent  bool
+	carry bool // GroupOffsets: joins the next group instead of taking a result
 }
 
 // finish gives s its result.
@@ -57,6 +58,9 @@ func (g *grouper) run(members []*member) {
 		return
 	}
 	r.size = len(r.slots)
+	if g.positions != nil {
+		inPartitionOrder(r.slots)
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	// One goroutine waits for the members' contexts in turn, and ends the group's once the
@@ -146,7 +150,7 @@ func (r *groupRun) settle(set []*slot, savepoints bool) {
 // attempt runs set, whose members have no result yet, in one transaction.
 func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 	for _, s := range set {
-		s.first, s.ok = nil, false
+		s.first, s.ok, s.carry = nil, false, false
 	}
 	tx, err := r.g.db.BeginTx(r.ctx, r.g.txOpts)
 	if err != nil {
@@ -191,13 +195,22 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 		}
 	} else {
 		for _, s := range todo {
+			if s.final { // stopped behind a member of its partition that was not applied
+				continue
+			}
 			if savepoints {
 				if err := r.runSaved(tx, s); err != nil {
 					return abort(err)
 				}
+				if !s.ok && r.g.positions != nil {
+					r.stopBehind(todo, s)
+				}
 				continue
 			}
 			if !r.runMember(tx, s) || s.ok {
+				if !s.ok && r.g.positions != nil {
+					r.stopBehind(todo, s)
+				}
 				continue
 			}
 			// s failed on its own: roll back, and run the others again.
@@ -218,6 +231,11 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 			}
 		}
 	}
+	if r.g.positions != nil {
+		if err := r.setPositions(tx, todo); err != nil {
+			return abort(err)
+		}
+	}
 	return r.commit(tx, set)
 }
 
@@ -227,6 +245,10 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 // the retention horizon that the retention policy dead-letters: it has its result, and the
 // transaction must not commit the key recorded for it.
 func (r *groupRun) record(tx processor.Tx, set []*slot) (todo []*slot, refused bool, err error) {
+	if r.g.positions != nil {
+		todo, err = r.lockPositions(tx, set)
+		return todo, false, err
+	}
 	if r.g.store == nil {
 		return set, false, nil
 	}
@@ -394,8 +416,14 @@ func asPanicError(v any) *processor.PanicError {
 func (r *groupRun) runBatch(tx processor.Tx, todo []*slot) (step, error) {
 	live := make([]*slot, 0, len(todo))
 	for _, s := range todo {
+		if s.final { // stopped behind a member of its partition that left
+			continue
+		}
 		if err := s.m.ctx.Err(); err != nil {
 			s.finish(memberResult{err: fmt.Errorf("group commit: context ended before processing: %w", err)})
+			if r.g.positions != nil {
+				r.stopBehind(todo, s)
+			}
 			continue
 		}
 		live = append(live, s)
@@ -568,11 +596,18 @@ func (r *groupRun) send(s *slot) {
 		return
 	}
 	s.sent = true
+	if s.carry {
+		r.g.rejoin(s.m)
+		return
+	}
 	res := s.res
 	if !s.final || (res.err == nil && res.panic == nil && res.committedAt.IsZero()) {
 		// Never reached; a nil error would be acknowledged, and nothing was committed.
 		res = memberResult{err: fmt.Errorf("group commit: message %q has no outcome", s.m.msg.ID)}
 	}
 	s.m.res = res
+	if r.g.positions != nil {
+		r.g.settledPosition(s.m, !res.committedAt.IsZero())
+	}
 	s.m.done <- struct{}{} // the group's last use of the member, which its goroutine recycles
 }

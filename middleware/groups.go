@@ -19,19 +19,26 @@ import (
 
 // grouper forms the groups of one chain and runs them.
 type grouper struct {
-	db      Beginner
-	store   GroupStore // nil: no duplicate detection
-	handler string
-	cfg     groupConfig
-	txOpts  *sql.TxOptions
-	next    processor.Processor
+	db    Beginner
+	store GroupStore // nil: no duplicate detection by id
+	// positions, for GroupOffsets, detect duplicates by position; books are its partitions,
+	// guarded by mu.
+	positions PositionStore
+	books     partitionBooks
+	handler   string
+	cfg       groupConfig
+	txOpts    *sql.TxOptions
+	next      processor.Processor
 	// retention is the store's retention, when it says, for messages older than it.
 	retention time.Duration
 
-	mu      sync.Mutex
-	open    *group   // the group that members join; nil when there is none
-	ready   []*group // full, or done waiting, and waiting for a transaction
-	running int      // groups whose transactions run
+	mu sync.Mutex
+	// opens are the groups that members join, nil where there is none: one, or, for
+	// GroupOffsets, one per lane of partitions (see lane).
+	opens    []*group
+	nextOpen int      // the open group that startLocked looks at first
+	ready    []*group // full, or done waiting, and waiting for a transaction
+	running  int      // groups whose transactions run
 	// lastSize is the size of the group that started last: a new group's room for members,
 	// which grows by copying otherwise.
 	lastSize int
@@ -41,6 +48,12 @@ type group struct {
 	members []*member
 	timer   *time.Timer
 	waited  bool // MaxWait has passed, or there was none
+	// For GroupOffsets: parts are the partitions of its members; after are the groups that
+	// started before this one with members of the same partitions: it runs after they end,
+	// which closes their done.
+	parts []partitionKey
+	after []*group
+	done  chan struct{}
 }
 
 // Member states. A member waits until its group claims it (its group starts, or hands it a
@@ -53,11 +66,14 @@ const (
 )
 
 type member struct {
-	ctx   context.Context
-	msg   *messagedata.MessageData
-	key   dedup.Key
-	state atomic.Int32
-	res   memberResult // set once, before the value on done
+	ctx context.Context
+	msg *messagedata.MessageData
+	key dedup.Key
+	pos messagedata.Position // for GroupOffsets
+	// carried counts the groups that carried the member to the next one (GroupOffsets).
+	carried int
+	state   atomic.Int32
+	res     memberResult // set once, before the value on done
 	// done receives one value once res is set; it has room for it, so that the group never
 	// blocks on a member.
 	done chan struct{}
@@ -88,12 +104,22 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 			key.Timestamp = msg.Timestamp.UnixMicro()
 		}
 	}
+	var pos messagedata.Position
+	if g.positions != nil {
+		var err error
+		if pos, err = positionOf(msg); err != nil {
+			return err
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("group commit: %w", err)
 	}
 
 	m := members.Get().(*member)
-	m.ctx, m.msg, m.key = ctx, msg, key
+	m.ctx, m.msg, m.key, m.pos = ctx, msg, key, pos
+	if g.positions != nil {
+		g.awaitPredecessor(m)
+	}
 	g.join(m)
 	select {
 	case <-m.done:
@@ -114,7 +140,7 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 // records the commit.
 func (m *member) settle() error {
 	r, ctx := m.res, m.ctx
-	m.ctx, m.msg, m.key, m.res = nil, nil, dedup.Key{}, memberResult{}
+	m.ctx, m.msg, m.key, m.pos, m.carried, m.res = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}
 	m.state.Store(memberWaiting)
 	members.Put(m)
 	if r.panic != nil {
@@ -129,16 +155,20 @@ func (m *member) settle() error {
 // join adds m to the open group, creating it if needed, and starts what may start.
 func (g *grouper) join(m *member) {
 	g.mu.Lock()
-	grp := g.open
+	lane := g.lane(m)
+	grp := g.opens[lane]
 	if grp == nil {
 		grp = &group{waited: g.cfg.maxWait == 0, members: make([]*member, 0, max(g.lastSize, 1))}
-		g.open = grp
+		g.opens[lane] = grp
 	}
 	grp.members = append(grp.members, m)
+	if g.positions != nil {
+		g.books.joinedLocked(grp, m)
+	}
 	size := len(grp.members)
 	switch {
 	case size >= g.cfg.maxSize:
-		g.open = nil
+		g.opens[lane] = nil
 		g.stopTimer(grp)
 		g.ready = append(g.ready, grp)
 	case !grp.waited && grp.timer == nil && g.running < g.cfg.concurrency:
@@ -162,33 +192,45 @@ func (g *grouper) expire(grp *group) {
 	g.launch(starts)
 }
 
-// startLocked takes the groups that may start now: ready ones first, then the open group when
-// it is done waiting, or when it has waited for a transaction to be free (its members came
-// while every transaction was busy). It counts them as running.
+// startLocked takes the groups that may start now: ready ones first, then the open groups when
+// they are done waiting, or when they have waited for a transaction to be free (their members
+// came while every transaction was busy). It counts them as running.
 func (g *grouper) startLocked() toStart {
 	var starts toStart
 	for g.running < g.cfg.concurrency {
 		var grp *group
-		switch {
-		case len(g.ready) > 0:
+		if len(g.ready) > 0 {
 			grp = g.ready[0]
 			g.ready = g.ready[1:]
-		case g.open != nil && len(g.open.members) > 0 && g.open.waited:
-			grp = g.open
-			g.open = nil
-			g.stopTimer(grp)
-		default:
-			return starts
+		} else {
+			for range g.opens {
+				i := g.nextOpen
+				g.nextOpen = (g.nextOpen + 1) % len(g.opens)
+				if open := g.opens[i]; open != nil && len(open.members) > 0 && open.waited && !g.waitsLocked(open) {
+					grp = open
+					g.opens[i] = nil
+					g.stopTimer(grp)
+					break
+				}
+			}
+			if grp == nil {
+				return starts
+			}
 		}
 		g.running++
 		g.lastSize = len(grp.members)
+		if g.positions != nil {
+			g.orderLocked(grp)
+		}
 		starts.add(grp)
 	}
 	// Every transaction is busy: the open group collects until one is free, and starts then
 	// without waiting further.
-	if g.open != nil {
-		g.stopTimer(g.open)
-		g.open.waited = true
+	for _, open := range g.opens {
+		if open != nil {
+			g.stopTimer(open)
+			open.waited = true
+		}
 	}
 	return starts
 }
@@ -250,6 +292,9 @@ func (g *grouper) runThenNext(grp *group) (next *group) {
 	returned := false
 	defer func() {
 		g.mu.Lock()
+		if g.positions != nil {
+			g.endedLocked(grp)
+		}
 		g.running--
 		starts := g.startLocked()
 		g.mu.Unlock()
@@ -258,6 +303,9 @@ func (g *grouper) runThenNext(grp *group) (next *group) {
 		}
 		g.launch(starts)
 	}()
+	for _, before := range grp.after {
+		<-before.done
+	}
 	g.run(grp.members)
 	returned = true
 	return nil
@@ -276,12 +324,14 @@ func (g *grouper) leave(m *member) {
 		}
 		return false
 	}
-	if g.open != nil && remove(g.open) {
-		if len(g.open.members) == 0 {
-			g.stopTimer(g.open)
-			g.open = nil
+	for i, open := range g.opens {
+		if open != nil && remove(open) {
+			if len(open.members) == 0 {
+				g.stopTimer(open)
+				g.opens[i] = nil
+			}
+			return
 		}
-		return
 	}
 	for i, grp := range g.ready {
 		if remove(grp) {

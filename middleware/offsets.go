@@ -47,13 +47,9 @@ var ErrPositionAhead = errors.New("the message before it in its partition is not
 func Offsets(store PositionStore, handler string) Middleware {
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			pos, ok, err := messagedata.PositionOf(msg)
-			switch {
-			case err != nil:
-				return processor.Permanent(fmt.Errorf("message position: %w", err))
-			case !ok:
-				return processor.Permanent(fmt.Errorf("message has no position in an ordered log (headers %s and %s are empty): duplicate detection by offsets needs a broker with partitions",
-					messagedata.HeaderPartition, messagedata.HeaderOffset))
+			pos, err := positionOf(msg)
+			if err != nil {
+				return err
 			}
 			tx, ok := processor.CurrentTx(ctx)
 			if !ok {

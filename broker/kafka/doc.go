@@ -52,7 +52,12 @@
 // are handed out in offset order, one at a time: the next once the one before is acked, a
 // nacked record again (after its delay) before the records behind it. Several members of the
 // group, not several records of a partition, then run at once; records of different
-// partitions of one member still do.
+// partitions of one member still do. A consumer that applies a partition's consecutive
+// records in one transaction (group commit with Dedup.ByOffset) subscribes with
+// redelivery.WithPositionWindow: a partition's records are then handed out several at once,
+// up to Prefetch, in offset order, each once every record before it that is not acked is
+// handed out; a redelivery still waits until every record before it is acked, and the records
+// after a nacked one wait for it.
 //
 // # Delivery counts
 //

@@ -84,7 +84,9 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 // When ctx carries the consumer's positions (redelivery.WithPositions), each partition the
 // member is assigned starts after the offset applied there, when the group's committed offset
 // is below it, and a partition's records are handed out in offset order, one at a time: the
-// next once the one before is acked, a nacked record again before the ones behind it. When
+// next once the one before is acked, a nacked record again before the ones behind it; with
+// redelivery.WithPositionWindow, several at once, in offset order, a redelivery still once
+// every record before it is acked. When
 // ctx says that the consumer settles each message itself (redelivery.WithDirectSettle), the
 // subscription books each ack or nack when the consumer calls redelivery.Settle, instead of
 // waiting on the message's channels in a goroutine per delivery.
@@ -131,7 +133,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	)
 	sub.direct = redelivery.SettlesDirectly(ctx)
 	if pos, ok := redelivery.PositionsFrom(ctx); ok {
-		sub.positions = pos
+		sub.positions, sub.window = pos, redelivery.PositionWindow(ctx)
 		opts = append(opts, kgo.AdjustFetchOffsetsFn(sub.startOffsets))
 	}
 	cl, err := kgo.NewClient(opts...)

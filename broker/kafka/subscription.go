@@ -59,8 +59,11 @@ type subscription struct {
 	// positions are the consumer's applied offsets, when it gave them on the Subscribe
 	// context (redelivery.WithPositions): the subscription then hands out each partition's
 	// records in order, one at a time (see readyLocked), and starts each partition it is
-	// assigned after the offset applied there (startOffsets).
+	// assigned after the offset applied there (startOffsets). With window
+	// (redelivery.WithPositionWindow), several of a partition's records are handed out at
+	// once, still in order (see releaseLocked).
 	positions redelivery.Positions
+	window    bool
 
 	// wake, room and commit are signals (capacity 1): the queue has grown, the window has
 	// room, a commit mark has moved.
@@ -139,6 +142,9 @@ type entry struct {
 	// (see ready).
 	recorded int
 	waiting  bool // its next hand-out waits in pending for a commit
+	// out is set, in a subscription that hands out records in order, while a hand-out of the
+	// record is queued or handed out and not settled.
+	out bool
 }
 
 // delivery is one hand-out of an entry.
@@ -434,18 +440,43 @@ func (sub *subscription) readyLocked(d *delivery) bool {
 	return sub.releaseLocked(p)
 }
 
-// releaseLocked queues the hand-out held for p's first record not acked, if it holds it: the
-// record whose turn it is. Every other record of p is either acked, or behind it; so at most
-// one record of p is queued or handed out at once. It reports whether the queue grew. sub.mu
-// is held.
+// releaseLocked queues the hand-outs held for p whose turn it is, and reports whether the
+// queue grew. One at a time, that is the hand-out of p's first record not acked: every other
+// record of p is either acked, or behind it, so at most one record of p is queued or handed
+// out at once. With a window, it is each held hand-out in order as long as p.inOrder allows
+// it. sub.mu is held.
 func (sub *subscription) releaseLocked(p *partition) bool {
-	if len(p.held) == 0 || len(p.entries) == 0 || p.held[0].e != p.entries[0] {
-		return false
+	grew := false
+	for len(p.held) > 0 && len(p.entries) > 0 {
+		h := p.held[0]
+		if sub.window && !p.inOrder(h.e) || !sub.window && h.e != p.entries[0] {
+			break
+		}
+		h.e.out = true
+		sub.queue = append(sub.queue, h)
+		p.held[0] = nil
+		p.held = p.held[1:]
+		grew = true
 	}
-	sub.queue = append(sub.queue, p.held[0])
-	p.held[0] = nil
-	p.held = p.held[1:]
-	return true
+	return grew
+}
+
+// inOrder reports whether a hand-out of e may be queued in a subscription with a window: a
+// first one when every record before e that is not acked is out (queued or handed out), so
+// that the consumer has them all, in order; a redelivery when every record before e is acked,
+// so that a nacked record comes again before the ones behind it, which wait for it (their
+// predecessor failed: they would fail behind it again).
+func (p *partition) inOrder(e *entry) bool {
+	for _, x := range p.entries {
+		switch {
+		case x == e:
+			return true
+		case x.acked:
+		case e.deliveries > 0 || !x.out:
+			return false
+		}
+	}
+	return false
 }
 
 // enqueueLocked queues the next hand-out of e, or has it wait for the next commit, and
@@ -682,6 +713,7 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		}
 		return
 	}
+	d.e.out = false
 	if sub.done || p.revoking {
 		return // it stays unacked: its partition's next owner delivers it again
 	}

@@ -66,3 +66,31 @@ func (q *Queue) Remove(ctx context.Context, topic string, w Waiting) error {
 	}
 	return nil
 }
+
+// trimBatch bounds the messages one statement of Trim deletes, so that each holds its locks
+// briefly.
+const trimBatch = 1000
+
+// Trim deletes the messages of topic that every consumer group known to the topic (every group
+// that has subscribed to it) has acknowledged, in statements of at most 1,000 rows, and returns
+// how many it deleted: the messages at or below every group's cursor that no group has leased.
+// It deletes nothing from a topic no group has subscribed to. On MySQL and MariaDB the message
+// at the highest offset stays, so that the next offsets follow it whatever the server version.
+// A consumer group that subscribes for the first time after a Trim does not see the deleted
+// messages. Run it from one process at a time, as often as the messages table should shrink.
+func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
+	if err := CheckTopic(topic); err != nil {
+		return 0, fmt.Errorf("sqlqueue: %w", err)
+	}
+	var total int64
+	for {
+		n, err := q.d.trim(ctx, q.db, topic, trimBatch)
+		if err != nil {
+			return total, fmt.Errorf("sqlqueue: trim topic %q: %w", topic, err)
+		}
+		total += n
+		if n < trimBatch {
+			return total, nil
+		}
+	}
+}

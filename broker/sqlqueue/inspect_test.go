@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // waitingIDs returns the UUIDs of what waits for q's group on topic, and whether each is leased.
@@ -132,5 +133,52 @@ func TestQueue_TakesOverFromWatermillSQLsSubscriber(t *testing.T) {
 			ack(m)
 		}
 		requireNothing(t, next, 300*time.Millisecond)
+	})
+}
+
+// Trim deletes exactly the messages every known consumer group has acknowledged: none while no
+// group has subscribed, none that a group still leases or has not reached, and the others
+// once every group is past them.
+func TestTrim_DeletesOnlyWhatEveryGroupAcknowledged(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		q := e.queue(sqlqueue.Config{Prefetch: 2})
+		other := e.queue(sqlqueue.Config{ConsumerGroup: "other", Prefetch: 1})
+		tp := topic()
+		ids := e.publish(q, tp, "m", 5)
+		rows := func() int {
+			var n int
+			require.NoError(t, e.db.Get(&n, `SELECT COUNT(*) FROM `+e.messagesTable(tp)))
+			return n
+		}
+		trimmed := func() int64 {
+			n, err := q.Trim(ctx, tp)
+			require.NoError(t, err)
+			return n
+		}
+		require.Zero(t, trimmed(), "no group has subscribed")
+
+		_, ch := e.subscribe(q, tp)
+		m0, m1 := receive(t, ch), receive(t, ch)
+		require.Equal(t, ids[:2], []string{m0.UUID, m1.UUID})
+		require.Zero(t, trimmed(), "both are leased")
+		ack(m0)
+		var total int64
+		testsvc.Eventually(t, 10*time.Second, func() bool { total += trimmed(); return total == 1 }, "the acknowledged message was not trimmed")
+		require.Equal(t, 4, rows())
+
+		// A second group is known once it subscribes: it has not acknowledged m1 yet.
+		_, och := e.subscribe(other, tp)
+		o1 := receive(t, och)
+		require.Equal(t, ids[1], o1.UUID, "m0 is gone for every group")
+		ack(m1)
+		require.Zero(t, trimmed(), "the other group leases m1")
+		ack(o1)
+		total = 0
+		testsvc.Eventually(t, 10*time.Second, func() bool { total += trimmed(); return total == 1 }, "m1 was not trimmed once both groups acknowledged it")
+		require.Equal(t, 3, rows())
+		got, _ := waitingIDs(t, other, tp)
+		require.Equal(t, ids[2:], got[len(got)-3:], "the messages after m1 wait for the other group")
 	})
 }

@@ -366,3 +366,29 @@ func sortByOffset(rows []row) []row {
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.offset, b.offset) })
 	return rows
 }
+
+func (m mysql) trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error) {
+	t, n := m.tables(topic), m.names(topic)
+	have, err := m.existing(ctx, db, topic)
+	if err != nil || !have[n.Messages] || !have[n.Offsets] {
+		return 0, err
+	}
+	// The message at the highest offset stays: MySQL 5.7 takes the next AUTO_INCREMENT value
+	// from the highest row at a restart, and an empty table would hand out offsets below the
+	// cursors again.
+	var last sql.NullInt64
+	if err := db.QueryRowContext(ctx, "SELECT MAX(`offset`) FROM "+t.messages).Scan(&last); err != nil || !last.Valid {
+		return 0, err
+	}
+	leased := ""
+	if have[n.Leases] {
+		leased = " AND `offset` NOT IN (SELECT `offset` FROM " + t.leases + ")"
+	}
+	// A claim moves the group's cursor and leases what it passes in one transaction.
+	res, err := db.ExecContext(ctx, "DELETE FROM "+t.messages+" WHERE `offset` < ? AND `offset` <= (SELECT MIN(COALESCE(offset_acked, 0)) FROM "+
+		t.offsets+")"+leased+" ORDER BY `offset` LIMIT ?", last.Int64, limit)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}

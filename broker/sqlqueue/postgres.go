@@ -283,3 +283,37 @@ func scanRows(rows *sql.Rows, leased bool, dest func(*row) []any) ([]row, error)
 	}
 	return out, rows.Err()
 }
+
+func (p postgres) trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error) {
+	t := p.tables(topic)
+	var haveMessages, haveOffsets, haveLeases bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
+		t.messages, t.offsets, t.leases).Scan(&haveMessages, &haveOffsets, &haveLeases); err != nil {
+		return 0, err
+	}
+	if !haveMessages || !haveOffsets {
+		return 0, nil
+	}
+	leased := ``
+	if haveLeases {
+		leased = `
+			AND NOT EXISTS (SELECT 1 FROM ` + t.leases + ` l WHERE l.transaction_id = m.transaction_id AND l."offset" = m."offset")`
+	}
+	// The lowest cursor of the groups, in the order they read: every message at or below it
+	// is of a transaction that had ended, and every group has claimed it. A claim moves a
+	// cursor and leases what it passes in one statement, so a message below the cursor that
+	// this statement reads is either leased here or settled.
+	res, err := db.ExecContext(ctx, `WITH low AS (
+			SELECT last_processed_transaction_id AS tx, COALESCE(offset_acked, 0) AS off FROM `+t.offsets+`
+			ORDER BY 1, 2 LIMIT 1
+		), batch AS (
+			SELECT m.transaction_id, m."offset" FROM `+t.messages+` m, low
+			WHERE (m.transaction_id, m."offset") <= (low.tx, low.off)`+leased+`
+			ORDER BY m.transaction_id, m."offset" LIMIT $1
+		)
+		DELETE FROM `+t.messages+` m USING batch b WHERE m.transaction_id = b.transaction_id AND m."offset" = b."offset"`, limit)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}

@@ -329,6 +329,10 @@ type dialect interface {
 	waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error)
 	// remove deletes a message that waiting returned, with its leases in every group.
 	remove(ctx context.Context, db *sql.DB, topic string, r row) error
+	// trim deletes up to limit of the messages that every group of the topic has
+	// acknowledged (at or below every cursor, leased by none), oldest first, and returns how
+	// many. Missing tables, or no group, mean nothing to delete.
+	trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error)
 	// ackInTx is the statement that deletes a lease of the group (its parameters: group,
 	// offset, deliveries) only while its deliveries count is the given one.
 	ackInTx(topic string) string

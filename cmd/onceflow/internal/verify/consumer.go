@@ -255,6 +255,10 @@ func chainWithCrashPoints(mode onceflow.QoS, dedup Dedup, groupCommit, batch boo
 	default:
 		names = append(names, "deadletter", "recover", "retry", string(AfterCommit))
 		switch {
+		case groupCommit && dedup == DedupByOffset:
+			names = append(names, onceflow.InterceptorGroupOffsets)
+		case groupCommit && dedup == DedupAckInTx:
+			names = append(names, onceflow.InterceptorGroupTransaction, onceflow.InterceptorAckInTransaction)
 		case groupCommit:
 			names = append(names, onceflow.InterceptorGroupCommit)
 		case dedup == DedupByOffset:
