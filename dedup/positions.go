@@ -37,7 +37,10 @@ type Positions struct {
 	lock  string // handler, topic, partition, now: upsert that locks the row
 	read  string // handler, topic, partition (MySQL: after the upsert)
 	set   string // offset, now, handler, topic, partition
-	load  string // handler, topic
+	// advance: offset, now, handler, topic, partition, offset, previous: Set where the
+	// position is below offset and at or above previous.
+	advance string
+	load    string // handler, topic
 }
 
 // NewPositions returns the Positions of db. It does not touch the database: call Migrate first.
@@ -71,6 +74,7 @@ ON DUPLICATE KEY UPDATE applied = applied`
 		return nil, fmt.Errorf("dedup.NewPositions: db.Dialect: unsupported dialect %q (want postgres, mysql or sqlite)", db.Dialect)
 	}
 	p.set = db.Rebind(`UPDATE ` + t + ` SET applied = ?, updated_at = ?` + where)
+	p.advance = db.Rebind(`UPDATE ` + t + ` SET applied = ?, updated_at = ?` + where + ` AND applied < ? AND applied >= ?`)
 	p.load = db.Rebind(`SELECT partition_id, applied FROM ` + t + ` WHERE handler = ? AND topic = ? AND applied >= 0`)
 	return p, nil
 }
@@ -133,6 +137,24 @@ func (p *Positions) Set(ctx context.Context, tx sqlx.ExtContext, handler, topic 
 		return fmt.Errorf("dedup: set the position of %s in %s/%d to %d (%s): %w", quoteShort(handler), quoteShort(topic), partition, offset, p.table, err)
 	}
 	return nil
+}
+
+// Advance records offset, in tx, as the last applied by handler in partition of topic, and
+// locks the position until tx ends, if the offset recorded there is below offset and at or
+// above previous: the next message of the partition, when nothing before it is left
+// unapplied. It reports whether it did; when it did not (the position is missing, or at or
+// above offset, or below previous), nothing changed, and Lock tells why. It is Lock and Set in
+// one statement, for the common case.
+func (p *Positions) Advance(ctx context.Context, tx sqlx.ExtContext, handler, topic string, partition int32, offset, previous int64) (bool, error) {
+	r, err := tx.ExecContext(ctx, p.advance, offset, p.now().UnixMicro(), handler, topic, partition, offset, previous)
+	var n int64
+	if err == nil {
+		n, err = r.RowsAffected()
+	}
+	if err != nil {
+		return false, fmt.Errorf("dedup: advance the position of %s in %s/%d to %d (%s): %w", quoteShort(handler), quoteShort(topic), partition, offset, p.table, err)
+	}
+	return n == 1, nil
 }
 
 // Load returns, for each partition of topic where handler applied a message, the offset of

@@ -109,3 +109,56 @@ func TestPositions_SecondOwnerWaitsForTheFirstAndSeesItsOffset(t *testing.T) {
 		})
 	}
 }
+
+// Advance moves a position only to the partition's next message: from a recorded offset below
+// it, when nothing after previous is left unapplied; it changes nothing otherwise, and the
+// position it moved stays with the transaction.
+func TestPositions_AdvanceMovesOnlyToTheNextMessage(t *testing.T) {
+	t.Parallel()
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := d.Open(t)
+			p := newPositions(t, db)
+			advance := func(offset, previous int64, commit bool) bool {
+				t.Helper()
+				tx, err := db.BeginTxx(ctx, nil)
+				require.NoError(t, err)
+				ok, err := p.Advance(ctx, tx, "billing", "orders", 2, offset, previous)
+				require.NoError(t, err)
+				if commit {
+					require.NoError(t, tx.Commit())
+				} else {
+					require.NoError(t, tx.Rollback())
+				}
+				return ok
+			}
+			applied := func() map[int32]int64 {
+				t.Helper()
+				got, err := p.Load(ctx, "billing", "orders")
+				require.NoError(t, err)
+				return got
+			}
+
+			require.False(t, advance(0, -1, true), "no position yet: Lock creates it")
+			require.Empty(t, applied())
+
+			tx, err := db.BeginTxx(ctx, nil)
+			require.NoError(t, err)
+			_, err = p.Lock(ctx, tx, "billing", "orders", 2)
+			require.NoError(t, err)
+			require.NoError(t, p.Set(ctx, tx, "billing", "orders", 2, 4))
+			require.NoError(t, tx.Commit())
+
+			require.True(t, advance(5, 4, false), "the next message")
+			require.Equal(t, map[int32]int64{2: 4}, applied(), "rolled back with its transaction")
+			require.False(t, advance(4, 3, true), "at the position: a duplicate")
+			require.False(t, advance(3, 2, true), "below it: a duplicate")
+			require.False(t, advance(7, 5, true), "offset 5, before it, is not applied")
+			require.Equal(t, map[int32]int64{2: 4}, applied(), "nothing moved")
+			require.True(t, advance(7, 4, true), "a gap in the offsets, nothing unapplied before it")
+			require.Equal(t, map[int32]int64{2: 7}, applied())
+		})
+	}
+}
