@@ -237,7 +237,7 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			if h.Handler.Isolation != 0 {
 				opts = append(opts, middleware.WithIsolation(h.Handler.Isolation))
 			}
-			return middleware.Transaction(h.DB, opts...), nil
+			return middleware.Transaction(middleware.Pool(h.DB), opts...), nil
 		},
 		InterceptorDeduplicate: func(h HandlerInfo) (middleware.Middleware, error) {
 			opts := []middleware.DedupOption{r.retentionPolicy(h)}
@@ -282,10 +282,10 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			if h.Handler.Dedup.WithTimestamp {
 				opts = append(opts, middleware.WithTimestampKey())
 			}
-			return middleware.GroupCommit(h.DB, store, h.Name, opts...)
+			return middleware.GroupCommit(middleware.Pool(h.DB), store, h.Name, opts...)
 		},
 		InterceptorGroupTransaction: func(h HandlerInfo) (middleware.Middleware, error) {
-			return middleware.GroupTransaction(h.DB, groupOptions(h.Handler)...)
+			return middleware.GroupTransaction(middleware.Pool(h.DB), groupOptions(h.Handler)...)
 		},
 		InterceptorInOrder: r.inOrder,
 	}

@@ -41,7 +41,7 @@ func (memTx) Rollback() error { return nil }
 
 type memDB struct{ tx memTx }
 
-func (db *memDB) BeginTx(context.Context, *sql.TxOptions) (processor.Tx, error) { return db.tx, nil }
+func (db *memDB) BeginTx(context.Context, *sql.TxOptions) (middleware.Tx, error) { return db.tx, nil }
 
 // memStore records nothing and reports every key as new.
 type memStore struct{}

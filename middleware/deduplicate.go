@@ -13,10 +13,6 @@ import (
 	"github.com/onceflow/onceflow/processor"
 )
 
-// ErrNoTransaction reports a middleware that needs the transaction but runs outside
-// Transaction: a mistake in the order of a custom chain. It is processor.ErrNoTransaction.
-var ErrNoTransaction = processor.ErrNoTransaction
-
 // errOutsideTransaction is the error of a middleware that runs outside Transaction.
 var errOutsideTransaction = fmt.Errorf("%w: place this middleware inside Transaction", ErrNoTransaction)
 
@@ -69,7 +65,7 @@ func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middlew
 			if msg.ID == "" {
 				return processor.Permanent(messagedata.ErrNoMessageID)
 			}
-			tx, ok := processor.CurrentTx(ctx)
+			tx, ok := CurrentTx(ctx)
 			if !ok {
 				return errOutsideTransaction
 			}
@@ -116,7 +112,7 @@ func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middlew
 				return err // the transaction rolls back: the expired record stays as it was
 			}
 			if cfg.checkFirst {
-				ctx = processor.WithInternalID(ctx, internalID)
+				ctx = WithInternalID(ctx, internalID)
 			}
 			return next.Process(ctx, msg)
 		})

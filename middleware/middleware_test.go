@@ -49,7 +49,7 @@ func msg(id string) *messagedata.MessageData {
 
 func TestTransaction_CommitsOnNil(t *testing.T) {
 	db := newDB(t)
-	p := middleware.Transaction(db)(processor.Func(write))
+	p := middleware.Transaction(middleware.Pool(db))(processor.Func(write))
 	require.NoError(t, p.Process(context.Background(), msg("a")))
 	require.Equal(t, 1, countWrites(t, db))
 }
@@ -57,7 +57,7 @@ func TestTransaction_CommitsOnNil(t *testing.T) {
 func TestTransaction_RollsBackOnError(t *testing.T) {
 	db := newDB(t)
 	boom := errors.New("boom")
-	p := middleware.Transaction(db)(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+	p := middleware.Transaction(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		require.NoError(t, write(ctx, m))
 		return boom
 	}))
@@ -67,7 +67,7 @@ func TestTransaction_RollsBackOnError(t *testing.T) {
 
 func TestTransaction_RollsBackOnPanicAndRepanics(t *testing.T) {
 	db := newDB(t)
-	p := middleware.Transaction(db)(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+	p := middleware.Transaction(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		require.NoError(t, write(ctx, m))
 		panic("bug")
 	}))
@@ -77,7 +77,7 @@ func TestTransaction_RollsBackOnPanicAndRepanics(t *testing.T) {
 
 func TestTransaction_CommitFailureIsReturned(t *testing.T) {
 	db := newDB(t)
-	p := middleware.Transaction(db)(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+	p := middleware.Transaction(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		tx, _ := processor.TxFromContext(ctx)
 		// Finish the transaction behind the middleware's back: its commit must fail, and the
 		// failure must not read as success.
@@ -101,7 +101,7 @@ func TestRecover_TurnsPanicIntoPanicError(t *testing.T) {
 func TestRetry_ReRunsEverythingInsideWithAFreshTransaction(t *testing.T) {
 	db := newDB(t)
 	var attempts []int
-	p := middleware.Chain(middleware.Retry(middleware.WithBackoff(time.Millisecond, time.Millisecond)), middleware.Transaction(db))(
+	p := middleware.Chain(middleware.Retry(middleware.WithBackoff(time.Millisecond, time.Millisecond)), middleware.Transaction(middleware.Pool(db)))(
 		processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 			attempts = append(attempts, m.Attempt)
 			require.NoError(t, write(ctx, m))
@@ -168,7 +168,7 @@ func TestDeduplicate_SecondDeliveryIsDuplicate(t *testing.T) {
 	store, err := dedup.New(db, dedup.Config{})
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
-	p := middleware.Chain(middleware.Transaction(db), middleware.Deduplicate(store, "h"))(processor.Func(write))
+	p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), middleware.Deduplicate(store, "h"))(processor.Func(write))
 
 	require.NoError(t, p.Process(context.Background(), msg("a")))
 	err = p.Process(context.Background(), msg("a"))
@@ -182,7 +182,7 @@ func TestDeduplicate_RefusesMessageWithoutID(t *testing.T) {
 	store, err := dedup.New(db, dedup.Config{})
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
-	p := middleware.Chain(middleware.Transaction(db), middleware.Deduplicate(store, "h"))(processor.Func(write))
+	p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), middleware.Deduplicate(store, "h"))(processor.Func(write))
 
 	err = p.Process(context.Background(), msg(""))
 	require.ErrorIs(t, err, messagedata.ErrNoMessageID)
@@ -204,7 +204,7 @@ func TestDeduplicate_CheckFirstMintsTimeOrderedInternalIDs(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
 	var internal []string
-	p := middleware.Chain(middleware.Transaction(db), middleware.Deduplicate(store, "h", middleware.CheckFirst()))(
+	p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), middleware.Deduplicate(store, "h", middleware.CheckFirst()))(
 		processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 			id, ok := processor.InternalID(ctx)
 			require.True(t, ok)
@@ -247,7 +247,7 @@ func TestNaturalIdempotency_OnlyTheNamedConstraintMeansAlreadyProcessed(t *testi
 				_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO refs (ref) VALUES (?)`), string(m.Payload))
 				return err
 			})
-			p := middleware.Chain(middleware.Transaction(db), middleware.NaturalIdempotency(pkName[d.Name]))(insert)
+			p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), middleware.NaturalIdempotency(pkName[d.Name]))(insert)
 			payment := func(id, ref string) *messagedata.MessageData {
 				m := msg(id)
 				m.Payload = []byte(ref)

@@ -55,7 +55,7 @@ func Offsets(store PositionStore, handler string) Middleware {
 				return processor.Permanent(fmt.Errorf("message has no position in an ordered log (headers %s and %s are empty): duplicate detection by offsets needs a broker with partitions",
 					messagedata.HeaderPartition, messagedata.HeaderOffset))
 			}
-			tx, ok := processor.CurrentTx(ctx)
+			tx, ok := CurrentTx(ctx)
 			if !ok {
 				return errOutsideTransaction
 			}

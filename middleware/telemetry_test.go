@@ -46,7 +46,7 @@ func TestTracing_OutsideTheRouterEndsTheConsumerSpanWhenTheChainReturns(t *testi
 	p := middleware.Chain(
 		middleware.Tracing("h", middleware.WithTracerProvider(tp), middleware.WithPropagator(propagation.TraceContext{}),
 			middleware.WithMessagingSystem("rabbitmq")),
-		middleware.Transaction(db),
+		middleware.Transaction(middleware.Pool(db)),
 	)(processor.Func(write))
 
 	require.NoError(t, p.Process(context.Background(), tracedMsg("a")))

@@ -14,11 +14,6 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// Beginner begins database transactions. *sqldb.DB satisfies it.
-type Beginner interface {
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, error)
-}
-
 // ErrCommitOutcomeUnknown reports that the connection failed while COMMIT was in flight, so the
 // transaction may or may not have committed. The message is not acknowledged: it is retried or
 // redelivered, and duplicate detection absorbs the second copy if the commit did happen.
@@ -71,7 +66,7 @@ func Transaction(db Beginner, opts ...TxOption) Middleware {
 				}
 			}()
 
-			if err = next.Process(processor.WithTx(ctx, tx), msg); err != nil {
+			if err = next.Process(WithTx(ctx, tx), msg); err != nil {
 				return err
 			}
 

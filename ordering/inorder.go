@@ -308,9 +308,9 @@ func (o *InOrder) process(ctx context.Context, next processor.Processor, msg *me
 	if err := checkText("message id", msg.ID, maxIDLen); err != nil {
 		return processor.Permanent(fmt.Errorf("message %q: %w", msg.ID, err))
 	}
-	tx, ok := processor.CurrentTx(ctx)
+	tx, ok := middleware.CurrentTx(ctx)
 	if !ok {
-		return fmt.Errorf("%w: place ExactlyOnceInOrder inside Transaction", processor.ErrNoTransaction)
+		return fmt.Errorf("%w: place ExactlyOnceInOrder inside Transaction", middleware.ErrNoTransaction)
 	}
 	handler, key, seq := o.cfg.Handler, msg.Key, int64(msg.Sequence)
 
@@ -492,7 +492,7 @@ func (o *InOrder) applyOne(ctx context.Context, next processor.Processor, key st
 	// ctx carries tx already: the handler's transaction, or the sweeper's.
 	pctx := ctx
 	if p.InternalID.Valid {
-		pctx = processor.WithInternalID(pctx, p.InternalID.String)
+		pctx = middleware.WithInternalID(pctx, p.InternalID.String)
 	}
 	defer func() {
 		if v := recover(); v != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -159,7 +160,7 @@ type Outbox interface {
 func (s *Sequencer) Publish(ctx context.Context, ob Outbox, topic, key string, msgs ...*message.Message) error {
 	tx, ok := processor.TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("ordering: Publish: %w (run inside the handler's chain, or call PublishTx with a transaction of your own)", processor.ErrNoTransaction)
+		return fmt.Errorf("ordering: Publish: %w (run inside the handler's chain, or call PublishTx with a transaction of your own)", middleware.ErrNoTransaction)
 	}
 	return s.PublishTx(ctx, tx, ob, topic, key, msgs...)
 }

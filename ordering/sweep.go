@@ -227,7 +227,7 @@ func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key st
 	var p *plan
 	err = sqltx.Run(ctx, o.store.db, func(tx *sqlx.Tx) error {
 		var err error
-		more, p, err = o.sweepKeyTx(processor.WithTx(ctx, tx), tx, next, key, cutoff, res, seen)
+		more, p, err = o.sweepKeyTx(middleware.WithTx(ctx, tx), tx, next, key, cutoff, res, seen)
 		return err
 	})
 	switch {
@@ -386,7 +386,7 @@ func (o *InOrder) deadLetter(ctx context.Context, next processor.Processor, key 
 func (o *InOrder) removeDeadLettered(ctx context.Context, next processor.Processor, key string, p *plan, page []parkedMsg, res *SweepResult) (done bool, err error) {
 	err = sqltx.Run(ctx, o.store.db, func(tx *sqlx.Tx) error {
 		var err error
-		done, err = o.removeDeadLetteredTx(processor.WithTx(ctx, tx), tx, next, key, p, page, res)
+		done, err = o.removeDeadLetteredTx(middleware.WithTx(ctx, tx), tx, next, key, p, page, res)
 		return err
 	})
 	if errors.Is(err, errNothingToDo) {

@@ -260,9 +260,9 @@ func scaleCell(ctx context.Context, db *sqldb.DB, full *dedup.SQLStore, v string
 		e.Keys = 0
 	}
 	insert := effectInsert(db, tables.effects)
-	chain := middleware.Chain(middleware.Recover(), middleware.Retry(), middleware.Transaction(db), middleware.Deduplicate(store, "bench"))(
+	chain := middleware.Chain(middleware.Recover(), middleware.Retry(), middleware.Transaction(middleware.Pool(db)), middleware.Deduplicate(store, "bench"))(
 		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			tx, _ := processor.CurrentTx(ctx)
+			tx, _ := middleware.CurrentTx(ctx)
 			_, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload)
 			return err
 		}))
