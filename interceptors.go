@@ -202,7 +202,7 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 					opts = append(opts, middleware.WithProcessedCheck(rec.Processed), middleware.WithProcessedMark(rec.MarkProcessed))
 				}
 			}
-			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
+			return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...)
 		},
 		InterceptorRecover: func(HandlerInfo) (middleware.Middleware, error) { return middleware.Recover(), nil },
 		InterceptorRetry: func(h HandlerInfo) (middleware.Middleware, error) {
@@ -224,7 +224,7 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 				}
 				opts = append(opts, middleware.WithBackoff(initial, maxI))
 			}
-			return middleware.Retry(opts...), nil
+			return middleware.Retry(opts...)
 		},
 		InterceptorTimeout: func(h HandlerInfo) (middleware.Middleware, error) {
 			if h.Handler.Timeout == 0 {
@@ -247,7 +247,7 @@ func (r *Router) builtinInterceptors() map[string]InterceptorFactory {
 			if h.Handler.Dedup.CheckFirst {
 				opts = append(opts, middleware.CheckFirst())
 			}
-			return middleware.Deduplicate(h.Dedup, h.Name, opts...), nil
+			return middleware.Deduplicate(h.Dedup, h.Name, opts...)
 		},
 		InterceptorNaturalIdempotency: func(h HandlerInfo) (middleware.Middleware, error) {
 			names := h.Handler.Dedup.UniqueConstraints

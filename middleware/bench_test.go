@@ -67,11 +67,11 @@ func canonicalChainWith(b *testing.B, p processor.Processor, tracing []middlewar
 	chain := middleware.Chain(
 		middleware.Tracing("bench", tracing...),
 		monitor,
-		middleware.DeadLetter(brokertest.New(), "dead", "bench"),
+		must(middleware.DeadLetter(brokertest.New(), "dead", "bench")),
 		middleware.Recover(),
-		middleware.Retry(),
+		must(middleware.Retry()),
 		middleware.Transaction(&memDB{}),
-		middleware.Deduplicate(memStore{}, "bench"),
+		must(middleware.Deduplicate(memStore{}, "bench")),
 	)
 	return chain(p)
 }

@@ -872,7 +872,7 @@ func ExampleGroupCommit() {
 		fmt.Println(err)
 		return
 	}
-	chain := middleware.Chain(middleware.Recover(), middleware.Retry(), groupCommit)(
+	chain := middleware.Chain(middleware.Recover(), must(middleware.Retry()), groupCommit)(
 		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx) // the group's transaction
 			_, err := tx.ExecContext(ctx, `INSERT INTO payments (id) VALUES (?)`, msg.ID)

@@ -19,13 +19,21 @@ import (
 // redelivered, and duplicate detection absorbs the second copy if the commit did happen.
 var ErrCommitOutcomeUnknown = errors.New("commit outcome unknown")
 
-// TxOption configures Transaction.
-type TxOption func(*sql.TxOptions)
+// TxOption configures Transaction, and the transaction of GroupCommit and GroupTransaction.
+type TxOption interface {
+	applyTx(*sql.TxOptions)
+	GroupOption
+}
+
+type txOptionFunc func(*sql.TxOptions)
+
+func (f txOptionFunc) applyTx(o *sql.TxOptions)  { f(o) }
+func (f txOptionFunc) applyGroup(c *groupConfig) { f(&c.txOpts) }
 
 // WithIsolation sets the isolation level of the transaction. Defaults to the database's own
 // default level.
 func WithIsolation(level sql.IsolationLevel) TxOption {
-	return func(o *sql.TxOptions) { o.Isolation = level }
+	return txOptionFunc(func(o *sql.TxOptions) { o.Isolation = level })
 }
 
 // Transaction runs the rest of the chain in a database transaction from db.
@@ -40,7 +48,7 @@ func WithIsolation(level sql.IsolationLevel) TxOption {
 func Transaction(db Beginner, opts ...TxOption) Middleware {
 	var txOpts sql.TxOptions
 	for _, o := range opts {
-		o(&txOpts)
+		o.applyTx(&txOpts)
 	}
 	optsPtr := &txOpts
 	if txOpts == (sql.TxOptions{}) {
