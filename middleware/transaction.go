@@ -11,7 +11,6 @@ import (
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sqldb"
 )
 
 // ErrCommitOutcomeUnknown reports that the connection failed while COMMIT was in flight, so the
@@ -83,10 +82,7 @@ func Transaction(db Beginner, opts ...TxOption) Middleware {
 			end(err)
 			if err != nil {
 				committed = true // the transaction is finished either way; do not roll back
-				if sqldb.Classify(err) == sqldb.Connection || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-					return fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)
-				}
-				return fmt.Errorf("commit: %w", err)
+				return commitError(err)
 			}
 			committed = true
 			delivery.MarkCommitted(ctx, time.Now())

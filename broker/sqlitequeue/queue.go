@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/internal/queuetable"
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -342,24 +343,28 @@ type beginner interface {
 }
 
 // runInTx runs fn in a transaction of db, committing when fn returns nil and rolling back
-// otherwise; a failed rollback is joined to fn's error.
-func runInTx(ctx context.Context, db beginner, fn func(tx *sql.Tx) error) (err error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer func() {
+// otherwise, or on a panic; a failed rollback is joined to fn's error. The error of a failed
+// BEGIN or COMMIT says which.
+func runInTx(ctx context.Context, db beginner, fn func(tx *sql.Tx) error) error {
+	begin := func(ctx context.Context) (*sql.Tx, error) {
+		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
-			if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-				err = errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
-			}
-			return
+			return nil, fmt.Errorf("begin: %w", err)
 		}
-		if err = tx.Commit(); err != nil {
-			err = fmt.Errorf("commit: %w", err)
+		return tx, nil
+	}
+	committing := false
+	err := sqltx.Do(ctx, begin, func(tx *sql.Tx) error {
+		if err := fn(tx); err != nil {
+			return err
 		}
-	}()
-	return fn(tx)
+		committing = true
+		return nil
+	})
+	if err != nil && committing {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return err
 }
 
 // rawDB returns the database/sql pool under db.
