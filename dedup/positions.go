@@ -10,6 +10,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -114,7 +115,7 @@ func (p *Positions) Lock(ctx context.Context, tx sqlx.ExtContext, handler, topic
 		err = tx.QueryRowxContext(ctx, p.read, handler, topic, partition).Scan(&applied)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("dedup: lock the position of %s in %s/%d (%s): %w", quoteShort(handler), quoteShort(topic), partition, p.table, err)
+		return 0, fmt.Errorf("dedup: lock the position of %s in %s/%d (%s): %w", textcol.Quote(handler), textcol.Quote(topic), partition, p.table, err)
 	}
 	return applied, nil
 }
@@ -130,7 +131,7 @@ func (p *Positions) Set(ctx context.Context, tx sqlx.ExtContext, handler, topic 
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("dedup: set the position of %s in %s/%d to %d (%s): %w", quoteShort(handler), quoteShort(topic), partition, offset, p.table, err)
+		return fmt.Errorf("dedup: set the position of %s in %s/%d to %d (%s): %w", textcol.Quote(handler), textcol.Quote(topic), partition, offset, p.table, err)
 	}
 	return nil
 }
@@ -140,7 +141,7 @@ func (p *Positions) Set(ctx context.Context, tx sqlx.ExtContext, handler, topic 
 func (p *Positions) Load(ctx context.Context, handler, topic string) (map[int32]int64, error) {
 	rows, err := p.db.QueryContext(ctx, p.load, handler, topic)
 	if err != nil {
-		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", quoteShort(handler), quoteShort(topic), p.table, err)
+		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", textcol.Quote(handler), textcol.Quote(topic), p.table, err)
 	}
 	defer rows.Close()
 	out := map[int32]int64{}
@@ -148,12 +149,12 @@ func (p *Positions) Load(ctx context.Context, handler, topic string) (map[int32]
 		var part int32
 		var applied int64
 		if err := rows.Scan(&part, &applied); err != nil {
-			return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", quoteShort(handler), quoteShort(topic), p.table, err)
+			return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", textcol.Quote(handler), textcol.Quote(topic), p.table, err)
 		}
 		out[part] = applied
 	}
 	if err := rows.Err(); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", quoteShort(handler), quoteShort(topic), p.table, err)
+		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", textcol.Quote(handler), textcol.Quote(topic), p.table, err)
 	}
 	return out, nil
 }

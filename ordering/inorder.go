@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -298,7 +299,7 @@ func (o *InOrder) process(ctx context.Context, next processor.Processor, msg *me
 			msg.Sequence, messagedata.HeaderKey))
 	case msg.Sequence == 0:
 		return processor.Permanent(fmt.Errorf("%w: message %q has ordering key %s but no sequence (header %s)", ErrUnordered, msg.ID,
-			quoteShort(msg.Key), messagedata.HeaderSequence))
+			textcol.Quote(msg.Key), messagedata.HeaderSequence))
 	case msg.Sequence > MaxSequence:
 		return processor.Permanent(fmt.Errorf("%w: sequence %d of message %q is larger than %d", ErrInvalidKey, msg.Sequence, msg.ID, int64(MaxSequence)))
 	}
@@ -326,11 +327,11 @@ func (o *InOrder) process(ctx context.Context, next processor.Processor, msg *me
 		}
 		if skipped {
 			return processor.Permanent(fmt.Errorf("%w: sequence %d of key %s arrived after sequences %d..%d were given up on at %s (%s)",
-				ErrSkipped, seq, quoteShort(key), sk.From, sk.To, sk.SkippedAt.UTC().Format(time.RFC3339), sk.Reason))
+				ErrSkipped, seq, textcol.Quote(key), sk.From, sk.To, sk.SkippedAt.UTC().Format(time.RFC3339), sk.Reason))
 		}
-		return fmt.Errorf("%w: sequence %d of key %s was applied already (last applied: %d)", processor.ErrDuplicate, seq, quoteShort(key), st.last)
+		return fmt.Errorf("%w: sequence %d of key %s was applied already (last applied: %d)", processor.ErrDuplicate, seq, textcol.Quote(key), st.last)
 	case seq == st.last+1 && st.stalled:
-		return fmt.Errorf("%w: sequence %d of key %s is parked already, waiting for a retry", processor.ErrDuplicate, seq, quoteShort(key))
+		return fmt.Errorf("%w: sequence %d of key %s is parked already, waiting for a retry", processor.ErrDuplicate, seq, textcol.Quote(key))
 	case seq > st.last+1:
 		return o.park(ctx, tx, msg, st)
 	}
@@ -369,7 +370,7 @@ func (o *InOrder) park(ctx context.Context, tx sqlx.ExtContext, msg *messagedata
 		return err
 	}
 	if !inserted {
-		return fmt.Errorf("%w: sequence %d of key %s is parked already", processor.ErrDuplicate, msg.Sequence, quoteShort(msg.Key))
+		return fmt.Errorf("%w: sequence %d of key %s is parked already", processor.ErrDuplicate, msg.Sequence, textcol.Quote(msg.Key))
 	}
 	st.parked++
 	if st.blocked == 0 {
@@ -419,7 +420,7 @@ func (o *InOrder) drainFailing(ctx context.Context, tx sqlx.ExtContext, next pro
 	}
 	if failed != nil {
 		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+drainSavepoint); err != nil {
-			return st, nil, false, fmt.Errorf("roll back to savepoint after parked sequence %d of key %s failed: %w", failed.msg.Seq, quoteShort(key), err)
+			return st, nil, false, fmt.Errorf("roll back to savepoint after parked sequence %d of key %s failed: %w", failed.msg.Seq, textcol.Quote(key), err)
 		}
 		if last > start {
 			again, refailed, err := o.applyParked(ctx, tx, next, key, start, last)
@@ -428,9 +429,9 @@ func (o *InOrder) drainFailing(ctx context.Context, tx sqlx.ExtContext, next pro
 				return st, nil, false, err
 			case refailed != nil:
 				return st, nil, false, fmt.Errorf("parked sequence %d of key %s failed when applied again after sequence %d failed: %w",
-					refailed.msg.Seq, quoteShort(key), failed.msg.Seq, refailed.err)
+					refailed.msg.Seq, textcol.Quote(key), failed.msg.Seq, refailed.err)
 			case again != last:
-				return st, nil, false, fmt.Errorf("parked messages of key %s changed while they were applied (sequence %d, then %d)", quoteShort(key), last, again)
+				return st, nil, false, fmt.Errorf("parked messages of key %s changed while they were applied (sequence %d, then %d)", textcol.Quote(key), last, again)
 			}
 		}
 		if err := o.store.fail(ctx, tx, o.cfg.Handler, key, failed.msg.Seq, failed.err, o.now().UnixMicro()); err != nil {

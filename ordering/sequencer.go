@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -117,10 +118,10 @@ func (s *Sequencer) Next(ctx context.Context, tx sqlx.ExtContext, topic, key str
 	}
 	last, err := s.d.next(ctx, tx, s.quoted, topic, key, int64(n))
 	if err != nil {
-		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: %w", n, quoteShort(key), topic, err)
+		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: %w", n, textcol.Quote(key), topic, err)
 	}
 	if last < int64(n) {
-		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: the table returned %d", n, quoteShort(key), topic, last)
+		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: the table returned %d", n, textcol.Quote(key), topic, last)
 	}
 	return uint64(last - int64(n) + 1), nil
 }
