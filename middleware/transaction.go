@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
@@ -54,37 +55,29 @@ func Transaction(db Beginner, opts ...TxOption) Middleware {
 		optsPtr = nil
 	}
 	return func(next processor.Processor) processor.Processor {
-		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) (err error) {
-			tx, err := db.BeginTx(ctx, optsPtr)
-			if err != nil {
-				return fmt.Errorf("begin transaction: %w", err)
-			}
-			committed := false
-			defer func() {
-				if committed {
-					return
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			var end func(error)
+			err := sqltx.Do(ctx, func(ctx context.Context) (Tx, error) {
+				tx, err := db.BeginTx(ctx, optsPtr)
+				if err != nil {
+					return nil, fmt.Errorf("begin transaction: %w", err)
 				}
-				rbErr := tx.Rollback()
-				if r := recover(); r != nil {
-					panic(r)
+				return tx, nil
+			}, func(tx Tx) error {
+				if err := next.Process(WithTx(ctx, tx), msg); err != nil {
+					return err
 				}
-				if rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-					err = errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
-				}
-			}()
-
-			if err = next.Process(WithTx(ctx, tx), msg); err != nil {
+				_, end = telemetry.Child(ctx, telemetry.SpanCommit)
+				return nil
+			})
+			if end == nil { // begin failed, or the chain inside: rolled back
 				return err
 			}
-
-			_, end := telemetry.Child(ctx, telemetry.SpanCommit)
-			err = tx.Commit()
-			end(err)
-			if err != nil {
-				committed = true // the transaction is finished either way; do not roll back
-				return commitError(err)
+			if ce, ok := err.(*sqltx.CommitError); ok {
+				end(ce.Err)
+				return commitError(ce.Err)
 			}
-			committed = true
+			end(nil)
 			delivery.MarkCommitted(ctx, time.Now())
 			return nil
 		})

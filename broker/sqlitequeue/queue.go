@@ -346,23 +346,15 @@ type beginner interface {
 // otherwise, or on a panic; a failed rollback is joined to fn's error. The error of a failed
 // BEGIN or COMMIT says which.
 func runInTx(ctx context.Context, db beginner, fn func(tx *sql.Tx) error) error {
-	begin := func(ctx context.Context) (*sql.Tx, error) {
+	err := sqltx.Do(ctx, func(ctx context.Context) (*sql.Tx, error) {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
 			return nil, fmt.Errorf("begin: %w", err)
 		}
 		return tx, nil
-	}
-	committing := false
-	err := sqltx.Do(ctx, begin, func(tx *sql.Tx) error {
-		if err := fn(tx); err != nil {
-			return err
-		}
-		committing = true
-		return nil
-	})
-	if err != nil && committing {
-		return fmt.Errorf("commit: %w", err)
+	}, fn)
+	if ce, ok := err.(*sqltx.CommitError); ok {
+		return fmt.Errorf("commit: %w", ce.Err)
 	}
 	return err
 }
