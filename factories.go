@@ -69,7 +69,7 @@ func newDeadLetter(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 			opts = append(opts, middleware.WithProcessedCheck(rec.Processed), middleware.WithProcessedMark(rec.MarkProcessed))
 		}
 	}
-	return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...), nil
+	return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, h.Name, opts...)
 }
 
 func newRecover(_ *Router, _ HandlerInfo) (middleware.Middleware, error) {
@@ -95,7 +95,7 @@ func newRetry(_ *Router, h HandlerInfo) (middleware.Middleware, error) {
 		}
 		opts = append(opts, middleware.WithBackoff(initial, maxI))
 	}
-	return middleware.Retry(opts...), nil
+	return middleware.Retry(opts...)
 }
 
 func newTimeout(_ *Router, h HandlerInfo) (middleware.Middleware, error) {
@@ -110,7 +110,7 @@ func newTransaction(_ *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if h.Handler.Isolation != 0 {
 		opts = append(opts, middleware.WithIsolation(h.Handler.Isolation))
 	}
-	return middleware.Transaction(h.DB, opts...), nil
+	return middleware.Transaction(middleware.Pool(h.DB), opts...), nil
 }
 
 func newDeduplicate(r *Router, h HandlerInfo) (middleware.Middleware, error) {
@@ -121,7 +121,7 @@ func newDeduplicate(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if h.Handler.Dedup.CheckFirst {
 		opts = append(opts, middleware.CheckFirst())
 	}
-	return middleware.Deduplicate(h.Dedup, h.Name, opts...), nil
+	return middleware.Deduplicate(h.Dedup, h.Name, opts...)
 }
 
 func newNaturalIdempotency(_ *Router, h HandlerInfo) (middleware.Middleware, error) {
@@ -160,11 +160,11 @@ func newGroupCommit(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if h.Handler.Dedup.WithTimestamp {
 		opts = append(opts, middleware.WithTimestampKey())
 	}
-	return middleware.GroupCommit(h.DB, store, h.Name, opts...)
+	return middleware.GroupCommit(middleware.Pool(h.DB), store, h.Name, opts...)
 }
 
 func newGroupTransaction(_ *Router, h HandlerInfo) (middleware.Middleware, error) {
-	return middleware.GroupTransaction(h.DB, groupOptions(h.Handler)...)
+	return middleware.GroupTransaction(middleware.Pool(h.DB), groupOptions(h.Handler)...)
 }
 
 func newGroupOffsets(r *Router, h HandlerInfo) (middleware.Middleware, error) {
@@ -172,7 +172,7 @@ func newGroupOffsets(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return middleware.GroupOffsets(h.DB, p, h.Name, groupOptions(h.Handler)...)
+	return middleware.GroupOffsets(middleware.Pool(h.DB), p, h.Name, groupOptions(h.Handler)...)
 }
 
 // retentionPolicy is the retention option of h's duplicate detection: its policy, and a report

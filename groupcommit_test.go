@@ -33,7 +33,7 @@ type heldDB struct {
 	commits    atomic.Int32
 }
 
-func (h *heldDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, error) {
+func (h *heldDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
 	tx, err := h.db.BeginTxx(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -59,7 +59,7 @@ func (t *heldTx) Commit() error {
 // applyEffectOnAnyTx is applyEffect for a transaction that a test wraps, which
 // processor.TxFromContext does not return.
 func applyEffectOnAnyTx(ctx context.Context, msg *messagedata.MessageData) error {
-	tx, ok := processor.CurrentTx(ctx)
+	tx, ok := middleware.CurrentTx(ctx)
 	if !ok {
 		return errors.New("no transaction")
 	}

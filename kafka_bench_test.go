@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/kafkatest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -35,12 +36,12 @@ func BenchmarkKafkaExactlyOnce(b *testing.B) {
 	_, err := db.Exec(`CREATE TABLE effects (message_id VARCHAR(255) NOT NULL, note VARCHAR(255) NOT NULL)`)
 	require.NoError(b, err)
 	apply := func(ctx context.Context, msg *messagedata.MessageData) error {
-		tx, _ := processor.CurrentTx(ctx)
+		tx, _ := middleware.CurrentTx(ctx)
 		_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO effects (message_id, note) VALUES (?, ?)`), msg.ID, "x")
 		return err
 	}
 	batch := processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
-		tx, _ := processor.CurrentTx(ctx)
+		tx, _ := middleware.CurrentTx(ctx)
 		q, args := `INSERT INTO effects (message_id, note) VALUES `, make([]any, 0, 2*len(msgs))
 		for i, msg := range msgs {
 			if i > 0 {

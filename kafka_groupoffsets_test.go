@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -52,7 +53,7 @@ func (o *orderedEffects) apply(ctx context.Context, msg *messagedata.MessageData
 	if err != nil || !ok {
 		return fmt.Errorf("no position: %v", err)
 	}
-	tx, _ := processor.CurrentTx(ctx)
+	tx, _ := middleware.CurrentTx(ctx)
 	note := fmt.Sprintf("%d/%09d", pos.Partition, pos.Offset)
 	var later int
 	if err := tx.QueryRowxContext(ctx, tx.Rebind(`SELECT COUNT(*) FROM effects WHERE note LIKE ? AND note > ?`),

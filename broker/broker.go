@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 	"unicode"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Options.
@@ -55,7 +56,7 @@ type Options struct {
 	ConsumerGroup string
 
 	// Logger receives the logs of the underlying watermill adapters. Defaults to no logging.
-	Logger watermill.LoggerAdapter
+	Logger *slog.Logger
 
 	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
 	// the channel prefetch (QoS) of each AMQP subscription, the window of unsettled
@@ -145,7 +146,7 @@ func (o Options) withDefaults() Options {
 		o.ConsumerGroup = DefaultConsumerGroup
 	}
 	if o.Logger == nil {
-		o.Logger = watermill.NopLogger{}
+		o.Logger = wmlog.Discard()
 	}
 	if o.NackDelay == 0 {
 		o.NackDelay = DefaultNackDelay

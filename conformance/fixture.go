@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -106,9 +105,9 @@ func (f *fixture) id(name string) string { return f.prefix[len(f.prefix)-8:] + "
 // Each Broker is a connection of its own, as another process would have.
 func (f *fixture) openBroker(rawURL string) *broker.Broker {
 	f.t.Helper()
-	var wl watermill.LoggerAdapter
+	var wl *slog.Logger
 	if os.Getenv("ONCEFLOW_CONFORMANCE_DEBUG") != "" {
-		wl = watermill.NewSlogLogger(slog.New(slog.NewTextHandler(newTestWriter(f.t), &slog.HandlerOptions{Level: slog.LevelDebug})))
+		wl = slog.New(slog.NewTextHandler(newTestWriter(f.t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	var b *broker.Broker
 	err := retryConnect(func() (err error) {

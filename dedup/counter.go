@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/sqllock"
 	"github.com/onceflow/onceflow/internal/sqltx"
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -201,7 +202,7 @@ func (c *Counter) Count(ctx context.Context, handler, id string, initial int) (i
 	if c.read == "" {
 		var n int
 		if err := c.db.QueryRowxContext(ctx, c.count, handler, id, initial, now).Scan(&n); err != nil {
-			return 0, fmt.Errorf("dedup: count a delivery of message %s in %s: %w", quoteShort(id), c.table, err)
+			return 0, fmt.Errorf("dedup: count a delivery of message %s in %s: %w", textcol.Quote(id), c.table, err)
 		}
 		return n, nil
 	}
@@ -213,7 +214,7 @@ func (c *Counter) Count(ctx context.Context, handler, id string, initial int) (i
 		return tx.QueryRowxContext(ctx, c.read, handler, id).Scan(&n)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("dedup: count a delivery of message %s in %s: %w", quoteShort(id), c.table, err)
+		return 0, fmt.Errorf("dedup: count a delivery of message %s in %s: %w", textcol.Quote(id), c.table, err)
 	}
 	return n, nil
 }
@@ -241,7 +242,7 @@ func (c *Counter) Attempt(ctx context.Context, handler, id string) (int, error) 
 		})
 	}
 	if err != nil {
-		return 0, fmt.Errorf("dedup: record an attempt of message %s in %s: %w", quoteShort(id), c.table, err)
+		return 0, fmt.Errorf("dedup: record an attempt of message %s in %s: %w", textcol.Quote(id), c.table, err)
 	}
 	return n, nil
 }
@@ -254,7 +255,7 @@ func (c *Counter) MarkDeadLettered(ctx context.Context, handler, id string) erro
 		return err
 	}
 	if _, err := c.db.ExecContext(ctx, c.markDead, handler, id, c.now().UnixMicro()); err != nil {
-		return fmt.Errorf("dedup: record the dead letter of message %s in %s: %w", quoteShort(id), c.table, err)
+		return fmt.Errorf("dedup: record the dead letter of message %s in %s: %w", textcol.Quote(id), c.table, err)
 	}
 	return nil
 }
@@ -270,7 +271,7 @@ func (c *Counter) DeadLettered(ctx context.Context, handler, id string) (bool, e
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("dedup: look up the dead letter of message %s in %s: %w", quoteShort(id), c.table, err)
+		return false, fmt.Errorf("dedup: look up the dead letter of message %s in %s: %w", textcol.Quote(id), c.table, err)
 	}
 	return n > 0, nil
 }
@@ -284,7 +285,7 @@ func (c *Counter) MarkProcessed(ctx context.Context, handler, id string) error {
 		return err
 	}
 	if _, err := c.db.ExecContext(ctx, c.markDone, handler, id, c.now().UnixMicro()); err != nil {
-		return fmt.Errorf("dedup: record the processing of message %s in %s: %w", quoteShort(id), c.table, err)
+		return fmt.Errorf("dedup: record the processing of message %s in %s: %w", textcol.Quote(id), c.table, err)
 	}
 	return nil
 }
@@ -300,7 +301,7 @@ func (c *Counter) Processed(ctx context.Context, handler, id string) (bool, erro
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("dedup: look up the processing of message %s in %s: %w", quoteShort(id), c.table, err)
+		return false, fmt.Errorf("dedup: look up the processing of message %s in %s: %w", textcol.Quote(id), c.table, err)
 	}
 	return n > 0, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -118,7 +119,7 @@ func (p *Positions) Lock(ctx context.Context, tx sqlx.ExtContext, handler, topic
 		err = tx.QueryRowxContext(ctx, p.read, handler, topic, partition).Scan(&applied)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("dedup: lock the position of %s in %s/%d (%s): %w", quoteShort(handler), quoteShort(topic), partition, p.table, err)
+		return 0, fmt.Errorf("dedup: lock the position of %s in %s/%d (%s): %w", textcol.Quote(handler), textcol.Quote(topic), partition, p.table, err)
 	}
 	return applied, nil
 }
@@ -134,7 +135,7 @@ func (p *Positions) Set(ctx context.Context, tx sqlx.ExtContext, handler, topic 
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("dedup: set the position of %s in %s/%d to %d (%s): %w", quoteShort(handler), quoteShort(topic), partition, offset, p.table, err)
+		return fmt.Errorf("dedup: set the position of %s in %s/%d to %d (%s): %w", textcol.Quote(handler), textcol.Quote(topic), partition, offset, p.table, err)
 	}
 	return nil
 }
@@ -152,7 +153,7 @@ func (p *Positions) Advance(ctx context.Context, tx sqlx.ExtContext, handler, to
 		n, err = r.RowsAffected()
 	}
 	if err != nil {
-		return false, fmt.Errorf("dedup: advance the position of %s in %s/%d to %d (%s): %w", quoteShort(handler), quoteShort(topic), partition, offset, p.table, err)
+		return false, fmt.Errorf("dedup: advance the position of %s in %s/%d to %d (%s): %w", textcol.Quote(handler), textcol.Quote(topic), partition, offset, p.table, err)
 	}
 	return n == 1, nil
 }
@@ -162,7 +163,7 @@ func (p *Positions) Advance(ctx context.Context, tx sqlx.ExtContext, handler, to
 func (p *Positions) Load(ctx context.Context, handler, topic string) (map[int32]int64, error) {
 	rows, err := p.db.QueryContext(ctx, p.load, handler, topic)
 	if err != nil {
-		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", quoteShort(handler), quoteShort(topic), p.table, err)
+		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", textcol.Quote(handler), textcol.Quote(topic), p.table, err)
 	}
 	defer rows.Close()
 	out := map[int32]int64{}
@@ -170,12 +171,12 @@ func (p *Positions) Load(ctx context.Context, handler, topic string) (map[int32]
 		var part int32
 		var applied int64
 		if err := rows.Scan(&part, &applied); err != nil {
-			return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", quoteShort(handler), quoteShort(topic), p.table, err)
+			return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", textcol.Quote(handler), textcol.Quote(topic), p.table, err)
 		}
 		out[part] = applied
 	}
 	if err := rows.Err(); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", quoteShort(handler), quoteShort(topic), p.table, err)
+		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", textcol.Quote(handler), textcol.Quote(topic), p.table, err)
 	}
 	return out, nil
 }

@@ -11,12 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/onceflow/onceflow/internal/sqllock"
 	"github.com/onceflow/onceflow/internal/sqltx"
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -489,34 +489,23 @@ func checkKey(key Key) error {
 }
 
 func checkValue(what, v string, maxLen int) error {
-	if len(v) > maxLen { // bytes; only then can there be more than maxLen characters
-		if n := utf8.RuneCountInString(v); n > maxLen {
-			return &keyError{tooLong: true, msg: fmt.Sprintf("%s: %s %s has %d characters, more than the %d its column holds",
-				ErrKeyTooLong, what, quoteShort(v), n, maxLen)}
-		}
-	}
-	if !utf8.ValidString(v) {
-		return &keyError{msg: fmt.Sprintf("%s: %s %s is not valid UTF-8", ErrInvalidKey, what, quoteShort(v))}
-	}
-	if strings.IndexByte(v, 0) >= 0 {
-		return &keyError{msg: fmt.Sprintf("%s: %s %s contains a NUL byte", ErrInvalidKey, what, quoteShort(v))}
+	switch fault, n := textcol.Check(v, maxLen); fault {
+	case textcol.TooLong:
+		return &keyError{tooLong: true, msg: fmt.Sprintf("%s: %s %s has %d characters, more than the %d its column holds",
+			ErrKeyTooLong, what, textcol.Quote(v), n, maxLen)}
+	case textcol.NotUTF8:
+		return &keyError{msg: fmt.Sprintf("%s: %s %s is not valid UTF-8", ErrInvalidKey, what, textcol.Quote(v))}
+	case textcol.NUL:
+		return &keyError{msg: fmt.Sprintf("%s: %s %s contains a NUL byte", ErrInvalidKey, what, textcol.Quote(v))}
 	}
 	return nil
 }
 
-// quoteShort quotes v for an error message, cut to its first 40 bytes.
-func quoteShort(v string) string {
-	if len(v) > 40 {
-		return fmt.Sprintf("%q...", v[:40])
-	}
-	return fmt.Sprintf("%q", v)
-}
-
 func describeKey(k Key) string {
 	if k.Timestamp != 0 {
-		return fmt.Sprintf("key (handler %s, message id %s, timestamp %d)", quoteShort(k.Handler), quoteShort(k.MessageID), k.Timestamp)
+		return fmt.Sprintf("key (handler %s, message id %s, timestamp %d)", textcol.Quote(k.Handler), textcol.Quote(k.MessageID), k.Timestamp)
 	}
-	return fmt.Sprintf("key (handler %s, message id %s)", quoteShort(k.Handler), quoteShort(k.MessageID))
+	return fmt.Sprintf("key (handler %s, message id %s)", textcol.Quote(k.Handler), textcol.Quote(k.MessageID))
 }
 
 func compareKeys(a, b Key) int {
@@ -678,11 +667,11 @@ func (s *SQLStore) ClaimHandler(ctx context.Context, handler, topic string) erro
 		return fmt.Errorf("dedup: create table %s: %w", handlersTable(s.table), err)
 	}
 	if _, err := s.db.ExecContext(ctx, insert, handler, topic, s.now().UnixMicro()); err != nil {
-		return fmt.Errorf("dedup: claim handler %s for topic %s: %w", quoteShort(handler), quoteShort(topic), err)
+		return fmt.Errorf("dedup: claim handler %s for topic %s: %w", textcol.Quote(handler), textcol.Quote(topic), err)
 	}
 	var recorded string
 	if err := s.db.QueryRowxContext(ctx, s.db.Rebind(`SELECT topic FROM `+t+` WHERE handler = ?`), handler).Scan(&recorded); err != nil {
-		return fmt.Errorf("dedup: read the topic of handler %s: %w", quoteShort(handler), err)
+		return fmt.Errorf("dedup: read the topic of handler %s: %w", textcol.Quote(handler), err)
 	}
 	if recorded != topic {
 		return fmt.Errorf("%w: handler %q consumes topic %q here, but topic %q in %s of %s; "+

@@ -30,7 +30,7 @@ var ErrNoTxAck = errors.New("the message's subscriber cannot acknowledge it in a
 func AckInTransaction() Middleware {
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			tx, ok := processor.CurrentTx(ctx)
+			tx, ok := CurrentTx(ctx)
 			if !ok {
 				return errOutsideTransaction
 			}

@@ -41,7 +41,7 @@ func (memTx) Rollback() error { return nil }
 
 type memDB struct{ tx memTx }
 
-func (db *memDB) BeginTx(context.Context, *sql.TxOptions) (processor.Tx, error) { return db.tx, nil }
+func (db *memDB) BeginTx(context.Context, *sql.TxOptions) (middleware.Tx, error) { return db.tx, nil }
 
 // memStore records nothing and reports every key as new.
 type memStore struct{}
@@ -67,11 +67,11 @@ func canonicalChainWith(b *testing.B, p processor.Processor, tracing []middlewar
 	chain := middleware.Chain(
 		middleware.Tracing("bench", tracing...),
 		monitor,
-		middleware.DeadLetter(brokertest.New(), "dead", "bench"),
+		must(middleware.DeadLetter(brokertest.New(), "dead", "bench")),
 		middleware.Recover(),
-		middleware.Retry(),
+		must(middleware.Retry()),
 		middleware.Transaction(&memDB{}),
-		middleware.Deduplicate(memStore{}, "bench"),
+		must(middleware.Deduplicate(memStore{}, "bench")),
 	)
 	return chain(p)
 }

@@ -38,7 +38,11 @@ var ErrDeliveryLimit = errors.New("delivery limit reached")
 var ErrDeadLetterFailed = errors.New("dead-letter publish failed")
 
 // DeadLetterOption configures DeadLetter.
-type DeadLetterOption func(*deadLetterConfig)
+type DeadLetterOption interface{ applyDeadLetter(*deadLetterConfig) }
+
+type deadLetterOptionFunc func(*deadLetterConfig)
+
+func (f deadLetterOptionFunc) applyDeadLetter(c *deadLetterConfig) { f(c) }
 
 type deadLetterConfig struct {
 	maxDeliveries int
@@ -64,7 +68,7 @@ type DeadLetterRecord interface {
 // 10 s). A consumer that dies between the publish and the record still publishes it again at
 // the redelivery, under the same HeaderDeadLetterKey (see DeadLetter).
 func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
-	return func(c *deadLetterConfig) { c.record = rec }
+	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.record = rec })
 }
 
 // WithMaxDeliveries makes DeadLetter give up a message at its n-th delivery
@@ -73,14 +77,15 @@ func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
 // reached after n deliveries: <its error>" instead of being nacked; a message delivered more
 // than n times (its n-th delivery ended without an outcome: the consumer died or its
 // acknowledgement was lost) is dead-lettered before it is processed. A message whose delivery
-// count is unknown (0) is never given up this way. Defaults to 0: no limit.
+// count is unknown (0) is never given up this way. Defaults to 0: no limit; a negative n is an
+// error of DeadLetter.
 //
 // Inside the router, the count that the limit applies to is that of the deliveries whose
 // processing began, where the router knows it: a delivery that waited behind a message that
 // killed its consumer, and never began, does not count. So a message that crashes its
 // consumer every time reaches the limit, and the messages delivered with it do not.
 func WithMaxDeliveries(n int) DeadLetterOption {
-	return func(c *deadLetterConfig) { c.maxDeliveries = n }
+	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.maxDeliveries = n })
 }
 
 // WithProcessedCheck gives DeadLetter a way to ask whether a message was processed already
@@ -88,7 +93,7 @@ func WithMaxDeliveries(n int) DeadLetterOption {
 // processed, whose acknowledgements were lost, is then acknowledged as a duplicate instead of
 // being dead-lettered. When processed fails, the message is dead-lettered as without it.
 func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.MessageData) (bool, error)) DeadLetterOption {
-	return func(c *deadLetterConfig) { c.processed = processed }
+	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.processed = processed })
 }
 
 // WithProcessedMark gives DeadLetter a way to record that a redelivered message (delivery 2 or
@@ -99,7 +104,7 @@ func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.Mes
 // recorded, so that the common case costs nothing, nor is one whose consumer dies between the
 // commit and the record; an error of mark is ignored.
 func WithProcessedMark(mark func(ctx context.Context, msg *messagedata.MessageData) error) DeadLetterOption {
-	return func(c *deadLetterConfig) { c.markProcessed = mark }
+	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.markProcessed = mark })
 }
 
 // DeadLetter publishes a message that cannot succeed to topic on pub, then reports it as
@@ -137,10 +142,21 @@ func WithProcessedMark(mark func(ctx context.Context, msg *messagedata.MessageDa
 // the propagator of the Tracing middleware outside, or the global one): its consumers continue
 // the trace of the failed delivery. The published message carries the incoming message's
 // context.
-func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetterOption) Middleware {
+//
+// It fails, naming the argument or the option, when pub is nil, topic is empty or an option's
+// value is invalid.
+func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetterOption) (Middleware, error) {
 	var cfg deadLetterConfig
 	for _, o := range opts {
-		o(&cfg)
+		o.applyDeadLetter(&cfg)
+	}
+	switch {
+	case pub == nil:
+		return nil, errors.New("DeadLetter: the publisher is nil")
+	case topic == "":
+		return nil, errors.New("DeadLetter: the topic is empty")
+	case cfg.maxDeliveries < 0:
+		return nil, fmt.Errorf("DeadLetter: WithMaxDeliveries: %d is negative (0 sets no limit)", cfg.maxDeliveries)
 	}
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
@@ -199,7 +215,7 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 			}
 			return fmt.Errorf("%w to %s: %w", processor.ErrDeadLettered, topic, err)
 		})
-	}
+	}, nil
 }
 
 // recordContext returns the context of a record's read or write for a delivery with ctx: its

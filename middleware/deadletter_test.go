@@ -29,7 +29,7 @@ func TestDeadLetter_LastAllowedDeliveryThatFailsIsDeadLetteredWithTheLimitAndIts
 	b := brokertest.New()
 	boom := errors.New("downstream says no")
 	var calls int
-	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return boom
 	}))
@@ -54,7 +54,7 @@ func TestDeadLetter_LastAllowedDeliveryThatFailsIsDeadLetteredWithTheLimitAndIts
 
 func TestDeadLetter_PanicAtTheLimitIsDeadLettered(t *testing.T) {
 	b := brokertest.New()
-	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(2))(middleware.Recover()(
+	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(2)))(middleware.Recover()(
 		processor.Func(func(context.Context, *messagedata.MessageData) error { panic("nil map") })))
 	err := p.Process(context.Background(), delivered("a", 2))
 	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
@@ -67,7 +67,7 @@ func TestDeadLetter_MessageBeyondTheLimitIsDeadLetteredWithoutProcessing(t *test
 	// Its last allowed delivery ended without an outcome: the consumer died processing it.
 	b := brokertest.New()
 	called := false
-	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		called = true
 		return nil
 	}))
@@ -84,7 +84,7 @@ func TestDeadLetter_LimitCountsTheDeliveriesWhoseProcessingBegan(t *testing.T) {
 	// killed its consumer.
 	b := brokertest.New()
 	calls := 0
-	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return nil
 	}))
@@ -110,7 +110,7 @@ func TestDeadLetter_MessageBeyondTheLimitThatWasProcessedIsADuplicate(t *testing
 		return processed[m.ID], nil
 	})
 	calls := 0
-	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3), check)(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3), check))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return nil
 	}))
@@ -141,7 +141,7 @@ func TestDeadLetter_LimitSparesWhatIsNotTheMessagesFault(t *testing.T) {
 			if tc.cancel {
 				cancel()
 			}
-			p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1))(processor.Func(func(context.Context, *messagedata.MessageData) error { return tc.err }))
+			p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1)))(processor.Func(func(context.Context, *messagedata.MessageData) error { return tc.err }))
 			err := p.Process(ctx, delivered("a", 1))
 			require.Equal(t, tc.err, err)
 			require.Empty(t, b.Drain("dead"))
@@ -152,7 +152,7 @@ func TestDeadLetter_LimitSparesWhatIsNotTheMessagesFault(t *testing.T) {
 func TestDeadLetter_UnknownDeliveryCountIsNeverGivenUp(t *testing.T) {
 	b := brokertest.New()
 	boom := errors.New("boom")
-	p := middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1))(processor.Func(func(context.Context, *messagedata.MessageData) error { return boom }))
+	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1)))(processor.Func(func(context.Context, *messagedata.MessageData) error { return boom }))
 	require.ErrorIs(t, p.Process(context.Background(), delivered("a", 0)), boom)
 	require.Empty(t, b.Drain("dead"))
 }
@@ -246,7 +246,7 @@ func TestPublishDeadLetter_PayloadTheBrokerRefusesIsDroppedAndSaid(t *testing.T)
 }
 
 func TestDeadLetter_FailingDeadLetterBrokerIsRetryableAndSaysSo(t *testing.T) {
-	p := middleware.DeadLetter(failingPublisher{errors.New("broker down")}, "dead", "h")(
+	p := must(middleware.DeadLetter(failingPublisher{errors.New("broker down")}, "dead", "h"))(
 		processor.Func(func(context.Context, *messagedata.MessageData) error { return processor.Permanent(errors.New("bad")) }))
 	err := p.Process(context.Background(), msg("a"))
 	require.ErrorIs(t, err, middleware.ErrDeadLetterFailed)
@@ -285,7 +285,7 @@ func TestDefaultClassifier(t *testing.T) {
 func TestRetry_PermanentClassIsNotRetriedAndBecomesPermanent(t *testing.T) {
 	var calls int
 	tooLong := &pgconn.PgError{Code: "22001", Message: "value too long for type character varying(10)"}
-	p := middleware.Retry(middleware.WithBackoff(0, 0))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.Retry(middleware.WithBackoff(0, 0)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return fmt.Errorf("insert: %w", tooLong)
 	}))
@@ -298,7 +298,7 @@ func TestRetry_PermanentClassIsNotRetriedAndBecomesPermanent(t *testing.T) {
 func TestRetry_ClassifierOverridesTheDefault(t *testing.T) {
 	var calls int
 	retryAnyway := func(error) bool { return false }
-	p := middleware.Retry(middleware.WithBackoff(0, 0), middleware.WithMaxAttempts(3), middleware.WithClassifier(retryAnyway))(
+	p := must(middleware.Retry(middleware.WithBackoff(0, 0), middleware.WithMaxAttempts(3), middleware.WithClassifier(retryAnyway)))(
 		processor.Func(func(context.Context, *messagedata.MessageData) error {
 			calls++
 			return &pgconn.PgError{Code: "23502"}
@@ -376,7 +376,7 @@ func TestDeadLetter_RecordIsWrittenAfterTheDeliveryEnded(t *testing.T) {
 	b := brokertest.New()
 	rec := &ctxRecord{}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := middleware.DeadLetter(b, "dead", "h", middleware.WithDeadLetterRecord(rec))(
+	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithDeadLetterRecord(rec)))(
 		processor.Func(func(context.Context, *messagedata.MessageData) error {
 			cancel() // the delivery ends while the message fails
 			return processor.Permanent(errors.New("bad"))

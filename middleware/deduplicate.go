@@ -13,15 +13,23 @@ import (
 	"github.com/onceflow/onceflow/processor"
 )
 
-// ErrNoTransaction reports a middleware that needs the transaction but runs outside
-// Transaction: a mistake in the order of a custom chain. It is processor.ErrNoTransaction.
-var ErrNoTransaction = processor.ErrNoTransaction
-
 // errOutsideTransaction is the error of a middleware that runs outside Transaction.
 var errOutsideTransaction = fmt.Errorf("%w: place this middleware inside Transaction", ErrNoTransaction)
 
-// DedupOption configures Deduplicate.
-type DedupOption func(*dedupConfig)
+// DedupOption configures Deduplicate, and the duplicate detection of GroupCommit.
+type DedupOption interface {
+	applyDedup(*dedupConfig)
+	GroupOption
+}
+
+type dedupOptionFunc func(*dedupConfig)
+
+func (f dedupOptionFunc) applyDedup(c *dedupConfig) { f(c) }
+
+func (f dedupOptionFunc) applyGroup(c *groupConfig) {
+	f(&c.dedup)
+	c.dedupOptions = true
+}
 
 type dedupConfig struct {
 	withTimestamp bool
@@ -32,14 +40,16 @@ type dedupConfig struct {
 
 // WithTimestampKey makes the message timestamp part of the key, as a classic message_log table
 // does with the JMS timestamp: ids that a producer reuses over time stay distinct.
-func WithTimestampKey() DedupOption { return func(c *dedupConfig) { c.withTimestamp = true } }
+func WithTimestampKey() DedupOption {
+	return dedupOptionFunc(func(c *dedupConfig) { c.withTimestamp = true })
+}
 
 // CheckFirst selects the check-first mode of an id mapper: the store is read before anything is written,
 // so a redelivered message costs one read and no write lock; a new message gets a minted
 // internal, time-ordered id (processor.InternalID) recorded with the key as the id mapping.
 // The expiry of the mapping is the store's retention. Concurrent copies are still caught by the
 // insert that follows the check.
-func CheckFirst() DedupOption { return func(c *dedupConfig) { c.checkFirst = true } }
+func CheckFirst() DedupOption { return dedupOptionFunc(func(c *dedupConfig) { c.checkFirst = true }) }
 
 // Deduplicate records the message id for handler in store, inside the transaction, before
 // calling next; a message whose id is already recorded is not processed again.
@@ -57,10 +67,19 @@ func CheckFirst() DedupOption { return func(c *dedupConfig) { c.checkFirst = tru
 // A message delivered beyond the store's retention (its expired key still recorded, or its
 // timestamp older than the retention) is reported and handled by the RetentionPolicy
 // (WithRetentionPolicy): by default dead-lettered when its expired key is still recorded.
-func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middleware {
+//
+// It fails, naming the argument or the option, when store is nil or an option's value is
+// invalid.
+func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) (Middleware, error) {
 	var cfg dedupConfig
 	for _, o := range opts {
-		o(&cfg)
+		o.applyDedup(&cfg)
+	}
+	if store == nil {
+		return nil, errors.New("Deduplicate: the store is nil")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("Deduplicate: %w", err)
 	}
 	retention := retentionOf(store)
 	recorder, renewals := store.(keyRecorder)
@@ -69,7 +88,7 @@ func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middlew
 			if msg.ID == "" {
 				return processor.Permanent(messagedata.ErrNoMessageID)
 			}
-			tx, ok := processor.CurrentTx(ctx)
+			tx, ok := CurrentTx(ctx)
 			if !ok {
 				return errOutsideTransaction
 			}
@@ -116,11 +135,11 @@ func Deduplicate(store dedup.Store, handler string, opts ...DedupOption) Middlew
 				return err // the transaction rolls back: the expired record stays as it was
 			}
 			if cfg.checkFirst {
-				ctx = processor.WithInternalID(ctx, internalID)
+				ctx = WithInternalID(ctx, internalID)
 			}
 			return next.Process(ctx, msg)
 		})
-	}
+	}, nil
 }
 
 // invalidKeyIsPermanent marks an id the store cannot hold (too long, not UTF-8) as permanent:

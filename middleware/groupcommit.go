@@ -68,13 +68,6 @@ type groupOptionFunc func(*groupConfig)
 
 func (f groupOptionFunc) applyGroup(c *groupConfig) { f(c) }
 
-func (o TxOption) applyGroup(c *groupConfig) { o(&c.txOpts) }
-
-func (o DedupOption) applyGroup(c *groupConfig) {
-	o(&c.dedup)
-	c.dedupOptions = true
-}
-
 // WithMaxGroupSize sets the most messages one group holds; a full group starts as soon as a
 // transaction may. Defaults to DefaultMaxGroupSize. 1 turns grouping off: every message has a
 // transaction of its own.
@@ -138,6 +131,9 @@ func newGroupConfig(opts []GroupOption) (groupConfig, error) {
 		return cfg, fmt.Errorf("WithConcurrency: %d is negative", cfg.concurrency)
 	case cfg.dedup.checkFirst:
 		return cfg, errors.New("CheckFirst: not supported by group commit (a group records its keys with one multi-row insert, without internal ids)")
+	}
+	if err := cfg.dedup.validate(); err != nil {
+		return cfg, err
 	}
 	cfg.concurrency = max(cfg.concurrency, 1)
 	return cfg, nil

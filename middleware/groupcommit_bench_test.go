@@ -63,17 +63,17 @@ func benchChain(b *testing.B, d testsvc.Database, concurrency int, remote time.D
 		if remote > 0 {
 			time.Sleep(remote)
 		}
-		tx, _ := processor.CurrentTx(ctx)
+		tx, _ := middleware.CurrentTx(ctx)
 		_, err := tx.ExecContext(ctx, insert, m.ID, string(m.Payload))
 		return err
 	})
 	var chain processor.Processor
 	if group {
-		gc, err := middleware.GroupCommit(db, store, "bench", middleware.WithConcurrency(concurrency))
+		gc, err := middleware.GroupCommit(middleware.Pool(db), store, "bench", middleware.WithConcurrency(concurrency))
 		require.NoError(b, err)
-		chain = middleware.Chain(middleware.Recover(), middleware.Retry(), gc)(proc)
+		chain = middleware.Chain(middleware.Recover(), must(middleware.Retry()), gc)(proc)
 	} else {
-		chain = middleware.Chain(middleware.Recover(), middleware.Retry(), middleware.Transaction(db), middleware.Deduplicate(store, "bench"))(proc)
+		chain = middleware.Chain(middleware.Recover(), must(middleware.Retry()), middleware.Transaction(middleware.Pool(db)), must(middleware.Deduplicate(store, "bench")))(proc)
 	}
 	db.SetMaxOpenConns(concurrency + 4)
 	db.SetMaxIdleConns(concurrency + 4)

@@ -41,7 +41,7 @@ type countingDB struct {
 	beforeCommit func() error
 }
 
-func (c *countingDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, error) {
+func (c *countingDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (middleware.Tx, error) {
 	tx, err := c.db.BeginTxx(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -111,7 +111,7 @@ func (f *groupFixture) recorded(t *testing.T, id string) int {
 
 // insertEffect writes the message's effect row through the group's transaction.
 func insertEffect(ctx context.Context, msg *messagedata.MessageData) error {
-	tx, ok := processor.CurrentTx(ctx)
+	tx, ok := middleware.CurrentTx(ctx)
 	if !ok {
 		return errors.New("no transaction")
 	}
@@ -164,7 +164,7 @@ func TestGroupCommit_ConcurrentMessagesShareOneTransactionAndOneCommit(t *testin
 		f := newGroupFixture(t, d)
 		var txs sync.Map // transaction -> members that saw it
 		p := f.groupCommit(t, 8, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
-			tx, _ := processor.CurrentTx(ctx)
+			tx, _ := middleware.CurrentTx(ctx)
 			n, _ := txs.LoadOrStore(tx, new(atomic.Int32))
 			n.(*atomic.Int32).Add(1)
 			return insertEffect(ctx, m)
@@ -268,7 +268,7 @@ func TestGroupCommit_MemberFailingWithSQLErrorDoesNotSpoilTheOthers(t *testing.T
 			if err := insertEffect(ctx, m); err != nil {
 				return err
 			}
-			tx, _ := processor.CurrentTx(ctx)
+			tx, _ := middleware.CurrentTx(ctx)
 			payment := m.ID
 			if m.ID == "clash" {
 				payment = "taken"
@@ -302,7 +302,7 @@ func TestGroupCommit_MemberThatEndsTheTransactionFailsAloneAndTheOthersCommit(t 
 				return err
 			}
 			if m.ID == "spoiler" {
-				tx, _ := processor.CurrentTx(ctx)
+				tx, _ := middleware.CurrentTx(ctx)
 				_ = tx.Rollback()
 				return errors.New("deadlock found when trying to get lock")
 			}
@@ -335,7 +335,7 @@ func TestGroupCommit_MemberThatEndsTheTransactionAfterAFailureAbortsTheRestRetry
 			case "first-failure":
 				return boom
 			case "spoiler":
-				tx, _ := processor.CurrentTx(ctx)
+				tx, _ := middleware.CurrentTx(ctx)
 				_ = tx.Rollback()
 				return errors.New("deadlock found when trying to get lock")
 			}
@@ -540,12 +540,12 @@ func TestGroupCommit_CopyOfAFailedMessageInTheSameGroupIsAppliedOnceByTheRerun(t
 func TestGroupCommit_MaxSizeStartsAFullGroup(t *testing.T) {
 	f := newGroupFixture(t, testsvc.Databases()[0])
 	var mu sync.Mutex
-	sizes := map[processor.Tx]int{}
+	sizes := map[middleware.Tx]int{}
 	// No concurrency hint and an hour's wait: only a full group starts.
 	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(3), middleware.WithMaxWait(time.Hour))
 	require.NoError(t, err)
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
-		tx, _ := processor.CurrentTx(ctx)
+		tx, _ := middleware.CurrentTx(ctx)
 		mu.Lock()
 		sizes[tx]++
 		mu.Unlock()
@@ -587,12 +587,12 @@ func TestGroupCommit_WithoutMaxWaitMessagesArrivingWhileAGroupRunsFormTheNext(t 
 		}))
 	require.NoError(t, err)
 	var mu sync.Mutex
-	sizes := map[processor.Tx]int{}
+	sizes := map[middleware.Tx]int{}
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		if m.ID == "first" {
 			<-joinedNext // the next three join while this group runs
 		}
-		tx, _ := processor.CurrentTx(ctx)
+		tx, _ := middleware.CurrentTx(ctx)
 		mu.Lock()
 		sizes[tx]++
 		mu.Unlock()
@@ -719,7 +719,7 @@ func TestGroupCommit_CommitFailureFailsEveryMember(t *testing.T) {
 
 type failingBeginner struct{ err error }
 
-func (b failingBeginner) BeginTx(context.Context, *sql.TxOptions) (processor.Tx, error) {
+func (b failingBeginner) BeginTx(context.Context, *sql.TxOptions) (middleware.Tx, error) {
 	return nil, b.err
 }
 
@@ -867,12 +867,12 @@ func ExampleGroupCommit() {
 
 	// Deliveries in flight at once share a transaction; Retry stays outside, so every attempt
 	// joins a group of its own.
-	groupCommit, err := middleware.GroupCommit(db, store, "payments", middleware.WithMaxGroupSize(4), middleware.WithMaxWait(time.Second))
+	groupCommit, err := middleware.GroupCommit(middleware.Pool(db), store, "payments", middleware.WithMaxGroupSize(4), middleware.WithMaxWait(time.Second))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	chain := middleware.Chain(middleware.Recover(), middleware.Retry(), groupCommit)(
+	chain := middleware.Chain(middleware.Recover(), must(middleware.Retry()), groupCommit)(
 		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx) // the group's transaction
 			_, err := tx.ExecContext(ctx, `INSERT INTO payments (id) VALUES (?)`, msg.ID)
@@ -980,11 +980,11 @@ func TestGroupCommit_MessagesArrivingWhileEveryTransactionIsBusyFormOneGroup(t *
 	joined := make(chan int, 16)
 	release := make(chan struct{})
 	var mu sync.Mutex
-	sizes := map[processor.Tx]int{}
+	sizes := map[middleware.Tx]int{}
 	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithGroupJoined(func(n int) { joined <- n }))
 	require.NoError(t, err)
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
-		tx, _ := processor.CurrentTx(ctx)
+		tx, _ := middleware.CurrentTx(ctx)
 		mu.Lock()
 		sizes[tx]++
 		mu.Unlock()
@@ -1026,7 +1026,7 @@ func batchGroup(t *testing.T, f *groupFixture, n int, b processor.Batch) process
 
 // insertAll writes the effects of msgs with one multi-row INSERT.
 func insertAll(ctx context.Context, msgs []*messagedata.MessageData) error {
-	tx, _ := processor.CurrentTx(ctx)
+	tx, _ := middleware.CurrentTx(ctx)
 	var q strings.Builder
 	args := make([]any, len(msgs))
 	q.WriteString(`INSERT INTO gc_effects (id) VALUES `)
@@ -1110,7 +1110,7 @@ func TestGroupCommit_BatchFailureNamingNobodyIsSplitUntilTheBadMessageIsAlone(t 
 		var calls atomic.Int32
 		p := batchGroup(t, f, 8, processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
 			calls.Add(1)
-			tx, _ := processor.CurrentTx(ctx)
+			tx, _ := middleware.CurrentTx(ctx)
 			for _, m := range msgs {
 				if len(m.ID) > 8 && d.Name == "sqlite" { // SQLite does not enforce the length
 					return errors.New("value too long for type character varying(8)")

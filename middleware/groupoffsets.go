@@ -284,7 +284,7 @@ func samePartition(a, b *slot) bool {
 // partition order, and returns the members to process. A duplicate, and a member that comes
 // before its predecessor is applied, gets its result and is sent it before the return; a
 // later copy of a member (the same offset) waits for the first copy's outcome.
-func (r *groupRun) lockPositions(tx processor.Tx, set []*slot) ([]*slot, error) {
+func (r *groupRun) lockPositions(tx Tx, set []*slot) ([]*slot, error) {
 	// A member sent its result is recycled by its goroutine at once: the positions are read
 	// first, and the results sent once the loop no longer looks at the members.
 	keys := make([]positionKey, len(set))
@@ -359,7 +359,7 @@ func (r *groupRun) stopBehind(todo []*slot, s *slot) {
 
 // setPositions sets, in tx, the position of each partition of todo to the highest offset of
 // its members that succeeded: with stopBehind, they are the first of the partition's members.
-func (r *groupRun) setPositions(tx processor.Tx, todo []*slot) error {
+func (r *groupRun) setPositions(tx Tx, todo []*slot) error {
 	for i, s := range todo {
 		if !s.ok || (i+1 < len(todo) && samePartition(s, todo[i+1]) && todo[i+1].ok) {
 			continue

@@ -244,7 +244,7 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 // outcome. Without duplicate detection every member is new. refused reports a member beyond
 // the retention horizon that the retention policy dead-letters: it has its result, and the
 // transaction must not commit the key recorded for it.
-func (r *groupRun) record(tx processor.Tx, set []*slot) (todo []*slot, refused bool, err error) {
+func (r *groupRun) record(tx Tx, set []*slot) (todo []*slot, refused bool, err error) {
 	if r.g.positions != nil {
 		todo, err = r.lockPositions(tx, set)
 		return todo, false, err
@@ -315,7 +315,7 @@ func (r *groupRun) record(tx processor.Tx, set []*slot) (todo []*slot, refused b
 
 // recordKeys records keys with the store's RecordKeys when it has one, which tells renewed
 // expired keys apart, and with RecordMany otherwise.
-func (r *groupRun) recordKeys(tx processor.Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
+func (r *groupRun) recordKeys(tx Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
 	if kr, ok := r.g.store.(keysRecorder); ok {
 		return kr.RecordKeys(r.ctx, tx, keys)
 	}
@@ -335,7 +335,7 @@ func (r *groupRun) recordKeys(tx processor.Tx, keys []dedup.Key) ([]dedup.Outcom
 // recordOneByOne records keys one statement each, after RecordMany refused the batch for an
 // invalid key: a member whose key is invalid fails permanently (redelivering it cannot change
 // its id), the others go on.
-func (r *groupRun) recordOneByOne(tx processor.Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
+func (r *groupRun) recordOneByOne(tx Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
 	fresh := make([]dedup.Outcome, len(keys))
 	for i, k := range keys {
 		f, err := r.recordKeys(tx, []dedup.Key{k})
@@ -355,7 +355,7 @@ func (r *groupRun) recordOneByOne(tx processor.Tx, keys []dedup.Key, set []*slot
 // runMember runs the rest of the chain for s on tx. It returns false, with s's result set,
 // when s does not run because its context ended before its turn. Otherwise s.ok says whether
 // it succeeded; when it did not, its failure is its result.
-func (r *groupRun) runMember(tx processor.Tx, s *slot) bool {
+func (r *groupRun) runMember(tx Tx, s *slot) bool {
 	if err := s.m.ctx.Err(); err != nil {
 		s.finish(memberResult{err: fmt.Errorf("group commit: context ended before processing: %w", err)})
 		return false
@@ -372,7 +372,7 @@ func (r *groupRun) runMember(tx processor.Tx, s *slot) bool {
 // runSaved runs s under its savepoint: a failure rolls back to it and forgets s's id, and the
 // others go on. It returns an error only when a statement of the group fails, which ends the
 // transaction.
-func (r *groupRun) runSaved(tx processor.Tx, s *slot) error {
+func (r *groupRun) runSaved(tx Tx, s *slot) error {
 	if _, err := tx.ExecContext(r.ctx, "SAVEPOINT "+savepointName); err != nil {
 		return fmt.Errorf("set savepoint: %w", err)
 	}
@@ -392,13 +392,13 @@ func (r *groupRun) runSaved(tx processor.Tx, s *slot) error {
 }
 
 // call runs the rest of the chain for s on tx, under s's own context, and catches a panic.
-func (r *groupRun) call(tx processor.Tx, s *slot) (pe *processor.PanicError, err error) {
+func (r *groupRun) call(tx Tx, s *slot) (pe *processor.PanicError, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			pe = asPanicError(v)
 		}
 	}()
-	return nil, r.g.next.Process(processor.WithTx(s.m.ctx, tx), s.m.msg)
+	return nil, r.g.next.Process(WithTx(s.m.ctx, tx), s.m.msg)
 }
 
 func asPanicError(v any) *processor.PanicError {
@@ -413,7 +413,7 @@ func asPanicError(v any) *processor.PanicError {
 // messages (they have their results), split when it failed without naming any, and an error
 // when it failed for a reason of the database or the moment (a lost connection, a conflict, a
 // canceled context), which ends the whole transaction retryably.
-func (r *groupRun) runBatch(tx processor.Tx, todo []*slot) (step, error) {
+func (r *groupRun) runBatch(tx Tx, todo []*slot) (step, error) {
 	live := make([]*slot, 0, len(todo))
 	for _, s := range todo {
 		if s.final { // stopped behind a member of its partition that left
@@ -472,13 +472,13 @@ func (r *groupRun) runBatch(tx processor.Tx, todo []*slot) (step, error) {
 }
 
 // callBatch runs the batch processor on tx and catches a panic.
-func (r *groupRun) callBatch(tx processor.Tx, msgs []*messagedata.MessageData) (pe *processor.PanicError, err error) {
+func (r *groupRun) callBatch(tx Tx, msgs []*messagedata.MessageData) (pe *processor.PanicError, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			pe = asPanicError(v)
 		}
 	}()
-	return nil, r.g.cfg.batch.ProcessBatch(processor.WithTx(r.ctx, tx), msgs)
+	return nil, r.g.cfg.batch.ProcessBatch(WithTx(r.ctx, tx), msgs)
 }
 
 // transient reports whether err is a failure of the database or of the moment, not of any
@@ -497,7 +497,7 @@ func transient(ctx context.Context, err error) bool {
 // commit commits tx for the members of set that succeeded, or rolls it back when none did, and
 // sets the results. A commit that fails for a reason one of several members may have caused (a
 // deferred constraint) asks for the set to be run again in halves.
-func (r *groupRun) commit(tx processor.Tx, set []*slot) step {
+func (r *groupRun) commit(tx Tx, set []*slot) step {
 	ok := make([]*slot, 0, len(set))
 	for _, s := range set {
 		if s.ok {

@@ -63,7 +63,7 @@ func Offsets(store PositionStore, handler string) Middleware {
 			if err != nil {
 				return err
 			}
-			tx, ok := processor.CurrentTx(ctx)
+			tx, ok := CurrentTx(ctx)
 			if !ok {
 				return errOutsideTransaction
 			}

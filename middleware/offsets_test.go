@@ -26,7 +26,7 @@ func offsetsChain(t *testing.T, proc processor.Func) (processor.Processor, *dedu
 	pos, err := dedup.NewPositions(db, dedup.PositionsConfig{})
 	require.NoError(t, err)
 	require.NoError(t, pos.Migrate(context.Background()))
-	return middleware.Chain(middleware.Transaction(db), middleware.Offsets(pos, "h"))(proc), pos
+	return middleware.Chain(middleware.Transaction(middleware.Pool(db)), middleware.Offsets(pos, "h"))(proc), pos
 }
 
 func TestOffsets_MessageAtOrBelowTheAppliedOffsetIsADuplicate(t *testing.T) {

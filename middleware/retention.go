@@ -72,10 +72,10 @@ func (p RetentionPolicy) refuses(reason string) bool {
 // BeyondOldMessage) before the policy applies; report may be nil. The router counts these in
 // onceflow.dedup.beyond_retention and logs them.
 func WithRetentionPolicy(p RetentionPolicy, report func(ctx context.Context, msg *messagedata.MessageData, reason string)) DedupOption {
-	return func(c *dedupConfig) {
+	return dedupOptionFunc(func(c *dedupConfig) {
 		c.retention = p
 		c.reportBeyond = report
-	}
+	})
 }
 
 // keyRecorder is a store that says whether a new key replaced an expired record;
@@ -108,6 +108,14 @@ func beyond(msg *messagedata.MessageData, o dedup.Outcome, retention time.Durati
 		return BeyondOldMessage
 	}
 	return ""
+}
+
+// validate reports an invalid option value.
+func (c *dedupConfig) validate() error {
+	if !c.retention.Valid() {
+		return fmt.Errorf("WithRetentionPolicy: %d is not a RetentionPolicy", c.retention)
+	}
+	return nil
 }
 
 // checkRetention reports msg when it is beyond the retention, and returns the permanent error

@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -12,7 +13,11 @@ import (
 )
 
 // RetryOption configures Retry.
-type RetryOption func(*retryConfig)
+type RetryOption interface{ applyRetry(*retryConfig) }
+
+type retryOptionFunc func(*retryConfig)
+
+func (f retryOptionFunc) applyRetry(c *retryConfig) { f(c) }
 
 type retryConfig struct {
 	maxAttempts     int
@@ -31,23 +36,29 @@ const (
 )
 
 // WithMaxAttempts sets how many times the chain inside runs for one delivery, the first attempt
-// included. Defaults to DefaultRetryMaxAttempts. 1 disables retrying.
-func WithMaxAttempts(n int) RetryOption { return func(c *retryConfig) { c.maxAttempts = n } }
+// included. Defaults to DefaultRetryMaxAttempts. 1 disables retrying; less than 1 is an error
+// of Retry.
+func WithMaxAttempts(n int) RetryOption {
+	return retryOptionFunc(func(c *retryConfig) { c.maxAttempts = n })
+}
 
 // WithBackoff sets the wait before the first retry and the longest wait between retries; the
 // wait doubles from one retry to the next, with 50% jitter. Defaults to
-// DefaultRetryInitialInterval and DefaultRetryMaxInterval.
+// DefaultRetryInitialInterval and DefaultRetryMaxInterval. 0 and 0 retry at once; a negative
+// wait, or a longest wait shorter than the first, is an error of Retry.
 func WithBackoff(initial, max time.Duration) RetryOption {
-	return func(c *retryConfig) { c.initialInterval, c.maxInterval = initial, max }
+	return retryOptionFunc(func(c *retryConfig) { c.initialInterval, c.maxInterval = initial, max })
 }
 
 // WithClassifier sets the Classifier that tells permanent errors from retryable ones.
 // Defaults to DefaultClassifier.
-func WithClassifier(c Classifier) RetryOption { return func(cfg *retryConfig) { cfg.permanent = c } }
+func WithClassifier(c Classifier) RetryOption {
+	return retryOptionFunc(func(cfg *retryConfig) { cfg.permanent = c })
+}
 
 // OnRetry registers fn, called before each retry with the error of the failed attempt.
 func OnRetry(fn func(ctx context.Context, msg *messagedata.MessageData, err error)) RetryOption {
-	return func(c *retryConfig) { c.onRetry = fn }
+	return retryOptionFunc(func(c *retryConfig) { c.onRetry = fn })
 }
 
 // Retry runs the chain inside it again when it fails with a retryable error, waiting with
@@ -61,7 +72,9 @@ func OnRetry(fn func(ctx context.Context, msg *messagedata.MessageData, err erro
 // passes through it. When the attempts are used up it returns the last error, and the router
 // nacks the message so the broker redelivers it, after a delay that grows with its delivery
 // count. Each attempt sees a copy of the message whose Attempt field counts from 1.
-func Retry(opts ...RetryOption) Middleware {
+//
+// It fails, naming the option, when an option's value is invalid.
+func Retry(opts ...RetryOption) (Middleware, error) {
 	cfg := retryConfig{
 		maxAttempts:     DefaultRetryMaxAttempts,
 		initialInterval: DefaultRetryInitialInterval,
@@ -70,13 +83,18 @@ func Retry(opts ...RetryOption) Middleware {
 		permanent:       DefaultClassifier,
 	}
 	for _, o := range opts {
-		o(&cfg)
+		o.applyRetry(&cfg)
 	}
 	if cfg.permanent == nil {
 		cfg.permanent = DefaultClassifier
 	}
-	if cfg.maxAttempts < 1 {
-		cfg.maxAttempts = 1
+	switch {
+	case cfg.maxAttempts < 1:
+		return nil, fmt.Errorf("Retry: WithMaxAttempts: %d is not a number of attempts (want at least 1)", cfg.maxAttempts)
+	case cfg.initialInterval < 0 || cfg.maxInterval < 0:
+		return nil, fmt.Errorf("Retry: WithBackoff: %s, %s: a wait is negative", cfg.initialInterval, cfg.maxInterval)
+	case cfg.maxInterval < cfg.initialInterval:
+		return nil, fmt.Errorf("Retry: WithBackoff: the longest wait %s is shorter than the first %s", cfg.maxInterval, cfg.initialInterval)
 	}
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
@@ -134,5 +152,5 @@ func Retry(opts ...RetryOption) Middleware {
 				cur = &again
 			}
 		})
-	}
+	}, nil
 }

@@ -46,7 +46,7 @@ func TestTracing_OutsideTheRouterEndsTheConsumerSpanWhenTheChainReturns(t *testi
 	p := middleware.Chain(
 		middleware.Tracing("h", middleware.WithTracerProvider(tp), middleware.WithPropagator(propagation.TraceContext{}),
 			middleware.WithMessagingSystem("rabbitmq")),
-		middleware.Transaction(db),
+		middleware.Transaction(middleware.Pool(db)),
 	)(processor.Func(write))
 
 	require.NoError(t, p.Process(context.Background(), tracedMsg("a")))
@@ -92,7 +92,7 @@ func TestTracing_DeadLetterCarriesTheConsumerSpansContext(t *testing.T) {
 	b := brokertest.New()
 	p := middleware.Chain(
 		middleware.Tracing("h", middleware.WithTracerProvider(tp), middleware.WithPropagator(propagation.TraceContext{})),
-		middleware.DeadLetter(b, "dead", "h"),
+		must(middleware.DeadLetter(b, "dead", "h")),
 	)(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		return processor.Permanent(errors.New("amount is negative"))
 	}))

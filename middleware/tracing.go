@@ -60,12 +60,15 @@ func (m messagingConfig) attrs() []attribute.KeyValue {
 }
 
 // MessagingOption describes the broker to both Tracing and Metrics.
-type MessagingOption struct {
-	apply func(*messagingConfig)
+type MessagingOption interface {
+	TracingOption
+	MetricsOption
 }
 
-func (o MessagingOption) applyTracing(c *tracingConfig) { o.apply(&c.messaging) }
-func (o MessagingOption) applyMetrics(c *metricsConfig) { o.apply(&c.messaging) }
+type messagingOptionFunc func(*messagingConfig)
+
+func (f messagingOptionFunc) applyTracing(c *tracingConfig) { f(&c.messaging) }
+func (f messagingOptionFunc) applyMetrics(c *metricsConfig) { f(&c.messaging) }
 
 // WithTracerProvider sets the TracerProvider. Defaults to the global provider
 // (otel.GetTracerProvider), read when the middleware is applied to a processor.
@@ -86,14 +89,14 @@ func WithPropagator(p propagation.TextMapPropagator) TracingOption {
 // metrics: the broker, such as "rabbitmq", "nats", "redis", "postgresql", "mysql" or "sqlite".
 // Defaults to DefaultMessagingSystem.
 func WithMessagingSystem(system string) MessagingOption {
-	return MessagingOption{apply: func(c *messagingConfig) { c.system = system }}
+	return messagingOptionFunc(func(c *messagingConfig) { c.system = system })
 }
 
 // WithConsumerGroup sets the messaging.consumer.group.name attribute: the broker's consumer
 // group the handler consumes in. Without it the attribute is left out; the handler's name is
 // in onceflow.handler either way.
 func WithConsumerGroup(group string) MessagingOption {
-	return MessagingOption{apply: func(c *messagingConfig) { c.group = group }}
+	return messagingOptionFunc(func(c *messagingConfig) { c.group = group })
 }
 
 // Tracing starts one consumer span per message, following the OpenTelemetry messaging

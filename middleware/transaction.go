@@ -8,29 +8,32 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
-	"github.com/onceflow/onceflow/sqldb"
 )
-
-// Beginner begins database transactions. *sqldb.DB satisfies it.
-type Beginner interface {
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, error)
-}
 
 // ErrCommitOutcomeUnknown reports that the connection failed while COMMIT was in flight, so the
 // transaction may or may not have committed. The message is not acknowledged: it is retried or
 // redelivered, and duplicate detection absorbs the second copy if the commit did happen.
 var ErrCommitOutcomeUnknown = errors.New("commit outcome unknown")
 
-// TxOption configures Transaction.
-type TxOption func(*sql.TxOptions)
+// TxOption configures Transaction, and the transaction of GroupCommit and GroupTransaction.
+type TxOption interface {
+	applyTx(*sql.TxOptions)
+	GroupOption
+}
+
+type txOptionFunc func(*sql.TxOptions)
+
+func (f txOptionFunc) applyTx(o *sql.TxOptions)  { f(o) }
+func (f txOptionFunc) applyGroup(c *groupConfig) { f(&c.txOpts) }
 
 // WithIsolation sets the isolation level of the transaction. Defaults to the database's own
 // default level.
 func WithIsolation(level sql.IsolationLevel) TxOption {
-	return func(o *sql.TxOptions) { o.Isolation = level }
+	return txOptionFunc(func(o *sql.TxOptions) { o.Isolation = level })
 }
 
 // Transaction runs the rest of the chain in a database transaction from db.
@@ -45,47 +48,36 @@ func WithIsolation(level sql.IsolationLevel) TxOption {
 func Transaction(db Beginner, opts ...TxOption) Middleware {
 	var txOpts sql.TxOptions
 	for _, o := range opts {
-		o(&txOpts)
+		o.applyTx(&txOpts)
 	}
 	optsPtr := &txOpts
 	if txOpts == (sql.TxOptions{}) {
 		optsPtr = nil
 	}
 	return func(next processor.Processor) processor.Processor {
-		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) (err error) {
-			tx, err := db.BeginTx(ctx, optsPtr)
-			if err != nil {
-				return fmt.Errorf("begin transaction: %w", err)
-			}
-			committed := false
-			defer func() {
-				if committed {
-					return
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			var end func(error)
+			err := sqltx.Do(ctx, func(ctx context.Context) (Tx, error) {
+				tx, err := db.BeginTx(ctx, optsPtr)
+				if err != nil {
+					return nil, fmt.Errorf("begin transaction: %w", err)
 				}
-				rbErr := tx.Rollback()
-				if r := recover(); r != nil {
-					panic(r)
+				return tx, nil
+			}, func(tx Tx) error {
+				if err := next.Process(WithTx(ctx, tx), msg); err != nil {
+					return err
 				}
-				if rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-					err = errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
-				}
-			}()
-
-			if err = next.Process(processor.WithTx(ctx, tx), msg); err != nil {
+				_, end = telemetry.Child(ctx, telemetry.SpanCommit)
+				return nil
+			})
+			if end == nil { // begin failed, or the chain inside: rolled back
 				return err
 			}
-
-			_, end := telemetry.Child(ctx, telemetry.SpanCommit)
-			err = tx.Commit()
-			end(err)
-			if err != nil {
-				committed = true // the transaction is finished either way; do not roll back
-				if sqldb.Classify(err) == sqldb.Connection || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-					return fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)
-				}
-				return fmt.Errorf("commit: %w", err)
+			if ce, ok := err.(*sqltx.CommitError); ok {
+				end(ce.Err)
+				return commitError(ce.Err)
 			}
-			committed = true
+			end(nil)
 			delivery.MarkCommitted(ctx, time.Now())
 			return nil
 		})

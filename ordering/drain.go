@@ -9,7 +9,9 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -57,7 +59,7 @@ func (o *InOrder) drainFailing(ctx context.Context, tx sqlx.ExtContext, next pro
 	}
 	if failed != nil {
 		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+drainSavepoint); err != nil {
-			return st, nil, false, fmt.Errorf("roll back to savepoint after parked sequence %d of key %s failed: %w", failed.msg.Seq, quoteShort(key), err)
+			return st, nil, false, fmt.Errorf("roll back to savepoint after parked sequence %d of key %s failed: %w", failed.msg.Seq, textcol.Quote(key), err)
 		}
 		if last > start {
 			again, refailed, err := o.applyParked(ctx, tx, next, key, start, last)
@@ -66,9 +68,9 @@ func (o *InOrder) drainFailing(ctx context.Context, tx sqlx.ExtContext, next pro
 				return st, nil, false, err
 			case refailed != nil:
 				return st, nil, false, fmt.Errorf("parked sequence %d of key %s failed when applied again after sequence %d failed: %w",
-					refailed.msg.Seq, quoteShort(key), failed.msg.Seq, refailed.err)
+					refailed.msg.Seq, textcol.Quote(key), failed.msg.Seq, refailed.err)
 			case again != last:
-				return st, nil, false, fmt.Errorf("parked messages of key %s changed while they were applied (sequence %d, then %d)", quoteShort(key), last, again)
+				return st, nil, false, fmt.Errorf("parked messages of key %s changed while they were applied (sequence %d, then %d)", textcol.Quote(key), last, again)
 			}
 		}
 		if err := o.store.fail(ctx, tx, o.cfg.Handler, key, failed.msg.Seq, failed.err, o.now().UnixMicro()); err != nil {
@@ -130,7 +132,7 @@ func (o *InOrder) applyOne(ctx context.Context, next processor.Processor, key st
 	// ctx carries tx already: the handler's transaction, or the sweeper's.
 	pctx := ctx
 	if p.InternalID.Valid {
-		pctx = processor.WithInternalID(pctx, p.InternalID.String)
+		pctx = middleware.WithInternalID(pctx, p.InternalID.String)
 	}
 	defer func() {
 		if v := recover(); v != nil {

@@ -52,7 +52,11 @@ func Example() {
 		fmt.Printf("  applied %s #%d\n", md.Key, md.Sequence)
 		return nil
 	})
-	chain := middleware.Chain(middleware.Transaction(db), middleware.Deduplicate(ids, "ledger"), inOrder.Middleware())(apply)
+	dedupe, err := middleware.Deduplicate(ids, "ledger")
+	if err != nil {
+		log.Fatal(err)
+	}
+	chain := middleware.Chain(middleware.Transaction(middleware.Pool(db)), dedupe, inOrder.Middleware())(apply)
 
 	for _, seq := range []uint64{3, 1, 3, 2, 4} {
 		fmt.Printf("delivered #%d\n", seq)

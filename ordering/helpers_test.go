@@ -175,7 +175,7 @@ func setup(t *testing.T, db *sqldb.DB, cfg ordering.Config) *env {
 		e.mu.Unlock()
 		return nil
 	})
-	e.chain = middleware.Chain(middleware.Transaction(db), middleware.Deduplicate(e.dedup, handlerName), e.io.Middleware())(proc)
+	e.chain = middleware.Chain(middleware.Transaction(middleware.Pool(db)), must(middleware.Deduplicate(e.dedup, handlerName)), e.io.Middleware())(proc)
 	return e
 }
 
@@ -292,4 +292,13 @@ func (e *env) sweepErrors(t *testing.T) int64 {
 		}
 	}
 	return 0
+}
+
+// must returns the middleware that its constructor made, and panics, failing the test, when
+// the constructor refused its options.
+func must(mw middleware.Middleware, err error) middleware.Middleware {
+	if err != nil {
+		panic(err)
+	}
+	return mw
 }

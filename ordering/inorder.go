@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -297,7 +298,7 @@ func (o *InOrder) process(ctx context.Context, next processor.Processor, msg *me
 			msg.Sequence, messagedata.HeaderKey))
 	case msg.Sequence == 0:
 		return processor.Permanent(fmt.Errorf("%w: message %q has ordering key %s but no sequence (header %s)", ErrUnordered, msg.ID,
-			quoteShort(msg.Key), messagedata.HeaderSequence))
+			textcol.Quote(msg.Key), messagedata.HeaderSequence))
 	case msg.Sequence > MaxSequence:
 		return processor.Permanent(fmt.Errorf("%w: sequence %d of message %q is larger than %d", ErrInvalidKey, msg.Sequence, msg.ID, int64(MaxSequence)))
 	}
@@ -307,9 +308,9 @@ func (o *InOrder) process(ctx context.Context, next processor.Processor, msg *me
 	if err := checkText("message id", msg.ID, maxIDLen); err != nil {
 		return processor.Permanent(fmt.Errorf("message %q: %w", msg.ID, err))
 	}
-	tx, ok := processor.CurrentTx(ctx)
+	tx, ok := middleware.CurrentTx(ctx)
 	if !ok {
-		return fmt.Errorf("%w: place ExactlyOnceInOrder inside Transaction", processor.ErrNoTransaction)
+		return fmt.Errorf("%w: place ExactlyOnceInOrder inside Transaction", middleware.ErrNoTransaction)
 	}
 	handler, key, seq := o.cfg.Handler, msg.Key, int64(msg.Sequence)
 
@@ -325,11 +326,11 @@ func (o *InOrder) process(ctx context.Context, next processor.Processor, msg *me
 		}
 		if skipped {
 			return processor.Permanent(fmt.Errorf("%w: sequence %d of key %s arrived after sequences %d..%d were given up on at %s (%s)",
-				ErrSkipped, seq, quoteShort(key), sk.From, sk.To, sk.SkippedAt.UTC().Format(time.RFC3339), sk.Reason))
+				ErrSkipped, seq, textcol.Quote(key), sk.From, sk.To, sk.SkippedAt.UTC().Format(time.RFC3339), sk.Reason))
 		}
-		return fmt.Errorf("%w: sequence %d of key %s was applied already (last applied: %d)", processor.ErrDuplicate, seq, quoteShort(key), st.last)
+		return fmt.Errorf("%w: sequence %d of key %s was applied already (last applied: %d)", processor.ErrDuplicate, seq, textcol.Quote(key), st.last)
 	case seq == st.last+1 && st.stalled:
-		return fmt.Errorf("%w: sequence %d of key %s is parked already, waiting for a retry", processor.ErrDuplicate, seq, quoteShort(key))
+		return fmt.Errorf("%w: sequence %d of key %s is parked already, waiting for a retry", processor.ErrDuplicate, seq, textcol.Quote(key))
 	case seq > st.last+1:
 		return o.park(ctx, tx, msg, st)
 	}
@@ -368,7 +369,7 @@ func (o *InOrder) park(ctx context.Context, tx sqlx.ExtContext, msg *messagedata
 		return err
 	}
 	if !inserted {
-		return fmt.Errorf("%w: sequence %d of key %s is parked already", processor.ErrDuplicate, msg.Sequence, quoteShort(msg.Key))
+		return fmt.Errorf("%w: sequence %d of key %s is parked already", processor.ErrDuplicate, msg.Sequence, textcol.Quote(msg.Key))
 	}
 	st.parked++
 	if st.blocked == 0 {

@@ -11,7 +11,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -116,10 +118,10 @@ func (s *Sequencer) Next(ctx context.Context, tx sqlx.ExtContext, topic, key str
 	}
 	last, err := s.d.next(ctx, tx, s.quoted, topic, key, int64(n))
 	if err != nil {
-		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: %w", n, quoteShort(key), topic, err)
+		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: %w", n, textcol.Quote(key), topic, err)
 	}
 	if last < int64(n) {
-		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: the table returned %d", n, quoteShort(key), topic, last)
+		return 0, fmt.Errorf("ordering: reserve %d sequence numbers of key %s on topic %q: the table returned %d", n, textcol.Quote(key), topic, last)
 	}
 	return uint64(last - int64(n) + 1), nil
 }
@@ -159,7 +161,7 @@ type Outbox interface {
 func (s *Sequencer) Publish(ctx context.Context, ob Outbox, topic, key string, msgs ...*message.Message) error {
 	tx, ok := processor.TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("ordering: Publish: %w (run inside the handler's chain, or call PublishTx with a transaction of your own)", processor.ErrNoTransaction)
+		return fmt.Errorf("ordering: Publish: %w (run inside the handler's chain, or call PublishTx with a transaction of your own)", middleware.ErrNoTransaction)
 	}
 	return s.PublishTx(ctx, tx, ob, topic, key, msgs...)
 }

@@ -16,9 +16,9 @@ import (
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/ordering"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -214,7 +214,7 @@ func TestSequencer_PublishStampsAndWritesToTheOutboxInTheHandlersTransaction(t *
 		}))
 		// In a handler's transaction (processor.TxFromContext).
 		require.NoError(t, e.inTx(t, func(tx *sqlx.Tx) error {
-			return e.seq.Publish(processor.WithTx(ctx, tx), ob, "postings", "acct-1", message.NewMessage("p3", []byte("+1")))
+			return e.seq.Publish(middleware.WithTx(ctx, tx), ob, "postings", "acct-1", message.NewMessage("p3", []byte("+1")))
 		}))
 
 		dest := &collector{}

@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -216,11 +216,11 @@ func (s *Store) lockKey(ctx context.Context, tx sqlx.ExtContext, handler, key st
 	// A statement that does not fail on an existing row: a unique violation would abort a
 	// PostgreSQL transaction.
 	if _, err := tx.ExecContext(ctx, s.q.create, handler, key); err != nil {
-		return keyState{}, fmt.Errorf("create the state of key %s: %w", quoteShort(key), err)
+		return keyState{}, fmt.Errorf("create the state of key %s: %w", textcol.Quote(key), err)
 	}
 	st, found, err := s.selectKey(ctx, tx, handler, key)
 	if err == nil && !found {
-		err = fmt.Errorf("the state of key %s vanished after it was created", quoteShort(key))
+		err = fmt.Errorf("the state of key %s vanished after it was created", textcol.Quote(key))
 	}
 	return st, err
 }
@@ -233,7 +233,7 @@ func (s *Store) selectKey(ctx context.Context, tx sqlx.ExtContext, handler, key 
 	case errors.Is(err, sql.ErrNoRows):
 		return st, false, nil
 	case err != nil:
-		return st, false, fmt.Errorf("lock the state of key %s: %w", quoteShort(key), err)
+		return st, false, fmt.Errorf("lock the state of key %s: %w", textcol.Quote(key), err)
 	}
 	st.stalled = stalled != 0
 	return st, true, nil
@@ -245,7 +245,7 @@ func (s *Store) updateKey(ctx context.Context, tx sqlx.ExtContext, handler, key 
 		stalled = 1
 	}
 	if _, err := tx.ExecContext(ctx, s.q.update, st.last, st.parked, st.blocked, stalled, handler, key); err != nil {
-		return fmt.Errorf("update the state of key %s: %w", quoteShort(key), err)
+		return fmt.Errorf("update the state of key %s: %w", textcol.Quote(key), err)
 	}
 	return nil
 }
@@ -267,11 +267,11 @@ func (s *Store) park(ctx context.Context, tx sqlx.ExtContext, handler, key strin
 	}
 	res, err := tx.ExecContext(ctx, s.q.park, handler, key, p.Seq, p.MessageID, p.Timestamp, p.Topic, headers, payload, iid, p.ParkedAt)
 	if err != nil {
-		return false, fmt.Errorf("park sequence %d of key %s: %w", p.Seq, quoteShort(key), err)
+		return false, fmt.Errorf("park sequence %d of key %s: %w", p.Seq, textcol.Quote(key), err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return false, fmt.Errorf("park sequence %d of key %s: read rows affected: %w", p.Seq, quoteShort(key), err)
+		return false, fmt.Errorf("park sequence %d of key %s: read rows affected: %w", p.Seq, textcol.Quote(key), err)
 	}
 	return n > 0, nil
 }
@@ -282,7 +282,7 @@ func (s *Store) park(ctx context.Context, tx sqlx.ExtContext, handler, key strin
 func (s *Store) load(ctx context.Context, tx sqlx.ExtContext, handler, key string, after int64, limit int) ([]parkedMsg, error) {
 	rows, err := tx.QueryxContext(ctx, s.q.load, handler, key, after, limit)
 	if err != nil {
-		return nil, fmt.Errorf("read the parked messages of key %s: %w", quoteShort(key), err)
+		return nil, fmt.Errorf("read the parked messages of key %s: %w", textcol.Quote(key), err)
 	}
 	defer rows.Close()
 	var out []parkedMsg
@@ -291,7 +291,7 @@ func (s *Store) load(ctx context.Context, tx sqlx.ExtContext, handler, key strin
 		var headers sql.NullString
 		if err := rows.Scan(&p.Seq, &p.MessageID, &p.Timestamp, &p.Topic, &headers, &p.Payload, &p.InternalID,
 			&p.ParkedAt, &p.Attempts, &p.LastError); err != nil {
-			return nil, fmt.Errorf("read the parked messages of key %s: %w", quoteShort(key), err)
+			return nil, fmt.Errorf("read the parked messages of key %s: %w", textcol.Quote(key), err)
 		}
 		if headers.Valid {
 			p.Headers = []byte(headers.String)
@@ -299,7 +299,7 @@ func (s *Store) load(ctx context.Context, tx sqlx.ExtContext, handler, key strin
 		out = append(out, p)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the parked messages of key %s: %w", quoteShort(key), err)
+		return nil, fmt.Errorf("read the parked messages of key %s: %w", textcol.Quote(key), err)
 	}
 	return out, rows.Close()
 }
@@ -307,7 +307,7 @@ func (s *Store) load(ctx context.Context, tx sqlx.ExtContext, handler, key strin
 // deleteRange deletes the parked messages of (handler, key) with sequences in (after, upTo].
 func (s *Store) deleteRange(ctx context.Context, tx sqlx.ExtContext, handler, key string, after, upTo int64) error {
 	if _, err := tx.ExecContext(ctx, s.q.deleteRange, handler, key, after, upTo); err != nil {
-		return fmt.Errorf("delete the applied parked messages of key %s: %w", quoteShort(key), err)
+		return fmt.Errorf("delete the applied parked messages of key %s: %w", textcol.Quote(key), err)
 	}
 	return nil
 }
@@ -316,11 +316,11 @@ func (s *Store) deleteRange(ctx context.Context, tx sqlx.ExtContext, handler, ke
 func (s *Store) deleteOne(ctx context.Context, tx sqlx.ExtContext, handler, key string, seq int64, id string) (bool, error) {
 	res, err := tx.ExecContext(ctx, s.q.deleteOne, handler, key, seq, id)
 	if err != nil {
-		return false, fmt.Errorf("delete parked sequence %d of key %s: %w", seq, quoteShort(key), err)
+		return false, fmt.Errorf("delete parked sequence %d of key %s: %w", seq, textcol.Quote(key), err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return false, fmt.Errorf("delete parked sequence %d of key %s: read rows affected: %w", seq, quoteShort(key), err)
+		return false, fmt.Errorf("delete parked sequence %d of key %s: read rows affected: %w", seq, textcol.Quote(key), err)
 	}
 	return n > 0, nil
 }
@@ -329,7 +329,7 @@ func (s *Store) deleteOne(ctx context.Context, tx sqlx.ExtContext, handler, key 
 func (s *Store) fail(ctx context.Context, tx sqlx.ExtContext, handler, key string, seq int64, cause error, at int64) error {
 	text := cleanText(cause.Error())
 	if _, err := tx.ExecContext(ctx, s.q.fail, text, at, handler, key, seq); err != nil {
-		return fmt.Errorf("record the failure of parked sequence %d of key %s: %w", seq, quoteShort(key), err)
+		return fmt.Errorf("record the failure of parked sequence %d of key %s: %w", seq, textcol.Quote(key), err)
 	}
 	return nil
 }
@@ -338,7 +338,7 @@ func (s *Store) fail(ctx context.Context, tx sqlx.ExtContext, handler, key strin
 func (s *Store) skip(ctx context.Context, tx sqlx.ExtContext, handler, key string, from, to int64, reason string, at int64) error {
 	reason = cleanText(reason)
 	if _, err := tx.ExecContext(ctx, s.q.skip, handler, key, from, to, reason, at); err != nil {
-		return fmt.Errorf("record skipped sequences %d..%d of key %s: %w", from, to, quoteShort(key), err)
+		return fmt.Errorf("record skipped sequences %d..%d of key %s: %w", from, to, textcol.Quote(key), err)
 	}
 	return nil
 }
@@ -359,7 +359,7 @@ func (s *Store) skippedAt(ctx context.Context, tx sqlx.ExtContext, handler, key 
 	case errors.Is(err, sql.ErrNoRows):
 		return sk, false, nil
 	case err != nil:
-		return sk, false, fmt.Errorf("look up skipped sequence %d of key %s: %w", seq, quoteShort(key), err)
+		return sk, false, fmt.Errorf("look up skipped sequence %d of key %s: %w", seq, textcol.Quote(key), err)
 	}
 	sk.From, sk.To, sk.SkippedAt = uint64(from), uint64(to), time.UnixMicro(at)
 	return sk, true, nil
@@ -389,15 +389,16 @@ func checkKey(handler, key string) error {
 }
 
 func checkText(what, v string, maxLen int) error {
-	switch {
-	case v == "":
+	if v == "" {
 		return fmt.Errorf("%w: %s is empty", ErrInvalidKey, what)
-	case len(v) > maxLen && utf8.RuneCountInString(v) > maxLen:
-		return fmt.Errorf("%w: %s %s has %d characters, more than %d", ErrInvalidKey, what, quoteShort(v), utf8.RuneCountInString(v), maxLen)
-	case !utf8.ValidString(v):
-		return fmt.Errorf("%w: %s %s is not valid UTF-8", ErrInvalidKey, what, quoteShort(v))
-	case strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("%w: %s %s contains a NUL byte", ErrInvalidKey, what, quoteShort(v))
+	}
+	switch fault, n := textcol.Check(v, maxLen); fault {
+	case textcol.TooLong:
+		return fmt.Errorf("%w: %s %s has %d characters, more than %d", ErrInvalidKey, what, textcol.Quote(v), n, maxLen)
+	case textcol.NotUTF8:
+		return fmt.Errorf("%w: %s %s is not valid UTF-8", ErrInvalidKey, what, textcol.Quote(v))
+	case textcol.NUL:
+		return fmt.Errorf("%w: %s %s contains a NUL byte", ErrInvalidKey, what, textcol.Quote(v))
 	}
 	return nil
 }
@@ -409,12 +410,4 @@ func cleanText(s string) string {
 		s = s[:maxErrorLen]
 	}
 	return strings.ReplaceAll(strings.ToValidUTF8(s, ""), "\x00", "")
-}
-
-// quoteShort quotes v for an error message, cut to its first 40 bytes.
-func quoteShort(v string) string {
-	if len(v) > 40 {
-		return fmt.Sprintf("%q...", v[:40])
-	}
-	return fmt.Sprintf("%q", v)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/internal/sqllock"
 	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/internal/textcol"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
@@ -202,7 +203,7 @@ func (o *InOrder) eachKey(ctx context.Context, query string, args []any, fn func
 				return err
 			}
 			if err := fn(k); err != nil {
-				return fmt.Errorf("ordering: sweep handler %q: key %s: %w", o.cfg.Handler, quoteShort(k.Key), err)
+				return fmt.Errorf("ordering: sweep handler %q: key %s: %w", o.cfg.Handler, textcol.Quote(k.Key), err)
 			}
 			after = k.Key
 		}
@@ -227,7 +228,7 @@ func (o *InOrder) sweepKey(ctx context.Context, next processor.Processor, key st
 	var p *plan
 	err = sqltx.Run(ctx, o.store.db, func(tx *sqlx.Tx) error {
 		var err error
-		more, p, err = o.sweepKeyTx(processor.WithTx(ctx, tx), tx, next, key, cutoff, res, seen)
+		more, p, err = o.sweepKeyTx(middleware.WithTx(ctx, tx), tx, next, key, cutoff, res, seen)
 		return err
 	})
 	switch {
@@ -283,9 +284,9 @@ func (o *InOrder) sweepKeyTx(ctx context.Context, tx *sqlx.Tx, next processor.Pr
 			switch {
 			case processor.IsPermanent(failed.err) && o.cfg.DeadLetterPublisher != nil:
 				p = &plan{last: st.last, from: seq, to: seq,
-					reason: fmt.Errorf("parked sequence %d of key %s failed permanently: %w", seq, quoteShort(key), failed.err)}
+					reason: fmt.Errorf("parked sequence %d of key %s failed permanently: %w", seq, textcol.Quote(key), failed.err)}
 			case st.blocked <= cutoff:
-				cause := fmt.Errorf("sequence %d of key %s failed for %s (%d attempts): %w", seq, quoteShort(key), waited(), failed.msg.Attempts+1, failed.err)
+				cause := fmt.Errorf("sequence %d of key %s failed for %s (%d attempts): %w", seq, textcol.Quote(key), waited(), failed.msg.Attempts+1, failed.err)
 				if o.timedOut(ctx, key, st, "failure", seq, cause, seen) {
 					res.TimedOut++
 				}
@@ -303,7 +304,7 @@ func (o *InOrder) sweepKeyTx(ctx context.Context, tx *sqlx.Tx, next processor.Pr
 			return false, nil, errNothingToDo // it moved since it was listed
 		}
 		gapAt := st.last + 1
-		cause := fmt.Errorf("gap at seq %d of key %s not filled after %s", gapAt, quoteShort(key), waited())
+		cause := fmt.Errorf("gap at seq %d of key %s not filled after %s", gapAt, textcol.Quote(key), waited())
 		if o.timedOut(ctx, key, st, "gap", gapAt, cause, seen) {
 			res.TimedOut++
 		}
@@ -386,7 +387,7 @@ func (o *InOrder) deadLetter(ctx context.Context, next processor.Processor, key 
 func (o *InOrder) removeDeadLettered(ctx context.Context, next processor.Processor, key string, p *plan, page []parkedMsg, res *SweepResult) (done bool, err error) {
 	err = sqltx.Run(ctx, o.store.db, func(tx *sqlx.Tx) error {
 		var err error
-		done, err = o.removeDeadLetteredTx(processor.WithTx(ctx, tx), tx, next, key, p, page, res)
+		done, err = o.removeDeadLetteredTx(middleware.WithTx(ctx, tx), tx, next, key, p, page, res)
 		return err
 	})
 	if errors.Is(err, errNothingToDo) {

@@ -42,7 +42,7 @@ func BenchmarkRelay_DrainBacklog(b *testing.B) {
 				require.NoError(b, err)
 				require.NoError(b, ob.Migrate(ctx))
 				for i := 0; i < backlog; i += 50 {
-					tx, err := db.DB.BeginTx(ctx, nil)
+					tx, err := db.BeginTx(ctx, nil)
 					require.NoError(b, err)
 					msgs := make([]*message.Message, 50)
 					for j := range msgs {

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -40,8 +41,8 @@ const maxMessagesPerInsert = 1000
 
 // ErrNoTransaction reports a Publish whose context carries no transaction: the outbox row
 // would not commit or roll back with the business writes, so Publish refuses to write it.
-// It is processor.ErrNoTransaction.
-var ErrNoTransaction = processor.ErrNoTransaction
+// It is middleware.ErrNoTransaction.
+var ErrNoTransaction = middleware.ErrNoTransaction
 
 // Config configures an Outbox. The zero value is valid.
 type Config struct {

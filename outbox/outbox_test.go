@@ -100,7 +100,7 @@ func TestPublish_RefusesInvalidMessagesBeforeWriting(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	require.NoError(t, ob.Migrate(ctx))
-	tx, err := db.DB.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback()
 

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -245,11 +244,11 @@ func TestRelay_TransactionCommittingLateIsNotOvertaken(t *testing.T) {
 		rec := newRecorder()
 		r := start(t, relayConfig(e, open(t, e.url), rec))
 
-		slow, err := e.db.DB.BeginTx(ctx, nil)
+		slow, err := e.db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer slow.Rollback()
 		require.NoError(t, e.ob.PublishTx(ctx, slow, topic, message.NewMessage("early", []byte("written first, committed last"))))
-		fast, err := e.db.DB.BeginTx(ctx, nil)
+		fast, err := e.db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		require.NoError(t, e.ob.PublishTx(ctx, fast, topic, message.NewMessage("late", []byte("written second, committed first"))))
 		require.NoError(t, fast.Commit())
@@ -273,7 +272,7 @@ func TestRelay_TransactionCommittingLateIsNotOvertaken(t *testing.T) {
 		rec := newRecorder()
 		r := start(t, relayConfig(e, open(t, e.url), rec))
 
-		slow, err := e.db.DB.BeginTx(ctx, nil)
+		slow, err := e.db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer slow.Rollback()
 		require.NoError(t, e.ob.PublishTx(ctx, slow, topic, message.NewMessage("early", []byte("written first, committed last"))))
@@ -282,7 +281,7 @@ func TestRelay_TransactionCommittingLateIsNotOvertaken(t *testing.T) {
 		// order they were allocated.
 		fastDone := make(chan error, 1)
 		go func() {
-			fast, err := e.db.DB.BeginTx(ctx, nil)
+			fast, err := e.db.BeginTx(ctx, nil)
 			if err == nil {
 				err = e.ob.PublishTx(ctx, fast, topic, message.NewMessage("late", []byte("written second")))
 				if err == nil {
@@ -391,7 +390,7 @@ func TestRelay_StartedFirstCreatesTheTablesAndSends(t *testing.T) {
 			require.EventuallyWithT(t, func(c *assert.CollectT) {
 				tx, err := db.BeginTx(ctx, nil)
 				require.NoError(c, err)
-				err = ob.PublishTx(ctx, tx.(*sqlx.Tx).Tx, "orders", message.NewMessage("first", []byte("{}")))
+				err = ob.PublishTx(ctx, tx, "orders", message.NewMessage("first", []byte("{}")))
 				if err != nil {
 					_ = tx.Rollback()
 				}

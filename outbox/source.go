@@ -2,14 +2,13 @@ package outbox
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/wmlog"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -31,11 +30,6 @@ type source interface {
 	close() error
 }
 
-// watermillLogger adapts the relay's logger for the queues, with their info logs at debug.
-func watermillLogger(l *slog.Logger) watermill.LoggerAdapter {
-	return watermill.NewSlogLoggerWithLevelMapping(l, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
-}
-
 // sqlSource is the relay's subscription on PostgreSQL and MySQL: broker/sqlqueue over the
 // outbox's tables. Claims take a few short transactions; none is open while rows are sent.
 type sqlSource struct {
@@ -53,7 +47,7 @@ func newSQLSource(cfg RelayConfig, tables sqlqueue.Tables) (*sqlSource, error) {
 		PollInterval:  cfg.PollInterval,
 		RetryInterval: cfg.RetryInterval,
 		CloseTimeout:  cfg.CloseTimeout,
-		Logger:        watermillLogger(cfg.Logger),
+		Logger:        wmlog.Quiet(cfg.Logger),
 		Tables:        func(string) sqlqueue.Tables { return tables },
 	})
 	if err != nil {
@@ -95,7 +89,7 @@ func newSQLiteSource(cfg RelayConfig) (*sqliteSource, error) {
 		ResendInterval: max(cfg.ResendInterval, time.Millisecond),
 		RetryInterval:  cfg.RetryInterval,
 		AckDeadline:    cfg.AckDeadline,
-		Logger:         watermillLogger(cfg.Logger),
+		Logger:         wmlog.Quiet(cfg.Logger),
 	}
 	if err := qc.Validate(); err != nil {
 		return nil, err

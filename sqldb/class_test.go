@@ -190,7 +190,7 @@ func TestClassify_DeadlockIsConflict(t *testing.T) {
 			mustExec(t, db, "INSERT INTO account (id, balance) VALUES (1, 0), (2, 0)")
 
 			begin := func() *sql.Tx {
-				tx, err := db.DB.DB.BeginTx(ctx, nil)
+				tx, err := db.BeginTx(ctx, nil)
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = tx.Rollback() })
 				if db.Dialect == sqldb.Postgres {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
-	"github.com/onceflow/onceflow/processor"
 )
 
 func init() {
@@ -163,16 +162,6 @@ func New(db *sqlx.DB) (*DB, error) {
 		}
 	}
 	return out, nil
-}
-
-// BeginTx begins a transaction. It satisfies the Beginner that the Transaction middleware
-// takes; the transaction it returns is an *sqlx.Tx.
-func (db *DB) BeginTx(ctx context.Context, opts *sql.TxOptions) (processor.Tx, error) {
-	tx, err := db.BeginTxx(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return tx, nil
 }
 
 // String returns the database URL without its password.

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/internal/testsvc"
-	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -278,7 +277,7 @@ func TestOpen_SQLiteIsWALWithFullSyncAndImmediateTransactions(t *testing.T) {
 
 	t.Run("a second transaction waits for the first", func(t *testing.T) {
 		mustExec(t, db, "CREATE TABLE outbox (id INTEGER PRIMARY KEY)")
-		first, err := db.BeginTx(ctx, nil)
+		first, err := db.BeginTxx(ctx, nil)
 		require.NoError(t, err)
 		require.IsType(t, &sqlx.Tx{}, first)
 		t.Cleanup(func() { _ = first.Rollback() })
@@ -287,12 +286,12 @@ func TestOpen_SQLiteIsWALWithFullSyncAndImmediateTransactions(t *testing.T) {
 		// first transaction has written anything.
 		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 		defer cancel()
-		_, err = db.BeginTx(short, nil)
+		_, err = db.BeginTxx(short, nil)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 
 		second := make(chan error, 1)
 		go func() {
-			tx, err := db.BeginTx(ctx, nil)
+			tx, err := db.BeginTxx(ctx, nil)
 			if err == nil {
 				_, err = tx.ExecContext(ctx, "INSERT INTO outbox (id) VALUES (2)")
 				err = commitUnless(tx, err)
@@ -308,7 +307,7 @@ func TestOpen_SQLiteIsWALWithFullSyncAndImmediateTransactions(t *testing.T) {
 }
 
 // commitUnless commits tx unless err says the work in it failed, in which case it rolls back.
-func commitUnless(tx processor.Tx, err error) error {
+func commitUnless(tx *sqlx.Tx, err error) error {
 	if err != nil {
 		_ = tx.Rollback()
 		return err

@@ -3,9 +3,12 @@ package amqp
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Config.
@@ -81,7 +84,9 @@ type Config struct {
 
 	// Logger receives the logs of the subscriber (lost connections, reconnections). Defaults
 	// to no logging.
-	Logger watermill.LoggerAdapter
+	Logger *slog.Logger
+
+	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
 // Validate reports the first invalid field, naming it. Zero values are valid where they select
@@ -137,7 +142,8 @@ func (c Config) withDefaults() Config {
 		c.CloseTimeout = DefaultCloseTimeout
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = wmlog.Discard()
 	}
+	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

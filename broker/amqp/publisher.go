@@ -1,8 +1,11 @@
 package amqp
 
 import (
-	"github.com/ThreeDotsLabs/watermill"
+	"log/slog"
+
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // publishChannels is the number of AMQP channels the publisher keeps open: concurrent Publish
@@ -16,12 +19,9 @@ var _ wamqp.Marshaler = Marshaler{}
 // after each topic and declaring topology's exchange, queue and binding before the first
 // message of each topic. A message is stored by RabbitMQ when Publish returns nil (publisher
 // confirms); it is persistent. The publisher reconnects by itself.
-func NewPublisher(url string, topology Topology, logger watermill.LoggerAdapter) (*wamqp.Publisher, error) {
+func NewPublisher(url string, topology Topology, logger *slog.Logger) (*wamqp.Publisher, error) {
 	if err := topology.Validate(); err != nil {
 		return nil, err
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
 	}
 	cfg := wamqp.Config{
 		Connection: wamqp.ConnectionConfig{AmqpURI: url, Reconnect: wamqp.DefaultReconnectConfig()},
@@ -43,5 +43,5 @@ func NewPublisher(url string, topology Topology, logger watermill.LoggerAdapter)
 		},
 		TopologyBuilder: topology,
 	}
-	return wamqp.NewPublisher(cfg, logger)
+	return wamqp.NewPublisher(cfg, wmlog.Adapter(logger))
 }

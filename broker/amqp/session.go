@@ -302,7 +302,7 @@ func (ss *session) handOut(d *delivery) {
 // the consumer gave (also those not reported yet), gives held nacks back at once, and closes
 // the channel, which gives back the deliveries not settled.
 func (ss *session) end() {
-	log := ss.sub.s.cfg.Logger
+	log := ss.sub.s.cfg.log
 	fields := watermill.LogFields{"queue": ss.sub.queue}
 	var errs []error
 	if err := ss.ch.Cancel(ss.tag, false); err != nil {
@@ -347,7 +347,7 @@ func (ss *session) end() {
 // are cancelled, and acks not sent are dropped (RabbitMQ gives the deliveries of a closed
 // channel back).
 func (ss *session) lose(err error) {
-	ss.sub.s.cfg.Logger.Error("Subscription lost its channel; reconnecting", err, watermill.LogFields{"queue": ss.sub.queue})
+	ss.sub.s.cfg.log.Error("Subscription lost its channel; reconnecting", err, watermill.LogFields{"queue": ss.sub.queue})
 	ss.mu.Lock()
 	ss.over = true
 	ss.mu.Unlock()

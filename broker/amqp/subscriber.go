@@ -330,13 +330,13 @@ func (sub *subscription) reopen() *session {
 		}
 		ss, err := sub.open()
 		if err == nil {
-			cfg.Logger.Info("Subscription resumed", watermill.LogFields{"queue": sub.queue, "attempt": attempt})
+			cfg.log.Info("Subscription resumed", watermill.LogFields{"queue": sub.queue, "attempt": attempt})
 			return ss
 		}
 		if errors.Is(err, ErrClosed) {
 			return nil
 		}
-		cfg.Logger.Error("Cannot resume subscription", err, watermill.LogFields{"queue": sub.queue, "attempt": attempt})
+		cfg.log.Error("Cannot resume subscription", err, watermill.LogFields{"queue": sub.queue, "attempt": attempt})
 		wait = min(2*wait, cfg.ReconnectMax)
 	}
 }

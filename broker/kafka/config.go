@@ -3,10 +3,13 @@ package kafka
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Config.
@@ -89,7 +92,9 @@ type Config struct {
 	ClientOptions []kgo.Opt
 
 	// Logger receives the subscriptions' logs. Defaults to no logging.
-	Logger watermill.LoggerAdapter
+	Logger *slog.Logger
+
+	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
 // Validate reports the first invalid field.
@@ -129,7 +134,8 @@ func (c Config) withDefaults() Config {
 		c.CloseTimeout = DefaultCloseTimeout
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = wmlog.Discard()
 	}
+	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -62,7 +62,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Subscriber{cfg: cfg, logger: cfg.Logger.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup})}
+	s := &Subscriber{cfg: cfg, logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup})}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil
 }

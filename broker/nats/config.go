@@ -3,10 +3,13 @@ package nats
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/nats-io/nats.go"
+
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Config.
@@ -61,7 +64,9 @@ type Config struct {
 	CloseTimeout time.Duration
 
 	// Logger receives the subscriber's logs. Defaults to no logging.
-	Logger watermill.LoggerAdapter
+	Logger *slog.Logger
+
+	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
 // Validate reports the first invalid field. Zero values select the defaults, except for URL
@@ -95,7 +100,8 @@ func (c Config) withDefaults() Config {
 		c.CloseTimeout = DefaultCloseTimeout
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = wmlog.Discard()
 	}
+	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/wmlog"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
@@ -43,7 +44,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		// a publisher that retries does not duplicate. TrackMsgId would overwrite it with the
 		// UUID.
 		JetStream: wnats.JetStreamConfig{TrackMsgId: false},
-	}, o.Logger)
+	}, wmlog.Adapter(o.Logger))
 	if err != nil {
 		nc.Close()
 		return nil, err

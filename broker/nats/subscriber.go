@@ -74,7 +74,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	cfg = cfg.withDefaults()
 	s := &Subscriber{
 		cfg:    cfg,
-		logger: cfg.Logger.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
+		logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
 		link:   &link{up: make(chan struct{}), lost: make(chan struct{})},
 	}
 	close(s.link.up)

@@ -78,7 +78,7 @@ func (s *subscription) xack(ids []string) bool {
 		case s.opCtx.Err() != nil:
 			return false
 		case !isConnErr(err):
-			s.cfg.Logger.Error(fmt.Sprintf("XACK of %d entries refused; they will be delivered again", len(ids)), err, s.fields)
+			s.cfg.log.Error(fmt.Sprintf("XACK of %d entries refused; they will be delivered again", len(ids)), err, s.fields)
 			return true
 		}
 		t := time.NewTimer(backoff(n))

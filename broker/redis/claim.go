@@ -219,7 +219,7 @@ return deleted
 func (s *subscription) reap() {
 	err := reapScript.Run(s.opCtx, s.client, []string{s.topic}, s.group, ms(reapIdle), "").Err()
 	if err != nil && !redis.HasErrorPrefix(err, "NOGROUP") && !isConnErr(err) {
-		s.cfg.Logger.Error("Could not delete the idle consumers of the group", err, s.fields)
+		s.cfg.log.Error("Could not delete the idle consumers of the group", err, s.fields)
 	}
 }
 
@@ -227,6 +227,6 @@ func (s *subscription) reap() {
 func (s *subscription) removeConsumer(ctx context.Context) {
 	err := reapScript.Run(ctx, s.client, []string{s.topic}, s.group, 0, s.consumer).Err()
 	if err != nil && !redis.HasErrorPrefix(err, "NOGROUP") {
-		s.cfg.Logger.Error("Could not delete the consumer from the group", err, s.fields)
+		s.cfg.log.Error("Could not delete the consumer from the group", err, s.fields)
 	}
 }

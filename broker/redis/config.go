@@ -3,9 +3,12 @@ package redis
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Config.
@@ -79,7 +82,9 @@ type Config struct {
 	CloseTimeout time.Duration
 
 	// Logger receives the subscriptions' logs. Defaults to no logging.
-	Logger watermill.LoggerAdapter
+	Logger *slog.Logger
+
+	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
 // Validate reports the first invalid field.
@@ -140,7 +145,8 @@ func (c Config) withDefaults() Config {
 		c.CloseTimeout = DefaultCloseTimeout
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = wmlog.Discard()
 	}
+	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

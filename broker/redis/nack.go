@@ -199,7 +199,7 @@ func (s *subscription) park(p *parked) {
 		}
 		if s.opCtx.Err() != nil || !isConnErr(err) || p.idle+time.Since(p.touchedAt) >= s.cfg.AckTimeout {
 			// It stays pending as delivered: claimable AckTimeout after its delivery.
-			s.cfg.Logger.Error(fmt.Sprintf("Could not delay the redelivery of nacked entry %s", p.id), err, s.fields)
+			s.cfg.log.Error(fmt.Sprintf("Could not delay the redelivery of nacked entry %s", p.id), err, s.fields)
 			s.forget(p)
 			return
 		}

@@ -20,16 +20,16 @@ func (s *subscription) recoverFrom(err error, failures int) bool {
 	case s.isStopping():
 		return false
 	case errors.Is(err, redis.ErrClosed):
-		s.cfg.Logger.Error("Redis client closed under a subscription; ending it", err, s.fields)
+		s.cfg.log.Error("Redis client closed under a subscription; ending it", err, s.fields)
 		go s.stop()
 		return false
 	case redis.HasErrorPrefix(err, "NOGROUP"):
 		// The stream or the group was deleted: its entries, and so the deliveries in flight,
 		// are gone. Start again on a new one.
-		s.cfg.Logger.Info("Redis stream or consumer group vanished; creating it again", s.fields.Add(watermill.LogFields{"err": err}))
+		s.cfg.log.Info("Redis stream or consumer group vanished; creating it again", s.fields.Add(watermill.LogFields{"err": err}))
 		s.endInflight()
 		if err := s.ensureGroup(s.opCtx); err != nil {
-			s.cfg.Logger.Error("Could not create the consumer group again", err, s.fields)
+			s.cfg.log.Error("Could not create the consumer group again", err, s.fields)
 			return s.sleep(backoff(failures))
 		}
 		s.pass.restart()
@@ -38,7 +38,7 @@ func (s *subscription) recoverFrom(err error, failures int) bool {
 		s.reconnect(err)
 		return !s.isStopping()
 	default:
-		s.cfg.Logger.Error("Redis stream read failed", err, s.fields)
+		s.cfg.log.Error("Redis stream read failed", err, s.fields)
 		return s.sleep(backoff(failures))
 	}
 }
@@ -67,7 +67,7 @@ func isConnErr(err error) bool {
 // that is not settled or parked, including those a read delivered into the consumer's
 // pending list while the reply was lost, and claims at once.
 func (s *subscription) reconnect(cause error) {
-	s.cfg.Logger.Error("Lost the connection to Redis; deliveries in flight are cancelled and given back once it is back", cause, s.fields)
+	s.cfg.log.Error("Lost the connection to Redis; deliveries in flight are cancelled and given back once it is back", cause, s.fields)
 	s.endInflight()
 	for n := 1; ; n++ {
 		if s.isStopping() {
@@ -84,14 +84,14 @@ func (s *subscription) reconnect(cause error) {
 		}
 	}
 	if err := s.ensureGroup(s.opCtx); err != nil {
-		s.cfg.Logger.Error("Could not check the consumer group after reconnecting", err, s.fields)
+		s.cfg.log.Error("Could not check the consumer group after reconnecting", err, s.fields)
 		return
 	}
 	if _, err := s.giveBack(s.opCtx); err != nil {
-		s.cfg.Logger.Error("Could not give back the deliveries in flight at the loss; they come back after AckTimeout", err, s.fields)
+		s.cfg.log.Error("Could not give back the deliveries in flight at the loss; they come back after AckTimeout", err, s.fields)
 	}
 	s.pass.restart()
-	s.cfg.Logger.Info("Reconnected to Redis", s.fields)
+	s.cfg.log.Info("Reconnected to Redis", s.fields)
 }
 
 // endInflight cancels the contexts of the deliveries in flight and waits until their

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 func init() { broker.Register("redis", openScheme) }
@@ -40,7 +41,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		_ = client.Close()
 		return nil, err
 	}
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client, Marshaller: Marshaller{}}, o.Logger)
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client, Marshaller: Marshaller{}}, wmlog.Adapter(o.Logger))
 	if err != nil {
 		_ = client.Close()
 		return nil, err

@@ -152,7 +152,7 @@ func newSubscription(owner *Subscriber, ctx context.Context, topic, consumer str
 }
 
 func (s *subscription) start() {
-	s.owner.cfg.Logger.Info("Subscribing to Redis stream", s.fields)
+	s.owner.cfg.log.Info("Subscribing to Redis stream", s.fields)
 	go s.run()
 	go s.pump()
 	go s.flushAcks()
@@ -357,7 +357,7 @@ func (s *subscription) stop() error {
 		left, err := s.giveBack(s.opCtx)
 		switch {
 		case err != nil:
-			s.cfg.Logger.Error("Could not give back unsettled deliveries on close; they come back after AckTimeout", err, s.fields)
+			s.cfg.log.Error("Could not give back unsettled deliveries on close; they come back after AckTimeout", err, s.fields)
 		case left == 0:
 			s.removeConsumer(s.opCtx)
 		}
@@ -365,7 +365,7 @@ func (s *subscription) stop() error {
 		s.owner.forget(s)
 		close(s.out)
 		s.stopErr = errors.Join(errs...)
-		s.cfg.Logger.Info("Redis stream subscription ended", s.fields)
+		s.cfg.log.Info("Redis stream subscription ended", s.fields)
 	})
 	return s.stopErr
 }

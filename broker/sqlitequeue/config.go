@@ -2,11 +2,13 @@ package sqlitequeue
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/internal/queuetable"
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Default configuration values, chosen for an embedded queue: a window that keeps a router's
@@ -66,7 +68,9 @@ type Config struct {
 	AckDeadline time.Duration
 
 	// Logger receives the subscribers' logs. Defaults to no logging.
-	Logger watermill.LoggerAdapter
+	Logger *slog.Logger
+
+	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.
@@ -118,7 +122,8 @@ func (c Config) withDefaults() Config {
 		c.AckDeadline = DefaultAckDeadline
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = wmlog.Discard()
 	}
+	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/internal/queuetable"
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -342,24 +343,20 @@ type beginner interface {
 }
 
 // runInTx runs fn in a transaction of db, committing when fn returns nil and rolling back
-// otherwise; a failed rollback is joined to fn's error.
-func runInTx(ctx context.Context, db beginner, fn func(tx *sql.Tx) error) (err error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer func() {
+// otherwise, or on a panic; a failed rollback is joined to fn's error. The error of a failed
+// BEGIN or COMMIT says which.
+func runInTx(ctx context.Context, db beginner, fn func(tx *sql.Tx) error) error {
+	err := sqltx.Do(ctx, func(ctx context.Context) (*sql.Tx, error) {
+		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
-			if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-				err = errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
-			}
-			return
+			return nil, fmt.Errorf("begin: %w", err)
 		}
-		if err = tx.Commit(); err != nil {
-			err = fmt.Errorf("commit: %w", err)
-		}
-	}()
-	return fn(tx)
+		return tx, nil
+	}, fn)
+	if ce, ok := err.(*sqltx.CommitError); ok {
+		return fmt.Errorf("commit: %w", ce.Err)
+	}
+	return err
 }
 
 // rawDB returns the database/sql pool under db.

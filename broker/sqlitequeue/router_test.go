@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // deadLetter is a router middleware that publishes a message its handler fails on to topic,
@@ -51,9 +52,7 @@ func TestRouter_DeadLetterToTheSameQueueFile(t *testing.T) {
 		processed <- msg.UUID
 		return nil
 	})
-	done := make(chan error, 1)
-	go func() { done <- router.Run(ctx) }()
-	<-router.Running()
+	testsvc.StartRouter(t, router)
 
 	start := time.Now()
 	pub := q.Publisher()
@@ -73,5 +72,4 @@ func TestRouter_DeadLetterToTheSameQueueFile(t *testing.T) {
 	require.Equal(t, "cannot process a bad order", dead[0].Message.Metadata.Get("reason"))
 
 	require.NoError(t, router.Close())
-	require.NoError(t, <-done)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -307,8 +308,6 @@ func TestPublish_NeverWaitsForHandlers(t *testing.T) {
 // holds back the other messages nor makes publishers of the process wait.
 func TestRouter_PanickingMessageStarvesNobody(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	q := setup(t, sqlitequeue.Config{ResendInterval: time.Millisecond})
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -331,9 +330,7 @@ func TestRouter_PanickingMessageStarvesNobody(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	running := make(chan error, 1)
-	go func() { running <- router.Run(ctx) }()
-	<-router.Running()
+	testsvc.StartRouter(t, router)
 
 	pub := q.Publisher()
 	require.NoError(t, pub.Publish("t", message.NewMessage("poison", []byte("panic"))))
@@ -350,7 +347,6 @@ func TestRouter_PanickingMessageStarvesNobody(t *testing.T) {
 	}, "every good message is processed")
 	require.Less(t, slowest, 500*time.Millisecond)
 	require.NoError(t, router.Close())
-	require.NoError(t, <-running)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Greater(t, panics, 1)

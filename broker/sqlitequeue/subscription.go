@@ -80,7 +80,7 @@ func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *su
 		window:      cfg.BatchSize,
 		resend:      cfg.ResendInterval,
 		direct:      redelivery.SettlesDirectly(ctx),
-		logger:      cfg.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": cfg.ConsumerGroup}),
+		logger:      cfg.log.With(watermill.LogFields{"topic": topic, "consumer_group": cfg.ConsumerGroup}),
 		ctx:         ctx,
 		cancel:      cancel,
 		out:         make(chan *message.Message),

@@ -2,9 +2,12 @@ package sqlqueue
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Config.
@@ -71,7 +74,9 @@ type Config struct {
 	GapWait time.Duration
 
 	// Logger receives the subscribers' logs. Defaults to no logging.
-	Logger watermill.LoggerAdapter
+	Logger *slog.Logger
+
+	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 
 	// Tables names the tables of a topic, for tables laid out as the queue's but named
 	// otherwise (onceflow's transactional outbox keeps its messages so). Every name must be 1
@@ -131,7 +136,8 @@ func (c Config) withDefaults() Config {
 		c.GapWait = DefaultGapWait
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = wmlog.Discard()
 	}
+	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -31,7 +31,7 @@ func TestClaim_AMessageThatCommitsAfterAHigherOffsetIsNotSkipped(t *testing.T) {
 
 		// The first publishing transaction takes the lower offset and stays open; the second
 		// takes the next offset and commits first.
-		tx, err := e.db.DB.DB.BeginTx(ctx, nil)
+		tx, err := e.db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback() }()
 		inTx, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: q.SchemaAdapter()}, nil)

@@ -12,6 +12,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -152,7 +153,7 @@ func (q *Queue) SchemaAdapter() wsql.SchemaAdapter { return q.d.messagesSchema()
 
 // NewPublisher returns a watermill-sql publisher that writes the Queue's messages tables.
 func (q *Queue) NewPublisher() (*wsql.Publisher, error) {
-	return wsql.NewPublisher(q.db, wsql.PublisherConfig{SchemaAdapter: q.d.messagesSchema()}, q.cfg.Logger)
+	return wsql.NewPublisher(q.db, wsql.PublisherConfig{SchemaAdapter: q.d.messagesSchema()}, q.cfg.log)
 }
 
 // EnsureTopic creates the tables of topic that do not exist (messages and offsets as
@@ -379,17 +380,10 @@ type batch struct {
 // micros returns d in whole microseconds, the unit of the lease arithmetic in SQL.
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// inTx runs f in a read-committed transaction and commits it, or rolls it back when f fails.
+// inTx runs f in a read-committed transaction and commits it, or rolls it back when f fails
+// or panics.
 func inTx(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) error) error {
-	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return err
-	}
-	if err := f(tx); err != nil {
-		if rbErr := tx.Rollback(); rbErr != nil && !errors.Is(rbErr, sql.ErrTxDone) {
-			return errors.Join(err, fmt.Errorf("roll back: %w", rbErr))
-		}
-		return err
-	}
-	return tx.Commit()
+	return sqltx.Do(ctx, func(ctx context.Context) (*sql.Tx, error) {
+		return db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	}, f)
 }

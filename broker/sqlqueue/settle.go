@@ -103,7 +103,7 @@ type settler struct {
 func newSettler(q *Queue) *settler {
 	return &settler{
 		q:      q,
-		log:    q.cfg.Logger,
+		log:    q.cfg.log,
 		topics: map[string]*pending{},
 		kick:   make(chan struct{}, 1),
 		stop:   make(chan struct{}),

@@ -51,7 +51,7 @@ func (q *Queue) Subscriber() *Subscriber {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{
 		q:           q,
-		log:         q.cfg.Logger.With(watermill.LogFields{"consumer_group": q.cfg.ConsumerGroup}),
+		log:         q.cfg.log.With(watermill.LogFields{"consumer_group": q.cfg.ConsumerGroup}),
 		settler:     newSettler(q),
 		closing:     make(chan struct{}),
 		writeCtx:    ctx,

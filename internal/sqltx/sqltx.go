@@ -20,9 +20,19 @@ type Tx interface {
 	Rollback() error
 }
 
+// CommitError is the error of a COMMIT that failed, as Do returns it, so that a caller can
+// tell it from an error of the work (errors.As): the connection may have been lost while
+// COMMIT was in flight, and then the work may be in the database. Its message is Err's.
+type CommitError struct{ Err error }
+
+func (e *CommitError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error of the COMMIT.
+func (e *CommitError) Unwrap() error { return e.Err }
+
 // Do runs fn in the transaction that begin starts and commits it when fn returns nil. Any
 // error of fn, or a panic, rolls the transaction back; a failed rollback is joined to the
-// error. The error of a failed COMMIT is returned as it is: callers that must tell an unknown
+// error. The error of a failed COMMIT is a *CommitError: callers that must tell an unknown
 // outcome apart classify it.
 func Do[T Tx](ctx context.Context, begin func(context.Context) (T, error), fn func(T) error) (err error) {
 	tx, err := begin(ctx)
@@ -42,7 +52,10 @@ func Do[T Tx](ctx context.Context, begin func(context.Context) (T, error), fn fu
 		return err
 	}
 	committed = true
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return &CommitError{Err: err}
+	}
+	return nil
 }
 
 // Run runs fn in a transaction of db, as Do.

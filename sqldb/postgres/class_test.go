@@ -108,7 +108,7 @@ func TestClassify_PostgresSerializationFailureIsConflict(t *testing.T) {
 		t.Parallel()
 		db := setup(t)
 		begin := func() *sql.Tx {
-			tx, err := db.DB.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelSerializable})
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelSerializable})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback() })
 			var n int

@@ -564,7 +564,7 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 			if wait > 0 && !sleepCtx(ctx, wait) { // one remote call for the batch
 				return ctx.Err()
 			}
-			tx, _ := processor.CurrentTx(ctx)
+			tx, _ := middleware.CurrentTx(ctx)
 			return insertEffects(ctx, tx, db.Dialect, tables.effects, len(msgs), func(i int) (string, []byte) {
 				return msgs[i].ID, msgs[i].Payload
 			})
@@ -575,7 +575,7 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 			if wait > 0 && !sleepCtx(ctx, wait) { // one remote call per message
 				return ctx.Err()
 			}
-			tx, _ := processor.CurrentTx(ctx)
+			tx, _ := middleware.CurrentTx(ctx)
 			_, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload)
 			return err
 		})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -299,7 +300,7 @@ func runConsumer(ctx context.Context, args []string) error {
 	insert := effectInsert(db, *effects)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	stop, err := startRouter(ctx, b, db, *topic, *dedupTable, *mode, *conc, logger, processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-		tx, _ := processor.CurrentTx(ctx)
+		tx, _ := middleware.CurrentTx(ctx)
 		if _, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload); err != nil {
 			return err
 		}

@@ -260,9 +260,17 @@ func scaleCell(ctx context.Context, db *sqldb.DB, full *dedup.SQLStore, v string
 		e.Keys = 0
 	}
 	insert := effectInsert(db, tables.effects)
-	chain := middleware.Chain(middleware.Recover(), middleware.Retry(), middleware.Transaction(db), middleware.Deduplicate(store, "bench"))(
+	retry, err := middleware.Retry()
+	if err != nil {
+		return err
+	}
+	dedupe, err := middleware.Deduplicate(store, "bench")
+	if err != nil {
+		return err
+	}
+	chain := middleware.Chain(middleware.Recover(), retry, middleware.Transaction(middleware.Pool(db)), dedupe)(
 		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			tx, _ := processor.CurrentTx(ctx)
+			tx, _ := middleware.CurrentTx(ctx)
 			_, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload)
 			return err
 		}))
@@ -290,7 +298,7 @@ func scaleCell(ctx context.Context, db *sqldb.DB, full *dedup.SQLStore, v string
 		newID = func() string { return uuid.Must(uuid.NewV7()).String() }
 	}
 	start := time.Now()
-	err := goLoop(ctx, db, c, dur, 0.15, &e.Entry, func(ctx context.Context) error {
+	err = goLoop(ctx, db, c, dur, 0.15, &e.Entry, func(ctx context.Context) error {
 		return chain.Process(ctx, &messagedata.MessageData{ID: newID(), Topic: "bench", Payload: payload})
 	})
 	stopPurge()
