@@ -71,6 +71,7 @@ func TestMiddlewareChains_RunInTheOrderOfTheRoutersChains(t *testing.T) {
 		require.Equal(t, names, ran, q)
 	}
 }
+
 // With group commit, duplicate detection by offset runs the group's transaction itself
 // ("group-offsets"), and the acknowledgement in the transaction runs inside a group's
 // transaction without a dedup row, member by member.
