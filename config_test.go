@@ -3,6 +3,7 @@ package onceflow_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -53,6 +54,9 @@ func TestAddHandler_InvalidHandlerNamesTheField(t *testing.T) {
 		{"nil database", func(h *onceflow.Handler) { h.DB = nil }, "Handler.DB: nil"},
 		{"table name not an identifier", func(h *onceflow.Handler) { h.Dedup.Table = "dedup; DROP TABLE x" }, `Handler.Dedup.Table: "dedup; DROP TABLE x" is not a plain SQL identifier`},
 		{"negative concurrency", func(h *onceflow.Handler) { h.Concurrency = -1 }, "Handler.Concurrency"},
+		{"longest retry wait below the first", func(h *onceflow.Handler) {
+			h.Retry = onceflow.RetryConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}
+		}, "Handler.Retry.MaxInterval: 1ms is shorter than the first wait, 1s"},
 		{"unknown interceptor", func(h *onceflow.Handler) { h.Interceptors = []string{"transaction", "audit"} }, `unknown interceptor "audit"`},
 		{"deduplicate outside transaction", func(h *onceflow.Handler) { h.Interceptors = []string{"deduplicate", "transaction"} }, `"deduplicate" must come after "transaction"`},
 		{"retry inside transaction", func(h *onceflow.Handler) { h.Interceptors = []string{"transaction", "retry"} }, `"retry" must come before "transaction"`},

@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"cmp"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -312,6 +313,9 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Retry.MaxAttempts: %d is negative", h.Retry.MaxAttempts)
 	case h.Retry.InitialInterval < 0 || h.Retry.MaxInterval < 0:
 		return errors.New("Handler.Retry: negative interval")
+	case h.Retry.MaxInterval > 0 && cmp.Or(h.Retry.InitialInterval, middleware.DefaultRetryInitialInterval) > h.Retry.MaxInterval:
+		return fmt.Errorf("Handler.Retry.MaxInterval: %s is shorter than the first wait, %s (InitialInterval, or middleware.DefaultRetryInitialInterval when zero) (handler %q)",
+			h.Retry.MaxInterval, cmp.Or(h.Retry.InitialInterval, middleware.DefaultRetryInitialInterval), h.Name)
 	case slices.ContainsFunc(h.Redelivery.Delays, func(d time.Duration) bool { return d < 0 }):
 		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
 	case !h.Dedup.BeyondRetention.Valid():
