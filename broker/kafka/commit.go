@@ -1,0 +1,234 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// This file commits a subscription's progress to the group: each partition's mark, with the
+// taken offsets as commit metadata, and reads back what the group committed, including where a
+// member starts each partition it is assigned.
+
+// groupOffset is what the group has committed for a partition.
+type groupOffset struct {
+	committed int64 // -1 for nothing
+	md        groupMetadata
+}
+
+// groupOffsets fetches the group's committed offsets and metadata of the partitions ids. On
+// failure it falls back to what the client fetched when the partitions were assigned, without
+// metadata.
+func (sub *subscription) groupOffsets(ids []int32) map[int32]groupOffset {
+	out := map[int32]groupOffset{}
+	ctx, cancel := context.WithTimeout(sub.ctx, commitTimeout)
+	defer cancel()
+	resp, err := sub.adm.FetchOffsetsForTopics(ctx, sub.s.cfg.ConsumerGroup, sub.topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		sub.logger.Error("Cannot fetch the group's offsets: counting as redelivered only the record at each committed offset", err, nil)
+		for p, eo := range sub.cl.CommittedOffsets()[sub.topic] {
+			out[p] = groupOffset{committed: eo.Offset}
+		}
+		return out
+	}
+	for _, id := range ids {
+		o, ok := resp.Lookup(sub.topic, id)
+		if !ok || o.At < 0 {
+			continue
+		}
+		g := groupOffset{committed: o.At}
+		g.md, _ = parseMetadata(o.Metadata)
+		out[id] = g
+	}
+	return out
+}
+
+// startOffsets is kgo's AdjustFetchOffsetsFn of a subscription whose consumer gave its
+// positions: each partition assigned starts after the offset the consumer applied last there,
+// when the group's committed offset is below it, so that the records at or below it are not
+// fetched again. When the positions cannot be read, the partitions start at the committed
+// offsets: the consumer's duplicate detection absorbs what it applied already.
+func (sub *subscription) startOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	parts := offsets[sub.topic]
+	if len(parts) == 0 {
+		return offsets, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
+	defer cancel()
+	applied, err := sub.positions.Applied(ctx, sub.topic)
+	if err != nil {
+		sub.logger.Error("Cannot read the consumer's positions: its partitions start at the group's committed offsets", err, nil)
+		return offsets, nil
+	}
+	for id, o := range parts {
+		// A partition without a commit starts at its first record: an offset below 0.
+		if a, ok := applied[id]; ok && o.EpochOffset().Offset <= a {
+			parts[id] = kgo.NewOffset().At(a + 1)
+		}
+	}
+	return offsets, nil
+}
+
+// commits commits the marks as they move, until the context ends.
+func (sub *subscription) commits() {
+	for {
+		select {
+		case <-sub.commit:
+		case <-sub.ctx.Done():
+			return
+		}
+		ctx, cancel := context.WithTimeout(sub.ctx, commitTimeout)
+		err := sub.commitMarks(ctx, nil, false)
+		cancel()
+		if err != nil && sub.ctx.Err() == nil {
+			sub.logger.Error("Offset commit failed; retrying", err, nil)
+			select {
+			case <-time.After(retryPause):
+				signal(sub.commit)
+			case <-sub.ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// commitMarks commits, for the partitions ids (all when ids is nil), the marks and the taken
+// offsets that moved, and hands out the records that the new taken offsets cover. With drop,
+// it then takes those partitions out of the books: their deliveries end with ErrRevoked.
+func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool) error {
+	sub.commitMu.Lock()
+	defer sub.commitMu.Unlock()
+
+	sub.mu.Lock()
+	var parts []*partition
+	if ids == nil {
+		for _, p := range sub.parts {
+			parts = append(parts, p)
+		}
+	} else {
+		for _, id := range ids {
+			if p := sub.parts[id]; p != nil {
+				parts = append(parts, p)
+			}
+		}
+	}
+	commits := map[int32]commit{}
+	for _, p := range parts {
+		c := commit{mark: p.mark(), md: groupMetadata{taken: max(p.want, p.unknownUntil, p.horizon)}, acks: p.acks}
+		counts, grew := p.counts()
+		if c.mark.Offset > p.committed || c.md.taken > p.horizon || c.acks > p.ackCommitted || grew {
+			c.md.acked, c.md.counts = p.spans(), counts
+			commits[p.id] = c
+		}
+	}
+	sub.mu.Unlock()
+
+	var err error
+	if len(commits) > 0 {
+		err = sub.commitOffsets(ctx, commits)
+	}
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if err == nil {
+		queued := false
+		for _, p := range parts {
+			c, ok := commits[p.id]
+			if !ok || p.gone {
+				continue
+			}
+			p.committed = max(p.committed, c.mark.Offset)
+			p.horizon = max(p.horizon, c.md.taken)
+			if c.acks > p.ackCommitted {
+				sub.gate.acked(-(c.acks - p.ackCommitted))
+				p.ackCommitted = c.acks
+			}
+			for _, e := range p.entries {
+				if n, ok := c.md.counts[e.offset]; ok {
+					e.recorded = max(e.recorded, n)
+				}
+			}
+			if p.revoking {
+				continue
+			}
+			if c.md.taken > p.horizon-1 {
+				queued = true // the sender may wait for it
+			}
+			kept := p.pending[:0]
+			for _, d := range p.pending {
+				if p.ready(d.e) {
+					d.e.waiting = false
+					if sub.readyLocked(d) {
+						queued = true
+					}
+				} else {
+					kept = append(kept, d)
+				}
+			}
+			clear(p.pending[len(kept):])
+			p.pending = kept
+		}
+		if queued {
+			signal(sub.wake)
+		}
+	}
+	if drop {
+		sub.dropLocked(parts)
+	}
+	return err
+}
+
+// commit is what one offset commit says of a partition.
+type commit struct {
+	mark kgo.EpochOffset
+	md   groupMetadata
+	acks int // p.acks when it was made
+}
+
+// commitOffsets commits the marks of the subscription's topic, with their taken offsets as
+// metadata, in the member's current generation, and waits for the reply. A commit that the
+// group refuses (a rebalance is under way, the member left) changes nothing.
+func (sub *subscription) commitOffsets(ctx context.Context, commits map[int32]commit) error {
+	member, generation := sub.cl.GroupMetadata()
+	if member == "" {
+		return errors.New("kafka: commit: not a member of the group yet")
+	}
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group = sub.s.cfg.ConsumerGroup
+	req.MemberID = member
+	req.Generation = generation
+	t := kmsg.NewOffsetCommitRequestTopic()
+	t.Topic = sub.topic
+	sub.mu.Lock()
+	t.TopicID = sub.topicID
+	sub.mu.Unlock()
+	for id, c := range commits {
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Partition = id
+		rp.Offset = c.mark.Offset
+		rp.LeaderEpoch = c.mark.Epoch
+		md := c.md.encode()
+		rp.Metadata = &md
+		t.Partitions = append(t.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, sub.cl)
+	if err != nil {
+		return err
+	}
+	for _, rt := range resp.Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				return fmt.Errorf("kafka: commit partition %d: %w", rp.Partition, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,105 @@
+package kafka
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// This file handles the partitions a subscription loses: revoked ones stop handing out and
+// commit what is acked before their books are dropped; lost ones are dropped at once.
+
+// dropLocked takes parts out of the books; sub.mu is held.
+func (sub *subscription) dropLocked(parts []*partition) {
+	for _, p := range parts {
+		if p.gone {
+			continue
+		}
+		p.gone = true
+		sub.inflight -= p.inflight
+		p.inflight = 0
+		for d := range p.live {
+			d.cancel(ErrRevoked)
+		}
+		for d := range p.live {
+			if d.timer != nil {
+				d.timer.Stop()
+			}
+			sub.gate.leave(d.alone)
+		}
+		clear(p.live)
+		sub.gate.acked(-(p.acks - p.ackCommitted))
+		p.ackCommitted = p.acks
+		p.entries, p.pending, p.held = nil, nil, nil
+		delete(sub.parts, p.id)
+	}
+	signal(sub.room)
+}
+
+// revoked is kgo's OnPartitionsRevoked: the group takes partitions away (a rebalance, or the
+// member leaving). It stops handing out their records, waits up to Config.RevokeTimeout for
+// the deliveries in flight to settle, commits what is acked and drops the rest from the books,
+// for their new owner to deliver again.
+func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	ids := lost[sub.topic]
+	if len(ids) == 0 {
+		return
+	}
+	var drained []chan struct{}
+	sub.mu.Lock()
+	for _, id := range ids {
+		p := sub.parts[id]
+		if p == nil || p.gone {
+			continue
+		}
+		p.revoking = true
+		if len(p.live) > 0 {
+			if p.drained == nil {
+				p.drained = make(chan struct{})
+			}
+			drained = append(drained, p.drained)
+		}
+	}
+	sub.mu.Unlock()
+	wait := time.NewTimer(sub.s.cfg.RevokeTimeout)
+	defer wait.Stop()
+waiting:
+	for _, ch := range drained {
+		select {
+		case <-ch:
+		case <-wait.C:
+			break waiting
+		case <-sub.ctx.Done():
+			break waiting // the subscription ends: its deliveries end with it
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.CloseTimeout)
+	defer cancel()
+	if err := sub.commitMarks(ctx, ids, true); err != nil {
+		sub.logger.Error("Cannot commit the offsets of revoked partitions: their new owner delivers the acked records again", err, watermill.LogFields{"partitions": ids})
+	}
+}
+
+// lost is kgo's OnPartitionsLost: the member lost its partitions without a revoke (its
+// session expired); a commit would be refused. The books of those partitions are dropped.
+func (sub *subscription) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	ids := lost[sub.topic]
+	if len(ids) == 0 {
+		return
+	}
+	sub.commitMu.Lock()
+	defer sub.commitMu.Unlock()
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	var parts []*partition
+	for _, id := range ids {
+		if p := sub.parts[id]; p != nil {
+			parts = append(parts, p)
+		}
+	}
+	sub.dropLocked(parts)
+	sub.logger.Info("Partitions lost: their records are delivered again by their next owner", watermill.LogFields{"partitions": ids})
+}
