@@ -1,0 +1,207 @@
+package dedup
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// This file records many keys at once: a group's ids in as few statements as the dialect allows,
+// and the outcome of each.
+
+// RecordMany records keys in tx for group commit, where one transaction carries several
+// messages, and reports for each position whether that key was newly recorded; see RecordKeys.
+func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]bool, error) {
+	outcomes, err := s.RecordKeys(ctx, tx, keys)
+	if err != nil {
+		return nil, err
+	}
+	fresh := make([]bool, len(outcomes))
+	for i, o := range outcomes {
+		fresh[i] = o.New()
+	}
+	return fresh, nil
+}
+
+// RecordKeys records keys in tx for group commit, where one transaction carries several
+// messages, and says for each position what it did, with the semantics of RecordKey:
+// Duplicate for a key recorded before and not expired, Recorded for a new one, Renewed for an
+// expired one it replaced. A key that appears more than once in keys is new at most at its
+// first position; its later positions report Duplicate. The keys are recorded without an
+// internal id.
+//
+// It runs one statement per 1000 distinct keys, never one statement per key, and leaves tx
+// usable: on PostgreSQL an INSERT over three arrays (one statement text for every batch size)
+// that returns only the duplicates and renewals; elsewhere a multi-row INSERT (on MySQL and
+// MariaDB, which lack INSERT ... RETURNING, followed by at most one SELECT of the rows it
+// wrote; on SQLite preceded by one SELECT of the expired records among them). Keys are written in a fixed order, so that
+// concurrent batches sharing keys wait for each other rather than deadlock; a deadlock or
+// serialization failure that happens all the same is retryable (sqldb.Conflict). An invalid key
+// anywhere in keys fails the whole call before any statement runs; the error names its
+// position.
+func (s *SQLStore) RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]Outcome, error) {
+	if tx == nil {
+		return nil, errors.New("dedup: RecordMany: tx is nil")
+	}
+	fresh := make([]Outcome, len(keys)) // Duplicate unless recorded below
+	if len(keys) == 0 {
+		return fresh, nil
+	}
+	// The keys in their fixed order; of a repeated key, its first position comes first.
+	order := make([]int, len(keys))
+	for i, k := range keys {
+		if err := checkKey(k); err != nil {
+			return nil, fmt.Errorf("keys[%d]: %w", i, err)
+		}
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Or(compareKeys(keys[a], keys[b]), cmp.Compare(a, b)) })
+	distinct := make([]Key, 0, len(keys))
+	at := make([]int, 0, len(keys)) // the position in keys of each distinct key
+	for j, i := range order {
+		if j > 0 && keys[order[j-1]] == keys[i] {
+			continue
+		}
+		distinct = append(distinct, keys[i])
+		at = append(at, i)
+	}
+
+	now := s.now()
+	created, expires := now.UnixMicro(), now.Add(s.retention).UnixMicro()
+	for start := 0; start < len(distinct); start += maxKeysPerStatement {
+		chunk := distinct[start:min(start+maxKeysPerStatement, len(distinct))]
+		pos := at[start : start+len(chunk)]
+		if err := s.recordChunk(ctx, tx, chunk, pos, fresh, created, expires); err != nil {
+			return nil, fmt.Errorf("dedup: record %d keys in %s: %w", len(chunk), s.table, err)
+		}
+	}
+	return fresh, nil
+}
+
+// recordChunk records chunk (distinct, valid, sorted) and sets fresh at pos, the positions of
+// chunk's keys, for those it recorded.
+func (s *SQLStore) recordChunk(ctx context.Context, tx sqlx.ExtContext, chunk []Key, pos []int, fresh []Outcome, created, expires int64) error {
+	if er, ok := s.dialect.(exceptionRecorder); ok {
+		exceptions, err := er.recordExceptions(ctx, tx, chunk, created, expires)
+		if err != nil {
+			return err
+		}
+		for _, i := range pos {
+			fresh[i] = Recorded
+		}
+		for _, e := range exceptions {
+			if e.index < 0 || e.index >= len(chunk) {
+				return fmt.Errorf("the database returned position %d, which is not in the batch", e.index+1)
+			}
+			fresh[pos[e.index]] = e.outcome
+		}
+		return nil
+	}
+	recorded, err := s.dialect.recordMany(ctx, tx, chunk, created, expires)
+	if err != nil {
+		return err
+	}
+	for k, renewed := range recorded {
+		j, found := slices.BinarySearchFunc(chunk, k, compareKeys)
+		if !found {
+			return fmt.Errorf("the database returned %s, which is not in the batch", describeKey(k))
+		}
+		fresh[pos[j]] = Recorded
+		if renewed {
+			fresh[pos[j]] = Renewed
+		}
+	}
+	return nil
+}
+
+// exceptionRecorder is a dialect that records a batch of keys with one statement returning only
+// the keys that were not simply recorded: duplicates and renewed expired records.
+type exceptionRecorder interface {
+	// recordExceptions records keys (distinct, valid, sorted) in tx and returns the keys,
+	// by index into keys, that it did not record as new: Duplicate or Renewed.
+	recordExceptions(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]exception, error)
+}
+
+// exception is a key of a batch that was not recorded as new.
+type exception struct {
+	index   int
+	outcome Outcome
+}
+
+func compareKeys(a, b Key) int {
+	return cmp.Or(strings.Compare(a.Handler, b.Handler), strings.Compare(a.MessageID, b.MessageID), cmp.Compare(a.Timestamp, b.Timestamp))
+}
+
+// recordManyStatement builds the multi-row INSERT of recordMany on PostgreSQL ($n) and SQLite
+// (?n), whose placeholders are numbered: created and expires are the first two, and every row
+// refers to them.
+func recordManyStatement(prefix, suffix, mark string, keys []Key, created, expires int64) (string, []any) {
+	var b strings.Builder
+	b.Grow(len(prefix) + len(suffix) + len(keys)*32)
+	b.WriteString(prefix)
+	args := make([]any, 2, 2+3*len(keys))
+	args[0], args[1] = created, expires
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		n := 3 + 3*i
+		b.WriteString("(" + mark)
+		b.WriteString(strconv.Itoa(n))
+		b.WriteString("," + mark)
+		b.WriteString(strconv.Itoa(n + 1))
+		b.WriteString("," + mark)
+		b.WriteString(strconv.Itoa(n + 2))
+		b.WriteString("," + mark + "1," + mark + "2)")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp)
+	}
+	b.WriteString(suffix)
+	return b.String(), args
+}
+
+// queryKeys runs query on tx and scans the keys it returns as (handler, message_id, message_ts)
+// and, when flagged, a fourth column that is true for a key that replaced an expired record.
+func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any, flagged bool) (map[Key]bool, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := map[Key]bool{}
+	for rows.Next() {
+		var k Key
+		var renewed bool
+		dest := []any{&k.Handler, &k.MessageID, &k.Timestamp}
+		if flagged {
+			dest = append(dest, &renewed)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		keys[k] = renewed
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return keys, rows.Close()
+}
+
+// keyList writes the row values "(p, p, p),(p, p, p)..." of keys to b, with mark the
+// placeholder for each value, and returns the arguments.
+func keyList(b *strings.Builder, keys []Key, mark func() string) []any {
+	args := make([]any, 0, 3*len(keys))
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(" + mark() + "," + mark() + "," + mark() + ")")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp)
+	}
+	return args
+}
