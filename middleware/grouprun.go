@@ -10,15 +10,14 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
-	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// This file runs one group of GroupCommit or GroupTransaction: its transactions, the reruns
-// without the members that fail, and each member's result.
+// This file runs one group of GroupCommit, GroupTransaction or GroupOffsets: its
+// transactions, the reruns without the members that fail, and each member's result
+// (grouprecord.go records the group's ids, groupbatch.go calls a batch processor).
 
 // slot is one member's part in a running group.
 type slot struct {
@@ -239,119 +238,6 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 	return r.commit(tx, set)
 }
 
-// record records the ids of set in tx and returns the members to process: the new ones. A
-// duplicate gets its result; a later copy of a message in the set waits for the first copy's
-// outcome. Without duplicate detection every member is new. refused reports a member beyond
-// the retention horizon that the retention policy dead-letters: it has its result, and the
-// transaction must not commit the key recorded for it.
-func (r *groupRun) record(tx Tx, set []*slot) (todo []*slot, refused bool, err error) {
-	if r.g.positions != nil {
-		todo, err = r.lockPositions(tx, set)
-		return todo, false, err
-	}
-	if r.g.store == nil {
-		return set, false, nil
-	}
-	keys := make([]dedup.Key, len(set))
-	for i, s := range set {
-		keys[i] = s.m.key
-	}
-	ends := childSpans(set, telemetry.SpanDedup, 0)
-	fresh, err := r.recordKeys(tx, keys)
-	if errors.Is(err, dedup.ErrInvalidKey) {
-		fresh, err = r.recordOneByOne(tx, keys, set)
-	}
-	for _, end := range ends {
-		end(err)
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("record %d message ids: %w", len(keys), err)
-	}
-
-	todo = make([]*slot, 0, len(set))
-	// A later copy of a message in set is never new (GroupStore.RecordMany): only when a member
-	// is not new may there be copies to find, by key.
-	var firsts map[dedup.Key]*slot
-	for i, s := range set {
-		if !s.final && !fresh[i].New() {
-			firsts = make(map[dedup.Key]*slot, len(set))
-			break
-		}
-	}
-	for i, s := range set {
-		if s.final { // an invalid key, refused already
-			continue
-		}
-		var first *slot
-		repeated := false
-		if firsts != nil {
-			first, repeated = firsts[s.m.key]
-		}
-		switch {
-		case !repeated:
-			if firsts != nil {
-				firsts[s.m.key] = s
-			}
-			if fresh[i].New() {
-				if err := r.g.cfg.dedup.checkRetention(s.m.ctx, s.m.msg, fresh[i], r.g.retention); err != nil {
-					s.finish(memberResult{err: err})
-					refused = true
-					continue
-				}
-				todo = append(todo, s)
-			} else {
-				s.finish(memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
-				r.send(s) // at once: nothing it waits for
-			}
-		case first.final: // the first copy is a duplicate
-			s.finish(memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
-			r.send(s)
-		default:
-			s.first = first // answered with the first copy's outcome
-		}
-	}
-	return todo, refused, nil
-}
-
-// recordKeys records keys with the store's RecordKeys when it has one, which tells renewed
-// expired keys apart, and with RecordMany otherwise.
-func (r *groupRun) recordKeys(tx Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
-	if kr, ok := r.g.store.(keysRecorder); ok {
-		return kr.RecordKeys(r.ctx, tx, keys)
-	}
-	fresh, err := r.g.store.RecordMany(r.ctx, tx, keys)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]dedup.Outcome, len(fresh))
-	for i, f := range fresh {
-		if f {
-			out[i] = dedup.Recorded
-		}
-	}
-	return out, nil
-}
-
-// recordOneByOne records keys one statement each, after RecordMany refused the batch for an
-// invalid key: a member whose key is invalid fails permanently (redelivering it cannot change
-// its id), the others go on.
-func (r *groupRun) recordOneByOne(tx Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
-	fresh := make([]dedup.Outcome, len(keys))
-	for i, k := range keys {
-		f, err := r.recordKeys(tx, []dedup.Key{k})
-		switch {
-		case errors.Is(err, dedup.ErrInvalidKey):
-			set[i].finish(memberResult{err: processor.Permanent(fmt.Errorf("record message %q: %w", set[i].m.msg.ID, err))})
-			r.send(set[i])
-		case err != nil:
-			return nil, err
-		default:
-			fresh[i] = f[0]
-		}
-	}
-	return fresh, nil
-}
-
 // runMember runs the rest of the chain for s on tx. It returns false, with s's result set,
 // when s does not run because its context ended before its turn. Otherwise s.ok says whether
 // it succeeded; when it did not, its failure is its result.
@@ -406,79 +292,6 @@ func asPanicError(v any) *processor.PanicError {
 		return p
 	}
 	return &processor.PanicError{Value: v, Stack: debug.Stack()}
-}
-
-// runBatch hands the members of todo to the batch processor in tx. It returns settled when the
-// batch succeeded (every member that took part is ok), rerun when the batch named failing
-// messages (they have their results), split when it failed without naming any, and an error
-// when it failed for a reason of the database or the moment (a lost connection, a conflict, a
-// canceled context), which ends the whole transaction retryably.
-func (r *groupRun) runBatch(tx Tx, todo []*slot) (step, error) {
-	live := make([]*slot, 0, len(todo))
-	for _, s := range todo {
-		if s.final { // stopped behind a member of its partition that left
-			continue
-		}
-		if err := s.m.ctx.Err(); err != nil {
-			s.finish(memberResult{err: fmt.Errorf("group commit: context ended before processing: %w", err)})
-			if r.g.positions != nil {
-				r.stopBehind(todo, s)
-			}
-			continue
-		}
-		live = append(live, s)
-	}
-	if len(live) == 0 {
-		return settled, nil
-	}
-	msgs := make([]*messagedata.MessageData, len(live))
-	for i, s := range live {
-		msgs[i] = s.m.msg
-	}
-	pe, err := r.callBatch(tx, msgs)
-	if pe == nil && err == nil {
-		for _, s := range live {
-			s.ok = true
-		}
-		return settled, nil
-	}
-	if pe == nil {
-		if named := processor.MessageErrors(err); len(named) > 0 {
-			byMsg := make(map[*messagedata.MessageData]error, len(named))
-			for _, e := range named {
-				byMsg[e.Message] = e.Err
-			}
-			blamed := false
-			for _, s := range live {
-				if e, ok := byMsg[s.m.msg]; ok {
-					s.finish(memberResult{err: e})
-					blamed = true
-				}
-			}
-			if blamed {
-				return rerun, nil
-			}
-			// It named only messages that are not in the batch: nobody is to blame yet.
-		}
-		if transient(r.ctx, err) {
-			return settled, fmt.Errorf("batch processor: %w", err)
-		}
-	}
-	if len(live) == 1 {
-		live[0].finish(memberResult{err: err, panic: pe})
-		return rerun, nil
-	}
-	return split, nil
-}
-
-// callBatch runs the batch processor on tx and catches a panic.
-func (r *groupRun) callBatch(tx Tx, msgs []*messagedata.MessageData) (pe *processor.PanicError, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			pe = asPanicError(v)
-		}
-	}()
-	return nil, r.g.cfg.batch.ProcessBatch(WithTx(r.ctx, tx), msgs)
 }
 
 // transient reports whether err is a failure of the database or of the moment, not of any

@@ -1,0 +1,126 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// This file records a group's message ids in its transaction: one statement for the group, and
+// a statement per key when the group holds an invalid one.
+
+// record records the ids of set in tx and returns the members to process: the new ones. A
+// duplicate gets its result; a later copy of a message in the set waits for the first copy's
+// outcome. Without duplicate detection every member is new. refused reports a member beyond
+// the retention horizon that the retention policy dead-letters: it has its result, and the
+// transaction must not commit the key recorded for it.
+func (r *groupRun) record(tx Tx, set []*slot) (todo []*slot, refused bool, err error) {
+	if r.g.positions != nil {
+		todo, err = r.lockPositions(tx, set)
+		return todo, false, err
+	}
+	if r.g.store == nil {
+		return set, false, nil
+	}
+	keys := make([]dedup.Key, len(set))
+	for i, s := range set {
+		keys[i] = s.m.key
+	}
+	ends := childSpans(set, telemetry.SpanDedup, 0)
+	fresh, err := r.recordKeys(tx, keys)
+	if errors.Is(err, dedup.ErrInvalidKey) {
+		fresh, err = r.recordOneByOne(tx, keys, set)
+	}
+	for _, end := range ends {
+		end(err)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("record %d message ids: %w", len(keys), err)
+	}
+
+	todo = make([]*slot, 0, len(set))
+	// A later copy of a message in set is never new (GroupStore.RecordMany): only when a member
+	// is not new may there be copies to find, by key.
+	var firsts map[dedup.Key]*slot
+	for i, s := range set {
+		if !s.final && !fresh[i].New() {
+			firsts = make(map[dedup.Key]*slot, len(set))
+			break
+		}
+	}
+	for i, s := range set {
+		if s.final { // an invalid key, refused already
+			continue
+		}
+		var first *slot
+		repeated := false
+		if firsts != nil {
+			first, repeated = firsts[s.m.key]
+		}
+		switch {
+		case !repeated:
+			if firsts != nil {
+				firsts[s.m.key] = s
+			}
+			if fresh[i].New() {
+				if err := r.g.cfg.dedup.checkRetention(s.m.ctx, s.m.msg, fresh[i], r.g.retention); err != nil {
+					s.finish(memberResult{err: err})
+					refused = true
+					continue
+				}
+				todo = append(todo, s)
+			} else {
+				s.finish(memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
+				r.send(s) // at once: nothing it waits for
+			}
+		case first.final: // the first copy is a duplicate
+			s.finish(memberResult{err: fmt.Errorf("%w: id %q recorded for handler %q", processor.ErrDuplicate, s.m.msg.ID, r.g.handler)})
+			r.send(s)
+		default:
+			s.first = first // answered with the first copy's outcome
+		}
+	}
+	return todo, refused, nil
+}
+
+// recordKeys records keys with the store's RecordKeys when it has one, which tells renewed
+// expired keys apart, and with RecordMany otherwise.
+func (r *groupRun) recordKeys(tx Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
+	if kr, ok := r.g.store.(keysRecorder); ok {
+		return kr.RecordKeys(r.ctx, tx, keys)
+	}
+	fresh, err := r.g.store.RecordMany(r.ctx, tx, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]dedup.Outcome, len(fresh))
+	for i, f := range fresh {
+		if f {
+			out[i] = dedup.Recorded
+		}
+	}
+	return out, nil
+}
+
+// recordOneByOne records keys one statement each, after RecordMany refused the batch for an
+// invalid key: a member whose key is invalid fails permanently (redelivering it cannot change
+// its id), the others go on.
+func (r *groupRun) recordOneByOne(tx Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
+	fresh := make([]dedup.Outcome, len(keys))
+	for i, k := range keys {
+		f, err := r.recordKeys(tx, []dedup.Key{k})
+		switch {
+		case errors.Is(err, dedup.ErrInvalidKey):
+			set[i].finish(memberResult{err: processor.Permanent(fmt.Errorf("record message %q: %w", set[i].m.msg.ID, err))})
+			r.send(set[i])
+		case err != nil:
+			return nil, err
+		default:
+			fresh[i] = f[0]
+		}
+	}
+	return fresh, nil
+}
