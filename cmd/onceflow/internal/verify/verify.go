@@ -468,6 +468,14 @@ func migrate(ctx context.Context, db *sqldb.DB) error {
 	if err := counter.Migrate(ctx); err != nil {
 		return err
 	}
+	// And the positions of the ExactlyOnceByOffset mode.
+	positions, err := dedup.NewPositions(db, dedup.PositionsConfig{})
+	if err != nil {
+		return err
+	}
+	if err := positions.Migrate(ctx); err != nil {
+		return err
+	}
 	order, err := ordering.NewStore(db, ordering.StoreConfig{})
 	if err != nil {
 		return err
