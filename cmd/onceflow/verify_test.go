@@ -205,11 +205,13 @@ func checkEachMode(t *testing.T, r verifyJSON, messages int, wantCuts bool, kind
 var allPoison = []string{"data-error", "panic", "malformed-payload", "long-id", "crash-loop"}
 
 func TestVerify_EmbeddedDefaultReproducesTheGuaranteeTable(t *testing.T) {
+	t.Parallel() // each waits on its consumers and its faults far more than it computes
 	kinds := allPoison[:4]
 	checkTable(t, runVerify(t, "--poison", strings.Join(kinds, ",")), false, kinds)
 }
 
 func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
+	t.Parallel() // each waits on its consumers and its faults far more than it computes
 	amqpURL := testsvc.AMQPURL(t)
 	dbURL := testsvc.PostgresSchemaURL(t)
 	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true, allPoison)
@@ -220,6 +222,7 @@ func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
 // transaction of its effect, without a dedup row (Handler.Dedup.AckInTransaction), with
 // consumers killed and connections cut.
 func TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction(t *testing.T) {
+	t.Parallel() // each waits on its consumers and its faults far more than it computes
 	dbURL := testsvc.PostgresSchemaURL(t)
 	r := runVerify(t, "--broker", dbURL, "--db", dbURL, "--modes", "ExactlyOnceAckInTx", "--cuts", "2")
 	checkExactlyOnce(t, r, checkEachMode(t, r, 2000, true, allPoison), "ExactlyOnceAckInTx")
