@@ -2,10 +2,12 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow"
 )
 
 // This file counts what the consumers of the Poison scenario report: each message's deliveries,
@@ -125,22 +127,28 @@ func (t *tally) counts(ids ...string) map[string]poisonCounts {
 }
 
 // ackLostReporter passes log records on to its Handler, and reports the message id of each
-// record in which the router says that an acknowledgement was lost: the delivery had ended
-// before the router acked it, so the broker delivers the message again.
+// record whose error is onceflow.ErrAckLost: the delivery had ended before the router acked
+// it, so the broker delivers the message again.
 type ackLostReporter struct {
 	slog.Handler
 	report func(id string)
 }
 
 func (h ackLostReporter) Handle(ctx context.Context, r slog.Record) error {
-	if strings.HasPrefix(r.Message, "acknowledgement lost") {
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "message_id" {
-				h.report(a.Value.String())
-				return false
-			}
-			return true
-		})
+	var id string
+	lost := false
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "message_id":
+			id = a.Value.String()
+		case "error":
+			err, ok := a.Value.Any().(error)
+			lost = ok && errors.Is(err, onceflow.ErrAckLost)
+		}
+		return true
+	})
+	if lost {
+		h.report(id)
 	}
 	return h.Handler.Handle(ctx, r)
 }
