@@ -93,9 +93,30 @@ type builtin struct {
 	// recordsKeys: it records message ids in the handler's dedup store, which the router
 	// creates for it.
 	recordsKeys bool
+	// lane is its part in a handler's lane (lane.go), where deliveries join their group
+	// without a goroutine each.
+	lane laneRole
 	// build returns the middleware for one handler, or nil to take no part in its chain.
 	build func(r *Router, h HandlerInfo) (middleware.Middleware, error)
+	// observer, for an interceptor that only observes, returns its Observer for one handler:
+	// its middleware is middleware.Observe of it, and a lane calls it directly. build is nil.
+	observer func(r *Router, h HandlerInfo) (middleware.Observer, error)
 }
+
+// laneRole is what an interceptor is to a handler's lane.
+type laneRole int
+
+const (
+	// laneNone: a chain that holds it before its group interceptor has no lane.
+	laneNone laneRole = iota
+	// laneObserve: an observer, whose Begin and End the lane calls itself.
+	laneObserve
+	// lanePass: it leaves a first delivery that succeeds, or is a duplicate, alone (it acts on
+	// the other outcomes, which the lane sends through the chain).
+	lanePass
+	// laneJoin: the group interceptor, which the lane joins deliveries to (middleware.Joiner).
+	laneJoin
+)
 
 var (
 	allLevels      = []QoS{BestEffort, AtLeastOnce, ExactlyOnce, ExactlyOnceInOrder}
@@ -106,20 +127,21 @@ var (
 // builtins are the built-in interceptors, in the order of the canonical chains, outermost
 // first.
 var builtins = []builtin{
-	{name: InterceptorTracing, levels: allLevels, observes: true, build: newTracing},
-	{name: InterceptorMetrics, levels: allLevels, observes: true, build: newMetrics},
-	{name: InterceptorDeadLetter, levels: redeliveredQoS, observes: true, build: newDeadLetter},
-	{name: InterceptorRecover, levels: allLevels, build: newRecover},
-	{name: InterceptorRetry, levels: redeliveredQoS, reruns: true, build: newRetry},
-	{name: InterceptorTimeout, levels: allLevels, build: newTimeout},
+	{name: InterceptorTracing, levels: allLevels, observes: true, lane: laneObserve, observer: newTracing},
+	{name: InterceptorMetrics, levels: allLevels, observes: true, lane: laneObserve, observer: newMetrics},
+	{name: InterceptorDeadLetter, levels: redeliveredQoS, observes: true, lane: lanePass, build: newDeadLetter},
+	{name: InterceptorRecover, levels: allLevels, lane: lanePass, build: newRecover},
+	{name: InterceptorRetry, levels: redeliveredQoS, reruns: true, lane: lanePass, build: newRetry},
+	// The lane gives a first attempt the handler's timeout itself.
+	{name: InterceptorTimeout, levels: allLevels, lane: lanePass, build: newTimeout},
 	{name: InterceptorTransaction, levels: allLevels, tx: true, build: newTransaction},
 	{name: InterceptorDeduplicate, levels: exactlyOnceQoS, inTx: true, marks: true, recordsKeys: true, build: newDeduplicate},
 	{name: InterceptorNaturalIdempotency, inTx: true, build: newNaturalIdempotency},
 	{name: InterceptorOffsets, inTx: true, marks: true, build: newOffsets},
 	{name: InterceptorAckInTransaction, inTx: true, marks: true, marksInGroup: true, build: newAckInTransaction},
 	{name: InterceptorInOrder, levels: []QoS{ExactlyOnceInOrder}, inTx: true, recordsKeys: true, build: newInOrder},
-	{name: InterceptorGroupCommit, tx: true, group: true, groupMarks: true, recordsKeys: true, build: newGroupCommit},
-	{name: InterceptorGroupTransaction, tx: true, group: true, build: newGroupTransaction},
+	{name: InterceptorGroupCommit, tx: true, group: true, groupMarks: true, recordsKeys: true, lane: laneJoin, build: newGroupCommit},
+	{name: InterceptorGroupTransaction, tx: true, group: true, lane: laneJoin, build: newGroupTransaction},
 	{name: InterceptorGroupOffsets, tx: true, group: true, groupMarks: true, build: newGroupOffsets},
 }
 
@@ -309,41 +331,70 @@ func handlerInfo(h Handler, store dedup.Store, logger *slog.Logger) HandlerInfo 
 	}
 }
 
-// buildChains builds the two chains of the handler of info, whose interceptors are names: the
-// one its messages go through, and the one of a message that cannot be converted.
-func buildChains(r *Router, info HandlerInfo, names []string) (chain, reject processor.Processor, err error) {
-	mws, err := buildChain(r, info, names)
+// chains are the two chains of a handler, and its lane.
+type chains struct {
+	// chain is the one its messages go through; reject the one of a message that cannot be
+	// converted.
+	chain, reject processor.Processor
+	// lane runs its first deliveries without a goroutine each, when its chain allows (nil
+	// otherwise).
+	lane *lane
+}
+
+// buildChains builds the two chains of the handler of info, whose interceptors are names, and
+// its lane.
+func buildChains(r *Router, info HandlerInfo, names []string) (chains, error) {
+	links, err := buildChain(r, info, names)
 	if err != nil {
-		return nil, nil, err
+		return chains{}, err
 	}
 	// The onceflow.process span is innermost: one per attempt, around the user's processor only.
 	var inner processor.Processor = batchOnly{}
 	if info.Handler.Processor != nil {
 		inner = traceProcessor(info.Handler.Processor)
 	}
-	chain = compose(mws, inner)
+	out := chains{chain: compose(links, inner), lane: newLane(info.Handler, links, inner)}
 
 	// A message that cannot be converted goes through the interceptors that observe the
 	// delivery, to a processor that fails permanently with the conversion error: it is traced,
 	// counted and dead-lettered like any other permanent failure.
-	rejectMWs, err := buildChain(r, info, rejectChain(names))
+	rejectLinks, err := buildChain(r, info, rejectChain(names))
 	if err != nil {
-		return nil, nil, err
+		return chains{}, err
 	}
-	reject = compose(rejectMWs, processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+	out.reject = compose(rejectLinks, processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
 		return processor.Permanent(ctx.Value(convErrKey{}).(error))
 	}))
-	return chain, reject, nil
+	return out, nil
+}
+
+// link is one interceptor of a built chain.
+type link struct {
+	name string
+	mw   middleware.Middleware
+	// observer is the built-in observer mw is made of; nil for any other.
+	observer middleware.Observer
 }
 
 // buildChain builds the middlewares for names, outermost first: the built-in interceptors, the
-// handler's own middlewares (Handler.Middlewares) and the registered interceptors.
-func buildChain(r *Router, info HandlerInfo, names []string) ([]middleware.Middleware, error) {
-	var mws []middleware.Middleware
+// handler's own middlewares (Handler.Middlewares) and the registered interceptors. An
+// interceptor that takes no part in the handler's chain has no link.
+func buildChain(r *Router, info HandlerInfo, names []string) ([]link, error) {
+	var links []link
 	for _, name := range names {
 		f, registered := r.interceptors[name]
 		own, isOwn := info.Handler.Middlewares[name]
+		var obs middleware.Observer
 		switch b, builtin := builtinNamed(name); {
+		case builtin && b.observer != nil:
+			f = func(h HandlerInfo) (middleware.Middleware, error) {
+				o, err := b.observer(r, h)
+				if err != nil {
+					return nil, err
+				}
+				obs = o
+				return middleware.Observe(o), nil
+			}
 		case builtin:
 			f = func(h HandlerInfo) (middleware.Middleware, error) { return b.build(r, h) }
 		case isOwn && registered:
@@ -366,10 +417,10 @@ func buildChain(r *Router, info HandlerInfo, names []string) ([]middleware.Middl
 			return nil, fmt.Errorf("interceptor %q for handler %q: %w", name, info.Name, err)
 		}
 		if mw != nil {
-			mws = append(mws, mw)
+			links = append(links, link{name: name, mw: mw, observer: obs})
 		}
 	}
-	return mws, nil
+	return links, nil
 }
 
 // batchOnly is the innermost processor of a handler with a BatchProcessor: the group-commit
@@ -380,10 +431,14 @@ func (batchOnly) Process(context.Context, *messagedata.MessageData) error {
 	return errors.New("onceflow: a handler with a BatchProcessor reached its per-message processor (the chain must end with group commit)")
 }
 
-// compose returns p wrapped in mws, the first outermost.
-func compose(mws []middleware.Middleware, p processor.Processor) processor.Processor {
-	if len(mws) == 0 {
+// compose returns p wrapped in the middlewares of links, the first outermost.
+func compose(links []link, p processor.Processor) processor.Processor {
+	if len(links) == 0 {
 		return p
+	}
+	mws := make([]middleware.Middleware, len(links))
+	for i, l := range links {
+		mws[i] = l.mw
 	}
 	return middleware.Chain(mws[0], mws[1:]...)(p)
 }

@@ -73,11 +73,14 @@ type consumer struct {
 	// an allocation per message.
 	recordAttrs []metric.RecordOption
 	settlement  *telemetry.Settlement
+	// lane runs the first deliveries of a handler with group commit without a goroutine each
+	// (lane.go); nil for a handler whose chain has none.
+	lane *lane
 }
 
 // newConsumer returns the run-time consumer of the handler of info, whose interceptors are
 // names: its messages go through chain, and through reject when they cannot be converted.
-func newConsumer(r *Router, info HandlerInfo, names []string, chain, reject processor.Processor) (*consumer, error) {
+func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consumer, error) {
 	h := info.Handler
 	n := max(h.Concurrency, 1)
 	c := &consumer{
@@ -85,8 +88,9 @@ func newConsumer(r *Router, info HandlerInfo, names []string, chain, reject proc
 		name:         h.Name,
 		topic:        h.Topic,
 		conv:         h.converter(),
-		chain:        chain,
-		reject:       reject,
+		chain:        ch.chain,
+		reject:       ch.reject,
+		lane:         ch.lane,
 		ackOnReceipt: h.QoS == BestEffort,
 		redelivery:   h.Redelivery,
 		logger:       info.Logger,
@@ -96,12 +100,18 @@ func newConsumer(r *Router, info HandlerInfo, names []string, chain, reject proc
 	c.recordAttrs = []metric.RecordOption{c.attrs}
 	if grouped(names) {
 		// Enough deliveries for every group transaction to run full, and the next group to
-		// collect: more would only wait, each in a goroutine of its own.
+		// collect: more would only wait, each in a goroutine of its own. A lane keeps no
+		// goroutine per delivery: there, as many groups as run may be full and ready, so that
+		// one starts full as soon as a transaction ends.
 		size := h.GroupCommit.MaxSize
 		if size == 0 {
 			size = middleware.DefaultMaxGroupSize
 		}
-		c.slots = make(chan struct{}, (n+1)*size)
+		groups := n + 1
+		if ch.lane != nil {
+			groups = 2 * n
+		}
+		c.slots = make(chan struct{}, groups*size)
 	} else {
 		c.slots = make(chan struct{}, n)
 	}
@@ -145,6 +155,9 @@ func (c *consumer) read(msgs <-chan *message.Message) {
 				c.router.gate.leave()
 				continue
 			}
+		}
+		if c.lane != nil && c.lane.take(c, msg) {
+			continue
 		}
 		c.start(msg)
 	}
@@ -215,7 +228,11 @@ func (c *consumer) handle(msg *message.Message) {
 		slot = false
 		<-c.slots // the next delivery may start while this one is settled
 	}
+	c.finish(ctx, msg, md, st, err)
+}
 
+// finish acks or nacks a delivery whose chain returned err, logs it and ends its span.
+func (c *consumer) finish(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, err error) {
 	outcome := processor.OutcomeOf(err)
 	if errors.Is(err, middleware.ErrDeadLetterFailed) {
 		c.router.instruments.DeadLetterFails.Add(ctx, 1, c.attrs)

@@ -16,7 +16,7 @@ import (
 // This file holds the factories of the built-in interceptors (the table builtins in chain.go):
 // each builds its middleware for one handler from the Handler and the router's Config.
 
-func newTracing(r *Router, h HandlerInfo) (middleware.Middleware, error) {
+func newTracing(r *Router, h HandlerInfo) (middleware.Observer, error) {
 	opts := []middleware.TracingOption{}
 	if r.cfg.TracerProvider != nil {
 		opts = append(opts, middleware.WithTracerProvider(r.cfg.TracerProvider))
@@ -28,10 +28,10 @@ func newTracing(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if h.ConsumerGroup != "" {
 		opts = append(opts, middleware.WithConsumerGroup(h.ConsumerGroup))
 	}
-	return middleware.Tracing(h.Name, opts...), nil
+	return middleware.TracingObserver(h.Name, opts...), nil
 }
 
-func newMetrics(r *Router, h HandlerInfo) (middleware.Middleware, error) {
+func newMetrics(r *Router, h HandlerInfo) (middleware.Observer, error) {
 	opts := []middleware.MetricsOption{middleware.WithMessagingSystem(h.MessagingSystem)}
 	if h.ConsumerGroup != "" {
 		opts = append(opts, middleware.WithConsumerGroup(h.ConsumerGroup))
@@ -39,7 +39,7 @@ func newMetrics(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if r.cfg.MeterProvider != nil {
 		opts = append(opts, middleware.WithMeterProvider(r.cfg.MeterProvider))
 	}
-	return middleware.Metrics(h.Name, opts...)
+	return middleware.MetricsObserver(h.Name, opts...)
 }
 
 func newDeadLetter(r *Router, h HandlerInfo) (middleware.Middleware, error) {

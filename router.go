@@ -120,11 +120,11 @@ func (r *Router) AddHandler(h Handler) error {
 		return err
 	}
 	info := handlerInfo(h, store, r.logger)
-	chain, reject, err := buildChains(r, info, names)
+	ch, err := buildChains(r, info, names)
 	if err != nil {
 		return err
 	}
-	c, err := newConsumer(r, info, names, chain, reject)
+	c, err := newConsumer(r, info, names, ch)
 	if err != nil {
 		return err
 	}

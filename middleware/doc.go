@@ -21,6 +21,11 @@
 // GroupCommit takes the place of Transaction and Deduplicate when the deliveries waiting for a
 // handler should share one transaction and one commit (optionally handed to a processor.Batch
 // in one call); GroupTransaction takes the place of Transaction alone. Retry stays outside them.
+// Their processor is a Joiner: a consumer may hand it a message directly (Join) and be called
+// back with the result, without a goroutine waiting, running itself the Observers before it
+// (Tracing and Metrics are made of TracingObserver and MetricsObserver) and sending only a
+// message whose first attempt did not commit through the rest of the chain (AfterJoin). The
+// router does so for every chain of built-ins with group commit.
 //
 // Messages that cannot succeed: Retry does not retry an error its Classifier finds permanent
 // (DefaultClassifier: data errors, business unique violations, decode errors, invalid ids) and

@@ -228,8 +228,7 @@ func txOptions(cfg groupConfig) *sql.TxOptions {
 func groupMiddleware(db Beginner, store GroupStore, handler string, cfg groupConfig) Middleware {
 	txOpts := txOptions(cfg)
 	return func(next processor.Processor) processor.Processor {
-		g := &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next, retention: retentionOf(store),
+		return &grouper{db: db, store: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next, retention: retentionOf(store),
 			opens: make([]*group, 1)}
-		return processor.Func(g.process)
 	}
 }

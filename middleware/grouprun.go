@@ -422,5 +422,9 @@ func (r *groupRun) send(s *slot) {
 	if r.g.positions != nil {
 		r.g.settledPosition(s.m, !res.committedAt.IsZero())
 	}
+	if s.m.notify != nil {
+		s.m.notifyResult()
+		return
+	}
 	s.m.done <- struct{}{} // the group's last use of the member, which its goroutine recycles
 }

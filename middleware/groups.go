@@ -75,8 +75,10 @@ type member struct {
 	state   atomic.Int32
 	res     memberResult // set once, before the value on done
 	// done receives one value once res is set; it has room for it, so that the group never
-	// blocks on a member.
-	done chan struct{}
+	// blocks on a member. A member that joined by Join has notify instead, which the group
+	// calls with the result.
+	done   chan struct{}
+	notify func(error)
 }
 
 // members recycles the members that have taken their result: a member and its channel would
@@ -94,19 +96,22 @@ func (m *member) claim() bool { return m.state.CompareAndSwap(memberWaiting, mem
 
 // process is the Processor of the chain: it runs in each delivery's goroutine.
 func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) error {
-	var key dedup.Key
-	if g.store != nil {
-		if msg.ID == "" {
-			return processor.Permanent(messagedata.ErrNoMessageID)
+	if st := delivery.From(ctx); st != nil && st.Joined {
+		// The first attempt ran through Join, and its result sent the delivery through the
+		// chain: this is that attempt's result.
+		err := st.JoinedErr
+		st.Joined, st.JoinedErr = false, nil
+		if pe, ok := err.(*processor.PanicError); ok {
+			panic(pe)
 		}
-		key = dedup.Key{Handler: g.handler, MessageID: msg.ID}
-		if g.cfg.dedup.withTimestamp && !msg.Timestamp.IsZero() {
-			key.Timestamp = msg.Timestamp.UnixMicro()
-		}
+		return err
+	}
+	key, err := g.keyOf(msg)
+	if err != nil {
+		return err
 	}
 	var pos messagedata.Position
 	if g.positions != nil {
-		var err error
 		if pos, err = positionOf(msg); err != nil {
 			return err
 		}
@@ -135,14 +140,73 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 	return m.settle()
 }
 
+// Join hands msg to a group directly, without a goroutine waiting for it: it returns at once,
+// and done is called once with msg's result, from the goroutine of the group that ran it, after
+// the outcome of its transaction is known. The result is what Process would return: nil once
+// committed, an error wrapping processor.ErrDuplicate for a duplicate, the message's own error,
+// or a *processor.PanicError for a panic, which done gets as its error (Join re-raises
+// nothing). Messages joined and messages processed share groups.
+//
+// A message Join refuses before it joins a group (it has no id, or its context has ended)
+// gets its result at once, in the caller's goroutine.
+func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, done func(error)) {
+	key, err := g.keyOf(msg)
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		done(err)
+		return
+	}
+	m := members.Get().(*member)
+	m.ctx, m.msg, m.key, m.notify = ctx, msg, key, done
+	g.join(m)
+}
+
+// keyOf returns the duplicate-detection key of msg; the zero key for a group without
+// duplicate detection by id.
+func (g *grouper) keyOf(msg *messagedata.MessageData) (dedup.Key, error) {
+	if g.store == nil {
+		return dedup.Key{}, nil
+	}
+	if msg.ID == "" {
+		return dedup.Key{}, processor.Permanent(messagedata.ErrNoMessageID)
+	}
+	key := dedup.Key{Handler: g.handler, MessageID: msg.ID}
+	if g.cfg.dedup.withTimestamp && !msg.Timestamp.IsZero() {
+		key.Timestamp = msg.Timestamp.UnixMicro()
+	}
+	return key, nil
+}
+
+// notifyResult hands a member that joined by Join its result, in the group's goroutine, and
+// recycles the member: the group is done with it.
+func (m *member) notifyResult() {
+	r, ctx, notify := m.res, m.ctx, m.notify
+	m.recycle()
+	err := r.err
+	switch {
+	case r.panic != nil:
+		err = r.panic
+	case !r.committedAt.IsZero():
+		delivery.MarkCommitted(ctx, r.committedAt)
+	}
+	notify(err)
+}
+
+// recycle clears m and puts it back in the pool.
+func (m *member) recycle() {
+	m.ctx, m.msg, m.key, m.pos, m.carried, m.res, m.notify = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}, nil
+	m.state.Store(memberWaiting)
+	members.Put(m)
+}
+
 // settle returns the member's result, which it has received, in its own goroutine, and
 // recycles the member: the group is done with it. It re-raises a panic of its chain, and
 // records the commit.
 func (m *member) settle() error {
 	r, ctx := m.res, m.ctx
-	m.ctx, m.msg, m.key, m.pos, m.carried, m.res = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}
-	m.state.Store(memberWaiting)
-	members.Put(m)
+	m.recycle()
 	if r.panic != nil {
 		panic(r.panic)
 	}
@@ -340,5 +404,38 @@ func (g *grouper) leave(m *member) {
 			}
 			return
 		}
+	}
+}
+
+// Joiner is the processor that GroupCommit and GroupTransaction make of the rest of the chain,
+// seen from the consumer that runs the chain: besides Process, which a delivery's goroutine
+// calls and which waits for the group's outcome, it takes messages by Join, which waits for
+// nothing. A consumer that joins a message directly runs what the interceptors before the group
+// interceptor would run itself; for a first delivery that succeeds, or is a duplicate, that is
+// only what the observers among them do (Observer). When Join's result is anything else, the
+// consumer runs the delivery through those interceptors after all (retry, dead-letter,
+// recover), with AfterJoin, so that they act on that result as on any attempt's.
+type Joiner interface {
+	processor.Processor
+	Join(ctx context.Context, msg *messagedata.MessageData, done func(error))
+}
+
+var _ Joiner = (*grouper)(nil)
+
+// Process runs msg in a group and returns its result once the outcome of the group's
+// transaction is known (see GroupCommit).
+func (g *grouper) Process(ctx context.Context, msg *messagedata.MessageData) error {
+	return g.process(ctx, msg)
+}
+
+// AfterJoin prepares ctx, the context of a delivery whose first attempt ran by Joiner.Join and
+// ended with err, for running the delivery through the chain of the Joiner: its group
+// interceptor then returns err, once, in place of running that attempt again, so that the
+// interceptors before it act on err as on the result of an attempt of their own. ctx must carry
+// the delivery's state (the router's, or StartDelivery's); without it AfterJoin does nothing,
+// and the chain runs the attempt again.
+func AfterJoin(ctx context.Context, err error) {
+	if st := delivery.From(ctx); st != nil {
+		st.Joined, st.JoinedErr = true, err
 	}
 }

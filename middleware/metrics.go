@@ -57,9 +57,20 @@ var outcomes = []processor.Outcome{processor.Processed, processor.Duplicate, pro
 // known from the delivery state the router keeps: outside the router, onceflow.retries stays 0.
 // docs/observability.md lists all of onceflow's metrics, the router's included.
 //
-// Attribute sets are built once, when Metrics is called: a message costs no allocation here.
-// It returns an error only when the meter rejects an instrument.
+// Attribute sets are built once, when Metrics is called: a message costs one small allocation
+// here, for its start. It returns an error only when the meter rejects an instrument.
 func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
+	o, err := MetricsObserver(handler, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return Observe(o), nil
+}
+
+// MetricsObserver returns the Observer that Metrics is made of: Begin counts the delivery in
+// flight and notes its start, End records its outcome. It returns an error only when the meter
+// rejects an instrument.
+func MetricsObserver(handler string, opts ...MetricsOption) (Observer, error) {
 	cfg := metricsConfig{messaging: messagingConfig{system: DefaultMessagingSystem}}
 	for _, o := range opts {
 		o.applyMetrics(&cfg)
@@ -81,10 +92,6 @@ func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
 	// Options are built once: passing a prebuilt slice to the variadic instrument methods
 	// allocates nothing per message.
 	handlerOnly := []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(handlerAttr))}
-	type outcomeOpts struct {
-		add    []metric.AddOption
-		record []metric.RecordOption
-	}
 	byOutcome := make(map[processor.Outcome]outcomeOpts, len(outcomes))
 	for _, o := range outcomes {
 		set := metric.WithAttributeSet(attribute.NewSet(handlerAttr, AttrOutcome.String(string(o))))
@@ -98,30 +105,57 @@ func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
 	}
 	ins.Retries.Add(context.Background(), 0, handlerOnly...)
 
-	return func(next processor.Processor) processor.Processor {
-		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			start := time.Now()
-			ins.Inflight.Add(ctx, 1, handlerOnly...)
-			retriesBefore := 0
-			st := delivery.From(ctx)
-			if st != nil {
-				retriesBefore = st.Retries
-			}
-			err := next.Process(ctx, msg)
-			outcome := byOutcome[processor.OutcomeOf(err)]
-			ins.Inflight.Add(ctx, -1, handlerOnly...)
-			ins.Messages.Add(ctx, 1, outcome.add...)
-			elapsed := time.Since(start).Seconds()
-			ins.ProcessDuration.Record(ctx, elapsed, outcome.record...)
-			cs := convSets.get(msg.Topic).byOutcome[processor.OutcomeOf(err)]
-			conv.Consumed.Add(ctx, 1, cs.add...)
-			conv.ProcessDuration.Record(ctx, elapsed, cs.record...)
-			if st != nil && st.Retries > retriesBefore {
-				ins.Retries.Add(ctx, int64(st.Retries-retriesBefore), handlerOnly...)
-			}
-			return err
-		})
-	}, nil
+	return &metricsObserver{ins: ins, conv: conv, convSets: convSets, handlerOnly: handlerOnly, byOutcome: byOutcome}, nil
+}
+
+// outcomeOpts are the options of the measurements of one outcome.
+type outcomeOpts struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
+}
+
+type metricsObserver struct {
+	ins         *telemetry.Instruments
+	conv        *telemetry.ConventionInstruments
+	convSets    *conventionSets
+	handlerOnly []metric.AddOption
+	byOutcome   map[processor.Outcome]outcomeOpts
+}
+
+// metricsBegun is the context Begin returns: it holds when the delivery began and how many
+// retries it had then.
+type metricsBegun struct {
+	context.Context
+	start   time.Time
+	retries int
+}
+
+func (o *metricsObserver) Begin(ctx context.Context, _ *messagedata.MessageData) context.Context {
+	b := &metricsBegun{Context: ctx, start: time.Now()}
+	o.ins.Inflight.Add(ctx, 1, o.handlerOnly...)
+	if st := delivery.From(ctx); st != nil {
+		b.retries = st.Retries
+	}
+	return b
+}
+
+func (o *metricsObserver) End(ctx context.Context, msg *messagedata.MessageData, err error) {
+	start, retriesBefore := time.Now(), 0
+	if b, ok := ctx.(*metricsBegun); ok {
+		start, retriesBefore = b.start, b.retries
+	}
+	oc := processor.OutcomeOf(err)
+	outcome := o.byOutcome[oc]
+	o.ins.Inflight.Add(ctx, -1, o.handlerOnly...)
+	o.ins.Messages.Add(ctx, 1, outcome.add...)
+	elapsed := time.Since(start).Seconds()
+	o.ins.ProcessDuration.Record(ctx, elapsed, outcome.record...)
+	cs := o.convSets.get(msg.Topic).byOutcome[oc]
+	o.conv.Consumed.Add(ctx, 1, cs.add...)
+	o.conv.ProcessDuration.Record(ctx, elapsed, cs.record...)
+	if st := delivery.From(ctx); st != nil && st.Retries > retriesBefore {
+		o.ins.Retries.Add(ctx, int64(st.Retries-retriesBefore), o.handlerOnly...)
+	}
 }
 
 // conventionSets caches the attribute sets of the semantic-convention metrics for the topic a

@@ -124,49 +124,68 @@ func WithConsumerGroup(group string) MessagingOption {
 // options built once per topic; the others are set when the chain returns, and only when the
 // span is recording: with no SDK installed, or a sampled-out trace, nothing is built.
 func Tracing(handler string, opts ...TracingOption) Middleware {
+	return Observe(TracingObserver(handler, opts...))
+}
+
+// TracingObserver returns the Observer that Tracing is made of: Begin starts the consumer span
+// and End sets the attributes of the outcome and ends it, or leaves it to the router.
+func TracingObserver(handler string, opts ...TracingOption) Observer {
 	cfg := tracingConfig{messaging: messagingConfig{system: DefaultMessagingSystem}}
 	for _, o := range opts {
 		o.applyTracing(&cfg)
 	}
-	return func(next processor.Processor) processor.Processor {
-		provider := cfg.provider
-		if provider == nil {
-			provider = otel.GetTracerProvider()
-		}
-		tracer := telemetry.Tracer(provider)
-		// The attributes that are the same for every message of a topic are given at span
-		// start, where samplers see them, in options built once per topic.
-		static := append(cfg.messaging.attrs(),
-			semconv.MessagingOperationTypeProcess,
-			semconv.MessagingOperationName("process"),
-			AttrHandler.String(handler),
-		)
-		starts := &spanStarts{static: static}
-		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			prop := cfg.propagator
-			if prop == nil {
-				prop = otel.GetTextMapPropagator()
-			} else {
-				// Only a configured propagator travels in the context: the middlewares inside
-				// fall back to the global one by themselves.
-				ctx = telemetry.WithPropagator(ctx, prop)
-			}
-			ctx = prop.Extract(ctx, telemetry.HeaderCarrier(msg.Headers))
-			start := starts.get(msg.Topic)
-			ctx, span := tracer.Start(ctx, start.name, start.opts...)
-			err := next.Process(ctx, msg)
-			d, started := DeliveryFrom(ctx)
-			if span.IsRecording() {
-				setAttributes(span, msg, d, started, err)
-			}
-			if d.HandOverSpan(span) {
-				// The router acknowledges after the chain returns: it records the ack as a child
-				// span and ends this one then.
-				return err
-			}
-			span.End()
-			return err
-		})
+	provider := cfg.provider
+	if provider == nil {
+		provider = otel.GetTracerProvider()
+	}
+	// The attributes that are the same for every message of a topic are given at span start,
+	// where samplers see them, in options built once per topic.
+	static := append(cfg.messaging.attrs(),
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		AttrHandler.String(handler),
+	)
+	return &tracingObserver{tracer: telemetry.Tracer(provider), propagator: cfg.propagator, starts: &spanStarts{static: static}}
+}
+
+type tracingObserver struct {
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
+	starts     *spanStarts
+}
+
+func (o *tracingObserver) Begin(ctx context.Context, msg *messagedata.MessageData) context.Context {
+	prop := o.propagator
+	if prop == nil {
+		prop = otel.GetTextMapPropagator()
+	} else {
+		// Only a configured propagator travels in the context: the middlewares inside fall
+		// back to the global one by themselves.
+		ctx = telemetry.WithPropagator(ctx, prop)
+	}
+	ctx = prop.Extract(ctx, telemetry.HeaderCarrier(msg.Headers))
+	start := o.starts.get(msg.Topic)
+	ctx, span := o.tracer.Start(ctx, start.name, start.opts...)
+	// Under the router, which acknowledges after the chain returns, the span is the router's
+	// to end: it records the ack as a child span first.
+	if d, _ := DeliveryFrom(ctx); !d.HandOverSpan(span) && span.IsRecording() {
+		return ownSpan{ctx}
+	}
+	return ctx
+}
+
+// ownSpan is the context of a recording consumer span that no router ends: End ends it. (Ending
+// a span that does not record does nothing.)
+type ownSpan struct{ context.Context }
+
+func (o *tracingObserver) End(ctx context.Context, msg *messagedata.MessageData, err error) {
+	span := trace.SpanFromContext(ctx)
+	if span.IsRecording() {
+		d, started := DeliveryFrom(ctx)
+		setAttributes(span, msg, d, started, err)
+	}
+	if _, own := ctx.(ownSpan); own {
+		span.End()
 	}
 }
 

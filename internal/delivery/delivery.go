@@ -33,6 +33,12 @@ type State struct {
 	// EndSpanInChain is set for a delivery that no router settles (middleware.StartDelivery):
 	// its consumer span ends when the chain returns, and Span stays nil.
 	EndSpanInChain bool
+	// Joined is set for a delivery whose first attempt ran already, in a group its consumer
+	// joined it to directly (middleware.Joiner), and failed with JoinedErr: the group
+	// interceptor of the chain the consumer then runs it through returns JoinedErr, once, in
+	// place of running that attempt again.
+	Joined    bool
+	JoinedErr error
 }
 
 type key struct{}

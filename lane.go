@@ -1,0 +1,203 @@
+package onceflow
+
+import (
+	"context"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
+	"github.com/onceflow/onceflow/processor"
+)
+
+// This file holds the lane: how a handler with group commit runs a first delivery without a
+// goroutine of its own.
+//
+// Under group commit, a delivery's goroutine spends its life waiting: for its group to form,
+// run and commit. The lane does the waiting without it. The subscription's reader begins the
+// chain's observers (tracing, metrics) and joins the delivery to its subscription's group
+// directly (middleware.Joiner); the group's goroutine, once the outcome of its transaction is
+// known, ends the observers and acks the delivery. The interceptors between the observers and
+// group commit (dead-letter, recover, retry, timeout) leave a first delivery that commits, or
+// is a duplicate, alone, so nothing of theirs is skipped. Any other result (an error, a panic,
+// a group that rolled back) sends the delivery through those interceptors after all, in a
+// goroutine, with that result as its first attempt's (middleware.AfterJoin): they retry,
+// dead-letter or give up exactly as they would have.
+//
+// Only first deliveries take the lane. A redelivery may be one that killed its consumer, which
+// the router runs alone (isolate); it goes the usual way.
+
+// lane is the lane of one handler.
+type lane struct {
+	// observers are the chain's outermost interceptors, which only observe.
+	observers []middleware.Observer
+	// timeout is the handler's timeout of an attempt; 0 for none.
+	timeout time.Duration
+	// firstAttempt: the chain retries, and numbers the attempts from 1 (MessageData.Attempt).
+	firstAttempt bool
+	// joiner is the group interceptor, with the rest of the chain inside it.
+	joiner middleware.Joiner
+	// rest is the chain without its observers, for a delivery whose result asks for it.
+	rest processor.Processor
+	// deliveries recycles the lane's per-delivery state.
+	deliveries sync.Pool
+}
+
+// newLane returns the lane of a handler h whose chain is links around inner, or nil when its
+// chain does not allow one: it must start with observers, go on with interceptors that leave a
+// first delivery that succeeds alone, and then hand the message to group commit.
+func newLane(h Handler, links []link, inner processor.Processor) *lane {
+	if h.QoS == BestEffort {
+		return nil
+	}
+	l := &lane{}
+	observing := true
+	for i, lk := range links {
+		b, builtin := builtinNamed(lk.name)
+		if !builtin {
+			return nil
+		}
+		switch b.lane {
+		case laneObserve:
+			if !observing || lk.observer == nil {
+				return nil // an observer inside an interceptor that acts: it must see every attempt
+			}
+			l.observers = append(l.observers, lk.observer)
+			continue
+		case lanePass:
+			observing = false
+			l.firstAttempt = l.firstAttempt || lk.name == InterceptorRetry
+			if lk.name == InterceptorTimeout {
+				l.timeout = h.Timeout
+			}
+			continue
+		case laneJoin:
+			joiner, ok := compose(links[i:], inner).(middleware.Joiner)
+			if !ok {
+				return nil
+			}
+			l.joiner = joiner
+			l.rest = compose(links[len(l.observers):], inner)
+			return l
+		}
+		return nil
+	}
+	return nil
+}
+
+// laneDelivery is one delivery in the lane.
+type laneDelivery struct {
+	c   *consumer
+	l   *lane
+	msg *message.Message
+	md  *messagedata.MessageData
+	st  *delivery.State
+	// ctx is the delivery's context; begun are the contexts the observers' Begin returned.
+	ctx   context.Context
+	begun []context.Context
+	// cancel ends the attempt's timeout; nil without one.
+	cancel context.CancelFunc
+	// shared: the delivery holds the handler's isolation lock, shared.
+	shared bool
+	// joined is the delivery's Join callback: joinedResult, bound once per recycled value.
+	joined func(error)
+}
+
+// take runs msg, which has entered the gate and holds a slot, through the lane when it is a
+// first delivery whose message converts, and reports whether it did; the caller starts any
+// other delivery the usual way.
+func (l *lane) take(c *consumer, msg *message.Message) bool {
+	info, known := redelivery.FromContext(msg.Context())
+	if known && !info.First() || !known && c.counter != nil {
+		return false // a redelivery, or one only the durable counter can tell
+	}
+	md, err := c.conv.FromMessage(c.topic, msg)
+	if err != nil {
+		return false
+	}
+	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
+	md.Delivery = c.deliveries(ctx, msg, md)
+	if l.firstAttempt {
+		md.Attempt = 1
+	}
+	d, _ := l.deliveries.Get().(*laneDelivery)
+	if d == nil {
+		d = &laneDelivery{l: l, begun: make([]context.Context, len(l.observers))}
+		d.joined = d.joinedResult
+	}
+	d.c, d.msg, d.md, d.st, d.ctx = c, msg, md, st, ctx
+	if c.counter != nil && !c.shared {
+		c.isolation.RLock() // as isolate takes it for a first delivery
+		d.shared = true
+	}
+	for i, o := range l.observers {
+		ctx = o.Begin(ctx, md)
+		d.begun[i] = ctx
+	}
+	if l.timeout > 0 {
+		ctx, d.cancel = context.WithTimeout(ctx, l.timeout)
+	}
+	l.joiner.Join(ctx, md, d.joined)
+	return true
+}
+
+// joinedResult receives the result of the delivery's first attempt, in the goroutine of the
+// group that ran it: a commit or a duplicate ends the delivery here, anything else sends it
+// through the rest of the chain.
+func (d *laneDelivery) joinedResult(err error) {
+	if d.cancel != nil {
+		d.cancel()
+		d.cancel = nil
+	}
+	switch processor.OutcomeOf(err) {
+	case processor.Processed, processor.Duplicate:
+		d.end(err)
+	default:
+		go d.resume(err)
+	}
+}
+
+// resume runs the delivery through the chain without its observers, with err as its first
+// attempt's result, and ends it.
+func (d *laneDelivery) resume(err error) { d.end(d.runRest(err)) }
+
+// runRest runs the chain without its observers, with err as the first attempt's result, and
+// returns its result: a panic that no interceptor recovers (a chain without Recover) as a
+// *processor.PanicError, which fails the delivery.
+func (d *laneDelivery) runRest(err error) (result error) {
+	ctx := d.ctx
+	if n := len(d.begun); n > 0 {
+		ctx = d.begun[n-1]
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			result = &processor.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	middleware.AfterJoin(ctx, err)
+	return d.l.rest.Process(ctx, d.md)
+}
+
+// end ends the observers of the delivery whose chain returned err, acks or nacks it, and
+// recycles d.
+func (d *laneDelivery) end(err error) {
+	c := d.c
+	if d.shared {
+		c.isolation.RUnlock()
+	}
+	for i, o := range slices.Backward(d.l.observers) {
+		o.End(d.begun[i], d.md, err)
+	}
+	<-c.slots // the next delivery may start while this one is settled
+	c.finish(d.ctx, d.msg, d.md, d.st, err)
+	c.router.gate.leave()
+	clear(d.begun)
+	d.c, d.msg, d.md, d.st, d.ctx, d.shared = nil, nil, nil, nil, nil, false
+	d.l.deliveries.Put(d)
+}
