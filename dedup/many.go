@@ -191,17 +191,3 @@ func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any
 	}
 	return keys, rows.Close()
 }
-
-// keyList writes the row values "(p, p, p),(p, p, p)..." of keys to b, with mark the
-// placeholder for each value, and returns the arguments.
-func keyList(b *strings.Builder, keys []Key, mark func() string) []any {
-	args := make([]any, 0, 3*len(keys))
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("(" + mark() + "," + mark() + "," + mark() + ")")
-		args = append(args, k.Handler, k.MessageID, k.Timestamp)
-	}
-	return args
-}

@@ -2,8 +2,9 @@ package dedup
 
 import (
 	"context"
-	"fmt"
-	"strings"
+	"database/sql"
+	"errors"
+	"strconv"
 
 	"github.com/jmoiron/sqlx"
 
@@ -13,15 +14,21 @@ import (
 
 // sqlite is the SQLite dialect.
 //
-// Record is an upsert whose DO UPDATE only fires for an expired row; changes() (rows affected)
-// is 0 for a live duplicate. SQLite has one writer at a time: with sqldb.Open's BEGIN
-// IMMEDIATE, a second transaction waits in BEGIN until the first one ends, and then sees its
-// key or not. TEXT compares byte by byte (the BINARY collation), so ids differing in case or in
-// trailing spaces are different keys.
+// Record is an upsert whose DO UPDATE only fires for an expired row; RETURNING gives no row for
+// a live duplicate. SQLite has one writer at a time: with sqldb.Open's BEGIN IMMEDIATE, a
+// second transaction waits in BEGIN until the first one ends, and then sees its key or not.
+// TEXT compares byte by byte (the BINARY collation), so ids differing in case or in trailing
+// spaces are different keys.
+//
+// RETURNING shows the row as written, not what was there before, so a renewed record (an
+// expired one the upsert replaced) is told from a new one by its rowid: the table is a rowid
+// table, a row the upsert inserts gets a rowid above the largest one before the statement,
+// and a row it updates keeps its own. The largest rowid is read first, in the same
+// transaction, where no other writer can come between.
 type sqlite struct {
 	s *SQLStore
 
-	manyPrefix, manySuffix string
+	manyPrefix, manySuffix, maxRowid string
 }
 
 const sqliteUpsert = ` ON CONFLICT (handler, message_id, message_ts) DO UPDATE
@@ -32,10 +39,12 @@ func (q *sqlite) queries(table string) queries {
 	t := sqldb.SQLite.Quote(table)
 	upsert := sqliteUpsert + t + `.expires_at <= excluded.created_at`
 	q.manyPrefix = `INSERT INTO ` + t + ` (handler, message_id, message_ts, created_at, expires_at) VALUES `
-	q.manySuffix = upsert + ` RETURNING handler, message_id, message_ts`
+	// The rowid of a renewed row is at most the largest before, the last parameter.
+	q.manySuffix = upsert + ` RETURNING handler, message_id, message_ts, rowid <= ?`
+	q.maxRowid = `SELECT COALESCE(MAX(rowid), 0) FROM ` + t
 	return queries{
 		record: `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6)` + upsert,
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)` + upsert + ` RETURNING rowid <= ?7`,
 		lookup: `SELECT COALESCE(internal_id, '') FROM ` + t + `
 WHERE handler = ?1 AND message_id = ?2 AND message_ts = ?3 AND expires_at > ?4`,
 		forget: `DELETE FROM ` + t + ` WHERE handler = ?1 AND message_id = ?2 AND message_ts = ?3`,
@@ -45,38 +54,27 @@ WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 LIMIT ?2)`,
 	}
 }
 
-// expired returns those of keys that have an expired record, before the upsert replaces it:
-// RETURNING shows only the new row, and SQLite runs one writer at a time, so nothing comes
-// between the two statements.
-func (q *sqlite) expired(ctx context.Context, tx sqlx.ExtContext, keys []Key, now int64) (map[Key]bool, error) {
-	var b strings.Builder
-	b.WriteString(`SELECT handler, message_id, message_ts FROM ` + sqldb.SQLite.Quote(q.s.table) + ` WHERE expires_at <= ? AND (handler, message_id, message_ts) IN (VALUES `)
-	args := append([]any{now}, keyList(&b, keys, func() string { return "?" })...)
-	b.WriteString(`)`)
-	found, err := queryKeys(ctx, tx, b.String(), args, false)
-	for k := range found {
-		found[k] = true
-	}
-	return found, err
+// lastRowid returns the largest rowid of the table, 0 when it is empty.
+func (q *sqlite) lastRowid(ctx context.Context, tx sqlx.ExtContext) (int64, error) {
+	var n int64
+	err := tx.QueryRowxContext(ctx, q.maxRowid).Scan(&n)
+	return n, err
 }
 
-// recordOne runs the upsert; changes() is 0 for a live duplicate.
+// recordOne runs the upsert, which returns a row for a key it inserted or renewed.
 func (q *sqlite) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error) {
-	old, err := q.expired(ctx, tx, []Key{key}, created)
+	last, err := q.lastRowid(ctx, tx)
 	if err != nil {
 		return Duplicate, err
 	}
-	res, err := tx.ExecContext(ctx, q.s.q.record, key.Handler, key.MessageID, key.Timestamp, iid, created, expires)
-	if err != nil {
-		return Duplicate, err
-	}
-	n, err := res.RowsAffected()
+	var renewed bool
+	err = tx.QueryRowxContext(ctx, q.s.q.record, key.Handler, key.MessageID, key.Timestamp, iid, created, expires, last).Scan(&renewed)
 	switch {
-	case err != nil:
-		return Duplicate, fmt.Errorf("read rows affected: %w", err)
-	case n == 0:
+	case errors.Is(err, sql.ErrNoRows):
 		return Duplicate, nil
-	case len(old) > 0:
+	case err != nil:
+		return Duplicate, err
+	case renewed:
 		return Renewed, nil
 	}
 	return Recorded, nil
@@ -86,19 +84,13 @@ func (q *sqlite) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid
 // returns are the keys it inserted or renewed. created_at and expires_at are ?1 and ?2 in every
 // row.
 func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
-	old, err := q.expired(ctx, tx, keys, created)
+	last, err := q.lastRowid(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
 	query, args := recordManyStatement(q.manyPrefix, q.manySuffix, "?", keys, created, expires)
-	recorded, err := queryKeys(ctx, tx, query, args, false)
-	if err != nil {
-		return nil, err
-	}
-	for k := range recorded {
-		recorded[k] = old[k]
-	}
-	return recorded, nil
+	query += strconv.Itoa(len(args) + 1)
+	return queryKeys(ctx, tx, query, append(args, last), true)
 }
 
 func (q *sqlite) migrate(ctx context.Context) error {

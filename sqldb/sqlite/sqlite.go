@@ -6,8 +6,8 @@
 //
 // sqldb.Open opens sqlite://path/to/file.db (relative) and sqlite:///absolute/path/file.db
 // (also sqlite3://), creating the file if missing, in WAL mode with synchronous=FULL, a busy
-// timeout of 30 s, foreign keys enforced and BEGIN IMMEDIATE transactions, so that concurrent
-// writers queue instead of failing. The transactions of one process over a file take turns in
+// timeout of 30 s, foreign keys enforced, temporary data in memory (temp_store=MEMORY) and
+// BEGIN IMMEDIATE transactions, so that concurrent writers queue instead of failing. The transactions of one process over a file take turns in
 // arrival order before BEGIN, each waiting up to the busy timeout (see sqldb.Driver.WriteTurn),
 // rather than polling the lock in SQLite's busy handler. The query parameters of the URL are
 // passed to the driver; a _pragma parameter replaces the default of the same pragma
@@ -73,7 +73,9 @@ func dsn(rawURL string, _ *url.URL) (string, string, error) {
 
 // sqliteDefaults are the pragmas every SQLite connection gets unless the URL sets them. The
 // driver runs busy_timeout first, so that the others wait for locks instead of failing.
-var sqliteDefaults = []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)"}
+// temp_store(MEMORY) keeps statement journals in memory: a multi-row upsert (a group's ids)
+// otherwise writes one to a temporary file.
+var sqliteDefaults = []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)", "temp_store(MEMORY)"}
 
 // sqliteShorthands maps the driver's shorthand parameters to the pragma each one sets.
 var sqliteShorthands = map[string]string{
