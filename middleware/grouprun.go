@@ -43,10 +43,15 @@ type groupRun struct {
 	size  int
 	slots []slot
 	ctx   context.Context // the group's context: ends when every member's context has ended
+	// joined are the members that joined by Join, whose results are set: the caller of run
+	// notifies them (notifyJoined).
+	joined []*member
 }
 
-// run runs the group of members and hands every member its result.
-func (g *grouper) run(members []*member) {
+// run runs the group of members and hands every member its result: it sends each member that
+// waits in a goroutine its result, and returns the members that joined by Join, with their
+// results, for the caller to notify once the group's transaction is free for the next group.
+func (g *grouper) run(members []*member) (joined []*member) {
 	r := &groupRun{g: g, slots: make([]slot, 0, len(members))}
 	for _, m := range members {
 		if m.claim() { // the others have left
@@ -101,12 +106,21 @@ func (g *grouper) run(members []*member) {
 			}
 			r.send(s)
 		}
+		notifyJoined(r.joined)
 	}()
 	r.settle(all, false)
 	for _, s := range all {
 		r.send(s)
 	}
 	completed = true
+	return r.joined
+}
+
+// notifyJoined hands the members that joined by Join their results.
+func notifyJoined(members []*member) {
+	for _, m := range members {
+		m.notifyResult()
+	}
 }
 
 // step is what one transaction of a group left to do.
@@ -423,7 +437,7 @@ func (r *groupRun) send(s *slot) {
 		r.g.settledPosition(s.m, !res.committedAt.IsZero())
 	}
 	if s.m.notify != nil {
-		s.m.notifyResult()
+		r.joined = append(r.joined, s.m)
 		return
 	}
 	s.m.done <- struct{}{} // the group's last use of the member, which its goroutine recycles

@@ -350,10 +350,13 @@ func (g *grouper) runner(grp *group) {
 }
 
 // runThenNext runs grp, records its end and returns the next group for this goroutine to run,
-// or nil. Should the goroutine end inside (runtime.Goexit in a processor), the groups that may
-// start go to goroutines of their own.
+// or nil. The members of grp that joined by Join get their results in a goroutine of their own,
+// once the next groups have started: acknowledging them does not hold up the next transaction.
+// Should the goroutine end inside (runtime.Goexit in a processor), the groups that may start go
+// to goroutines of their own.
 func (g *grouper) runThenNext(grp *group) (next *group) {
 	returned := false
+	var joined []*member
 	defer func() {
 		g.mu.Lock()
 		if g.positions != nil {
@@ -366,11 +369,14 @@ func (g *grouper) runThenNext(grp *group) (next *group) {
 			next = starts.take()
 		}
 		g.launch(starts)
+		if len(joined) > 0 {
+			go notifyJoined(joined)
+		}
 	}()
 	for _, before := range grp.after {
 		<-before.done
 	}
-	g.run(grp.members)
+	joined = g.run(grp.members)
 	returned = true
 	return nil
 }
