@@ -30,7 +30,9 @@
 //	created_at  BIGINT        when the key was recorded, Unix microseconds
 //	expires_at  BIGINT        created_at + Retention, Unix microseconds, indexed
 //
-// MySQL tables also have batch_token, which RecordMany uses in place of RETURNING. Ids compare
+// MySQL tables also have batch_token, by which RecordMany tells the rows it wrote (MariaDB 10.5
+// and later return them from the INSERT itself; MySQL, which has no RETURNING, reads them
+// back). Ids compare
 // byte by byte on every dialect: "ABC", "abc" and "abc " are three keys (on MySQL and MariaDB
 // through a binary, no-pad collation).
 //

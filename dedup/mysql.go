@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 
 	"github.com/jmoiron/sqlx"
 
@@ -25,14 +26,20 @@ import (
 // handler and message_id use a binary, no-pad collation: ids that differ in case or in
 // trailing spaces are different keys (utf8mb4_bin compares "abc" and "abc " as equal).
 //
-// MySQL has no INSERT ... RETURNING, so RecordMany marks the rows it writes with a random
-// batch_token and reads them back; a column of its own, because no other value distinguishes
-// this batch's write from one that another transaction committed with the same timestamps.
+// RecordMany marks the rows it writes with a random batch_token, a column of its own, because
+// no other value distinguishes this batch's write from one that another transaction committed
+// with the same timestamps. MariaDB 10.5 and later return every row of the batch as it stands
+// after the upsert (INSERT ... RETURNING), whose token tells what happened to it; MySQL has no
+// RETURNING, and RecordMany reads the rows back with a second statement.
 type mysql struct {
 	s *SQLStore
 
 	manyPrefix, manySuffix string
 	selectPrefix           string
+
+	// canReturn is whether the server has INSERT ... RETURNING, asked once (supportsReturning).
+	returningOnce sync.Once
+	canReturn     bool
 }
 
 // mysqlUpsert is the duplicate-key clause shared by Record and RecordMany. MySQL assigns from
@@ -66,9 +73,11 @@ WHERE handler = ? AND message_id = ? AND message_ts = ? AND expires_at > ?`,
 	}
 }
 
-// recordMany runs the multi-row upsert with a fresh batch token, then, unless rows affected
-// already settles it, selects the rows carrying that token: exactly the keys this statement
-// inserted or renewed. The transaction's own writes are visible to it at any isolation level.
+// recordMany runs the multi-row upsert with a fresh batch token. On MariaDB it returns every
+// row of the batch, and those carrying the token (or its negation, renewed) are exactly the
+// keys it inserted or renewed. On MySQL, unless rows affected already settles it, a second
+// statement selects the rows carrying the token; the transaction's own writes are visible to
+// it at any isolation level.
 func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
 	token := rand.Int64N(math.MaxInt64) + 1 // positive: a renewed row gets its negation
 	var b strings.Builder
@@ -83,6 +92,10 @@ func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, 
 		args = append(args, k.Handler, k.MessageID, k.Timestamp, created, expires, token)
 	}
 	b.WriteString(m.manySuffix)
+	if m.supportsReturning(ctx) {
+		b.WriteString(` RETURNING handler, message_id, message_ts, batch_token`)
+		return recordedByToken(ctx, tx, b.String(), args, token)
+	}
 	res, err := tx.ExecContext(ctx, b.String(), args...)
 	if err != nil {
 		return nil, err
@@ -116,6 +129,60 @@ func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, 
 	}
 	b.WriteByte(')')
 	return queryKeys(ctx, tx, b.String(), args, true)
+}
+
+// recordedByToken runs query, a multi-row upsert RETURNING (handler, message_id, message_ts,
+// batch_token) of every row of the batch, and returns the keys whose rows carry token (new) or
+// its negation (renewed, true); the others were live duplicates.
+func recordedByToken(ctx context.Context, tx sqlx.ExtContext, query string, args []any, token int64) (map[Key]bool, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	keys := map[Key]bool{}
+	for rows.Next() {
+		var k Key
+		var got sql.NullInt64
+		if err := rows.Scan(&k.Handler, &k.MessageID, &k.Timestamp, &got); err != nil {
+			return nil, err
+		}
+		switch got.Int64 {
+		case token:
+			keys[k] = false
+		case -token:
+			keys[k] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return keys, rows.Close()
+}
+
+// supportsReturning reports whether the server has INSERT ... RETURNING: MariaDB 10.5 and
+// later. It asks the server once; a server it cannot ask is taken not to.
+func (m *mysql) supportsReturning(ctx context.Context) bool {
+	m.returningOnce.Do(func() {
+		var version string
+		if err := m.s.db.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err == nil {
+			m.canReturn = mariaDBReturns(version)
+		}
+	})
+	return m.canReturn
+}
+
+// mariaDBReturns reports whether a server of version (SELECT VERSION()) is MariaDB 10.5 or
+// later, whose INSERT has RETURNING.
+func mariaDBReturns(version string) bool {
+	if !strings.Contains(strings.ToLower(version), "mariadb") {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 10 || major == 10 && minor >= 5
 }
 
 // recordOne runs the upsert; rows affected, as the server reports it without clientFoundRows,

@@ -859,32 +859,58 @@ func TestRecordKey_TellsARenewedExpiredKeyFromANewOne(t *testing.T) {
 
 func TestRecordKeys_TellsRenewedExpiredKeysByPosition(t *testing.T) {
 	forEachDB(t, func(t *testing.T, e *env) {
-		ctx := context.Background()
-		expired, live := key("expired"), key("live")
-		e.clock.Set(t0.Add(-2 * retention))
-		require.True(t, e.recordCommitted(t, expired, ""))
-		e.clock.Set(t0)
-		require.True(t, e.recordCommitted(t, live, ""))
-
-		for _, batch := range [][]dedup.Key{
-			{key("new-1"), expired, live, key("new-2")},
-			{key("new-3"), key("new-4")},
-		} {
-			tx := e.begin(t)
-			got, err := e.store.RecordKeys(ctx, tx, batch)
-			require.NoError(t, err)
-			require.NoError(t, tx.Rollback())
-			if len(batch) == 4 {
-				require.Equal(t, []dedup.Outcome{dedup.Recorded, dedup.Renewed, dedup.Duplicate, dedup.Recorded}, got)
-			} else {
-				require.Equal(t, []dedup.Outcome{dedup.Recorded, dedup.Recorded}, got)
-			}
+		recordsRenewedByPosition(t, e)
+		if e.dialect == sqldb.MySQL {
+			// MySQL has no INSERT ... RETURNING: the keys are read back by their batch token.
+			t.Run("without RETURNING", func(t *testing.T) {
+				dedup.WithoutReturning(e.store)
+				e.clock.Set(t0)
+				recordsRenewedByPosition(t, e)
+			})
 		}
-		// Only renewals: MySQL's rows affected says so without reading back.
-		e.clock.Set(t0.Add(3 * retention))
-		tx := e.begin(t)
-		got, err := e.store.RecordKeys(ctx, tx, []dedup.Key{expired, live})
-		require.NoError(t, err)
-		require.Equal(t, []dedup.Outcome{dedup.Renewed, dedup.Renewed}, got)
 	})
+}
+
+func recordsRenewedByPosition(t *testing.T, e *env) {
+	ctx := context.Background()
+	expired, live := key("expired-"+t.Name()), key("live-"+t.Name())
+	e.clock.Set(t0.Add(-2 * retention))
+	require.True(t, e.recordCommitted(t, expired, ""))
+	e.clock.Set(t0)
+	require.True(t, e.recordCommitted(t, live, ""))
+
+	for _, batch := range [][]dedup.Key{
+		{key("new-1"), expired, live, key("new-2")},
+		{key("new-3"), key("new-4")},
+	} {
+		tx := e.begin(t)
+		got, err := e.store.RecordKeys(ctx, tx, batch)
+		require.NoError(t, err)
+		require.NoError(t, tx.Rollback())
+		if len(batch) == 4 {
+			require.Equal(t, []dedup.Outcome{dedup.Recorded, dedup.Renewed, dedup.Duplicate, dedup.Recorded}, got)
+		} else {
+			require.Equal(t, []dedup.Outcome{dedup.Recorded, dedup.Recorded}, got)
+		}
+	}
+	// Only renewals: MySQL's rows affected says so without reading back.
+	e.clock.Set(t0.Add(3 * retention))
+	tx := e.begin(t)
+	got, err := e.store.RecordKeys(ctx, tx, []dedup.Key{expired, live})
+	require.NoError(t, err)
+	require.Equal(t, []dedup.Outcome{dedup.Renewed, dedup.Renewed}, got)
+}
+
+func TestMariaDBReturns_OnlyFromMariaDB105(t *testing.T) {
+	for version, want := range map[string]bool{
+		"10.11.19-MariaDB-0+deb12u1": true,
+		"10.5.0-MariaDB":             true,
+		"11.4.2-MariaDB-log":         true,
+		"10.4.34-MariaDB":            false,
+		"5.5.5-10.3.39-MariaDB":      false, // the replication prefix MariaDB 10 gives old clients
+		"8.0.36":                     false, // MySQL has no INSERT ... RETURNING
+		"":                           false,
+	} {
+		require.Equal(t, want, dedup.MariaDBReturns(version), version)
+	}
 }
