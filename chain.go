@@ -60,6 +60,16 @@ type HandlerInfo struct {
 // InterceptorFactory builds the middleware an interceptor name stands for, for one handler.
 type InterceptorFactory func(h HandlerInfo) (middleware.Middleware, error)
 
+// ObserverFactory builds the observer an interceptor name stands for, for one handler
+// (Router.RegisterObserver).
+type ObserverFactory func(h HandlerInfo) (middleware.Observer, error)
+
+// registered is a custom interceptor: a middleware's factory or an observer's.
+type registered struct {
+	interceptor InterceptorFactory
+	observer    ObserverFactory
+}
+
 // builtin is one built-in interceptor: its name, what the chain rules need to know of it, and
 // the factory of its middleware. The table builtins is the one place these facts are written:
 // the canonical chains, the order rules, whether a chain needs a dedup store and the chain of a
@@ -382,26 +392,34 @@ type link struct {
 func buildChain(r *Router, info HandlerInfo, names []string) ([]link, error) {
 	var links []link
 	for _, name := range names {
-		f, registered := r.interceptors[name]
+		reg, registered := r.interceptors[name]
 		own, isOwn := info.Handler.Middlewares[name]
+		var f InterceptorFactory
 		var obs middleware.Observer
-		switch b, builtin := builtinNamed(name); {
-		case builtin && b.observer != nil:
-			f = func(h HandlerInfo) (middleware.Middleware, error) {
-				o, err := b.observer(r, h)
-				if err != nil {
+		observe := func(of ObserverFactory) InterceptorFactory {
+			return func(h HandlerInfo) (middleware.Middleware, error) {
+				o, err := of(h)
+				if err != nil || o == nil {
 					return nil, err
 				}
 				obs = o
 				return middleware.Observe(o), nil
 			}
+		}
+		switch b, builtin := builtinNamed(name); {
+		case builtin && b.observer != nil:
+			f = observe(func(h HandlerInfo) (middleware.Observer, error) { return b.observer(r, h) })
 		case builtin:
 			f = func(h HandlerInfo) (middleware.Middleware, error) { return b.build(r, h) }
 		case isOwn && registered:
 			return nil, fmt.Errorf("Handler.Middlewares: %q is the name of a registered interceptor too (handler %q)", name, info.Name)
 		case isOwn:
 			f = func(HandlerInfo) (middleware.Middleware, error) { return own, nil }
-		case !registered:
+		case registered && reg.observer != nil:
+			f = observe(reg.observer)
+		case registered:
+			f = reg.interceptor
+		default:
 			known := make([]string, 0, len(builtins)+len(r.interceptors))
 			for _, b := range builtins {
 				known = append(known, b.name)

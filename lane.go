@@ -50,8 +50,9 @@ type lane struct {
 }
 
 // newLane returns the lane of a handler h whose chain is links around inner, or nil when its
-// chain does not allow one: it must start with observers, go on with interceptors that leave a
-// first delivery that succeeds alone, and then hand the message to group commit.
+// chain does not allow one: it must start with observers (built-in or registered), go on with
+// interceptors that leave a first delivery that succeeds alone, and then hand the message to
+// group commit.
 func newLane(h Handler, links []link, inner processor.Processor) *lane {
 	if h.QoS == BestEffort {
 		return nil
@@ -59,11 +60,13 @@ func newLane(h Handler, links []link, inner processor.Processor) *lane {
 	l := &lane{}
 	observing := true
 	for i, lk := range links {
-		b, builtin := builtinNamed(lk.name)
-		if !builtin {
-			return nil
+		role := laneObserve // an observer of one's own (Router.RegisterObserver)
+		if b, builtin := builtinNamed(lk.name); builtin {
+			role = b.lane
+		} else if lk.observer == nil {
+			return nil // a middleware of one's own may do anything
 		}
-		switch b.lane {
+		switch role {
 		case laneObserve:
 			if !observing || lk.observer == nil {
 				return nil // an observer inside an interceptor that acts: it must see every attempt

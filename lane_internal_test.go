@@ -47,11 +47,14 @@ func TestLane_ChainsThatHandTheirMessagesToGroupCommitHaveOne(t *testing.T) {
 		{"a middleware of its own before group commit", Handler{Interceptors: []string{"tracing", "watch", "group-commit"},
 			Middlewares: map[string]middleware.Middleware{"watch": watch}, Processor: noop}, false},
 		{"an observer after an interceptor that acts", Handler{Interceptors: []string{"retry", "metrics", "group-commit"}, Processor: noop}, false},
+		{"an observer of its own before group commit", Handler{Interceptors: []string{"audit", "tracing", "deadletter", "retry", "group-commit"}, Processor: noop}, true},
+		{"an observer of its own after an interceptor that acts", Handler{Interceptors: []string{"retry", "audit", "group-commit"}, Processor: noop}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := NewRouter(Config{DeadLetterPublisher: b, PurgeInterval: -1})
 			require.NoError(t, err)
+			require.NoError(t, r.RegisterObserver("audit", func(HandlerInfo) (middleware.Observer, error) { return audit{}, nil }))
 			h := laneHandler(tc.h, b)
 			h.DB = db
 			require.NoError(t, r.AddHandler(h))
@@ -128,3 +131,9 @@ func routerGoroutines() int {
 	}
 	return n
 }
+
+// audit is an observer that does nothing.
+type audit struct{}
+
+func (audit) Begin(ctx context.Context, _ *messagedata.MessageData) context.Context { return ctx }
+func (audit) End(context.Context, *messagedata.MessageData, error)                  {}

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/brokertest"
+	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -79,4 +83,74 @@ func TestLane_EachOutcomeIsTheChainsWithTheFirstAttemptCountedOnce(t *testing.T)
 		dead = append(dead, m.UUID)
 	}
 	require.ElementsMatch(t, []string{"permanent", "panics"}, dead)
+}
+
+// counting is an observer that counts the deliveries it sees begin and end, by outcome.
+type counting struct {
+	mu     sync.Mutex
+	begun  int
+	ended  map[processor.Outcome]int
+	active int
+}
+
+func (c *counting) Begin(ctx context.Context, _ *messagedata.MessageData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.begun++
+	c.active++
+	return ctx
+}
+
+func (c *counting) End(_ context.Context, _ *messagedata.MessageData, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended[processor.OutcomeOf(err)]++
+	c.active--
+}
+
+func TestRegisterObserver_SeesEachDeliveryOnceUnderGroupCommit(t *testing.T) {
+	f := newFixture(t, testsvc.Databases()[0]) // SQLite
+	obs := &counting{ended: map[processor.Outcome]int{}}
+	f.startRouter(t, onceflow.Handler{
+		Interceptors: []string{"count", "tracing", "metrics", "deadletter", "recover", "retry", "group-commit"},
+		Concurrency:  2,
+		Retry:        onceflow.RetryConfig{MaxAttempts: 2},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			if msg.ID == "bad" {
+				return processor.Permanent(errors.New("amount is negative"))
+			}
+			return applyEffect(ctx, msg)
+		}),
+	}, func(r *onceflow.Router) {
+		require.NoError(t, r.RegisterObserver("count", func(onceflow.HandlerInfo) (middleware.Observer, error) { return obs, nil }))
+	})
+
+	ids := []string{"a", "b", "c", "bad"}
+	for _, id := range ids {
+		f.publish(t, id, "x")
+	}
+	for _, id := range ids {
+		f.waitAcks(t, id, 1)
+	}
+	testsvc.Eventually(t, 5*time.Second, func() bool { obs.mu.Lock(); defer obs.mu.Unlock(); return obs.active == 0 }, "observer still active")
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	require.Equal(t, 4, obs.begun)
+	require.Equal(t, map[processor.Outcome]int{processor.Processed: 3, processor.DeadLettered: 1}, obs.ended)
+	for _, id := range ids[:3] {
+		require.Equal(t, 1, countEffects(t, f.db, id))
+	}
+}
+
+func TestRegisterObserver_RefusesAnEmptyOrTakenNameAndANilFactory(t *testing.T) {
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: brokertest.New()})
+	require.NoError(t, err)
+	none := func(onceflow.HandlerInfo) (middleware.Observer, error) { return nil, nil }
+	require.ErrorContains(t, r.RegisterObserver("", none), "empty name")
+	require.ErrorContains(t, r.RegisterObserver("count", nil), "nil factory")
+	require.ErrorContains(t, r.RegisterObserver("tracing", none), `"tracing" is already registered`)
+	require.NoError(t, r.RegisterObserver("count", none))
+	require.ErrorContains(t, r.RegisterObserver("count", none), `"count" is already registered`)
+	require.ErrorContains(t, r.RegisterInterceptor("count", func(onceflow.HandlerInfo) (middleware.Middleware, error) { return nil, nil }),
+		`"count" is already registered`)
 }

@@ -42,7 +42,7 @@ type Router struct {
 	cfg          Config
 	logger       *slog.Logger
 	instruments  *telemetry.Instruments
-	interceptors map[string]InterceptorFactory
+	interceptors map[string]registered
 
 	mu       sync.Mutex
 	names    map[string]bool
@@ -94,7 +94,7 @@ func NewRouter(cfg Config) (*Router, error) {
 		counters:     map[storeKey]*dedup.Counter{},
 		positions:    map[storeKey]*dedup.Positions{},
 		gate:         gate{idle: make(chan struct{})},
-		interceptors: map[string]InterceptorFactory{},
+		interceptors: map[string]registered{},
 	}
 	return r, nil
 }
@@ -139,16 +139,35 @@ func (r *Router) AddHandler(h Handler) error {
 // middleware to take no part in a handler's chain. A middleware that needs no factory goes in
 // Handler.Middlewares instead.
 func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
-	if name == "" {
-		return fmt.Errorf("RegisterInterceptor: empty name")
-	}
 	if f == nil {
 		return fmt.Errorf("RegisterInterceptor %q: nil factory", name)
 	}
-	if _, builtin := builtinNamed(name); builtin || r.interceptors[name] != nil {
-		return fmt.Errorf("RegisterInterceptor: %q is already registered", name)
+	return r.register("RegisterInterceptor", name, registered{interceptor: f})
+}
+
+// RegisterObserver makes an interceptor that only observes the deliveries available to
+// Handler.Interceptors under name, as RegisterInterceptor does for any other. Its middleware
+// is middleware.Observe of the observer the factory returns (nil: it takes no part in that
+// handler's chain). Unlike a middleware, an observer leaves a handler with group commit its
+// lane, where a first delivery waits for its group without a goroutine of its own: placed
+// among the outermost interceptors, before "deadletter", the router calls its Begin and End
+// itself (docs/concepts.md, The lane).
+func (r *Router) RegisterObserver(name string, f ObserverFactory) error {
+	if f == nil {
+		return fmt.Errorf("RegisterObserver %q: nil factory", name)
 	}
-	r.interceptors[name] = f
+	return r.register("RegisterObserver", name, registered{observer: f})
+}
+
+func (r *Router) register(how, name string, reg registered) error {
+	if name == "" {
+		return fmt.Errorf("%s: empty name", how)
+	}
+	_, taken := r.interceptors[name]
+	if _, builtin := builtinNamed(name); builtin || taken {
+		return fmt.Errorf("%s: %q is already registered", how, name)
+	}
+	r.interceptors[name] = reg
 	return nil
 }
 

@@ -242,18 +242,20 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 	}
 }
 
-// chainWithCrashPoints is the canonical chain of mode with an interceptor at each crash point.
-// With a batch processor, which nothing may stand before, the batch processor itself holds the
-// before-commit crash point.
+// chainWithCrashPoints is the canonical chain of mode with an interceptor at each crash point:
+// after-receive and after-commit observe the delivery from outside the chain (the one before
+// the chain runs, the other once it has returned, after the commit and before the ack), and
+// before-commit runs innermost, in the transaction. With a batch processor, which nothing may
+// stand before, the batch processor itself holds the before-commit crash point.
 func chainWithCrashPoints(mode onceflow.QoS, dedup Dedup, groupCommit, batch bool) []string {
-	names := []string{string(AfterReceive)}
+	names := []string{string(AfterReceive), string(AfterCommit)}
 	switch mode {
 	case onceflow.BestEffort:
-		names = append(names, "recover", string(AfterCommit), "transaction")
+		names = append(names, "recover", "transaction")
 	case onceflow.AtLeastOnce:
-		names = append(names, "deadletter", "recover", "retry", string(AfterCommit), "transaction")
+		names = append(names, "deadletter", "recover", "retry", "transaction")
 	default:
-		names = append(names, "deadletter", "recover", "retry", string(AfterCommit))
+		names = append(names, "deadletter", "recover", "retry")
 		switch {
 		case groupCommit && dedup == DedupByOffset:
 			names = append(names, onceflow.InterceptorGroupOffsets)
@@ -282,57 +284,76 @@ func chainWithCrashPoints(mode onceflow.QoS, dedup Dedup, groupCommit, batch boo
 var delivered atomic.Int64
 
 // registerCrash registers an interceptor under each crash point's name; the armed one kills
-// the process at its Nth delivery. The after-receive one also counts deliveries. It returns the
-// before-commit crash point of a batch processor, which calls it with the number of messages it
-// wrote.
+// the process at its Nth delivery. The after-receive one also counts deliveries. After-receive
+// and after-commit are observers (Router.RegisterObserver), which leave a handler with group
+// commit the lane it has without them. It returns the before-commit crash point of a batch
+// processor, which calls it with the number of messages it wrote.
 func registerCrash(r *onceflow.Router, armed *Crash) (beforeCommit func(n int), err error) {
 	var deliveries atomic.Int64
+	reached := func(point CrashPoint, n int64) bool {
+		if armed == nil || armed.Point != point {
+			return false
+		}
+		k := deliveries.Add(n)
+		return k >= int64(armed.N) && k-n < int64(armed.N)
+	}
 	beforeCommit = func(n int) {
-		if armed != nil && armed.Point == BeforeCommit {
-			if k := deliveries.Add(int64(n)); k >= int64(armed.N) && k-int64(n) < int64(armed.N) {
-				die()
-			}
+		if reached(BeforeCommit, int64(n)) {
+			die()
 		}
 	}
-	for _, point := range CrashPoints {
-		point := point
-		err := r.RegisterInterceptor(string(point), func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-			if armed == nil || armed.Point != point {
-				if point != AfterReceive {
-					return nil, nil
+	err = errors.Join(
+		r.RegisterObserver(string(AfterReceive), func(onceflow.HandlerInfo) (middleware.Observer, error) {
+			return crashObserver{begin: func() {
+				delivered.Add(1)
+				if reached(AfterReceive, 1) {
+					// A consumer that dies on receipt has usually started working: give an
+					// acknowledgement sent on receipt the time to leave.
+					time.Sleep(20 * time.Millisecond)
+					die()
 				}
-				return func(next processor.Processor) processor.Processor {
-					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-						delivered.Add(1)
-						return next.Process(ctx, msg)
-					})
-				}, nil
+			}}, nil
+		}),
+		r.RegisterObserver(string(AfterCommit), func(onceflow.HandlerInfo) (middleware.Observer, error) {
+			if armed == nil || armed.Point != AfterCommit {
+				return nil, nil
+			}
+			return crashObserver{end: func() {
+				if reached(AfterCommit, 1) {
+					die()
+				}
+			}}, nil
+		}),
+		r.RegisterInterceptor(string(BeforeCommit), func(onceflow.HandlerInfo) (middleware.Middleware, error) {
+			if armed == nil || armed.Point != BeforeCommit {
+				return nil, nil
 			}
 			return func(next processor.Processor) processor.Processor {
 				return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-					if point == AfterReceive {
-						delivered.Add(1)
-						if deliveries.Add(1) == int64(armed.N) {
-							// A consumer that dies on receipt has usually started working:
-							// give an acknowledgement sent on receipt the time to leave.
-							time.Sleep(20 * time.Millisecond)
-							die()
-						}
-						return next.Process(ctx, msg)
-					}
 					err := next.Process(ctx, msg)
-					if deliveries.Add(1) == int64(armed.N) {
-						die()
-					}
+					beforeCommit(1)
 					return err
 				})
 			}, nil
-		})
-		if err != nil {
-			return nil, err
-		}
+		}),
+	)
+	return beforeCommit, err
+}
+
+// crashObserver runs begin before a delivery's chain and end after it; either may be nil.
+type crashObserver struct{ begin, end func() }
+
+func (o crashObserver) Begin(ctx context.Context, _ *messagedata.MessageData) context.Context {
+	if o.begin != nil {
+		o.begin()
 	}
-	return beforeCommit, nil
+	return ctx
+}
+
+func (o crashObserver) End(context.Context, *messagedata.MessageData, error) {
+	if o.end != nil {
+		o.end()
+	}
 }
 
 // die ends the process the way a power cut or the OOM killer does: no deferred function, no
