@@ -4,7 +4,7 @@ GO      ?= go
 PKGS    ?= ./... ./examples/... ./bench/...
 BIN     ?= bin
 
-.PHONY: all help build test test-order-full test-poison-full test-verify-kafka race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory demo verify services up down clean FORCE
+.PHONY: all help build test test-order-full test-poison-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory demo verify services up down clean FORCE
 
 # BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench.
 BENCH_QUICK ?=
@@ -47,6 +47,13 @@ test-poison-full:
 ## timeouts, see docs/brokers.md)
 test-verify-kafka:
 	ONCEFLOW_VERIFY_KAFKA=1 $(GO) test -count=1 -timeout 20m -v -run 'TestVerify_Kafka' ./cmd/onceflow
+
+## test-verify-kafka-full: onceflow verify's ExactlyOnceByOffset mode (offsets in the business
+## transaction) against an in-process Kafka cluster and PostgreSQL at full size: 10,000 records,
+## 20 kills or more (each kill and each restart rebalances the group), 2 connection cuts (about 5
+## minutes)
+test-verify-kafka-full:
+	ONCEFLOW_VERIFY_KAFKA=full $(GO) test -count=1 -timeout 40m -v -run 'TestVerify_KafkaOffsetsInTheTransaction' ./cmd/onceflow
 
 ## race: the tests under the race detector (slower; docs/brokers.md lists two races inside
 ## watermill-amqp and watermill-nats that it may report)

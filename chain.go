@@ -152,7 +152,7 @@ var builtins = []builtin{
 	{name: InterceptorInOrder, levels: []QoS{ExactlyOnceInOrder}, inTx: true, recordsKeys: true, build: newInOrder},
 	{name: InterceptorGroupCommit, tx: true, group: true, groupMarks: true, recordsKeys: true, lane: laneJoin, build: newGroupCommit},
 	{name: InterceptorGroupTransaction, tx: true, group: true, lane: laneJoin, build: newGroupTransaction},
-	{name: InterceptorGroupOffsets, tx: true, group: true, groupMarks: true, build: newGroupOffsets},
+	{name: InterceptorGroupOffsets, tx: true, group: true, groupMarks: true, lane: laneJoin, build: newGroupOffsets},
 }
 
 // builtinNamed returns the built-in interceptor called name.

@@ -41,6 +41,8 @@ func TestLane_ChainsThatHandTheirMessagesToGroupCommitHaveOne(t *testing.T) {
 		{"exactly-once with a batch processor and a timeout", Handler{QoS: ExactlyOnce, BatchProcessor: batch, Timeout: time.Second}, true},
 		{"at-least-once with group commit", Handler{QoS: AtLeastOnce, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
 		{"in order with group commit", Handler{QoS: ExactlyOnceInOrder, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
+		{"by offset with group commit", Handler{QoS: ExactlyOnce, Dedup: DedupConfig{ByOffset: true}, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
+		{"by offset, a transaction per message", Handler{QoS: ExactlyOnce, Dedup: DedupConfig{ByOffset: true}, Processor: noop}, false},
 		{"named chain of built-ins", Handler{Interceptors: []string{"metrics", "retry", "group-commit"}, Processor: noop}, true},
 		{"a transaction per message", Handler{QoS: ExactlyOnce, Processor: noop}, false},
 		{"best effort", Handler{QoS: BestEffort, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, false},

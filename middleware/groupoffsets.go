@@ -70,9 +70,8 @@ func GroupOffsets(db Beginner, store PositionStore, handler string, opts ...Grou
 	}
 	txOpts := txOptions(cfg)
 	return func(next processor.Processor) processor.Processor {
-		g := &grouper{db: db, positions: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next,
+		return &grouper{db: db, positions: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next,
 			opens: make([]*group, cfg.concurrency)}
-		return processor.Func(g.process)
 	}, nil
 }
 

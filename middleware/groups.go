@@ -106,22 +106,10 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 		}
 		return err
 	}
-	key, err := g.keyOf(msg)
+	m, err := g.member(ctx, msg)
 	if err != nil {
 		return err
 	}
-	var pos messagedata.Position
-	if g.positions != nil {
-		if pos, err = positionOf(msg); err != nil {
-			return err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("group commit: %w", err)
-	}
-
-	m := members.Get().(*member)
-	m.ctx, m.msg, m.key, m.pos = ctx, msg, key, pos
 	if g.positions != nil {
 		g.awaitPredecessor(m)
 	}
@@ -147,20 +135,41 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 // or a *processor.PanicError for a panic, which done gets as its error (Join re-raises
 // nothing). Messages joined and messages processed share groups.
 //
-// A message Join refuses before it joins a group (it has no id, or its context has ended)
-// gets its result at once, in the caller's goroutine.
+// A message Join refuses before it joins a group (it has no id, or no position, or its context
+// has ended) gets its result at once, in the caller's goroutine.
 func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, done func(error)) {
-	key, err := g.keyOf(msg)
-	if err == nil {
-		err = ctx.Err()
-	}
+	m, err := g.member(ctx, msg)
 	if err != nil {
 		done(err)
 		return
 	}
-	m := members.Get().(*member)
-	m.ctx, m.msg, m.key, m.notify = ctx, msg, key, done
+	// GroupOffsets: a joined member does not wait for its predecessor, which a consumer that
+	// joins in the order the subscriber hands out has joined before it. One that is between
+	// two attempts makes the member wait in a later group, or fail retryably (ErrPositionAhead)
+	// and come back by Process, which waits.
+	m.notify = done
 	g.join(m)
+}
+
+// member returns the member of msg, or the error that refuses msg before it joins a group: it
+// has no id (GroupCommit) or no position (GroupOffsets), or ctx has ended.
+func (g *grouper) member(ctx context.Context, msg *messagedata.MessageData) (*member, error) {
+	key, err := g.keyOf(msg)
+	if err != nil {
+		return nil, err
+	}
+	var pos messagedata.Position
+	if g.positions != nil {
+		if pos, err = positionOf(msg); err != nil {
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("group commit: %w", err)
+	}
+	m := members.Get().(*member)
+	m.ctx, m.msg, m.key, m.pos = ctx, msg, key, pos
+	return m, nil
 }
 
 // keyOf returns the duplicate-detection key of msg; the zero key for a group without
@@ -413,10 +422,10 @@ func (g *grouper) leave(m *member) {
 	}
 }
 
-// Joiner is the processor that GroupCommit and GroupTransaction make of the rest of the chain,
-// seen from the consumer that runs the chain: besides Process, which a delivery's goroutine
-// calls and which waits for the group's outcome, it takes messages by Join, which waits for
-// nothing. A consumer that joins a message directly runs what the interceptors before the group
+// Joiner is the processor that GroupCommit, GroupTransaction and GroupOffsets make of the rest
+// of the chain, seen from the consumer that runs the chain: besides Process, which a delivery's
+// goroutine calls and which waits for the group's outcome, it takes messages by Join, which
+// waits for nothing. A consumer that joins a message directly runs what the interceptors before the group
 // interceptor would run itself; for a first delivery that succeeds, or is a duplicate, that is
 // only what the observers among them do (Observer). When Join's result is anything else, the
 // consumer runs the delivery through those interceptors after all (retry, dead-letter,
