@@ -4,11 +4,13 @@ GO      ?= go
 PKGS    ?= ./... ./examples/... ./bench/...
 BIN     ?= bin
 
-.PHONY: all help build test test-order-full test-poison-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory demo verify services up down clean FORCE
+.PHONY: all help build test test-order-full test-poison-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory bench-scaleout demo verify services up down clean FORCE
 
-# BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench.
+# BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench,
+# SCALEOUT_FLAGS to its scale-out command.
 BENCH_QUICK ?=
 BENCH_FLAGS ?=
+SCALEOUT_FLAGS ?=
 BENCHTIME   ?= 1s
 ifeq ($(BENCH_QUICK),1)
 BENCHTIME := 100x
@@ -69,8 +71,8 @@ lint:
 ## hand-written batch consumer on each broker's own client (the expert), the watermill baseline and
 ## the database's own rate, on RabbitMQ -> PostgreSQL and MariaDB, NATS and Redis -> PostgreSQL and
 ## the embedded SQLite queue; writes bench/results/latest.json and docs/performance.svg
-## (docs/performance.md)
-bench: bench-micro bench-e2e
+## (docs/performance.md); then one handler in 1, 2 and 4 processes (bench-scaleout)
+bench: bench-micro bench-e2e bench-scaleout
 
 ## bench-micro: the Go benchmarks of every package
 bench-micro:
@@ -93,6 +95,12 @@ bench-profile: $(BIN)/onceflow-bench
 ## running (loads the keys once into PostgreSQL, about 2 GB; bench/results/scale.json)
 bench-scale: $(BIN)/onceflow-bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench scale $(BENCH_FLAGS)
+
+## bench-scaleout: one handler in 1, 2 and 4 consumer processes on RabbitMQ and on an in-process
+## Kafka cluster, against one PostgreSQL, 3 rounds: the rate and its ratio to one process
+## (bench/results/scaleout.json, docs/scaling.md; about 3 minutes)
+bench-scaleout: $(BIN)/onceflow-bench
+	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench scaleout $(SCALEOUT_FLAGS)
 
 ## bench-memory: peak RSS and growth of one consumer at concurrency 16 over 1 million messages
 ## (bench/results/memory.json)

@@ -10,6 +10,8 @@
 //	                        with the retention purge running at the same time
 //	onceflow-bench memory   peak RSS of one consumer process at concurrency 16 with 1 KiB
 //	                        payloads, and its growth over 1 million messages
+//	onceflow-bench scaleout one handler in 1, 2 and 4 consumer processes on RabbitMQ and on an
+//	                        in-process Kafka cluster against one PostgreSQL: the scaling ratio
 //
 // Absolute numbers depend on the machine and on what else runs on it: every comparison is a
 // ratio of variants measured side by side, interleaved in rounds, and reported as medians.
@@ -46,6 +48,7 @@ commands:
   run       the end-to-end suite (make bench)
   scale     dedup at scale: 10 million keys, with and without purge (make bench-scale)
   memory    peak RSS and growth of one consumer over 1 million messages (make bench-memory)
+  scaleout  one handler in 1, 2 and 4 processes, RabbitMQ and Kafka into PostgreSQL (make bench-scaleout)
   chart     draw the chart of a results file again (-in results.json -out chart.svg|.png)
 
 Run "onceflow-bench <command> -h" for the flags of a command.`
@@ -61,6 +64,8 @@ func run(ctx context.Context, args []string) error {
 		return runScale(ctx, args[1:])
 	case "memory":
 		return runMemory(ctx, args[1:])
+	case "scaleout":
+		return runScaleOut(ctx, args[1:])
 	case "chart":
 		return runChart(args[1:])
 	case consumerCommand:

@@ -22,8 +22,8 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// consumerCommand is the hidden command the memory benchmark re-executes itself with: one
-// consumer process whose memory is measured without the driver's.
+// consumerCommand is the hidden command the memory and scale-out benchmarks re-execute
+// themselves with: one consumer process, measured apart from the driver.
 const consumerCommand = "consumer"
 
 // MemoryResults is what bench/results/memory.json holds.
@@ -104,7 +104,7 @@ func runMemory(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, exe, consumerCommand, "-amqp", svc.amqp, "-db", dbURL, "-topic", topic,
+	cmd := exec.CommandContext(ctx, exe, consumerCommand, "-broker", svc.amqp, "-db", dbURL, "-topic", topic,
 		"-dedup-table", tables.dedup, "-effects-table", tables.effects, "-mode", *mode, "-concurrency", fmt.Sprint(*conc))
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
@@ -271,18 +271,21 @@ func summarizeMemory(res *MemoryResults, n int64) {
 	res.Flat = res.RSSAt10MiB > 0 && res.SlopeKiB*float64(n)/100_000 < 0.1*res.RSSAt10MiB*1024
 }
 
-// runConsumer is one consumer process of the memory benchmark: an onceflow Router on RabbitMQ
-// and PostgreSQL that applies each message as one business row, and reports on stdout "ready",
-// then every 500 ms "processed N heap B" (B: Go heap objects in bytes), until SIGTERM.
+// runConsumer is one consumer process of the memory and scale-out benchmarks: an onceflow
+// Router on a broker and PostgreSQL that applies each message as one business row, and reports
+// on stdout "ready", then every -report-every "processed N heap B" (B: Go heap objects in
+// bytes), until SIGTERM.
 func runConsumer(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(consumerCommand, flag.ContinueOnError)
-	amqpURL := fs.String("amqp", "", "RabbitMQ URL")
+	brokerURL := fs.String("broker", "", "broker URL")
+	group := fs.String("group", consumerGroup, "consumer group")
 	dbURL := fs.String("db", "", "database URL")
 	topic := fs.String("topic", "", "topic")
 	dedupTable := fs.String("dedup-table", "", "dedup table")
 	effects := fs.String("effects-table", "", "business table")
 	mode := fs.String("mode", vExactlyOnce, "variant")
 	conc := fs.Int("concurrency", 16, "handler concurrency")
+	every := fs.Duration("report-every", 500*time.Millisecond, "how often to report the messages processed")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -291,7 +294,7 @@ func runConsumer(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	b, err := broker.Open(ctx, *amqpURL, broker.Options{ConsumerGroup: consumerGroup})
+	b, err := broker.Open(ctx, *brokerURL, broker.Options{ConsumerGroup: *group})
 	if err != nil {
 		return err
 	}
@@ -312,7 +315,7 @@ func runConsumer(ctx context.Context, args []string) error {
 	}
 	fmt.Println("ready")
 	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	tick := time.NewTicker(500 * time.Millisecond)
+	tick := time.NewTicker(*every)
 	defer tick.Stop()
 	for {
 		select {
