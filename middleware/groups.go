@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -272,9 +273,12 @@ func (g *grouper) startLocked() toStart {
 	var starts toStart
 	for g.running < g.cfg.concurrency {
 		var grp *group
-		if len(g.ready) > 0 {
-			grp = g.ready[0]
-			g.ready = g.ready[1:]
+		// The first ready group that need not wait for a running one (GroupOffsets: a group
+		// runs after the running one that holds a partition of its): one that waited would hold
+		// a transaction while groups of other partitions could run in it.
+		if i := slices.IndexFunc(g.ready, func(r *group) bool { return !g.waitsLocked(r) }); i >= 0 {
+			grp = g.ready[i]
+			g.ready = slices.Delete(g.ready, i, i+1)
 		} else {
 			for range g.opens {
 				i := g.nextOpen
