@@ -71,6 +71,11 @@ type Backend struct {
 	// for Peek, Move and Delete. Nil for a scheme that cannot be inspected.
 	View func(ctx context.Context, topic string) (View, error)
 
+	// Trim, if not nil, deletes the messages of a topic that every consumer group of the
+	// topic has acknowledged, and returns how many: for a scheme that keeps them after their
+	// acknowledgement (the SQL and SQLite queues). Nil for one that deletes them itself.
+	Trim func(ctx context.Context, topic string) (int64, error)
+
 	// Close, if not nil, releases what the publisher and the subscribers share, after both
 	// are closed.
 	Close func() error

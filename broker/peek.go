@@ -271,3 +271,32 @@ func (b *Broker) moveOne(ctx context.Context, v View, e Entry, to string, out *m
 	}
 	return nil
 }
+
+// Trim deletes the messages of topic that every consumer group of the topic has acknowledged,
+// in short statements, and returns how many it deleted: the PostgreSQL, MySQL and SQLite
+// queues keep a message after its acknowledgement (a consumer group that subscribes later
+// reads the topic from its start), and grow until trimmed. A group that subscribes for the
+// first time after a Trim does not see the deleted messages. The other schemes delete
+// acknowledged messages themselves, or keep them by their own retention (Kafka, NATS,
+// Redis): Trim returns an error wrapping errors.ErrUnsupported there. Run it from one process
+// at a time.
+func (b *Broker) Trim(ctx context.Context, topic string) (int64, error) {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return 0, ErrClosed
+	}
+	if err := b.checkTopic(topic); err != nil {
+		return 0, err
+	}
+	if b.be.Trim == nil {
+		return 0, fmt.Errorf("broker: trim topic %q: %s keeps no acknowledged messages to trim (the broker deletes them, or keeps them by its own retention): %w",
+			topic, b.scheme, errors.ErrUnsupported)
+	}
+	n, err := b.be.Trim(ctx, topic)
+	if err != nil {
+		return n, b.inspectErr("trim", topic, err)
+	}
+	return n, nil
+}

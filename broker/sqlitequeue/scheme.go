@@ -38,6 +38,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		// nacked message by its lease (NackAfter's delay, else NackDelay), counts deliveries in
 		// the leases table and gives back what a closing consumer holds.
 		NewSubscriber: q.Subscriber,
+		Trim:          q.Trim,
 		Close:         q.Close,
 		View: func(_ context.Context, topic string) (broker.View, error) {
 			return &view{q: q, group: o.ConsumerGroup, topic: topic}, nil

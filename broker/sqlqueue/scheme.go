@@ -67,6 +67,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 			return q.EnsureTopic(context.Background(), topic)
 		},
 		NewSubscriber: func() (message.Subscriber, error) { return q.Subscriber(), nil },
+		Trim:          q.Trim,
 		Close:         db.Close,
 		View: func(_ context.Context, topic string) (broker.View, error) {
 			return &view{q: q, topic: topic}, nil

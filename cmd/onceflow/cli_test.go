@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -9,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
@@ -167,4 +170,47 @@ func TestPurge_TableFlagIsTheDeprecatedNameOfDedupTable(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "Flag --table has been deprecated, use --dedup-table, as migrate does")
 	require.Contains(t, out, "purged 0 expired keys from keys in 1 batch\n")
+}
+
+func TestPurge_TrimsTheAcknowledgedMessagesOfAQueue(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	dbURL, queueURL := "sqlite://"+filepath.Join(dir, "app.db"), "sqlite://"+filepath.Join(dir, "queue.db")
+	_, err := run(t, "migrate", "--db", dbURL)
+	require.NoError(t, err)
+
+	b, err := broker.Open(ctx, queueURL, broker.Options{ConsumerGroup: "billing"})
+	require.NoError(t, err)
+	for i := range 5 {
+		require.NoError(t, b.Publisher().Publish("orders", message.NewMessage(fmt.Sprintf("m-%d", i), []byte("x"))))
+	}
+	sub, err := b.Subscriber()
+	require.NoError(t, err)
+	subCtx, stop := context.WithCancel(ctx)
+	msgs, err := sub.Subscribe(subCtx, "orders")
+	require.NoError(t, err)
+	for range 3 { // the group acknowledges the first three
+		select {
+		case m := <-msgs:
+			m.Ack()
+		case <-time.After(10 * time.Second):
+			t.Fatal("no message within 10 s")
+		}
+	}
+	stop()
+	require.NoError(t, sub.Close()) // commits the acknowledgements and gives the rest back
+	require.NoError(t, b.Close())
+
+	out, err := run(t, "purge", "--db", dbURL, "--queue", queueURL, "--topic", "orders")
+	require.NoError(t, err)
+	require.Contains(t, out, "trimmed 3 acknowledged messages from topic orders of "+queueURL+"\n")
+	out, err = run(t, "purge", "--db", dbURL, "--queue", queueURL, "--topic", "orders")
+	require.NoError(t, err)
+	require.Contains(t, out, "trimmed 0 acknowledged messages from topic orders")
+
+	_, err = run(t, "purge", "--db", dbURL, "--topic", "orders")
+	require.ErrorContains(t, err, "--queue and --topic go together")
+	require.Equal(t, exitUsage, exitCode(err))
+	_, err = run(t, "purge", "--db", dbURL, "--queue", queueURL)
+	require.ErrorContains(t, err, "--queue and --topic go together")
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/sqldb"
@@ -17,6 +18,8 @@ import (
 func newPurgeCommand() *cobra.Command {
 	var f tableFlags
 	var batch, maxBatches int
+	var queueURL string
+	var topics []string
 	cmd := &cobra.Command{
 		Use:   "purge",
 		Short: "Delete expired duplicate-detection keys, and sent outbox messages, in bounded batches",
@@ -27,12 +30,20 @@ Only one purge runs on a table at a time, whatever the node: PostgreSQL takes an
 MySQL/MariaDB GET_LOCK, SQLite a file lock. A purge that finds the lock held does nothing and
 says so.
 
+With --queue and --topic it also trims the PostgreSQL, MySQL or SQLite queue at that URL:
+it deletes the messages of each topic that every consumer group of the topic has acknowledged,
+in statements of at most 1,000 rows. Those queues keep a message after its acknowledgement, for
+the consumer groups that subscribe later, and grow until trimmed; a group that subscribes for
+the first time after a trim does not see the deleted messages. Trim from one process at a
+time.
+
 The database and its tables must exist: purge creates nothing, and says to run onceflow migrate
 when a table is missing. Retention is fixed when a key is recorded (the handler's
 Dedup.Retention); it must outlive the longest time the broker may take to redeliver a message.
 The relays purge the outbox themselves as they go (outbox.RelayConfig.PurgeInterval).`,
 		Example: `  onceflow purge --db sqlite://var/app.db
-  DATABASE_URL=postgres://app@db:5432/app onceflow purge --all --max-batches 100`,
+  DATABASE_URL=postgres://app@db:5432/app onceflow purge --all --max-batches 100
+  onceflow purge --db sqlite://var/app.db --queue sqlite://var/queue.db --topic orders --topic payments`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := f.resolve()
@@ -41,6 +52,9 @@ The relays purge the outbox themselves as they go (outbox.RelayConfig.PurgeInter
 			}
 			if batch < 0 || maxBatches < 0 {
 				return usagef("--batch-size %d, --max-batches %d: want numbers that are not negative", batch, maxBatches)
+			}
+			if (queueURL == "") != (len(topics) == 0) {
+				return usagef("--queue and --topic go together: the queue to trim, and each of its topics")
 			}
 			ctx, out := cmd.Context(), cmd.OutOrStdout()
 			conn, err := sqldb.OpenExisting(ctx, url)
@@ -92,6 +106,9 @@ The relays purge the outbox themselves as they go (outbox.RelayConfig.PurgeInter
 				}
 				fmt.Fprintf(out, "purged %s from outbox %s in %s\n", plural(int(res.Deleted), "sent message"), ob.Table(), plural(res.Batches, "batch"))
 			}
+			if queueURL != "" {
+				return trimQueue(ctx, out, queueURL, topics)
+			}
 			return nil
 		},
 	}
@@ -101,7 +118,30 @@ The relays purge the outbox themselves as they go (outbox.RelayConfig.PurgeInter
 	_ = fl.MarkDeprecated("table", "use --dedup-table, as migrate does")
 	fl.IntVar(&batch, "batch-size", dedup.DefaultPurgeBatchSize, "rows deleted per statement")
 	fl.IntVar(&maxBatches, "max-batches", 0, "stop after this many batches of each table (0: until nothing purgeable is left)")
+	fl.StringVar(&queueURL, "queue", "", "URL of a PostgreSQL, MySQL or SQLite queue (postgres://, mysql://, sqlite://) to trim of acknowledged messages, with --topic")
+	fl.StringArrayVar(&topics, "topic", nil, "a topic of --queue to trim (repeat for several)")
 	return cmd
+}
+
+// trimQueue deletes the messages of topics that every consumer group of each has acknowledged
+// from the queue at queueURL.
+func trimQueue(ctx context.Context, out io.Writer, queueURL string, topics []string) error {
+	b, err := broker.Open(ctx, queueURL, broker.Options{MustExist: true})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	for _, topic := range topics {
+		n, err := b.Trim(ctx, topic)
+		if errors.Is(err, errors.ErrUnsupported) {
+			return usageError(err)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "trimmed %s from topic %s of %s\n", plural(int(n), "acknowledged message"), topic, b)
+	}
+	return nil
 }
 
 // reportPurge prints what a purge of table did, or that another purge held it.
