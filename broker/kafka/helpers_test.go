@@ -93,6 +93,28 @@ func (f *fixture) publish(from, to int) []string {
 	return ids
 }
 
+// settled waits until the fixture's group is stable with members members, each assigned
+// partitions of the topic.
+func (f *fixture) settled(members int) {
+	f.t.Helper()
+	testsvc.Eventually(f.t, within, func() bool {
+		groups, err := f.admin.DescribeGroups(context.Background(), f.group)
+		if err != nil {
+			return false
+		}
+		g, ok := groups[f.group]
+		if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != members {
+			return false
+		}
+		for _, m := range g.Members {
+			if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
+				return false
+			}
+		}
+		return true
+	}, "group %s did not settle with %d members", f.group, members)
+}
+
 // committed returns the group's committed offsets of the topic, by partition.
 func (f *fixture) committed() map[int32]int64 {
 	f.t.Helper()
