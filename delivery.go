@@ -135,9 +135,10 @@ func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consu
 	return c, nil
 }
 
-// read starts a delivery for each message of one subscription, until the subscription ends.
-// Once the router closes, the messages that still arrive are nacked without being processed.
-func (c *consumer) read(msgs <-chan *message.Message) {
+// read starts a delivery for each message of one subscription, the handler's sub-th, until the
+// subscription ends. Once the router closes, the messages that still arrive are nacked without
+// being processed.
+func (c *consumer) read(msgs <-chan *message.Message, sub int) {
 	for msg := range msgs {
 		if !c.router.gate.enter() {
 			msg.Nack()
@@ -156,7 +157,7 @@ func (c *consumer) read(msgs <-chan *message.Message) {
 				continue
 			}
 		}
-		if c.lane != nil && c.lane.take(c, msg) {
+		if c.lane != nil && c.lane.take(c, msg, sub) {
 			continue
 		}
 		c.start(msg)

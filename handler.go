@@ -232,7 +232,10 @@ type GroupCommitConfig struct {
 	// MaxWait is how long a group that is not full waits for more messages after its first,
 	// when one of the handler's Concurrency transactions is free. Defaults to
 	// middleware.DefaultMaxGroupWait (0: it starts at once; the messages that arrive while
-	// every transaction is busy form the next group).
+	// every transaction is busy form the next group). With the default, the first deliveries of
+	// each subscription form groups of their own, one running at a time, the next collecting
+	// what arrives meanwhile; with MaxWait set, a group collects the deliveries of every
+	// subscription, for up to MaxWait.
 	MaxWait time.Duration
 }
 

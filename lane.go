@@ -41,6 +41,10 @@ type lane struct {
 	timeout time.Duration
 	// firstAttempt: the chain retries, and numbers the attempts from 1 (MessageData.Attempt).
 	firstAttempt bool
+	// bySubscription: each subscription's deliveries form groups of their own, one running at
+	// a time (the default); without, a group collects every subscription's for up to the
+	// handler's GroupCommit.MaxWait.
+	bySubscription bool
 	// joiner is the group interceptor, with the rest of the chain inside it.
 	joiner middleware.Joiner
 	// rest is the chain without its observers, for a delivery whose result asks for it.
@@ -57,7 +61,7 @@ func newLane(h Handler, links []link, inner processor.Processor) *lane {
 	if h.QoS == BestEffort {
 		return nil
 	}
-	l := &lane{}
+	l := &lane{bySubscription: h.GroupCommit.MaxWait == 0}
 	observing := true
 	for i, lk := range links {
 		role := laneObserve // an observer of one's own (Router.RegisterObserver)
@@ -114,8 +118,10 @@ type laneDelivery struct {
 
 // take runs msg, which has entered the gate and holds a slot, through the lane when it is a
 // first delivery whose message converts, and reports whether it did; the caller starts any
-// other delivery the usual way.
-func (l *lane) take(c *consumer, msg *message.Message) bool {
+// other delivery the usual way. sub is the subscription that delivered msg: unless the handler
+// has a GroupCommit.MaxWait, its deliveries form groups of their own, one running at a time
+// (middleware.Joiner).
+func (l *lane) take(c *consumer, msg *message.Message, sub int) bool {
 	info, known := redelivery.FromContext(msg.Context())
 	if known && !info.First() || !known && c.counter != nil {
 		return false // a redelivery, or one only the durable counter can tell
@@ -146,7 +152,11 @@ func (l *lane) take(c *consumer, msg *message.Message) bool {
 	if l.timeout > 0 {
 		ctx, d.cancel = context.WithTimeout(ctx, l.timeout)
 	}
-	l.joiner.Join(ctx, md, d.joined)
+	group := 0 // shared by the subscriptions
+	if l.bySubscription {
+		group = sub + 1
+	}
+	l.joiner.Join(ctx, md, group, d.joined)
 	return true
 }
 

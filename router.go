@@ -249,6 +249,7 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	r.stopSubs = stop
 	var chans []<-chan *message.Message
 	var owners []*consumer
+	var subs []int // each subscription's number among its handler's
 	for _, c := range r.handlers {
 		ctx := subCtx
 		switch {
@@ -257,7 +258,7 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		case c.positions != nil:
 			ctx = redelivery.WithPositions(subCtx, c.positions)
 		}
-		for range c.subscriptions {
+		for sub := range c.subscriptions {
 			msgs, err := c.sub.Subscribe(ctx, c.topic)
 			if err != nil {
 				stop()
@@ -268,6 +269,7 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 			}
 			chans = append(chans, msgs)
 			owners = append(owners, c)
+			subs = append(subs, sub)
 		}
 	}
 	ended := make(chan struct{})
@@ -287,7 +289,7 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		go func() {
 			defer r.readers.Done()
 			defer readers[owners[i]].Done()
-			owners[i].read(msgs)
+			owners[i].read(msgs, subs[i])
 		}()
 	}
 	go func() {

@@ -1202,3 +1202,47 @@ func TestGroupCommit_JSONBatchDeadLettersWhatDoesNotDecodeAndAppliesTheRest(t *t
 	require.ElementsMatch(t, []int{1, 3}, seen)
 	require.Equal(t, 0, f.effects(t, "p2"))
 }
+
+func TestGroupCommit_JoinedLaneRunsOneGroupAtATimeAndTheNextCollects(t *testing.T) {
+	// Not on SQLite, whose second writer waits for the first.
+	f := newGroupFixture(t, testsvc.Databases()[1])
+	entered, release := make(chan string, 10), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // a failing test lets its groups end
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithConcurrency(3))
+	require.NoError(t, err)
+	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		entered <- m.ID
+		<-release
+		return insertEffect(ctx, m)
+	}))
+	j, ok := p.(middleware.Joiner)
+	require.True(t, ok, "GroupCommit's processor is a Joiner")
+	results := make(chan error, 10)
+	join := func(lane int, id string) {
+		j.Join(context.Background(), msg(id), lane, func(err error) { results <- err })
+	}
+
+	join(1, "a1") // lane 1's first group starts at once, alone
+	require.Equal(t, "a1", <-entered)
+	join(1, "a2") // while it runs, lane 1's next group collects, though transactions are free
+	join(1, "a3")
+	join(2, "b1") // another lane starts a group of its own at once
+	require.Equal(t, "b1", <-entered)
+	select {
+	case id := <-entered:
+		t.Fatalf("%s ran while its lane's group was running", id)
+	case <-time.After(100 * time.Millisecond):
+	}
+	free()
+	for range 4 {
+		require.NoError(t, <-results)
+	}
+	require.Equal(t, "a2", <-entered) // one group of the two that collected
+	require.Equal(t, "a3", <-entered)
+	require.Equal(t, int32(3), f.cdb.commits.Load(), "a1, b1, then a2 and a3 together")
+	for _, id := range []string{"a1", "a2", "a3", "b1"} {
+		require.Equal(t, 1, f.effects(t, id), id)
+	}
+}

@@ -220,9 +220,13 @@ func (g *grouper) settledPosition(m *member, committed bool) {
 
 // lane returns the open group m joins: for GroupOffsets, the partition's lane, so that the
 // groups that run at once hold different partitions and do not wait for each other's commits
-// (a group that holds a partition runs after the one before it that holds it: orderLocked).
+// (a group that holds a partition runs after the one before it that holds it: orderLocked);
+// otherwise the member's own (Join's lane, 0 for Process).
 func (g *grouper) lane(m *member) int {
-	if len(g.opens) == 1 {
+	switch {
+	case g.positions == nil:
+		return m.lane
+	case len(g.opens) == 1:
 		return 0
 	}
 	return int(m.pos.Partition) % len(g.opens)
@@ -244,16 +248,31 @@ func (g *grouper) orderLocked(grp *group) {
 	}
 }
 
-// waitsLocked reports whether grp, an open group, would wait for a running group if it
-// started now: it then goes on collecting members, and leaves the transaction to a group that
-// can run. g.mu is held.
+// waitsLocked reports whether grp, an open or ready group, would wait for a running group if it
+// started now (GroupOffsets: one holding a partition of its; otherwise one of its lane): it then
+// goes on collecting members, and leaves the transaction to a group that can run. g.mu is held.
 func (g *grouper) waitsLocked(grp *group) bool {
+	if g.positions == nil {
+		return grp.lane > 0 && grp.lane < len(g.busyLanes) && g.busyLanes[grp.lane]
+	}
 	for _, key := range grp.parts {
 		if g.books.groups[key] != nil {
 			return true
 		}
 	}
 	return false
+}
+
+// setLaneBusyLocked records whether lane (Join's, above 0) has a group running; g.mu is held.
+// GroupOffsets orders its groups by partition instead.
+func (g *grouper) setLaneBusyLocked(lane int, busy bool) {
+	if lane == 0 || g.positions != nil {
+		return
+	}
+	if lane >= len(g.busyLanes) {
+		g.busyLanes = append(g.busyLanes, make([]bool, lane+1-len(g.busyLanes))...)
+	}
+	g.busyLanes[lane] = busy
 }
 
 // endedLocked records that grp has run; g.mu is held.

@@ -43,6 +43,8 @@ type grouper struct {
 	// lastSize is the size of the group that started last: a new group's room for members,
 	// which grows by copying otherwise.
 	lastSize int
+	// busyLanes are the lanes of Join (above 0) that have a group running, indexed by lane.
+	busyLanes []bool
 }
 
 type group struct {
@@ -55,6 +57,9 @@ type group struct {
 	parts []partitionKey
 	after []*group
 	done  chan struct{}
+	// lane is the lane of the group's members (Join's, 0 for the shared one), whatever
+	// GroupOffsets' partition lanes are.
+	lane int
 }
 
 // Member states. A member waits until its group claims it (its group starts, or hands it a
@@ -80,6 +85,9 @@ type member struct {
 	// calls with the result.
 	done   chan struct{}
 	notify func(error)
+	// lane is the lane the member joined by Join; 0 for the shared one, and for one that came
+	// by Process.
+	lane int
 }
 
 // members recycles the members that have taken their result: a member and its channel would
@@ -134,16 +142,26 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 // the outcome of its transaction is known. The result is what Process would return: nil once
 // committed, an error wrapping processor.ErrDuplicate for a duplicate, the message's own error,
 // or a *processor.PanicError for a panic, which done gets as its error (Join re-raises
-// nothing). Messages joined and messages processed share groups.
+// nothing).
+//
+// lane, when above 0, names the stream the message comes from (the router gives each of a
+// handler's subscriptions one): the messages of a lane form groups of their own, and a lane has
+// at most one group running, while its next group collects what arrives meanwhile, as a
+// consumer of one subscription that runs one transaction at a time batches what arrives during
+// it. A busy broker so fills the groups instead of starting a transaction for every few
+// messages, and an idle one has a lone message's group start at once. Lane 0 is shared by every
+// message joined with it and every message that comes by Process, without the limit.
+// (GroupOffsets groups by partition whatever the lane.)
 //
 // A message Join refuses before it joins a group (it has no id, or no position, or its context
 // has ended) gets its result at once, in the caller's goroutine.
-func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, done func(error)) {
+func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, lane int, done func(error)) {
 	m, err := g.member(ctx, msg)
 	if err != nil {
 		done(err)
 		return
 	}
+	m.lane = max(lane, 0)
 	// GroupOffsets: a joined member does not wait for its predecessor, which a consumer that
 	// joins in the order the subscriber hands out has joined before it. One that is between
 	// two attempts makes the member wait in a later group, or fail retryably (ErrPositionAhead)
@@ -206,7 +224,7 @@ func (m *member) notifyResult() {
 
 // recycle clears m and puts it back in the pool.
 func (m *member) recycle() {
-	m.ctx, m.msg, m.key, m.pos, m.carried, m.res, m.notify = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}, nil
+	m.ctx, m.msg, m.key, m.pos, m.carried, m.res, m.notify, m.lane = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}, nil, 0
 	m.state.Store(memberWaiting)
 	members.Put(m)
 }
@@ -230,9 +248,12 @@ func (m *member) settle() error {
 func (g *grouper) join(m *member) {
 	g.mu.Lock()
 	lane := g.lane(m)
+	if lane >= len(g.opens) {
+		g.opens = append(g.opens, make([]*group, lane+1-len(g.opens))...)
+	}
 	grp := g.opens[lane]
 	if grp == nil {
-		grp = &group{waited: g.cfg.maxWait == 0, members: make([]*member, 0, max(g.lastSize, 1))}
+		grp = &group{waited: g.cfg.maxWait == 0, members: make([]*member, 0, max(g.lastSize, 1)), lane: m.lane}
 		g.opens[lane] = grp
 	}
 	grp.members = append(grp.members, m)
@@ -299,6 +320,7 @@ func (g *grouper) startLocked() toStart {
 		if g.positions != nil {
 			g.orderLocked(grp)
 		}
+		g.setLaneBusyLocked(grp.lane, true)
 		starts.add(grp)
 	}
 	// Every transaction is busy: the open group collects until one is free, and starts then
@@ -375,6 +397,7 @@ func (g *grouper) runThenNext(grp *group) (next *group) {
 		if g.positions != nil {
 			g.endedLocked(grp)
 		}
+		g.setLaneBusyLocked(grp.lane, false)
 		g.running--
 		starts := g.startLocked()
 		g.mu.Unlock()
@@ -436,7 +459,7 @@ func (g *grouper) leave(m *member) {
 // recover), with AfterJoin, so that they act on that result as on any attempt's.
 type Joiner interface {
 	processor.Processor
-	Join(ctx context.Context, msg *messagedata.MessageData, done func(error))
+	Join(ctx context.Context, msg *messagedata.MessageData, lane int, done func(error))
 }
 
 var _ Joiner = (*grouper)(nil)
