@@ -52,8 +52,8 @@ test-verify-kafka:
 
 ## test-verify-kafka-full: onceflow verify's ExactlyOnceByOffset mode (offsets in the business
 ## transaction) against an in-process Kafka cluster and PostgreSQL at full size: 10,000 records,
-## 20 kills or more (each kill and each restart rebalances the group), 2 connection cuts (about 5
-## minutes)
+## 20 kills or more, 3 rebalances of the group or more (counted by the cluster), 2 connection
+## cuts (about 4 minutes)
 test-verify-kafka-full:
 	ONCEFLOW_VERIFY_KAFKA=full $(GO) test -count=1 -timeout 40m -v -run 'TestVerify_KafkaOffsetsInTheTransaction' ./cmd/onceflow
 

@@ -12,10 +12,12 @@ package kafkatest
 import (
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Env is the environment variable that points the tests at a real cluster.
@@ -32,6 +34,11 @@ func Brokers(t testing.TB) []string {
 	if v := strings.TrimSpace(os.Getenv(Env)); v != "" {
 		return strings.Split(v, ",")
 	}
+	return newCluster(t).ListenAddrs()
+}
+
+func newCluster(t testing.TB) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.DefaultNumPartitions(Partitions),
 		// Tests run with session timeouts below Kafka's minimum (6 s), so that the
 		// partitions of a member that dies move in about a second.
@@ -40,18 +47,63 @@ func Brokers(t testing.TB) []string {
 		t.Fatalf("kafkatest: start an in-process Kafka cluster: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
 }
 
 // URL returns the kafka:// URL of a cluster for t (see Brokers), with query appended when it
 // is not empty ("partitions=2").
 func URL(t testing.TB, query string) string {
 	t.Helper()
-	u := "kafka://" + strings.Join(Brokers(t), ",") + "/"
+	return urlOf(Brokers(t), query)
+}
+
+func urlOf(brokers []string, query string) string {
+	u := "kafka://" + strings.Join(brokers, ",") + "/"
 	if query != "" {
 		u += "?" + query
 	}
 	return u
+}
+
+// Rebalances counts the rebalances of the consumer groups of an in-process cluster: each
+// generation that a group's members sync to is one (the first forming of a group included).
+type Rebalances struct {
+	mu   sync.Mutex
+	seen map[string]map[int32]bool // group -> generations
+}
+
+// URLCountingRebalances is URL with the rebalances of the cluster's groups counted. On a real
+// cluster (ONCEFLOW_TEST_KAFKA) nothing is counted and the Rebalances is nil.
+func URLCountingRebalances(t testing.TB, query string) (string, *Rebalances) {
+	t.Helper()
+	if Real() {
+		return URL(t, query), nil
+	}
+	c := newCluster(t)
+	r := &Rebalances{seen: map[string]map[int32]bool{}}
+	// An observer: it returns false, so the cluster answers the request as it would anyway.
+	c.ControlKey(int16(kmsg.SyncGroup), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.SyncGroupRequest)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.seen[req.Group] == nil {
+			r.seen[req.Group] = map[int32]bool{}
+		}
+		r.seen[req.Group][req.Generation] = true
+		return nil, nil, false
+	})
+	return urlOf(c.ListenAddrs(), query), r
+}
+
+// Total is the number of rebalances counted over all groups.
+func (r *Rebalances) Total() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, gens := range r.seen {
+		n += len(gens)
+	}
+	return n
 }
 
 // Real reports whether the tests run against a real cluster (ONCEFLOW_TEST_KAFKA is set).
