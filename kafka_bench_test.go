@@ -180,19 +180,6 @@ func BenchmarkKafkaExactlyOnce(b *testing.B) {
 func waitSettled(b *testing.B, admin *kadm.Client, group string, members int) {
 	b.Helper()
 	testsvc.Eventually(b, 30*time.Second, func() bool {
-		groups, err := admin.DescribeGroups(context.Background(), group)
-		if err != nil {
-			return false
-		}
-		g, ok := groups[group]
-		if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != members {
-			return false
-		}
-		for _, m := range g.Members {
-			if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
-				return false
-			}
-		}
-		return true
+		return kafkatest.Settled(context.Background(), admin, group, members)
 	}, "consumer group %s did not settle with %d members", group, members)
 }

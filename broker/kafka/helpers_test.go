@@ -98,20 +98,7 @@ func (f *fixture) publish(from, to int) []string {
 func (f *fixture) settled(members int) {
 	f.t.Helper()
 	testsvc.Eventually(f.t, within, func() bool {
-		groups, err := f.admin.DescribeGroups(context.Background(), f.group)
-		if err != nil {
-			return false
-		}
-		g, ok := groups[f.group]
-		if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != members {
-			return false
-		}
-		for _, m := range g.Members {
-			if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
-				return false
-			}
-		}
-		return true
+		return kafkatest.Settled(context.Background(), f.admin, f.group, members)
 	}, "group %s did not settle with %d members", f.group, members)
 }
 

@@ -10,12 +10,14 @@
 package kafkatest
 
 import (
+	"context"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -108,3 +110,23 @@ func (r *Rebalances) Total() int {
 
 // Real reports whether the tests run against a real cluster (ONCEFLOW_TEST_KAFKA is set).
 func Real() bool { return strings.TrimSpace(os.Getenv(Env)) != "" }
+
+// Settled reports whether the consumer group is stable with members members, each assigned
+// partitions: records published from then on go to members that consume them, with no
+// rebalance in between. Callers poll it until it holds or their deadline passes.
+func Settled(ctx context.Context, admin *kadm.Client, group string, members int) bool {
+	groups, err := admin.DescribeGroups(ctx, group)
+	if err != nil {
+		return false
+	}
+	g, ok := groups[group]
+	if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != members {
+		return false
+	}
+	for _, m := range g.Members {
+		if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
+			return false
+		}
+	}
+	return true
+}

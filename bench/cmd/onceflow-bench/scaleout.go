@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/internal/kafkatest"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -384,20 +385,7 @@ func waitSettled(ctx context.Context, brokerURL, group string, members int) erro
 	defer cl.Close()
 	admin := kadm.NewClient(cl)
 	err = waitFor(ctx, time.Minute, func() bool {
-		groups, err := admin.DescribeGroups(ctx, group)
-		if err != nil {
-			return false
-		}
-		g, ok := groups[group]
-		if !ok || g.Err != nil || g.State != "Stable" || len(g.Members) != members {
-			return false
-		}
-		for _, m := range g.Members {
-			if a, ok := m.Assigned.AsConsumer(); !ok || len(a.Topics) == 0 {
-				return false
-			}
-		}
-		return true
+		return kafkatest.Settled(ctx, admin, group, members)
 	})
 	if err != nil {
 		return fmt.Errorf("the consumer group %s did not settle with %d members within a minute", group, members)
