@@ -3,7 +3,6 @@ package onceflow_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +35,7 @@ import (
 //	CI=true go test -run '^$' -bench BenchmarkKafkaExactlyOnce -benchtime 1x .
 func BenchmarkKafkaExactlyOnce(b *testing.B) {
 	brokers := kafkatest.Brokers(b)
-	url := "kafka://" + strings.Join(brokers, ",") + "/?partitions=4"
+	url := kafkatest.URLOf(brokers, "partitions=4")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	require.NoError(b, err)
 	defer cl.Close()

@@ -25,13 +25,7 @@ func noView(scheme string) error {
 
 // openView opens a view of topic for the Broker's consumer group.
 func (b *Broker) openView(ctx context.Context, topic string) (View, error) {
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
-		return nil, ErrClosed
-	}
-	if err := b.checkTopic(topic); err != nil {
+	if err := b.usableTopic(topic); err != nil {
 		return nil, err
 	}
 	if b.be.View == nil {
@@ -42,6 +36,18 @@ func (b *Broker) openView(ctx context.Context, topic string) (View, error) {
 		return nil, b.inspectErr("inspect", topic, err)
 	}
 	return v, nil
+}
+
+// usableTopic returns ErrClosed once the Broker is closed, and otherwise whether the scheme can
+// carry topic.
+func (b *Broker) usableTopic(topic string) error {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	return b.checkTopic(topic)
 }
 
 func (b *Broker) inspectErr(op, topic string, err error) error {
@@ -281,13 +287,7 @@ func (b *Broker) moveOne(ctx context.Context, v View, e Entry, to string, out *m
 // Redis): Trim returns an error wrapping errors.ErrUnsupported there. Run it from one process
 // at a time.
 func (b *Broker) Trim(ctx context.Context, topic string) (int64, error) {
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
-		return 0, ErrClosed
-	}
-	if err := b.checkTopic(topic); err != nil {
+	if err := b.usableTopic(topic); err != nil {
 		return 0, err
 	}
 	if b.be.Trim == nil {

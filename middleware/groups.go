@@ -452,11 +452,11 @@ func (g *grouper) leave(m *member) {
 // Joiner is the processor that GroupCommit, GroupTransaction and GroupOffsets make of the rest
 // of the chain, seen from the consumer that runs the chain: besides Process, which a delivery's
 // goroutine calls and which waits for the group's outcome, it takes messages by Join, which
-// waits for nothing. A consumer that joins a message directly runs what the interceptors before the group
-// interceptor would run itself; for a first delivery that succeeds, or is a duplicate, that is
-// only what the observers among them do (Observer). When Join's result is anything else, the
-// consumer runs the delivery through those interceptors after all (retry, dead-letter,
-// recover), with AfterJoin, so that they act on that result as on any attempt's.
+// waits for nothing. A consumer that joins a message directly runs what the interceptors
+// before the group interceptor would run itself; for a first delivery that succeeds, or is a
+// duplicate, that is only what the observers among them do (Observer). When Join's result is
+// anything else, the consumer runs the delivery through those interceptors after all (retry,
+// dead-letter, recover), with AfterJoin, so that they act on that result as on any attempt's.
 type Joiner interface {
 	processor.Processor
 	Join(ctx context.Context, msg *messagedata.MessageData, lane int, done func(error))

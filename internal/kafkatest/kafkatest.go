@@ -56,10 +56,11 @@ func newCluster(t testing.TB) *kfake.Cluster {
 // is not empty ("partitions=2").
 func URL(t testing.TB, query string) string {
 	t.Helper()
-	return urlOf(Brokers(t), query)
+	return URLOf(Brokers(t), query)
 }
 
-func urlOf(brokers []string, query string) string {
+// URLOf returns the kafka:// URL of the seed brokers, with query appended when it is not empty.
+func URLOf(brokers []string, query string) string {
 	u := "kafka://" + strings.Join(brokers, ",") + "/"
 	if query != "" {
 		u += "?" + query
@@ -94,7 +95,7 @@ func URLCountingRebalances(t testing.TB, query string) (string, *Rebalances) {
 		r.seen[req.Group][req.Generation] = true
 		return nil, nil, false
 	})
-	return urlOf(c.ListenAddrs(), query), r
+	return URLOf(c.ListenAddrs(), query), r
 }
 
 // Total is the number of rebalances counted over all groups.

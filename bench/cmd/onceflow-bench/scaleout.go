@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"slices"
 	"sort"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -112,19 +111,21 @@ func runScaleOut(ctx context.Context, args []string) error {
 	defer db.Close()
 
 	brokerURL := map[string]string{"amqp": svc.amqp}
+	var kafkaSeeds []string
 	if slices.Contains(brokers, "kafka") {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(*partitions))
 		if err != nil {
 			return fmt.Errorf("start an in-process Kafka cluster: %w", err)
 		}
 		defer cluster.Close()
-		brokerURL["kafka"] = fmt.Sprintf("kafka://%s/?partitions=%d", strings.Join(cluster.ListenAddrs(), ","), *partitions)
+		kafkaSeeds = cluster.ListenAddrs()
+		brokerURL["kafka"] = kafkatest.URLOf(kafkaSeeds, fmt.Sprintf("partitions=%d", *partitions))
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	d := scaleOutDrain{exe: exe, db: db, dbURL: dbURL, messages: *messages, conc: *conc, mode: *mode, payload: newPayload(*payloadSize)}
+	d := scaleOutDrain{exe: exe, kafkaSeeds: kafkaSeeds, db: db, dbURL: dbURL, messages: *messages, conc: *conc, mode: *mode, payload: newPayload(*payloadSize)}
 
 	fmt.Fprintf(os.Stderr, "onceflow-bench scaleout: %s at concurrency %d per process, %d messages per drain, %d rounds; load average %.2f on %d cores\n",
 		*mode, *conc, *messages, *rounds, loadAverage(), res.Machine.Cores)
@@ -186,13 +187,15 @@ func processes(n int) string {
 
 // scaleOutDrain is one configuration of the scale-out benchmark.
 type scaleOutDrain struct {
-	exe      string
-	db       *sqldb.DB
-	dbURL    string
-	messages int
-	conc     int
-	mode     string
-	payload  []byte
+	exe string
+	// kafkaSeeds are the in-process Kafka cluster's brokers, for its admin client.
+	kafkaSeeds []string
+	db         *sqldb.DB
+	dbURL      string
+	messages   int
+	conc       int
+	mode       string
+	payload    []byte
 }
 
 // run drains d.messages with n consumer processes of one handler on brokerName and returns the
@@ -281,7 +284,7 @@ func (d scaleOutDrain) run(ctx context.Context, brokerName, brokerURL string, n 
 		if err := waitFor(ctx, time.Minute, func() bool { return processed() >= scaleOutWarm }); err != nil {
 			return cell, fmt.Errorf("the consumers did not apply the first %d messages within a minute", scaleOutWarm)
 		}
-		if err := waitSettled(ctx, brokerURL, group, n*d.conc); err != nil {
+		if err := waitSettled(ctx, d.kafkaSeeds, group, n*d.conc); err != nil {
 			return cell, err
 		}
 	}
@@ -295,8 +298,9 @@ func (d scaleOutDrain) run(ctx context.Context, brokerName, brokerURL string, n 
 	if err := waitFor(ctx, 10*time.Minute, func() bool { return processed() >= total }); err != nil {
 		return cell, fmt.Errorf("%d of %d messages applied within 10 minutes", processed(), total)
 	}
-	cell.Seconds = round2(time.Since(start).Seconds())
-	cell.MsgsPerS = float64(int(float64(d.messages) / time.Since(start).Seconds()))
+	took := time.Since(start).Seconds()
+	cell.Seconds = round2(took)
+	cell.MsgsPerS = float64(int(float64(d.messages) / took))
 	cell.MachineCPU = cpuUse(before, sampleCPU())["machine"]
 
 	var effects, distinct int
@@ -376,8 +380,7 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 
 // waitSettled waits until the Kafka consumer group has members members, each assigned
 // partitions, and is stable.
-func waitSettled(ctx context.Context, brokerURL, group string, members int) error {
-	seeds := strings.Split(strings.TrimSuffix(strings.SplitN(strings.TrimPrefix(brokerURL, "kafka://"), "/", 2)[0], "/"), ",")
+func waitSettled(ctx context.Context, seeds []string, group string, members int) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
 	if err != nil {
 		return err
