@@ -285,6 +285,9 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 		lost = fmt.Errorf("%w: the delivery was nacked before", ErrAckLost)
 	}
 	redelivery.Settle(msg)
+	if st.EndsGroup {
+		redelivery.Flush(msg) // the group's acknowledgements go together, now
+	}
 	switch {
 	case lost != nil:
 		c.router.instruments.AckFailures.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(c.name), telemetry.AttrOutcome.String(string(outcome))))

@@ -119,6 +119,9 @@ func TestLane_DeliveriesWaitForTheirGroupWithoutAGoroutineEach(t *testing.T) {
 	require.Equal(t, n, distinct)
 	require.Equal(t, 0, b.TotalNacks())
 	require.Less(t, int(calls.Load()), n/2, "the batch processor saw groups, not single messages")
+	flushes, early := b.Flushes()
+	require.Equal(t, int(calls.Load()), flushes, "each group's acknowledgements are flushed once")
+	require.Zero(t, early, "a flush comes after its message's acknowledgement")
 }
 
 // routerGoroutines counts the goroutines running the router's or the middlewares' code (the

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -1245,4 +1246,49 @@ func TestGroupCommit_JoinedLaneRunsOneGroupAtATimeAndTheNextCollects(t *testing.
 	for _, id := range []string{"a1", "a2", "a3", "b1"} {
 		require.Equal(t, 1, f.effects(t, id), id)
 	}
+}
+
+// The last member of a group that its consumer settles at once (committed, or a duplicate)
+// ends the group: its consumer sends the group's acknowledgements together after its own.
+func TestGroupCommit_JoinedGroupMarksItsLastSettledMember(t *testing.T) {
+	f := newGroupFixture(t, testsvc.Databases()[0])
+	entered, release := make(chan string, 10), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	mw, err := middleware.GroupCommit(f.cdb, f.store, "h")
+	require.NoError(t, err)
+	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		entered <- m.ID
+		<-release
+		if m.ID == "a4" {
+			return errors.New("a4 fails")
+		}
+		return insertEffect(ctx, m)
+	}))
+	j := p.(middleware.Joiner)
+	type result struct {
+		id  string
+		err error
+		st  *delivery.State
+	}
+	results := make(chan result, 10)
+	join := func(id string) {
+		ctx, st := delivery.Start(context.Background(), "h", time.Now())
+		j.Join(ctx, msg(id), 1, func(err error) { results <- result{id, err, st} })
+	}
+
+	join("a1") // a group of its own, held
+	require.Equal(t, "a1", <-entered)
+	for _, id := range []string{"a2", "a3", "a4"} {
+		join(id) // the next group: a4, its last member, fails
+	}
+	free()
+	ends := map[string]bool{}
+	for range 4 {
+		r := <-results
+		require.Equal(t, r.id == "a4", r.err != nil, "%s: %v", r.id, r.err)
+		ends[r.id] = r.st.EndsGroup
+	}
+	require.Equal(t, map[string]bool{"a1": true, "a2": false, "a3": true, "a4": false}, ends)
 }

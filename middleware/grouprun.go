@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
@@ -116,8 +118,21 @@ func (g *grouper) run(members []*member) (joined []*member) {
 	return r.joined
 }
 
-// notifyJoined hands the members that joined by Join their results.
+// notifyJoined hands the members that joined by Join their results. The last one that its
+// consumer settles at once (it committed, or is a duplicate) ends the group: its consumer then
+// sends the group's acknowledgements together (delivery.State.EndsGroup).
 func notifyJoined(members []*member) {
+	for _, m := range slices.Backward(members) {
+		if m.res.panic != nil {
+			continue
+		}
+		if o := processor.OutcomeOf(m.res.err); o == processor.Processed || o == processor.Duplicate {
+			if st := delivery.From(m.ctx); st != nil {
+				st.EndsGroup = true
+			}
+			break
+		}
+	}
 	for _, m := range members {
 		m.notifyResult()
 	}

@@ -26,6 +26,9 @@ type givenAck struct {
 //     delivery that is late compared to its neighbours (processed concurrently, they finish in
 //     any order) is normally acked within that time; one that is stuck (retried, held after a
 //     nack) does not keep the acks behind it waiting longer;
+//   - the prefix goes at once when the consumer says that it has settled a batch together
+//     (redelivery.Flush): a group of messages committed in one transaction is acked in one
+//     frame as soon as it is settled, and its deliveries leave the window for the next ones;
 //   - every ack goes at once when no delivery is open any more: nothing older can be acked.
 //     With deferIdle, the session decides when (idleFlush): a consumer that settles in its own
 //     goroutine may ack a delivery before the session has received the next one RabbitMQ sent.
@@ -155,6 +158,10 @@ func (c *coalescer) expire(now time.Time) []ackFrame {
 	c.skipSent()
 	return frames
 }
+
+// flushPrefix returns the prefix, when there is one, as one frame: the consumer has settled a
+// batch together and the acks at the front need not wait for more.
+func (c *coalescer) flushPrefix() []ackFrame { return c.take(false) }
 
 // flush returns every ack waiting: the prefix as one frame, the others alone.
 func (c *coalescer) flush() []ackFrame { return c.take(true) }

@@ -50,6 +50,20 @@ func TestCoalescer_HalfTheWindowAckedGoesAtOnce(t *testing.T) {
 	require.Equal(t, []ackFrame{multi(4)}, c.ack(4, t0, time.Millisecond))
 }
 
+// A batch settled together goes at once when the consumer says so (redelivery.Flush), as one
+// frame; an ack behind an open delivery still waits for it.
+func TestCoalescer_FlushSendsThePrefixAtOnce(t *testing.T) {
+	c := coalesce(8, 1, 2, 3, 4, 5, 6, 7, 8)
+	for _, tag := range []uint64{1, 2, 3, 5} {
+		require.Empty(t, c.ack(tag, t0, time.Millisecond))
+	}
+	require.Equal(t, []ackFrame{multi(3)}, c.flushPrefix())
+	require.Equal(t, 1, c.pending(), "5 waits behind the open 4")
+	require.Empty(t, c.flushPrefix(), "nothing at the front to send")
+	require.Empty(t, c.ack(4, t0, time.Millisecond))
+	require.Equal(t, []ackFrame{multi(5)}, c.flushPrefix())
+}
+
 // Deliveries processed concurrently finish in any order: an ack behind an older delivery
 // waits for it, and both go in one frame.
 func TestCoalescer_AcksOutOfOrderWaitForTheOlderDelivery(t *testing.T) {

@@ -59,7 +59,8 @@ type Config struct {
 	// AckDelay bounds how long an ack waits to be sent together with others when it can go
 	// now: a run of acks contiguous from the oldest unsettled delivery goes as one basic.ack
 	// with multiple set, within AckDelay of its oldest ack, or at once when it holds half the
-	// prefetch window. Defaults to DefaultAckDelay.
+	// prefetch window or the consumer flushes a batch it settled (redelivery.Flush). Defaults to
+	// DefaultAckDelay.
 	AckDelay time.Duration
 
 	// OutOfOrderAckDelay bounds how long an ack behind an older delivery that is still being

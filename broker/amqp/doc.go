@@ -36,7 +36,9 @@
 // An ack settles the delivery by its tag. Acks are coalesced, because a basic.ack sent alone
 // costs RabbitMQ about as much CPU as the delivery it settles: a run of acked tags from the
 // oldest unsettled delivery goes as one basic.ack with multiple set, within Config.AckDelay,
-// or at once when it holds half the prefetch window. An ack behind an older delivery that is
+// or at once when it holds half the prefetch window, or when the consumer says that it has
+// settled a batch together (redelivery.Flush: onceflow's router does after the acks of a group
+// that committed in one transaction). An ack behind an older delivery that is
 // still being processed (deliveries processed concurrently finish in any order) waits for it
 // to join the run: for twice the mean time from hand-out to ack, at most
 // Config.OutOfOrderAckDelay; then it goes alone, so that a stuck or held delivery keeps no

@@ -81,6 +81,8 @@ type session struct {
 	ackTimer *time.Timer
 	ackDue   time.Time // when ackTimer fires; zero when it is stopped
 	nackTime *time.Timer
+	// flush is flushDirect, bound once: a method value per delivery would be an allocation.
+	flush func()
 }
 
 func newSession(sub *subscription, ch *amqp.Channel, a acker, tag string, deliveries <-chan amqp.Delivery, closed <-chan *amqp.Error) *session {
@@ -109,6 +111,7 @@ func newSession(sub *subscription, ch *amqp.Channel, a acker, tag string, delive
 	ss.ackTimer.Stop()
 	ss.nackTime.Stop()
 	ss.acked.deferIdle = ss.direct
+	ss.flush = ss.flushDirect
 	return ss
 }
 
@@ -220,7 +223,7 @@ func (ss *session) receive(d amqp.Delivery) *delivery {
 	ctx, cancel := context.WithCancel(redelivery.NewContext(ss.ctx, deliveryInfo(d, ss.quorum)))
 	dv := &delivery{tag: d.DeliveryTag, msg: msg, ctx: ctx, cancel: cancel}
 	if ss.direct {
-		msg.SetContext(redelivery.NewSettleContext(ctx, func() { ss.settleDirect(dv) }))
+		msg.SetContext(redelivery.NewSettleFlushContext(ctx, func() { ss.settleDirect(dv) }, ss.flush))
 	} else {
 		msg.SetContext(ctx)
 	}
@@ -250,6 +253,20 @@ func (ss *session) settleDirect(d *delivery) {
 		case ss.idle <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// flushDirect sends the acks at the front of the window now, in the goroutine of a consumer
+// that settles directly and has settled a batch together (redelivery.Flush): their deliveries
+// leave RabbitMQ's prefetch window at once, instead of after AckDelay, for the next ones.
+func (ss *session) flushDirect() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.over {
+		return
+	}
+	if err := ss.send(ss.acked.flushPrefix()); err != nil {
+		ss.fail(err)
 	}
 }
 

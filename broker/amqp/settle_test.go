@@ -59,6 +59,38 @@ func TestSubscriber_DirectSettleSendsTheAckInTheSettlingCall(t *testing.T) {
 	f.eventuallyReady(0)
 }
 
+// A consumer that settled a batch together flushes it (redelivery.Flush): the acks go at once
+// in one frame, without waiting for AckDelay or half the window.
+func TestSubscriber_DirectFlushSendsTheBatchsAcksInOneFrame(t *testing.T) {
+	t.Parallel()
+	f := directFixture(t)
+	f.publish("m", 10)
+	s := f.subscriber(slowAcks(f, 10)) // half the window: 5
+	var c amqp.FrameCounter
+	amqp.CountFrames(s, &c)
+	got := receiveN(t, f.subscribe(s), 10)
+
+	for _, m := range got[:3] {
+		ack(m)
+	}
+	require.Equal(t, [3]int{0, 0, 0}, frames(&c), "three acks wait for more")
+	redelivery.Flush(got[2])
+	require.Equal(t, [3]int{0, 1, 0}, frames(&c), "the flush sends them as one multiple ack")
+	redelivery.Flush(got[2])
+	require.Equal(t, [3]int{0, 1, 0}, frames(&c), "a flush with nothing waiting sends nothing")
+	ack(got[4])
+	redelivery.Flush(got[4])
+	require.Equal(t, [3]int{0, 1, 0}, frames(&c), "an ack behind an open delivery waits for it")
+	for _, m := range got[5:] {
+		ack(m)
+	}
+	ack(got[3])
+	testsvc.Eventually(t, within, func() bool { return frames(&c) == [3]int{0, 2, 0} },
+		"the rest, with no delivery open, is not sent as one multiple ack")
+	require.NoError(t, s.Close())
+	f.eventuallyReady(0)
+}
+
 func TestSubscriber_DirectNackRedeliversAtOnce(t *testing.T) {
 	t.Parallel()
 	f := directFixture(t)

@@ -104,6 +104,29 @@ func TestSettle_MessageWithoutSettleFunctionIsLeftAlone(t *testing.T) {
 	require.True(t, redelivery.Acked(msg))
 }
 
+func TestFlush_RunsTheSubscribersFlushEachCall(t *testing.T) {
+	msg := message.NewMessage("1", nil)
+	var settled, flushed int
+	msg.SetContext(redelivery.NewSettleFlushContext(context.Background(), func() { settled++ }, func() { flushed++ }))
+	msg.Ack()
+	redelivery.Settle(msg)
+	redelivery.Flush(msg)
+	redelivery.Flush(msg)
+	require.Equal(t, 1, settled, "Settle runs once")
+	require.Equal(t, 2, flushed, "Flush runs on every call")
+}
+
+func TestFlush_MessageWithoutFlushFunctionIsLeftAlone(t *testing.T) {
+	plain := message.NewMessage("1", nil)
+	redelivery.Flush(plain) // must not panic
+	var settled int
+	msg := message.NewMessage("2", nil)
+	msg.SetContext(redelivery.NewSettleContext(context.Background(), func() { settled++ }))
+	msg.Ack()
+	redelivery.Flush(msg)
+	require.Zero(t, settled, "Flush does not settle")
+}
+
 func TestWithDirectSettle(t *testing.T) {
 	require.False(t, redelivery.SettlesDirectly(context.Background()))
 	require.True(t, redelivery.SettlesDirectly(redelivery.WithDirectSettle(context.Background())))

@@ -35,10 +35,11 @@ func SettlesDirectly(ctx context.Context) bool {
 // settleKey carries the settle function of one message.
 type settleKey struct{}
 
-// settler runs a message's settle function once.
+// settler runs a message's settle function once, and its flush function on Flush.
 type settler struct {
-	f    func()
-	done atomic.Bool
+	f     func()
+	flush func()
+	done  atomic.Bool
 }
 
 // NewSettleContext returns a copy of ctx, the context of one delivered message, in which
@@ -46,6 +47,13 @@ type settler struct {
 // acked or nacked the message. settled tells the two apart with Acked.
 func NewSettleContext(ctx context.Context, settled func()) context.Context {
 	return context.WithValue(ctx, settleKey{}, &settler{f: settled})
+}
+
+// NewSettleFlushContext is NewSettleContext for a subscriber that holds acknowledgements back,
+// to send several together: in the returned context Flush runs flush, in the goroutine of the
+// consumer that calls it, which then sends the acknowledgements it holds that may go now.
+func NewSettleFlushContext(ctx context.Context, settled, flush func()) context.Context {
+	return context.WithValue(ctx, settleKey{}, &settler{f: settled, flush: flush})
 }
 
 // Settle tells the subscriber of msg that the consumer has acked or nacked it, when the
@@ -66,5 +74,16 @@ func Acked(msg *message.Message) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// Flush tells the subscriber of msg, which the consumer has settled (Settle) as the last of
+// several that it settled together, that no more come at once: a subscriber that holds
+// acknowledgements back to send them together sends what may go now instead of waiting for
+// more (NewSettleFlushContext). onceflow's router calls it after the last acknowledgement of a
+// group that committed in one transaction. For any other message it does nothing.
+func Flush(msg *message.Message) {
+	if s, ok := msg.Context().Value(settleKey{}).(*settler); ok && s.flush != nil {
+		s.flush()
 	}
 }

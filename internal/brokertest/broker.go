@@ -30,8 +30,11 @@ type Broker struct {
 	pending    sync.WaitGroup
 	// directs counts the deliveries to consumers that settle directly.
 	directs int
-	closed  chan struct{}
-	once    sync.Once
+	// flushes counts the consumers' redelivery.Flush calls, early those of a message not
+	// settled yet.
+	flushes, early int
+	closed         chan struct{}
+	once           sync.Once
 
 	// RedeliveryDelay is how long a nacked message waits before it is delivered again, unless
 	// the router asked for another delay.
@@ -171,9 +174,16 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 				b.mu.Lock()
 				b.directs++
 				b.mu.Unlock()
-				msgCtx = redelivery.NewSettleContext(msgCtx, func() {
+				msgCtx = redelivery.NewSettleFlushContext(msgCtx, func() {
 					acked := redelivery.Acked(m)
 					settled(acked, !acked, false)
+				}, func() {
+					b.mu.Lock()
+					defer b.mu.Unlock()
+					b.flushes++
+					if !taken.Load() {
+						b.early++
+					}
 				})
 			}
 			m.SetContext(msgCtx)
@@ -262,6 +272,14 @@ func (b *Broker) DirectDeliveries() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.directs
+}
+
+// Flushes returns how many times consumers called redelivery.Flush on the messages of the
+// broker, and how many of those calls came for a message not settled yet.
+func (b *Broker) Flushes() (flushes, early int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.flushes, b.early
 }
 
 // Acks returns how many times the message with id was acked.

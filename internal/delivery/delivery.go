@@ -39,6 +39,12 @@ type State struct {
 	// place of running that attempt again.
 	Joined    bool
 	JoinedErr error
+	// EndsGroup is set for the last delivery of a group (middleware.Joiner) that its
+	// consumer settles at once, as the group hands out its results: after its acknowledgement
+	// the consumer tells the subscriber to send the acknowledgements it holds back
+	// (redelivery.Flush), so that the group's go to the broker together, without waiting for
+	// more.
+	EndsGroup bool
 }
 
 type key struct{}
