@@ -71,6 +71,10 @@ const (
 // The pool keeps up to DefaultMaxIdleConns idle connections, each for at most
 // DefaultConnMaxIdleTime; SetMaxIdleConns and SetConnMaxIdleTime change that.
 //
+// The connections of an SQLite file keep the last 128 statement texts each ran compiled, and
+// run them again without parsing them: the driver parses every statement run outside a
+// prepared one, and most statements a program runs come back.
+//
 // Errors and String name the host and never contain the password of the URL.
 func Open(ctx context.Context, rawURL string) (*DB, error) {
 	t, err := parseURL(rawURL)

@@ -63,13 +63,15 @@ func (c turnConnector) Connect(ctx context.Context) (driver.Conn, error) {
 func (c turnConnector) Close() error { return closeConnector(c.Connector) }
 
 // turnConn is a connection whose transactions hold the file's turn from before BEGIN until
-// COMMIT or ROLLBACK. It passes everything else to the driver's connection, which must
-// implement the context interfaces of database/sql/driver (modernc.org/sqlite's does).
+// COMMIT or ROLLBACK, and which runs the statements it ran before compiled (stmtCache). It
+// passes everything else to the driver's connection, which must implement the context
+// interfaces of database/sql/driver (modernc.org/sqlite's does).
 type turnConn struct {
 	driver.Conn
-	turn chan struct{}
-	wait time.Duration
-	held bool // a transaction of this connection has the turn
+	turn  chan struct{}
+	wait  time.Duration
+	held  bool // a transaction of this connection has the turn
+	stmts stmtCache
 }
 
 var (
@@ -134,6 +136,7 @@ func (c *turnConn) release() {
 
 // Close closes the connection, and gives the turn back if a transaction of it still had it.
 func (c *turnConn) Close() error {
+	c.stmts.close()
 	err := c.Conn.Close()
 	c.release()
 	return err
@@ -147,6 +150,9 @@ func (c *turnConn) PrepareContext(ctx context.Context, query string) (driver.Stm
 }
 
 func (c *turnConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if res, ok, err := c.stmts.exec(ctx, c.Conn, query, args); ok {
+		return res, err
+	}
 	if e, ok := c.Conn.(driver.ExecerContext); ok {
 		return e.ExecContext(ctx, query, args)
 	}
@@ -154,6 +160,9 @@ func (c *turnConn) ExecContext(ctx context.Context, query string, args []driver.
 }
 
 func (c *turnConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if rows, ok, err := c.stmts.query(ctx, c.Conn, query, args); ok {
+		return rows, err
+	}
 	if q, ok := c.Conn.(driver.QueryerContext); ok {
 		return q.QueryContext(ctx, query, args)
 	}
