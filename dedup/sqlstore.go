@@ -324,17 +324,29 @@ func indexName(table string) string {
 
 // createTable returns the statements that create the table and its expiry index on PostgreSQL
 // and SQLite, which share them (MySQL declares the index inside CREATE TABLE).
+//
+// The primary key starts with message_id: a key's columns are compared from the first, and
+// the handler is the same in most rows of a table, so a key led by it makes every comparison
+// of the index's descent compare two equal strings first. On PostgreSQL the text columns
+// compare byte by byte (COLLATE "C"), which is all duplicate detection needs, instead of by the
+// database's locale rules. An insert of a key cost PostgreSQL about 9-10 µs with the key led by
+// the handler in the database's collation, 7.5-8 µs so (docs/performance.md). A table created
+// before keeps its key: every statement names the three columns, and works with either.
 func createTable(d sqldb.Dialect, table string) []string {
 	t := d.Quote(table)
+	collate := ""
+	if d == sqldb.Postgres {
+		collate = ` COLLATE "C"`
+	}
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + t + ` (
-	handler     VARCHAR(200) NOT NULL,
-	message_id  VARCHAR(255) NOT NULL,
+	handler     VARCHAR(200)` + collate + ` NOT NULL,
+	message_id  VARCHAR(255)` + collate + ` NOT NULL,
 	message_ts  BIGINT       NOT NULL DEFAULT 0,
 	internal_id VARCHAR(64),
 	created_at  BIGINT       NOT NULL,
 	expires_at  BIGINT       NOT NULL,
-	PRIMARY KEY (handler, message_id, message_ts)
+	PRIMARY KEY (message_id, handler, message_ts)
 )`,
 		`CREATE INDEX IF NOT EXISTS ` + d.Quote(indexName(table)) + ` ON ` + t + ` (expires_at)`,
 	}
