@@ -65,6 +65,8 @@ type SettlingSubscriber struct {
 	message.Subscriber
 	closed    chan struct{}
 	closeOnce sync.Once
+	// passing counts the subscriptions whose channels are not closed yet.
+	passing sync.WaitGroup
 }
 
 // NewSettlingSubscriber returns sub as a consumer that settles directly.
@@ -73,10 +75,13 @@ func NewSettlingSubscriber(sub message.Subscriber) *SettlingSubscriber {
 }
 
 // Close closes the subscriber; a message that waits to be handed out is then dropped (its
-// broker delivers it again), so that the subscription's channel closes with the subscriber's.
+// broker delivers it again), and the subscriptions' channels are closed when it returns, as
+// the subscriber's own are.
 func (s *SettlingSubscriber) Close() error {
 	s.closeOnce.Do(func() { close(s.closed) })
-	return s.Subscriber.Close()
+	err := s.Subscriber.Close()
+	s.passing.Wait()
+	return err
 }
 
 // SubscribeInitialize passes the call on, if the Subscriber has the method.
@@ -96,7 +101,9 @@ func (s *SettlingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 	}
 	out := make(chan *message.Message)
 	ended := make(chan struct{})
+	s.passing.Add(1)
 	go func() {
+		defer s.passing.Done()
 		defer close(out)
 		defer close(ended)
 		for m := range in {
