@@ -117,4 +117,8 @@ func TestBinding_NamesTheResource(t *testing.T) {
 	require.Contains(t, binding(st, idle, expert), "waiting, not CPU")
 	syncs := Entry{MsgsPerS: 3000, CPU: map[string]float64{"machine": 0.8}, WALSyncsPerMsg: 0.5}
 	require.Contains(t, binding(st, syncs, expert), "commits: 0.500 WAL syncs")
+	embedded := allSetups[len(allSetups)-1]
+	require.Equal(t, "sqlite", embedded.Database)
+	require.Contains(t, binding(embedded, idle, expert), "one writer: SQLite runs the write transactions")
+	require.Contains(t, binding(embedded, busy, expert), "CPU: 1.95 of")
 }

@@ -165,8 +165,8 @@ func evaluateTargets(cfg suiteConfig, ms []Entry) []Target {
 // binding says what limits e, a drain cell, beside the expert's cell at the same setup and
 // concurrency: the CPU when the machine was busy (and which process spends more per message
 // than beside the expert), the commits when PostgreSQL synced its WAL far more often per
-// message, and otherwise waiting (round trips in sequence, too few deliveries in flight), since
-// cores were left idle.
+// message, on SQLite its one writer, and otherwise waiting (round trips in sequence, too few
+// deliveries in flight), since cores were left idle.
 func binding(st setup, e, expert Entry) string {
 	cores := float64(max(numCPU, 1))
 	busy := e.CPU["machine"]
@@ -204,6 +204,11 @@ func binding(st setup, e, expert Entry) string {
 	case st.Database == "postgres" && e.WALSyncsPerMsg >= 0.1 && e.WALSyncsPerMsg > 2*expert.WALSyncsPerMsg:
 		return fmt.Sprintf("commits: %.3f WAL syncs per message (expert %.3f), %.2f of %.0f cores busy; %s",
 			e.WALSyncsPerMsg, expert.WALSyncsPerMsg, busy, cores, cpu)
+	case st.Database == "sqlite":
+		// Cores left idle do not mean waiting on SQLite: its write transactions run one at a
+		// time, each holding the file's write lock for its statements and its commit.
+		return fmt.Sprintf("one writer: SQLite runs the write transactions of the application file one at a time, so the CPU each spends in its statements and commit bounds the rate, with %.2f of %.0f cores busy%s; %s",
+			busy, cores, besideExpert, cpu)
 	}
 	return fmt.Sprintf("waiting, not CPU: %.2f of %.0f cores busy%s, so the consumer waits (round trips in sequence, or too few deliveries in flight); %s",
 		busy, cores, besideExpert, cpu)
