@@ -45,18 +45,29 @@ func (emptyRows) Columns() []string         { return nil }
 func (emptyRows) Close() error              { return nil }
 func (emptyRows) Next([]driver.Value) error { return errors.New("no rows") }
 
+// mustExec runs text through c, which must run it compiled.
+func mustExec(t *testing.T, c *stmtCache, conn driver.Conn, text string) {
+	t.Helper()
+	_, ok, err := c.exec(context.Background(), conn, text, nil)
+	require.True(t, ok, "%s runs compiled", text)
+	require.NoError(t, err)
+}
+
+// mustQuery queries text through c, which must run it compiled, and returns its open rows.
+func mustQuery(t *testing.T, c *stmtCache, conn driver.Conn, text string) driver.Rows {
+	t.Helper()
+	rows, ok, err := c.query(context.Background(), conn, text, nil)
+	require.True(t, ok, "%s runs compiled", text)
+	require.NoError(t, err)
+	return rows
+}
+
 func TestStmtCache_CompilesAStatementOnceAndRunsItAgain(t *testing.T) {
-	ctx := context.Background()
 	conn := &countingConn{}
 	var c stmtCache
 	for range 3 {
-		_, ok, err := c.exec(ctx, conn, "INSERT", nil)
-		require.True(t, ok)
-		require.NoError(t, err)
-		rows, ok, err := c.query(ctx, conn, "SELECT", nil)
-		require.True(t, ok)
-		require.NoError(t, err)
-		require.NoError(t, rows.Close())
+		mustExec(t, &c, conn, "INSERT")
+		require.NoError(t, mustQuery(t, &c, conn, "SELECT").Close())
 	}
 	require.Equal(t, 2, conn.prepared, "one compile per text")
 	c.close()
@@ -64,41 +75,28 @@ func TestStmtCache_CompilesAStatementOnceAndRunsItAgain(t *testing.T) {
 }
 
 func TestStmtCache_ABusyStatementIsNotRunAgainUntilItsRowsClose(t *testing.T) {
-	ctx := context.Background()
 	conn := &countingConn{}
 	var c stmtCache
-	rows, ok, err := c.query(ctx, conn, "SELECT", nil)
-	require.True(t, ok)
-	require.NoError(t, err)
-	_, ok, _ = c.query(ctx, conn, "SELECT", nil)
+	rows := mustQuery(t, &c, conn, "SELECT")
+	_, ok, _ := c.query(context.Background(), conn, "SELECT", nil)
 	require.False(t, ok, "its rows are open: the caller runs it the usual way")
 	require.NoError(t, rows.Close())
-	again, ok, err := c.query(ctx, conn, "SELECT", nil)
-	require.True(t, ok)
-	require.NoError(t, err)
-	require.NoError(t, again.Close())
+	require.NoError(t, mustQuery(t, &c, conn, "SELECT").Close())
 	require.Equal(t, 1, conn.prepared)
 }
 
 func TestStmtCache_KeepsTheMostRecentlyUsedAndClosesAnEvictedStatementWhenItIsFree(t *testing.T) {
-	ctx := context.Background()
 	conn := &countingConn{}
 	var c stmtCache
-	open, ok, err := c.query(ctx, conn, "SELECT 0", nil)
-	require.True(t, ok)
-	require.NoError(t, err)
+	open := mustQuery(t, &c, conn, "SELECT 0")
 	for i := 1; i <= stmtCacheSize; i++ {
-		_, ok, err := c.exec(ctx, conn, fmt.Sprintf("INSERT %d", i), nil)
-		require.True(t, ok)
-		require.NoError(t, err)
+		mustExec(t, &c, conn, fmt.Sprintf("INSERT %d", i))
 	}
 	require.Equal(t, stmtCacheSize, c.lru.Len())
 	require.Zero(t, conn.closed, "the evicted statement's rows are open")
 	require.NoError(t, open.Close())
 	require.Equal(t, 1, conn.closed, "closed with its rows")
-	_, ok, err = c.exec(ctx, conn, "INSERT 2", nil)
-	require.True(t, ok)
-	require.NoError(t, err)
+	mustExec(t, &c, conn, "INSERT 2")
 	require.Equal(t, stmtCacheSize+1, conn.prepared, "INSERT 2 is still compiled")
 }
 
