@@ -27,11 +27,12 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(BIN)/onceflow ./cmd/onceflow
 
-## test: vet, then every test against the embedded default and the loopback services, one package at
-## a time: several packages at once would share PostgreSQL's 100 connections and the 2 cores
+## test: vet, then every test against the embedded default and the loopback services: the broker
+## adapters that use no database one package at a time, and beside them the other packages one at a
+## time, which would exceed PostgreSQL's 100 connections two at once (scripts/test.sh)
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test -count=1 -p 1 -timeout 15m $(PKGS)
+	GO=$(GO) scripts/test.sh -timeout 15m -- $(PKGS)
 
 ## test-order-full: the ExactlyOnceInOrder multi-process test at the size of issue 7 (1,000 keys x
 ## 100 messages, shuffled and duplicated, 3 consumer processes killed 12 times), on SQLite and on
