@@ -272,6 +272,7 @@ func TestOpen_SQLiteIsWALWithFullSyncAndImmediateTransactions(t *testing.T) {
 			require.Equal(t, 2, pragma[int](t, conn, "synchronous"), "connection %d", i) // FULL
 			require.Equal(t, 30000, pragma[int](t, conn, "busy_timeout"), "connection %d", i)
 			require.Equal(t, 1, pragma[int](t, conn, "foreign_keys"), "connection %d", i)
+			require.Equal(t, 4000, pragma[int](t, conn, "wal_autocheckpoint"), "connection %d", i)
 		}
 	})
 
@@ -327,6 +328,7 @@ func TestOpen_SQLiteParametersOverrideDefaults(t *testing.T) {
 		{"_pragma=foreign_keys(0)&_pragma=cache_size(-4000)", map[string]any{"foreign_keys": 0, "cache_size": -4000, "journal_mode": "wal"}},
 		{"_busy_timeout=25", map[string]any{"busy_timeout": 25}},
 		{"_sync=OFF", map[string]any{"synchronous": 0}},
+		{"_pragma=wal_autocheckpoint(1000)", map[string]any{"wal_autocheckpoint": 1000, "synchronous": 2}},
 	} {
 		t.Run(tc.query, func(t *testing.T) {
 			t.Parallel()

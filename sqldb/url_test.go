@@ -119,7 +119,7 @@ func TestParseURL_MySQLBecomesDriverDSN(t *testing.T) {
 
 func TestParseURL_SQLiteDefaultsAndOverrides(t *testing.T) {
 	t.Parallel()
-	defaults := []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)", "temp_store(MEMORY)"}
+	defaults := []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)", "temp_store(MEMORY)", "wal_autocheckpoint(4000)"}
 	for _, tc := range []struct {
 		name, in, path, file string
 		params               url.Values
@@ -137,9 +137,9 @@ func TestParseURL_SQLiteDefaultsAndOverrides(t *testing.T) {
 		{"extra pragma", "sqlite:///tmp/app.db?_pragma=cache_size(-4000)", "/tmp/app.db", "/tmp/app.db",
 			url.Values{"_txlock": {"immediate"}, "_pragma": append(append([]string{}, defaults...), "cache_size(-4000)")}},
 		{"pragmas replace defaults", "sqlite:///tmp/app.db?_pragma=busy_timeout(10)&_pragma=Synchronous+%3D+NORMAL", "/tmp/app.db", "/tmp/app.db",
-			url.Values{"_txlock": {"immediate"}, "_pragma": {"journal_mode(WAL)", "foreign_keys(1)", "temp_store(MEMORY)", "busy_timeout(10)", "Synchronous = NORMAL"}}},
+			url.Values{"_txlock": {"immediate"}, "_pragma": {"journal_mode(WAL)", "foreign_keys(1)", "temp_store(MEMORY)", "wal_autocheckpoint(4000)", "busy_timeout(10)", "Synchronous = NORMAL"}}},
 		{"shorthand replaces default", "sqlite:///tmp/app.db?_busy_timeout=10&_fk=0", "/tmp/app.db", "/tmp/app.db",
-			url.Values{"_txlock": {"immediate"}, "_pragma": {"journal_mode(WAL)", "synchronous(FULL)", "temp_store(MEMORY)"}, "_busy_timeout": {"10"}, "_fk": {"0"}}},
+			url.Values{"_txlock": {"immediate"}, "_pragma": {"journal_mode(WAL)", "synchronous(FULL)", "temp_store(MEMORY)", "wal_autocheckpoint(4000)"}, "_busy_timeout": {"10"}, "_fk": {"0"}}},
 		{"txlock", "sqlite:///tmp/app.db?_txlock=deferred", "/tmp/app.db", "/tmp/app.db",
 			url.Values{"_txlock": {"deferred"}, "_pragma": defaults}},
 		{"driver parameter", "sqlite:///tmp/app.db?_time_format=sqlite", "/tmp/app.db", "/tmp/app.db",
