@@ -8,12 +8,12 @@
 // (also sqlite3://), creating the file if missing, in WAL mode with synchronous=FULL, a busy
 // timeout of 30 s, foreign keys enforced, temporary data in memory (temp_store=MEMORY), the log
 // copied back into the file every 4,000 pages (wal_autocheckpoint=4000) and BEGIN IMMEDIATE
-// transactions, so that concurrent writers queue instead of failing. The transactions of one process over a file take turns in
-// arrival order before BEGIN, each waiting up to the busy timeout (see sqldb.Driver.WriteTurn),
-// rather than polling the lock in SQLite's busy handler. The query parameters of the URL are
-// passed to the driver; a _pragma parameter replaces the default of the same pragma
-// (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock replaces the IMMEDIATE
-// default. A file has no connect to bound: connect_timeout is ignored.
+// transactions, so that concurrent writers queue instead of failing. The transactions of one
+// process over a file take turns in arrival order before BEGIN, each waiting up to the busy
+// timeout (see sqldb.Driver.WriteTurn), rather than polling the lock in SQLite's busy handler.
+// The query parameters of the URL are passed to the driver; a _pragma parameter replaces the
+// default of the same pragma (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock
+// replaces the IMMEDIATE default. A file has no connect to bound: connect_timeout is ignored.
 package sqlite
 
 import (
@@ -81,13 +81,9 @@ func dsn(rawURL string, _ *url.URL) (string, string, error) {
 // holds 4,000 pages (about 16 MB) instead of SQLite's 1,000. The copy runs inside the commit
 // that crosses the mark, while that transaction holds the file's one write lock, and a page
 // that many commits change (an index's inner pages, a table's last page) is copied once per
-// checkpoint: fewer checkpoints copy fewer pages in all. 150,000 messages in groups of 64 (the
-// ids' upsert and a 1 KiB row each, a commit per group) took 46.0-49.9 µs per message with
-// 1,000 pages and 37.8-38.8 with 4,000 (10,000 gave 34.0-38.5); a transaction per message was
-// unchanged (275-283 µs). The commit that copies takes longer: the slowest of the groups went
-// from 17-22 ms to 24-26 ms. A larger mark costs more while the log first grows to it, in a
-// new file or one whose log the last connection of a process removed: with 10,000 pages, the
-// first 3,000 transactions of one message each took 30% longer; with 4,000, no longer.
+// checkpoint: fewer checkpoints copy fewer pages in all, and the commit that copies takes
+// longer. A larger mark made the first commits of a new file slower while its log first grew.
+// BenchmarkSQLiteGroupCommit_Autocheckpoint measures it; docs/performance.md has the figures.
 var sqliteDefaults = []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)", "temp_store(MEMORY)", "wal_autocheckpoint(4000)"}
 
 // sqliteShorthands maps the driver's shorthand parameters to the pragma each one sets.
