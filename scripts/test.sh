@@ -3,9 +3,9 @@
 # streams at once, each one package at a time:
 #   - the broker adapters that talk to no database server (RabbitMQ, NATS, Redis, Kafka, the
 #     in-memory broker and the SQLite queue);
-#   - every other package. Those share PostgreSQL's 100 connections: two of them at once
-#     (the conformance matrix, the SQL queues' tests and verify's runs each hold up to 50 to 75)
-#     would exceed them, so they take turns.
+#   - every other package. Those share PostgreSQL's 100 connections, and two of them at once
+#     would exceed them (the conformance matrix, the SQL queues' tests and verify's runs each
+#     hold 45 to 75 at their peak), so they take turns.
 # The other packages' output comes as it goes, the broker adapters' once their stream ends; the
 # exit status is a failure if either stream failed.
 # Usage: scripts/test.sh [go test flags --] packages...   GO selects the go command.
