@@ -263,7 +263,9 @@ func (q *Queue) checkTopic(topic string) error {
 // look for messages at once rather than at their next poll. Call it when something outside
 // the Queue learns that messages were committed to the topic: a PostgreSQL notification sent
 // at the commit, a writer of the same process. A Wake with nothing to claim costs each woken
-// subscription one look.
+// subscription one look. On PostgreSQL a message committed while an older transaction is still
+// open anywhere on the server is not there for a Wake until that transaction ends (see
+// "Visibility order" in the package documentation): the next poll, or a later Wake, claims it.
 func (q *Queue) Wake(topic string) {
 	q.wakeMu.Lock()
 	defer q.wakeMu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -156,15 +157,58 @@ func TestQueue_WakeMakesAnIdleSubscriptionClaimAtOnce(t *testing.T) {
 		requireNothing(t, ch, 200*time.Millisecond)
 		id := e.publish(q, tp, "m", 1)[0]
 		requireNothing(t, ch, 200*time.Millisecond)
+		m := wakeUntilClaimed(t, q, tp, ch)
+		require.Equal(t, id, m.UUID)
+		ack(m)
+	})
+}
+
+// On PostgreSQL a message comes into view only once every transaction that began before its
+// own has ended: a Wake before then finds nothing, and a Wake after claims it.
+func TestQueue_PostgresWakeFindsAMessageOnceTheOlderTransactionsEnd(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "postgres", testsvc.PostgresSchemaURL(t))
+	e.direct = true
+	tp := topic()
+	q := e.queue(sqlqueue.Config{PollInterval: time.Hour})
+	_, ch := e.subscribe(q, tp)
+	requireNothing(t, ch, 200*time.Millisecond)
+
+	older, err := e.db.BeginTx(context.Background(), nil)
+	require.NoError(t, err)
+	defer func() { _ = older.Rollback() }()
+	_, err = older.Exec(`SELECT pg_current_xact_id()`) // takes a transaction id
+	require.NoError(t, err)
+	id := e.publish(q, tp, "m", 1)[0]
+	q.Wake(tp)
+	requireNothing(t, ch, 300*time.Millisecond)
+
+	require.NoError(t, older.Rollback())
+	m := wakeUntilClaimed(t, q, tp, ch)
+	require.Equal(t, id, m.UUID)
+	ack(m)
+}
+
+// wakeUntilClaimed wakes the subscriptions of tp until a message comes on ch, and returns it.
+// On PostgreSQL a new message waits for every transaction that began before its own to end,
+// and the parallel tests hold some open: one Wake may come too early. The test fails when
+// nothing comes within 10 seconds.
+func wakeUntilClaimed(t *testing.T, q *sqlqueue.Queue, tp string, ch <-chan *message.Message) *message.Message {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	again := time.NewTicker(50 * time.Millisecond)
+	defer again.Stop()
+	for {
 		q.Wake(tp)
 		select {
 		case m := <-ch:
-			require.Equal(t, id, m.UUID)
-			ack(m)
-		case <-time.After(10 * time.Second):
+			return m
+		case <-again.C:
+		case <-deadline:
 			t.Fatal("the woken subscription did not claim the message")
+			return nil
 		}
-	})
+	}
 }
 
 // Consumer processes that start at once each create the tables of their topic: on PostgreSQL,
