@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,6 +49,14 @@ func (s *Subscriber) settings(cfg jetstream.ConsumerConfig) (jetstream.ConsumerC
 	return want, same
 }
 
+// createAttempts bounds how many times ensureConsumer tries to create a consumer that another
+// subscriber creates at the same time, or that the server refuses while it creates the stream;
+// it waits createRetryStep times the attempt after a refusal.
+const (
+	createAttempts  = 5
+	createRetryStep = 50 * time.Millisecond
+)
+
 // ensureConsumer returns the durable pull consumer of the subscriber's group on topic, in
 // stream, creating it when there is none (it delivers the whole stream), and updating its
 // AckWait and limits to the subscriber's when they differ (the last subscriber to subscribe
@@ -59,8 +68,22 @@ func (s *Subscriber) ensureConsumer(ctx context.Context, stream, topic string) (
 		c, err := s.js.Consumer(ctx, stream, name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			c, err = s.js.CreateConsumer(ctx, stream, s.consumerConfig(name, topic, jetstream.DeliverAllPolicy, 0))
-			if errors.Is(err, jetstream.ErrConsumerExists) && attempt < 3 {
+			if errors.Is(err, jetstream.ErrConsumerExists) && attempt < createAttempts {
 				continue // another subscriber created it in the meantime: look again
+			}
+			if errors.Is(err, jetstream.ErrConsumerCreate) && attempt < createAttempts {
+				// The server answers "invalid stream" to a consumer of a stream it is still
+				// creating: it lists a new stream, and answers a create of the same stream
+				// with success, before the stream's storage is ready. Subscribers of a new
+				// topic that start together meet that window.
+				t := time.NewTimer(time.Duration(attempt) * createRetryStep)
+				select {
+				case <-t.C:
+					continue
+				case <-ctx.Done():
+					t.Stop()
+					return nil, fmt.Errorf("create JetStream consumer %q of stream %q: %w", name, stream, context.Cause(ctx))
+				}
 			}
 			if err != nil {
 				return nil, fmt.Errorf("create JetStream consumer %q of stream %q: %w", name, stream, err)

@@ -16,7 +16,10 @@
 // (MaxDeliver -1: onceflow's router counts deliveries and dead-letters a message at its limit,
 // with the reason; a server-side limit would stop delivering it silently) and no limit on
 // pending acknowledgements (MaxAckPending -1: each subscription bounds its own). Subscribe
-// creates it when there is none; it delivers the whole stream. Each Subscribe call is one
+// creates it when there is none; it delivers the whole stream. Subscribers of a new topic that
+// start together may find the server still creating its stream, which then refuses the
+// consumer ("invalid stream"): Subscribe tries again, up to five times within half a second,
+// before it fails with that error. Each Subscribe call is one
 // puller on it: subscriptions of a group, in any number of processes, compete for its
 // messages. A push consumer of that name, left by onceflow's earlier watermill-nats
 // subscriber, is replaced by a pull consumer that starts right after its ack floor; while a

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 func TestConfig_ValidateNamesTheField(t *testing.T) {
@@ -351,4 +353,48 @@ func TestSubscriber_DeliveryCountsHoldThroughNacksAndCloses(t *testing.T) {
 		}
 		require.Equal(t, uint64(n), f.consumerInfo().Delivered.Stream, "the consumer's position")
 	})
+}
+
+// refusingJetStream refuses the first refusals consumer creates as the server refuses one on a
+// stream whose storage it is still creating, and counts the creates.
+type refusingJetStream struct {
+	jetstream.JetStream
+	mu       sync.Mutex
+	refusals int
+	creates  int
+}
+
+func (js *refusingJetStream) CreateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	js.mu.Lock()
+	js.creates++
+	refuse := js.creates <= js.refusals
+	js.mu.Unlock()
+	if refuse {
+		return nil, &jetstream.APIError{Code: 500, ErrorCode: jetstream.JSErrCodeConsumerCreate, Description: "invalid stream"}
+	}
+	return js.JetStream.CreateConsumer(ctx, stream, cfg)
+}
+
+// Subscribers of a new topic that start together may ask for the group's consumer while the
+// server still creates the stream, which it then refuses with "invalid stream": the
+// subscription tries again a bounded number of times, then fails with the server's error.
+func TestSubscriber_ConsumerRefusedWhileTheStreamIsCreatedIsCreatedAgain(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	id := f.publish(0, 1)[0]
+
+	s := f.subscriber(natsbroker.Config{})
+	refusing := &refusingJetStream{refusals: natsbroker.CreateAttempts - 1}
+	natsbroker.WrapJetStream(s, func(js jetstream.JetStream) jetstream.JetStream { refusing.JetStream = js; return refusing })
+	m := receive(t, f.subscribe(s), within)
+	require.Equal(t, id, m.UUID)
+	m.Ack()
+	require.Equal(t, natsbroker.CreateAttempts, refusing.creates)
+
+	other := f.subscriber(natsbroker.Config{ConsumerGroup: testsvc.UniqueName("g")})
+	always := &refusingJetStream{refusals: 1 << 30}
+	natsbroker.WrapJetStream(other, func(js jetstream.JetStream) jetstream.JetStream { always.JetStream = js; return always })
+	_, err := other.Subscribe(context.Background(), f.topic)
+	require.ErrorContains(t, err, "invalid stream")
+	require.Equal(t, natsbroker.CreateAttempts, always.creates)
 }
