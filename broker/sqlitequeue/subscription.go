@@ -279,6 +279,12 @@ func (s *subscription) ended(e event) bool {
 	if s.inflight[e.d.offset] != e.d {
 		return false // not expected: each delivery ends once
 	}
+	if e.outcome == unsettled && e.d.handed.Load() && s.ctx.Err() != nil {
+		// Its context ended with the subscription's, not with its lease: it stays in flight,
+		// and shutdown gives it back at once. Taken for a lease that passed, it would wait
+		// for its lease to pass before anyone got it again.
+		return false
+	}
 	delete(s.inflight, e.d.offset)
 	switch {
 	case e.outcome != unsettled:
