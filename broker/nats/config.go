@@ -18,7 +18,8 @@ const (
 	// Config.Prefetch is zero. JetStream's AckWait runs for each of them from its delivery,
 	// also while it waits for its turn in the consumer: the window must drain well within
 	// AckWait, so it stays small; 64 is enough to keep the fetch round trips out of the way
-	// (one fetch per half window or less).
+	// (one fetch per half window or less; or, after the consumer settled a batch together,
+	// redelivery.Flush, one for the room that batch freed).
 	DefaultPrefetch = 64
 	// DefaultAckWait is the AckWait of the consumers when Config.AckWait is zero.
 	DefaultAckWait = 30 * time.Second

@@ -283,3 +283,39 @@ func TestDirectSettle_SubscriptionEndsWithItsContextAndGivesBack(t *testing.T) {
 	f.requireAcked(3, 0)
 	requireNothing(t, next, 300*time.Millisecond)
 }
+
+// A consumer that settles a batch together and flushes it (redelivery.Flush, as the router
+// does after a group's acks) gets the room it freed asked for at once, though that is less than
+// half the window, which the subscription waits for otherwise (or fillWait, here an hour).
+func TestDirectSettle_FlushAsksForTheFreeRoomAtOnce(t *testing.T) {
+	natsbroker.SetFillWait(t, time.Hour)
+	f := setup(t)
+	ids := f.publish(0, 20)
+	ch := f.subscribeDirect(f.subscriber(natsbroker.Config{Prefetch: 10}))
+	var got []*message.Message
+	for i := range 10 {
+		m := receive(t, ch, within)
+		require.Equal(t, ids[i], m.UUID)
+		got = append(got, m)
+	}
+	for _, m := range got[:3] {
+		ack(m)
+	}
+	requireNothing(t, ch, 300*time.Millisecond) // 3 places free, less than half the window
+	redelivery.Flush(got[2])
+	for i := 10; i < 13; i++ {
+		m := receive(t, ch, within)
+		require.Equal(t, ids[i], m.UUID)
+		got = append(got, m)
+	}
+	requireNothing(t, ch, 300*time.Millisecond) // the window is full again
+	for _, m := range got[3:] {
+		ack(m) // 10 places free: the rest come
+	}
+	for i := 13; i < 20; i++ {
+		m := receive(t, ch, within)
+		require.Equal(t, ids[i], m.UUID)
+		ack(m)
+	}
+	f.requireAcked(20, 0)
+}

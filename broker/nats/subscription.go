@@ -12,12 +12,13 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// fillWait is how long free room in the window waits to grow to half the window before it is
+// asked for anyway, so that a busy subscription fetches in batches without starving a slow
+// one. A variable for the tests only.
+var fillWait = 5 * time.Millisecond
+
 // Timings of the fetch loop.
 const (
-	// fillWait is how long free room in the window waits to grow to half the window before
-	// it is asked for anyway, so that a busy subscription fetches in batches without
-	// starving a slow one.
-	fillWait = 5 * time.Millisecond
 	// retryMin and retryMax bound the pause after a failed pull request; it doubles with
 	// every failure in a row.
 	retryMin = 50 * time.Millisecond
@@ -281,6 +282,9 @@ type window struct {
 
 	mu   sync.Mutex
 	used int
+	// hurried: the consumer settled a batch together and waits for more before it settles
+	// others (redelivery.Flush), so the next take asks for the free places at once.
+	hurried bool
 }
 
 func newWindow(size int) *window {
@@ -301,17 +305,33 @@ func (w *window) give(n int) {
 	}
 }
 
+// hurry tells the window that the consumer has settled a batch together and settles no more
+// until new messages come (redelivery.Flush: a group that committed in one transaction): the
+// places free then are asked for at once, without waiting for half the window. A consumer
+// that holds more than half the window in one group would otherwise wait fillWait for each
+// refill, with its next group short.
+func (w *window) hurry() {
+	w.mu.Lock()
+	w.hurried = true
+	w.mu.Unlock()
+	select {
+	case w.freed <- struct{}{}:
+	default:
+	}
+}
+
 // take waits for free places and takes them all: once half the window is free; or once some
 // is free and either eager is set (the consumer had no more messages at once, and a new one
-// must not wait) or fillWait has passed. It returns 0 when ctx ends.
+// must not wait), the consumer hurried it, or fillWait has passed. It returns 0 when ctx ends.
 func (w *window) take(ctx context.Context, eager bool) int {
 	var waited <-chan time.Time
 	filled := false
 	for {
 		w.mu.Lock()
 		free := w.size - w.used
-		if free > 0 && (2*free >= w.size || eager || filled) {
+		if free > 0 && (2*free >= w.size || eager || filled || w.hurried) {
 			w.used = w.size
+			w.hurried = false
 			w.mu.Unlock()
 			return free
 		}

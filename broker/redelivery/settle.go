@@ -49,9 +49,11 @@ func NewSettleContext(ctx context.Context, settled func()) context.Context {
 	return context.WithValue(ctx, settleKey{}, &settler{f: settled})
 }
 
-// NewSettleFlushContext is NewSettleContext for a subscriber that holds acknowledgements back,
-// to send several together: in the returned context Flush runs flush, in the goroutine of the
-// consumer that calls it, which then sends the acknowledgements it holds that may go now.
+// NewSettleFlushContext is NewSettleContext for a subscriber that acts on several settlements
+// together: it holds acknowledgements back to send several at once, or waits for more free
+// room before it asks the broker for more messages. In the returned context Flush runs flush,
+// in the goroutine of the consumer that calls it, which then sends the acknowledgements it
+// holds that may go now, and asks for the room that is free.
 func NewSettleFlushContext(ctx context.Context, settled, flush func()) context.Context {
 	return context.WithValue(ctx, settleKey{}, &settler{f: settled, flush: flush})
 }
@@ -78,10 +80,13 @@ func Acked(msg *message.Message) bool {
 }
 
 // Flush tells the subscriber of msg, which the consumer has settled (Settle) as the last of
-// several that it settled together, that no more come at once: a subscriber that holds
-// acknowledgements back to send them together sends what may go now instead of waiting for
-// more (NewSettleFlushContext). onceflow's router calls it after the last acknowledgement of a
-// group that committed in one transaction. For any other message it does nothing.
+// several that it settled together, that no more come at once: the consumer waits for new
+// messages before it settles others. A subscriber that holds acknowledgements back to send
+// them together sends what may go now instead of waiting for more, and one that waits for
+// more free room in its window before it asks the broker for messages asks for the room that
+// is free now (NewSettleFlushContext). onceflow's router calls it after the last
+// acknowledgement of a group that committed in one transaction, so that the next groups fill.
+// For any other message it does nothing.
 func Flush(msg *message.Message) {
 	if s, ok := msg.Context().Value(settleKey{}).(*settler); ok && s.flush != nil {
 		s.flush()

@@ -48,7 +48,8 @@ type Config struct {
 
 	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
 	// nacked) at most. It reads new entries once half the window is free (or 20 ms after room
-	// came free), with XREADGROUP COUNT <room left>, so that one read brings many. A nacked
+	// came free, or at once when the consumer has settled a batch together, redelivery.Flush),
+	// with XREADGROUP COUNT <room left>, so that one read brings many. A nacked
 	// delivery leaves the window at once, whatever its delay. Defaults to DefaultPrefetch.
 	Prefetch int
 

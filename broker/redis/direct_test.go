@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -222,4 +223,39 @@ func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testi
 	require.Equal(t, map[string]int{msgs[3].UUID: 2, msgs[4].UUID: 2, msgs[5].UUID: 2}, got, "the unsettled deliveries, given back")
 	requireNothing(t, ch, time.Second) // the nacked one waits its minute; the acked ones are done
 	f.requirePending(1)
+}
+
+// A consumer that settles a batch together and flushes it (redelivery.Flush, as the router
+// does after a group's acks) gets the room it freed read at once, though that is less than half
+// the window, which the subscription waits for otherwise (or fillWait, here an hour).
+func TestDirectSettle_FlushReadsTheFreeRoomAtOnce(t *testing.T) {
+	redissub.SetFillWait(t, time.Hour)
+	f := setup(t)
+	msgs := f.publish(20)
+	// The subscription's logs go to the test's output: a lost connection, say, shows there.
+	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	sub, err := redissub.NewSubscriber(f.client(f.url), redissub.Config{ConsumerGroup: group, Prefetch: 10, Logger: logger})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	ch := f.subscribeDirect(sub)
+
+	got := f.receiveN(ch, 10, 10*time.Second)
+	for _, m := range got[:3] {
+		ack(m)
+	}
+	requireNothing(t, ch, 300*time.Millisecond) // 3 places free, less than half the window
+	redelivery.Flush(got[2])
+	more := f.receiveN(ch, 3, 10*time.Second)
+	for i, m := range more {
+		require.Equal(t, msgs[10+i].UUID, m.UUID)
+	}
+	requireNothing(t, ch, 300*time.Millisecond) // the window is full again
+	for _, m := range append(got[3:], more...) {
+		ack(m) // 10 places free: the rest come
+	}
+	for i, m := range f.receiveN(ch, 7, 10*time.Second) {
+		require.Equal(t, msgs[13+i].UUID, m.UUID)
+		ack(m)
+	}
+	f.requirePending(0)
 }

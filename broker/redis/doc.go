@@ -17,8 +17,9 @@
 // subscription:
 //
 //   - reads new entries with XREADGROUP COUNT <room> BLOCK once half its window is free (or
-//     20 ms after room came free), keeping up to Config.Prefetch deliveries unsettled, handed
-//     out on its channel in stream order;
+//     20 ms after room came free, or at once when the consumer has settled a batch together,
+//     redelivery.Flush), keeping up to Config.Prefetch deliveries unsettled, handed out on its
+//     channel in stream order;
 //   - claims the group's entries that have been idle for Config.AckTimeout (XAUTOCLAIM, one
 //     pass over the pending entries list every Config.ClaimInterval, shared by the
 //     Subscriber's subscriptions to the stream): those of consumers that died, closed, or

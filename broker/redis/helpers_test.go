@@ -145,11 +145,20 @@ func (f *fixture) pendingOf(uuid string) redis.XPendingExt {
 // receive returns the next message of ch, failing the test after timeout.
 func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
 	t.Helper()
+	return receiveOr(t, ch, timeout, nil)
+}
+
+// receiveOr is receive whose failure also says what explain returns, unless it is nil.
+func receiveOr(t *testing.T, ch <-chan *message.Message, timeout time.Duration, explain func() string) *message.Message {
+	t.Helper()
 	select {
 	case m, ok := <-ch:
 		require.True(t, ok, "subscription closed before a message arrived")
 		return m
 	case <-time.After(timeout):
+		if explain != nil {
+			t.Fatalf("no message within %s; %s", timeout, explain())
+		}
 		t.Fatalf("no message within %s", timeout)
 		return nil
 	}
@@ -163,6 +172,39 @@ func receiveN(t *testing.T, ch <-chan *message.Message, n int, timeout time.Dura
 		out[i] = receive(t, ch, timeout)
 	}
 	return out
+}
+
+// receiveN returns the next n messages of ch, failing the test after timeout for any one of
+// them with what Redis says of the stream's consumer group: whether the entries were read
+// into a consumer's pending list, or not read at all.
+func (f *fixture) receiveN(ch <-chan *message.Message, n int, timeout time.Duration) []*message.Message {
+	f.t.Helper()
+	out := make([]*message.Message, n)
+	for i := range out {
+		out[i] = receiveOr(f.t, ch, timeout, func() string {
+			return fmt.Sprintf("message %d of %d; %s", i+1, n, f.groupState())
+		})
+	}
+	return out
+}
+
+// groupState describes the stream and its consumer group as Redis has them.
+func (f *fixture) groupState() string {
+	f.t.Helper()
+	ctx := context.Background()
+	length, err := f.admin.XLen(ctx, f.topic).Result()
+	if err != nil {
+		return fmt.Sprintf("XLEN: %v", err)
+	}
+	groups, err := f.admin.XInfoGroups(ctx, f.topic).Result()
+	if err != nil {
+		return fmt.Sprintf("XINFO GROUPS: %v", err)
+	}
+	consumers, err := f.admin.XInfoConsumers(ctx, f.topic, group).Result()
+	if err != nil {
+		return fmt.Sprintf("XINFO CONSUMERS: %v", err)
+	}
+	return fmt.Sprintf("stream of %d entries, groups %+v, consumers %+v", length, groups, consumers)
 }
 
 // requireNothing fails the test if ch delivers a message within d.

@@ -15,8 +15,8 @@ import (
 // room, registers them as deliveries and hands them out in order.
 
 // fillWait bounds how long room in the window waits to grow to readRoom before new entries
-// are read anyway.
-const fillWait = 20 * time.Millisecond
+// are read anyway. A variable for the tests only.
+var fillWait = 20 * time.Millisecond
 
 // readRoom returns the room in the window from which a read of new or idle entries is sent at
 // once: half the window.
@@ -219,7 +219,7 @@ func (s *subscription) register(entries []entry, sent, replied time.Time) []*del
 		if s.direct {
 			var ctx context.Context
 			ctx, d.cancel = context.WithCancel(s.base)
-			msg.SetContext(redelivery.NewSettleContext(newInfoContext(ctx, e.count), func() { s.settled(d) }))
+			msg.SetContext(redelivery.NewSettleFlushContext(newInfoContext(ctx, e.count), func() { s.settled(d) }, s.hurry))
 			d.ctx = msg.Context()
 			s.hold(d, sent.Add(s.cfg.AckTimeout))
 			continue

@@ -72,6 +72,9 @@ type subscription struct {
 	room     chan struct{} // a delivery left the window
 	ackReady chan struct{} // an ack was given
 	wake     chan struct{} // a parked entry was queued
+	// hurried: the consumer settled a batch together and settles no more until new entries
+	// come (redelivery.Flush), so the next read goes at once, without waiting for readRoom.
+	hurried atomic.Bool
 
 	// readID is the Redis client id of readConn, 0 when there is none: stop unblocks its
 	// XREADGROUP with CLIENT UNBLOCK.
@@ -218,7 +221,7 @@ func (s *subscription) run() {
 // are read when half the window is free (readRoom), or fillWait after room first came free,
 // so that each read brings many (a read per delivery that left the window would cost a
 // command per message), and a consumer that holds its deliveries until more come still gets
-// them.
+// them; or at once after the consumer settled a batch together (hurry).
 func (s *subscription) step() error {
 	now := time.Now()
 	if !now.Before(s.nextReap) {
@@ -236,7 +239,7 @@ func (s *subscription) step() error {
 	if due := s.popDue(&s.claims, now, room); len(due) > 0 {
 		return s.claimParked(due)
 	}
-	if room < s.readRoom() {
+	if room < s.readRoom() && !s.hurried.Load() {
 		if s.roomSince.IsZero() {
 			s.roomSince = now
 		}
@@ -249,6 +252,7 @@ func (s *subscription) step() error {
 	if cursor, ok := s.pass.begin(now); ok {
 		return s.claimIdle(room, cursor)
 	}
+	s.hurried.Store(false)
 	return s.read(room, s.blockTime(now))
 }
 
@@ -308,6 +312,15 @@ func (s *subscription) leave(d *delivery, acked, nacked bool) (*parked, bool) {
 		s.parked[d.id] = p
 	}
 	return p, acked
+}
+
+// hurry tells the subscription that the consumer has settled a batch together and settles no
+// more until new entries come (redelivery.Flush: a group that committed in one transaction):
+// the room free then is read at once. A consumer that holds more than half the window in one
+// group would otherwise wait fillWait for each refill, with its next group short.
+func (s *subscription) hurry() {
+	s.hurried.Store(true)
+	signal(s.room)
 }
 
 // afterLeave ends the context of d, which has left the window, and wakes the read loop, and

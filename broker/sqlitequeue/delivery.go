@@ -38,17 +38,17 @@ type delivery struct {
 // context derives from parent, ends when the lease passes, and carries a redelivery.Info with
 // the lease's count. With settled not nil, the consumer settles the message directly
 // (redelivery.Settle), and settled then runs once, in the consumer's goroutine, unless the
-// context of the delivery ended before.
-func newDelivery(parent context.Context, msg *message.Message, r claimedRow, expires time.Time, settled func(*delivery)) *delivery {
+// context of the delivery ended before; flush runs on redelivery.Flush.
+func newDelivery(parent context.Context, msg *message.Message, r claimedRow, expires time.Time, settled func(*delivery), flush func()) *delivery {
 	ctx, cancel := context.WithDeadline(parent, expires)
 	ctx = redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true})
 	d := &delivery{offset: r.offset, deliveries: r.deliveries, claim: r.claim, msg: msg, cancel: cancel, expires: expires}
 	if settled != nil {
-		ctx = redelivery.NewSettleContext(ctx, func() {
+		ctx = redelivery.NewSettleFlushContext(ctx, func() {
 			if d.take() {
 				settled(d)
 			}
-		})
+		}, flush)
 	}
 	d.ctx = ctx
 	msg.SetContext(ctx)

@@ -39,7 +39,8 @@
 //
 // Every consumer group receives every message of a topic. A subscription keeps a window of
 // Config.BatchSize messages in flight. When half its window is free (or 20 ms after room
-// came free, or when all of it is) it claims messages in one short transaction: the group's
+// came free, or when all of it is, or when the consumer has settled a batch together,
+// redelivery.Flush) it claims messages in one short transaction: the group's
 // leases that are due, then the messages after the group's cursor, leased for
 // Config.AckDeadline by a claim row per 63 offsets, not a row per message. An acknowledgement
 // sets its offset's bit in the claim row, the acknowledgements of a claim row in one

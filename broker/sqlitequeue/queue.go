@@ -180,8 +180,9 @@ func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 // subscriptions, not the Queue; Close of the Queue closes it too.
 //
 // A subscription keeps up to Config.BatchSize messages delivered and not yet settled (its
-// window). It claims them, once half the window is free (or 20 ms after room came free), in
-// a short transaction: first the
+// window). It claims them, once half the window is free (or 20 ms after room came free, or at
+// once when the consumer has settled a batch together, redelivery.Flush), in a short
+// transaction: first the
 // group's leases that are due (of
 // nacked messages whose delay has passed, of deliveries whose lease expired), then the messages
 // after the group's cursor, each getting a lease of Config.AckDeadline; it holds no

@@ -131,3 +131,43 @@ func TestSubscriber_DirectSettleStartsNoGoroutinePerMessage(t *testing.T) { //no
 		})
 	}
 }
+
+// A consumer that settles a batch together and flushes it (redelivery.Flush, as the router
+// does after a group's acks) gets the room it freed claimed at once, though that is less than
+// half the window, which the subscription waits for otherwise (or fillWait, here an hour).
+func TestSubscriber_DirectFlushClaimsTheFreeRoomAtOnce(t *testing.T) {
+	sqlitequeue.SetFillWait(t, time.Hour)
+	q := setup(t, sqlitequeue.Config{ConsumerGroup: "g", BatchSize: 10})
+	ids := publishN(t, q, "t", 20)
+	ctx, cancel := context.WithCancel(redelivery.WithDirectSettle(context.Background()))
+	msgs := subscribe(t, q, ctx, "t")
+
+	var got []*message.Message
+	for i := range 10 {
+		m := receive(t, msgs, 5*time.Second)
+		require.Equal(t, ids[i], m.UUID)
+		got = append(got, m)
+	}
+	for _, m := range got[:3] {
+		require.True(t, m.Ack())
+		redelivery.Settle(m)
+	}
+	requireNothing(t, msgs, 300*time.Millisecond) // 3 places free, less than half the window
+	redelivery.Flush(got[2])
+	for i := 10; i < 13; i++ {
+		m := receive(t, msgs, 5*time.Second)
+		require.Equal(t, ids[i], m.UUID)
+		got = append(got, m)
+	}
+	requireNothing(t, msgs, 300*time.Millisecond) // the window is full again
+	for _, m := range got[3:] {
+		require.True(t, m.Ack())
+		redelivery.Settle(m)
+	}
+	cancel()
+	for range msgs { // closed once the acknowledgements are committed
+	}
+	left, err := q.Backlog(context.Background(), "t", "g")
+	require.NoError(t, err)
+	require.EqualValues(t, 7, left)
+}

@@ -20,8 +20,8 @@ import (
 const settleWait = 10 * time.Millisecond
 
 // fillWait bounds how long room in a subscription's window waits to grow to half the window
-// before messages are claimed anyway.
-const fillWait = 20 * time.Millisecond
+// before messages are claimed anyway. A variable for the tests only.
+var fillWait = 20 * time.Millisecond
 
 // closeWait bounds the last transaction of a closing subscription (settling what was
 // acknowledged and nacked, giving back the rest). When the file stays locked for longer, the
@@ -53,6 +53,7 @@ type subscription struct {
 	events      chan event          // from the hand-out goroutine and the deliveries' watchers
 	batches     chan []*delivery    // to the hand-out goroutine
 	handed      chan struct{}       // from the hand-out goroutine: a batch is handed out
+	hurried     chan struct{}       // from the consumer (redelivery.Flush): claim the room now
 	handOutDone chan struct{}       // closed when the hand-out goroutine ends
 	done        chan struct{}       // closed when run ends
 	inflight    map[int64]*delivery // claimed and not settled, by offset; owned by run
@@ -87,6 +88,7 @@ func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *su
 		events:      make(chan event, cfg.BatchSize),
 		batches:     make(chan []*delivery, 1),
 		handed:      make(chan struct{}, 1),
+		hurried:     make(chan struct{}, 1),
 		handOutDone: make(chan struct{}),
 		done:        make(chan struct{}),
 		inflight:    make(map[int64]*delivery, cfg.BatchSize),
@@ -111,6 +113,9 @@ func (s *subscription) run() {
 		gave bool
 		// roomSince is when room came free in the window; zero after a claim.
 		roomSince time.Time
+		// hurry: the consumer settled a batch together and settles no more until new
+		// messages come (redelivery.Flush): the room free is claimed at once.
+		hurry bool
 		// woken is closed when messages are published to the topic or Wake is called. It is
 		// taken before a round, so that a wake-up during the round is not missed.
 		woken <-chan struct{}
@@ -131,14 +136,15 @@ func (s *subscription) run() {
 		// commits the settlements given meanwhile in the same transaction (each transaction
 		// of the queue file takes its write lock and writes its WAL), but no longer than
 		// fillWait after room came free, so that a consumer that holds its messages until
-		// more come gets them; with nothing in flight it goes at once.
+		// more come gets them; with nothing in flight, or once the consumer settled a batch
+		// together and waits for more (hurry), it goes at once.
 		if !canClaim {
 			roomSince = time.Time{}
 		} else if roomSince.IsZero() {
 			roomSince = now
 		}
 		fillAt := roomSince.Add(fillWait)
-		claim := canClaim && !now.Before(nextClaim) && (len(s.inflight) == 0 || 2*room >= s.window || !now.Before(fillAt))
+		claim := canClaim && !now.Before(nextClaim) && (len(s.inflight) == 0 || 2*room >= s.window || hurry || !now.Before(fillAt))
 		if flush || claim {
 			claimRoom := 0
 			if claim {
@@ -147,7 +153,7 @@ func (s *subscription) run() {
 			batch, err := s.round(claimRoom)
 			gave = gave && err != nil
 			if claim && err == nil {
-				roomSince = time.Time{}
+				roomSince, hurry = time.Time{}, false
 			}
 			if err != nil {
 				if s.ctx.Err() != nil {
@@ -194,17 +200,15 @@ func (s *subscription) run() {
 		}
 		select {
 		case e := <-s.events:
-			// Take every event that waits, so that one transaction commits them all.
-			for more := true; more; {
-				gave = s.ended(e) || gave
-				select {
-				case e = <-s.events:
-				default:
-					more = false
-				}
-			}
+			gave = s.ended(e) || gave
+			gave = s.endWaiting() || gave
 		case <-s.handed:
 			handing = false
+		case <-s.hurried:
+			// The batch's settlements came before: take those that wait, so that the
+			// claim sees their room.
+			hurry = true
+			gave = s.endWaiting() || gave
 		case <-published:
 			nextClaim, woken = time.Time{}, nil
 		case <-timeout:
@@ -266,11 +270,24 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		if s.direct {
 			settled = s.settled
 		}
-		d := newDelivery(s.ctx, msg, r, claimed.Add(s.q.cfg.AckDeadline), settled)
+		d := newDelivery(s.ctx, msg, r, claimed.Add(s.q.cfg.AckDeadline), settled, s.hurry)
 		s.inflight[r.offset] = d
 		batch = append(batch, d)
 	}
 	return batch, nil
+}
+
+// endWaiting takes note of every delivery whose end waits to be taken (ended), so that one
+// transaction commits their settlements, and reports whether any gave a settlement to commit.
+func (s *subscription) endWaiting() (gave bool) {
+	for {
+		select {
+		case e := <-s.events:
+			gave = s.ended(e) || gave
+		default:
+			return gave
+		}
+	}
 }
 
 // ended takes note of a delivery that ended while the subscription runs, and reports whether
@@ -370,6 +387,17 @@ func (s *subscription) settled(d *delivery) {
 // (its lease passed, or the subscription ended) before the consumer settled it.
 func (s *subscription) expired(d *delivery) {
 	s.report(event{d: d, outcome: d.outcomeNow(), at: time.Now()})
+}
+
+// hurry tells run that the consumer has settled a batch together and settles no more until
+// new messages come (redelivery.Flush: a group that committed in one transaction): the room
+// free then is claimed at once. A consumer that holds more than half the window in one group
+// would otherwise wait fillWait for each refill, with its next group short.
+func (s *subscription) hurry() {
+	select {
+	case s.hurried <- struct{}{}:
+	default:
+	}
 }
 
 // report sends e to run, unless run has ended.

@@ -34,7 +34,10 @@ type Config struct {
 
 	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
 	// nacked, lease not expired) at most: it claims that many messages without waiting for
-	// their acknowledgements. Defaults to DefaultPrefetch; at most MaxPrefetch.
+	// their acknowledgements. While deliveries are in flight it claims again once half the
+	// window is free, or PollInterval after room came free, or at once when the consumer has
+	// settled a batch together (redelivery.Flush). Defaults to DefaultPrefetch; at most
+	// MaxPrefetch.
 	Prefetch int
 
 	// AckTimeout is the length of a lease: a delivery neither acked nor nacked within it has

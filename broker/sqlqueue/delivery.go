@@ -100,7 +100,7 @@ func (sub *subscription) newDelivery(r row, deadline time.Time, l *claimLease) *
 	rctx = redelivery.WithTxAck(rctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries}))
 	d := &delivery{sub: sub, ref: leaseRef{offset: r.offset, deliveries: r.deliveries}, msg: msg, ctx: ctx, cancel: cancel, lease: l}
 	if l != nil {
-		rctx = redelivery.NewSettleContext(rctx, d.settleDirect)
+		rctx = redelivery.NewSettleFlushContext(rctx, d.settleDirect, sub.hurry)
 		l.ds = append(l.ds, d)
 	}
 	msg.SetContext(rctx)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
@@ -123,4 +124,40 @@ func (e *env) leases(topic string) int {
 	var n int
 	require.NoError(e.t, e.db.Get(&n, `SELECT COUNT(*) FROM `+e.leasesTable(topic)))
 	return n
+}
+
+// A consumer that settles a batch together and flushes it (redelivery.Flush, as the router
+// does after a group's acks) gets the room it freed claimed at once, though that is less than
+// half the window, which the subscription waits for otherwise (or PollInterval, here an hour).
+func TestSubscriber_DirectFlushClaimsTheFreeRoomAtOnce(t *testing.T) {
+	t.Parallel()
+	forEachDatabaseDirect(t, func(t *testing.T, e *env) {
+		q := e.queue(sqlqueue.Config{Prefetch: 10, PollInterval: time.Hour})
+		tp := topic()
+		ids := e.publishTogether(q, tp, "m", 20)
+		_, ch := e.subscribe(q, tp)
+		// The subscription's first claim may come before the messages are in view; they come
+		// into view together, and the claim that finds them takes 10.
+		got := []*message.Message{wakeUntilClaimed(t, q, tp, ch)}
+		require.Equal(t, ids[0], got[0].UUID)
+		for i := 1; i < 10; i++ {
+			m := receive(t, ch)
+			require.Equal(t, ids[i], m.UUID)
+			got = append(got, m)
+		}
+		for _, m := range got[:3] {
+			ack(m)
+		}
+		requireNothing(t, ch, 300*time.Millisecond) // 3 places free, less than half the window
+		redelivery.Flush(got[2])
+		for i := 10; i < 13; i++ {
+			m := receive(t, ch)
+			require.Equal(t, ids[i], m.UUID)
+			got = append(got, m)
+		}
+		requireNothing(t, ch, 300*time.Millisecond) // the window is full again
+		for _, m := range got[3:] {
+			ack(m)
+		}
+	})
 }

@@ -186,6 +186,23 @@ type subscription struct {
 	mu   sync.Mutex
 	held map[*delivery]struct{} // live deliveries: the window
 	wake chan struct{}          // a place in the window was freed
+	// hurried: the consumer settled a batch together and settles no more until new messages
+	// come (redelivery.Flush), so the next claim takes the room free at once. Under mu.
+	hurried bool
+}
+
+// hurry tells the subscription that the consumer has settled a batch together and settles no
+// more until new messages come (redelivery.Flush: a group that committed in one transaction):
+// the room free then is claimed at once. A consumer that holds more than half the window in
+// one group would otherwise wait PollInterval for each refill, with its next group short.
+func (sub *subscription) hurry() {
+	sub.mu.Lock()
+	sub.hurried = true
+	sub.mu.Unlock()
+	select {
+	case sub.wake <- struct{}{}:
+	default:
+	}
 }
 
 // leave takes d, which was in state was, out of the window. The mutex is held.
@@ -200,21 +217,28 @@ func (sub *subscription) leave(d *delivery, was deliveryState) {
 	}
 }
 
-func (sub *subscription) room() int {
+// room returns the free places of the window, and whether the consumer hurried the next
+// claim (hurry), which it then forgets once there is room.
+func (sub *subscription) room() (int, bool) {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	return sub.s.q.cfg.Prefetch - len(sub.held)
+	room, hurried := sub.s.q.cfg.Prefetch-len(sub.held), sub.hurried
+	if room > 0 {
+		sub.hurried = false
+	}
+	return room, hurried
 }
 
 // waitForRoom waits until at least want places of the window are free, or until maxWait has
-// passed with at least one free, and returns how many are free: 0 when the claims end.
+// passed with at least one free, or the consumer hurried the claim with at least one free, and
+// returns how many are free: 0 when the claims end.
 func (sub *subscription) waitForRoom(want int, maxWait time.Duration) int {
 	t := time.NewTimer(maxWait)
 	defer t.Stop()
 	waited := false
 	for sub.claimCtx.Err() == nil {
-		room := sub.room()
-		if room >= want || (waited && room > 0) {
+		room, hurried := sub.room()
+		if room >= want || ((waited || hurried) && room > 0) {
 			return room
 		}
 		select {
@@ -237,7 +261,8 @@ func (sub *subscription) run() {
 
 	cfg := sub.s.q.cfg
 	// A claim costs a commit whether it takes one message or many: while deliveries are in
-	// flight, wait until half the window is free before claiming, or PollInterval.
+	// flight, wait until half the window is free before claiming, or PollInterval, unless
+	// the consumer settled a batch together and waits for more (hurry).
 	refill := (cfg.Prefetch + 1) / 2
 	var st claimState
 	for {
