@@ -1,6 +1,9 @@
 package sqldb
 
-import "time"
+import (
+	"database/sql/driver"
+	"time"
+)
 
 // ParseURL exposes parseURL to the tests of package sqldb_test, which import the drivers.
 func ParseURL(rawURL string) (driverName, dsn, path, redacted string, connectTimeout time.Duration, err error) {
@@ -14,3 +17,13 @@ func ParseURL(rawURL string) (driverName, dsn, path, redacted string, connectTim
 // WriteTurnHeld reports whether a transaction of this process has the turn to write the
 // SQLite file at path.
 func WriteTurnHeld(path string) bool { return len(writeTurn(path)) == 1 }
+
+// BreakWriter breaks the connection that db's transactions run on, if it has one, as a
+// connection lost under them would be.
+func BreakWriter(db *DB) {
+	db.w.mu.Lock()
+	defer db.w.mu.Unlock()
+	if db.w.conn != nil {
+		_ = db.w.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+}

@@ -93,22 +93,17 @@ func (c *turnConn) Begin() (driver.Tx, error) {
 // BeginTx waits for the file's turn, in arrival order, until ctx ends or the busy timeout has
 // passed, then begins the transaction: after the busy timeout without its turn, SQLite's
 // busy handler decides, as it would without turns (a second transaction of a file with a
-// short busy timeout fails with SQLITE_BUSY).
+// short busy timeout fails with SQLITE_BUSY). A transaction that DB.BeginTxx begins has
+// waited already.
 func (c *turnConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	select {
-	case c.turn <- struct{}{}:
-		c.held = true
-	default:
-		t := time.NewTimer(c.wait)
-		select {
-		case c.turn <- struct{}{}:
-			c.held = true
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
+	if g, ok := grantOf(ctx); ok {
+		c.held = g.held // DB.BeginTxx waited for the turn (writer.go)
+	} else {
+		held, err := takeTurn(ctx, c.turn, c.wait)
+		if err != nil {
+			return nil, err
 		}
-		t.Stop()
+		c.held = held
 	}
 	var (
 		tx  driver.Tx

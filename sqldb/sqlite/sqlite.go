@@ -10,7 +10,9 @@
 // copied back into the file every 4,000 pages (wal_autocheckpoint=4000) and BEGIN IMMEDIATE
 // transactions, so that concurrent writers queue instead of failing. The transactions of one
 // process over a file take turns in arrival order before BEGIN, each waiting up to the busy
-// timeout (see sqldb.Driver.WriteTurn), rather than polling the lock in SQLite's busy handler.
+// timeout (see sqldb.Driver.WriteTurn), rather than polling the lock in SQLite's busy handler;
+// those that sqldb.DB.BeginTx and BeginTxx begin run on one connection of the pool, whose
+// cached pages stay warm from one transaction to the next.
 // The query parameters of the URL are passed to the driver; a _pragma parameter replaces the
 // default of the same pragma (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock
 // replaces the IMMEDIATE default. A file has no connect to bound: connect_timeout is ignored.
