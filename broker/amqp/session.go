@@ -220,13 +220,16 @@ func (ss *session) run() (lost bool) {
 // consumer may settle it as soon as it has it, before run records the hand-out.
 func (ss *session) receive(d amqp.Delivery) *delivery {
 	msg, _ := Marshaler{}.Unmarshal(d) // never fails
-	ctx, cancel := context.WithCancel(redelivery.NewContext(ss.ctx, deliveryInfo(d, ss.quorum)))
-	dv := &delivery{tag: d.DeliveryTag, msg: msg, ctx: ctx, cancel: cancel}
+	dv := &delivery{tag: d.DeliveryTag, msg: msg}
+	info := deliveryInfo(d, ss.quorum)
 	if ss.direct {
-		msg.SetContext(redelivery.NewSettleFlushContext(ctx, func() { ss.settleDirect(dv) }, ss.flush))
+		var base context.Context
+		base, dv.cancel = context.WithCancel(ss.ctx)
+		dv.ctx = redelivery.NewDeliveryContext(base, info, func() { ss.settleDirect(dv) }, ss.flush)
 	} else {
-		msg.SetContext(ctx)
+		dv.ctx, dv.cancel = context.WithCancel(redelivery.NewContext(ss.ctx, info))
 	}
+	msg.SetContext(dv.ctx)
 	ss.mu.Lock()
 	ss.acked.deliver(d.DeliveryTag)
 	if ss.direct {

@@ -46,7 +46,7 @@ func (sub *subscription) newDelivery(jm *nats.Msg, count int, link *link) *deliv
 		return d
 	}
 	d.ctx, d.cancel = context.WithCancelCause(sub.hand.base)
-	msg.SetContext(redelivery.NewSettleFlushContext(redelivery.NewContext(d.ctx, info), d.settled, sub.win.hurry))
+	msg.SetContext(redelivery.NewDeliveryContext(d.ctx, info, d.settled, sub.hurry))
 	sub.hand.add(d, sub.ackWait)
 	return d
 }

@@ -194,6 +194,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		win:       newWindow(s.cfg.Prefetch),
 		logger:    s.logger.With(watermill.LogFields{"topic": topic, "consumer": info.Name}),
 	}
+	sub.hurry = sub.win.hurry
 	sub.stopWithSubscriber = context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
 	if redelivery.SettlesDirectly(ctx) {
 		sub.hand = newHand(sub)

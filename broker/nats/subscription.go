@@ -46,6 +46,9 @@ type subscription struct {
 
 	out chan *message.Message
 	win *window
+	// hurry is win.hurry, the function each delivery's redelivery.Flush runs: made once, as a
+	// method value allocates each time it is taken.
+	hurry func()
 	// hand holds the deliveries when the consumer settles each message itself
 	// (redelivery.SettlesDirectly); nil when each delivery has a watcher.
 	hand *hand

@@ -131,3 +131,56 @@ func TestWithDirectSettle(t *testing.T) {
 	require.False(t, redelivery.SettlesDirectly(context.Background()))
 	require.True(t, redelivery.SettlesDirectly(redelivery.WithDirectSettle(context.Background())))
 }
+
+// A delivery context carries the Info, settles once, flushes on every call, keeps the values
+// and the cancellation of its parent, and NackAfter records its delay in it.
+func TestNewDeliveryContext_IsNewContextAndNewSettleFlushContextInOne(t *testing.T) {
+	type parentKey struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), parentKey{}, "p"))
+	info := redelivery.Info{Count: 3, DelaysNacks: true}
+	var settled, flushed int
+	ctx := redelivery.NewDeliveryContext(parent, info, func() { settled++ }, func() { flushed++ })
+
+	got, ok := redelivery.FromContext(ctx)
+	require.True(t, ok)
+	require.Equal(t, info, got)
+	require.Equal(t, "p", ctx.Value(parentKey{}))
+
+	msg := message.NewMessage("1", nil)
+	msg.SetContext(ctx)
+	require.True(t, redelivery.NackAfter(msg, time.Minute))
+	delay, ok := redelivery.RequestedDelay(msg.Context())
+	require.True(t, ok)
+	require.Equal(t, time.Minute, delay)
+	redelivery.Settle(msg)
+	redelivery.Settle(msg)
+	redelivery.Flush(msg)
+	redelivery.Flush(msg)
+	require.Equal(t, 1, settled, "Settle runs once")
+	require.Equal(t, 2, flushed, "Flush runs on every call")
+
+	child, stop := context.WithCancel(ctx)
+	defer stop()
+	cancel()
+	select {
+	case <-child.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a context derived from the delivery context did not end with its parent")
+	}
+}
+
+// One delivery context is one allocation; NewContext and NewSettleFlushContext make four.
+func TestNewDeliveryContext_AllocatesOnce(t *testing.T) {
+	parent := context.Background()
+	settled, flush := func() {}, func() {}
+	var sink context.Context
+	combined := testing.AllocsPerRun(100, func() {
+		sink = redelivery.NewDeliveryContext(parent, redelivery.Info{Count: 1}, settled, flush)
+	})
+	separate := testing.AllocsPerRun(100, func() {
+		sink = redelivery.NewSettleFlushContext(redelivery.NewContext(parent, redelivery.Info{Count: 1}), settled, flush)
+	})
+	_ = sink
+	require.Equal(t, 1.0, combined)
+	require.Equal(t, 4.0, separate)
+}

@@ -219,7 +219,7 @@ func (s *subscription) register(entries []entry, sent, replied time.Time) []*del
 		if s.direct {
 			var ctx context.Context
 			ctx, d.cancel = context.WithCancel(s.base)
-			msg.SetContext(redelivery.NewSettleFlushContext(newInfoContext(ctx, e.count), func() { s.settled(d) }, s.hurry))
+			msg.SetContext(redelivery.NewDeliveryContext(ctx, redelivery.Info{Count: e.count, DelaysNacks: true}, func() { s.settled(d) }, s.flush))
 			d.ctx = msg.Context()
 			s.hold(d, sent.Add(s.cfg.AckTimeout))
 			continue

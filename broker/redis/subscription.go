@@ -75,6 +75,9 @@ type subscription struct {
 	// hurried: the consumer settled a batch together and settles no more until new entries
 	// come (redelivery.Flush), so the next read goes at once, without waiting for readRoom.
 	hurried atomic.Bool
+	// flush is hurry, the function each delivery's redelivery.Flush runs: made once, as a
+	// method value allocates each time it is taken.
+	flush func()
 
 	// readID is the Redis client id of readConn, 0 when there is none: stop unblocks its
 	// XREADGROUP with CLIENT UNBLOCK.
@@ -151,6 +154,7 @@ func newSubscription(owner *Subscriber, ctx context.Context, topic, consumer str
 		s.hand.timer = time.AfterFunc(time.Hour, s.expire)
 		s.hand.timer.Stop()
 	}
+	s.flush = s.hurry
 	return s
 }
 

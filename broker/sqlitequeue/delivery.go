@@ -41,14 +41,16 @@ type delivery struct {
 // context of the delivery ended before; flush runs on redelivery.Flush.
 func newDelivery(parent context.Context, msg *message.Message, r claimedRow, expires time.Time, settled func(*delivery), flush func()) *delivery {
 	ctx, cancel := context.WithDeadline(parent, expires)
-	ctx = redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true})
+	info := redelivery.Info{Count: r.deliveries, DelaysNacks: true}
 	d := &delivery{offset: r.offset, deliveries: r.deliveries, claim: r.claim, msg: msg, cancel: cancel, expires: expires}
 	if settled != nil {
-		ctx = redelivery.NewSettleFlushContext(ctx, func() {
+		ctx = redelivery.NewDeliveryContext(ctx, info, func() {
 			if d.take() {
 				settled(d)
 			}
 		}, flush)
+	} else {
+		ctx = redelivery.NewContext(ctx, info)
 	}
 	d.ctx = ctx
 	msg.SetContext(ctx)

@@ -54,6 +54,7 @@ type subscription struct {
 	batches     chan []*delivery    // to the hand-out goroutine
 	handed      chan struct{}       // from the hand-out goroutine: a batch is handed out
 	hurried     chan struct{}       // from the consumer (redelivery.Flush): claim the room now
+	flush       func()              // hurry, made once: a method value allocates each time
 	handOutDone chan struct{}       // closed when the hand-out goroutine ends
 	done        chan struct{}       // closed when run ends
 	inflight    map[int64]*delivery // claimed and not settled, by offset; owned by run
@@ -74,7 +75,7 @@ type event struct {
 func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *subscription {
 	cfg := q.cfg
 	ctx, cancel := context.WithCancel(ctx)
-	return &subscription{
+	s := &subscription{
 		q:           q,
 		topic:       topic,
 		leases:      l,
@@ -94,6 +95,8 @@ func newSubscription(ctx context.Context, q *Queue, topic string, l *leases) *su
 		inflight:    make(map[int64]*delivery, cfg.BatchSize),
 		pending:     q.settlements(topic),
 	}
+	s.flush = s.hurry
+	return s
 }
 
 // run claims and settles until the subscription ends, then settles what it can and gives back
@@ -270,7 +273,7 @@ func (s *subscription) round(room int) ([]*delivery, error) {
 		if s.direct {
 			settled = s.settled
 		}
-		d := newDelivery(s.ctx, msg, r, claimed.Add(s.q.cfg.AckDeadline), settled, s.hurry)
+		d := newDelivery(s.ctx, msg, r, claimed.Add(s.q.cfg.AckDeadline), settled, s.flush)
 		s.inflight[r.offset] = d
 		batch = append(batch, d)
 	}

@@ -96,12 +96,14 @@ func (sub *subscription) newDelivery(r row, deadline time.Time, l *claimLease) *
 		ctx, cancel = context.WithDeadline(sub.ctx, deadline)
 	}
 	msg := newMessage(r.uuid, r.payload, r.metadata)
-	rctx := redelivery.NewContext(ctx, redelivery.Info{Count: r.deliveries, DelaysNacks: true})
-	rctx = redelivery.WithTxAck(rctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries}))
+	info := redelivery.Info{Count: r.deliveries, DelaysNacks: true}
+	rctx := redelivery.WithTxAck(ctx, sub.txAck(leaseRef{offset: r.offset, deliveries: r.deliveries}))
 	d := &delivery{sub: sub, ref: leaseRef{offset: r.offset, deliveries: r.deliveries}, msg: msg, ctx: ctx, cancel: cancel, lease: l}
 	if l != nil {
-		rctx = redelivery.NewSettleFlushContext(rctx, d.settleDirect, sub.hurry)
+		rctx = redelivery.NewDeliveryContext(rctx, info, d.settleDirect, sub.flush)
 		l.ds = append(l.ds, d)
+	} else {
+		rctx = redelivery.NewContext(rctx, info)
 	}
 	msg.SetContext(rctx)
 	sub.mu.Lock()

@@ -93,6 +93,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		held:   map[*delivery]struct{}{},
 		wake:   make(chan struct{}, 1),
 	}
+	sub.flush = sub.hurry
 	sub.ctx, sub.cancel = context.WithCancel(ctx)
 	sub.claimCtx, sub.stopClaims = context.WithCancel(sub.ctx)
 	s.mu.Lock()
@@ -189,6 +190,9 @@ type subscription struct {
 	// hurried: the consumer settled a batch together and settles no more until new messages
 	// come (redelivery.Flush), so the next claim takes the room free at once. Under mu.
 	hurried bool
+	// flush is hurry, the function each delivery's redelivery.Flush runs: made once, as a
+	// method value allocates each time it is taken.
+	flush func()
 }
 
 // hurry tells the subscription that the consumer has settled a batch together and settles no
