@@ -2,7 +2,6 @@ package redis
 
 import (
 	"container/heap"
-	"context"
 	"fmt"
 	"time"
 
@@ -96,9 +95,9 @@ func (h *parkHeap) Pop() any {
 	return p
 }
 
-// newInfoContext returns the context of a delivery with delivery count n.
-func newInfoContext(ctx context.Context, n int) context.Context {
-	return redelivery.NewContext(ctx, redelivery.Info{Count: n, DelaysNacks: true})
+// infoOf returns the redelivery.Info of a delivery with delivery count n.
+func infoOf(n int) redelivery.Info {
+	return redelivery.Info{Count: n, DelaysNacks: true}
 }
 
 // nackDelay returns the delay the consumer asked for the nacked delivery, or else NackDelay.

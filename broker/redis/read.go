@@ -219,13 +219,13 @@ func (s *subscription) register(entries []entry, sent, replied time.Time) []*del
 		if s.direct {
 			var ctx context.Context
 			ctx, d.cancel = context.WithCancel(s.base)
-			msg.SetContext(redelivery.NewDeliveryContext(ctx, redelivery.Info{Count: e.count, DelaysNacks: true}, func() { s.settled(d) }, s.flush))
+			msg.SetContext(redelivery.NewDeliveryContext(ctx, infoOf(e.count), func() { s.settled(d) }, s.flush))
 			d.ctx = msg.Context()
 			s.hold(d, sent.Add(s.cfg.AckTimeout))
 			continue
 		}
 		ctx, cancel := context.WithDeadline(s.ctx, sent.Add(s.cfg.AckTimeout))
-		ctx = newInfoContext(ctx, e.count)
+		ctx = redelivery.NewContext(ctx, infoOf(e.count))
 		msg.SetContext(ctx)
 		d.ctx, d.cancel, d.classified = ctx, cancel, make(chan struct{})
 		s.watchers.Add(1)
