@@ -139,10 +139,9 @@ func compareKeys(a, b Key) int {
 	return cmp.Or(strings.Compare(a.Handler, b.Handler), strings.Compare(a.MessageID, b.MessageID), cmp.Compare(a.Timestamp, b.Timestamp))
 }
 
-// recordManyStatement builds the multi-row INSERT of recordMany on PostgreSQL ($n) and SQLite
-// (?n), whose placeholders are numbered: created and expires are the first two, and every row
-// refers to them.
-func recordManyStatement(prefix, suffix, mark string, keys []Key, created, expires int64) (string, []any) {
+// recordManyStatement builds the multi-row INSERT of recordMany on PostgreSQL, whose
+// placeholders are numbered: created and expires are $1 and $2, and every row refers to them.
+func recordManyStatement(prefix, suffix string, keys []Key, created, expires int64) (string, []any) {
 	var b strings.Builder
 	b.Grow(len(prefix) + len(suffix) + len(keys)*32)
 	b.WriteString(prefix)
@@ -153,13 +152,13 @@ func recordManyStatement(prefix, suffix, mark string, keys []Key, created, expir
 			b.WriteByte(',')
 		}
 		n := 3 + 3*i
-		b.WriteString("(" + mark)
+		b.WriteString("($")
 		b.WriteString(strconv.Itoa(n))
-		b.WriteString("," + mark)
+		b.WriteString(",$")
 		b.WriteString(strconv.Itoa(n + 1))
-		b.WriteString("," + mark)
+		b.WriteString(",$")
 		b.WriteString(strconv.Itoa(n + 2))
-		b.WriteString("," + mark + "1," + mark + "2)")
+		b.WriteString(",$1,$2)")
 		args = append(args, k.Handler, k.MessageID, k.Timestamp)
 	}
 	b.WriteString(suffix)

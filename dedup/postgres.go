@@ -91,7 +91,7 @@ func (p *postgres) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, i
 // recordMany runs one INSERT ... ON CONFLICT ... RETURNING: the rows it returns are the keys it
 // inserted or renewed. created_at and expires_at are $1 and $2 in every row.
 func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
-	query, args := recordManyStatement(p.manyPrefix, p.manySuffix, "$", keys, created, expires)
+	query, args := recordManyStatement(p.manyPrefix, p.manySuffix, keys, created, expires)
 	return queryKeys(ctx, tx, query, args, true)
 }
 

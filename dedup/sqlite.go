@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strconv"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 
@@ -44,7 +44,7 @@ func (q *sqlite) queries(table string) queries {
 	q.maxRowid = `SELECT COALESCE(MAX(rowid), 0) FROM ` + t
 	return queries{
 		record: `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6)` + upsert + ` RETURNING rowid <= ?7`,
+VALUES (?, ?, ?, ?, ?, ?)` + upsert + ` RETURNING rowid <= ?`,
 		lookup: `SELECT COALESCE(internal_id, '') FROM ` + t + `
 WHERE handler = ?1 AND message_id = ?2 AND message_ts = ?3 AND expires_at > ?4`,
 		forget: `DELETE FROM ` + t + ` WHERE handler = ?1 AND message_id = ?2 AND message_ts = ?3`,
@@ -81,16 +81,29 @@ func (q *sqlite) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid
 }
 
 // recordMany runs one INSERT ... ON CONFLICT ... RETURNING (SQLite 3.35 and later): the rows it
-// returns are the keys it inserted or renewed. created_at and expires_at are ?1 and ?2 in every
-// row.
+// returns are the keys it inserted or renewed.
+//
+// Its placeholders are anonymous, five to a row: the driver looks up the name of every
+// numbered placeholder (?n) as it binds it, which cost about a tenth of a 64-key group's
+// write transaction, more than binding created_at and expires_at in every row.
 func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
 	last, err := q.lastRowid(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
-	query, args := recordManyStatement(q.manyPrefix, q.manySuffix, "?", keys, created, expires)
-	query += strconv.Itoa(len(args) + 1)
-	return queryKeys(ctx, tx, query, append(args, last), true)
+	var b strings.Builder
+	b.Grow(len(q.manyPrefix) + len(q.manySuffix) + len(keys)*len(",(?,?,?,?,?)"))
+	b.WriteString(q.manyPrefix)
+	args := make([]any, 0, 5*len(keys)+1)
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?,?,?)")
+		args = append(args, k.Handler, k.MessageID, k.Timestamp, created, expires)
+	}
+	b.WriteString(q.manySuffix)
+	return queryKeys(ctx, tx, b.String(), append(args, last), true)
 }
 
 func (q *sqlite) migrate(ctx context.Context) error {
