@@ -84,8 +84,8 @@ func (q *sqlite) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid
 // returns are the keys it inserted or renewed.
 //
 // Its placeholders are anonymous, five to a row: the driver looks up the name of every
-// numbered placeholder (?n) as it binds it, which cost about a tenth of a 64-key group's
-// write transaction, more than binding created_at and expires_at in every row.
+// numbered placeholder (?n) as it binds it, which took 8% of the CPU of a 64-key group's write
+// transaction, more than binding created_at and expires_at in every row costs.
 func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
 	last, err := q.lastRowid(ctx, tx)
 	if err != nil {
@@ -95,12 +95,13 @@ func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key,
 	b.Grow(len(q.manyPrefix) + len(q.manySuffix) + len(keys)*len(",(?,?,?,?,?)"))
 	b.WriteString(q.manyPrefix)
 	args := make([]any, 0, 5*len(keys)+1)
+	c, e := any(created), any(expires) // boxed once for every row
 	for i, k := range keys {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString("(?,?,?,?,?)")
-		args = append(args, k.Handler, k.MessageID, k.Timestamp, created, expires)
+		args = append(args, k.Handler, k.MessageID, k.Timestamp, c, e)
 	}
 	b.WriteString(q.manySuffix)
 	return queryKeys(ctx, tx, b.String(), append(args, last), true)
