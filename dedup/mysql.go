@@ -84,12 +84,13 @@ func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, 
 	b.Grow(len(m.manyPrefix) + len(m.manySuffix) + len(keys)*20)
 	b.WriteString(m.manyPrefix)
 	args := make([]any, 0, 6*len(keys))
+	c, e, tok := any(created), any(expires), any(token) // boxed once for every row
 	for i, k := range keys {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		b.WriteString("(?,?,?,NULL,?,?,?)")
-		args = append(args, k.Handler, k.MessageID, k.Timestamp, created, expires, token)
+		args = append(args, k.Handler, k.MessageID, k.Timestamp, c, e, tok)
 	}
 	b.WriteString(m.manySuffix)
 	if m.supportsReturning(ctx) {
