@@ -545,3 +545,69 @@ func TestBestEffort_ProcessesAtMostConcurrencyMessagesAtOnce(t *testing.T) {
 	require.EqualValues(t, concurrency, peak.Load())
 	require.Equal(t, messages, f.broker.TotalAcks())
 }
+
+// handSubscriber is a subscriber whose deliveries the test hands over one by one, each with a
+// context of the test's choosing.
+type handSubscriber struct {
+	out  chan *message.Message
+	once sync.Once
+}
+
+func (s *handSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	return s.out, nil
+}
+
+func (s *handSubscriber) Close() error {
+	s.once.Do(func() { close(s.out) })
+	return nil
+}
+
+// settledWithin returns "ack" or "nack", whichever msg got first, or "" after timeout.
+func settledWithin(msg *message.Message, timeout time.Duration) string {
+	select {
+	case <-msg.Acked():
+		return "ack"
+	case <-msg.Nacked():
+		return "nack"
+	case <-time.After(timeout):
+		return ""
+	}
+}
+
+func TestDeliveryThatEndsWhileWaitingForASlot_IsNackedWithoutProcessing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testsvc.Databases()[0]) // sqlite
+	sub := &handSubscriber{out: make(chan *message.Message)}
+	started, release := make(chan string, 3), make(chan struct{})
+	f.startRouter(t, onceflow.Handler{
+		QoS:          onceflow.BestEffort,
+		Concurrency:  1,
+		Subscriber:   sub,
+		Interceptors: []string{onceflow.InterceptorRecover},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			started <- msg.ID
+			<-release
+			return nil
+		}),
+	})
+
+	first := message.NewMessage("slot-first", []byte(`{}`))
+	sub.out <- first
+	require.Equal(t, "slot-first", <-started)
+	// The only slot is taken: the next delivery waits for it, and its delivery ends meanwhile
+	// (its ack deadline passed).
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := message.NewMessage("slot-ended", []byte(`{}`))
+	ended.SetContext(ctx)
+	sub.out <- ended
+	cancel()
+	require.Equal(t, "nack", settledWithin(ended, 10*time.Second), "the delivery that ended while it waited")
+
+	third := message.NewMessage("slot-third", []byte(`{}`))
+	sub.out <- third
+	close(release)
+	require.Equal(t, "ack", settledWithin(first, 10*time.Second), "the first delivery")
+	require.Equal(t, "ack", settledWithin(third, 10*time.Second), "the delivery after the one that ended")
+	require.Equal(t, "slot-third", <-started)
+	require.Empty(t, started, "a delivery that ended before its turn reached the processor")
+}
