@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -223,5 +224,52 @@ func TestHandlerName_UsedForAnotherTopicByAnotherProcessFailsAtStart(t *testing.
 		require.ErrorIs(t, err, dedup.ErrHandlerTopic)
 		require.ErrorContains(t, err, `"refunds"`)
 		require.ErrorContains(t, err, `"invoices"`)
+	})
+}
+
+func TestDeadLetter_WhoseAckIsLostOnABrokerThatDoesNotCountIsNotPublishedAgain(t *testing.T) {
+	// A subscriber that says only whether a delivery is the first (a RabbitMQ classic queue).
+	// The first delivery is dead-lettered and recorded, and its acknowledgement is lost; the
+	// redelivery is the second delivery, which the record acknowledges without a second dead
+	// letter.
+	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
+		f := newFixture(t, d)
+		f.broker.CountDeliveries = false
+		var lost atomic.Bool
+		var deliveries []int
+		var mu sync.Mutex
+		f.startRouter(t, onceflow.Handler{
+			QoS: onceflow.ExactlyOnce,
+			Interceptors: []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-ack", onceflow.InterceptorDeadLetter,
+				onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate},
+			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				return processor.Permanent(errors.New("rejected by a business rule"))
+			}),
+		}, func(r *onceflow.Router) {
+			require.NoError(t, r.RegisterInterceptor("lose-ack", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
+				return func(next processor.Processor) processor.Processor {
+					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+						mu.Lock()
+						deliveries = append(deliveries, msg.Delivery)
+						mu.Unlock()
+						err := next.Process(ctx, msg)
+						if processor.IsDeadLettered(err) && lost.CompareAndSwap(false, true) {
+							return errors.New("the acknowledgement was lost") // the router nacks
+						}
+						return err
+					})
+				}, nil
+			}))
+		})
+		f.publish(t, "rejected", "x")
+		f.waitAcks(t, "rejected", 1)
+
+		require.Equal(t, 1, f.broker.Nacks("rejected"), "the delivery whose acknowledgement was lost")
+		mu.Lock()
+		require.Equal(t, []int{1, 2}, deliveries, "the redelivery is counted as the second delivery")
+		mu.Unlock()
+		dead := f.deadLetters()
+		require.Len(t, dead, 1, "one dead letter")
+		require.Equal(t, "1", dead[0].Metadata.Get(messagedata.HeaderDeadLetterDeliveries))
 	})
 }

@@ -74,7 +74,7 @@ func NewCounter(db *sqldb.DB, cfg CounterConfig) (*Counter, error) {
 	switch db.Dialect {
 	case sqldb.Postgres:
 		c.count = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, updated_at) VALUES ($1, $2, $3, $4)
-ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = c.deliveries + 1, updated_at = EXCLUDED.updated_at
+ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = GREATEST(c.deliveries + 1, EXCLUDED.deliveries), updated_at = EXCLUDED.updated_at
 RETURNING c.deliveries`
 		c.attempt = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, attempts, updated_at) VALUES ($1, $2, 0, 1, $3)
 ON CONFLICT (handler, message_id) DO UPDATE SET attempts = c.attempts + 1, updated_at = EXCLUDED.updated_at
@@ -82,7 +82,7 @@ RETURNING c.attempts`
 		c.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE updated_at <= $1 LIMIT $2))`
 	case sqldb.SQLite:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?1, ?2, ?3, ?4)
-ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = deliveries + 1, updated_at = excluded.updated_at
+ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = max(deliveries + 1, excluded.deliveries), updated_at = excluded.updated_at
 RETURNING deliveries`
 		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?1, ?2, 0, 1, ?3)
 ON CONFLICT (handler, message_id) DO UPDATE SET attempts = attempts + 1, updated_at = excluded.updated_at
@@ -90,7 +90,7 @@ RETURNING attempts`
 		c.purge = `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE updated_at <= ?1 LIMIT ?2)`
 	case sqldb.MySQL:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?, ?, ?, ?)
-ON DUPLICATE KEY UPDATE deliveries = deliveries + 1, updated_at = VALUES(updated_at)`
+ON DUPLICATE KEY UPDATE deliveries = GREATEST(deliveries + 1, VALUES(deliveries)), updated_at = VALUES(updated_at)`
 		c.read = `SELECT deliveries FROM ` + t + ` WHERE handler = ? AND message_id = ?`
 		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?, ?, 0, 1, ?)
 ON DUPLICATE KEY UPDATE attempts = attempts + 1, updated_at = VALUES(updated_at)`
@@ -193,7 +193,9 @@ func (c *Counter) addColumn(ctx context.Context, col string) error {
 // Count records one more delivery of the message with id for handler and returns how many
 // there have been, this one included. A message seen for the first time starts at initial:
 // 1 when every delivery is counted, 2 when the first one went uncounted (the broker said it was
-// the first). The write is committed when Count returns.
+// the first). A message whose row holds fewer deliveries than initial (one that MarkDeadLettered,
+// Attempt or MarkProcessed wrote for an uncounted first delivery) gets initial too. The write
+// is committed when Count returns.
 func (c *Counter) Count(ctx context.Context, handler, id string, initial int) (int, error) {
 	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
 		return 0, err

@@ -154,3 +154,24 @@ func TestCounter_RemembersDeadLetters(t *testing.T) {
 		require.Equal(t, 2, n, "the mark leaves the count alone")
 	})
 }
+
+// A row that a mark wrote for a message whose first delivery went uncounted holds no
+// deliveries: the next count, a redelivery, is still the second.
+func TestCounter_CountAfterAMarkOfAnUncountedFirstDeliveryStartsAtInitial(t *testing.T) {
+	forEachCounter(t, func(t *testing.T, ctx context.Context, c *dedup.Counter) {
+		marks := map[string]func(id string) error{
+			"dead-lettered": func(id string) error { return c.MarkDeadLettered(ctx, "billing", id) },
+			"processed":     func(id string) error { return c.MarkProcessed(ctx, "billing", id) },
+			"attempted":     func(id string) error { _, err := c.Attempt(ctx, "billing", id); return err },
+		}
+		for name, mark := range marks {
+			require.NoError(t, mark(name))
+			n, err := c.Count(ctx, "billing", name, 2)
+			require.NoError(t, err)
+			require.Equal(t, 2, n, "after %s: the redelivery of a first delivery the broker reported", name)
+			n, err = c.Count(ctx, "billing", name, 2)
+			require.NoError(t, err)
+			require.Equal(t, 3, n, "after %s: the delivery after it", name)
+		}
+	})
+}
