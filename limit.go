@@ -63,7 +63,11 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 	c.isolation.Lock()
 	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
 	if err != nil {
-		c.logger.Warn("cannot record the attempt; the delivery limit counts its deliveries", "message_id", md.ID, "error", err)
+		// The delivery count includes deliveries that never began (they waited behind a
+		// message that killed their consumer): on it alone, a message would be given up for
+		// deliveries it never had. Its processing needs the database that just failed anyway.
+		c.logger.Warn("cannot record the attempt; the delivery limit does not apply to this delivery", "message_id", md.ID, "error", err)
+		st.AttemptUnrecorded = true
 	} else {
 		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
 	}

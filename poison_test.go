@@ -273,3 +273,32 @@ func TestDeadLetter_WhoseAckIsLostOnABrokerThatDoesNotCountIsNotPublishedAgain(t
 		require.Equal(t, "1", dead[0].Metadata.Get(messagedata.HeaderDeadLetterDeliveries))
 	})
 }
+
+func TestDeliveryWhoseAttemptCannotBeRecorded_IsNotGivenUpOnTheBrokersCount(t *testing.T) {
+	// The router records a redelivery's attempt before processing it, and gives a message up
+	// on the attempts, not on the broker's count, which includes deliveries that never began.
+	// When the attempt cannot be recorded (here the counter table lost its column; in
+	// production the database is unreachable), the limit does not apply to that delivery.
+	f := newFixture(t, testsvc.Databases()[0]) // sqlite
+	var calls atomic.Int32
+	f.startRouter(t, onceflow.Handler{
+		QoS:           onceflow.ExactlyOnce,
+		MaxDeliveries: 2,
+		Retry:         onceflow.RetryConfig{MaxAttempts: 1},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			if calls.Add(1) < 4 {
+				return errors.New("not yet")
+			}
+			return applyEffect(ctx, msg)
+		}),
+	})
+	_, err := f.db.Exec(`ALTER TABLE ` + dedup.DefaultCounterTable + ` DROP COLUMN attempts`)
+	require.NoError(t, err)
+
+	f.publish(t, "late", "x")
+	f.waitAcks(t, "late", 1)
+	require.Equal(t, int32(4), calls.Load(), "retried past the limit, whose count was unknown")
+	require.Equal(t, 3, f.broker.Nacks("late"))
+	require.Equal(t, 1, countEffects(t, f.db, "late"))
+	require.Empty(t, f.deadLetters())
+}

@@ -77,7 +77,9 @@ func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
 // reached after n deliveries: <its error>" instead of being nacked; a message delivered more
 // than n times (its n-th delivery ended without an outcome: the consumer died or its
 // acknowledgement was lost) is dead-lettered before it is processed. A message whose delivery
-// count is unknown (0) is never given up this way. Defaults to 0: no limit; a negative n is an
+// count is unknown (0) is never given up this way, nor, inside the router, a delivery whose
+// attempt the router could not record (its database was unreachable): the broker's count
+// alone also counts deliveries that never began. Defaults to 0: no limit; a negative n is an
 // error of DeadLetter.
 //
 // Inside the router, the count that the limit applies to is that of the deliveries whose
@@ -164,6 +166,8 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 			n := msg.Delivery
 			if st := delivery.From(ctx); st != nil && st.Attempts > 0 {
 				n = st.Attempts
+			} else if st != nil && st.AttemptUnrecorded {
+				n = 0 // how many deliveries began is unknown: no limit
 			}
 			if limit := cfg.maxDeliveries; limit > 0 && n > limit {
 				if cfg.processed != nil {

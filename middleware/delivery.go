@@ -83,13 +83,19 @@ func (d Delivery) Retries() int {
 // DeliveriesBegun returns how many deliveries of the message began processing, this one
 // included, where the router counts them durably for the delivery limit (a redelivery of a
 // handler whose broker does not count deliveries); 0 when they are not counted, and
-// messagedata.MessageData.Delivery is the count to go by.
+// messagedata.MessageData.Delivery is the count to go by, and 0 too when the router could not
+// record this delivery's attempt (AttemptUnrecorded).
 func (d Delivery) DeliveriesBegun() int {
 	if d.st == nil {
 		return 0
 	}
 	return d.st.Attempts
 }
+
+// AttemptUnrecorded reports whether the router counts the deliveries that began processing but
+// could not record this one (its database was unreachable): no count then tells how many
+// began, and DeadLetter applies no delivery limit to this delivery.
+func (d Delivery) AttemptUnrecorded() bool { return d.st != nil && d.st.AttemptUnrecorded }
 
 // CommittedAt returns when the transaction that applied the message committed, as recorded
 // by RecordCommit, and false while it has not.

@@ -27,6 +27,10 @@ type State struct {
 	// included, where the router records them (a redelivery, of a handler with a delivery
 	// limit); 0 when unknown.
 	Attempts int
+	// AttemptUnrecorded is set when the router records the attempts of the message but could
+	// not record this one (its database was unreachable): no count tells how many deliveries
+	// began, and the delivery limit does not apply to this delivery.
+	AttemptUnrecorded bool
 	// Span is the consumer span the Tracing middleware started, left open for the router to
 	// record the acknowledgement in and end; nil when the delivery is not traced.
 	Span trace.Span
