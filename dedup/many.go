@@ -165,6 +165,22 @@ func recordManyStatement(prefix, suffix string, keys []Key, created, expires int
 	return b.String(), args
 }
 
+// repeatRows returns prefix, then row n times separated by commas, then suffix: the text of a
+// multi-row statement whose placeholders are anonymous.
+func repeatRows(prefix, row, suffix string, n int) string {
+	var b strings.Builder
+	b.Grow(len(prefix) + n*(len(row)+1) + len(suffix))
+	b.WriteString(prefix)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(row)
+	}
+	b.WriteString(suffix)
+	return b.String()
+}
+
 // queryKeys runs query on tx and scans the keys it returns as (handler, message_id, message_ts)
 // and, when flagged, a fourth column that is true for a key that replaced an expired record.
 func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any, flagged bool) (map[Key]bool, error) {

@@ -34,8 +34,8 @@ import (
 type mysql struct {
 	s *SQLStore
 
-	manyPrefix, manySuffix string
-	selectPrefix           string
+	manyPrefix   string
+	selectPrefix string
 
 	// canReturn is whether the server has INSERT ... RETURNING, asked once (supportsReturning).
 	returningOnce sync.Once
@@ -52,6 +52,13 @@ created_at = IF(expires_at <= VALUES(created_at), VALUES(created_at), created_at
 batch_token = IF(expires_at <= VALUES(created_at), -VALUES(batch_token), batch_token),
 expires_at = IF(expires_at <= VALUES(created_at), VALUES(expires_at), expires_at)`
 
+// mysqlRecordRow is a row of RecordMany's upsert, and mysqlReturning what it returns on
+// MariaDB.
+const (
+	mysqlRecordRow = "(?,?,?,NULL,?,?,?)"
+	mysqlReturning = ` RETURNING handler, message_id, message_ts, batch_token`
+)
+
 // mysqlCollations are the binary no-pad collations, by preference; utf8mb4_bin, which pads, is
 // the fallback on servers that have neither (MySQL 5.7, MariaDB before 10.2).
 var mysqlCollations = []string{"utf8mb4_0900_bin", "utf8mb4_nopad_bin"}
@@ -59,7 +66,6 @@ var mysqlCollations = []string{"utf8mb4_0900_bin", "utf8mb4_nopad_bin"}
 func (m *mysql) queries(table string) queries {
 	t := sqldb.MySQL.Quote(table)
 	m.manyPrefix = `INSERT INTO ` + t + ` (handler, message_id, message_ts, internal_id, created_at, expires_at, batch_token) VALUES `
-	m.manySuffix = mysqlUpsert
 	m.selectPrefix = `SELECT handler, message_id, message_ts, batch_token < 0 FROM ` + t + `
 WHERE batch_token IN (?, -?) AND (handler, message_id, message_ts) IN (`
 	return queries{
@@ -80,24 +86,16 @@ WHERE handler = ? AND message_id = ? AND message_ts = ? AND expires_at > ?`,
 // it at any isolation level.
 func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
 	token := rand.Int64N(math.MaxInt64) + 1 // positive: a renewed row gets its negation
-	var b strings.Builder
-	b.Grow(len(m.manyPrefix) + len(m.manySuffix) + len(keys)*20)
-	b.WriteString(m.manyPrefix)
 	args := make([]any, 0, 6*len(keys))
 	c, e, tok := any(created), any(expires), any(token) // boxed once for every row
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("(?,?,?,NULL,?,?,?)")
+	for _, k := range keys {
 		args = append(args, k.Handler, k.MessageID, k.Timestamp, c, e, tok)
 	}
-	b.WriteString(m.manySuffix)
 	if m.supportsReturning(ctx) {
-		b.WriteString(` RETURNING handler, message_id, message_ts, batch_token`)
-		return recordedByToken(ctx, tx, b.String(), args, token)
+		query := repeatRows(m.manyPrefix, mysqlRecordRow, mysqlUpsert+mysqlReturning, len(keys))
+		return recordedByToken(ctx, tx, query, args, token)
 	}
-	res, err := tx.ExecContext(ctx, b.String(), args...)
+	res, err := tx.ExecContext(ctx, repeatRows(m.manyPrefix, mysqlRecordRow, mysqlUpsert, len(keys)), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -116,20 +114,11 @@ func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, 
 		return all, nil
 	}
 
-	b.Reset()
-	b.Grow(len(m.selectPrefix) + len(keys)*8)
-	b.WriteString(m.selectPrefix)
-	args = args[:0]
-	args = append(args, token, token)
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("(?,?,?)")
+	args = append(args[:0], token, token)
+	for _, k := range keys {
 		args = append(args, k.Handler, k.MessageID, k.Timestamp)
 	}
-	b.WriteByte(')')
-	return queryKeys(ctx, tx, b.String(), args, true)
+	return queryKeys(ctx, tx, repeatRows(m.selectPrefix, "(?,?,?)", ")", len(keys)), args, true)
 }
 
 // recordedByToken runs query, a multi-row upsert RETURNING (handler, message_id, message_ts,

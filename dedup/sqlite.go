@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strings"
 
 	"github.com/jmoiron/sqlx"
 
@@ -91,20 +90,13 @@ func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key,
 	if err != nil {
 		return nil, err
 	}
-	var b strings.Builder
-	b.Grow(len(q.manyPrefix) + len(q.manySuffix) + len(keys)*len(",(?,?,?,?,?)"))
-	b.WriteString(q.manyPrefix)
 	args := make([]any, 0, 5*len(keys)+1)
 	c, e := any(created), any(expires) // boxed once for every row
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString("(?,?,?,?,?)")
+	for _, k := range keys {
 		args = append(args, k.Handler, k.MessageID, k.Timestamp, c, e)
 	}
-	b.WriteString(q.manySuffix)
-	return queryKeys(ctx, tx, b.String(), append(args, last), true)
+	query := repeatRows(q.manyPrefix, "(?,?,?,?,?)", q.manySuffix, len(keys))
+	return queryKeys(ctx, tx, query, append(args, last), true)
 }
 
 func (q *sqlite) migrate(ctx context.Context) error {
