@@ -202,29 +202,36 @@ func (m *meter) latencies() []float64 {
 // group's commit): the bench sees the commits without changing the handler's chain and without
 // a goroutine per message. Every other instrument is a no-op, as with the global provider the
 // router uses by default. A chain without the Metrics interceptor, or a renamed instrument,
-// makes the cell time out rather than measure something else.
+// makes the cell time out rather than measure something else. sent is set when the messages
+// carry their publish time in their context (sentRelay): elsewhere the counter does not look
+// for it, which would walk the whole context chain of each message.
 type commits struct {
 	noop.MeterProvider
-	m *meter
+	m    *meter
+	sent bool
 }
 
-func (p commits) Meter(string, ...metric.MeterOption) metric.Meter { return commitsMeter{m: p.m} }
+func (p commits) Meter(string, ...metric.MeterOption) metric.Meter {
+	return commitsMeter{m: p.m, sent: p.sent}
+}
 
 type commitsMeter struct {
 	noop.Meter
-	m *meter
+	m    *meter
+	sent bool
 }
 
 func (cm commitsMeter) Int64Counter(name string, _ ...metric.Int64CounterOption) (metric.Int64Counter, error) {
 	if name == telemetry.MetricMessages {
-		return commitsCounter{m: cm.m}, nil
+		return commitsCounter{m: cm.m, sent: cm.sent}, nil
 	}
 	return noop.Int64Counter{}, nil
 }
 
 type commitsCounter struct {
 	noop.Int64Counter
-	m *meter
+	m    *meter
+	sent bool
 }
 
 func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddOption) {
@@ -237,7 +244,10 @@ func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddO
 		c.m.settled.Add(incr) // a duplicate, or a failure that is not committed
 		return
 	}
-	sent, _ := ctx.Value(sentKey{}).(string)
+	var sent string
+	if c.sent {
+		sent, _ = ctx.Value(sentKey{}).(string)
+	}
 	c.m.committedOne(sent)
 }
 
@@ -589,10 +599,11 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 		_ = b.Close()
 		return nil, err
 	}
-	if cl.scenario == scenarioSteady {
+	steady := cl.scenario == scenarioSteady
+	if steady {
 		sub = sentRelay{Subscriber: sub}
 	}
-	spec.meters = commits{m: m}
+	spec.meters = commits{m: m, sent: steady}
 	stop, err := runRouter(ctx, sub, b.Publisher(), db, t.name, tables.dedup, cl.variant, cl.c, s.logger, spec)
 	if err != nil {
 		_ = b.Close()
