@@ -146,7 +146,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			if !b.CountDeliveries {
 				info = redelivery.Info{Redelivered: count > 1}
 			}
-			msgCtx = redelivery.NewContext(msgCtx, info)
 			// settled is the message's outcome, taken once: by the consumer's ack or nack, or
 			// by the end of the subscription.
 			var taken atomic.Bool
@@ -174,7 +173,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 				b.mu.Lock()
 				b.directs++
 				b.mu.Unlock()
-				msgCtx = redelivery.NewSettleFlushContext(msgCtx, func() {
+				// One context holds the info and both functions, as the real subscribers make it.
+				msgCtx = redelivery.NewDeliveryContext(msgCtx, info, func() {
 					acked := redelivery.Acked(m)
 					settled(acked, !acked, false)
 				}, func() {
@@ -185,6 +185,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 						b.early++
 					}
 				})
+			} else {
+				msgCtx = redelivery.NewContext(msgCtx, info)
 			}
 			m.SetContext(msgCtx)
 			inFlight.Add(1)
