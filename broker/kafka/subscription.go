@@ -416,11 +416,11 @@ func (sub *subscription) send() {
 		ctx, cancel := context.WithCancelCause(sub.ctx)
 		d.msg = Message(d.e.rec)
 		messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.p.previous(d.e)}.SetHeaders(d.msg.Metadata)
-		msgCtx := ctx
 		if sub.direct {
-			msgCtx = redelivery.NewSettleContext(ctx, func() { sub.settled(d) })
+			d.msg.SetContext(redelivery.NewDeliveryContext(ctx, info, func() { sub.settled(d) }, nil))
+		} else {
+			d.msg.SetContext(redelivery.NewContext(ctx, info))
 		}
-		d.msg.SetContext(redelivery.NewContext(msgCtx, info))
 		d.cancel = cancel
 		d.p.live[d] = struct{}{}
 		sub.mu.Unlock()
