@@ -145,7 +145,7 @@ func (c *consumer) read(msgs <-chan *message.Message, sub int) {
 			redelivery.Settle(msg)
 			continue
 		}
-		if c.slots != nil {
+		if c.slots != nil && !c.takeSlot() {
 			select {
 			case c.slots <- struct{}{}:
 			case <-msg.Context().Done():
@@ -161,6 +161,18 @@ func (c *consumer) read(msgs <-chan *message.Message, sub int) {
 			continue
 		}
 		c.start(msg)
+	}
+}
+
+// takeSlot takes a slot if one is free, without waiting. Waiting selects on the delivery's
+// context too, and asking a context for its Done channel makes one: a free slot, the usual
+// case, costs no allocation.
+func (c *consumer) takeSlot() bool {
+	select {
+	case c.slots <- struct{}{}:
+		return true
+	default:
+		return false
 	}
 }
 

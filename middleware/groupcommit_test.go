@@ -1075,6 +1075,62 @@ func TestGroupCommit_BatchGetsTheNewMessagesOfTheGroupInOneCall(t *testing.T) {
 	})
 }
 
+func TestGroupCommit_GroupContextEndsOnceEveryMembersContextHasEnded(t *testing.T) {
+	for _, firstEnds := range []bool{true, false} {
+		t.Run(fmt.Sprintf("first member's context ends first=%v", firstEnds), func(t *testing.T) {
+			f := newGroupFixture(t, testsvc.Databases()[0])
+			joined := make(chan int, 2)
+			running := make(chan context.Context, 1)
+			mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(2), middleware.WithMaxWait(time.Hour),
+				middleware.WithGroupJoined(func(size int) { joined <- size }),
+				middleware.WithBatch(processor.BatchFunc(func(ctx context.Context, _ []*messagedata.MessageData) error {
+					running <- ctx
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(10 * time.Second):
+						return errors.New("the group's context did not end")
+					}
+				})))
+			require.NoError(t, err)
+			p := mw(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
+
+			var ctxs [2]context.Context
+			var cancels [2]context.CancelFunc
+			errs := make(chan error, 2)
+			for i, id := range []string{"first", "second"} {
+				ctxs[i], cancels[i] = context.WithCancel(context.Background())
+				go func() { errs <- p.Process(ctxs[i], msg(id)) }()
+				require.Equal(t, i+1, <-joined)
+			}
+			group := <-running
+
+			order := []int{0, 1}
+			if !firstEnds {
+				order = []int{1, 0}
+			}
+			cancels[order[0]]()
+			select {
+			case <-group.Done():
+				t.Fatal("the group's context ended with one member's")
+			case <-time.After(50 * time.Millisecond):
+			}
+			cancels[order[1]]()
+			select {
+			case <-group.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the group's context did not end with the last member's")
+			}
+			require.EqualError(t, context.Cause(group), "the context of every member has ended")
+			for range 2 {
+				require.ErrorIs(t, <-errs, middleware.ErrGroupAborted)
+			}
+			require.Equal(t, 0, f.effects(t, "first")+f.effects(t, "second"))
+			require.Equal(t, int32(0), f.cdb.commits.Load())
+		})
+	}
+}
+
 func TestGroupCommit_BatchThatNamesAFailingMessageRunsAgainWithoutIt(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d testsvc.Database) {
 		f := newGroupFixture(t, d)

@@ -70,15 +70,20 @@ func (g *grouper) run(members []*member) (joined []*member) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	// One goroutine waits for the members' contexts in turn, and ends the group's once the
-	// last has ended; it stops with the group.
-	ends := make([]<-chan struct{}, len(r.slots))
+	// last has ended; it stops with the group. It asks a member's context for its Done channel,
+	// which makes one, only once those before it have ended: while no member's context ends,
+	// that is the first member's alone.
+	ends := make([]context.Context, len(r.slots))
 	for i := range r.slots {
-		ends[i] = r.slots[i].m.ctx.Done()
+		ends[i] = r.slots[i].m.ctx
 	}
 	go func() {
-		for _, done := range ends {
+		for _, end := range ends {
+			if end.Err() != nil {
+				continue
+			}
 			select {
-			case <-done:
+			case <-end.Done():
 			case <-ctx.Done():
 				return
 			}
