@@ -336,17 +336,15 @@ func (s *subscription) handOut() {
 		for _, d := range batch {
 			if d.ctx.Err() == nil {
 				d.handed.Store(true)
-				select {
-				case s.out <- d.msg:
+				if s.give(d) {
 					if s.direct {
 						d.watchEnd(s.expired)
 					} else {
 						go s.watch(d)
 					}
 					continue
-				case <-d.ctx.Done():
-					d.handed.Store(false)
 				}
+				d.handed.Store(false)
 			}
 			if s.ctx.Err() != nil {
 				return // run gives back what was not handed out
@@ -354,6 +352,23 @@ func (s *subscription) handOut() {
 			s.report(event{d: d, outcome: unsettled, at: time.Now()})
 		}
 		s.handed <- struct{}{}
+	}
+}
+
+// give passes d's message to the consumer, and reports false when d's context ended first. A
+// consumer that waits for it takes it without d's context being asked for its Done channel,
+// which that would make.
+func (s *subscription) give(d *delivery) bool {
+	select {
+	case s.out <- d.msg:
+		return true
+	default:
+	}
+	select {
+	case s.out <- d.msg:
+		return true
+	case <-d.ctx.Done():
+		return false
 	}
 }
 
