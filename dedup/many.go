@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/jmoiron/sqlx"
@@ -104,7 +103,11 @@ func (s *SQLStore) recordChunk(ctx context.Context, tx sqlx.ExtContext, chunk []
 		}
 		return nil
 	}
-	recorded, err := s.dialect.recordMany(ctx, tx, chunk, created, expires)
+	mr, ok := s.dialect.(manyRecorder)
+	if !ok {
+		return fmt.Errorf("the %T dialect records no batch of keys", s.dialect)
+	}
+	recorded, err := mr.recordMany(ctx, tx, chunk, created, expires)
 	if err != nil {
 		return err
 	}
@@ -119,6 +122,23 @@ func (s *SQLStore) recordChunk(ctx context.Context, tx sqlx.ExtContext, chunk []
 		}
 	}
 	return nil
+}
+
+// A dialect records a batch of keys either as a manyRecorder or as an exceptionRecorder: MySQL
+// and SQLite the first way, PostgreSQL the second.
+var (
+	_ manyRecorder      = (*mysql)(nil)
+	_ manyRecorder      = (*sqlite)(nil)
+	_ exceptionRecorder = (*postgres)(nil)
+)
+
+// manyRecorder is a dialect that records a batch of keys with one multi-row statement returning
+// the keys it recorded.
+type manyRecorder interface {
+	// recordMany records keys (distinct, valid, at most maxKeysPerStatement) in tx with one
+	// multi-row statement, plus at most one other statement, and returns those it recorded,
+	// each with whether it replaced an expired record.
+	recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error)
 }
 
 // exceptionRecorder is a dialect that records a batch of keys with one statement returning only
@@ -137,32 +157,6 @@ type exception struct {
 
 func compareKeys(a, b Key) int {
 	return cmp.Or(strings.Compare(a.Handler, b.Handler), strings.Compare(a.MessageID, b.MessageID), cmp.Compare(a.Timestamp, b.Timestamp))
-}
-
-// recordManyStatement builds the multi-row INSERT of recordMany on PostgreSQL, whose
-// placeholders are numbered: created and expires are $1 and $2, and every row refers to them.
-func recordManyStatement(prefix, suffix string, keys []Key, created, expires int64) (string, []any) {
-	var b strings.Builder
-	b.Grow(len(prefix) + len(suffix) + len(keys)*32)
-	b.WriteString(prefix)
-	args := make([]any, 2, 2+3*len(keys))
-	args[0], args[1] = created, expires
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		n := 3 + 3*i
-		b.WriteString("($")
-		b.WriteString(strconv.Itoa(n))
-		b.WriteString(",$")
-		b.WriteString(strconv.Itoa(n + 1))
-		b.WriteString(",$")
-		b.WriteString(strconv.Itoa(n + 2))
-		b.WriteString(",$1,$2)")
-		args = append(args, k.Handler, k.MessageID, k.Timestamp)
-	}
-	b.WriteString(suffix)
-	return b.String(), args
 }
 
 // repeatRows returns prefix, then row n times separated by commas, then suffix: the text of a

@@ -20,7 +20,6 @@ import (
 type postgres struct {
 	s *SQLStore
 
-	manyPrefix, manySuffix           string
 	exceptions, exceptionsOneHandler string
 }
 
@@ -36,13 +35,11 @@ WHERE d.expires_at <= EXCLUDED.created_at`
 
 func (p *postgres) queries(table string) queries {
 	t := sqldb.Postgres.Quote(table)
-	p.manyPrefix = `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, created_at, expires_at) VALUES `
-	// xmax is 0 on a row version this statement inserted, and set on one it updated: a renewal.
-	p.manySuffix = pgUpsert + ` RETURNING d.handler, d.message_id, d.message_ts, d.xmax <> 0`
 	// One text for every batch size, so that one prepared statement serves them all. The rows
 	// go in the order of the arrays (the caller's fixed order); the outer query returns the
 	// batch's keys that the insert did not write (duplicates: NULL) or wrote over an expired
-	// record (renewals: true), by their position in the arrays.
+	// record (renewals: true), by their position in the arrays. xmax is 0 on a row version a
+	// statement inserted, and set on one it updated: a renewal.
 	insert := `, ins AS (
 	INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, created_at, expires_at)
 	SELECT handler, message_id, message_ts, $1::bigint, $2::bigint FROM k ORDER BY i` + pgUpsert + `
@@ -86,13 +83,6 @@ func (p *postgres) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, i
 		return Renewed, nil
 	}
 	return Recorded, nil
-}
-
-// recordMany runs one INSERT ... ON CONFLICT ... RETURNING: the rows it returns are the keys it
-// inserted or renewed. created_at and expires_at are $1 and $2 in every row.
-func (p *postgres) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error) {
-	query, args := recordManyStatement(p.manyPrefix, p.manySuffix, keys, created, expires)
-	return queryKeys(ctx, tx, query, args, true)
 }
 
 // recordExceptions runs the exceptions statement over the keys as three arrays, or as the

@@ -115,10 +115,6 @@ type dialect interface {
 	queries(table string) queries
 	// recordOne records key in tx with the record statement and says what it did.
 	recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error)
-	// recordMany records keys (distinct, valid, at most maxKeysPerStatement) in tx with one
-	// multi-row statement, plus at most one other statement, and returns those it recorded,
-	// each with whether it replaced an expired record.
-	recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (map[Key]bool, error)
 	// migrate creates the table and its index if they are missing.
 	migrate(ctx context.Context) error
 }
