@@ -593,7 +593,7 @@ func TestDeliveryThatEndsWhileWaitingForASlot_IsNackedWithoutProcessing(t *testi
 
 	first := message.NewMessage("slot-first", []byte(`{}`))
 	sub.out <- first
-	require.Equal(t, "slot-first", <-started)
+	require.Equal(t, "slot-first", startedWithin(t, started, 10*time.Second))
 	// The only slot is taken: the next delivery waits for it, and its delivery ends meanwhile
 	// (its ack deadline passed).
 	ctx, cancel := context.WithCancel(context.Background())
@@ -608,6 +608,18 @@ func TestDeliveryThatEndsWhileWaitingForASlot_IsNackedWithoutProcessing(t *testi
 	close(release)
 	require.Equal(t, "ack", settledWithin(first, 10*time.Second), "the first delivery")
 	require.Equal(t, "ack", settledWithin(third, 10*time.Second), "the delivery after the one that ended")
-	require.Equal(t, "slot-third", <-started)
+	require.Equal(t, "slot-third", startedWithin(t, started, 10*time.Second))
 	require.Empty(t, started, "a delivery that ended before its turn reached the processor")
+}
+
+// startedWithin returns the next id from started, failing t when none comes within timeout.
+func startedWithin(t *testing.T, started <-chan string, timeout time.Duration) string {
+	t.Helper()
+	select {
+	case id := <-started:
+		return id
+	case <-time.After(timeout):
+		t.Fatal("no delivery reached the processor")
+		return ""
+	}
 }
