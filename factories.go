@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/onceflow/onceflow/dedup"
@@ -156,15 +157,15 @@ func newGroupCommit(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if !ok {
 		return nil, fmt.Errorf("Handler.Dedup.Store: %T cannot record a group's ids (group commit needs RecordMany and Forget, as *dedup.SQLStore has)", h.Dedup)
 	}
-	opts := append(groupOptions(h.Handler), retentionPolicy(r, h))
+	opts := append(groupOptions(r, h.Handler), retentionPolicy(r, h))
 	if h.Handler.Dedup.WithTimestamp {
 		opts = append(opts, middleware.WithTimestampKey())
 	}
 	return middleware.GroupCommit(middleware.Pool(h.DB), store, h.Name, opts...)
 }
 
-func newGroupTransaction(_ *Router, h HandlerInfo) (middleware.Middleware, error) {
-	return middleware.GroupTransaction(middleware.Pool(h.DB), groupOptions(h.Handler)...)
+func newGroupTransaction(r *Router, h HandlerInfo) (middleware.Middleware, error) {
+	return middleware.GroupTransaction(middleware.Pool(h.DB), groupOptions(r, h.Handler)...)
 }
 
 func newGroupOffsets(r *Router, h HandlerInfo) (middleware.Middleware, error) {
@@ -172,7 +173,7 @@ func newGroupOffsets(r *Router, h HandlerInfo) (middleware.Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	return middleware.GroupOffsets(middleware.Pool(h.DB), p, h.Name, groupOptions(h.Handler)...)
+	return middleware.GroupOffsets(middleware.Pool(h.DB), p, h.Name, groupOptions(r, h.Handler)...)
 }
 
 // retentionPolicy is the retention option of h's duplicate detection: its policy, and a report
@@ -188,9 +189,14 @@ func retentionPolicy(r *Router, h HandlerInfo) middleware.DedupOption {
 	})
 }
 
-// groupOptions are the options of a group-commit interceptor for h.
-func groupOptions(h Handler) []middleware.GroupOption {
-	opts := []middleware.GroupOption{middleware.WithConcurrency(max(h.Concurrency, 1))}
+// groupOptions are the options of a group-commit interceptor for h, which records the size of
+// each group it commits in r's group-size histogram.
+func groupOptions(r *Router, h Handler) []middleware.GroupOption {
+	sizes, attrs := r.instruments.GroupSize, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(h.Name)))
+	opts := []middleware.GroupOption{
+		middleware.WithConcurrency(max(h.Concurrency, 1)),
+		middleware.WithCommitted(func(ctx context.Context, messages int) { sizes.Record(ctx, int64(messages), attrs) }),
+	}
 	if h.GroupCommit.MaxSize > 0 {
 		opts = append(opts, middleware.WithMaxGroupSize(h.GroupCommit.MaxSize))
 	}

@@ -391,6 +391,32 @@ func TestMetrics_SuccessCountsProcessedCommitToAckAndDedupGauges(t *testing.T) {
 	require.Equal(t, "s", age.Unit)
 }
 
+func TestMetrics_GroupSizeCountsTheMessagesEachGroupCommitted(t *testing.T) {
+	o := newObserved(t)
+	o.start(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, GroupCommit: onceflow.GroupCommitConfig{Enabled: true}})
+
+	for i := range 5 {
+		o.produce(t, fmt.Sprintf("g-%d", i), "x")
+	}
+	o.produce(t, "g-0", "x") // a copy: acknowledged, its effect not committed again
+	o.waitDeliveries(t, 6)
+
+	rm := o.metrics(t)
+	require.Equal(t, map[processor.Outcome]int64{processor.Processed: 5, processor.Duplicate: 1}, outcomes(t, rm))
+	m, ok := find(rm, "onceflow.group.size")
+	require.True(t, ok)
+	require.Equal(t, "{message}", m.Unit)
+	h, ok := m.Data.(metricdata.Histogram[int64])
+	require.True(t, ok, "onceflow.group.size is a %T", m.Data)
+	require.Len(t, h.DataPoints, 1)
+	dp := h.DataPoints[0]
+	want := attribute.NewSet(handlerAttr)
+	require.True(t, dp.Attributes.Equals(&want), "attributes %v", dp.Attributes.ToSlice())
+	require.Equal(t, int64(5), dp.Sum, "each committed message once, the copy not")
+	require.GreaterOrEqual(t, dp.Count, uint64(1))
+	require.LessOrEqual(t, dp.Count, uint64(5), "one record per committed transaction")
+}
+
 func withoutTimes[N int64 | float64](dps []metricdata.DataPoint[N]) []metricdata.DataPoint[N] {
 	out := make([]metricdata.DataPoint[N], len(dps))
 	for i, dp := range dps {

@@ -100,6 +100,14 @@ func WithBatch(b processor.Batch) GroupOption {
 	return groupOptionFunc(func(c *groupConfig) { c.batch = b })
 }
 
+// WithCommitted calls fn after each group transaction that commits, in the group's goroutine,
+// with the number of messages whose effects it committed (the members that succeeded; a
+// duplicate or a failed member is not one). The router records it as the group-size histogram
+// (onceflow.group.size).
+func WithCommitted(fn func(ctx context.Context, messages int)) GroupOption {
+	return groupOptionFunc(func(c *groupConfig) { c.committed = fn })
+}
+
 type groupConfig struct {
 	maxSize      int
 	maxWait      time.Duration
@@ -108,6 +116,7 @@ type groupConfig struct {
 	dedup        dedupConfig
 	dedupOptions bool
 	batch        processor.Batch
+	committed    func(ctx context.Context, messages int)
 	hooks        groupHooks
 }
 

@@ -376,6 +376,9 @@ func (r *groupRun) commit(tx Tx, set []*slot) step {
 		return settled
 	}
 	at := time.Now()
+	if committed := r.g.cfg.committed; committed != nil {
+		committed(r.ctx, len(ok))
+	}
 	for _, s := range ok {
 		s.finish(memberResult{committedAt: at})
 	}

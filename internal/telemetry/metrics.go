@@ -11,6 +11,7 @@ const (
 	MetricInflight         = "onceflow.inflight"
 	MetricRetries          = "onceflow.retries"
 	MetricCommitToAck      = "onceflow.commit_to_ack.duration"
+	MetricGroupSize        = "onceflow.group.size"
 	MetricAckFailures      = "onceflow.ack.failures"
 	MetricDedupRows        = "onceflow.dedup.rows"
 	MetricDedupExpired     = "onceflow.dedup.expired"
@@ -32,6 +33,7 @@ type Instruments struct {
 	Inflight        metric.Int64UpDownCounter
 	Retries         metric.Int64Counter
 	CommitToAck     metric.Float64Histogram
+	GroupSize       metric.Int64Histogram
 	AckFailures     metric.Int64Counter
 	BeyondRetention metric.Int64Counter
 	DeadLetterFails metric.Int64Counter
@@ -40,6 +42,10 @@ type Instruments struct {
 // LatencyBuckets are the histogram bucket boundaries, in seconds: from 100 µs to 10 s, which
 // suits message processing and the commit-to-ack latency alike.
 var LatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// GroupSizeBuckets are the bucket boundaries of the group-size histogram, in messages: powers
+// of two up to 1,024, which hold the default group size (64) and any that is configured.
+var GroupSizeBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
 
 // NewInstruments creates the instruments on meter.
 func NewInstruments(meter metric.Meter) (*Instruments, error) {
@@ -66,6 +72,11 @@ func NewInstruments(meter metric.Meter) (*Instruments, error) {
 	if ins.CommitToAck, err = meter.Float64Histogram(MetricCommitToAck, metric.WithUnit("s"),
 		metric.WithDescription("Time from the database commit to the acknowledgement handed to the subscriber."),
 		metric.WithExplicitBucketBoundaries(LatencyBuckets...)); err != nil {
+		return nil, err
+	}
+	if ins.GroupSize, err = meter.Int64Histogram(MetricGroupSize, metric.WithUnit("{message}"),
+		metric.WithDescription("Messages whose effects one group-commit transaction committed, recorded once per committed transaction."),
+		metric.WithExplicitBucketBoundaries(GroupSizeBuckets...)); err != nil {
 		return nil, err
 	}
 	if ins.AckFailures, err = meter.Int64Counter(MetricAckFailures, metric.WithUnit("{message}"),

@@ -21,7 +21,7 @@ func TestNames_AreAllDocumented(t *testing.T) {
 	require.NoError(t, err)
 	for _, name := range []string{
 		telemetry.MetricMessages, telemetry.MetricProcessDuration, telemetry.MetricInflight, telemetry.MetricRetries,
-		telemetry.MetricCommitToAck, telemetry.MetricAckFailures, telemetry.MetricDedupRows, telemetry.MetricDedupExpired,
+		telemetry.MetricCommitToAck, telemetry.MetricGroupSize, telemetry.MetricAckFailures, telemetry.MetricDedupRows, telemetry.MetricDedupExpired,
 		telemetry.MetricDedupOldestAge, telemetry.MetricOutboxBacklog, telemetry.MetricOutboxLag,
 		telemetry.MetricOrderSweepErrors, telemetry.MetricDedupBeyond, telemetry.MetricDeadLetterErrors, string(telemetry.AttrReason),
 		// MetricOrderParked and MetricOrderGapTimeouts are documented with the in-order chain.
