@@ -66,6 +66,7 @@ func (s *suite) startBaseline(ctx context.Context, cl cell, t topic, db *sqldb.D
 		if err := tx.Commit(); err != nil {
 			return err
 		}
+		m.txns.Add(1)
 		if fresh > 0 {
 			m.committedOne(msg.Metadata.Get(headerSent))
 		} else {

@@ -106,12 +106,12 @@ func goLoop(ctx context.Context, db *sqldb.DB, c int, dur time.Duration, warmup 
 	case <-time.After(warm):
 	case <-ctx.Done():
 	}
-	n0, t0, cpu0, wal0 := done.Load(), time.Now(), sampleCPU(), pgWAL(ctx, db)
+	n0, t0, cpu0, wal0 := done.Load(), time.Now(), sampleCPU(), serverWAL(ctx, db)
 	select {
 	case <-time.After(dur):
 	case <-ctx.Done():
 	}
-	n1, t1, cpu1, wal1 := done.Load(), time.Now(), sampleCPU(), pgWAL(ctx, db)
+	n1, t1, cpu1, wal1 := done.Load(), time.Now(), sampleCPU(), serverWAL(ctx, db)
 	stop.Store(true)
 	wg.Wait()
 	if firstErr != nil {
@@ -162,11 +162,11 @@ func (s *suite) pgbench(ctx context.Context, db *sqldb.DB, tables cellTables, c 
 	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+benchSchema)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cpu0, wal0 := sampleCPU(), pgWAL(ctx, db)
+	cpu0, wal0 := sampleCPU(), serverWAL(ctx, db)
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("pgbench: %w: %s", err, lastLines(out.String(), 3))
 	}
-	cpu1, wal1 := sampleCPU(), pgWAL(ctx, db)
+	cpu1, wal1 := sampleCPU(), serverWAL(ctx, db)
 	tps := pgbenchTPS.FindStringSubmatch(out.String())
 	txs := pgbenchTx.FindStringSubmatch(out.String())
 	if tps == nil || txs == nil {

@@ -113,6 +113,7 @@ type meter struct {
 	warm, target   int64
 	n              atomic.Int64 // effects committed
 	settled        atomic.Int64 // deliveries acknowledged, duplicates included
+	txns           atomic.Int64 // transactions committed
 	warmAt, doneAt chan time.Time
 	from           atomic.Int64 // Unix nanoseconds; messages sent from then on are timed (0: none)
 	// atWarm and atDone, when set, run in the committing goroutine as the warm-up ends and the
@@ -132,6 +133,7 @@ func newMeter(warm, target int) *meter {
 
 // committed records a commit of the effects of fresh, in a batch of settled deliveries.
 func (m *meter) committed(fresh []inMsg, settled int) {
+	m.txns.Add(1)
 	now := time.Now()
 	for _, f := range fresh {
 		m.observe(now, f.sent)
@@ -196,7 +198,9 @@ func (m *meter) latencies() []float64 {
 }
 
 // commits is the MeterProvider of the router of an onceflow cell: it tells the cell's meter
-// about each message that the Metrics interceptor counts as processed. That interceptor sits
+// about each message that the Metrics interceptor counts as processed, and about each group
+// transaction the router records in the group-size histogram (a transaction per processed
+// message without group commit, perMessage). That interceptor sits
 // outside the transaction in the canonical chain and counts a message when the chain returns,
 // which is after the commit of the transaction that applied it (for group commit, after its
 // group's commit): the bench sees the commits without changing the handler's chain and without
@@ -207,31 +211,46 @@ func (m *meter) latencies() []float64 {
 // for it, which would walk the whole context chain of each message.
 type commits struct {
 	noop.MeterProvider
-	m    *meter
-	sent bool
+	m                *meter
+	sent, perMessage bool
 }
 
 func (p commits) Meter(string, ...metric.MeterOption) metric.Meter {
-	return commitsMeter{m: p.m, sent: p.sent}
+	return commitsMeter{m: p.m, sent: p.sent, perMessage: p.perMessage}
 }
 
 type commitsMeter struct {
 	noop.Meter
-	m    *meter
-	sent bool
+	m                *meter
+	sent, perMessage bool
 }
 
 func (cm commitsMeter) Int64Counter(name string, _ ...metric.Int64CounterOption) (metric.Int64Counter, error) {
 	if name == telemetry.MetricMessages {
-		return commitsCounter{m: cm.m, sent: cm.sent}, nil
+		return commitsCounter{m: cm.m, sent: cm.sent, perMessage: cm.perMessage}, nil
 	}
 	return noop.Int64Counter{}, nil
 }
 
+func (cm commitsMeter) Int64Histogram(name string, _ ...metric.Int64HistogramOption) (metric.Int64Histogram, error) {
+	if name == telemetry.MetricGroupSize {
+		return groupTxns{m: cm.m}, nil
+	}
+	return noop.Int64Histogram{}, nil
+}
+
+// groupTxns counts the transactions of a group-commit chain, one record each.
+type groupTxns struct {
+	noop.Int64Histogram
+	m *meter
+}
+
+func (g groupTxns) Record(context.Context, int64, ...metric.RecordOption) { g.m.txns.Add(1) }
+
 type commitsCounter struct {
 	noop.Int64Counter
-	m    *meter
-	sent bool
+	m                *meter
+	sent, perMessage bool
 }
 
 func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddOption) {
@@ -247,6 +266,9 @@ func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddO
 	var sent string
 	if c.sent {
 		sent, _ = ctx.Value(sentKey{}).(string)
+	}
+	if c.perMessage {
+		c.m.txns.Add(incr)
 	}
 	c.m.committedOne(sent)
 }
@@ -326,7 +348,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 	// PostgreSQL's backends report their WAL counters when idle, at most once a second, and
 	// when they exit: the counters are read around the whole cell, after its connections are
 	// closed, and divided by all its messages.
-	wal0 := pgWAL(ctx, db)
+	wal0 := serverWAL(ctx, db)
 	rss0 := resetPeakRSS()
 	profile := s.cfg.profileDir != "" && cl.c == slices.Max(s.cfg.concurrency)
 
@@ -462,10 +484,14 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 	e.CPU = cpuUse(cpu0, cpu1)
 	e.CPUPerMsg = cpuPerMsg(e.CPU, cpu1.at.Sub(cpu0.at).Seconds(), int(n1-n0))
 	e.ConnsClosedIdle = db.Stats().MaxIdleClosed
-	if wal0.ok {
+	switch {
+	case wal0.ok:
 		db.SetMaxIdleConns(0) // closes the consumer's connections: their backends report
 		time.Sleep(100 * time.Millisecond)
-		e.setWAL(wal0, pgWAL(ctx, db), n)
+		e.setWAL(wal0, serverWAL(ctx, db), n)
+	case db.Dialect == sqldb.SQLite:
+		// Under synchronous=FULL each commit syncs the file's WAL once (a checkpoint adds two).
+		e.WALSyncsPerMsg = perMsg(m.txns.Load(), n, 1000)
 	}
 	m.mu.Lock()
 	e.Failures = m.failures
@@ -603,7 +629,8 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 	if steady {
 		sub = sentRelay{Subscriber: sub}
 	}
-	spec.meters = commits{m: m, sent: steady}
+	_, grouped := qosOf(cl.variant)
+	spec.meters = commits{m: m, sent: steady, perMessage: !grouped}
 	stop, err := runRouter(ctx, sub, b.Publisher(), db, t.name, tables.dedup, cl.variant, cl.c, s.logger, spec)
 	if err != nil {
 		_ = b.Close()

@@ -392,20 +392,48 @@ func cpuUse(a, b cpuSample) map[string]float64 {
 
 func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
-// walStats are PostgreSQL's WAL counters (pg_stat_wal, PostgreSQL 14 and later), for the whole
-// server: other clients add to them.
+// walStats are the write-ahead log counters of a database server, for the whole server: other
+// clients add to them. PostgreSQL's come from pg_stat_wal (PostgreSQL 14 and later);
+// MariaDB's and MySQL's are InnoDB's fsyncs (of its redo log and of its data files) and the
+// bytes written to its redo log, with no full-page images.
 type walStats struct {
 	ok                bool
 	syncs, fpi, bytes int64
 }
 
-// pgWAL reads the WAL counters of the server of db; ok is false on other databases.
-func pgWAL(ctx context.Context, db *sqldb.DB) walStats {
-	if db.Dialect != sqldb.Postgres {
-		return walStats{}
-	}
+// serverWAL reads the WAL counters of the server of db; ok is false on SQLite, which has no
+// server (its cells count their commits instead: meter.txns).
+func serverWAL(ctx context.Context, db *sqldb.DB) walStats {
 	var w walStats
-	if err := db.QueryRowxContext(ctx, `SELECT wal_sync, wal_fpi, wal_bytes::bigint FROM pg_stat_wal`).Scan(&w.syncs, &w.fpi, &w.bytes); err != nil {
+	switch db.Dialect {
+	case sqldb.Postgres:
+		if err := db.QueryRowxContext(ctx, `SELECT wal_sync, wal_fpi, wal_bytes::bigint FROM pg_stat_wal`).Scan(&w.syncs, &w.fpi, &w.bytes); err != nil {
+			return walStats{}
+		}
+	case sqldb.MySQL:
+		rows, err := db.QueryxContext(ctx, `SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_data_fsyncs', 'Innodb_os_log_written')`)
+		if err != nil {
+			return walStats{}
+		}
+		defer rows.Close()
+		found := 0
+		for rows.Next() {
+			var name string
+			var value int64
+			if err := rows.Scan(&name, &value); err != nil {
+				return walStats{}
+			}
+			switch name {
+			case "Innodb_data_fsyncs":
+				w.syncs, found = value, found+1
+			case "Innodb_os_log_written":
+				w.bytes, found = value, found+1
+			}
+		}
+		if rows.Err() != nil || found != 2 {
+			return walStats{}
+		}
+	default:
 		return walStats{}
 	}
 	w.ok = true
@@ -417,10 +445,17 @@ func (e *Entry) setWAL(a, b walStats, msgs int) {
 	if !a.ok || !b.ok || msgs <= 0 || b.syncs < a.syncs {
 		return
 	}
-	per := func(d int64, scale float64) float64 { return float64(int(float64(d)/float64(msgs)*scale)) / scale }
-	e.WALSyncsPerMsg = per(b.syncs-a.syncs, 1000)
-	e.WALFPIPerMsg = per(b.fpi-a.fpi, 1000)
-	e.WALBytesPerMsg = per(b.bytes-a.bytes, 1)
+	e.WALSyncsPerMsg = perMsg(b.syncs-a.syncs, msgs, 1000)
+	e.WALFPIPerMsg = perMsg(b.fpi-a.fpi, msgs, 1000)
+	e.WALBytesPerMsg = perMsg(b.bytes-a.bytes, msgs, 1)
+}
+
+// perMsg returns d per message of msgs, truncated to 1/scale; 0 without messages.
+func perMsg(d int64, msgs int, scale float64) float64 {
+	if msgs <= 0 {
+		return 0
+	}
+	return float64(int(float64(d)/float64(msgs)*scale)) / scale
 }
 
 // readRSS returns VmRSS and VmHWM of process pid, in KiB.

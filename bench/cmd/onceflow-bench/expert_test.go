@@ -107,3 +107,32 @@ func expertTestServices(t *testing.T, st setup, dir string) (*sqldb.DB, string) 
 	t.Cleanup(func() { _ = db.Close() })
 	return db, brokerURL
 }
+
+// TestServerWAL_CountsTheSyncsOfACommit reads the log counters of PostgreSQL and MariaDB around
+// a committed insert: the syncs must move, and so must the bytes written. PostgreSQL's backends
+// report theirs when idle, at most once a second: the second reading is polled for.
+func TestServerWAL_CountsTheSyncsOfACommit(t *testing.T) {
+	for name, open := range map[string]func(testing.TB) *sqldb.DB{"postgres": testsvc.Postgres, "mysql": testsvc.MySQL} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			db := open(t)
+			table := "bench_wal_" + newID()
+			_, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (id INT NOT NULL)`)
+			require.NoError(t, err)
+			t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), `DROP TABLE `+table) })
+
+			before := serverWAL(ctx, db)
+			require.True(t, before.ok)
+			tx, err := db.BeginTxx(ctx, nil)
+			require.NoError(t, err)
+			_, err = tx.ExecContext(ctx, `INSERT INTO `+table+` (id) VALUES (1)`)
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit())
+			var after walStats
+			testsvc.Eventually(t, 10*time.Second, func() bool {
+				after = serverWAL(ctx, db)
+				return after.ok && after.syncs > before.syncs && after.bytes > before.bytes
+			}, "log counters before %+v, after %+v", before, &after)
+		})
+	}
+}

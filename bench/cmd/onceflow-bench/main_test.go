@@ -41,6 +41,17 @@ func TestRun_EmbeddedSmoke(t *testing.T) {
 		if e.Scenario == scenarioSteady {
 			require.Positive(t, e.LatencyP99Ms, e.Name)
 		}
+		if e.Scenario == scenarioDrain {
+			// The commits of the application file per message: one per message without
+			// groups, fewer with them.
+			switch e.Mode {
+			case vExactlyOnce, vBaseline:
+				require.InDelta(t, 1, e.WALSyncsPerMsg, 0.05, e.Name)
+			case vGroupCommit, vBatch, vExpert:
+				require.Positive(t, e.WALSyncsPerMsg, e.Name)
+				require.Less(t, e.WALSyncsPerMsg, 1.0, e.Name)
+			}
+		}
 	}
 	require.Equal(t, map[string]int{scenarioDrain: 14, scenarioSteady: 4, scenarioSlow: 3}, scenarios)
 	require.Len(t, res.Medians, 21)

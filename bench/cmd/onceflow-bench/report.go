@@ -201,14 +201,14 @@ func binding(st setup, e, expert Entry) string {
 		// On a shared machine the cores may be busy with others' work: say how much.
 		return fmt.Sprintf("CPU: %.2f of %.0f cores busy%s, %.2f of them by the consumer, broker and database, %.2f by other processes; %s",
 			busy, cores, besideExpert, own, max(busy-own, 0), cpu)
-	case st.Database == "postgres" && e.WALSyncsPerMsg >= 0.1 && e.WALSyncsPerMsg > 2*expert.WALSyncsPerMsg:
+	case st.Database != "sqlite" && e.WALSyncsPerMsg >= 0.1 && e.WALSyncsPerMsg > 2*expert.WALSyncsPerMsg:
 		return fmt.Sprintf("commits: %.3f WAL syncs per message (expert %.3f), %.2f of %.0f cores busy; %s",
 			e.WALSyncsPerMsg, expert.WALSyncsPerMsg, busy, cores, cpu)
 	case st.Database == "sqlite":
 		// Cores left idle do not mean waiting on SQLite: its write transactions run one at a
 		// time, each holding the file's write lock for its statements and its commit.
-		return fmt.Sprintf("one writer: SQLite runs the write transactions of the application file one at a time, so the CPU each spends in its statements and commit bounds the rate, with %.2f of %.0f cores busy%s; %s",
-			busy, cores, besideExpert, cpu)
+		return fmt.Sprintf("one writer: SQLite runs the write transactions of the application file one at a time, so the CPU each spends in its statements and commit bounds the rate, with %.2f of %.0f cores busy%s and %.3f commits per message (expert %.3f); %s",
+			busy, cores, besideExpert, e.WALSyncsPerMsg, expert.WALSyncsPerMsg, cpu)
 	}
 	return fmt.Sprintf("waiting, not CPU: %.2f of %.0f cores busy%s, so the consumer waits (round trips in sequence, or too few deliveries in flight); %s",
 		busy, cores, besideExpert, cpu)

@@ -567,12 +567,15 @@ type Entry struct {
 	// ConnsClosedIdle is how many database connections the consumer's pool closed because more
 	// than MaxIdleConns were idle (each is opened again for a later transaction).
 	ConnsClosedIdle int64 `json:"conns_closed_idle,omitempty"`
-	// WALSyncsPerMsg is PostgreSQL's WAL syncs per message: over the whole cell, warm-up
-	// included, for a consumer, during the measured time for the database limit (the whole
-	// server counts, so other clients add to it).
+	// WALSyncsPerMsg is the database's log syncs per message: over the whole cell, warm-up
+	// included, for a consumer, during the measured time for the database limit. PostgreSQL's
+	// WAL syncs and InnoDB's fsyncs (redo log and data files) count for the whole server, so
+	// other clients add to them; on SQLite it is the consumer's commits, each of which syncs
+	// the file's WAL under synchronous=FULL (checkpoints add a few).
 	WALSyncsPerMsg float64 `json:"wal_syncs_per_msg,omitempty"`
 	// WALFPIPerMsg and WALBytesPerMsg are PostgreSQL's full-page images and WAL bytes per
-	// message, server-wide like WALSyncsPerMsg.
+	// message (on MariaDB and MySQL the bytes of InnoDB's redo log), server-wide like
+	// WALSyncsPerMsg.
 	WALFPIPerMsg   float64 `json:"wal_fpi_per_msg,omitempty"`
 	WALBytesPerMsg float64 `json:"wal_bytes_per_msg,omitempty"`
 	// Failures counts the errors a consumer recovered from (the expert's batches given back).
