@@ -198,17 +198,17 @@ func (m *meter) latencies() []float64 {
 }
 
 // commits is the MeterProvider of the router of an onceflow cell: it tells the cell's meter
-// about each message that the Metrics interceptor counts as processed, and about each group
-// transaction the router records in the group-size histogram (a transaction per processed
-// message without group commit, perMessage). That interceptor sits
+// about each message that the Metrics interceptor counts as processed. That interceptor sits
 // outside the transaction in the canonical chain and counts a message when the chain returns,
 // which is after the commit of the transaction that applied it (for group commit, after its
 // group's commit): the bench sees the commits without changing the handler's chain and without
-// a goroutine per message. Every other instrument is a no-op, as with the global provider the
-// router uses by default. A chain without the Metrics interceptor, or a renamed instrument,
-// makes the cell time out rather than measure something else. sent is set when the messages
-// carry their publish time in their context (sentRelay): elsewhere the counter does not look
-// for it, which would walk the whole context chain of each message.
+// a goroutine per message. It counts the transactions too: each one the router records in the
+// group-size histogram, or, without group commit (perMessage), one per processed message. Every
+// other instrument is a no-op, as with the global provider the router uses by default. A chain
+// without the Metrics interceptor, or a renamed instrument, makes the cell time out rather than
+// measure something else. sent is set when the messages carry their publish time in their
+// context (sentRelay): elsewhere the counter does not look for it, which would walk the whole
+// context chain of each message.
 type commits struct {
 	noop.MeterProvider
 	m                *meter
