@@ -44,7 +44,8 @@ type Instruments struct {
 var LatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
 // GroupSizeBuckets are the bucket boundaries of the group-size histogram, in messages: powers
-// of two up to 1,024, which hold the default group size (64) and any that is configured.
+// of two up to 1,024, around the default group size (64); groups above 1,024 fall in the
+// overflow bucket.
 var GroupSizeBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
 
 // NewInstruments creates the instruments on meter.
