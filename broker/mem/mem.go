@@ -20,7 +20,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // DefaultPrefetch is the window of a subscription whose Config names none.
@@ -143,37 +143,33 @@ func (h *Hub) Close() error {
 
 // Subscriber is a consumer of a Hub in one consumer group.
 type Subscriber struct {
-	h   *Hub
-	cfg Config
-
-	mu      sync.Mutex
-	closed  bool
-	closing chan struct{}
-	subs    sync.WaitGroup
+	h    *Hub
+	cfg  Config
+	subs *inflight.Group
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
+
+// rules are the defaults and bounds of Config's Prefetch and NackDelay.
+var rules = inflight.Rules{Scheme: "mem", Prefetch: DefaultPrefetch}
 
 // NewSubscriber returns a consumer of h in cfg.ConsumerGroup.
 func NewSubscriber(h *Hub, cfg Config) (*Subscriber, error) {
 	if cfg.ConsumerGroup == "" {
 		return nil, errors.New("mem: Config.ConsumerGroup is empty")
 	}
-	if cfg.Prefetch < 0 || cfg.NackDelay < 0 {
-		return nil, errors.New("mem: Config.Prefetch and Config.NackDelay must not be negative")
+	settings := inflight.Settings{Prefetch: cfg.Prefetch, NackDelay: cfg.NackDelay}
+	if err := rules.Validate(settings); err != nil {
+		return nil, err
 	}
-	if cfg.Prefetch == 0 {
-		cfg.Prefetch = DefaultPrefetch
-	}
-	return &Subscriber{h: h, cfg: cfg, closing: make(chan struct{})}, nil
+	cfg.Prefetch = rules.Apply(settings).Prefetch
+	return &Subscriber{h: h, cfg: cfg, subs: inflight.NewGroup(ErrClosed)}, nil
 }
 
 // Subscribe starts one competing consumer of topicName; see the package documentation.
 func (s *Subscriber) Subscribe(ctx context.Context, topicName string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
+	if err := s.subs.Check(); err != nil {
+		return nil, err
 	}
 	s.h.mu.Lock()
 	closed := s.h.closed
@@ -184,214 +180,101 @@ func (s *Subscriber) Subscribe(ctx context.Context, topicName string) (<-chan *m
 	if closed {
 		return nil, ErrClosed
 	}
-	out := make(chan *message.Message)
-	sub := &subscription{s: s, topic: topicName, out: out, settled: make(chan settlement, s.cfg.Prefetch), done: make(chan struct{})}
-	s.subs.Add(1)
-	go sub.run(ctx)
-	return out, nil
+	src := &source{h: s.h, topic: topicName, group: s.cfg.ConsumerGroup}
+	src.sub = inflight.New(ctx, src, inflight.Options{
+		Prefetch:  s.cfg.Prefetch,
+		NackDelay: s.cfg.NackDelay,
+		Eager:     true,
+		ErrClosed: ErrClosed,
+	})
+	return src.sub.Start(s.subs)
 }
 
 // Close ends the Subscriber's subscriptions, giving back what they held; it waits for them.
-func (s *Subscriber) Close() error {
-	s.mu.Lock()
-	if !s.closed {
-		s.closed = true
-		close(s.closing)
-	}
-	s.mu.Unlock()
-	s.subs.Wait()
-	return nil
+func (s *Subscriber) Close() error { return s.subs.Close(nil) }
+
+// source is the broker side of one subscription (inflight.Source): it takes the ready entries
+// of its group and puts back those nacked or given back.
+type source struct {
+	h     *Hub
+	topic string
+	group string
+	sub   *inflight.Subscription[*entry]
 }
 
-type settlement struct {
-	e     *entry
-	acked bool
-	delay time.Duration
-}
-
-type subscription struct {
-	s       *Subscriber
-	topic   string
-	out     chan *message.Message
-	held    map[*entry]heldDelivery
-	settled chan settlement
-	done    chan struct{} // closed when run returns
-}
-
-type heldDelivery struct {
-	msg    *message.Message
-	cancel context.CancelFunc
-}
-
-func (sub *subscription) run(ctx context.Context) {
-	defer sub.s.subs.Done()
-	defer close(sub.out)
-	defer close(sub.done)
-	sub.held = map[*entry]heldDelivery{}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer sub.giveBack()
+// Fetch delivers up to n ready entries of the group, or waits until one is ready.
+func (src *source) Fetch(ctx context.Context, n int) error {
 	for {
-		// Settle what came back, then take what the window has room for.
-		for {
-			select {
-			case st := <-sub.settled:
-				sub.settle(st)
-				continue
-			default:
-			}
-			break
-		}
-		var e *entry
-		var wake <-chan struct{}
-		var next time.Duration = -1
-		h := sub.s.h
+		h := src.h
 		h.mu.Lock()
 		if h.closed {
 			h.mu.Unlock()
-			return
+			return ErrClosed
 		}
-		g := h.group(sub.topic, sub.s.cfg.ConsumerGroup)
+		g := h.group(src.topic, src.group)
 		g.release(time.Now())
-		if len(sub.held) < sub.s.cfg.Prefetch && len(g.ready) > 0 {
-			e = g.ready[0]
-			g.ready = g.ready[1:]
+		k := 0
+		for ; k < n && len(g.ready) > 0; k++ {
+			e := g.ready[0]
 			e.deliveries++
+			if src.sub.Emit(inflight.Item[*entry]{Data: e, Msg: e.msg.Copy(), Count: e.deliveries}) == nil {
+				e.deliveries-- // the subscription stops: it stays ready
+				break
+			}
+			g.ready[0] = nil
+			g.ready = g.ready[1:]
 		}
-		wake = g.wake
+		wake := g.wake
+		next := time.Duration(-1)
 		if len(g.delayed) > 0 {
 			next = time.Until(g.delayed[0].visibleAt)
 		}
 		h.mu.Unlock()
-
-		if e != nil {
-			if !sub.deliver(ctx, e) {
-				return
-			}
-			continue
+		if k > 0 {
+			return nil
 		}
 		var timer <-chan time.Time
-		var t *time.Timer
 		if next >= 0 {
-			t = time.NewTimer(next)
+			t := time.NewTimer(next)
+			defer t.Stop()
 			timer = t.C
 		}
-		stop := false
 		select {
-		case st := <-sub.settled:
-			sub.settle(st)
 		case <-wake:
 		case <-timer:
 		case <-ctx.Done():
-			stop = true
-		case <-sub.s.closing:
-			stop = true
-		}
-		if t != nil {
-			t.Stop()
-		}
-		if stop {
-			return
+			return nil
 		}
 	}
 }
 
-// deliver hands e out and watches its settlement. It reports false when the subscription ends
-// before the consumer takes it.
-func (sub *subscription) deliver(ctx context.Context, e *entry) bool {
-	m := e.msg.Copy()
-	mctx, cancel := context.WithCancel(ctx)
-	m.SetContext(redelivery.NewContext(mctx, redelivery.Info{Count: e.deliveries, DelaysNacks: true}))
-	sub.held[e] = heldDelivery{msg: m, cancel: cancel}
-	select {
-	case sub.out <- m:
-	case <-ctx.Done():
-		sub.untaken(e)
-		return false
-	case <-sub.s.closing:
-		sub.untaken(e)
-		return false
-	}
-	go func() {
-		var st settlement
-		select {
-		case <-m.Acked():
-			st = settlement{e: e, acked: true}
-		case <-m.Nacked():
-			st = sub.nacked(e, m)
-		case <-mctx.Done():
-			return
-		}
-		cancel() // the delivery is over
-		select {
-		case sub.settled <- st:
-		case <-sub.done: // giveBack looks at the message itself
-		}
-	}()
-	return true
-}
-
-// untaken forgets e, which the consumer never took: its delivery does not count, and giveBack
-// returns it to the group.
-func (sub *subscription) untaken(e *entry) {
-	sub.s.h.mu.Lock()
-	e.deliveries--
-	sub.s.h.mu.Unlock()
-}
-
-func (sub *subscription) nacked(e *entry, m *message.Message) settlement {
-	d, ok := redelivery.RequestedDelay(m.Context())
-	if !ok {
-		d = sub.s.cfg.NackDelay
-	}
-	return settlement{e: e, delay: d}
-}
-
-func (sub *subscription) settle(st settlement) {
-	d, ok := sub.held[st.e]
-	if !ok {
+// Settle puts a nacked entry back for its group after its delay, and an unsettled one given
+// back at once, its delivery not counted if the consumer never took it.
+func (src *source) Settle(d *inflight.Delivery[*entry], o inflight.Outcome) {
+	if o.Acked {
 		return
 	}
-	delete(sub.held, st.e)
-	d.cancel()
-	if st.acked {
-		return
-	}
-	h := sub.s.h
+	h := src.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	sub.requeue(h.group(sub.topic, sub.s.cfg.ConsumerGroup), st)
+	g := h.group(src.topic, src.group)
+	if !o.Nacked && !d.HandedOut() {
+		d.Data.deliveries--
+	}
+	g.requeue(d.Data, o.Delay)
 }
 
-// requeue puts the entry of a nacked delivery back for its group, after its delay.
-func (sub *subscription) requeue(g *group, st settlement) {
-	if st.delay <= 0 {
-		g.ready = append(g.ready, st.e)
+// Close has nothing to release: Settle gave everything back.
+func (*source) Close(context.Context) error { return nil }
+
+// requeue puts e back for the group, after delay.
+func (g *group) requeue(e *entry, delay time.Duration) {
+	if delay <= 0 {
+		g.ready = append(g.ready, e)
 	} else {
-		st.e.visibleAt = time.Now().Add(st.delay)
-		heap.Push(&g.delayed, st.e)
+		e.visibleAt = time.Now().Add(delay)
+		heap.Push(&g.delayed, e)
 	}
-	g.signal()
-}
-
-// giveBack returns what the subscription holds to the group, as a consumer that went away
-// does; a delivery that was acked or nacked before is settled as the consumer said.
-func (sub *subscription) giveBack() {
-	h := sub.s.h
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	g := h.group(sub.topic, sub.s.cfg.ConsumerGroup)
-	for e, d := range sub.held {
-		select {
-		case <-d.msg.Acked():
-		case <-d.msg.Nacked():
-			sub.requeue(g, sub.nacked(e, d.msg))
-		default:
-			g.ready = append(g.ready, e)
-		}
-		d.cancel()
-	}
-	sub.held = nil
 	g.signal()
 }
 

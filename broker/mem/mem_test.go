@@ -80,23 +80,6 @@ func none(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
 	}
 }
 
-func TestSubscription_HandsOutItsWindowWithoutAcks(t *testing.T) {
-	h := mem.NewHub()
-	sub, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g", Prefetch: 3})
-	require.NoError(t, err)
-	defer sub.Close()
-	ch, err := sub.Subscribe(context.Background(), "t")
-	require.NoError(t, err)
-	publish(t, h, "t", "a", "b", "c", "d")
-	var got []*message.Message
-	for range 3 {
-		got = append(got, receive(t, ch))
-	}
-	none(t, ch, 50*time.Millisecond)
-	got[1].Ack()
-	require.Equal(t, "d", receive(t, ch).UUID)
-}
-
 func TestSubscription_NackComesBackAfterTheRequestedDelayCountedAndDoesNotBlock(t *testing.T) {
 	h := mem.NewHub()
 	sub, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g", Prefetch: 2})

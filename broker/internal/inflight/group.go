@@ -1,0 +1,93 @@
+package inflight
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// stopper is a Subscription of any source.
+type stopper interface {
+	stop(cause error) error
+}
+
+// Group is the lifecycle of one scheme's Subscriber: the subscriptions it started, which end
+// together when it closes, ErrClosed after that, and a Close that is idempotent and safe to
+// call concurrently. The zero value is not usable: NewGroup makes one.
+type Group struct {
+	errClosed error
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+
+	mu     sync.Mutex
+	closed bool
+	subs   map[stopper]struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewGroup returns an open Group whose Subscriber's error for "closed" is errClosed.
+func NewGroup(errClosed error) *Group {
+	g := &Group{errClosed: errClosed, subs: map[stopper]struct{}{}}
+	g.ctx, g.cancel = context.WithCancelCause(context.Background())
+	return g
+}
+
+// Context ends, with the cause ErrClosed, when Close begins: the context of the work that
+// Subscribe does before it starts a subscription (declaring topics, creating consumers).
+func (g *Group) Context() context.Context { return g.ctx }
+
+// Check returns ErrClosed when the Group is closed.
+func (g *Group) Check() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return g.errClosed
+	}
+	return nil
+}
+
+func (g *Group) add(s stopper) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return g.errClosed
+	}
+	g.subs[s] = struct{}{}
+	return nil
+}
+
+func (g *Group) remove(s stopper) {
+	g.mu.Lock()
+	delete(g.subs, s)
+	g.mu.Unlock()
+}
+
+// Close stops every subscription at once, with the cause ErrClosed, waits until they have
+// ended, then runs after (nil for nothing): what the subscriptions shared, a connection. It
+// returns their errors and after's, joined. It is idempotent: every call returns when the
+// first is done, with its result.
+func (g *Group) Close(after func() error) error {
+	g.closeOnce.Do(func() {
+		g.mu.Lock()
+		g.closed = true
+		subs := make([]stopper, 0, len(g.subs))
+		for s := range g.subs {
+			subs = append(subs, s)
+		}
+		g.mu.Unlock()
+		g.cancel(g.errClosed)
+		errs := make([]error, len(subs)+1)
+		var wg sync.WaitGroup
+		for i, s := range subs {
+			wg.Go(func() { errs[i] = s.stop(g.errClosed) })
+		}
+		wg.Wait()
+		if after != nil {
+			errs[len(subs)] = after()
+		}
+		g.closeErr = errors.Join(errs...)
+	})
+	return g.closeErr
+}

@@ -1,0 +1,103 @@
+package inflight
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/wmlog"
+)
+
+// Settings are the settings that every subscriber's Config has, under the names of Rules:
+// how many deliveries a subscription holds, how long one may stay unsettled, how long a nack
+// waits, how long Close may take, and where the logs go.
+type Settings struct {
+	Prefetch     int
+	AckTimeout   time.Duration
+	NackDelay    time.Duration
+	CloseTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// Rules say how one scheme reads its Settings: the defaults that a zero value selects, the
+// bounds, and the names the fields have in its Config, for the errors.
+type Rules struct {
+	// Scheme prefixes every error: "redis" gives "redis: Config.Prefetch: ...".
+	Scheme string
+
+	// Prefetch is the default window; MaxPrefetch, when not zero, bounds it.
+	Prefetch, MaxPrefetch int
+
+	// AckTimeout is the default of Settings.AckTimeout; zero for a scheme whose deliveries
+	// have no deadline (Settings.AckTimeout is then not read). AckTimeoutField names the
+	// field in the Config ("AckTimeout" when empty); MinAckTimeout, when not zero, is the
+	// shortest one accepted.
+	AckTimeout      time.Duration
+	AckTimeoutField string
+	MinAckTimeout   time.Duration
+
+	// NackDelay is the default of Settings.NackDelay. With NoNackDelay, -1 as NackDelay
+	// means no delay (the default being another); without, a zero NackDelay means no delay.
+	NackDelay   time.Duration
+	NoNackDelay bool
+
+	// CloseTimeout is the default of Settings.CloseTimeout.
+	CloseTimeout time.Duration
+}
+
+// Validate reports the first field of s that the scheme refuses, naming it.
+func (r Rules) Validate(s Settings) error {
+	if s.Prefetch < 0 || r.MaxPrefetch > 0 && s.Prefetch > r.MaxPrefetch {
+		if r.MaxPrefetch > 0 {
+			return fmt.Errorf("%s: Config.Prefetch: %d is outside 1..%d (0 selects the default)", r.Scheme, s.Prefetch, r.MaxPrefetch)
+		}
+		return fmt.Errorf("%s: Config.Prefetch: %d is negative (0 selects the default)", r.Scheme, s.Prefetch)
+	}
+	switch {
+	case s.NackDelay < 0 && !(r.NoNackDelay && s.NackDelay == -1):
+		if r.NoNackDelay {
+			return fmt.Errorf("%s: Config.NackDelay: %s is negative (0 selects the default, NoNackDelay disables the delay)", r.Scheme, s.NackDelay)
+		}
+		return fmt.Errorf("%s: Config.NackDelay: %s is negative (0 redelivers at once)", r.Scheme, s.NackDelay)
+	case s.CloseTimeout < 0:
+		return fmt.Errorf("%s: Config.CloseTimeout: %s is negative (0 selects the default)", r.Scheme, s.CloseTimeout)
+	}
+	if r.AckTimeout == 0 {
+		return nil
+	}
+	field := r.AckTimeoutField
+	if field == "" {
+		field = "AckTimeout"
+	}
+	switch {
+	case s.AckTimeout < 0:
+		return fmt.Errorf("%s: Config.%s: %s is negative (0 selects the default)", r.Scheme, field, s.AckTimeout)
+	case s.AckTimeout > 0 && s.AckTimeout < r.MinAckTimeout:
+		return fmt.Errorf("%s: Config.%s: %s is shorter than %s", r.Scheme, field, s.AckTimeout, r.MinAckTimeout)
+	}
+	return nil
+}
+
+// Apply returns s with every zero field set to the scheme's default, and NackDelay set to
+// the delay it stands for.
+func (r Rules) Apply(s Settings) Settings {
+	if s.Prefetch == 0 {
+		s.Prefetch = r.Prefetch
+	}
+	switch {
+	case r.NoNackDelay && s.NackDelay == -1:
+		s.NackDelay = 0
+	case s.NackDelay == 0:
+		s.NackDelay = r.NackDelay
+	}
+	if s.AckTimeout == 0 {
+		s.AckTimeout = r.AckTimeout
+	}
+	if s.CloseTimeout == 0 {
+		s.CloseTimeout = r.CloseTimeout
+	}
+	if s.Logger == nil {
+		s.Logger = wmlog.Discard()
+	}
+	return s
+}
