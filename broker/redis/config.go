@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
@@ -34,8 +35,8 @@ const (
 // NoNackDelay as Config.NackDelay delivers a nacked entry again at once.
 const NoNackDelay time.Duration = -1
 
-// maxPrefetch bounds Config.Prefetch: a subscription keeps one goroutine per unsettled
-// delivery.
+// maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine per unsettled delivery
+// of a consumer that does not settle directly.
 const maxPrefetch = 100_000
 
 // Config configures a Subscriber. Only ConsumerGroup is required; every other zero field
@@ -88,32 +89,40 @@ type Config struct {
 	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
+// rules are the defaults and bounds of the settings every subscriber has.
+var rules = inflight.Rules{
+	Scheme:        "redis",
+	Prefetch:      DefaultPrefetch,
+	MaxPrefetch:   maxPrefetch,
+	AckTimeout:    DefaultAckTimeout,
+	MinAckTimeout: 10 * time.Millisecond,
+	NackDelay:     DefaultNackDelay,
+	NoNackDelay:   true,
+	CloseTimeout:  DefaultCloseTimeout,
+}
+
+func (c Config) settings() inflight.Settings {
+	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckTimeout, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+}
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	if c.ConsumerGroup == "" {
 		return errors.New("redis: Config.ConsumerGroup is empty")
 	}
-	if c.Prefetch < 0 || c.Prefetch > maxPrefetch {
-		return fmt.Errorf("redis: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, maxPrefetch)
-	}
-	if c.NackDelay < 0 && c.NackDelay != NoNackDelay {
-		return fmt.Errorf("redis: Config.NackDelay: %s is negative (0 selects the default, NoNackDelay disables the delay)", c.NackDelay)
+	if err := rules.Validate(c.settings()); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		name  string
 		value time.Duration
 	}{
-		{"AckTimeout", c.AckTimeout},
 		{"ClaimInterval", c.ClaimInterval},
 		{"BlockTime", c.BlockTime},
-		{"CloseTimeout", c.CloseTimeout},
 	} {
 		if d.value < 0 {
 			return fmt.Errorf("redis: Config.%s: %s is negative (0 selects the default)", d.name, d.value)
 		}
-	}
-	if c.AckTimeout > 0 && c.AckTimeout < 10*time.Millisecond {
-		return fmt.Errorf("redis: Config.AckTimeout: %s is shorter than 10ms", c.AckTimeout)
 	}
 	if c.BlockTime > 0 && c.BlockTime < time.Millisecond {
 		// XREADGROUP counts in milliseconds, and BLOCK 0 waits for ever.
@@ -124,29 +133,13 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
-	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
-	}
-	switch c.NackDelay {
-	case 0:
-		c.NackDelay = DefaultNackDelay
-	case NoNackDelay:
-		c.NackDelay = 0
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
+	st := rules.Apply(c.settings())
+	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
 	if c.ClaimInterval == 0 {
 		c.ClaimInterval = min(max(c.AckTimeout/10, 100*time.Millisecond), time.Second)
 	}
 	if c.BlockTime == 0 {
 		c.BlockTime = DefaultBlockTime
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = wmlog.Discard()
 	}
 	c.log = wmlog.Adapter(c.Logger)
 	return c

@@ -31,10 +31,10 @@
 //     consumer may claim the entry), the connection is lost, or the subscription ends; and
 //     after an ack or a nack.
 //
-// Each delivery has a goroutine that waits for its ack, nack or end, unless the consumer
-// settles each message itself (redelivery.WithDirectSettle, as onceflow's router does): then
-// the subscription learns of each ack or nack from redelivery.Settle, in the consumer's
-// goroutine, and one timer per subscription ends the deliveries whose AckTimeout passes.
+// One timer per subscription ends the deliveries whose AckTimeout passes. Each delivery has a
+// goroutine that waits for its ack or nack, unless the consumer settles each message itself
+// (redelivery.WithDirectSettle, as onceflow's router does): then the subscription learns of
+// each ack or nack from redelivery.Settle, in the consumer's goroutine.
 //
 // # Ack
 //

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // A nacked entry stays in the consumer's pending entries list. Redis has no visibility time
@@ -95,19 +93,6 @@ func (h *parkHeap) Pop() any {
 	return p
 }
 
-// infoOf returns the redelivery.Info of a delivery with delivery count n.
-func infoOf(n int) redelivery.Info {
-	return redelivery.Info{Count: n, DelaysNacks: true}
-}
-
-// nackDelay returns the delay the consumer asked for the nacked delivery, or else NackDelay.
-func (s *subscription) nackDelay(d *delivery) time.Duration {
-	if delay, ok := redelivery.RequestedDelay(d.msg.Context()); ok {
-		return delay
-	}
-	return s.cfg.NackDelay
-}
-
 // unpark forgets p. The caller holds mu.
 func (s *subscription) unpark(p *parked) {
 	if p.heap != nil {
@@ -129,7 +114,6 @@ func (s *subscription) queue(p *parked, touchedAt time.Time, idle time.Duration,
 	}
 	p.touchedAt, p.idle, p.next, p.refresh = touchedAt, idle, touchedAt.Add(wait), refresh
 	s.push(p)
-	signal(s.wake)
 }
 
 // push queues p in the heap of its next step. The caller holds mu.
@@ -139,6 +123,52 @@ func (s *subscription) push(p *parked) {
 		p.heap = &s.refreshes
 	}
 	heap.Push(p.heap, p)
+	s.armPark(time.Time{})
+}
+
+// armPark sets parkTimer for the first parked entry whose idle time must be pushed back, or
+// that is to be claimed back and not due yet (one that is due waits for the next Fetch, which
+// the timer has hurried), or for retry when it is not zero. The caller holds mu.
+func (s *subscription) armPark(retry time.Time) {
+	at := retry
+	now := time.Now()
+	if len(s.refreshes) > 0 && (at.IsZero() || s.refreshes[0].next.Before(at)) {
+		at = s.refreshes[0].next
+	}
+	if len(s.claims) > 0 && s.claims[0].next.After(now) && (at.IsZero() || s.claims[0].next.Before(at)) {
+		at = s.claims[0].next
+	}
+	switch {
+	case at.IsZero():
+		if !s.parkAt.IsZero() {
+			s.parkTimer.Stop()
+			s.parkAt = time.Time{}
+		}
+	case s.parkAt.IsZero() || at.Before(s.parkAt):
+		s.parkAt = at
+		s.parkTimer.Reset(time.Until(at))
+	}
+}
+
+// parkDue pushes back the idle time of the parked entries that need it, and hurries the
+// engine to fetch when a parked entry is due to be claimed back; then it sets parkTimer for
+// the next. A failed push back is tried again after a second (the reads notice a lost
+// connection meanwhile).
+func (s *subscription) parkDue() {
+	now := time.Now()
+	err := s.refreshParked(now)
+	s.mu.Lock()
+	s.parkAt = time.Time{}
+	claim := len(s.claims) > 0 && !s.claims[0].next.After(now)
+	var retry time.Time
+	if err != nil {
+		retry = now.Add(time.Second)
+	}
+	s.armPark(retry)
+	s.mu.Unlock()
+	if claim {
+		s.sub.Hurry()
+	}
 }
 
 // popDue takes out of h up to limit entries whose next step is due at now.

@@ -8,51 +8,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // This file reads a subscription's entries from the stream (XREADGROUP), as the window has
 // room, registers them as deliveries and hands them out in order.
 
-// fillWait bounds how long room in the window waits to grow to readRoom before new entries
-// are read anyway. A variable for the tests only.
+// fillWait bounds how long room in the window waits to grow to half the window before new
+// entries are read anyway. A variable for the tests only.
 var fillWait = 20 * time.Millisecond
-
-// readRoom returns the room in the window from which a read of new or idle entries is sent at
-// once: half the window.
-func (s *subscription) readRoom() int { return max(1, (s.cfg.Prefetch+1)/2) }
-
-// roomLeft returns how many more deliveries the window takes.
-func (s *subscription) roomLeft() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return max(s.cfg.Prefetch-len(s.inflight), 0)
-}
-
-// waitForRoom waits until a delivery leaves the window, a parked entry needs its idle time
-// pushed back or is due to be claimed back, until (unless zero), or the subscription stops.
-func (s *subscription) waitForRoom(until time.Time) {
-	s.mu.Lock()
-	var next <-chan time.Time
-	at := until
-	for _, h := range []parkHeap{s.claims, s.refreshes} {
-		if len(h) > 0 && (at.IsZero() || h[0].next.Before(at)) {
-			at = h[0].next
-		}
-	}
-	if !at.IsZero() {
-		t := time.NewTimer(time.Until(at))
-		defer t.Stop()
-		next = t.C
-	}
-	s.mu.Unlock()
-	select {
-	case <-s.room:
-	case <-s.wake:
-	case <-next:
-	case <-s.stopping:
-	}
-}
 
 // blockTime returns how long the next XREADGROUP may wait: BlockTime, or less when a claim
 // is due sooner.
@@ -71,6 +35,8 @@ func (s *subscription) blockTime(now time.Time) time.Duration {
 // reader returns what the XREADGROUPs are sent on: a connection of their own, whose blocked
 // read stop can end at once, or else the client.
 func (s *subscription) reader() (redis.Cmdable, error) {
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
 	if s.readConn != nil {
 		return s.readConn, nil
 	}
@@ -100,6 +66,8 @@ func (s *subscription) reader() (redis.Cmdable, error) {
 
 // dropReader closes the connection of the reads; the next read opens another.
 func (s *subscription) dropReader() {
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
 	if s.readConn != nil {
 		s.readID.Store(0)
 		_ = s.readConn.Close()
@@ -123,7 +91,7 @@ func (s *subscription) unblockReads(deadline time.Time) {
 		}
 		t := time.NewTimer(10 * time.Millisecond)
 		select {
-		case <-s.loopDone:
+		case <-s.closed:
 			t.Stop()
 			return
 		case <-t.C:
@@ -172,28 +140,25 @@ type entry struct {
 	count int
 }
 
-// deliver registers the entries as deliveries and hands them to the pump. sent is when the
-// command that made them ours was sent: no other consumer can claim them before sent plus
-// AckTimeout, when their contexts are cancelled.
+// deliver makes the entries deliveries. sent is when the command that made them ours was
+// sent: no other consumer can claim them before sent plus AckTimeout, when their deliveries
+// end. Entries that the subscription refuses as it ends stay pending: the end gives them back.
 func (s *subscription) deliver(entries []entry, sent, replied time.Time) {
-	batch := s.register(entries, sent, replied)
-	if len(batch) == 0 {
-		return
+	s.mu.Lock()
+	var superseded []*inflight.Delivery[entryRef]
+	for _, e := range entries {
+		if old := s.inflight[e.msg.ID]; old != nil {
+			superseded = append(superseded, old)
+		}
 	}
-	select {
-	case s.handout <- batch:
-	case <-s.stopping:
-		// Registered: stop gives them back.
+	s.mu.Unlock()
+	for _, old := range superseded {
+		// Its ack deadline has passed at the server; it is delivered anew.
+		s.sub.End(errSuperseded, func(d *inflight.Delivery[entryRef]) bool { return d == old })
 	}
-}
-
-func (s *subscription) register(entries []entry, sent, replied time.Time) []*delivery {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopped || len(entries) == 0 {
-		return nil
-	}
-	batch := make([]*delivery, 0, len(entries))
+	deadline := sent.Add(s.cfg.AckTimeout)
 	for _, e := range entries {
 		id := e.msg.ID
 		if p := s.parked[id]; p != nil {
@@ -203,57 +168,11 @@ func (s *subscription) register(entries []entry, sent, replied time.Time) []*del
 			// Claimed again while its XACK waits for a connection: the ack settles it.
 			continue
 		}
-		if old := s.inflight[id]; old != nil {
-			old.superseded = true // its ack deadline has passed; it is delivered anew
-			if s.direct {
-				s.leave(old, false, false)
-				s.afterLeave(old, nil, false)
-			} else {
-				old.cancel()
-			}
-		}
 		msg, _ := Marshaller{}.Unmarshal(e.msg.Values) // never fails
-		d := &delivery{id: id, msg: msg, replied: replied}
-		s.inflight[id] = d
-		batch = append(batch, d)
-		if s.direct {
-			var ctx context.Context
-			ctx, d.cancel = context.WithCancel(s.base)
-			msg.SetContext(redelivery.NewDeliveryContext(ctx, infoOf(e.count), func() { s.settled(d) }, s.flush))
-			d.ctx = msg.Context()
-			s.hold(d, sent.Add(s.cfg.AckTimeout))
-			continue
-		}
-		ctx, cancel := context.WithDeadline(s.ctx, sent.Add(s.cfg.AckTimeout))
-		ctx = redelivery.NewContext(ctx, infoOf(e.count))
-		msg.SetContext(ctx)
-		d.ctx, d.cancel, d.classified = ctx, cancel, make(chan struct{})
-		s.watchers.Add(1)
-		go s.watch(d)
-	}
-	return batch
-}
-
-// pump hands the registered deliveries out, in order, until the subscription stops. stop
-// closes out once it is done, so that a consumer that sees the channel closed knows the acks
-// it gave are in Redis.
-func (s *subscription) pump() {
-	defer close(s.pumpDone)
-	for {
-		select {
-		case <-s.stopping:
+		d := s.sub.Emit(inflight.Item[entryRef]{Data: entryRef{id: id, replied: replied}, Msg: msg, Count: e.count, Deadline: deadline})
+		if d == nil {
 			return
-		case batch := <-s.handout:
-			for _, d := range batch {
-				if d.ctx.Err() != nil || s.isStopping() {
-					continue // ended before the consumer took it: its goroutine settles it
-				}
-				select {
-				case s.out <- d.msg:
-				case <-s.stopping:
-					return
-				}
-			}
 		}
+		s.inflight[id] = d
 	}
 }

@@ -3,44 +3,44 @@ package redis
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // This file keeps a subscription going through lost connections: it backs off, reconnects,
 // ends the deliveries of a dead connection, and creates the consumer group again if it went.
 
-// recoverFrom handles an error of the read loop, and reports whether the loop goes on.
-func (s *subscription) recoverFrom(err error, failures int) bool {
+// recoverFrom handles an error of Fetch, and returns an error only when the subscription
+// must end.
+func (s *subscription) recoverFrom(err error, failures int) error {
 	switch {
 	case s.isStopping():
-		return false
+		return nil
 	case errors.Is(err, redis.ErrClosed):
 		s.cfg.log.Error("Redis client closed under a subscription; ending it", err, s.fields)
-		go s.stop()
-		return false
+		return err
 	case redis.HasErrorPrefix(err, "NOGROUP"):
 		// The stream or the group was deleted: its entries, and so the deliveries in flight,
 		// are gone. Start again on a new one.
 		s.cfg.log.Info("Redis stream or consumer group vanished; creating it again", s.fields.Add(watermill.LogFields{"err": err}))
-		s.endInflight()
+		s.endInflight(err)
 		if err := s.ensureGroup(s.opCtx); err != nil {
 			s.cfg.log.Error("Could not create the consumer group again", err, s.fields)
-			return s.sleep(backoff(failures))
+			s.sub.Sleep(backoff(failures))
+			return nil
 		}
 		s.pass.restart()
-		return true
 	case isConnErr(err):
 		s.reconnect(err)
-		return !s.isStopping()
 	default:
 		s.cfg.log.Error("Redis stream read failed", err, s.fields)
-		return s.sleep(backoff(failures))
+		s.sub.Sleep(backoff(failures))
 	}
+	return nil
 }
 
 // backoff returns the wait after the n-th failure in a row: 50 ms doubling up to 1 s.
@@ -68,7 +68,7 @@ func isConnErr(err error) bool {
 // pending list while the reply was lost, and claims at once.
 func (s *subscription) reconnect(cause error) {
 	s.cfg.log.Error("Lost the connection to Redis; deliveries in flight are cancelled and given back once it is back", cause, s.fields)
-	s.endInflight()
+	s.endInflight(errConnLost)
 	for n := 1; ; n++ {
 		if s.isStopping() {
 			return
@@ -79,7 +79,7 @@ func (s *subscription) reconnect(cause error) {
 		if err == nil {
 			break
 		}
-		if !s.sleep(backoff(n)) {
+		if !s.sub.Sleep(backoff(n)) {
 			return
 		}
 	}
@@ -94,26 +94,9 @@ func (s *subscription) reconnect(cause error) {
 	s.cfg.log.Info("Reconnected to Redis", s.fields)
 }
 
-// endInflight cancels the contexts of the deliveries in flight and waits until their
-// goroutines have settled them (an ack or nack given before counts).
-func (s *subscription) endInflight() {
-	if s.direct {
-		s.endHand()
-		return
-	}
-	s.mu.Lock()
-	ds := slices.Collect(maps.Values(s.inflight))
-	s.mu.Unlock()
-	for _, d := range ds {
-		d.cancel()
-	}
-	for _, d := range ds {
-		select {
-		case <-d.classified:
-		case <-s.stopping:
-			return
-		}
-	}
+// endInflight ends the deliveries in flight with cause (an ack or nack given before counts).
+func (s *subscription) endInflight(cause error) {
+	s.sub.End(cause, func(*inflight.Delivery[entryRef]) bool { return true })
 }
 
 // ensureGroup creates the consumer group, and the stream, unless they exist.

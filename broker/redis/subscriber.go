@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // ErrClosed is returned by Subscribe on a closed Subscriber.
@@ -23,17 +23,13 @@ var ErrClosed = errors.New("redis: subscriber closed")
 type Subscriber struct {
 	client redis.UniversalClient
 	cfg    Config
+	subs   *inflight.Group
 
 	mu     sync.Mutex
-	closed bool
-	subs   map[*subscription]struct{}
 	passes map[string]*claimPass // by stream
 
 	// readConns counts the subscriptions' connections of their own (subscription.reader).
 	readConns atomic.Int32
-
-	closeOnce sync.Once
-	closeErr  error
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -50,7 +46,7 @@ func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Subscriber{client: client, cfg: cfg.withDefaults(), subs: map[*subscription]struct{}{}, passes: map[string]*claimPass{}}, nil
+	return &Subscriber{client: client, cfg: cfg.withDefaults(), subs: inflight.NewGroup(ErrClosed), passes: map[string]*claimPass{}}, nil
 }
 
 // Subscribe starts one consumer of the stream topic in the configured consumer group, under a
@@ -65,47 +61,41 @@ func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error
 //
 // A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
 // redelivery.Settle right after every Ack and Nack, as onceflow's router does: the delivery then
-// leaves the window in the consumer's goroutine, and the subscription keeps no goroutine or
-// timer per delivery. Its window place comes back, and its ack is queued for the XACK, only
-// with Settle (or when the delivery ends); everything else above holds the same, except that a
-// delivery's context has no deadline: it is cancelled when AckTimeout passes.
+// leaves the window in the consumer's goroutine, and the subscription keeps no goroutine per
+// delivery. Its window place comes back, and its ack is queued for the XACK, only with Settle
+// (or when the delivery ends).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
 		return nil, errors.New("redis: subscribe: topic is empty")
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
+	if err := s.subs.Check(); err != nil {
+		return nil, err
 	}
-	s.mu.Unlock()
-
-	sub := newSubscription(s, ctx, topic, "onceflow-"+watermill.NewShortUUID(), redelivery.SettlesDirectly(ctx))
+	sub := newSubscription(s, topic, "onceflow-"+watermill.NewShortUUID())
 	start, cancel := context.WithTimeout(context.Background(), s.cfg.CloseTimeout)
 	defer cancel()
 	if err := sub.ensureGroup(start); err != nil {
-		sub.cancel()
 		sub.opCancel()
 		return nil, fmt.Errorf("redis: subscribe to stream %q: create consumer group %q: %w", topic, s.cfg.ConsumerGroup, err)
 	}
-
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		sub.cancel()
+	sub.sub = inflight.New(ctx, sub, inflight.Options{
+		Prefetch:     s.cfg.Prefetch,
+		NackDelay:    s.cfg.NackDelay,
+		FillWait:     fillWait,
+		CloseTimeout: s.cfg.CloseTimeout,
+		ErrClosed:    ErrClosed,
+		ErrExpired:   context.DeadlineExceeded,
+		Log:          s.cfg.log.With(sub.fields),
+	})
+	out, err := sub.sub.Start(s.subs)
+	if err != nil {
 		sub.opCancel()
-		return nil, ErrClosed
+		return nil, err
 	}
-	s.subs[sub] = struct{}{}
-	s.mu.Unlock()
-	sub.start()
-	return sub.out, nil
-}
-
-func (s *Subscriber) forget(sub *subscription) {
-	s.mu.Lock()
-	delete(s.subs, sub)
-	s.mu.Unlock()
+	s.cfg.log.Info("Subscribing to Redis stream", sub.fields)
+	go sub.flushAcks()
+	go sub.whenStopping()
+	return out, nil
 }
 
 // Close ends every subscription: it stops reading, sends every ack given before it (one XACK
@@ -115,23 +105,4 @@ func (s *Subscriber) forget(sub *subscription) {
 // AckTimeout). Close returns within Config.CloseTimeout even if Redis is gone; it reports
 // acks it could not send. It is idempotent; concurrent calls all return when the first is
 // done, with its result.
-func (s *Subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		subs := make([]*subscription, 0, len(s.subs))
-		for sub := range s.subs {
-			subs = append(subs, sub)
-		}
-		s.mu.Unlock()
-
-		errs := make([]error, len(subs))
-		var wg sync.WaitGroup
-		for i, sub := range subs {
-			wg.Go(func() { errs[i] = sub.stop() })
-		}
-		wg.Wait()
-		s.closeErr = errors.Join(errs...)
-	})
-	return s.closeErr
-}
+func (s *Subscriber) Close() error { return s.subs.Close(nil) }
