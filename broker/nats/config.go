@@ -2,13 +2,13 @@ package nats
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/nats-io/nats.go"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
@@ -70,6 +70,19 @@ type Config struct {
 	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
+// rules are the defaults and bounds of the settings every subscriber has.
+var rules = inflight.Rules{
+	Scheme:          "nats",
+	Prefetch:        DefaultPrefetch,
+	AckTimeout:      DefaultAckWait,
+	AckTimeoutField: "AckWait",
+	CloseTimeout:    DefaultCloseTimeout,
+}
+
+func (c Config) settings() inflight.Settings {
+	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckWait, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+}
+
 // Validate reports the first invalid field. Zero values select the defaults, except for URL
 // and ConsumerGroup, which are required.
 func (c Config) Validate() error {
@@ -78,31 +91,13 @@ func (c Config) Validate() error {
 		return errors.New("nats: Config.URL is empty")
 	case c.ConsumerGroup == "":
 		return errors.New("nats: Config.ConsumerGroup is empty")
-	case c.Prefetch < 0:
-		return fmt.Errorf("nats: Config.Prefetch: %d is negative (0 selects the default)", c.Prefetch)
-	case c.AckWait < 0:
-		return fmt.Errorf("nats: Config.AckWait: %s is negative (0 selects the default)", c.AckWait)
-	case c.NackDelay < 0:
-		return fmt.Errorf("nats: Config.NackDelay: %s is negative (0 redelivers at once)", c.NackDelay)
-	case c.CloseTimeout < 0:
-		return fmt.Errorf("nats: Config.CloseTimeout: %s is negative (0 selects the default)", c.CloseTimeout)
 	}
-	return nil
+	return rules.Validate(c.settings())
 }
 
 func (c Config) withDefaults() Config {
-	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
-	}
-	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = wmlog.Discard()
-	}
+	st := rules.Apply(c.settings())
+	c.Prefetch, c.AckWait, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
 	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -45,10 +45,10 @@
 //     unsettled at once (a nak), for another consumer of the group to take.
 //   - A consumer that dies leaves its deliveries to the others after AckWait.
 //
-// Each delivery has a watcher that waits for its ack, nack or end, unless the consumer settles
-// each message itself (redelivery.WithDirectSettle, as onceflow's router does): then the
-// subscription learns of each ack or nack from redelivery.Settle, in the consumer's goroutine,
-// and one timer per subscription ends the deliveries whose AckWait passes.
+// One timer per subscription ends the deliveries whose AckWait passes. Each delivery has a
+// watcher that waits for its ack or nack, unless the consumer settles each message itself
+// (redelivery.WithDirectSettle, as onceflow's router does): then the subscription learns of
+// each ack or nack from redelivery.Settle, in the consumer's goroutine.
 //
 // The connection reconnects by itself, for ever; the subscriptions go on when it is back.
 //
@@ -59,5 +59,8 @@
 // and the message before it is delivered once more (nats-server #5305, fixed in 2.11). The
 // subscriber never leaves a request of its own in that state (see fetch); the requests of a
 // consumer that dies or loses its connection stay at the server until they expire, one second
-// at most, which the subscriber keeps short for that reason.
+// at most, which the subscriber keeps short for that reason. The same server drops, without a
+// word, a request that expires at the moment a message comes for it (nats-server #3942, fixed
+// in a later release): a request that the server has not ended 100 ms after its expiry is
+// withdrawn, and the next one goes at once.
 package nats

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -22,4 +23,25 @@ func SetFillWait(t testing.TB, d time.Duration) {
 	old := fillWait
 	fillWait = d
 	t.Cleanup(func() { fillWait = old })
+}
+
+// LosePullEnds makes the subscriptions ignore the server's end of the next n pull requests
+// that end (expired, or no messages), as if the server had dropped them without a word, until
+// t ends; each one ignored is signalled on the channel returned. Tests that call it must not
+// run in parallel.
+func LosePullEnds(t testing.TB, n int) <-chan struct{} {
+	lost := make(chan struct{}, n)
+	var mu sync.Mutex
+	loseEnd = func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if n == 0 {
+			return false
+		}
+		n--
+		lost <- struct{}{}
+		return true
+	}
+	t.Cleanup(func() { loseEnd = nil })
+	return lost
 }

@@ -18,10 +18,20 @@ const (
 	pullExpires = time.Second
 	// probeExpires is how long the probe of a subscription that stops waits (see withdraw).
 	probeExpires = 20 * time.Millisecond
-	// pullGrace is how long after pullExpires the subscription waits for the server to say
-	// that the request expired, before it takes the request, or the connection, for lost.
+	// pullLate is how long after pullExpires the subscription waits for the server to say
+	// that the request expired, before it takes the request for dropped and withdraws it.
+	pullLate = 100 * time.Millisecond
+	// pullGrace bounds every wait for the server's word on a request (its expiry, the drain
+	// of its inbox) before the subscription takes the request, or the connection, for lost.
 	pullGrace = 2 * time.Second
 )
+
+// errWithdrawn ends a request that the subscription withdraws.
+var errWithdrawn = errors.New("pull request withdrawn")
+
+// loseEnd, when set (by tests), reports whether to ignore the server's end of a pull request,
+// as if the server had dropped the request without saying so.
+var loseEnd func() bool
 
 // errPullLost ends a pull request that the server did not end in time.
 var errPullLost = errors.New("the server did not end the pull request in time")
@@ -88,6 +98,9 @@ func (f *fetch) receive(m *nats.Msg) {
 		switch status {
 		case "100": // a heartbeat: none is asked for
 		case "404", "408": // no messages, request expired
+			if loseEnd != nil && loseEnd() {
+				return // as if the server had not said it
+			}
 			f.finish(nil)
 		default: // 409: consumer deleted, too many waiting requests, ...
 			f.finish(fmt.Errorf("pull request refused: %s %s", status, m.Header.Get("Description")))

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // Errors that end a delivery without an acknowledgement, as the cause of its context
@@ -39,21 +39,10 @@ type Subscriber struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	streams *Streams
+	subs    *inflight.Group
 
-	// ctx ends, with the cause ErrClosed, when Close starts; every subscription's context
-	// derives from it.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-
-	mu     sync.Mutex
-	closed bool
-	link   *link // the current connection to the server
-
-	pullers    sync.WaitGroup // subscriptions' fetch loops
-	deliveries sync.WaitGroup // deliveries not settled or ended yet
-
-	closeOnce sync.Once
-	closeErr  error
+	mu   sync.Mutex
+	link *link // the current connection to the server
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -76,6 +65,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		cfg:    cfg,
 		logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
 		link:   &link{up: make(chan struct{}), lost: make(chan struct{})},
+		subs:   inflight.NewGroup(ErrClosed),
 	}
 	close(s.link.up)
 	opts := []nats.Option{nats.Name("onceflow subscriber " + cfg.ConsumerGroup), nats.MaxReconnects(-1)}
@@ -94,17 +84,16 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("nats: JetStream API: %w", err)
 	}
 	s.nc, s.js, s.streams = nc, js, NewStreams(js)
-	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil
 }
 
 // disconnected ends the deliveries that came on the connection just lost.
 func (s *Subscriber) disconnected(err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	if s.subs.Check() != nil {
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	close(s.link.lost)
 	s.link = &link{up: make(chan struct{}), lost: make(chan struct{})}
 	s.logger.Info("Connection to NATS lost: the deliveries in flight end, JetStream delivers them again after AckWait", watermill.LogFields{"error": err})
@@ -147,61 +136,61 @@ func (s *Subscriber) currentLink() *link {
 // A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
 // redelivery.Settle right after every Ack and Nack, as onceflow's router does: the ack or nack
 // then goes to the server from the consumer's goroutine, and the subscription keeps no
-// goroutine or timer per delivery. Its window place comes back only with Settle (or when the
-// delivery ends); everything else above holds the same.
+// goroutine per delivery. Its window place comes back only with Settle (or when the delivery
+// ends); everything else above holds the same.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
 		return nil, errors.New("nats: subscribe: topic is empty")
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
+	if err := s.subs.Check(); err != nil {
+		return nil, err
 	}
-	s.pullers.Add(1)
-	s.mu.Unlock()
-	started := false
-	defer func() {
-		if !started {
-			s.pullers.Done()
-		}
-	}()
-
 	setup, stop := context.WithCancel(ctx)
 	defer stop()
-	defer context.AfterFunc(s.ctx, stop)()
+	defer context.AfterFunc(s.subs.Context(), stop)()
 	stream, err := s.streams.Ensure(setup, topic)
 	if err != nil {
-		return nil, fmt.Errorf("nats: subscribe to %q: %w", topic, err)
+		return nil, s.setupError(topic, err)
 	}
 	cons, err := s.ensureConsumer(setup, stream, topic)
 	if err != nil {
-		return nil, fmt.Errorf("nats: subscribe to %q: %w", topic, err)
+		return nil, s.setupError(topic, err)
 	}
 
-	subCtx, cancel := context.WithCancelCause(ctx)
 	info := cons.CachedInfo()
 	sub := &subscription{
-		s:         s,
-		topic:     topic,
-		stream:    stream,
-		subject:   pullSubject(stream, info.Name),
-		ackWait:   info.Config.AckWait,
-		ctx:       subCtx,
-		cancel:    cancel,
-		out:       make(chan *message.Message),
-		withdrawn: make(chan struct{}),
-		win:       newWindow(s.cfg.Prefetch),
-		logger:    s.logger.With(watermill.LogFields{"topic": topic, "consumer": info.Name}),
+		s:       s,
+		topic:   topic,
+		stream:  stream,
+		subject: pullSubject(stream, info.Name),
+		ackWait: info.Config.AckWait,
+		logger:  s.logger.With(watermill.LogFields{"topic": topic, "consumer": info.Name}),
 	}
-	sub.hurry = sub.win.hurry
-	sub.stopWithSubscriber = context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
-	if redelivery.SettlesDirectly(ctx) {
-		sub.hand = newHand(sub)
+	sub.sub = inflight.New(ctx, sub, inflight.Options{
+		Prefetch:     s.cfg.Prefetch,
+		NackDelay:    s.cfg.NackDelay,
+		FillWait:     fillWait,
+		Eager:        true,
+		CloseTimeout: s.cfg.CloseTimeout,
+		ErrClosed:    ErrClosed,
+		ErrExpired:   ErrAckWaitPassed,
+		Log:          sub.logger,
+	})
+	out, err := sub.sub.Start(s.subs)
+	if err != nil {
+		return nil, err
 	}
-	started = true
-	go sub.run()
-	return sub.out, nil
+	go sub.watchLinks()
+	return out, nil
+}
+
+// setupError is the error of a Subscribe whose setup failed: ErrClosed when the Subscriber
+// closed meanwhile.
+func (s *Subscriber) setupError(topic string, err error) error {
+	if closed := s.subs.Check(); closed != nil {
+		return closed
+	}
+	return fmt.Errorf("nats: subscribe to %q: %w", topic, err)
 }
 
 // Close stops every subscription from pulling, gives back the deliveries that are not settled
@@ -211,13 +200,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // returns when the first one is done, with its result. The error says when the server could
 // not confirm (it delivers again what it did not get, after AckWait).
 func (s *Subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
-		s.cancel(ErrClosed)
-		s.pullers.Wait()
-		s.deliveries.Wait()
+	return s.subs.Close(func() error {
 		var err error
 		if s.nc.IsConnected() {
 			err = s.nc.FlushTimeout(s.cfg.CloseTimeout)
@@ -226,8 +209,8 @@ func (s *Subscriber) Close() error {
 		}
 		s.nc.Close()
 		if err != nil {
-			s.closeErr = fmt.Errorf("nats: close: the acknowledgements given before Close may not have reached the server: %w", err)
+			return fmt.Errorf("nats: close: the acknowledgements given before Close may not have reached the server: %w", err)
 		}
+		return nil
 	})
-	return s.closeErr
 }

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // fillWait is how long free room in the window waits to grow to half the window before it is
@@ -25,8 +25,9 @@ const (
 	retryMax = 5 * time.Second
 )
 
-// subscription is one Subscribe call: a loop that asks the group's consumer for as many
-// messages as its window has free room, and hands each one out.
+// subscription is the JetStream side of one Subscribe call (an inflight.Source): it asks the
+// group's consumer for as many messages as the engine's window has free room, and settles
+// each delivery with the frame JetStream takes on its reply subject.
 type subscription struct {
 	s       *Subscriber
 	topic   string
@@ -34,24 +35,19 @@ type subscription struct {
 	subject string        // the consumer's pull subject
 	ackWait time.Duration // the consumer's AckWait, as the subscription last saw it
 	logger  watermill.LoggerAdapter
+	sub     *inflight.Subscription[reply]
 
-	// ctx ends when the Subscribe context ends or the Subscriber closes; the deliveries'
-	// contexts derive from it.
-	ctx                context.Context
-	cancel             context.CancelCauseFunc
-	stopWithSubscriber func() bool
-	// withdrawn is closed once the subscription has ended and its pull request is withdrawn:
-	// a message given back before would go straight back to that request.
-	withdrawn chan struct{}
+	// State of Fetch alone: the pause after a failure, and the timer of a request that the
+	// server has not ended in time (see deliver), made once.
+	pause time.Duration
+	late  *time.Timer
+}
 
-	out chan *message.Message
-	win *window
-	// hurry is win.hurry, the function each delivery's redelivery.Flush runs: made once, as a
-	// method value allocates each time it is taken.
-	hurry func()
-	// hand holds the deliveries when the consumer settles each message itself
-	// (redelivery.SettlesDirectly); nil when each delivery has a watcher.
-	hand *hand
+// reply is what a delivery keeps of its JetStream message: the message, whose reply subject
+// settles it, and the connection it came on.
+type reply struct {
+	jm   *nats.Msg
+	link *link
 }
 
 // pullSubject is the subject of the pull requests of a consumer.
@@ -59,89 +55,67 @@ func pullSubject(stream, consumer string) string {
 	return "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer
 }
 
-// run fetches and hands out messages until the subscription's context ends, then closes the
-// channel.
-func (sub *subscription) run() {
-	defer sub.s.pullers.Done()
-	if sub.hand != nil {
-		defer sub.hand.giveBack()
+// Fetch asks the consumer for n messages, once connected, and hands them out as they come
+// until the request ends. After a failed request it pauses (see recover).
+func (sub *subscription) Fetch(ctx context.Context, n int) error {
+	link := sub.s.currentLink()
+	select {
+	case <-link.up:
+	case <-ctx.Done():
+		return nil
 	}
-	defer close(sub.withdrawn)
-	defer close(sub.out)
-	defer sub.stopWithSubscriber()
-	defer sub.cancel(nil)
-
-	pause := time.Duration(0) // after a failure
-	eager := true             // the last request came back short: ask for the room there is at once
-	for {
-		link := sub.s.currentLink()
-		select {
-		case <-link.up:
-		case <-sub.ctx.Done():
-			return
-		}
-		n := sub.win.take(sub.ctx, eager)
-		if n == 0 {
-			return
-		}
-		select {
-		case <-link.lost:
-			// The places came back as the connection was lost (its deliveries ended): a
-			// request sent now would wait in the client's reconnect buffer, and reach the
-			// server with its inbox already dropped. Ask on the next connection.
-			sub.win.give(n)
-			continue
-		default:
-		}
-		f, err := pull(sub.s.nc, sub.subject, n, pullExpires)
-		if err != nil {
-			sub.win.give(n)
-			if errors.Is(err, nats.ErrConnectionClosed) {
-				if sub.ctx.Err() == nil {
-					sub.logger.Error("NATS connection closed: the subscription ends", err, nil)
-				}
-				return
-			}
-			if !sub.recover(err, &pause) {
-				return
-			}
-			continue
-		}
-		got, ok := sub.deliver(f, link)
-		sub.win.give(n - got)
-		if !ok {
-			return
-		}
-		if f.err != nil {
-			if !sub.recover(f.err, &pause) {
-				return
-			}
-			eager = true
-			continue
-		}
-		pause = 0
-		eager = got < n
+	select {
+	case <-link.lost:
+		// The connection was lost meanwhile: a request sent now would wait in the client's
+		// reconnect buffer, and reach the server with its inbox already dropped. Ask on the
+		// next connection.
+		return nil
+	default:
 	}
+	f, err := pull(sub.s.nc, sub.subject, n, pullExpires)
+	if err != nil {
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			if ctx.Err() == nil {
+				sub.logger.Error("NATS connection closed: the subscription ends", err, nil)
+				return err
+			}
+			return nil
+		}
+		sub.recover(ctx, err)
+		return nil
+	}
+	sub.deliver(ctx, f, link)
+	if f.err != nil && !errors.Is(f.err, errWithdrawn) {
+		sub.recover(ctx, f.err)
+		return nil
+	}
+	sub.pause = 0
+	return nil
 }
 
-// deliver hands out the messages of f as they come, and returns how many deliveries it made
-// of them, and false when the subscription ended.
-func (sub *subscription) deliver(f *fetch, link *link) (got int, ok bool) {
+// deliver hands out the messages of f as they come, until the request ends, its connection is
+// lost, or the subscription ends. A request that the server has not ended pullLate after its
+// expiry is taken for dropped (NATS server 2.9 drops a request that expires at the moment a
+// message comes, without a word, nats-server #3942): it is withdrawn, so that the next one
+// goes at once instead of after pullGrace.
+func (sub *subscription) deliver(ctx context.Context, f *fetch, link *link) {
+	if sub.late == nil {
+		sub.late = time.NewTimer(pullExpires + pullLate)
+	} else {
+		sub.late.Reset(pullExpires + pullLate)
+	}
+	defer sub.late.Stop()
 	for {
 		select {
 		case m := <-f.msgs:
-			if sub.handOut(m, link) {
-				got++
-			}
+			sub.handOut(m, link)
 		case <-f.done:
 			for {
 				select {
 				case m := <-f.msgs:
-					if sub.handOut(m, link) {
-						got++
-					}
+					sub.handOut(m, link)
 				default:
-					return got, true
+					return
 				}
 			}
 		case <-link.lost:
@@ -149,29 +123,38 @@ func (sub *subscription) deliver(f *fetch, link *link) (got int, ok bool) {
 			// on, the lost connection: leave them to AckWait, like the deliveries in
 			// flight, and ask anew once connected again.
 			f.finish(ErrConnectionLost)
-			return got, true
-		case <-sub.ctx.Done():
-			sub.withdraw(f, link)
-			return got, false
+			return
+		case <-ctx.Done():
+			sub.withdraw(f, link, false)
+			return
+		case <-sub.late.C:
+			sub.logger.Debug("Pull request not ended by the server after its expiry; withdrawn", nil)
+			sub.withdraw(f, link, true)
+			return
 		}
 	}
 }
 
-// withdraw ends the request of a subscription that ended, and gives back what it brought,
-// in a way that leaves the server no moment when it could redeliver a message while the
-// request lies there without a listener (see fetch). A probe, a request for one message that
-// expires at once, goes to the server first, to wait behind the request. Then the request is
-// drained: the subscription stops listening once the server has taken note, and takes what the
-// request brought up to then. The server passes over the dropped request to reach the probe,
-// or removes both when the probe expires. Once the probe has ended too, the messages are
-// given back, and the subscription's deliveries too (sub.withdrawn).
-func (sub *subscription) withdraw(f *fetch, link *link) {
+// withdraw ends a request that may still be waiting at the server, in a way that leaves the
+// server no moment when it could redeliver a message while the request lies there without a
+// listener (see fetch). A probe, a request for one message that expires at once, goes to the
+// server first, to wait behind the request. Then the request is drained: the subscription
+// stops listening once the server has taken note, and takes what the request brought up to
+// then. The server passes over the dropped request to reach the probe, or removes both when
+// the probe expires. What the requests brought is handed out (keep), or, for a subscription
+// that ends, given back once the probe has ended too, and the subscription's deliveries after
+// it.
+func (sub *subscription) withdraw(f *fetch, link *link, keep bool) {
 	var held []*nats.Msg
 	take := func(f *fetch) {
 		for {
 			select {
 			case m := <-f.msgs:
-				held = append(held, m)
+				if keep {
+					sub.handOut(m, link)
+				} else {
+					held = append(held, m)
+				}
 			default:
 				return
 			}
@@ -208,7 +191,7 @@ func (sub *subscription) withdraw(f *fetch, link *link) {
 	if err != nil {
 		probe = nil
 	}
-	if f.drain(context.Cause(sub.ctx)) {
+	if f.drain(errWithdrawn) {
 		if !wait(f.closed) {
 			return
 		}
@@ -223,133 +206,128 @@ func (sub *subscription) withdraw(f *fetch, link *link) {
 	}
 }
 
-// handOut makes m a delivery and hands it to the consumer, unless the delivery ends first. It
-// reports whether m became a delivery, which holds its place of the window until it ends.
-func (sub *subscription) handOut(m *nats.Msg, link *link) bool {
+// handOut makes m a delivery, which the engine hands out. A message the subscription no
+// longer takes (it is ending) is given back; one that came on a connection since lost is left
+// to AckWait.
+func (sub *subscription) handOut(m *nats.Msg, link *link) {
 	count, ok := numDelivered(m.Reply)
 	if !ok {
 		// Not a JetStream delivery: it cannot be acknowledged.
 		err := fmt.Errorf("reply subject %q is not a JetStream ack subject", m.Reply)
 		sub.logger.Error("Dropping a message without JetStream metadata", err, watermill.LogFields{"subject": m.Subject})
-		return false
+		return
 	}
-	d := sub.newDelivery(m, count, link)
-	if sub.hand != nil {
-		sub.hand.handOut(d)
-		return true
+	d := sub.sub.Emit(inflight.Item[reply]{
+		Data:     reply{jm: m, link: link},
+		Msg:      Unmarshal(m),
+		Count:    count,
+		Deadline: time.Now().Add(sub.ackWait), // JetStream's AckWait runs from the delivery, a little earlier
+	})
+	if d == nil {
+		_ = m.Nak()
+		return
 	}
 	select {
-	case sub.out <- d.msg:
-	case <-d.ctx.Done():
-		// Its AckWait passed, its connection was lost or the subscription ended before the
-		// consumer took it: the delivery's watcher has dealt with it.
+	case <-link.lost: // lost as it came: its deliveries may have ended before this one joined
+		sub.sub.End(ErrConnectionLost, func(x *inflight.Delivery[reply]) bool { return x == d })
+	default:
 	}
-	return true
+}
+
+// watchLinks ends the deliveries of each connection that is lost, until the subscription
+// ends.
+func (sub *subscription) watchLinks() {
+	for {
+		l := sub.s.currentLink()
+		select {
+		case <-l.lost:
+			sub.sub.End(ErrConnectionLost, func(d *inflight.Delivery[reply]) bool { return d.Data.link == l })
+		case <-sub.sub.Stopping():
+			return
+		}
+	}
+}
+
+// Settle tells the server how a delivery ended: the ack or nack the consumer gave, or, for a
+// delivery of a subscription that ended, a nak that gives the message back. A delivery whose
+// AckWait passed or whose connection was lost is left to the server, which delivers it again
+// (a nack sent then might make it deliver the message a second time while another consumer
+// holds it); an ack given before is still sent, which can only spare a redelivery.
+func (sub *subscription) Settle(d *inflight.Delivery[reply], o inflight.Outcome) {
+	switch {
+	case o.Late:
+	case o.Acked:
+		sub.report(d, "ack", sub.s.nc.Publish(d.Data.jm.Reply, ackBody))
+	case o.Cause == nil || (sub.ends(o.Cause) && !sub.lost(d)):
+		if o.Nacked {
+			sub.nak(d, o.Delay)
+		} else {
+			sub.report(d, "give back", d.Data.jm.Nak())
+		}
+	}
+}
+
+// ends reports whether cause ends the subscription, rather than the delivery alone.
+func (sub *subscription) ends(cause error) bool {
+	return !errors.Is(cause, ErrAckWaitPassed) && !errors.Is(cause, ErrConnectionLost)
+}
+
+// lost reports whether the connection of d is lost.
+func (sub *subscription) lost(d *inflight.Delivery[reply]) bool {
+	select {
+	case <-d.Data.link.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close has nothing of its own to release: the Subscriber's Close makes sure the server has
+// the acknowledgements.
+func (*subscription) Close(context.Context) error { return nil }
+
+// ackBody is the body of an acknowledgement, on the delivery's reply subject.
+var ackBody = []byte("+ACK")
+
+// nak asks the server to deliver the message again after delay. (nats.Msg.Ack costs an
+// allocation and a lock per ack for options and checks that the subscriber does not need: it
+// acks each delivery once, with a Publish of ackBody.)
+func (sub *subscription) nak(d *inflight.Delivery[reply], delay time.Duration) {
+	if delay > 0 {
+		sub.report(d, "nak", d.Data.jm.NakWithDelay(delay))
+		return
+	}
+	sub.report(d, "nak", d.Data.jm.Nak())
+}
+
+// report logs a failure to settle: the server delivers the message again after AckWait.
+func (sub *subscription) report(d *inflight.Delivery[reply], what string, err error) {
+	if err != nil {
+		sub.logger.Error("Could not "+what+" a delivery: JetStream delivers it again after AckWait", err, watermill.LogFields{
+			"message_uuid": d.Msg.UUID,
+		})
+	}
 }
 
 // recover reacts to a failed pull request: after a pause that grows with the failures in a
 // row, and once the consumer is there again (someone may have deleted it), the loop goes on.
-// It reports false when the subscription ended meanwhile.
-func (sub *subscription) recover(err error, pause *time.Duration) bool {
+func (sub *subscription) recover(ctx context.Context, err error) {
 	if errors.Is(err, errPullLost) || errors.Is(err, ErrConnectionLost) {
 		// The connection is down or was: the subscription waits for it.
 		sub.logger.Debug("Pull request lost", watermill.LogFields{"error": err})
-		return sub.ctx.Err() == nil
-	}
-	*pause = min(max(2**pause, retryMin), retryMax)
-	sub.logger.Error("Pull request failed", err, watermill.LogFields{"retry_in": *pause})
-	t := time.NewTimer(*pause)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-sub.ctx.Done():
-		return false
-	}
-	cons, err := sub.s.ensureConsumer(sub.ctx, sub.stream, sub.topic)
-	if err != nil {
-		if sub.ctx.Err() != nil {
-			return false
-		}
-		sub.logger.Error("JetStream consumer not available", err, nil)
-		return true
-	}
-	sub.ackWait = cons.CachedInfo().Config.AckWait
-	return true
-}
-
-// window counts the places of a subscription's window that are taken: by a delivery that is
-// not settled or ended yet, or by a pull request for the messages it may still bring.
-type window struct {
-	size  int
-	freed chan struct{} // signalled (not counted) when places are given back
-
-	mu   sync.Mutex
-	used int
-	// hurried: the consumer settled a batch together and waits for more before it settles
-	// others (redelivery.Flush), so the next take asks for the free places at once.
-	hurried bool
-}
-
-func newWindow(size int) *window {
-	return &window{size: size, freed: make(chan struct{}, 1)}
-}
-
-// give gives n places back.
-func (w *window) give(n int) {
-	if n == 0 {
 		return
 	}
-	w.mu.Lock()
-	w.used -= n
-	w.mu.Unlock()
-	select {
-	case w.freed <- struct{}{}:
-	default:
+	sub.pause = min(max(2*sub.pause, retryMin), retryMax)
+	sub.logger.Error("Pull request failed", err, watermill.LogFields{"retry_in": sub.pause})
+	if !sub.sub.Sleep(sub.pause) {
+		return
 	}
-}
-
-// hurry tells the window that the consumer has settled a batch together and settles no more
-// until new messages come (redelivery.Flush: a group that committed in one transaction): the
-// places free then are asked for at once, without waiting for half the window. A consumer
-// that holds more than half the window in one group would otherwise wait fillWait for each
-// refill, with its next group short.
-func (w *window) hurry() {
-	w.mu.Lock()
-	w.hurried = true
-	w.mu.Unlock()
-	select {
-	case w.freed <- struct{}{}:
-	default:
+	cons, err := sub.s.ensureConsumer(ctx, sub.stream, sub.topic)
+	if err != nil {
+		if ctx.Err() == nil {
+			sub.logger.Error("JetStream consumer not available", err, nil)
+		}
+		return
 	}
-}
-
-// take waits for free places and takes them all: once half the window is free; or once some
-// is free and either eager is set (the consumer had no more messages at once, and a new one
-// must not wait), the consumer hurried it, or fillWait has passed. It returns 0 when ctx ends.
-func (w *window) take(ctx context.Context, eager bool) int {
-	var waited <-chan time.Time
-	filled := false
-	for {
-		w.mu.Lock()
-		free := w.size - w.used
-		if free > 0 && (2*free >= w.size || eager || filled || w.hurried) {
-			w.used = w.size
-			w.hurried = false
-			w.mu.Unlock()
-			return free
-		}
-		w.mu.Unlock()
-		if free > 0 && waited == nil {
-			t := time.NewTimer(fillWait)
-			defer t.Stop()
-			waited = t.C
-		}
-		select {
-		case <-w.freed:
-		case <-waited:
-			filled = true
-		case <-ctx.Done():
-			return 0
-		}
-	}
+	sub.ackWait = cons.CachedInfo().Config.AckWait
 }
