@@ -33,40 +33,6 @@ func TestConfig_ValidateNamesTheField(t *testing.T) {
 	}
 }
 
-func TestSubscriber_PrefetchDeliveriesArriveWithoutAnyAck(t *testing.T) {
-	t.Parallel()
-	inBothModes(t, func(t *testing.T, f *fixture) {
-		const prefetch = 8
-		ids := f.publish(0, prefetch+4)
-		ch := f.subscribe(f.subscriber(natsbroker.Config{Prefetch: prefetch}))
-
-		var held []*message.Message
-		for i := range prefetch {
-			m := receive(t, ch, within)
-			require.Equal(t, ids[i], m.UUID)
-			require.Equal(t, f.message(i).Metadata.Get("k"), m.Metadata.Get("k"))
-			require.Equal(t, string(f.message(i).Payload), string(m.Payload))
-			require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
-			held = append(held, m)
-		}
-		// The window is full: nothing more until a delivery is settled.
-		requireNothing(t, ch, 300*time.Millisecond)
-		held[3].Ack()
-		m := receive(t, ch, within)
-		require.Equal(t, ids[prefetch], m.UUID, "one place freed, one more delivery")
-		requireNothing(t, ch, 300*time.Millisecond)
-		m.Ack()
-		for _, h := range held {
-			h.Ack()
-		}
-		for i := prefetch + 1; i < len(ids); i++ {
-			m := receive(t, ch, within)
-			require.Equal(t, ids[i], m.UUID)
-			m.Ack()
-		}
-	})
-}
-
 func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture) {
@@ -123,34 +89,6 @@ func TestSubscriber_NackAfterComesBackNoSoonerThanTheDelayWithCountPlusOne(t *te
 		require.GreaterOrEqual(t, time.Since(nacked), 300*time.Millisecond)
 		require.Equal(t, 3, info(t, third).Count)
 		third.Ack()
-	})
-}
-
-func TestSubscriber_NackedMessageDoesNotBlockTheOnesBehind(t *testing.T) {
-	t.Parallel()
-	inBothModes(t, func(t *testing.T, f *fixture) {
-		const good = 100
-		poison := f.publish(0, 1)[0]
-		f.publish(1, 1+good)
-		ch := f.subscribe(f.subscriber(natsbroker.Config{Prefetch: 16}))
-
-		const poisonDelay = 10 * time.Second
-		start := time.Now()
-		acked := map[string]bool{}
-		poisonSeen := 0
-		for len(acked) < good {
-			m := receive(t, ch, within)
-			if m.UUID == poison {
-				poisonSeen++
-				require.True(t, redelivery.NackAfter(m, poisonDelay))
-				continue
-			}
-			require.False(t, acked[m.UUID], "good message %s delivered twice", m.UUID)
-			acked[m.UUID] = true
-			m.Ack()
-		}
-		require.Less(t, time.Since(start), poisonDelay, "all good messages acked while the poison message waits")
-		require.Equal(t, 1, poisonSeen)
 	})
 }
 

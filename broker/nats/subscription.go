@@ -14,8 +14,8 @@ import (
 
 // fillWait is how long free room in the window waits to grow to half the window before it is
 // asked for anyway, so that a busy subscription fetches in batches without starving a slow
-// one. A variable for the tests only.
-var fillWait = 5 * time.Millisecond
+// one.
+const fillWait = 5 * time.Millisecond
 
 // Timings of the fetch loop.
 const (

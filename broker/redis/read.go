@@ -15,8 +15,8 @@ import (
 // room, registers them as deliveries and hands them out in order.
 
 // fillWait bounds how long room in the window waits to grow to half the window before new
-// entries are read anyway. A variable for the tests only.
-var fillWait = 20 * time.Millisecond
+// entries are read anyway.
+const fillWait = 20 * time.Millisecond
 
 // blockTime returns how long the next XREADGROUP may wait: BlockTime, or less when a claim
 // is due sooner.

@@ -2,7 +2,6 @@ package redis_test
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -23,31 +22,6 @@ func info(t *testing.T, m *message.Message) redelivery.Info {
 	i, ok := redelivery.FromContext(m.Context())
 	require.True(t, ok, "message %s has no redelivery.Info", m.UUID)
 	return i
-}
-
-func TestSubscriber_HandsOutPrefetchDeliveriesWithoutWaitingForAcks(t *testing.T) {
-	t.Parallel()
-	inBothModes(t, func(t *testing.T, f *fixture) {
-		want := f.publish(12)
-		_, ch := f.subscribe(redissub.Config{Prefetch: 5})
-
-		first := receiveN(t, ch, 5, 10*time.Second)
-		for i, m := range first {
-			require.Equal(t, want[i].UUID, m.UUID, "stream order")
-			require.Equal(t, string(want[i].Payload), string(m.Payload))
-			require.Equal(t, want[i].Metadata.Get("i"), m.Metadata.Get("i"))
-			require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
-		}
-		requireNothing(t, ch, 300*time.Millisecond) // the window is full
-		require.EqualValues(t, 5, f.pendingCount())
-
-		first[0].Ack()
-		first[1].Nack() // a nacked delivery leaves the window too
-		next := receiveN(t, ch, 2, 10*time.Second)
-		require.Equal(t, want[5].UUID, next[0].UUID)
-		require.Equal(t, want[6].UUID, next[1].UUID)
-		requireNothing(t, ch, 300*time.Millisecond)
-	})
 }
 
 func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
@@ -148,50 +122,6 @@ func TestSubscriber_AcksGivenTogetherGoInOneXACK(t *testing.T) {
 	})
 }
 
-// New entries are read once half the window is free, so that one XREADGROUP brings many; room
-// below that waits for more to come free, 20 ms at most, so that a consumer that holds its
-// deliveries until more come still gets them.
-func TestSubscriber_ReadsWaitForHalfTheWindow(t *testing.T) {
-	t.Parallel()
-	inBothModes(t, func(t *testing.T, f *fixture) {
-		const prefetch = 10
-		f.publish(3 * prefetch)
-		c := f.client(f.url)
-		hook := &countingHook{}
-		c.AddHook(hook)
-		sub, err := redissub.NewSubscriber(c, redissub.Config{ConsumerGroup: group, Prefetch: prefetch})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = sub.Close() })
-		ch, err := f.subscribeWith(context.Background(), sub)
-		require.NoError(t, err)
-		held := receiveN(t, ch, prefetch, 10*time.Second)
-		reads := func() []int64 {
-			hook.mu.Lock()
-			defer hook.mu.Unlock()
-			return slices.Clone(hook.reads)
-		}
-		before := len(reads())
-
-		// Half the window at once: one read of five.
-		for _, m := range held[:prefetch/2] {
-			m.Ack()
-		}
-		more := receiveN(t, ch, prefetch/2, 10*time.Second)
-		require.Equal(t, []int64{prefetch / 2}, reads()[before:], "one read for half the window")
-		before = len(reads())
-
-		// One more: read after the fill wait, not at once.
-		acked := time.Now()
-		held[prefetch/2].Ack()
-		receive(t, ch, 10*time.Second)
-		require.GreaterOrEqual(t, time.Since(acked), 20*time.Millisecond, "the read waited for more room")
-		require.Equal(t, []int64{1}, reads()[before:])
-		for _, m := range append(held[prefetch/2+1:], more...) {
-			m.Ack()
-		}
-	})
-}
-
 // The subscriptions of one Subscriber to a stream are consumers of one group: one pass over the
 // pending entries list per ClaimInterval claims the idle entries for all of them.
 func TestSubscriber_SubscriptionsShareTheClaimOfIdleEntries(t *testing.T) {
@@ -279,42 +209,6 @@ func TestSubscriber_NackDelayLongerThanAckTimeoutIsKept(t *testing.T) {
 		require.GreaterOrEqual(t, time.Since(nacked), asked)
 		require.Equal(t, 2, info(t, again).Count)
 		again.Ack()
-	})
-}
-
-// The poison entry is read first, then 100 good ones. While it waits for its delay, every good
-// one is delivered and acked: nothing is stranded behind it.
-func TestSubscriber_NackedEntryDoesNotBlockTheEntriesBehindIt(t *testing.T) {
-	t.Parallel()
-	inBothModes(t, func(t *testing.T, f *fixture) {
-		msgs := f.publish(101)
-		poison := msgs[0].UUID
-		_, ch := f.subscribe(redissub.Config{Prefetch: 10, NackDelay: 3 * time.Second})
-
-		acked := map[string]bool{}
-		var nackedAt time.Time
-		for len(acked) < 100 {
-			m := receive(t, ch, 10*time.Second)
-			if m.UUID == poison {
-				require.Empty(t, acked, "the poison entry comes back only after every good one")
-				require.True(t, nackedAt.IsZero(), "the poison entry came back before its delay")
-				nackedAt = time.Now()
-				m.Nack()
-				continue
-			}
-			require.False(t, acked[m.UUID], "%s delivered twice", m.UUID)
-			acked[m.UUID] = true
-			m.Ack()
-		}
-		require.False(t, nackedAt.IsZero())
-		require.Less(t, time.Since(nackedAt), 3*time.Second, "the good ones were all acked while the poison one waited")
-		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 1 }, "the good ones' acks are not all in Redis")
-
-		m := receive(t, ch, 10*time.Second)
-		require.Equal(t, poison, m.UUID)
-		require.GreaterOrEqual(t, time.Since(nackedAt), 3*time.Second)
-		require.Equal(t, 2, info(t, m).Count)
-		m.Ack()
 	})
 }
 
