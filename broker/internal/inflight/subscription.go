@@ -183,9 +183,6 @@ func (s *Subscription[T]) Start(g *Group) (<-chan *message.Message, error) {
 // Stopping returns a channel that is closed when the subscription begins to stop.
 func (s *Subscription[T]) Stopping() <-chan struct{} { return s.stopping }
 
-// Context returns the Subscribe context.
-func (s *Subscription[T]) Context() context.Context { return s.ctx }
-
 // signal wakes the goroutine that waits on c, if any; signals do not pile up.
 func signal(c chan struct{}) {
 	select {
