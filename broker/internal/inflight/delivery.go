@@ -19,6 +19,9 @@ type Item[T any] struct {
 	// Count and Redelivered are the broker's delivery count (redelivery.Info).
 	Count       int
 	Redelivered bool
+	// Kept says that the message takes one of the places its source kept (Subscription.Keep)
+	// rather than one of the fetch in progress.
+	Kept bool
 	// Deadline is when the delivery ends unsettled (Options.ErrExpired): when the broker
 	// gives the message to another consumer. Zero: Options.AckTimeout after the hand-out, or
 	// never when that is zero.

@@ -53,7 +53,8 @@
 // to give back (or to leave to the broker's own deadline). Emit may be called from any
 // goroutine: a source that hands out in an order of its own (Kafka: a partition's records in
 // offset order, a record alone) keeps its records in its own books until their turn and emits
-// each then, keeping the places of its fetch meanwhile (Keep, Release).
+// each then: Fetch keeps the places of what it booked (Keep), each later Emit with Item.Kept
+// takes one, and Release gives back those of records it drops.
 //
 // Settle(d, o) runs once per delivery when it ends, with its Outcome: acked, nacked (with the
 // delay to give the broker: Options.NackDelay or the one the consumer asked for), or neither,
@@ -106,8 +107,8 @@
 //   - kafka: HoldNacks replaces the nack timers, and Settle of a held nack puts the record back
 //     in the partition's books. The books, the per-partition order and the hand-out gate stay
 //     the source's: Fetch polls and books, Keep keeps the places of what it booked, and the
-//     source Emits a record (from its own goroutine) when its turn comes, after the metadata
-//     commit that records the hand-out. Options.AckTimeout (Item.Deadline zero) counts from
+//     source Emits a record (Item.Kept, from its own goroutine) when its turn comes, after the
+//     metadata commit that records the hand-out; a revoke Releases the places of its books. Options.AckTimeout (Item.Deadline zero) counts from
 //     the hand-out as it does now. A revoke is End(ErrRevoked, the partition's deliveries)
 //     once its wait is over; the final commit is Close.
 //   - sqlqueue: LateAcks (a late ack still deletes the lease nobody claimed since), Contexter

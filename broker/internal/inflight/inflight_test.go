@@ -577,3 +577,48 @@ func TestRules_ValidateNamesTheFieldAndApplySetsTheDefaults(t *testing.T) {
 	require.EqualError(t, plain.Validate(inflight.Settings{Prefetch: -1}), "y: Config.Prefetch: -1 is negative (0 selects the default)")
 	require.NoError(t, plain.Validate(inflight.Settings{AckTimeout: -1}), "a scheme without deadlines does not read AckTimeout")
 }
+
+// keeper keeps every place of its first fetch, for messages it emits later from elsewhere;
+// its later fetches wait for next.
+type keeper struct {
+	*source
+	once sync.Once
+	next chan struct{}
+}
+
+func (k *keeper) Fetch(ctx context.Context, n int) error {
+	k.mu.Lock()
+	k.fetches = append(k.fetches, n)
+	k.mu.Unlock()
+	kept := false
+	k.once.Do(func() { k.sub.Keep(n); kept = true })
+	if !kept {
+		select {
+		case <-k.next:
+		case <-ctx.Done():
+		}
+	}
+	return nil
+}
+
+func TestKeep_PlacesKeptAfterAFetchAreTakenByLaterEmitsUntilReleased(t *testing.T) {
+	src := &keeper{source: newSource(8), next: make(chan struct{})}
+	ctx, cancel := context.WithCancel(redelivery.WithDirectSettle(context.Background()))
+	defer cancel()
+	src.sub = inflight.New[int](ctx, src, inflight.Options{Prefetch: 4, CloseTimeout: time.Second})
+	ch, err := src.sub.Start(nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(src.fetchSizes()) == 1 }, 5*time.Second, time.Millisecond)
+	for k := 1; k <= 2; k++ {
+		require.NotNil(t, src.sub.Emit(inflight.Item[int]{Data: k, Msg: message.NewMessage(fmt.Sprint(k), nil), Kept: true}))
+	}
+	ack(receive(t, ch))
+	settlement(t, src.source)
+	// Two places kept, one delivery: one place is free, and fetched.
+	require.Eventually(t, func() bool { return len(src.fetchSizes()) == 2 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, []int{4, 1}, src.fetchSizes())
+	src.sub.Release(2) // the two kept places are given back
+	src.next <- struct{}{}
+	require.Eventually(t, func() bool { return len(src.fetchSizes()) == 3 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, []int{4, 1, 3}, src.fetchSizes())
+}

@@ -108,10 +108,11 @@ type Subscription[T any] struct {
 	watchers  sync.WaitGroup
 
 	mu sync.Mutex
-	// The window: places taken by deliveries (queued or out) and by the fetch in progress
-	// (reserved), of which kept are kept after it (Keep).
-	live, reserved, kept int
-	hurried              bool
+	// The window: places taken by deliveries (queued or out), by the fetch in progress
+	// (reserved, of which fetched were emitted), and by messages the source keeps to emit
+	// later (kept).
+	live, reserved, fetched, kept int
+	hurried                       bool
 	// endGen is closed and replaced when deliveries end before their settlement: their
 	// watchers wake.
 	endGen chan struct{}
@@ -132,6 +133,12 @@ type Subscription[T any] struct {
 func New[T any](ctx context.Context, src Source[T], opt Options) *Subscription[T] {
 	if opt.Log == nil {
 		opt.Log = watermill.NopLogger{}
+	}
+	if opt.ErrClosed == nil {
+		opt.ErrClosed = context.Canceled
+	}
+	if opt.ErrExpired == nil {
+		opt.ErrExpired = context.DeadlineExceeded
 	}
 	s := &Subscription[T]{
 		src:       src,
@@ -202,9 +209,8 @@ func (s *Subscription[T]) run() {
 		}
 		err := s.src.Fetch(s.fetchCtx, n)
 		s.mu.Lock()
-		got := n - s.reserved
-		s.reserved = s.kept
-		s.kept = 0
+		got := s.fetched
+		s.reserved, s.fetched = 0, 0
 		s.mu.Unlock()
 		signal(s.room)
 		if err != nil && s.fetchCtx.Err() == nil {
@@ -228,7 +234,7 @@ func (s *Subscription[T]) reserve(eager bool) int {
 			s.mu.Unlock()
 			return 0
 		}
-		free := s.opt.Prefetch - s.live - s.reserved
+		free := s.opt.Prefetch - s.live - s.reserved - s.kept
 		if free > 0 && (2*free >= s.opt.Prefetch || eager || filled || s.hurried) {
 			s.reserved += free
 			s.hurried = false
@@ -265,29 +271,30 @@ func (s *Subscription[T]) Hurry() {
 	signal(s.room)
 }
 
-// Keep keeps k of the places reserved for the fetch in progress after it returns, for items
-// that the source emits later in an order of its own; Release gives kept places back. Only
-// Fetch calls Keep.
+// Keep keeps k of the places reserved for the fetch in progress after it returns, for
+// messages that the source emits later, in an order of its own, with Item.Kept; Release gives
+// kept places back. Only Fetch calls Keep.
 func (s *Subscription[T]) Keep(k int) {
-	s.mu.Lock()
-	s.kept += min(k, s.reserved)
-	s.mu.Unlock()
-}
-
-// Release gives back k places that Keep kept.
-func (s *Subscription[T]) Release(k int) {
 	s.mu.Lock()
 	k = min(k, s.reserved)
 	s.reserved -= k
+	s.kept += k
+	s.mu.Unlock()
+}
+
+// Release gives back k places that Keep kept (their messages are gone: a revoked partition).
+func (s *Subscription[T]) Release(k int) {
+	s.mu.Lock()
+	s.kept -= min(k, s.kept)
 	s.mu.Unlock()
 	signal(s.room)
 }
 
 // Emit makes it a delivery, queued for its hand-out after those emitted before, and returns
-// it. It takes a place reserved for the fetch in progress, or kept, if there is one, and a new
-// place otherwise (the window may then hold more than Prefetch). It returns nil once the
-// subscription is stopping: the message is then the source's to give back. Emit may be called
-// from any goroutine.
+// it. It takes a place kept (it.Kept), or else one reserved for the fetch in progress if one is
+// left, and a new place otherwise (the window may then hold more than Prefetch for a moment).
+// It returns nil once the subscription is stopping: the message is then the source's to give
+// back. Emit may be called from any goroutine.
 func (s *Subscription[T]) Emit(it Item[T]) *Delivery[T] {
 	d := &Delivery[T]{Data: it.Data, Msg: it.Msg, sub: s, deadline: it.Deadline, index: -1}
 	var ctx context.Context
@@ -309,11 +316,22 @@ func (s *Subscription[T]) Emit(it Item[T]) *Delivery[T] {
 		d.cancel(context.Canceled)
 		return nil
 	}
-	if s.reserved > 0 {
+	switch {
+	case it.Kept && s.kept > 0:
+		s.kept--
+	case !it.Kept && s.reserved > 0:
 		s.reserved--
+		s.fetched++
 	}
 	s.live++
 	s.insert(d)
+	if s.qhead > 0 && 2*s.qhead >= len(s.queue) {
+		// The pump has taken the first half: move the rest to the front, so that a queue
+		// that never empties does not grow.
+		n := copy(s.queue, s.queue[s.qhead:])
+		clear(s.queue[n:])
+		s.queue, s.qhead = s.queue[:n], 0
+	}
 	s.queue = append(s.queue, d)
 	s.mu.Unlock()
 	signal(s.queuedSig)
@@ -457,6 +475,9 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 // them (a lost connection, a revoked partition), held nacks included: the source learns each
 // with the ack or nack given before and cause. It returns how many it ended.
 func (s *Subscription[T]) End(cause error, match func(*Delivery[T]) bool) int {
+	if cause == nil {
+		cause = context.Canceled
+	}
 	s.mu.Lock()
 	var ends []*Delivery[T]
 	for d := s.head; d != nil; {
