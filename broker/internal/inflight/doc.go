@@ -48,7 +48,7 @@
 // Emit makes a message a delivery: its Item says the broker's delivery count and when the
 // broker gives the message to another consumer (Deadline; zero for Options.AckTimeout from
 // the hand-out, or for no deadline). Emit takes a place the fetch reserved, or a new one (the
-// window may then exceed Prefetch for a moment: a message that a late reply brought). It never
+// window may then exceed Prefetch for a moment: a message that came after its fetch). It never
 // blocks. It returns nil once the subscription is stopping: the message is then the source's
 // to give back (or to leave to the broker's own deadline). Emit may be called from any
 // goroutine: a source that hands out in an order of its own (Kafka: a partition's records in
@@ -108,9 +108,10 @@
 //     in the partition's books. The books, the per-partition order and the hand-out gate stay
 //     the source's: Fetch polls and books, Keep keeps the places of what it booked, and the
 //     source Emits a record (Item.Kept, from its own goroutine) when its turn comes, after the
-//     metadata commit that records the hand-out; a revoke Releases the places of its books. Options.AckTimeout (Item.Deadline zero) counts from
-//     the hand-out as it does now. A revoke is End(ErrRevoked, the partition's deliveries)
-//     once its wait is over; the final commit is Close.
+//     metadata commit that records the hand-out. Options.AckTimeout (Item.Deadline zero)
+//     counts from the hand-out, as now. A revoke, once its wait is over, is End(ErrRevoked,
+//     the partition's deliveries) and Release of the places of its books; the final commit
+//     is Close.
 //   - sqlqueue: LateAcks (a late ack still deletes the lease nobody claimed since), Contexter
 //     for the redelivery.TxAck, the lease as Item.Deadline, the settler's batches behind
 //     Settle, its seal in Close. A delivery given back at the end that was never handed out
