@@ -119,17 +119,29 @@ type Moved struct {
 type MoveReport struct {
 	// Moved are the messages published elsewhere and removed.
 	Moved []Moved
-	// Kept are the messages left waiting, in their place.
+	// Kept are the messages left waiting, in their place: those pick left, and those Move
+	// did not reach because it stopped.
 	Kept []*message.Message
+	// Failed are the messages pick chose that could not be moved, each with why. Each waits in
+	// its place, and, when the failure came after its publish, is published as well
+	// (Failure.Err says so).
+	Failed []Failure
+}
+
+// Failure is a message that Move or Delete could not handle, and why.
+type Failure struct {
+	Message *message.Message
+	Err     error
 }
 
 // Move goes through up to limit of the messages of topic that wait for the Broker's consumer
 // group, oldest first (those Peek returns), and asks pick about each one. A message that pick
 // moves is published with the Broker's Publisher and, once Publish has returned nil, removed
-// from topic; a failed publish stops Move with the message still waiting. The other messages
-// stay as they were, in their place: Move does not republish them. Messages published to topic
-// while Move runs wait for the next Move, so that a moved message that comes straight back is
-// not moved in a circle.
+// from topic. A message whose publish or removal fails goes in MoveReport.Failed with why, and
+// Move goes on with the next one: a message the destination refuses (an id or a header it
+// cannot carry) holds up none of the others. The other messages stay as they were, in their
+// place: Move does not republish them. Messages published to topic while Move runs wait for
+// the next Move, so that a moved message that comes straight back is not moved in a circle.
 //
 // A crash (or an error) between the publish and the removal leaves the message in topic as
 // well as published: it is moved again by the next Move, a duplicate that deduplication
@@ -152,7 +164,9 @@ type MoveReport struct {
 // Except on AMQP, every group reads one log per topic, so other consumer groups of topic no
 // longer see a removed message either.
 //
-// The report lists what was moved and kept, also when Move returns an error part way.
+// The report lists what was moved, kept and failed. The error says why Move could not go
+// through: the topic could not be read, or ctx ended (the messages it did not reach are then
+// kept); the failures of single messages are in the report, not in the error.
 func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFunc) (MoveReport, error) {
 	var rep MoveReport
 	if limit <= 0 {
@@ -161,7 +175,7 @@ func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFun
 	if pick == nil {
 		return rep, fmt.Errorf("broker: move from topic %q: pick is nil", topic)
 	}
-	kept, err := b.each(ctx, "move from", topic, limit, func(v View, e Entry) (bool, error) {
+	kept, failed, err := b.each(ctx, "move from", topic, limit, func(v View, e Entry) (bool, error) {
 		to, out := pick(e.Message)
 		if to == "" || out == nil {
 			return false, nil
@@ -172,7 +186,7 @@ func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFun
 		rep.Moved = append(rep.Moved, Moved{Message: e.Message, To: to, Published: out})
 		return true, nil
 	})
-	rep.Kept = kept
+	rep.Kept, rep.Failed = kept, failed
 	return rep, err
 }
 
@@ -184,8 +198,12 @@ type DeleteFunc func(msg *message.Message) bool
 type DeleteReport struct {
 	// Deleted are the messages removed.
 	Deleted []*message.Message
-	// Kept are the messages left waiting, in their place.
+	// Kept are the messages left waiting, in their place: those pick left, and those Delete
+	// did not reach because it stopped.
 	Kept []*message.Message
+	// Failed are the messages pick chose that could not be removed, each with why; they wait
+	// in their place.
+	Failed []Failure
 }
 
 // Delete goes through up to limit of the messages of topic that wait for the Broker's consumer
@@ -200,8 +218,10 @@ type DeleteReport struct {
 // wraps errors.ErrUnsupported). A message that is already gone when Delete removes it (another
 // Delete took it) counts as deleted.
 //
-// The report lists what was deleted and kept, also when Delete returns an error part way: a
-// failed removal stops Delete, and that message and the later ones are kept.
+// A message whose removal fails goes in DeleteReport.Failed with why, and Delete goes on with
+// the next one. The error says why Delete could not go through: the topic could not be read,
+// or ctx ended (the messages it did not reach are then kept); the failures of single messages
+// are in the report, not in the error.
 func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick DeleteFunc) (DeleteReport, error) {
 	var rep DeleteReport
 	if limit <= 0 {
@@ -210,7 +230,7 @@ func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick Delet
 	if pick == nil {
 		return rep, fmt.Errorf("broker: delete from topic %q: pick is nil", topic)
 	}
-	kept, err := b.each(ctx, "delete from", topic, limit, func(v View, e Entry) (bool, error) {
+	kept, failed, err := b.each(ctx, "delete from", topic, limit, func(v View, e Entry) (bool, error) {
 		if !pick(e.Message) {
 			return false, nil
 		}
@@ -223,40 +243,43 @@ func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick Delet
 		rep.Deleted = append(rep.Deleted, e.Message)
 		return true, nil
 	})
-	rep.Kept = kept
+	rep.Kept, rep.Failed = kept, failed
 	return rep, err
 }
 
 // each lists up to limit of the messages of topic that wait for the group and runs step on
 // each, in order, in one view. step reports whether it took the message out of topic; the
-// messages it did not take are returned as kept. An error of step stops each: that message and
-// the later ones are kept.
-func (b *Broker) each(ctx context.Context, op, topic string, limit int, step func(v View, e Entry) (took bool, err error)) ([]*message.Message, error) {
+// messages it did not take are returned as kept, those it failed on as failed. A failure of
+// one message does not stop each; the end of ctx does, and the messages after it are kept.
+// The error is each's own: a view that cannot be read or closed, or the end of ctx.
+func (b *Broker) each(ctx context.Context, op, topic string, limit int, step func(v View, e Entry) (took bool, err error)) (kept []*message.Message, failed []Failure, err error) {
 	v, err := b.openView(ctx, topic)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	entries, err := v.List(ctx, limit)
 	if err != nil {
-		return nil, b.inspectErr(op, topic, errors.Join(err, v.Close()))
+		return nil, nil, b.inspectErr(op, topic, errors.Join(err, v.Close()))
 	}
-	var kept []*message.Message
 	for i, e := range entries {
-		took, err := step(v, e)
-		if err != nil {
+		if err := ctx.Err(); err != nil {
 			for _, rest := range entries[i:] {
 				kept = append(kept, rest.Message)
 			}
-			return kept, b.inspectErr(op, topic, errors.Join(err, v.Close()))
+			return kept, failed, b.inspectErr(op, topic, errors.Join(err, v.Close()))
 		}
-		if !took {
+		took, err := step(v, e)
+		switch {
+		case err != nil:
+			failed = append(failed, Failure{Message: e.Message, Err: redact.Error(err, b.secrets)})
+		case !took:
 			kept = append(kept, e.Message)
 		}
 	}
 	if err := v.Close(); err != nil {
-		return kept, b.inspectErr(op, topic, err)
+		return kept, failed, b.inspectErr(op, topic, err)
 	}
-	return kept, nil
+	return kept, failed, nil
 }
 
 // moveOne publishes out to topic to, then removes e.

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -183,6 +184,79 @@ func TestMove_StopsAtTheLimitAndLeavesLaterMessages(t *testing.T) {
 		require.Len(t, rep.Moved, 2)
 		require.Equal(t, []string{f.message(2).UUID}, uuids(peek(t, b, f.topic, 10)))
 	})
+}
+
+// refusedTopics are, per scheme, a topic its publisher refuses: too long a queue name for
+// AMQP, a space and a wildcard for the others. Redis carries any topic name, so it has none.
+var refusedTopics = map[string]string{
+	"amqp":     strings.Repeat("x", 300),
+	"postgres": "no such topic *",
+	"mysql":    "no such topic *",
+	"sqlite":   "no such topic *",
+	"nats":     "no such topic *",
+}
+
+func TestMove_GoesOnPastAMessageThatCannotBeMoved(t *testing.T) {
+	t.Parallel()
+	for _, sc := range schemes() {
+		refused, ok := refusedTopics[sc.name]
+		if !ok {
+			continue
+		}
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, sc, testTimings)
+			b := f.open(broker.Options{})
+			other := testsvc.UniqueName("moved")
+			t.Cleanup(func() { f.cleanupTopic(other) })
+			msgs := []*message.Message{f.message(0), f.message(1), f.message(2), f.message(3)}
+			f.publish(b, msgs...)
+
+			rep, err := b.Move(context.Background(), f.topic, 10, func(m *message.Message) (string, *message.Message) {
+				if m.UUID == msgs[1].UUID {
+					return refused, m
+				}
+				return other, m
+			})
+			require.NoError(t, err, "one message's failure is in the report, not the error")
+			require.Equal(t, uuids([]*message.Message{msgs[0], msgs[2], msgs[3]}), uuids(movedMessages(rep.Moved)))
+			require.Empty(t, rep.Kept)
+			require.Len(t, rep.Failed, 1)
+			require.Equal(t, msgs[1].UUID, rep.Failed[0].Message.UUID)
+			require.ErrorContains(t, rep.Failed[0].Err, "message \""+msgs[1].UUID+"\": ")
+			require.Equal(t, []string{msgs[1].UUID}, uuids(peek(t, b, f.topic, 10)), "the one that failed stays")
+			require.Equal(t, uuids([]*message.Message{msgs[0], msgs[2], msgs[3]}), uuids(peek(t, b, other, 10)))
+		})
+	}
+}
+
+// movedMessages returns the messages of moved, as they waited.
+func movedMessages(moved []broker.Moved) []*message.Message {
+	out := make([]*message.Message, len(moved))
+	for i, m := range moved {
+		out[i] = m.Message
+	}
+	return out
+}
+
+func TestMove_StopsWhenTheContextEndsAndKeepsTheRest(t *testing.T) {
+	t.Parallel()
+	f := setup(t, sqliteScheme(), testTimings)
+	b := f.open(broker.Options{})
+	other := testsvc.UniqueName("moved")
+	msgs := []*message.Message{f.message(0), f.message(1), f.message(2)}
+	f.publish(b, msgs...)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	rep, err := b.Move(ctx, f.topic, 10, func(m *message.Message) (string, *message.Message) {
+		cancel() // the operator gives up while the first message is being moved
+		return other, m
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Empty(t, rep.Moved)
+	require.Len(t, rep.Failed, 1, "the message being moved when the context ended")
+	require.Equal(t, uuids(msgs[1:]), uuids(rep.Kept), "the messages not reached stay, unasked")
+	require.Equal(t, uuids(msgs), uuids(peek(t, b, f.topic, 10)))
 }
 
 func TestDelete_RemovesPickedMessagesAndLeavesTheRestInPlace(t *testing.T) {
