@@ -8,8 +8,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/deadletter"
 )
 
 // deleted is an entry of a delete report.
@@ -26,7 +27,9 @@ type deleteReport struct {
 	Topic   string    `json:"topic"`
 	Group   string    `json:"group"`
 	Deleted []deleted `json:"deleted"`
-	Kept    []kept    `json:"kept"`
+	// Failed lists the chosen dead letters that could not be removed, each with why.
+	Failed []failed `json:"failed"`
+	Kept   []kept   `json:"kept"`
 	// NotFound lists the --id values that matched no dead letter.
 	NotFound []string `json:"not_found"`
 	// Limited is true when the delete looked at --limit dead letters: more may be waiting.
@@ -45,14 +48,17 @@ func newDLQDeleteCommand() *cobra.Command {
 		Short: "Remove dead letters for good, without replaying them",
 		Long: `Removes the chosen dead letters from the dead-letter topic, publishing nothing; the others stay
 where they are, in their order. Choose them as for dlq replay, with exactly one of --id
-(repeatable; the original id of a dead letter that could not carry it matches too), --reason
-(every dead letter whose reason contains the text, case-sensitive: a whole reason copied from
-dlq list is an exact match) or --all.
+(repeatable; the original id of a dead letter that could not carry it matches too), a filter
+(--reason: every dead letter whose reason contains the text, case-sensitive, so that a whole
+reason copied from dlq list is an exact match; --handler, --from-topic, --since, --until) or
+--all.
 
 Unless --yes is given, delete first lists the dead letters it would remove, on standard error,
 and asks for confirmation on standard input; anything but "y" or "yes" (an empty or closed input
 too) deletes nothing and makes the exit status 1. It then removes those dead letters and no
-others: one that arrives between the question and the answer is kept, even if it matches.
+others: one that arrives between the question and the answer is kept, even if it matches. A
+dead letter whose removal fails stays, and delete goes on with the next one; the report names
+each failure, with why.
 
 What removal means: RabbitMQ acknowledges the message on the group's queue (other groups'
 queues keep their copies); the SQL and SQLite queues delete its row and its leases, NATS deletes
@@ -60,73 +66,39 @@ it from the stream, Redis acknowledges it for the group and deletes the entry: o
 groups of the dead-letter topic no longer see it either. A deleted dead letter cannot be
 replayed: its message is gone unless its producer still has it.
 
-The exit status is 1 when an --id or the --reason matched no dead letter, or the deletion was
-not confirmed.`,
+The exit status is 1 when a chosen dead letter could not be removed, an --id or the filter
+matched no dead letter, or the deletion was not confirmed.`,
 		Example: `  onceflow dlq delete --broker sqlite://var/queue.db --id order-17 --id order-18
   onceflow dlq delete --broker "$ONCEFLOW_BROKER" --reason 'test message, ignore'
   onceflow dlq delete --broker 'nats://127.0.0.1:4222?group=billing' --all --yes --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := sel.check(cmd, "delete"); err != nil {
-				return err
-			}
-			b, err := f.open(cmd.Context())
+			s, err := sel.resolve(cmd, "delete")
 			if err != nil {
 				return err
 			}
-			defer b.Close()
+			q, closeBroker, err := f.open(cmd.Context(), f.limit)
+			if err != nil {
+				return err
+			}
+			defer closeBroker()
 
-			pick := sel.matches
-			if !yes {
-				// Ask about the dead letters that wait now, then delete those and no others.
-				msgs, err := b.Peek(cmd.Context(), f.topic, f.limit)
-				if err != nil {
-					return err
-				}
-				var chosen []*message.Message
-				for _, m := range msgs {
-					if sel.matches(m) {
-						chosen = append(chosen, m)
-					}
-				}
-				if len(chosen) > 0 {
-					ok, err := confirm(cmd.InOrStdin(), cmd.ErrOrStderr(), chosen, where(f.topic, b.ConsumerGroup(), b.String()))
-					if err != nil {
-						return err
-					}
-					if !ok {
-						return errNotConfirmed
-					}
-				}
-				// A dead letter's id may repeat (a message dead-lettered twice): delete as many
-				// of each id as were shown.
-				budget := map[string]int{}
-				for _, m := range chosen {
-					budget[m.UUID]++
-				}
-				pick = func(m *message.Message) bool {
-					if budget[m.UUID] == 0 || !sel.matches(m) {
-						return false
-					}
-					budget[m.UUID]--
-					return true
+			var res deadletter.Report
+			var delErr error
+			if yes {
+				res, delErr = q.Delete(cmd.Context(), s)
+			} else {
+				res, delErr = confirmAndDelete(cmd, q, s)
+				if errors.Is(delErr, errNotConfirmed) {
+					return delErr
 				}
 			}
-
-			rep := deleteReport{Broker: b.String(), Topic: f.topic, Group: b.ConsumerGroup(),
-				Deleted: []deleted{}, Kept: []kept{}}
-			res, delErr := b.Delete(cmd.Context(), f.topic, f.limit, pick)
-			for _, m := range res.Deleted {
-				d := describe(m, false)
-				rep.Deleted = append(rep.Deleted, deleted{ID: d.ID, Topic: d.Topic, Handler: d.Handler, Reason: d.Reason})
+			rep := deleteReport{Broker: q.Broker(), Topic: q.Topic(), Group: q.Group(),
+				Deleted: []deleted{}, Failed: failures(res.Failed), Kept: keptOf(res.Kept), NotFound: res.NotFound, Limited: res.Truncated}
+			for _, r := range res.Done {
+				l := r.Letter
+				rep.Deleted = append(rep.Deleted, deleted{ID: l.ID, Topic: l.Topic, Handler: l.Handler, Reason: l.Reason})
 			}
-			for _, m := range res.Kept {
-				d := describe(m, false)
-				rep.Kept = append(rep.Kept, kept{ID: d.ID, Topic: d.Topic, Handler: d.Handler, Reason: d.Reason})
-			}
-			rep.NotFound = sel.notFound()
-			rep.Limited = len(res.Deleted)+len(res.Kept) >= f.limit
-
 			if f.asJSON {
 				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
 					return errors.Join(delErr, err)
@@ -134,7 +106,7 @@ not confirmed.`,
 			} else {
 				printDelete(cmd.OutOrStdout(), rep)
 			}
-			return errors.Join(delErr, sel.missed(f.topic, b.ConsumerGroup()))
+			return errors.Join(notFound(delErr, q), missed(s, res, q))
 		},
 	}
 	f.register(cmd, defaultReplayLimit, "look at most at this many dead letters, oldest first")
@@ -143,13 +115,38 @@ not confirmed.`,
 	return cmd
 }
 
+// confirmAndDelete asks about the dead letters s chooses now, then deletes those and no others.
+func confirmAndDelete(cmd *cobra.Command, q *deadletter.Queue, s deadletter.Selection) (deadletter.Report, error) {
+	ctx := cmd.Context()
+	chosen, missing, err := q.Choose(ctx, s)
+	if err != nil {
+		return deadletter.Report{}, err
+	}
+	if len(chosen) == 0 {
+		// Nothing to ask about, nor to delete: the report says what waits.
+		page, err := q.List(ctx, deadletter.Query{Limit: q.ScanLimit(), Count: true})
+		return deadletter.Report{Kept: page.Letters, NotFound: missing, Truncated: page.Truncated}, err
+	}
+	ok, err := confirm(cmd.InOrStdin(), cmd.ErrOrStderr(), chosen, where(q.Topic(), q.Group(), q.Broker()))
+	if err != nil {
+		return deadletter.Report{}, err
+	}
+	if !ok {
+		return deadletter.Report{}, errNotConfirmed
+	}
+	exact := deadletter.ExactSelection(chosen)
+	exact.Filter = s.Filter
+	res, err := q.Delete(ctx, exact)
+	res.NotFound = missing
+	return res, err
+}
+
 // confirm shows the dead letters about to be deleted on w and reads the answer from r: true
 // for "y" or "yes".
-func confirm(r io.Reader, w io.Writer, chosen []*message.Message, loc string) (bool, error) {
+func confirm(r io.Reader, w io.Writer, chosen []deadletter.Letter, loc string) (bool, error) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, m := range chosen {
-		d := describe(m, false)
-		fmt.Fprintf(tw, "  %s\t%s\thandler %s: %s\n", cell(d.ID, 0), cell(d.Topic, 0), cell(d.Handler, 0), cell(d.Reason, tableReasonWidth))
+	for _, l := range chosen {
+		fmt.Fprintf(tw, "  %s\t%s\thandler %s: %s\n", cell(l.ID, 0), cell(l.Topic, 0), cell(l.Handler, 0), cell(l.Reason, tableReasonWidth))
 	}
 	if err := tw.Flush(); err != nil {
 		return false, err
@@ -180,8 +177,11 @@ func printDelete(w io.Writer, rep deleteReport) {
 	if rep.Limited {
 		more = " (the first --limit; more may be waiting)"
 	}
-	fmt.Fprintf(w, "deleted %s, kept %d %s%s\n", plural(len(rep.Deleted), "dead letter"), len(rep.Kept),
+	fmt.Fprintf(w, "deleted %s, %skept %d %s%s\n", plural(len(rep.Deleted), "dead letter"), failedCount(len(rep.Failed)), len(rep.Kept),
 		where(rep.Topic, rep.Group, rep.Broker), more)
+	for _, f := range rep.Failed {
+		fmt.Fprintf(w, "not deleted: %s: %s\n", printable(f.ID), printable(f.Error))
+	}
 	for _, id := range rep.NotFound {
 		fmt.Fprintf(w, "not found: %s\n", printable(id))
 	}

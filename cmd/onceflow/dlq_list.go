@@ -6,8 +6,11 @@ import (
 	"sort"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/onceflow/onceflow/deadletter"
 )
 
 // listReport is the JSON document of dlq list.
@@ -53,7 +56,9 @@ func groupLetters(dls []deadLetter) []letterGroup {
 
 func newDLQListCommand() *cobra.Command {
 	var f dlqFlags
+	var filter filterFlags
 	var withPayload bool
+	var offset int
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "Show the dead letters waiting in the dead-letter topic, without taking them",
@@ -62,7 +67,9 @@ how many dead letters each handler dead-lettered with each reason (the largest g
 then the dead letters themselves, oldest first: id, when it was dead-lettered, the topic it came
 from, the handler, the attempt, the payload size ("dropped" when the dead-letter broker refused
 the payload) and the reason. Nothing is consumed: listing again shows the same dead letters.
-The counts are of the dead letters listed (at most --limit).
+The counts are of the dead letters listed (at most --limit, from the --offset-th on). The
+filters (--reason, --handler, --from-topic, --since, --until) show only the dead letters that
+match them all, among the first 10000 waiting.
 
 Text that comes from the messages (ids, reasons, handlers, payloads) is printed with Go escapes
 for what a terminal would interpret: \x1b for ESC, \n, \t, \xff for a byte that is not UTF-8,
@@ -75,24 +82,29 @@ past its cursor; NATS by reading the stream past the ack floor of the group's co
 XPENDING and XRANGE. mem:// and kafka:// cannot be listed (a Kafka record cannot be taken out of
 its topic for one group, so the dead-letter commands do not apply to it).`,
 		Example: `  onceflow dlq list --broker 'amqp://guest:guest@127.0.0.1:5672/?group=billing'
-  onceflow dlq list --broker sqlite://var/queue.db --payload --json`,
+  onceflow dlq list --broker sqlite://var/queue.db --payload --json
+  onceflow dlq list --broker "$ONCEFLOW_BROKER" --handler ledger --since 2h --limit 20 --offset 20`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			b, err := f.open(cmd.Context())
+			if offset < 0 {
+				return usagef("--offset %d: want 0 or more", offset)
+			}
+			flt, err := filter.filter(cmd, time.Now())
 			if err != nil {
 				return err
 			}
-			defer b.Close()
-			msgs, err := b.Peek(cmd.Context(), f.topic, f.limit+1)
+			q, closeBroker, err := f.open(cmd.Context(), 0)
 			if err != nil {
 				return err
 			}
-			rep := listReport{Broker: b.String(), Topic: f.topic, Group: b.ConsumerGroup(), DeadLetters: []deadLetter{}}
-			if len(msgs) > f.limit {
-				msgs, rep.More = msgs[:f.limit], true
+			defer closeBroker()
+			page, err := q.List(cmd.Context(), deadletter.Query{Filter: flt, Offset: offset, Limit: f.limit})
+			if err != nil {
+				return notFound(err, q)
 			}
-			for _, m := range msgs {
-				rep.DeadLetters = append(rep.DeadLetters, describe(m, withPayload))
+			rep := listReport{Broker: q.Broker(), Topic: q.Topic(), Group: q.Group(), More: page.More, DeadLetters: []deadLetter{}}
+			for _, l := range page.Letters {
+				rep.DeadLetters = append(rep.DeadLetters, describe(l, withPayload))
 			}
 			rep.Count = len(rep.DeadLetters)
 			rep.Groups = groupLetters(rep.DeadLetters)
@@ -104,6 +116,8 @@ its topic for one group, so the dead-letter commands do not apply to it).`,
 		},
 	}
 	f.register(cmd, defaultListLimit, "show at most this many dead letters")
+	filter.register(cmd, "show")
+	cmd.Flags().IntVar(&offset, "offset", 0, "skip this many matching dead letters first (the next page starts at --offset plus --limit)")
 	cmd.Flags().BoolVar(&withPayload, "payload", false, "show the payloads (as text, or base64 in --json when not UTF-8)")
 	return cmd
 }

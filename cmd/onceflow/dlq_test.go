@@ -25,6 +25,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/deadletter"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
@@ -340,31 +341,6 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 	}
 }
 
-func TestDLQ_ReplayedMessageDropsTheDeadLetterHeadersAndCountsReplays(t *testing.T) {
-	t.Parallel()
-	dead := message.NewMessage("m-1", []byte("x"))
-	dead.Metadata = message.Metadata{
-		messagedata.HeaderDeadLetterReason:  "bad",
-		messagedata.HeaderDeadLetterHandler: "h",
-		messagedata.HeaderDeadLetterAttempt: "3",
-		messagedata.HeaderDeadLetterTopic:   "orders",
-		messagedata.HeaderDeadLetterTime:    "2026-01-01T00:00:00Z",
-		messagedata.HeaderReplayCount:       "1",
-		broker.HeaderAMQPRedelivered:        "true",
-		messagedata.HeaderTimestamp:         "2025-12-31T23:59:59Z",
-		"traceparent":                       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-	}
-	out := replayMessage(dead, "2026-01-02T00:00:00Z")
-	require.Equal(t, "m-1", out.UUID)
-	require.Equal(t, "x", string(out.Payload))
-	require.Equal(t, message.Metadata{
-		messagedata.HeaderReplayCount: "2",
-		messagedata.HeaderReplayTime:  "2026-01-02T00:00:00Z",
-		messagedata.HeaderTimestamp:   "2025-12-31T23:59:59Z",
-		"traceparent":                 "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-	}, out.Metadata)
-}
-
 func TestDLQ_CommandsSayWhatIsMissing(t *testing.T) {
 	t.Setenv(envBroker, "")
 	_, err := run(t, "dlq", "list")
@@ -374,12 +350,14 @@ func TestDLQ_CommandsSayWhatIsMissing(t *testing.T) {
 		{}, {"--all", "--id", "x"}, {"--reason", "x", "--id", "y"}, {"--all", "--reason", "x"},
 	} {
 		_, err = run(t, append([]string{"dlq", "replay", "--broker", url}, args...)...)
-		require.ErrorContains(t, err, "choose the dead letters to replay: --id ID (repeatable), --reason TEXT or --all", "%v", args)
+		require.ErrorContains(t, err, "choose the dead letters to replay: --id ID (repeatable), a filter (--reason TEXT, ", "%v", args)
 	}
 	_, err = run(t, "dlq", "replay", "--broker", url, "--reason", "")
 	require.ErrorContains(t, err, "--reason is empty")
+	_, err = run(t, "dlq", "replay", "--broker", url, "--since", "yesterday")
+	require.ErrorContains(t, err, `--since "yesterday": want an RFC 3339 time`)
 	_, err = run(t, "dlq", "delete", "--broker", url, "--yes")
-	require.ErrorContains(t, err, "choose the dead letters to delete: --id ID (repeatable), --reason TEXT or --all")
+	require.ErrorContains(t, err, "choose the dead letters to delete: --id ID (repeatable), a filter (--reason TEXT, ")
 	_, err = run(t, "dlq", "list", "--broker", "mem://x")
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 	_, err = run(t, "dlq", "list", "--broker", url, "--limit", "0")
@@ -569,17 +547,16 @@ func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
 			require.NoError(t, err)
 			require.Regexp(t, `(?m)^`+dID+`\s+\S+\s+`+l.topic+`\s+ledger\s+1\s+dropped\s+permanent: account 7 is closed$`, table)
 
-			// A part of the reason chooses a and c, and d, which is kept for want of a payload.
+			// A part of the reason chooses a and c, and d, which fails for want of a payload and
+			// stays; replay goes on past it.
 			rep, err := l.replayJSON("--reason", "account 7")
-			require.ErrorContains(t, err, `dead letters "`+dID+`" carry no payload (header onceflow_dlq_payload_dropped): kept, not replayed`)
+			require.ErrorContains(t, err, `1 of 3 chosen dead letters not replayed; the first, "`+dID+`": the dead letter carries no payload: 7 bytes and 0 headers dropped`)
 			require.Equal(t, []string{"a", "c"}, []string{rep.Replayed[0].ID, rep.Replayed[1].ID})
 			require.Len(t, rep.Replayed, 2)
-			require.Len(t, rep.PayloadDropped, 1)
-			require.Equal(t, dropped{ID: dID, Handler: "ledger", Reason: "permanent: account 7 is closed", Dropped: list.DeadLetters[3].PayloadDropped}, rep.PayloadDropped[0])
-			require.Equal(t, []kept{
-				{ID: "b", Topic: l.topic, Handler: "ledger", Reason: "permanent: payload is not JSON"},
-				{ID: dID, Topic: l.topic, Handler: "ledger", Reason: "permanent: account 7 is closed"},
-			}, rep.Kept)
+			require.Len(t, rep.Failed, 1)
+			require.Equal(t, failed{ID: dID, Topic: l.topic, Handler: "ledger", Reason: "permanent: account 7 is closed",
+				Error: "the dead letter carries no payload: " + list.DeadLetters[3].PayloadDropped}, rep.Failed[0])
+			require.Equal(t, []kept{{ID: "b", Topic: l.topic, Handler: "ledger", Reason: "permanent: payload is not JSON"}}, rep.Kept)
 			require.Empty(t, rep.NotFound)
 			require.Equal(t, []string{"b", dID}, l.waiting(l.dlq))
 			require.Equal(t, []string{"a", "c"}, l.waiting(l.topic), "replayed with their payloads")
@@ -587,8 +564,8 @@ func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
 			// The original id chooses d too; the text report says why it stays.
 			out, err := l.run("dlq", "replay", "--id", "d")
 			require.Error(t, err)
-			require.Contains(t, out, "payload dropped, not replayed: "+dID+": 7 bytes and 0 headers dropped: ")
-			require.Contains(t, out, "replayed 0 dead letters, kept 2 in ")
+			require.Contains(t, out, "not replayed: "+dID+": the dead letter carries no payload: 7 bytes and 0 headers dropped: ")
+			require.Contains(t, out, "replayed 0 dead letters, failed 1, kept 1 in ")
 
 			// A reason that matches nothing says so, and replays nothing; so does an exact one.
 			_, err = l.replayJSON("--reason", "Account 7")
@@ -800,4 +777,62 @@ func (l *letters) waitFor(n int) {
 	l.t.Helper()
 	testsvc.Eventually(l.t, 30*time.Second, func() bool { return len(l.waiting(l.dlq)) == n },
 		"%d dead letters never waited in %s", n, l.dlq)
+}
+
+func TestDLQ_ReplayAllGoesOnPastADeadLetterTheBrokerCannotTakeBack(t *testing.T) {
+	t.Parallel()
+	l := setupLetters(t, dlqBrokers()[0])
+	require.Equal(t, "amqp", l.sc.name)
+	// A foreign producer's 256-byte id: RabbitMQ's message_id property holds 255 bytes, so its
+	// dead letter went out under a derived id, and its replay, under its own, cannot go out.
+	long := strings.Repeat("x", 256)
+	var want []string
+	for i := range 10 {
+		id := fmt.Sprintf("m-%02d", i)
+		if i == 4 {
+			id = long
+		} else {
+			want = append(want, id)
+		}
+		l.deadLetter(id, "ledger", "permanent: account 7 is closed", `{}`)
+	}
+	l.waitFor(10)
+
+	out, err := l.run("dlq", "replay", "--all", "--json")
+	require.Error(t, err)
+	require.Equal(t, exitFailure, exitCode(err))
+	require.ErrorContains(t, err, "1 of 10 chosen dead letters not replayed")
+	var rep replayReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	var replayedIDs []string
+	for _, r := range rep.Replayed {
+		replayedIDs = append(replayedIDs, r.ID)
+	}
+	require.Equal(t, want, replayedIDs)
+	require.Len(t, rep.Failed, 1)
+	require.Contains(t, rep.Failed[0].Error, "is 256 bytes, the AMQP message_id property allows 255")
+	require.Empty(t, rep.Kept)
+	require.Equal(t, want, l.waiting(l.topic), "the nine are back on their topic")
+	stays := l.waiting(l.dlq)
+	require.Equal(t, []string{rep.Failed[0].ID}, stays, "the one that failed waits")
+
+	// Run after run, the others are not held up by it: it alone is reported again.
+	out, err = l.run("dlq", "replay", "--all")
+	require.Error(t, err)
+	require.Contains(t, out, "replayed 0 dead letters, failed 1, kept 0 in ")
+	require.Contains(t, out, "not replayed: "+stays[0]+": ")
+}
+
+func TestDLQ_ATopicOrGroupThatDoesNotExistIsAnErrorThatSaysSo(t *testing.T) {
+	t.Parallel()
+	l := setupLetters(t, dlqBrokers()[3]) // sqlite
+	q, err := deadletter.New(l.b, deadletter.Config{Topic: "typo"})
+	require.NoError(t, err)
+	// What a broker's view returns for a dead-letter queue that does not exist.
+	missing := fmt.Errorf("broker: peek topic %q for consumer group %q: %w: queue typo.billing", "typo", "billing", broker.ErrNotFound)
+	err = notFound(missing, q)
+	require.ErrorIs(t, err, broker.ErrNotFound)
+	require.ErrorContains(t, err, `no dead-letter topic "typo" for consumer group "billing" on `+l.b.String()+` (check --topic, and --group`)
+	require.Equal(t, exitFailure, exitCode(err))
+	require.Equal(t, errors.New("other"), notFound(errors.New("other"), q), "other errors pass as they are")
 }
