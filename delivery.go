@@ -76,6 +76,8 @@ type consumer struct {
 	// lane runs the first deliveries of a handler with group commit without a goroutine each
 	// (lane.go); nil for a handler whose chain has none.
 	lane *lane
+	// stats are the handler's counts and state, for Router.Status (status.go).
+	stats *handlerStats
 }
 
 // newConsumer returns the run-time consumer of the handler of info, whose interceptors are
@@ -96,6 +98,7 @@ func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consu
 		logger:       info.Logger,
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
 		settlement:   newSettlement(h.Topic, info.MessagingSystem, info.ConsumerGroup),
+		stats:        newHandlerStats(h.QoS),
 	}
 	c.recordAttrs = []metric.RecordOption{c.attrs}
 	if grouped(names) {
@@ -253,6 +256,7 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 	if !c.ackOnReceipt {
 		c.settle(ctx, msg, md, st, outcome)
 	}
+	c.stats.record(outcome, err)
 	c.log(md, st, outcome, err)
 	if st.Span != nil {
 		st.Span.End() // last: the delivery's ack, metrics and log are done

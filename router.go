@@ -272,6 +272,7 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 			subs = append(subs, sub)
 		}
 	}
+	setStates(r.handlers, StateRunning, "", "")
 	ended := make(chan struct{})
 	r.readers.Add(len(chans))
 	readers := make(map[*consumer]*sync.WaitGroup, len(r.handlers))
@@ -283,6 +284,7 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 		go func() {
 			wg.Wait()
 			close(c.work) // the idle workers end
+			c.stats.set(StateStopped, "its subscriptions ended", StateRunning)
 		}()
 	}
 	for i, msgs := range chans {
@@ -316,6 +318,9 @@ func (r *Router) Close() error {
 	r.closed.Do(func() {
 		defer close(r.done)
 		close(r.closing)
+		r.mu.Lock()
+		setStates(r.handlers, StateStopped, "the router closed", StateRunning)
+		r.mu.Unlock()
 		idle := r.gate.close()
 		r.holds.release() // failed messages held for their redelivery delay go back now
 		timeout := time.NewTimer(r.cfg.CloseTimeout)
