@@ -23,8 +23,11 @@ var ErrHandlerTopic = errors.New("handler name used for two topics")
 
 // handlersTable returns the name of the table that records which topic each handler of the
 // store consumes: the store's table with "_handlers", within 63 characters.
-func handlersTable(table string) string {
-	const suffix = "_handlers"
+func handlersTable(table string) string { return besideTable(table, "_handlers") }
+
+// besideTable returns the name of a table that goes with table: table and suffix, within 63
+// characters (PostgreSQL's limit), the end of a long table replaced by its hash.
+func besideTable(table, suffix string) string {
 	if len(table)+len(suffix) <= 63 {
 		return table + suffix
 	}

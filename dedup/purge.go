@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -11,7 +12,8 @@ import (
 )
 
 // This file keeps the dedup table bounded: Purge deletes the expired keys in bounded batches,
-// one Purge of the table at a time, and Stats reports what the table holds.
+// one Purge of the table at a time, and records what it did (LastPurge); Stats reports what
+// the table holds.
 
 // PurgeOptions bounds a Purge: rows per DELETE and DELETEs per purge.
 type PurgeOptions = sqldb.PurgeOptions
@@ -52,14 +54,79 @@ func (s *SQLStore) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResul
 		}
 	}()
 
-	now := s.now().UnixMicro()
+	start := s.now()
+	now := start.UnixMicro()
 	res, err = sqldb.PurgeBatches(ctx, opts, func(ctx context.Context, batch int) (int64, error) {
 		return s.db.PurgeExec(ctx, s.q.purge, now, batch)
 	})
 	if err != nil {
 		return res, fmt.Errorf("dedup: purge %s: %w", s.table, err)
 	}
+	if err := s.recordPurge(ctx, PurgeRecord{At: start, Deleted: res.Deleted, Batches: res.Batches, Took: s.now().Sub(start)}); err != nil {
+		return res, fmt.Errorf("dedup: purge %s: %d keys purged, but the purge was not recorded in %s (onceflow migrate creates it): %w",
+			s.table, res.Deleted, purgesTable(s.table), err)
+	}
 	return res, nil
+}
+
+// PurgeRecord is what the last Purge of a table did, as LastPurge reads it.
+type PurgeRecord struct {
+	// At is when the purge started; zero when the table was never purged.
+	At time.Time
+	// Deleted is how many expired keys it deleted, in Batches statements.
+	Deleted int64
+	Batches int
+	// Took is how long it ran.
+	Took time.Duration
+}
+
+// purgesTable returns the name of the one-row table that records the last purge of table.
+func purgesTable(table string) string { return besideTable(table, "_purges") }
+
+// migratePurges creates the table that records the last purge, if it does not exist.
+func (s *SQLStore) migratePurges(ctx context.Context) error {
+	return createSmallTable(ctx, s.db, purgesTable(s.table), func(string) string {
+		return `id        INTEGER NOT NULL PRIMARY KEY,
+	purged_at BIGINT NOT NULL,
+	deleted   BIGINT NOT NULL,
+	batches   INTEGER NOT NULL,
+	took_us   BIGINT NOT NULL`
+	})
+}
+
+// recordPurge writes rec as the last purge of the table. Every Purge that ran (that was not
+// skipped) writes it, after its deletes; it is one row, so it costs nothing to keep.
+func (s *SQLStore) recordPurge(ctx context.Context, rec PurgeRecord) error {
+	t := s.db.Dialect.Quote(purgesTable(s.table))
+	stmt := `INSERT INTO ` + t + ` (id, purged_at, deleted, batches, took_us) VALUES (1, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET purged_at = EXCLUDED.purged_at, deleted = EXCLUDED.deleted, batches = EXCLUDED.batches, took_us = EXCLUDED.took_us`
+	if s.db.Dialect == sqldb.MySQL {
+		stmt = `INSERT INTO ` + t + ` (id, purged_at, deleted, batches, took_us) VALUES (1, ?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE purged_at = VALUES(purged_at), deleted = VALUES(deleted), batches = VALUES(batches), took_us = VALUES(took_us)`
+	}
+	_, err := s.db.ExecContext(ctx, s.db.Rebind(stmt), rec.At.UnixMicro(), rec.Deleted, rec.Batches, rec.Took.Microseconds())
+	return err
+}
+
+// LastPurge returns what the last Purge of the table did, whichever process ran it: the
+// router's purge loop or onceflow purge. The record is zero when the table was never purged,
+// or its database has no record table yet (Migrate creates it).
+func (s *SQLStore) LastPurge(ctx context.Context) (PurgeRecord, error) {
+	name := purgesTable(s.table)
+	exists, err := s.db.TableExists(ctx, name)
+	if err != nil || !exists {
+		return PurgeRecord{}, err
+	}
+	var at, deleted, took int64
+	var batches int
+	err = s.db.QueryRowxContext(ctx, `SELECT purged_at, deleted, batches, took_us FROM `+s.db.Dialect.Quote(name)+` WHERE id = 1`).Scan(&at, &deleted, &batches, &took)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return PurgeRecord{}, nil
+	case err != nil:
+		return PurgeRecord{}, fmt.Errorf("dedup: read the last purge of %s from %s: %w", s.table, name, err)
+	}
+	return PurgeRecord{At: time.UnixMicro(at), Deleted: deleted, Batches: batches, Took: time.Duration(took) * time.Microsecond}, nil
 }
 
 // Stats describes the contents of the table, for observability gauges.

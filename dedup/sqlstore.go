@@ -257,14 +257,17 @@ func (s *SQLStore) Forget(ctx context.Context, tx sqlx.ExtContext, key Key) erro
 	return nil
 }
 
-// Migrate creates the table and its index on expires_at when they do not exist, and leaves
-// them alone when they do. It is idempotent and safe to run from several processes at once.
+// Migrate creates the table and its index on expires_at when they do not exist, and the table
+// that records the last Purge (LastPurge), and leaves them alone when they do. It is idempotent and safe to run from several processes at once.
 // On MySQL and MariaDB it also checks that an existing table compares handler and message_id
 // case-sensitively, and fails when it does not, since such a table reports different ids
 // as duplicates.
 func (s *SQLStore) Migrate(ctx context.Context) error {
 	if err := s.dialect.migrate(ctx); err != nil {
 		return fmt.Errorf("dedup: migrate table %s: %w", s.table, err)
+	}
+	if err := s.migratePurges(ctx); err != nil {
+		return fmt.Errorf("dedup: migrate table %s: %w", purgesTable(s.table), err)
 	}
 	return nil
 }

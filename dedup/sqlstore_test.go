@@ -681,6 +681,35 @@ func TestPurge_DeletesOnlyExpiredKeysInBatches(t *testing.T) {
 	})
 }
 
+func TestPurge_RecordsWhatTheLastPurgeDid(t *testing.T) {
+	forEachDB(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		last, err := e.store.LastPurge(ctx)
+		require.NoError(t, err)
+		require.Equal(t, dedup.PurgeRecord{}, last, "never purged")
+
+		fillForPurge(t, e, 30, 5)
+		_, err = e.store.Purge(ctx, dedup.PurgeOptions{BatchSize: 20})
+		require.NoError(t, err)
+		last, err = e.store.LastPurge(ctx)
+		require.NoError(t, err)
+		require.Equal(t, dedup.PurgeRecord{At: t0.Local(), Deleted: 30, Batches: 2}, last)
+
+		e.clock.Set(t0.Add(time.Minute))
+		_, err = e.store.Purge(ctx, dedup.PurgeOptions{})
+		require.NoError(t, err)
+		last, err = e.store.LastPurge(ctx)
+		require.NoError(t, err)
+		require.Equal(t, dedup.PurgeRecord{At: t0.Add(time.Minute).Local(), Deleted: 0, Batches: 1}, last, "the last purge, not a sum")
+
+		// A store whose table was migrated before the record existed reads no purge.
+		old := setup(t, e.db, dedup.Config{Table: "old_dedup"})
+		last, err = old.store.LastPurge(ctx)
+		require.NoError(t, err)
+		require.Equal(t, dedup.PurgeRecord{}, last)
+	})
+}
+
 func TestPurge_StopsAfterMaxBatches(t *testing.T) {
 	forEachDB(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
