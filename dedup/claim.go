@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -88,4 +89,40 @@ func (s *SQLStore) ClaimHandler(ctx context.Context, handler, topic string) erro
 			ErrHandlerTopic, handler, topic, recorded, handlersTable(s.table), s.db, handlersTable(s.table))
 	}
 	return nil
+}
+
+// Claim is a handler name and the topic it consumes, as a router recorded it (ClaimHandler).
+type Claim struct {
+	Handler string
+	Topic   string
+	// ClaimedAt is when the handler was first claimed for the topic.
+	ClaimedAt time.Time
+}
+
+// Handlers returns the handlers claimed in the store's database, by name: every handler that
+// records keys in the table and has run. It returns none when no router has run on it yet.
+func (s *SQLStore) Handlers(ctx context.Context) ([]Claim, error) {
+	name := handlersTable(s.table)
+	if exists, err := s.db.TableExists(ctx, name); err != nil || !exists {
+		return nil, err
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT handler, topic, claimed_at FROM `+s.db.Dialect.Quote(name)+` ORDER BY handler`)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: read the handlers of %s: %w", s.table, err)
+	}
+	defer rows.Close()
+	var out []Claim
+	for rows.Next() {
+		var c Claim
+		var at int64
+		if err := rows.Scan(&c.Handler, &c.Topic, &at); err != nil {
+			return nil, fmt.Errorf("dedup: read the handlers of %s: %w", s.table, err)
+		}
+		c.ClaimedAt = time.UnixMicro(at)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("dedup: read the handlers of %s: %w", s.table, err)
+	}
+	return out, nil
 }

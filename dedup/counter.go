@@ -335,3 +335,40 @@ func (c *Counter) Purge(ctx context.Context, opts PurgeOptions) (res PurgeResult
 	}
 	return res, nil
 }
+
+// CounterStats describes one handler's rows in the counter table, within its retention.
+type CounterStats struct {
+	// Redelivered is how many messages were delivered more than once, or had an attempt
+	// recorded.
+	Redelivered int64
+	// DeadLettered is how many messages the handler dead-lettered.
+	DeadLettered int64
+}
+
+// HandlerStats counts each handler's redelivered and dead-lettered messages. It returns none
+// when the table does not exist. It reads the whole table in one statement: call it at the
+// pace of a metrics scrape, not per message.
+func (c *Counter) HandlerStats(ctx context.Context) (map[string]CounterStats, error) {
+	if exists, err := c.db.TableExists(ctx, c.table); err != nil || !exists {
+		return map[string]CounterStats{}, err
+	}
+	rows, err := c.db.QueryContext(ctx, `SELECT handler, COUNT(CASE WHEN deliveries > 1 OR attempts > 0 THEN 1 END), COUNT(CASE WHEN dead_lettered = 1 THEN 1 END) FROM `+
+		c.db.Dialect.Quote(c.table)+` GROUP BY handler`)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: count the deliveries of %s by handler: %w", c.table, err)
+	}
+	defer rows.Close()
+	out := map[string]CounterStats{}
+	for rows.Next() {
+		var h string
+		var st CounterStats
+		if err := rows.Scan(&h, &st.Redelivered, &st.DeadLettered); err != nil {
+			return nil, fmt.Errorf("dedup: count the deliveries of %s by handler: %w", c.table, err)
+		}
+		out[h] = st
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("dedup: count the deliveries of %s by handler: %w", c.table, err)
+	}
+	return out, nil
+}

@@ -153,3 +153,41 @@ func (s *SQLStore) Stats(ctx context.Context) (Stats, error) {
 	}
 	return st, nil
 }
+
+// HandlerStats describes one handler's keys in the table.
+type HandlerStats struct {
+	// Keys is how many keys the handler has in the table, expired ones included: the messages
+	// it applied within the retention, and since the last purge.
+	Keys int64
+	// Recent is how many of them were recorded at or after the time HandlerKeys was given.
+	Recent int64
+	// Last is when the newest was recorded: when the handler last applied a message.
+	Last time.Time
+}
+
+// HandlerKeys counts each handler's keys, and those recorded at since or later. Like Stats, it
+// reads the whole table in one statement: call it at the pace of a metrics scrape, not per
+// message.
+func (s *SQLStore) HandlerKeys(ctx context.Context, since time.Time) (map[string]HandlerStats, error) {
+	rows, err := s.db.QueryContext(ctx, s.db.Rebind(`SELECT handler, COUNT(*), MAX(created_at), COUNT(CASE WHEN created_at >= ? THEN 1 END) FROM `+
+		s.db.Dialect.Quote(s.table)+` GROUP BY handler`), since.UnixMicro())
+	if err != nil {
+		return nil, fmt.Errorf("dedup: count the keys of %s by handler: %w", s.table, err)
+	}
+	defer rows.Close()
+	out := map[string]HandlerStats{}
+	for rows.Next() {
+		var h string
+		var st HandlerStats
+		var last int64
+		if err := rows.Scan(&h, &st.Keys, &last, &st.Recent); err != nil {
+			return nil, fmt.Errorf("dedup: count the keys of %s by handler: %w", s.table, err)
+		}
+		st.Last = time.UnixMicro(last)
+		out[h] = st
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("dedup: count the keys of %s by handler: %w", s.table, err)
+	}
+	return out, nil
+}
