@@ -62,7 +62,7 @@ func newRootCommand() *cobra.Command {
 	}
 	root.SetVersionTemplate("onceflow {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
-	root.AddCommand(newVersionCommand(), newMigrateCommand(), newPurgeCommand(), newVerifyCommand(), newVerifyConsumerCommand(), newDLQCommand())
+	root.AddCommand(newVersionCommand(), newMigrateCommand(), newPurgeCommand(), newVerifyCommand(), newVerifyConsumerCommand(), newDLQCommand(), newConsoleCommand())
 	return root
 }
 
