@@ -68,7 +68,7 @@ type handlerSource interface {
 const rateWindow = time.Minute
 
 // routerSource reads the router's status, and measures each handler's rate from the counts it
-// saw at its earlier calls (one sample a second at most, for rateWindow).
+// saw when it was made and at its earlier calls (one sample a second at most, for rateWindow).
 type routerSource struct {
 	r *onceflow.Router
 
@@ -82,7 +82,12 @@ type sample struct {
 }
 
 func newRouterSource(r *onceflow.Router) *routerSource {
-	return &routerSource{r: r, samples: map[string][]sample{}}
+	s := &routerSource{r: r, samples: map[string][]sample{}}
+	at := now()
+	for _, st := range r.Status() {
+		s.samples[st.Name] = []sample{{at: at, total: st.Counts.Total()}}
+	}
+	return s
 }
 
 func (*routerSource) name() string { return "router" }
@@ -108,7 +113,7 @@ func (s *routerSource) status(context.Context) (handlersDoc, error) {
 }
 
 // rate returns the deliveries per second of st's handler at at: over the samples of the last
-// rateWindow, or, before there are two a second apart, since the handler started running.
+// rateWindow, or, before there is one a second old, since the handler started running.
 func (s *routerSource) rate(st onceflow.HandlerStatus, at time.Time) float64 {
 	total := st.Counts.Total()
 	ss := s.samples[st.Name]

@@ -18,6 +18,7 @@
     format: null,
     unfolded: false,
     poll: null,
+    keepReport: false,
   };
 
   // el makes an element: attributes from attrs, children appended as nodes or as text.
@@ -93,6 +94,10 @@
     return (v >= 100 ? Math.round(v) : v.toFixed(v >= 10 ? 1 : 2)) + "/s";
   }
 
+  function plural(n, noun) {
+    return nf.format(n) + " " + noun + (n === 1 ? "" : "s");
+  }
+
   function bytes(n) {
     if (n < 1024) return n + " B";
     if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";
@@ -105,6 +110,9 @@
     const h = location.hash.slice(1);
     clearInterval(state.poll);
     state.poll = null;
+    $("confirm").hidden = true;
+    if (!state.keepReport) $("report").hidden = true;
+    state.keepReport = false;
     let view = "handlers";
     if (h.startsWith("dead-letter=")) view = "dead-letter";
     else if (h === "dead-letters" || h === "storage") view = h;
@@ -249,7 +257,7 @@
       const size = d.payload_dropped ? el("span", { class: "badge", title: d.payload_dropped, text: "dropped" }) : bytes(d.payload_size);
       const tr = el("tr", { "data-id": d.id },
         el("td", { class: "check" }, el("input", { type: "checkbox", class: "pick", "aria-label": "select" })),
-        el("td", {}, when(d.time)),
+        el("td", { class: "when" }, when(d.time)),
         el("td", { class: "id" }, link),
         el("td", { text: d.handler }),
         el("td", { text: d.topic }),
@@ -262,7 +270,7 @@
     const first = doc.dead_letters.length ? doc.offset + 1 : 0;
     const last = doc.offset + doc.dead_letters.length;
     let summary = doc.matched === 0 ? "No dead letters match." : first + "–" + last + " of " + nf.format(doc.matched) + (doc.truncated ? "+" : "") + " matching";
-    summary += " (" + nf.format(doc.read) + " waiting dead letters read" + (doc.truncated ? ", the first " + nf.format(doc.scan_limit) + "; more may wait" : "") + ")";
+    summary += " (" + plural(doc.read, "waiting dead letter") + " read" + (doc.truncated ? ", the first " + nf.format(doc.scan_limit) + "; more may wait" : "") + ")";
     $("dl-summary").textContent = summary;
     $("dl-prev").disabled = doc.offset === 0;
     $("dl-next").disabled = !doc.more;
@@ -298,8 +306,8 @@
     const panel = $("confirm");
     const n = letters.length;
     $("confirm-text").textContent = (verb === "replay"
-      ? "Replay " + n + " dead letter" + (n === 1 ? "" : "s") + " to the topic each came from? Duplicate detection keeps a message that was applied already from being applied again."
-      : "Delete " + n + " dead letter" + (n === 1 ? "" : "s") + " for good? Their messages are gone unless their producers still have them.");
+      ? "Replay " + plural(n, "dead letter") + " to the topic each came from? Duplicate detection keeps a message that was applied already from being applied again."
+      : "Delete " + plural(n, "dead letter") + " for good? Their messages are gone unless their producers still have them.");
     const list = clear($("confirm-list"));
     for (const d of letters.slice(0, 20)) list.append(el("li", {}, el("code", { text: d.id }), " — " + d.handler + ": " + d.reason.slice(0, 160)));
     if (n > 20) list.append(el("li", { class: "muted", text: "and " + (n - 20) + " more" }));
@@ -329,7 +337,7 @@
     const past = verb === "replay" ? "Replayed" : "Deleted";
     r.className = "panel report " + (error ? "bad" : "ok");
     if (rep) {
-      r.append(el("p", { id: "report-summary" }, el("strong", { text: past + " " + rep.done.length + " dead letter" + (rep.done.length === 1 ? "" : "s") + "." }),
+      r.append(el("p", { id: "report-summary" }, el("strong", { text: past + " " + plural(rep.done.length, "dead letter") + "." }),
         rep.failed.length ? " " + rep.failed.length + " failed:" : ""));
       if (rep.failed.length) {
         const ul = el("ul", { id: "report-failed" });
@@ -516,7 +524,10 @@
       });
       $("letter-" + verb).addEventListener("click", () => {
         const d = state.letter;
-        if (d) act(verb, [d], {}, () => { location.hash = "dead-letters"; });
+        if (d) act(verb, [d], {}, () => {
+          state.keepReport = true; // the report goes with the operator to the list
+          location.hash = "dead-letters";
+        });
       });
     }
     for (const b of document.querySelectorAll(".formats button")) b.addEventListener("click", () => showPayload(b.getAttribute("data-format")));
