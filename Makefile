@@ -1,10 +1,11 @@
 GO      ?= go
-# The repository holds three modules, tied together by go.work: the library (.), the runnable
-# examples and the benchmark, so that the library's go.mod lists neither's dependencies.
-PKGS    ?= ./... ./examples/... ./bench/...
+# The repository holds four modules, tied together by go.work: the library (.), the runnable
+# examples, the benchmark and the console's browser test, so that the library's go.mod lists
+# none of their dependencies.
+PKGS    ?= ./... ./examples/... ./bench/... ./console/browsertest/...
 BIN     ?= bin
 
-.PHONY: all help build test test-order-full test-poison-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory bench-scaleout demo verify services up down clean FORCE
+.PHONY: all help build test console-screenshots test-order-full test-poison-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory bench-scaleout demo verify services up down clean FORCE
 
 # BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench,
 # SCALEOUT_FLAGS to its scale-out command.
@@ -57,6 +58,11 @@ test-verify-kafka:
 ## cuts (about 4 minutes)
 test-verify-kafka-full:
 	ONCEFLOW_VERIFY_KAFKA=full $(GO) test -count=1 -timeout 40m -v -run 'TestVerify_KafkaOffsetsInTheTransaction' ./cmd/onceflow
+
+## console-screenshots: run the console's browser test (headless Chromium, the Debian package
+## chromium) and write its screenshots to docs/console/, which docs/console.md shows
+console-screenshots:
+	ONCEFLOW_SCREENSHOTS=1 $(GO) test -count=1 -v ./console/browsertest/...
 
 ## race: the tests under the race detector (slower; docs/brokers.md lists two races inside
 ## watermill-amqp and watermill-nats that it may report)
