@@ -102,7 +102,7 @@ does not exist is reported, not created.`,
 			if err != nil {
 				return usagef("--listen %s: %w", listen, err)
 			}
-			mode := "read-only (--allow-changes allows replays and deletes)"
+			mode := "read-only: --allow-changes allows replays and deletes"
 			if allowChanges {
 				mode = "changes allowed"
 			}
