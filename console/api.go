@@ -332,9 +332,17 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request, done string, do fu
 			status = http.StatusBadGateway
 		}
 	}
-	c.logger.Info("console: dead letters "+done, "remote", r.RemoteAddr, "topic", c.queue.Topic(),
-		"group", c.queue.Group(), "ids", len(doc.IDs), "all", doc.All, "filter", fmt.Sprintf("%+v", f),
-		"done", len(out.Done), "failed", len(out.Failed), "not_found", len(out.NotFound), "error", out.Error)
+	attrs := []any{"remote", r.RemoteAddr, "topic", c.queue.Topic(), "group", c.queue.Group(), "ids", len(doc.IDs), "all", doc.All}
+	for _, kv := range [][2]string{{"handler", f.Handler}, {"from_topic", f.Topic}, {"reason", f.Reason}, {"since", f.Since}, {"until", f.Until}, {"to", doc.To}} {
+		if kv[1] != "" {
+			attrs = append(attrs, kv[0], kv[1])
+		}
+	}
+	attrs = append(attrs, "done", len(out.Done), "failed", len(out.Failed), "not_found", len(out.NotFound))
+	if out.Error != "" {
+		attrs = append(attrs, "error", out.Error)
+	}
+	c.logger.Info("console: dead letters "+done, attrs...)
 	writeJSON(w, status, out)
 }
 

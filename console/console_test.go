@@ -286,7 +286,8 @@ func TestConsole_ListsFindsAndReplaysDeadLettersReportingEachOne(t *testing.T) {
 	deadLetter(t, b, "b", "orders", "permanent: delivery limit reached after 10 deliveries: timeout", "plain text")
 	deadLetter(t, b, "c", "no such topic *", "permanent: account 7 is closed", "\x00\xff\x10")
 	deadLetter(t, b, "d", "orders", "permanent: account 7 is closed", `{"n": 4}`)
-	srv := mount(t, newConsole(t, console.Config{Broker: b, Authorize: allow}))
+	var audit strings.Builder
+	srv := mount(t, newConsole(t, console.Config{Broker: b, Authorize: allow, Logger: slog.New(slog.NewTextHandler(&audit, nil))}))
 
 	var page listDoc
 	getJSON(t, srv, "/ops/api/dead-letters?limit=2", &page)
@@ -332,6 +333,7 @@ func TestConsole_ListsFindsAndReplaysDeadLettersReportingEachOne(t *testing.T) {
 	require.Contains(t, rep.Error, `1 of 3 chosen dead letters not replayed; the first, "c"`)
 	require.Equal(t, []string{"a", "d"}, waiting(t, b, "orders"))
 	require.Equal(t, []string{"b", "c"}, waiting(t, b, onceflow.DefaultDeadLetterTopic))
+	require.Regexp(t, `level=INFO msg="console: dead letters replayed" remote=127\.0\.0\.1:\d+ topic=onceflow_dead_letter group=onceflow ids=4 all=false reason="account 7" done=2 failed=1 not_found=1 error=`, audit.String())
 
 	status, body = post(t, srv, "/ops/api/dead-letters/delete", `{"all": true, "filter": {"handler": "ledger"}}`)
 	require.Equal(t, http.StatusOK, status, body)
