@@ -140,7 +140,7 @@ func New(cfg Config) (*Console, error) {
 	case cfg.Router != nil:
 		c.handlers = newRouterSource(cfg.Router)
 	case cfg.DB != nil:
-		c.handlers = newDatabaseSource(cfg)
+		c.handlers = newDatabaseSource(cfg, c.queue)
 	default:
 		c.handlers = noHandlers{}
 	}

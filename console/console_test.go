@@ -455,8 +455,11 @@ func TestConsole_BesideTheServiceReadsHandlersAndStorageFromTheDatabase(t *testi
 			require.NoError(t, ob.PublishTx(ctx, otx, "shipments", message.NewMessage("s-1", []byte(`{}`))))
 			require.NoError(t, otx.Commit())
 
-			// A second console, whose caches are empty.
-			srv = mount(t, newConsole(t, console.Config{DB: db}))
+			// A second console, whose caches are empty, with the broker of the dead letters.
+			b := queue(t)
+			deadLetter(t, b, "p-8", "payments", "permanent: delivery limit reached after 10 deliveries: timeout", `{}`)
+			deadLetter(t, b, "p-9", "payments", "permanent: bad", `{}`)
+			srv = mount(t, newConsole(t, console.Config{DB: db, Broker: b}))
 			getJSON(t, srv, "/ops/api/handlers", &doc)
 			require.Len(t, doc.Handlers, 1)
 			h := doc.Handlers[0]
@@ -470,6 +473,7 @@ func TestConsole_BesideTheServiceReadsHandlersAndStorageFromTheDatabase(t *testi
 			require.WithinDuration(t, time.Now(), *h.LastApplied, time.Minute)
 			require.EqualValues(t, 0, *h.Redelivered)
 			require.EqualValues(t, 1, *h.DeadLettered)
+			require.EqualValues(t, 1, *h.DeliveryLimit, "a dead letter waiting was given up at the limit")
 
 			getJSON(t, srv, "/ops/api/storage", &st)
 			require.Empty(t, st.Errors)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/deadletter"
 	"github.com/onceflow/onceflow/dedup"
 )
 
@@ -46,7 +47,9 @@ type handlerDoc struct {
 	DeliveryLimit *int64 `json:"delivery_limit"`
 	// Applied is how many keys the handler has in the dedup table, and LastApplied when it
 	// recorded the newest: when it last applied a message (database). Redelivered counts the
-	// messages delivered more than once within the counter table's retention (database).
+	// messages delivered more than once within the counter table's retention (database);
+	// there DeadLettered counts the messages the counter table saw dead-lettered, and
+	// DeliveryLimit the dead letters waiting that were given up at the delivery limit.
 	Applied     *int64     `json:"applied"`
 	LastApplied *time.Time `json:"last_applied"`
 	Redelivered *int64     `json:"redelivered"`
@@ -148,17 +151,18 @@ func ptr[T any](v T) *T { return &v }
 type databaseSource struct {
 	store   *dedup.SQLStore
 	counter *dedup.Counter
+	queue   *deadletter.Queue // nil without a broker
 	cache   cache[handlersDoc]
 }
 
 // cacheFor is how long the console keeps what it read from whole tables.
 const cacheFor = 10 * time.Second
 
-func newDatabaseSource(cfg Config) *databaseSource {
+func newDatabaseSource(cfg Config, queue *deadletter.Queue) *databaseSource {
 	// The configuration was validated: the tables' names are identifiers.
 	store, _ := dedup.New(cfg.DB, dedup.Config{Table: cfg.DedupTable})
 	counter, _ := dedup.NewCounter(cfg.DB, dedup.CounterConfig{Table: cfg.DeliveriesTable})
-	return &databaseSource{store: store, counter: counter}
+	return &databaseSource{store: store, counter: counter, queue: queue}
 }
 
 func (*databaseSource) name() string { return "database" }
@@ -172,7 +176,7 @@ func (s *databaseSource) read(ctx context.Context) (handlersDoc, error) {
 	doc := handlersDoc{Source: "database", At: at.UTC(), RateWindowSeconds: rateWindow.Seconds(), Handlers: []handlerDoc{},
 		Note: "From the tables of the database, read every " + cacheFor.String() + " at most: the handlers that recorded message ids, " +
 			"the ids they recorded (applied messages still in " + s.store.Table() + "), messages applied per second, and the messages " +
-			s.counter.Table() + " saw redelivered or dead-lettered. State, deliveries in flight and outcomes are known only to the service: mount the console there to see them."}
+			s.counter.Table() + " saw redelivered or dead-lettered; delivery-limit hits among the dead letters waiting. State, deliveries in flight and outcomes are known only to the service: mount the console there to see them."}
 	claims, err := s.store.Handlers(ctx)
 	if err != nil {
 		return doc, err
@@ -184,6 +188,10 @@ func (s *databaseSource) read(ctx context.Context) (handlersDoc, error) {
 		}
 	}
 	counts, err := s.counter.HandlerStats(ctx)
+	if err != nil {
+		return doc, err
+	}
+	atLimit, err := s.atLimit(ctx)
 	if err != nil {
 		return doc, err
 	}
@@ -210,9 +218,31 @@ func (s *databaseSource) read(ctx context.Context) (handlersDoc, error) {
 		if c, ok := counts[h]; ok {
 			d.Redelivered, d.DeadLettered = ptr(c.Redelivered), ptr(c.DeadLettered)
 		}
+		if atLimit != nil {
+			d.DeliveryLimit = ptr(atLimit[h])
+		}
 		doc.Handlers = append(doc.Handlers, d)
 	}
 	return doc, nil
+}
+
+// atLimit counts, by handler, the dead letters waiting (among the first ScanLimit) that were
+// given up at the delivery limit; nil without a broker.
+func (s *databaseSource) atLimit(ctx context.Context) (map[string]int64, error) {
+	if s.queue == nil {
+		return nil, nil
+	}
+	page, err := s.queue.List(ctx, deadletter.Query{Limit: s.queue.ScanLimit(), Count: true})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, l := range page.Letters {
+		if l.DeliveryLimit() {
+			out[l.Handler]++
+		}
+	}
+	return out, nil
 }
 
 // noHandlers is the source of a console given neither a router nor a database.

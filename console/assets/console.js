@@ -177,7 +177,7 @@
     ["Last applied", (h) => (h.last_applied ? when(h.last_applied) : "–")],
     ["Ids recorded", (h) => num(h.applied), "num"],
     ["Redelivered", (h) => num(h.redelivered), "num"],
-    ["Dead-lettered", (h) => num(h.dead_lettered), "num"],
+    ["Dead-lettered", (h) => deadCell(h), "num", "messages dead-lettered; at limit: dead letters waiting that reached the delivery limit"],
   ];
 
   function stateCell(s) {
