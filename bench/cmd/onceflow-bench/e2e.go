@@ -71,18 +71,20 @@ func effectInsert(db *sqldb.DB, table string) string {
 	return db.Rebind(`INSERT INTO ` + table + ` (message_id, payload) VALUES (?, ?)`)
 }
 
-// openDB opens the cell's database: a new pool, as a consumer process starting would.
-func (s *suite) openDB(ctx context.Context, st setup, dir string) (*sqldb.DB, error) {
-	var rawURL string
+// dbURL returns the URL of the cell's database; the SQLite database is a file in dir.
+func (s *suite) dbURL(st setup, dir string) string {
 	switch st.Database {
 	case "postgres":
-		rawURL = s.pgURL
+		return s.pgURL
 	case "mysql":
-		rawURL = s.myURL
-	default:
-		rawURL = "sqlite://" + filepath.Join(dir, "app.db")
+		return s.myURL
 	}
-	db, err := sqldb.Open(ctx, rawURL)
+	return "sqlite://" + filepath.Join(dir, "app.db")
+}
+
+// openDB opens the cell's database: a new pool, as a consumer process starting would.
+func (s *suite) openDB(ctx context.Context, st setup, dir string) (*sqldb.DB, error) {
+	db, err := sqldb.Open(ctx, s.dbURL(st, dir))
 	if err != nil {
 		return nil, err
 	}
@@ -379,7 +381,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		m.atWarm = func() { windowErr = startWindow() }
 		m.atDone = endWindow
 	}
-	stop, err := s.startConsumer(ctx, cl, t, db, tables, m)
+	stop, err := s.startConsumer(ctx, cl, t, s.dbURL(cl.st, dir), db, tables, m)
 	if err != nil {
 		return fmt.Errorf("start consumer: %w", err)
 	}
@@ -519,20 +521,31 @@ func percentile(xs []float64, q float64) float64 {
 	return round2(xs[i])
 }
 
-// startConsumer starts the cell's consumer; the returned function stops it.
-func (s *suite) startConsumer(ctx context.Context, cl cell, t topic, db *sqldb.DB, tables cellTables, m *meter) (func() error, error) {
+// startConsumer starts the cell's consumer, on the database at dbURL, whose pool db the
+// onceflow variants and the watermill baseline use; the returned function stops it.
+func (s *suite) startConsumer(ctx context.Context, cl cell, t topic, dbURL string, db *sqldb.DB, tables cellTables, m *meter) (func() error, error) {
 	switch cl.variant {
 	case vExpert:
-		x := newExpertSQL(db, tables)
+		// The expert's own pool: on MariaDB its connections take several statements at once.
+		x, err := openExpertSQL(ctx, dbURL, tables, cl.c)
+		if err != nil {
+			return nil, err
+		}
+		var stop func() error
 		switch cl.st.Broker {
 		case "amqp":
-			return startExpertAMQP(ctx, t, cl.c, x, m)
+			stop, err = startExpertAMQP(ctx, t, cl.c, x, m)
 		case "nats":
-			return startExpertNATS(ctx, t, cl.c, x, m)
+			stop, err = startExpertNATS(ctx, t, cl.c, x, m)
 		case "redis":
-			return startExpertRedis(ctx, t, cl.c, x, m)
+			stop, err = startExpertRedis(ctx, t, cl.c, x, m)
+		default:
+			stop, err = startExpertSQLite(ctx, t, cl.c, x, m)
 		}
-		return startExpertSQLite(ctx, t, cl.c, x, m)
+		if err != nil {
+			return nil, errors.Join(err, x.close())
+		}
+		return func() error { return errors.Join(stop(), x.close()) }, nil
 	case vBaseline:
 		return s.startBaseline(ctx, cl, t, db, tables, m)
 	}

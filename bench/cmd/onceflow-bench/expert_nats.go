@@ -13,7 +13,9 @@ import (
 
 // startExpertNATS starts the expert consumer of NATS JetStream on nats.go's jetstream package:
 // a durable pull consumer of the topic's stream, allowed c×128 unacknowledged messages, and c
-// workers, each pulling up to 128 messages ahead of its acknowledgements. A worker collects up
+// workers, each consuming continuously: Consume pulls up to 128 messages ahead of the
+// worker's acknowledgements and pulls again once half of them are delivered, so the pull never
+// runs dry while the stream has messages. A worker collects up
 // to 64 messages or 2 ms, applies them in one transaction and acknowledges each after the
 // commit (Ack publishes the acknowledgement without waiting for the server's reply); when the
 // transaction fails it naks them, and JetStream delivers them again. A message without an id

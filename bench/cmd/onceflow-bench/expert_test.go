@@ -25,7 +25,7 @@ func TestExpert_AppliesEachMessageOnce(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			dir := t.TempDir()
-			db, brokerURL := expertTestServices(t, st, dir)
+			dbURL, db, brokerURL := expertTestServices(t, st, dir)
 			tables := newCellTables(newID())
 			require.NoError(t, tables.create(ctx, db))
 			tp := topic{st: st, brokerURL: brokerURL, name: "bench_test_" + newID()}
@@ -33,7 +33,8 @@ func TestExpert_AppliesEachMessageOnce(t *testing.T) {
 			t.Cleanup(tp.remove)
 
 			msgs := newMessages(100, []byte("payload"))
-			x := newExpertSQL(db, tables)
+			x, err := openExpertSQL(ctx, dbURL, tables, 1)
+			require.NoError(t, err)
 			var committed []inMsg
 			for _, m := range msgs[:5] {
 				committed = append(committed, inMsg{id: m.UUID, payload: m.Payload})
@@ -41,6 +42,7 @@ func TestExpert_AppliesEachMessageOnce(t *testing.T) {
 			fresh, err := x.apply(ctx, committed)
 			require.NoError(t, err)
 			require.Len(t, fresh, 5)
+			require.NoError(t, x.close())
 
 			again := message.NewMessage(msgs[7].UUID, msgs[7].Payload)
 			again.Metadata.Set(broker.HeaderNATSMsgID, msgs[7].UUID+"-again") // not dropped by JetStream
@@ -54,7 +56,7 @@ func TestExpert_AppliesEachMessageOnce(t *testing.T) {
 
 			m := newMeter(0, 95)
 			s := &suite{}
-			stop, err := s.startConsumer(ctx, cell{st: st, variant: vExpert, c: 4, scenario: scenarioDrain}, tp, db, tables, m)
+			stop, err := s.startConsumer(ctx, cell{st: st, variant: vExpert, c: 4, scenario: scenarioDrain}, tp, dbURL, db, tables, m)
 			require.NoError(t, err)
 			testsvc.Eventually(t, 30*time.Second, func() bool { return m.settled.Load() >= 101 }, "deliveries acknowledged: %d of 101", m.settled.Load())
 			time.Sleep(50 * time.Millisecond) // room for a delivery too many
@@ -81,9 +83,46 @@ func TestExpert_AppliesEachMessageOnce(t *testing.T) {
 	}
 }
 
-// expertTestServices returns the database of st (dropped when the test ends) and the URL of
-// its broker, or skips the test when a service is not running.
-func expertTestServices(t *testing.T, st setup, dir string) (*sqldb.DB, string) {
+// TestExpertSQL_AFailedBusinessInsertRecordsNoID fails the expert's business insert (a NULL
+// payload in a NOT NULL column), which runs in the second round trip of the transaction: the
+// ids recorded in the first must be rolled back with it, and the same connection must commit
+// the batch when it comes again.
+func TestExpertSQL_AFailedBusinessInsertRecordsNoID(t *testing.T) {
+	for _, st := range []setup{allSetups[0], allSetups[1], allSetups[4]} {
+		t.Run(st.Database, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dbURL, db, _ := expertTestServices(t, st, t.TempDir())
+			tables := newCellTables(newID())
+			require.NoError(t, tables.create(ctx, db))
+			x, err := openExpertSQL(ctx, dbURL, tables, 1)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = x.close() })
+			x.db.SetMaxOpenConns(1)
+
+			msgs := []inMsg{{id: "m-1", payload: []byte("one")}, {id: "m-2"}}
+			_, err = x.apply(ctx, msgs)
+			require.Error(t, err)
+			count := func(table string) (n int) {
+				require.NoError(t, db.QueryRowxContext(ctx, `SELECT COUNT(*) FROM `+table).Scan(&n))
+				return n
+			}
+			require.Zero(t, count(tables.processed), "ids recorded by the failed transaction")
+			require.Zero(t, count(tables.effects), "rows written by the failed transaction")
+
+			msgs[1].payload = []byte("two")
+			fresh, err := x.apply(ctx, msgs)
+			require.NoError(t, err)
+			require.Equal(t, msgs, fresh)
+			require.Equal(t, 2, count(tables.processed))
+			require.Equal(t, 2, count(tables.effects))
+		})
+	}
+}
+
+// expertTestServices returns the URL and a pool of the database of st (dropped when the test
+// ends) and the URL of its broker, or skips the test when a service is not running.
+func expertTestServices(t *testing.T, st setup, dir string) (string, *sqldb.DB, string) {
 	t.Helper()
 	var brokerURL string
 	switch st.Broker {
@@ -96,16 +135,19 @@ func expertTestServices(t *testing.T, st setup, dir string) (*sqldb.DB, string) 
 	default:
 		brokerURL = "sqlite://" + filepath.Join(dir, "queue.db")
 	}
+	var dbURL string
 	switch st.Database {
 	case "postgres":
-		return testsvc.Postgres(t), brokerURL
+		dbURL = testsvc.PostgresSchemaURL(t)
 	case "mysql":
-		return testsvc.MySQL(t), brokerURL
+		dbURL = testsvc.MySQLDatabaseURL(t)
+	default:
+		dbURL = "sqlite://" + filepath.Join(dir, "app.db")
 	}
-	db, err := sqldb.Open(context.Background(), "sqlite://"+filepath.Join(dir, "app.db"))
+	db, err := sqldb.Open(context.Background(), dbURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	return db, brokerURL
+	return dbURL, db, brokerURL
 }
 
 // TestServerWAL_CountsTheSyncsOfACommit reads the log counters of PostgreSQL and MariaDB around
