@@ -19,6 +19,7 @@ import (
 )
 
 var variantColors = map[string]color.Color{
+	vDefault:     color.RGBA{R: 0x75, G: 0x6b, B: 0xb1, A: 0xff},
 	vAtLeastOnce: color.RGBA{R: 0x9e, G: 0xca, B: 0xe1, A: 0xff},
 	vExactlyOnce: color.RGBA{R: 0x31, G: 0x82, B: 0xbd, A: 0xff},
 	vGroupCommit: color.RGBA{R: 0x08, G: 0x51, B: 0x9c, A: 0xff},

@@ -55,7 +55,7 @@ func (s *suite) runDBLimit(ctx context.Context, cl cell, e *Entry) error {
 	dur := time.Duration(s.cfg.seconds * float64(time.Second))
 	if st.Database == "postgres" && v == vDBLimit {
 		e.Tool = "pgbench"
-		return s.pgbench(ctx, db, tables, c, dur, e)
+		return s.pgbench(ctx, db, tables, c, dur, s.payloads[cl.payload], e)
 	}
 	e.Tool = "go-loop"
 	insert := effectInsert(db, tables.effects)
@@ -69,7 +69,7 @@ func (s *suite) runDBLimit(ctx context.Context, cl cell, e *Entry) error {
 			_ = tx.Rollback()
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, insert, msgID, s.payload); err != nil {
+		if _, err := tx.ExecContext(ctx, insert, msgID, s.payloads[cl.payload]); err != nil {
 			_ = tx.Rollback()
 			return err
 		}
@@ -143,10 +143,10 @@ var (
 // pgbench runs pgbench with c clients for dur, over a script of the two statements of an
 // ExactlyOnce message in one transaction, prepared as pgx prepares onceflow's. The payload is a
 // literal of the same size in the prepared statement.
-func (s *suite) pgbench(ctx context.Context, db *sqldb.DB, tables cellTables, c int, dur time.Duration, e *Entry) error {
+func (s *suite) pgbench(ctx context.Context, db *sqldb.DB, tables cellTables, c int, dur time.Duration, payload []byte, e *Entry) error {
 	now := time.Now()
 	script := fmt.Sprintf("\\set r random(1, 9000000000000000000)\nBEGIN;\n"+pgDedupUpsert+"\nINSERT INTO %s (message_id, payload) VALUES ('pgbench-' || :client_id || '-' || :r, '%s'::bytea);\nEND;\n",
-		tables.dedup, now.UnixMicro(), now.Add(dedup.DefaultRetention).UnixMicro(), tables.effects, s.payload)
+		tables.dedup, now.UnixMicro(), now.Add(dedup.DefaultRetention).UnixMicro(), tables.effects, payload)
 	f, err := os.CreateTemp(s.svc.dir, "pgbench-*.sql")
 	if err != nil {
 		return err

@@ -112,10 +112,17 @@ func (s *suite) brokerURL(st setup, dir string) string {
 // the warm-up. Every consumer tells it after its commits: the expert and the watermill baseline
 // after their own COMMIT, onceflow through its Metrics interceptor (commits).
 type meter struct {
-	warm, target   int64
-	n              atomic.Int64 // effects committed
-	settled        atomic.Int64 // deliveries acknowledged, duplicates included
-	txns           atomic.Int64 // transactions committed
+	warm, target int64
+	n            atomic.Int64 // effects committed
+	settled      atomic.Int64 // deliveries acknowledged, duplicates included
+	// The transactions committed: txns as the expert and the watermill baseline count them;
+	// groups as onceflow's group-size histogram records them; processed, onceflow's messages
+	// processed, each in a transaction of its own where no group ran (transactions).
+	txns, groups, processed atomic.Int64
+	// In the reruns scenario, calls counts the processor's runs, one per message it is given,
+	// and faults chooses the messages that fail; faults is nil elsewhere.
+	calls          atomic.Int64
+	faults         *faults
 	warmAt, doneAt chan time.Time
 	from           atomic.Int64 // Unix nanoseconds; messages sent from then on are timed (0: none)
 	// atWarm and atDone, when set, run in the committing goroutine as the warm-up ends and the
@@ -131,6 +138,14 @@ type meter struct {
 
 func newMeter(warm, target int) *meter {
 	return &meter{warm: int64(warm), target: int64(target), warmAt: make(chan time.Time, 1), doneAt: make(chan time.Time, 1)}
+}
+
+// transactions returns the transactions the consumer committed.
+func (m *meter) transactions() int64 {
+	if g := m.groups.Load(); g > 0 {
+		return m.txns.Load() + g
+	}
+	return m.txns.Load() + m.processed.Load()
 }
 
 // committed records a commit of the effects of fresh, in a batch of settled deliveries.
@@ -205,31 +220,31 @@ func (m *meter) latencies() []float64 {
 // which is after the commit of the transaction that applied it (for group commit, after its
 // group's commit): the bench sees the commits without changing the handler's chain and without
 // a goroutine per message. It counts the transactions too: each one the router records in the
-// group-size histogram, or, without group commit (perMessage), one per processed message. Every
-// other instrument is a no-op, as with the global provider the router uses by default. A chain
-// without the Metrics interceptor, or a renamed instrument, makes the cell time out rather than
-// measure something else. sent is set when the messages carry their publish time in their
-// context (sentRelay): elsewhere the counter does not look for it, which would walk the whole
-// context chain of each message.
+// group-size histogram, or, where no group ran (the library's choice for the default variant),
+// one per processed message. Every other instrument is a no-op, as with the global provider the
+// router uses by default. A chain without the Metrics interceptor, or a renamed instrument,
+// makes the cell time out rather than measure something else. sent is set when the messages
+// carry their publish time in their context (sentRelay): elsewhere the counter does not look
+// for it, which would walk the whole context chain of each message.
 type commits struct {
 	noop.MeterProvider
-	m                *meter
-	sent, perMessage bool
+	m    *meter
+	sent bool
 }
 
 func (p commits) Meter(string, ...metric.MeterOption) metric.Meter {
-	return commitsMeter{m: p.m, sent: p.sent, perMessage: p.perMessage}
+	return commitsMeter{m: p.m, sent: p.sent}
 }
 
 type commitsMeter struct {
 	noop.Meter
-	m                *meter
-	sent, perMessage bool
+	m    *meter
+	sent bool
 }
 
 func (cm commitsMeter) Int64Counter(name string, _ ...metric.Int64CounterOption) (metric.Int64Counter, error) {
 	if name == telemetry.MetricMessages {
-		return commitsCounter{m: cm.m, sent: cm.sent, perMessage: cm.perMessage}, nil
+		return commitsCounter{m: cm.m, sent: cm.sent}, nil
 	}
 	return noop.Int64Counter{}, nil
 }
@@ -247,12 +262,12 @@ type groupTxns struct {
 	m *meter
 }
 
-func (g groupTxns) Record(context.Context, int64, ...metric.RecordOption) { g.m.txns.Add(1) }
+func (g groupTxns) Record(context.Context, int64, ...metric.RecordOption) { g.m.groups.Add(1) }
 
 type commitsCounter struct {
 	noop.Int64Counter
-	m                *meter
-	sent, perMessage bool
+	m    *meter
+	sent bool
 }
 
 func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddOption) {
@@ -269,9 +284,7 @@ func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddO
 	if c.sent {
 		sent, _ = ctx.Value(sentKey{}).(string)
 	}
-	if c.perMessage {
-		c.m.txns.Add(incr)
-	}
+	c.m.processed.Add(incr)
 	c.m.committedOne(sent)
 }
 
@@ -333,20 +346,24 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 	defer t.remove()
 
 	steady := cl.scenario == scenarioSteady
+	payload := s.payloads[cl.payload]
 	var n, warm int
 	if steady {
-		n = max(int(s.cfg.rate*(s.cfg.steadyWarmup+s.cfg.steadySeconds)), 1)
-		e.OfferedRate = s.cfg.rate
+		n = max(int(cl.rate*(s.cfg.steadyWarmup+s.cfg.steadySeconds)), 1)
+		e.OfferedRate = cl.rate
 	} else {
 		n = s.messagesFor(cl)
 		warm = max(int(float64(n)*s.cfg.warmup), 1)
 		e.Messages = n - warm
-		if err := publishBacklog(ctx, t, n, s.payload); err != nil {
+		if err := publishBacklog(ctx, t, n, payload); err != nil {
 			return fmt.Errorf("publish: %w", err)
 		}
 	}
 
 	m := newMeter(warm, n)
+	if cl.scenario == scenarioReruns {
+		m.faults = &faults{every: uint32(s.cfg.failEvery)}
+	}
 	// PostgreSQL's backends report their WAL counters when idle, at most once a second, and
 	// when they exit: the counters are read around the whole cell, after its connections are
 	// closed, and divided by all its messages.
@@ -415,7 +432,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		published := make(chan error, 1)
 		pubCtx, cancelPub := context.WithCancel(ctx)
 		defer cancelPub()
-		go func() { published <- publishPaced(pubCtx, t, n, s.cfg.rate, s.payload) }()
+		go func() { published <- publishPaced(pubCtx, t, n, cl.rate, payload) }()
 		select {
 		case <-time.After(time.Until(t0)):
 		case err := <-published:
@@ -486,6 +503,7 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 	e.CPU = cpuUse(cpu0, cpu1)
 	e.CPUPerMsg = cpuPerMsg(e.CPU, cpu1.at.Sub(cpu0.at).Seconds(), int(n1-n0))
 	e.ConnsClosedIdle = db.Stats().MaxIdleClosed
+	e.CommitsPerMsg = perMsg(m.transactions(), n, 1000)
 	switch {
 	case wal0.ok:
 		db.SetMaxIdleConns(0) // closes the consumer's connections: their backends report
@@ -493,7 +511,13 @@ func (s *suite) runE2E(ctx context.Context, cl cell, e *Entry) error {
 		e.setWAL(wal0, serverWAL(ctx, db), n)
 	case db.Dialect == sqldb.SQLite:
 		// Under synchronous=FULL each commit syncs the file's WAL once (a checkpoint adds two).
-		e.WALSyncsPerMsg = perMsg(m.txns.Load(), n, 1000)
+		e.WALSyncsPerMsg = e.CommitsPerMsg
+	}
+	if m.faults != nil {
+		calls, injected := m.calls.Load(), m.faults.injected()
+		e.FailuresInjected = injected
+		e.ProcessorCallsPerMsg = perMsg(calls, n, 10000)
+		e.RerunsPer1000 = perMsg(1000*(calls-int64(n)-injected), n, 100)
 	}
 	m.mu.Lock()
 	e.Failures = m.failures
@@ -607,26 +631,50 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 	if cl.scenario == scenarioSlow {
 		wait = s.cfg.slowWait
 	}
+	// In the reruns scenario the processor counts its runs, and a message chosen by faults
+	// fails its first run after its write, which the transaction rolls back.
+	faults := m.faults
 	var spec handlerSpec
 	if cl.variant == vBatch {
 		spec.batch = processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+			if faults != nil {
+				m.calls.Add(int64(len(msgs)))
+			}
 			if wait > 0 && !sleepCtx(ctx, wait) { // one remote call for the batch
 				return ctx.Err()
 			}
 			tx, _ := middleware.CurrentTx(ctx)
-			return insertEffects(ctx, tx, db.Dialect, tables.effects, len(msgs), func(i int) (string, []byte) {
+			if err := insertEffects(ctx, tx, db.Dialect, tables.effects, len(msgs), func(i int) (string, []byte) {
 				return msgs[i].ID, msgs[i].Payload
-			})
+			}); err != nil {
+				return err
+			}
+			if faults != nil {
+				for _, msg := range msgs {
+					if faults.fail(msg.ID) {
+						return processor.ErrorFor(msg, errInjected)
+					}
+				}
+			}
+			return nil
 		})
 	} else {
 		insert := effectInsert(db, tables.effects)
 		spec.proc = processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			if faults != nil {
+				m.calls.Add(1)
+			}
 			if wait > 0 && !sleepCtx(ctx, wait) { // one remote call per message
 				return ctx.Err()
 			}
 			tx, _ := middleware.CurrentTx(ctx)
-			_, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload)
-			return err
+			if _, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload); err != nil {
+				return err
+			}
+			if faults.fail(msg.ID) {
+				return errInjected
+			}
+			return nil
 		})
 	}
 	b, err := broker.Open(ctx, t.brokerURL, broker.Options{ConsumerGroup: consumerGroup, Prefetch: cl.prefetch})
@@ -642,8 +690,7 @@ func (s *suite) startOnceflow(ctx context.Context, cl cell, t topic, db *sqldb.D
 	if steady {
 		sub = sentRelay{Subscriber: sub}
 	}
-	_, grouped := qosOf(cl.variant)
-	spec.meters = commits{m: m, sent: steady, perMessage: !grouped}
+	spec.meters = commits{m: m, sent: steady}
 	stop, err := runRouter(ctx, sub, b.Publisher(), db, t.name, tables.dedup, cl.variant, cl.c, s.logger, spec)
 	if err != nil {
 		_ = b.Close()
@@ -660,8 +707,8 @@ type handlerSpec struct {
 	meters metric.MeterProvider
 }
 
-// qosOf returns the quality of service of an onceflow variant, and whether it uses group
-// commit.
+// qosOf returns the quality of service of an onceflow variant, and whether the bench turns
+// group commit on for it (the default variant leaves that to the library).
 func qosOf(v string) (onceflow.QoS, bool) {
 	switch v {
 	case vAtLeastOnce:
@@ -683,7 +730,8 @@ func startRouter(ctx context.Context, b *broker.Broker, db *sqldb.DB, topic, ded
 }
 
 // runRouter runs a Router with the handler "bench" of variant v on sub until the returned stop
-// is called. Everything but the variant's choices is left at onceflow's defaults.
+// is called. Everything but the variant's choices is left at onceflow's defaults: the default
+// variant sets nothing but Concurrency (and the cell's dedup table, which keeps cells apart).
 func runRouter(ctx context.Context, sub message.Subscriber, dead message.Publisher, db *sqldb.DB, topic, dedupTable, v string, c int, logger *slog.Logger, spec handlerSpec) (func() error, error) {
 	r, err := onceflow.NewRouter(onceflow.Config{
 		DeadLetterPublisher: dead,
@@ -697,7 +745,7 @@ func runRouter(ctx context.Context, sub message.Subscriber, dead message.Publish
 		return nil, err
 	}
 	qos, group := qosOf(v)
-	if err := r.AddHandler(onceflow.Handler{
+	h := onceflow.Handler{
 		Name:           "bench",
 		Topic:          topic,
 		Subscriber:     sub,
@@ -706,9 +754,12 @@ func runRouter(ctx context.Context, sub message.Subscriber, dead message.Publish
 		QoS:            qos,
 		DB:             db,
 		Concurrency:    c,
-		GroupCommit:    onceflow.GroupCommitConfig{Enabled: group && spec.batch == nil},
 		Dedup:          onceflow.DedupConfig{Table: dedupTable},
-	}); err != nil {
+	}
+	if v != vDefault {
+		h.GroupCommit = onceflow.GroupCommitConfig{Enabled: group && spec.batch == nil}
+	}
+	if err := r.AddHandler(h); err != nil {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -52,14 +52,23 @@ func find(ms []Entry, name string) (Entry, bool) {
 	return ms[i], true
 }
 
-// drainName names the drain cell of variant v of st at concurrency c, at the run's prefetch.
-func drainName(st setup, v string, c int) string {
-	return cell{st: st, variant: v, c: c, scenario: scenarioDrain}.name()
+// drainEntry returns the median entry of variant v of st at concurrency c in a drain scenario
+// (drain or small), at the run's prefetch.
+func drainEntry(ms []Entry, st setup, scenario, v string, c int) (Entry, bool) {
+	return find(ms, cell{st: st, variant: v, c: c, scenario: scenario}.name())
 }
 
+// rateOf returns the median msgs/s of variant v of st at concurrency c in the drain; 0 if it
+// did not run.
 func rateOf(ms []Entry, st setup, v string, c int) float64 {
-	e, _ := find(ms, drainName(st, v, c))
+	e, _ := drainEntry(ms, st, scenarioDrain, v, c)
 	return e.MsgsPerS
+}
+
+// steadyEntry returns the median entry of variant v of st at concurrency c and rate in the
+// steady state.
+func steadyEntry(ms []Entry, st setup, v string, c int, rate float64) (Entry, bool) {
+	return find(ms, cell{st: st, variant: v, c: c, scenario: scenarioSteady, rate: rate}.name())
 }
 
 // dbLimitSetup is the setup whose cells measured the database limit of st: the first of the
@@ -73,13 +82,15 @@ func dbLimitSetup(setups []setup, st setup) setup {
 	return st
 }
 
-// Target is one of the issue's targets, evaluated on the medians of one setup at one
-// concurrency.
+// Target is one of the targets, evaluated on the medians of one setup at one concurrency.
 type Target struct {
 	Setup       string  `json:"setup"`
 	Concurrency int     `json:"concurrency"`
 	Target      string  `json:"target"`
-	Ratio       float64 `json:"ratio"` // the ratio, or the latency in ms
+	Scenario    string  `json:"scenario,omitempty"`
+	Payload     int     `json:"payload_bytes,omitempty"` // of a drain
+	Rate        float64 `json:"rate,omitempty"`          // offered in the steady state
+	Ratio       float64 `json:"ratio"`                   // the ratio, or the latency in ms
 	Want        float64 `json:"want"`
 	AtMost      bool    `json:"at_most,omitempty"` // Ratio must not exceed Want
 	Met         bool    `json:"met"`
@@ -87,78 +98,142 @@ type Target struct {
 	Binding string `json:"binding,omitempty"`
 }
 
-// ratioTargets are the issue's targets on the drain: a ratio of two variants' median rates,
-// and its least value.
-var ratioTargets = []struct {
-	name     string
-	num, den string
-	want     float64
-	only     int // the concurrency it applies to; 0 for every one
-}{
-	{"batch+GC >= 1.0x expert", vBatch, vExpert, 1.0, 0},
-	{"EO+GC >= 0.5x expert", vGroupCommit, vExpert, 0.5, 0},
-	{"EO+GC >= 4x watermill", vGroupCommit, vBaseline, 4, 16},
-	{"ExactlyOnce >= 1.0x watermill", vExactlyOnce, vBaseline, 1.0, 0},
+// where says in which cells a target was evaluated.
+func (t Target) where() string {
+	if t.Scenario == scenarioSteady {
+		return fmt.Sprintf("%g/s", t.Rate)
+	}
+	return fmt.Sprintf("%d B", t.Payload)
 }
 
-// The steady-state targets: group commit's p99 latency, absolute and against per-message
-// transactions.
+// ratioTarget is a target on the drains: a ratio of two variants' medians, the rate's (at least
+// want) or the consumer's CPU per message (at most want).
+type ratioTarget struct {
+	name     string
+	scenario string // scenarioDrain or scenarioSmall
+	num, den string
+	want     float64
+	cpu      bool
+	setups   []string // the setups it applies to; nil for every one
+	only     int      // the concurrency it applies to; 0 for every one
+}
+
+// ratioTargets are the drains' targets. The default handler, with nothing set but Concurrency,
+// must do half what the expert does where the defaults are decided; with small payloads, where
+// the consumer's own cost shows most, the batch processor must match the expert in rate at
+// every concurrency and in CPU per message where the cores are busy; the older targets stand.
+var ratioTargets = []ratioTarget{
+	{name: "default >= 0.5x expert", scenario: scenarioDrain, num: vDefault, den: vExpert, want: 0.5, setups: []string{"postgres", "nats"}, only: 16},
+	{name: "batch+GC >= 1.0x expert", scenario: scenarioSmall, num: vBatch, den: vExpert, want: 1.0},
+	{name: "batch+GC consumer CPU/msg <= 1.1x expert", scenario: scenarioSmall, num: vBatch, den: vExpert, want: 1.1, cpu: true, setups: []string{"postgres", "nats", "redis"}, only: 16},
+	{name: "batch+GC >= 1.0x expert", scenario: scenarioDrain, num: vBatch, den: vExpert, want: 1.0},
+	{name: "EO+GC >= 0.5x expert", scenario: scenarioDrain, num: vGroupCommit, den: vExpert, want: 0.5},
+	{name: "EO+GC >= 4x watermill", scenario: scenarioDrain, num: vGroupCommit, den: vBaseline, want: 4, only: 16},
+	{name: "ExactlyOnce >= 1.0x watermill", scenario: scenarioDrain, num: vExactlyOnce, den: vBaseline, want: 1.0},
+}
+
+// The steady-state targets: the p99 latency from publish to commit of the default handler and
+// of group commit, and group commit's against a transaction per message.
 const (
-	steadyP99Target      = "steady p99 with EO+GC <= 20 ms"
+	steadyP99Want        = 20 // ms
 	steadyP99RatioTarget = "steady p99 EO+GC <= 1.2x ExactlyOnce"
 )
 
+// steadyP99Target names the target of variant v's p99 latency in the steady state.
+func steadyP99Target(v string) string {
+	return fmt.Sprintf("steady p99 %s <= %d ms", columnTitles[v], steadyP99Want)
+}
+
+// evaluateTargets evaluates every target on the medians, target by target, setup by setup.
 func evaluateTargets(cfg suiteConfig, ms []Entry) []Target {
 	var out []Target
-	for _, st := range cfg.setups {
-		for _, d := range ratioTargets {
+	for _, d := range ratioTargets {
+		payload := cfg.payloadSize
+		if d.scenario == scenarioSmall {
+			payload = cfg.smallPayload
+		}
+		for _, st := range cfg.setups {
+			if d.setups != nil && !slices.Contains(d.setups, st.Name) {
+				continue
+			}
 			for _, c := range cfg.concurrency {
 				if d.only != 0 && c != d.only {
 					continue
 				}
-				num, okNum := find(ms, drainName(st, d.num, c))
-				den, okDen := find(ms, drainName(st, d.den, c))
-				if !okNum || !okDen || num.MsgsPerS == 0 || den.MsgsPerS == 0 {
+				num, okNum := drainEntry(ms, st, d.scenario, d.num, c)
+				den, okDen := drainEntry(ms, st, d.scenario, d.den, c)
+				if !okNum || !okDen {
 					continue
 				}
-				r := num.MsgsPerS / den.MsgsPerS
-				t := Target{Setup: st.Name, Concurrency: c, Target: d.name, Ratio: round2(r), Want: d.want, Met: r >= d.want}
+				a, b := num.MsgsPerS, den.MsgsPerS
+				if d.cpu {
+					a, b = num.CPUPerMsg["consumer"], den.CPUPerMsg["consumer"]
+				}
+				if a == 0 || b == 0 {
+					continue
+				}
+				r := a / b
+				t := Target{Setup: st.Name, Concurrency: c, Target: d.name, Scenario: d.scenario, Payload: payload,
+					Ratio: round2(r), Want: d.want, AtMost: d.cpu, Met: r >= d.want}
+				if d.cpu {
+					t.Met = r <= d.want
+				}
 				if !t.Met {
-					expert, _ := find(ms, drainName(st, vExpert, c))
+					expert, _ := drainEntry(ms, st, d.scenario, vExpert, c)
 					t.Binding = binding(st, num, expert)
 				}
 				out = append(out, t)
 			}
 		}
-		for _, c := range cfg.steadyConc {
-			gc, okGC := find(ms, cell{st: st, variant: vGroupCommit, c: c, scenario: scenarioSteady}.name())
-			eo, okEO := find(ms, cell{st: st, variant: vExactlyOnce, c: c, scenario: scenarioSteady}.name())
-			expert, _ := find(ms, cell{st: st, variant: vExpert, c: c, scenario: scenarioSteady}.name())
-			if !okGC || gc.LatencyP99Ms == 0 {
-				continue
-			}
-			beside := fmt.Sprintf("EO+GC p50 %.1f ms, p99 %.1f ms", gc.LatencyP50Ms, gc.LatencyP99Ms)
-			if okEO {
-				beside += fmt.Sprintf("; ExactlyOnce p99 %.1f ms", eo.LatencyP99Ms)
-			}
-			if expert.LatencyP99Ms > 0 {
-				beside += fmt.Sprintf("; expert p99 %.1f ms", expert.LatencyP99Ms)
-			}
-			t := Target{Setup: st.Name, Concurrency: c, Target: steadyP99Target, Ratio: gc.LatencyP99Ms, Want: 20, AtMost: true, Met: gc.LatencyP99Ms <= 20}
-			if !t.Met {
-				t.Binding = beside
-			}
-			out = append(out, t)
-			if okEO && eo.LatencyP99Ms > 0 {
-				r := gc.LatencyP99Ms / eo.LatencyP99Ms
-				t := Target{Setup: st.Name, Concurrency: c, Target: steadyP99RatioTarget, Ratio: round2(r), Want: 1.2, AtMost: true, Met: r <= 1.2}
-				if !t.Met {
-					t.Binding = beside
+	}
+	steady := func(name string, each func(st setup, c int, rate float64) (Target, bool)) {
+		for _, st := range cfg.setups {
+			for _, rate := range cfg.rates {
+				for _, c := range cfg.steadyConc {
+					if t, ok := each(st, c, rate); ok {
+						t.Setup, t.Concurrency, t.Target, t.Scenario, t.Rate = st.Name, c, name, scenarioSteady, rate
+						out = append(out, t)
+					}
 				}
-				out = append(out, t)
 			}
 		}
 	}
+	// beside lists the steady state's latencies of every variant of the cell's group.
+	beside := func(st setup, c int, rate float64) string {
+		var parts []string
+		for _, v := range cfg.steadyVariants {
+			if e, ok := steadyEntry(ms, st, v, c, rate); ok && e.LatencyP99Ms > 0 {
+				parts = append(parts, fmt.Sprintf("%s p50 %.1f ms, p99 %.1f ms", columnTitles[v], e.LatencyP50Ms, e.LatencyP99Ms))
+			}
+		}
+		return strings.Join(parts, "; ")
+	}
+	for _, v := range []string{vDefault, vGroupCommit} {
+		steady(steadyP99Target(v), func(st setup, c int, rate float64) (Target, bool) {
+			e, ok := steadyEntry(ms, st, v, c, rate)
+			if !ok || e.LatencyP99Ms == 0 {
+				return Target{}, false
+			}
+			t := Target{Ratio: e.LatencyP99Ms, Want: steadyP99Want, AtMost: true, Met: e.LatencyP99Ms <= steadyP99Want}
+			if !t.Met {
+				t.Binding = beside(st, c, rate)
+			}
+			return t, true
+		})
+	}
+	steady(steadyP99RatioTarget, func(st setup, c int, rate float64) (Target, bool) {
+		gc, okGC := steadyEntry(ms, st, vGroupCommit, c, rate)
+		eo, okEO := steadyEntry(ms, st, vExactlyOnce, c, rate)
+		if !okGC || !okEO || gc.LatencyP99Ms == 0 || eo.LatencyP99Ms == 0 {
+			return Target{}, false
+		}
+		r := gc.LatencyP99Ms / eo.LatencyP99Ms
+		t := Target{Ratio: round2(r), Want: 1.2, AtMost: true, Met: r <= 1.2}
+		if !t.Met {
+			t.Binding = beside(st, c, rate)
+		}
+		return t, true
+	})
 	return out
 }
 
@@ -215,6 +290,7 @@ func binding(st setup, e, expert Entry) string {
 }
 
 var columnTitles = map[string]string{
+	vDefault:     "default",
 	vAtLeastOnce: "AtLeastOnce",
 	vExactlyOnce: "ExactlyOnce",
 	vGroupCommit: "EO+GC",
@@ -225,20 +301,25 @@ var columnTitles = map[string]string{
 	vDBLimitGo:   "db-limit-go",
 }
 
-// printReport prints, per setup, the median msgs/s of every variant of the drain with the
-// issue's ratios, where the CPU goes, the prefetch sweep, the steady state and the slow
-// processor; then the targets, with what binds where one is missed.
+// printReport prints, per setup, the median msgs/s of every variant of the drains with the
+// consumer's and the database's CPU per message beside each, the ratios the targets need,
+// where the CPU goes, the prefetch sweep, the steady state, the slow processor and the reruns;
+// then the targets, with what binds where one is missed.
 func printReport(w io.Writer, cfg suiteConfig, res Results) {
 	fmt.Fprintf(w, "\nonceflow end-to-end benchmark, %s, %d cores (%s), load average %.2f -> %.2f\n",
 		res.Date, res.Machine.Cores, res.Machine.CPU, res.Machine.LoadBefore, res.Machine.LoadAfter)
-	fmt.Fprintf(w, "prefetch per subscription for onceflow and watermill %d (broker.Options.Prefetch); expert: prefetch %d, batches of up to %d or %s\n",
+	fmt.Fprintf(w, "default: ExactlyOnce with nothing set but Concurrency (the broker's default prefetch, the library's group-commit default);\n"+
+		"ExactlyOnce, EO+GC (group commit), batch+GC (batch processor): prefetch %d per subscription (broker.Options.Prefetch), as the watermill baseline;\n"+
+		"expert: prefetch %d per worker, batches of up to %d or %s, two round trips per transaction on PostgreSQL and MariaDB\n",
 		cfg.prefetch, expertPrefetch, expertBatch, expertWait)
 	ms := res.Medians
 	for _, st := range cfg.setups {
-		printDrain(w, cfg, st, ms)
+		printDrain(w, cfg, st, ms, scenarioDrain, cfg.payloadSize)
+		printDrain(w, cfg, st, ms, scenarioSmall, cfg.smallPayload)
 		printSweep(w, cfg, st, ms)
 		printSteady(w, cfg, st, ms)
 		printSlow(w, cfg, st, ms)
+		printReruns(w, cfg, st, ms)
 	}
 	if len(res.Targets) > 0 {
 		fmt.Fprintf(w, "\ntargets (ratios of medians measured side by side in this run):\n")
@@ -250,7 +331,7 @@ func printReport(w io.Writer, cfg suiteConfig, res Results) {
 			if !t.Met {
 				mark = "NOT MET"
 			}
-			fmt.Fprintf(w, "  %-8s c=%-3d %-40s %7.2f (want %s %.2f)  %s\n", t.Setup, t.Concurrency, t.Target, t.Ratio, op, t.Want, mark)
+			fmt.Fprintf(w, "  %-40s %-8s c=%-3d %-7s %7.2f (want %s %.2f)  %s\n", t.Target, t.Setup, t.Concurrency, t.where(), t.Ratio, op, t.Want, mark)
 			if t.Binding != "" {
 				fmt.Fprintf(w, "      binds: %s\n", t.Binding)
 			}
@@ -267,68 +348,116 @@ func printReport(w io.Writer, cfg suiteConfig, res Results) {
 	}
 }
 
-func printDrain(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
+// formatPerMsg formats the consumer's and the database's µs of CPU per message of e,
+// "consumer/database": the consumer alone where the database runs in it (SQLite), "-" for the
+// consumer of pgbench, which is not the bench process.
+func formatPerMsg(st setup, e Entry) string {
+	consumer := fmt.Sprintf("%.0f", e.CPUPerMsg["consumer"])
+	if e.Tool == "pgbench" {
+		consumer = "-"
+	}
+	db := databaseGroup(st.Database)
+	if db == "" {
+		return consumer
+	}
+	return fmt.Sprintf("%s/%.0f", consumer, e.CPUPerMsg[db])
+}
+
+// drainRatios are the ratios of a drain's table: onceflow's variants to the expert, and to the
+// watermill baseline.
+var drainRatios = [][2]string{
+	{vDefault, vExpert}, {vGroupCommit, vExpert}, {vBatch, vExpert}, {vGroupCommit, vBaseline}, {vExactlyOnce, vBaseline},
+}
+
+// printDrain prints a drain scenario (drain or small) of st: per variant and concurrency the
+// median msgs/s and the CPU per message beside it; then the ratios, of the rate and of the
+// consumer's CPU per message; for the drain, where the CPU went at the highest concurrency.
+func printDrain(w io.Writer, cfg suiteConfig, st setup, ms []Entry, scenario string, payload int) {
 	limits := dbLimitSetup(cfg.setups, st)
+	entry := func(v string, c int) (Entry, bool) {
+		if v == vDBLimit || v == vDBLimitGo {
+			if scenario != scenarioDrain {
+				return Entry{}, false
+			}
+			return drainEntry(ms, limits, scenario, v, c)
+		}
+		return drainEntry(ms, st, scenario, v, c)
+	}
 	var vs []string
 	for _, v := range allVariants {
-		src := st
-		if v == vDBLimit || v == vDBLimitGo {
-			src = limits
-		}
-		if slices.ContainsFunc(cfg.concurrency, func(c int) bool { return rateOf(ms, src, v, c) > 0 }) {
+		if slices.ContainsFunc(cfg.concurrency, func(c int) bool { e, ok := entry(v, c); return ok && e.MsgsPerS > 0 }) {
 			vs = append(vs, v)
 		}
 	}
 	if len(vs) == 0 {
 		return
 	}
-	tool := "go-loop"
-	if st.Database == "postgres" {
-		tool = "pgbench"
+	db := databaseGroup(st.Database)
+	perMsg := "consumer/" + db
+	if db == "" {
+		perMsg = "consumer, the database in it"
 	}
-	fmt.Fprintf(w, "\n%s: backlog drain, msgs/s, median of %d rounds (db-limit: %s", st.Title, cfg.rounds, tool)
-	if limits != st {
-		fmt.Fprintf(w, ", measured with %s", limits.Name)
-	}
-	fmt.Fprintln(w, ")")
-	fmt.Fprintf(w, "%6s", "conc")
-	for _, v := range vs {
-		fmt.Fprintf(w, " %11s", columnTitles[v])
-	}
-	ratios := [][2]string{{vBatch, vExpert}, {vGroupCommit, vExpert}, {vGroupCommit, vBaseline}, {vExactlyOnce, vBaseline}}
-	fmt.Fprintf(w, " | %9s %8s %8s %8s\n", "batch/exp", "GC/exp", "GC/wm", "EO/wm")
-	for _, c := range cfg.concurrency {
-		fmt.Fprintf(w, "%6d", c)
-		for _, v := range vs {
-			src := st
-			if v == vDBLimit || v == vDBLimitGo {
-				src = limits
-			}
-			if r := rateOf(ms, src, v, c); r > 0 {
-				fmt.Fprintf(w, " %11.0f", r)
-			} else {
-				fmt.Fprintf(w, " %11s", "-")
-			}
+	fmt.Fprintf(w, "\n%s: backlog drain, %d B payloads, median of %d rounds: msgs/s and µs of CPU per message (%s)", st.Title, payload, cfg.rounds, perMsg)
+	if slices.Contains(vs, vDBLimit) {
+		tool := "go-loop"
+		if st.Database == "postgres" {
+			tool = "pgbench"
 		}
-		fmt.Fprint(w, " |")
-		for i, p := range ratios {
-			width := 8
-			if i == 0 {
-				width = 9
-			}
-			num, den := rateOf(ms, st, p[0], c), rateOf(ms, st, p[1], c)
-			if num > 0 && den > 0 {
-				fmt.Fprintf(w, " %*.2f", width, num/den)
+		fmt.Fprintf(w, "; db-limit: %s", tool)
+		if limits != st {
+			fmt.Fprintf(w, ", measured with %s", limits.Name)
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  %-12s", "")
+	for _, c := range cfg.concurrency {
+		fmt.Fprintf(w, " %19s", fmt.Sprintf("c=%d", c))
+	}
+	fmt.Fprintln(w)
+	for _, v := range vs {
+		fmt.Fprintf(w, "  %-12s", columnTitles[v])
+		for _, c := range cfg.concurrency {
+			if e, ok := entry(v, c); ok && e.MsgsPerS > 0 {
+				fmt.Fprintf(w, " %8.0f %-10s", e.MsgsPerS, formatPerMsg(st, e))
 			} else {
-				fmt.Fprintf(w, " %*s", width, "-")
+				fmt.Fprintf(w, " %8s %-10s", "-", "")
 			}
 		}
 		fmt.Fprintln(w)
 	}
+	var ratios [][2]string
+	for _, p := range drainRatios {
+		if slices.Contains(vs, p[0]) && slices.Contains(vs, p[1]) {
+			ratios = append(ratios, p)
+		}
+	}
+	if len(ratios) > 0 {
+		fmt.Fprintln(w, "  ratios: msgs/s (consumer µs of CPU per message)")
+		for _, p := range ratios {
+			fmt.Fprintf(w, "  %-22s", columnTitles[p[0]]+"/"+columnTitles[p[1]])
+			for _, c := range cfg.concurrency {
+				num, okNum := entry(p[0], c)
+				den, okDen := entry(p[1], c)
+				if !okNum || !okDen || num.MsgsPerS == 0 || den.MsgsPerS == 0 {
+					fmt.Fprintf(w, " %-19s", "  -")
+					continue
+				}
+				cell := fmt.Sprintf("%5.2f", num.MsgsPerS/den.MsgsPerS)
+				if a, b := num.CPUPerMsg["consumer"], den.CPUPerMsg["consumer"]; a > 0 && b > 0 {
+					cell += fmt.Sprintf(" (%.2f)", a/b)
+				}
+				fmt.Fprintf(w, " %-19s", cell)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	if scenario != scenarioDrain {
+		return
+	}
 	c := slices.Max(cfg.concurrency)
 	var rows []Entry
 	for _, v := range vs {
-		if e, ok := find(ms, drainName(st, v, c)); ok && v != vDBLimit && v != vDBLimitGo {
+		if e, ok := entry(v, c); ok && v != vDBLimit && v != vDBLimitGo {
 			rows = append(rows, e)
 		}
 	}
@@ -339,8 +468,8 @@ func printDrain(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
 }
 
 // printResources prints where the CPU of each entry went: cores busy, µs of CPU per message
-// of the consumer, the broker and the database (when they run in processes of their own), WAL
-// syncs per message, peak RSS.
+// of the consumer, the broker and the database (when they run in processes of their own),
+// transactions and WAL syncs per message, peak RSS.
 func printResources(w io.Writer, st setup, rows []Entry, label func(Entry) string) {
 	var groups []string
 	for _, g := range []string{brokerGroup(st.Broker), databaseGroup(st.Database)} {
@@ -352,7 +481,7 @@ func printResources(w io.Writer, st setup, rows []Entry, label func(Entry) strin
 	for _, g := range groups {
 		fmt.Fprintf(w, " %12s", g+" µs")
 	}
-	fmt.Fprintf(w, " %9s %8s\n", "WAL sync", "RSS MiB")
+	fmt.Fprintf(w, " %8s %9s %8s\n", "commits", "WAL sync", "RSS MiB")
 	for _, e := range rows {
 		fmt.Fprintf(w, "  %-14s %9.0f %6.2f %12.0f", label(e), e.MsgsPerS, e.CPU["machine"], e.CPUPerMsg["consumer"])
 		for _, g := range groups {
@@ -362,7 +491,7 @@ func printResources(w io.Writer, st setup, rows []Entry, label func(Entry) strin
 		if e.WALSyncsPerMsg > 0 {
 			wal = fmt.Sprintf("%.3f", e.WALSyncsPerMsg)
 		}
-		fmt.Fprintf(w, " %9s %8.1f\n", wal, e.PeakRSSMiB)
+		fmt.Fprintf(w, " %8.3f %9s %8.1f\n", e.CommitsPerMsg, wal, e.PeakRSSMiB)
 	}
 }
 
@@ -428,36 +557,70 @@ func printSweep(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
 }
 
 func printSteady(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
-	for _, c := range cfg.steadyConc {
-		var rows []Entry
-		for _, v := range cfg.steadyVariants {
-			if e, ok := find(ms, cell{st: st, variant: v, c: c, scenario: scenarioSteady}.name()); ok {
-				rows = append(rows, e)
+	db := databaseGroup(st.Database)
+	for _, rate := range cfg.rates {
+		for _, c := range cfg.steadyConc {
+			var rows []Entry
+			for _, v := range cfg.steadyVariants {
+				if e, ok := steadyEntry(ms, st, v, c, rate); ok {
+					rows = append(rows, e)
+				}
 			}
-		}
-		if len(rows) == 0 {
-			continue
-		}
-		fmt.Fprintf(w, "  steady state at c=%d, %.0f msgs/s offered for %g s after %g s: latency from publish to commit (ms)\n",
-			c, cfg.rate, cfg.steadySeconds, cfg.steadyWarmup)
-		fmt.Fprintf(w, "  %-14s %9s %8s %8s %8s %6s %10s\n", "", "commits/s", "p50", "p99", "max", "cores", "consumer")
-		for _, e := range rows {
-			fmt.Fprintf(w, "  %-14s %9.0f %8.1f %8.1f %8.1f %6.2f %10.0f\n", columnTitles[e.Mode], e.MsgsPerS,
-				e.LatencyP50Ms, e.LatencyP99Ms, e.LatencyMaxMs, e.CPU["machine"], e.CPUPerMsg["consumer"])
+			if len(rows) == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "  steady state at c=%d, %g msgs/s offered for %g s after %g s: latency from publish to commit (ms), µs of CPU per message\n",
+				c, rate, cfg.steadySeconds, cfg.steadyWarmup)
+			fmt.Fprintf(w, "  %-14s %9s %8s %8s %8s %6s %10s", "", "commits/s", "p50", "p99", "max", "cores", "consumer")
+			if db != "" {
+				fmt.Fprintf(w, " %10s", db)
+			}
+			fmt.Fprintln(w)
+			for _, e := range rows {
+				fmt.Fprintf(w, "  %-14s %9.0f %8.1f %8.1f %8.1f %6.2f %10.0f", columnTitles[e.Mode], e.MsgsPerS,
+					e.LatencyP50Ms, e.LatencyP99Ms, e.LatencyMaxMs, e.CPU["machine"], e.CPUPerMsg["consumer"])
+				if db != "" {
+					fmt.Fprintf(w, " %10.0f", e.CPUPerMsg[db])
+				}
+				fmt.Fprintln(w)
+			}
 		}
 	}
 }
 
-func printSlow(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
+// scenarioRows returns the median entries of a scenario run at one concurrency, in the order
+// of variants.
+func scenarioRows(ms []Entry, st setup, scenario string, variants []string, c int) []Entry {
 	var rows []Entry
-	for _, v := range cfg.slowVariants {
-		if e, ok := find(ms, cell{st: st, variant: v, c: cfg.slowConc, scenario: scenarioSlow}.name()); ok {
+	for _, v := range variants {
+		if e, ok := find(ms, cell{st: st, variant: v, c: c, scenario: scenario}.name()); ok {
 			rows = append(rows, e)
 		}
 	}
+	return rows
+}
+
+func printSlow(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
+	rows := scenarioRows(ms, st, scenarioSlow, cfg.slowVariants, cfg.slowConc)
 	if len(rows) == 0 {
 		return
 	}
 	fmt.Fprintf(w, "  slow processor (waits %s per call: per message, per batch for batch+GC), backlog drain at c=%d:\n", cfg.slowWait, cfg.slowConc)
 	printResources(w, st, rows, func(e Entry) string { return columnTitles[e.Mode] })
+}
+
+// printReruns prints the reruns scenario: how often each variant's processor ran per message
+// when 1 message in cfg.failEvery failed once.
+func printReruns(w io.Writer, cfg suiteConfig, st setup, ms []Entry) {
+	rows := scenarioRows(ms, st, scenarioReruns, cfg.rerunVariants, cfg.rerunConc)
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "  reruns: 1 message in %d fails once, after its write; backlog drain at c=%d (reruns: runs beyond the first of messages that did not fail, per 1,000):\n",
+		cfg.failEvery, cfg.rerunConc)
+	fmt.Fprintf(w, "  %-14s %9s %7s %10s %8s %8s %12s\n", "", "msgs/s", "failed", "calls/msg", "reruns", "commits", "consumer µs")
+	for _, e := range rows {
+		fmt.Fprintf(w, "  %-14s %9.0f %7d %10.4f %8.1f %8.3f %12.0f\n", columnTitles[e.Mode], e.MsgsPerS, e.FailuresInjected,
+			e.ProcessorCallsPerMsg, e.RerunsPer1000, e.CommitsPerMsg, e.CPUPerMsg["consumer"])
+	}
 }
