@@ -74,28 +74,31 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-## bench: the Go micro-benchmarks (about 3 minutes), then the end-to-end suite: onceflow beside a
-## hand-written batch consumer on each broker's own client (the expert), the watermill baseline and
-## the database's own rate, on RabbitMQ -> PostgreSQL and MariaDB, NATS and Redis -> PostgreSQL and
-## the embedded SQLite queue; writes bench/results/latest.json and docs/performance.svg
-## (docs/performance.md); then one handler in 1, 2 and 4 processes (bench-scaleout)
+## bench: the Go micro-benchmarks (about 3 minutes), then the end-to-end suite: onceflow's default
+## handler and tuned variants beside a hand-written batch consumer on each broker's own client (the
+## expert), the watermill baseline and the database's own rate, on RabbitMQ -> PostgreSQL and
+## MariaDB, NATS and Redis -> PostgreSQL and the embedded SQLite queue; writes
+## bench/results/latest.json and docs/performance.svg (docs/performance.md); then one handler in 1,
+## 2 and 4 processes (bench-scaleout)
 bench: bench-micro bench-e2e bench-scaleout
 
 ## bench-micro: the Go benchmarks of every package
 bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) $(PKGS)
 
-## bench-e2e: the end-to-end suite alone: backlog drain, steady state and slow processor, 3 rounds
-## (about 15 minutes; BENCH_QUICK=1 for a smoke run of about 2 minutes)
+## bench-e2e: the end-to-end suite alone: backlog drains of 1 KiB and 100-byte payloads, steady
+## state at 100 and 1,000 msgs/s, a slow processor, reruns under failures; 3 rounds (about 20
+## minutes; BENCH_QUICK=1 for a smoke run of about 4 minutes; BENCH_FLAGS=-list lists the cells)
 bench-e2e: $(BIN)/onceflow-bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run $(BENCH_FLAGS)
 
-## bench-profile: CPU profiles of the consumer in every cell at concurrency 16 of RabbitMQ ->
-## PostgreSQL, onceflow's and the expert's, into bin/profiles (go tool pprof; the
-## figures of a profiled run are not for the record)
+## bench-profile: CPU profiles of the consumer in every drain cell at concurrency 16 of RabbitMQ ->
+## PostgreSQL, 1 KiB and 100-byte payloads, onceflow's and the expert's, into bin/profiles (go tool
+## pprof; BENCH_FLAGS='-setups nats' for another setup; the figures of a profiled run are not for
+## the record)
 bench-profile: $(BIN)/onceflow-bench
 	BENCH_QUICK=$(BENCH_QUICK) $(BIN)/onceflow-bench run -setups postgres -concurrency 16 -rounds 1 -seconds 5 \
-		-scenarios drain -gc-prefetch '' -cpuprofile-dir $(BIN)/profiles \
+		-scenarios drain,small -cpuprofile-dir $(BIN)/profiles \
 		-out $(BIN)/profiles/results.json -chart '' $(BENCH_FLAGS)
 
 ## bench-scale: ExactlyOnce with 10 million dedup keys against an empty table, and with the purge
