@@ -236,3 +236,23 @@ func TestFaults_FailTheChosenMessagesOnce(t *testing.T) {
 	require.Equal(t, int64(chosen), some.injected())
 	require.Zero(t, differ, "ids chosen by one and not the other")
 }
+
+func TestParseSuiteFlags_AQuickRunWritesApartFromTheRecordedRun(t *testing.T) {
+	t.Setenv("BENCH_QUICK", "")
+	cfg, _, err := parseSuiteFlags([]string{"-quick"})
+	require.NoError(t, err)
+	require.Equal(t, quickOut, cfg.out)
+	require.Equal(t, quickChart, cfg.chart)
+	require.Equal(t, 1, cfg.rounds)
+
+	cfg, _, err = parseSuiteFlags([]string{"-quick", "-out", "x.json", "-rounds", "2"})
+	require.NoError(t, err)
+	require.Equal(t, "x.json", cfg.out, "a flag set wins over the quick run's default")
+	require.Equal(t, quickChart, cfg.chart)
+	require.Equal(t, 2, cfg.rounds)
+
+	cfg, _, err = parseSuiteFlags(nil)
+	require.NoError(t, err)
+	require.Equal(t, "bench/results/latest.json", cfg.out)
+	require.Equal(t, "docs/performance.svg", cfg.chart)
+}

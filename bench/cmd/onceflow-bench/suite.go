@@ -215,6 +215,13 @@ func oneOf(allowed []string) func(string) (string, error) {
 	}
 }
 
+// A quick run writes its results and chart here, so that a smoke run never replaces the
+// recorded run's.
+const (
+	quickOut   = "bin/bench-quick.json"
+	quickChart = "bin/bench-quick.svg"
+)
+
 func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	svc := defaultServices()
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
@@ -251,8 +258,8 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 	rerunVars := fs.String("rerun-variants", strings.Join(decisionVariants, ","), "variants of the reruns scenario ("+strings.Join(onceflowVariants, ", ")+")")
 	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "a short smoke run: 1 round, short cells, few messages (also BENCH_QUICK=1)")
 	list := fs.Bool("list", false, "print the cells of one round, by scenario, and exit without measuring")
-	out := fs.String("out", "bench/results/latest.json", "results file")
-	chart := fs.String("chart", "docs/performance.svg", "chart file (.svg or .png); empty for none")
+	out := fs.String("out", "bench/results/latest.json", "results file (a quick run's: "+quickOut+")")
+	chart := fs.String("chart", "docs/performance.svg", "chart file (.svg or .png); empty for none (a quick run's: "+quickChart+")")
 	profile := fs.String("cpuprofile-dir", "", "write a CPU profile of the consumer, and allocation profiles at the start and end of its window, for each cell at the highest concurrency into this directory (profiling slows what it measures: not for the reported numbers)")
 	fs.StringVar(&svc.postgres, "postgres", svc.postgres, "PostgreSQL URL")
 	fs.StringVar(&svc.mysql, "mysql", svc.mysql, "MariaDB/MySQL URL")
@@ -271,7 +278,7 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 		list: *list,
 	}
 	if cfg.quick {
-		// Short cells, unless a flag says otherwise.
+		// Short cells, unless a flag says otherwise, and files apart from the recorded run's.
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		for name, apply := range map[string]func(){
@@ -282,6 +289,8 @@ func parseSuiteFlags(args []string) (suiteConfig, services, error) {
 			"steady-seconds": func() { cfg.steadySeconds = 1 },
 			"steady-warmup":  func() { cfg.steadyWarmup = 0.5 },
 			"rerun-messages": func() { cfg.rerunMessages = 2000 },
+			"out":            func() { cfg.out = quickOut },
+			"chart":          func() { cfg.chart = quickChart },
 		} {
 			if !set[name] {
 				apply()
