@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
+	"github.com/onceflow/onceflow/internal/urlparam"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
@@ -195,11 +196,14 @@ type Broker struct {
 // that names the import.
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
-// connect_timeout override the fields of opts. For amqp, queue_type, delivery_limit and
-// dead_letter_exchange set the arguments of the queues (broker/amqp's ParseQueueParams). The
-// other query parameters go to the driver. Open checks that the broker answers (database
-// ping, connection, JetStream enabled) before it returns, within opts.ConnectTimeout for each
-// connect.
+// connect_timeout override the fields of opts. Each scheme takes a few more, its own and its
+// client's, which its package registers (Params): for amqp, queue_type, delivery_limit and
+// dead_letter_exchange set the arguments of the queues (broker/amqp's ParseQueueParams), and
+// amqp091-go's go to it; the URL of a queue in a database is sqldb.Open's, parameters included.
+// Open refuses any other parameter before it connects, with an error that names it and lists
+// those the scheme takes, and a value it cannot read, naming the parameter. Open checks that
+// the broker answers (database ping, connection, JetStream enabled) before it returns, within
+// opts.ConnectTimeout for each connect.
 //
 // Errors and String name the host and never contain a password or token of the URL.
 func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
@@ -215,13 +219,23 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	open, err := opener(t.scheme)
+	reg, err := lookup(t.scheme)
+	if err == nil {
+		err = reg.table.Check(t.u.Query())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("broker: URL %q: %w", t.redacted, err)
 	}
-	be, err := open(ctx, Target{Scheme: t.scheme, URL: t.dsn, Parsed: t.u, Redacted: t.redacted}, opts)
+	be, err := reg.open(ctx, Target{Scheme: t.scheme, URL: t.dsn, Parsed: t.u, Redacted: t.redacted}, opts)
 	if err == nil && (be == nil || be.Publisher == nil || be.NewSubscriber == nil) {
 		err = fmt.Errorf("the %s scheme opened no publisher or subscriber factory", t.scheme)
+	}
+	var unknown *urlparam.UnknownError
+	if errors.As(err, &unknown) {
+		// A parameter of a database URL that sqldb.Open refused: list Open's too.
+		unknown = &urlparam.UnknownError{Param: unknown.Param, Table: unknown.Table.Under(commonParams), Cause: unknown.Cause}
+		unknown.Table.Scheme = t.scheme
+		return nil, redact.Error(fmt.Errorf("broker: URL %q: %w", t.redacted, unknown), t.secrets)
 	}
 	if err != nil {
 		err = connect.Explain(ctx, opts.ConnectTimeout, err)

@@ -45,6 +45,7 @@
 // (URL parameter connect_timeout), 10 s by default.
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
-// connect_timeout override Options; docs/brokers.md describes each scheme: its URL, topology,
-// and what it does on nack and when a consumer dies.
+// connect_timeout override Options; each scheme takes a few more of its own and of its client
+// (Params), and Open refuses any other, naming it. docs/brokers.md describes each scheme: its
+// URL and parameters, topology, and what it does on nack and when a consumer dies.
 package broker

@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/internal/urlparam"
 )
 
 // Each scheme of Open lives in a package of its own (broker/amqp, broker/nats, broker/redis,
@@ -34,7 +37,8 @@ type Target struct {
 	// Scheme is the canonical scheme (amqp for amqps://, postgres for postgresql://, ...).
 	Scheme string
 	// URL is the URL without the query parameters that Open reads (group, prefetch,
-	// nack_delay, ack_timeout, poll_interval, connect_timeout): the driver's.
+	// nack_delay, ack_timeout, poll_interval, connect_timeout): its query parameters are those
+	// the scheme registered (Params).
 	URL string
 	// Parsed is URL parsed; for sqlite, whose URL names a file, it may hold the scheme alone.
 	Parsed *url.URL
@@ -110,39 +114,81 @@ type Entry struct {
 // cancels the adapter's queries. Scheme packages give it to their adapters.
 const SubscriberCloseTimeout = 2 * time.Second
 
-var registry struct {
-	sync.RWMutex
-	open map[string]OpenFunc // by canonical scheme
+// Params are the query parameters that a scheme takes beside those of every scheme (group,
+// prefetch, nack_delay, ack_timeout, poll_interval and connect_timeout). Open refuses any
+// other before it connects, with an error that names it and lists the known ones.
+type Params struct {
+	// Own are the scheme's own parameters, which its OpenFunc reads from Target.URL
+	// (amqp's queue_type, kafka's partitions).
+	Own []string
+	// Client are the parameters that the scheme's client library documents, which Target.URL
+	// passes on to it, and Client names that library ("amqp091-go").
+	Client     []string
+	ClientName string
+	// Database says that Target.URL is a database URL, which the OpenFunc opens with
+	// sqldb.Open: its query parameters are sqldb.Open's, which sqldb.Open checks. Open lists
+	// its own parameters in the error of an unknown one.
+	Database bool
 }
 
-// Register makes Open open URLs of scheme, and of its aliases, with open. scheme is one of
-// the canonical schemes Open lists (amqp, postgres, mysql, sqlite, nats, redis, kafka, mem). Register
-// is meant to be called from the init of the scheme's package; it panics when scheme is not
-// one Open knows, when open is nil, or when the scheme already has an OpenFunc.
-func Register(scheme string, open OpenFunc) {
-	if _, ok := schemeInfoOf(scheme); !ok || open == nil {
+// registered is a scheme as its package registered it.
+type registered struct {
+	open   OpenFunc
+	params Params
+	table  urlparam.Table // params with those of every scheme
+}
+
+var registry struct {
+	sync.RWMutex
+	schemes map[string]registered // by canonical scheme
+}
+
+// Register makes Open open URLs of scheme, and of its aliases, with open, and accept the query
+// parameters params names. scheme is one of the canonical schemes Open lists (amqp, postgres,
+// mysql, sqlite, nats, redis, kafka, mem). Register is meant to be called from the init of the
+// scheme's package; it panics when scheme is not one Open knows, when open is nil, or when the
+// scheme already has an OpenFunc.
+func Register(scheme string, open OpenFunc, params Params) {
+	info, ok := schemeInfoOf(scheme)
+	if !ok || open == nil {
 		panic(fmt.Sprintf("broker: Register(%q): want a canonical scheme and an OpenFunc", scheme))
 	}
 	registry.Lock()
 	defer registry.Unlock()
-	if registry.open == nil {
-		registry.open = map[string]OpenFunc{}
+	if registry.schemes == nil {
+		registry.schemes = map[string]registered{}
 	}
-	if _, dup := registry.open[scheme]; dup {
+	if _, dup := registry.schemes[scheme]; dup {
 		panic(fmt.Sprintf("broker: Register called twice for scheme %q", scheme))
 	}
-	registry.open[scheme] = open
+	registry.schemes[scheme] = registered{open: open, params: params, table: params.table(info)}
 }
 
-// opener returns the OpenFunc of a canonical scheme, or an error that names the package to
-// import for it.
-func opener(scheme string) (OpenFunc, error) {
+// table returns the table of the query parameters of a URL of scheme info: those of every
+// scheme, the scheme's own and its client's.
+func (p Params) table(info schemeInfo) urlparam.Table {
+	t := urlparam.Table{Scheme: info.name, Groups: []urlparam.Group{commonParams}}
+	if len(p.Own) > 0 {
+		t.Groups = append(t.Groups, urlparam.Group{Reader: strings.TrimPrefix(info.pkg, modulePath), Names: p.Own})
+	}
+	if len(p.Client) > 0 {
+		t.Groups = append(t.Groups, urlparam.Group{Reader: p.ClientName, Names: p.Client})
+	}
+	if p.Database {
+		t.Others = "the parameters of sqldb.Open's database URLs"
+	}
+	return t
+}
+
+// lookup returns the registration of a canonical scheme, or an error that names the package
+// to import for it.
+func lookup(scheme string) (registered, error) {
 	registry.RLock()
-	open := registry.open[scheme]
+	r, ok := registry.schemes[scheme]
 	registry.RUnlock()
-	if open != nil {
-		return open, nil
+	if ok {
+		return r, nil
 	}
 	info, _ := schemeInfoOf(scheme)
-	return nil, fmt.Errorf("scheme %s is not linked into this program: import _ %q (or %q for every scheme)", scheme, info.pkg, allPackage)
+	return r, fmt.Errorf("scheme %s is not linked into this program: import _ %q (or %q for every scheme)", scheme, info.pkg, allPackage)
 }

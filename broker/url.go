@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
+	"github.com/onceflow/onceflow/internal/urlparam"
 )
 
 // Query parameters that every scheme understands. They override the Options given to Open and
@@ -24,7 +25,14 @@ const (
 	paramConnectTimeout = connect.Param
 )
 
-var ownParams = []string{paramGroup, paramPrefetch, paramNackDelay, paramAckTimeout, paramPollInterval, paramConnectTimeout}
+// commonParams are the query parameters of every scheme, which Open reads.
+var commonParams = urlparam.Group{
+	Reader: "onceflow",
+	Names:  []string{paramGroup, paramPrefetch, paramNackDelay, paramAckTimeout, paramPollInterval, paramConnectTimeout},
+}
+
+// modulePath prefixes the packages of schemeInfo.pkg.
+const modulePath = "github.com/onceflow/onceflow/"
 
 // schemeInfo is what package broker knows of a scheme whether or not its package is linked in.
 type schemeInfo struct {
@@ -132,7 +140,7 @@ func parseTarget(rawURL string) (*target, error) {
 		return nil, fmt.Errorf("broker: URL %q: malformed query: %w", redacted, err)
 	}
 	params := url.Values{}
-	for _, k := range ownParams {
+	for _, k := range commonParams.Names {
 		if vs, ok := q[k]; ok {
 			params[k] = vs
 			delete(q, k)

@@ -56,13 +56,72 @@ func TestOpen_RejectsBadParametersNamingThem(t *testing.T) {
 		{"mem://x?poll_interval=-1s", "poll_interval"},
 		{"mem://x?group=", "group"},
 		{"mem://x?group=a%20b", "ConsumerGroup"},
-		{"mem://x?bogus=1", "no query parameters"},
+		{"mem://x?bogus=1", `unknown query parameter "bogus" (mem:// takes onceflow's group, prefetch, nack_delay, ack_timeout, poll_interval, connect_timeout)`},
 	} {
 		t.Run(tc.url, func(t *testing.T) {
 			t.Parallel()
 			_, err := broker.Open(context.Background(), tc.url, broker.Options{})
 			require.ErrorContains(t, err, tc.want)
 		})
+	}
+}
+
+// A query parameter that neither onceflow, the scheme nor its client reads is refused before
+// anything connects (the hosts here answer nothing), with an error that names it and lists the
+// known ones; so is a mistyped one of onceflow's. A parameter the scheme or the client takes
+// passes the check.
+func TestOpen_RefusesUnknownParametersBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	const common = "onceflow's group, prefetch, nack_delay, ack_timeout, poll_interval, connect_timeout"
+	for _, tc := range []struct {
+		url, known string
+	}{
+		{"amqp://guest:guest@127.0.0.1:1/?grup=x", common + "; broker/amqp's queue_type, delivery_limit, dead_letter_exchange; amqp091-go's auth_mechanism, heartbeat, connection_timeout, channel_max, cacertfile, certfile, keyfile, server_name_indication"},
+		{"amqps://127.0.0.1:1/?heartbeat=10&queue_type=quorum&Group=x", common},
+		{"nats://127.0.0.1:1?grup=x", common + ")"},
+		{"redis://127.0.0.1:1/0?grup=x", common + "; go-redis's db, protocol, client_name"},
+		{"kafka://127.0.0.1:1/?partitions=2&grup=x", common + "; broker/kafka's partitions, replication_factor)"},
+		{"mem://x?grup=x", common + ")"},
+		{"sqlite://" + t.TempDir() + "/q.db?grup=x", common + "; modernc.org/sqlite's _pragma"},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			t.Parallel()
+			_, err := broker.Open(context.Background(), tc.url, broker.Options{ConnectTimeout: time.Second})
+			param := "grup"
+			if strings.Contains(tc.url, "Group") {
+				param = "Group"
+			}
+			require.ErrorContains(t, err, `: unknown query parameter "`+param+`" (`)
+			require.ErrorContains(t, err, tc.known)
+			require.NotContains(t, err.Error(), "refused")
+		})
+	}
+}
+
+// The queues in PostgreSQL and MySQL pass the parameters that are not onceflow's to
+// sqldb.Open, whose server refuses a setting it does not have: the error names the parameter
+// and lists onceflow's too.
+func TestOpen_SQLQueueUnknownParameterIsNamed(t *testing.T) {
+	t.Parallel()
+	for _, rawURL := range []string{testsvc.PostgresURL(t), testsvc.MySQLURL(t)} {
+		sep := "?"
+		if strings.Contains(rawURL, "?") {
+			sep = "&"
+		}
+		_, err := broker.Open(context.Background(), rawURL+sep+"grup=x", broker.Options{})
+		scheme, _, _ := strings.Cut(rawURL, ":")
+		require.ErrorContains(t, err, `: unknown query parameter "grup" (`+scheme+`:// takes onceflow's group, prefetch, nack_delay, ack_timeout, poll_interval, connect_timeout; `)
+		require.ErrorContains(t, err, "which the server checks at connect): ")
+	}
+}
+
+// The values of the client's parameters that onceflow checks are named when they are wrong.
+func TestOpen_AMQPClientParameterValuesAreChecked(t *testing.T) {
+	t.Parallel()
+	for _, p := range []string{"heartbeat=often", "connection_timeout=-1", "channel_max=70000"} {
+		_, err := broker.Open(context.Background(), "amqp://127.0.0.1:1/?"+p, broker.Options{})
+		name, value, _ := strings.Cut(p, "=")
+		require.ErrorContains(t, err, "URL parameter "+name+`="`+value+`": want a whole number`)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
+	"github.com/onceflow/onceflow/internal/urlparam"
 )
 
 func init() {
@@ -143,6 +144,10 @@ func open(ctx context.Context, rawURL string, t *target) (*DB, error) {
 	}
 	if err := db.PingContext(pingCtx); err != nil {
 		_ = sdb.Close()
+		var unknown *urlparam.UnknownError
+		if err = t.unknownParam(err); errors.As(err, &unknown) {
+			return nil, redact.Error(fmt.Errorf("database URL %q: %w", t.redacted, err), secrets)
+		}
 		err = connect.Explain(ctx, t.connectTimeout, err)
 		return nil, redact.Error(fmt.Errorf("connect to %s: %w", t.redacted, err), secrets)
 	}
@@ -207,6 +212,35 @@ type target struct {
 	redacted string
 	// connectTimeout bounds each connect; 0 for no bound.
 	connectTimeout time.Duration
+	// query are the URL's query parameters, params the table of those its scheme takes.
+	query  url.Values
+	params urlparam.Table
+}
+
+// queryOf returns the query parameters of rawURL.
+func queryOf(rawURL string) (url.Values, error) {
+	_, query, _ := strings.Cut(rawURL, "?")
+	query, _, _ = strings.Cut(query, "#")
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, fmt.Errorf("malformed query: %w", err)
+	}
+	return q, nil
+}
+
+// unknownParam returns err, the failure of a connect, as an *urlparam.UnknownError when the
+// server refused a query parameter of the URL that the driver passed on to it as a setting.
+func (t *target) unknownParam(err error) error {
+	if t.driver.UnknownSetting == nil || !t.driver.UnknownSetting(err) {
+		return err
+	}
+	msg := err.Error()
+	for name := range t.query {
+		if !t.params.Has(name) && (strings.Contains(msg, `"`+name+`"`) || strings.Contains(msg, `'`+name+`'`)) {
+			return &urlparam.UnknownError{Param: name, Table: t.params, Cause: err}
+		}
+	}
+	return err
 }
 
 func parseURL(rawURL string) (*target, error) {
@@ -231,7 +265,13 @@ func parseURL(rawURL string) (*target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
 	}
-	t := &target{driver: d, redacted: Redact(rawURL)}
+	t := &target{driver: d, redacted: Redact(rawURL), params: d.params(info)}
+	if t.query, err = queryOf(rawURL); err == nil {
+		err = t.params.Check(t.query)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("database URL %q: %w", Redact(rawURL), err)
+	}
 	var u *url.URL
 	if !info.file {
 		if _, err := parseServerURL(rawURL); err != nil {

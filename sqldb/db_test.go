@@ -3,6 +3,7 @@ package sqldb_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -246,6 +249,34 @@ func TestOpen_ErrorsNameTheProblem(t *testing.T) {
 	} {
 		_, err := sqldb.Open(context.Background(), tc.in)
 		require.EqualError(t, err, tc.err)
+	}
+}
+
+// A query parameter that is neither sqldb's nor the driver's goes to the server as a setting;
+// one the server does not have fails Open with an error that names the parameter, lists the
+// known ones and keeps the server's refusal. A setting the server has is accepted.
+func TestOpen_UnknownSettingIsNamed(t *testing.T) {
+	t.Parallel()
+	for _, s := range servers() {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			url := s.url(t)
+			sep := "?"
+			if strings.Contains(url, "?") {
+				sep = "&"
+			}
+			_, err := sqldb.Open(context.Background(), url+sep+"grup=x")
+			require.ErrorContains(t, err, `unknown query parameter "grup" (`+s.name+`:// takes sqldb's connect_timeout; `)
+			require.ErrorContains(t, err, "which the server checks at connect): ")
+			// The server's refusal is kept.
+			var pgErr *pgconn.PgError
+			var myErr *mysql.MySQLError
+			require.True(t, errors.As(err, &pgErr) && pgErr.Code == "42704" || errors.As(err, &myErr) && myErr.Number == 1193, "%v", err)
+			setting := map[string]string{"postgres": "application_name=onceflow_test", "mysql": "sql_mode=%27ANSI%27"}[s.name]
+			db, err := sqldb.Open(context.Background(), url+sep+setting)
+			require.NoError(t, err)
+			require.NoError(t, db.Close())
+		})
 	}
 }
 

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/urlparam"
 )
 
 // Driver is what a driver package registers for one dialect: how to turn a URL into the DSN of
@@ -58,6 +61,22 @@ type Driver struct {
 	// begins without its turn, and fails or succeeds as the driver decides.
 	WriteTurn func(dsn string) (wait time.Duration, ok bool)
 
+	// Params are the query parameters that the driver documents, which DSN passes on to it.
+	// Open refuses any other parameter of the URL but its own (connect_timeout), naming it and
+	// listing the known ones, unless OtherParams is set.
+	Params []string
+
+	// OtherParams, when not empty, says what the driver makes of a query parameter that is
+	// neither Open's nor in Params, which Open then passes on: "PostgreSQL run-time settings,
+	// which the server checks at connect". The server refuses an unknown one when Open
+	// connects; UnknownSetting recognises that refusal.
+	OtherParams string
+
+	// UnknownSetting, if not nil, reports whether err, the server's answer to a connect,
+	// refuses a setting that the connect passed on to it as one the server does not have. Open
+	// then reports the query parameter that err names, in quotes, as unknown.
+	UnknownSetting func(err error) bool
+
 	// Listen, if not nil, makes conn listen on a notification channel, calls ready once it
 	// does and notified for each notification, until ctx ends or the connection fails (see the
 	// package function Listen). A failure of the connection must wrap driver.ErrBadConn, so
@@ -72,6 +91,8 @@ type dialectInfo struct {
 	schemes []string
 	// pkg is the package that registers the dialect's driver.
 	pkg string
+	// client names the driver's library, for errors.
+	client string
 	// file says that the URL names a local file: Open does not parse it as a server URL, and
 	// there is no connect to bound.
 	file bool
@@ -79,9 +100,9 @@ type dialectInfo struct {
 
 // dialects lists the dialects onceflow supports.
 var dialects = []dialectInfo{
-	{dialect: Postgres, schemes: []string{"postgres", "postgresql"}, pkg: "github.com/onceflow/onceflow/sqldb/postgres"},
-	{dialect: MySQL, schemes: []string{"mysql", "mariadb"}, pkg: "github.com/onceflow/onceflow/sqldb/mysql"},
-	{dialect: SQLite, schemes: []string{"sqlite", "sqlite3"}, pkg: "github.com/onceflow/onceflow/sqldb/sqlite", file: true},
+	{dialect: Postgres, schemes: []string{"postgres", "postgresql"}, pkg: "github.com/onceflow/onceflow/sqldb/postgres", client: "pgx"},
+	{dialect: MySQL, schemes: []string{"mysql", "mariadb"}, pkg: "github.com/onceflow/onceflow/sqldb/mysql", client: "go-sql-driver/mysql"},
+	{dialect: SQLite, schemes: []string{"sqlite", "sqlite3"}, pkg: "github.com/onceflow/onceflow/sqldb/sqlite", client: "modernc.org/sqlite", file: true},
 }
 
 const wantSchemes = "want postgres://, mysql:// or sqlite://"
@@ -129,6 +150,17 @@ func drivers() []*Driver {
 	registry.RLock()
 	defer registry.RUnlock()
 	return registry.drivers
+}
+
+// params returns the table of the query parameters of a URL of d's dialect: Open's own, then
+// the driver's.
+func (d *Driver) params(info dialectInfo) urlparam.Table {
+	t := urlparam.Table{Scheme: info.schemes[0], Others: d.OtherParams}
+	t.Groups = append(t.Groups, urlparam.Group{Reader: "sqldb", Names: []string{connect.Param}})
+	if len(d.Params) > 0 {
+		t.Groups = append(t.Groups, urlparam.Group{Reader: info.client, Names: d.Params})
+	}
+	return t
 }
 
 // driverOf returns the registered driver of dialect d, or an error naming the package that

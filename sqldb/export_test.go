@@ -27,3 +27,14 @@ func BreakWriter(db *DB) {
 		_ = db.w.conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
 }
+
+// RegisteredParams returns the query parameters that the driver of dialect d registered, and
+// what it makes of the others.
+func RegisteredParams(d Dialect) (params []string, others string, ok bool) {
+	for _, r := range drivers() {
+		if r.Dialect == d {
+			return r.Params, r.OtherParams, true
+		}
+	}
+	return nil, "", false
+}

@@ -181,12 +181,31 @@ func TestParseURL_ErrorsNameTheProblem(t *testing.T) {
 		{"postgres://app:pa ss@db.internal/orders", `malformed database URL "postgres://(malformed URL)": check that special characters in the user name and password are percent-encoded`},
 		{"postgres://app:pass/word@db.internal/orders", `malformed database URL "postgres://(malformed URL)": '@' after the host; percent-encode '@', '/', '?' and '#' in the user name and password (%40, %2F, %3F, %23)`},
 		{"mysql:db.internal/orders", `malformed database URL "mysql:db.internal/orders": want mysql://[user[:password]@]host[:port]/database`},
-		{"mysql://app@db.internal/orders?interpolateParams=maybe", `database URL "mysql://app@db.internal/orders?interpolateParams=maybe": invalid bool value: maybe`},
+		{"mysql://app@db.internal/orders?interpolateParams=maybe", `database URL "mysql://app@db.internal/orders?interpolateParams=maybe": query parameter interpolateParams="maybe": invalid bool value: maybe`},
+		{"mysql://app@db.internal/orders?strict=true", `database URL "mysql://app@db.internal/orders?strict=true": query parameter strict: go-sql-driver/mysql no longer has it; set sql_mode instead`},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			t.Parallel()
 			_, _, _, _, _, err := sqldb.ParseURL(tc.in)
 			require.EqualError(t, err, tc.err)
 		})
+	}
+}
+
+// A query parameter that neither sqldb nor the driver reads is refused, named, with the known
+// ones listed; on PostgreSQL and MySQL the parameters the driver does not document are server
+// settings, which the server checks (TestOpen_UnknownSettingIsNamed).
+func TestParseURL_UnknownParameterIsNamed(t *testing.T) {
+	t.Parallel()
+	_, _, _, _, _, err := sqldb.ParseURL("sqlite:///tmp/app.db?_pragma=busy_timeout(10)&busy_timeout=10")
+	require.EqualError(t, err, `database URL "sqlite:///tmp/app.db?_pragma=busy_timeout(10)&busy_timeout=10": unknown query parameter "busy_timeout" (sqlite:// takes sqldb's connect_timeout; modernc.org/sqlite's _pragma, _busy_timeout, _timeout, _auto_vacuum, _vacuum, _foreign_keys, _fk, _journal_mode, _journal, _synchronous, _sync, _query_only, _time_format, _time_integer_format, _timezone, _txlock, _inttotime, _texttotime, _dqs, _defensive, _error_rc, vfs, mode, cache, immutable, nolock, psow, modeof)`)
+
+	for _, ok := range []string{
+		"sqlite:///tmp/app.db?_txlock=deferred&mode=rwc&connect_timeout=1s",
+		"postgres://app@db.internal/orders?sslmode=disable&application_name=x&search_path=s",
+		"mysql://app@db.internal/orders?parseTime=true&sql_mode=ANSI",
+	} {
+		_, _, _, _, _, err := sqldb.ParseURL(ok)
+		require.NoError(t, err, ok)
 	}
 }

@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -13,7 +14,20 @@ import (
 	"github.com/onceflow/onceflow/internal/connect"
 )
 
-func init() { broker.Register("amqp", openScheme) }
+func init() {
+	broker.Register("amqp", openScheme, broker.Params{
+		Own:        []string{ParamQueueType, ParamDeliveryLimit, ParamDeadLetterExchange},
+		Client:     clientParams,
+		ClientName: "amqp091-go",
+	})
+}
+
+// clientParams are the URL query parameters of amqp091-go's ParseURI (v1.10), which ignores
+// any other.
+var clientParams = []string{
+	"auth_mechanism", "heartbeat", paramConnectionTimeout, "channel_max",
+	"cacertfile", "certfile", "keyfile", "server_name_indication",
+}
 
 // paramConnectionTimeout is amqp091-go's URL parameter for the dial and handshake timeout, in
 // milliseconds.
@@ -26,6 +40,9 @@ const paramConnectionTimeout = "connection_timeout"
 // reconnections', and Peek's, is bounded by opts.ConnectTimeout, handshake included.
 func openScheme(_ context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	dsn, queue, err := ParseQueueParams(t.URL)
+	if err == nil {
+		err = checkClientParams(t.Parsed.Query())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -71,4 +88,22 @@ func withConnectionTimeout(dsn string, o broker.Options) string {
 	}
 	q.Set(paramConnectionTimeout, strconv.FormatInt(o.ConnectTimeout.Milliseconds(), 10))
 	return base + "?" + q.Encode()
+}
+
+// checkClientParams checks the values of amqp091-go's numeric parameters, which it reads only
+// when it dials, naming the parameter (its own error for channel_max names another).
+func checkClientParams(q url.Values) error {
+	for _, p := range []struct {
+		name string
+		bits int
+	}{{"heartbeat", 31}, {paramConnectionTimeout, 31}, {"channel_max", 16}} {
+		if !q.Has(p.name) {
+			continue
+		}
+		v := q.Get(p.name)
+		if _, err := strconv.ParseUint(v, 10, p.bits); err != nil {
+			return fmt.Errorf("broker/amqp: URL parameter %s=%q: want a whole number from 0 to %d", p.name, v, uint64(1)<<p.bits-1)
+		}
+	}
+	return nil
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/onceflow/onceflow/broker"
 )
 
-func init() { broker.Register("kafka", openScheme) }
+func init() {
+	broker.Register("kafka", openScheme, broker.Params{Own: []string{paramPartitions, paramReplicationFactor}})
+}
 
 // URL parameters of the kafka:// scheme, besides those of every scheme.
 const (

@@ -2,7 +2,6 @@ package mem
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 
@@ -11,7 +10,7 @@ import (
 	"github.com/onceflow/onceflow/broker"
 )
 
-func init() { broker.Register("mem", openScheme) }
+func init() { broker.Register("mem", openScheme, broker.Params{}) }
 
 // hubs holds the in-process brokers of broker.Open by name: every Broker opened with
 // mem://name shares name's Hub until the last of them closes.
@@ -30,9 +29,6 @@ type namedHub struct {
 // openScheme opens broker.Open's mem:// scheme. There is no connect: opts.ConnectTimeout does
 // not apply.
 func openScheme(_ context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
-	if len(t.Parsed.Query()) > 0 {
-		return nil, fmt.Errorf("mem:// takes no query parameters other than group, prefetch, nack_delay, ack_timeout, poll_interval and connect_timeout")
-	}
 	name := t.Parsed.Host + strings.TrimSuffix(t.Parsed.Path, "/")
 	hubs.Lock()
 	h, ok := hubs.m[name]

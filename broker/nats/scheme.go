@@ -15,7 +15,8 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-func init() { broker.Register("nats", openScheme) }
+// nats.go reads no query parameter of a URL: the scheme takes only those of every scheme.
+func init() { broker.Register("nats", openScheme, broker.Params{}) }
 
 // openScheme publishes with watermill-nats's publisher, with Nats-Msg-Id set as msgID says,
 // and subscribes with this package's Subscriber. The connects, the publisher's and the

@@ -13,7 +13,18 @@ import (
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
-func init() { broker.Register("redis", openScheme) }
+func init() {
+	broker.Register("redis", openScheme, broker.Params{Client: clientParams, ClientName: "go-redis"})
+}
+
+// clientParams are the URL options of go-redis's ParseURL (v9.12), which refuses any other
+// (skip_verify with rediss:// only).
+var clientParams = []string{
+	"db", "protocol", "client_name", "max_retries", "min_retry_backoff", "max_retry_backoff",
+	"dial_timeout", "read_timeout", "write_timeout", "pool_fifo", "pool_size", "pool_timeout",
+	"min_idle_conns", "max_idle_conns", "max_active_conns", "conn_max_idle_time",
+	"conn_max_lifetime", "idle_timeout", "max_conn_age", "skip_verify",
+}
 
 // openScheme publishes with watermill-redisstream's publisher and subscribes with this
 // package's Subscriber, which keeps many deliveries in flight per subscription, delays nacked

@@ -7,7 +7,7 @@ import (
 	"github.com/onceflow/onceflow/broker"
 )
 
-func init() { broker.Register("sqlite", openScheme) }
+func init() { broker.Register("sqlite", openScheme, broker.Params{Database: true}) }
 
 // openScheme opens the queue file: broker.Open's sqlite:// scheme. A file has no connect to
 // bound: opts.ConnectTimeout does not apply.

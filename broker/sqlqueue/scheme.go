@@ -18,8 +18,8 @@ import (
 // sqldb.Open, which needs the dialect's driver: a program that opens a postgres:// broker
 // imports sqldb/postgres too, one that opens a mysql:// broker sqldb/mysql.
 func init() {
-	broker.Register("postgres", openScheme)
-	broker.Register("mysql", openScheme)
+	broker.Register("postgres", openScheme, broker.Params{Database: true})
+	broker.Register("mysql", openScheme, broker.Params{Database: true})
 }
 
 // openScheme opens the queue in a PostgreSQL or MySQL/MariaDB database: watermill-sql's

@@ -5,15 +5,20 @@
 //	import _ "github.com/onceflow/onceflow/sqldb/mysql"
 //
 // sqldb.Open turns a mysql:// URL into a go-sql-driver DSN: the port defaults to 3306, the host
-// to 127.0.0.1, the query parameters are go-sql-driver's (parseTime=true, ...) or session
-// variables (sql_mode=%27ANSI%27, ...), and interpolateParams defaults to true unless the URL
-// sets it. The connect_timeout parameter is sqldb's: it bounds the dial and the handshake,
-// where go-sql-driver's timeout bounds the dial alone.
+// to 127.0.0.1, the query parameters are go-sql-driver's (params: parseTime=true, ...) or
+// system variables set for each connection (sql_mode=%27ANSI%27, ...), and interpolateParams
+// defaults to true unless the URL sets it. The server refuses a variable it does not have,
+// and sqldb.Open reports that parameter as unknown. The connect_timeout parameter is sqldb's:
+// it bounds the dial and the handshake, where go-sql-driver's timeout bounds the dial alone.
 package mysql
 
 import (
+	"errors"
+	"fmt"
+	"maps"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -29,7 +34,31 @@ func init() {
 		Classify:          classify,
 		IsConnectionError: isConnectionError,
 		UniqueConstraint:  constraint,
+		Params:            params,
+		OtherParams:       "MySQL system variables (sql_mode, time_zone, ...), set for each connection, which the server checks at connect",
+		UnknownSetting:    unknownSetting,
 	})
+}
+
+// params are the DSN parameters that go-sql-driver/mysql documents (v1.10); every other
+// parameter is a system variable that it sets on each connection. Its strict, which it no
+// longer supports, is refused: the driver panics on it.
+var params = []string{
+	"allowAllFiles", "allowCleartextPasswords", "allowFallbackToPlaintext", "allowNativePasswords",
+	"allowOldPasswords", "charset", "checkConnLiveness", "collation", "clientFoundRows",
+	"columnsWithAlias", "compress", "interpolateParams", "loc", "timeTruncate", "maxAllowedPacket",
+	"multiStatements", "parseTime", "readTimeout", "rejectReadOnly", "serverPubKey", "timeout",
+	"tls", "writeTimeout", "connectionAttributes",
+}
+
+// removedStrict is go-sql-driver's strict parameter, which it removed.
+const removedStrict = "strict"
+
+// unknownSetting reports the server's refusal at connect of a system variable it does not
+// have (error 1193, "Unknown system variable").
+func unknownSetting(err error) bool {
+	var myErr *gomysql.MySQLError
+	return errors.As(err, &myErr) && myErr.Number == 1193
 }
 
 // dsn turns a mysql:// URL into a go-sql-driver DSN.
@@ -51,7 +80,11 @@ func dsn(_ string, u *url.URL) (string, string, error) {
 	cfg.DBName = strings.TrimPrefix(u.Path, "/")
 	cfg.InterpolateParams = true
 	dsn := cfg.FormatDSN()
-	if q := u.Query(); len(q) > 0 {
+	q := u.Query()
+	if q.Has(removedStrict) {
+		return "", "", fmt.Errorf("query parameter %s: go-sql-driver/mysql no longer has it; set sql_mode instead", removedStrict)
+	}
+	if len(q) > 0 {
 		// Let go-sql-driver read the parameters, after the defaults above, so that its own
 		// parameters (interpolateParams=false, parseTime=true, ...) are applied and checked,
 		// and the others become session variables.
@@ -67,7 +100,23 @@ func dsn(_ string, u *url.URL) (string, string, error) {
 	}
 	parsed, err := gomysql.ParseDSN(dsn)
 	if err != nil {
-		return "", "", err
+		return "", "", withParam(err, cfg.FormatDSN(), q)
 	}
 	return parsed.FormatDSN(), "", nil
+}
+
+// withParam names in err, which go-sql-driver's ParseDSN returned for base with the parameters
+// q, the first of its own parameters whose value it refuses alone.
+func withParam(err error, base string, q url.Values) error {
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		one := url.Values{k: {q.Get(k)}}
+		if _, perr := gomysql.ParseDSN(base + sep + one.Encode()); perr != nil {
+			return fmt.Errorf("query parameter %s=%q: %w", k, q.Get(k), perr)
+		}
+	}
+	return err
 }

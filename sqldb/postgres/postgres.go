@@ -5,17 +5,40 @@
 //	import _ "github.com/onceflow/onceflow/sqldb/postgres"
 //
 // sqldb.Open passes a postgres:// or postgresql:// URL to pgx as it is, less the
-// connect_timeout parameter, which sqldb reads itself: the other query parameters are libpq's
-// and pgx's (sslmode, application_name, ...).
+// connect_timeout parameter, which sqldb reads itself: the other query parameters are pgx's
+// (params: sslmode, target_session_attrs, ...) or PostgreSQL run-time settings
+// (application_name, search_path, ...), which pgx sends to the server at connect. The server
+// refuses a setting it does not have, and sqldb.Open reports that parameter as unknown.
 package postgres
 
 import (
+	"errors"
 	"net/url"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/onceflow/onceflow/sqldb"
 )
+
+// params are the query parameters that pgx reads itself (pgconn.ParseConfig's and
+// pgx.ParseConfig's, v5.13), less connect_timeout, which sqldb reads; every other parameter
+// is a run-time setting that pgx sends to the server.
+var params = []string{
+	"host", "port", "database", "user", "password", "passfile",
+	"sslmode", "sslkey", "sslcert", "sslcertmode", "sslrootcert", "sslnegotiation", "sslpassword", "sslsni",
+	"krbspn", "krbsrvname", "target_session_attrs", "service", "servicefile",
+	"min_protocol_version", "max_protocol_version", "channel_binding", "require_auth",
+	"statement_cache_capacity", "description_cache_capacity", "default_query_exec_mode",
+}
+
+// unknownSetting reports the server's refusal at connect of a run-time setting it does not
+// have (SQLSTATE 42704, "unrecognized configuration parameter").
+func unknownSetting(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedObject
+}
 
 func init() {
 	sqldb.Register(sqldb.Driver{
@@ -26,6 +49,9 @@ func init() {
 		IsConnectionError: isConnectionError,
 		UniqueConstraint:  constraint,
 		Listen:            listen,
+		Params:            params,
+		OtherParams:       "PostgreSQL run-time settings (application_name, search_path, ...), which the server checks at connect",
+		UnknownSetting:    unknownSetting,
 	})
 }
 

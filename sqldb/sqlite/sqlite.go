@@ -13,9 +13,11 @@
 // timeout (see sqldb.Driver.WriteTurn), rather than polling the lock in SQLite's busy handler;
 // those that sqldb.DB.BeginTx and BeginTxx begin run on one connection of the pool, whose
 // cached pages stay warm from one transaction to the next.
-// The query parameters of the URL are passed to the driver; a _pragma parameter replaces the
-// default of the same pragma (_pragma=busy_timeout(10) sets a 10 ms busy timeout), as _txlock
-// replaces the IMMEDIATE default. A file has no connect to bound: connect_timeout is ignored.
+// The query parameters of the URL are passed to the driver: its own (params: _pragma, _txlock,
+// ...) and SQLite's URI parameters (mode, cache, ...); sqldb.Open refuses any other. A _pragma
+// parameter replaces the default of the same pragma (_pragma=busy_timeout(10) sets a 10 ms busy
+// timeout), as _txlock replaces the IMMEDIATE default. A file has no connect to bound:
+// connect_timeout is ignored.
 package sqlite
 
 import (
@@ -39,7 +41,18 @@ func init() {
 		Classify:         classify,
 		UniqueConstraint: constraint,
 		WriteTurn:        writeTurn,
+		Params:           params,
 	})
+}
+
+// params are the DSN parameters that modernc.org/sqlite documents (v1.62), then the URI
+// parameters that SQLite reads from the "file:" name the DSN is.
+var params = []string{
+	"_pragma", "_busy_timeout", "_timeout", "_auto_vacuum", "_vacuum", "_foreign_keys", "_fk",
+	"_journal_mode", "_journal", "_synchronous", "_sync", "_query_only", "_time_format",
+	"_time_integer_format", "_timezone", "_txlock", "_inttotime", "_texttotime", "_dqs",
+	"_defensive", "_error_rc", "vfs",
+	"mode", "cache", "immutable", "nolock", "psow", "modeof",
 }
 
 // writeTurn reports whether the transactions of a database opened with dsn take the write
