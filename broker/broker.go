@@ -46,6 +46,27 @@ const NoNackDelay time.Duration = -1
 // Broker.
 var ErrClosed = errors.New("broker: closed")
 
+// ErrNotFound is wrapped by the error of Peek, Move, Delete and Trim, on a Broker opened with
+// Options.ReportNotFound, for a topic, or a consumer group of a topic, that does not exist on
+// the broker: the error names which (NotFound), so that a command given a mistyped name says
+// so instead of finding nothing. Without ReportNotFound they find no messages there.
+//
+// Every scheme but mem reports a topic that does not exist: no exchange (amqp), no tables
+// (postgres, mysql, sqlite), no stream that captures its subject (nats), no stream (redis), no
+// topic (kafka). A consumer group is reported where the broker keeps it apart from its
+// reading, and the publisher of a dead letter creates it: amqp (no queue <topic>.<group>) and
+// postgres and mysql (no cursor row of the group). sqlite, nats, redis and kafka cannot tell a
+// group that does not exist from one that has not consumed the topic yet, which reads the
+// whole topic: there a mistyped group lists every message of the topic. None of them can tell
+// a topic that was created and emptied from one that exists with nothing waiting.
+var ErrNotFound = errors.New("does not exist")
+
+// NotFound returns an error wrapping ErrNotFound that says which kind of thing, "topic" or
+// "consumer group", of which name does not exist.
+func NotFound(kind, name string) error {
+	return fmt.Errorf("%s %q %w", kind, name, ErrNotFound)
+}
+
 // Options configure a Broker. The zero value is valid: every field has a default. Query
 // parameters of the URL given to Open override the fields: group, prefetch, nack_delay,
 // ack_timeout, poll_interval and connect_timeout. docs/brokers.md says what each means for
@@ -111,6 +132,13 @@ type Options struct {
 	// Commands that read or maintain a queue set it, so that a mistyped path is reported
 	// rather than opened as a new empty queue. Opening a server broker creates nothing.
 	MustExist bool
+
+	// ReportNotFound makes Peek, Move, Delete and Trim fail with an error wrapping ErrNotFound
+	// on a topic, or a consumer group, that does not exist, where they otherwise find no
+	// messages in it (a topic is created by its first publish: a dead-letter topic, by the
+	// first dead letter). Commands given a topic or a group by an operator set it, so that a
+	// mistyped name is reported rather than read as empty.
+	ReportNotFound bool
 }
 
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.

@@ -32,11 +32,22 @@ func (b *Broker) openView(ctx context.Context, topic string) (View, error) {
 		return nil, fmt.Errorf("broker: inspect topic %q: %w", topic, noView(b.scheme))
 	}
 	v, err := b.be.View(ctx, topic)
+	if errors.Is(err, ErrNotFound) && !b.opts.ReportNotFound {
+		return emptyView{}, nil
+	}
 	if err != nil {
 		return nil, b.inspectErr("inspect", topic, err)
 	}
 	return v, nil
 }
+
+// emptyView is the view of a topic or group that does not exist, on a Broker that does not
+// report it (Options.ReportNotFound).
+type emptyView struct{}
+
+func (emptyView) List(context.Context, int) ([]Entry, error) { return nil, nil }
+func (emptyView) Remove(context.Context, Entry) error        { return nil }
+func (emptyView) Close() error                               { return nil }
 
 // usableTopic returns ErrClosed once the Broker is closed, and otherwise whether the scheme can
 // carry topic.
@@ -59,7 +70,9 @@ func (b *Broker) inspectErr(op, topic string, err error) error {
 // Peek, and the group's consumers, find them as before. Waiting means published and not yet
 // acknowledged by the group; a message that a consumer of the group holds unacknowledged is
 // waiting too, except on AMQP, where RabbitMQ hides it until it is given back. A topic that
-// does not exist, or that the group has consumed entirely, has no waiting messages.
+// the group has consumed entirely has no waiting messages; so has one that does not exist,
+// unless the Broker was opened with Options.ReportNotFound, which makes that an error
+// wrapping ErrNotFound (and a consumer group that does not exist, where the scheme can tell).
 //
 // The messages carry their UUID, metadata and payload as a subscriber of the group would
 // receive them. How each scheme reads them without consuming them:
@@ -307,8 +320,9 @@ func (b *Broker) moveOne(ctx context.Context, v View, e Entry, to string, out *m
 // reads the topic from its start), and grow until trimmed. A group that subscribes for the
 // first time after a Trim does not see the deleted messages. The other schemes delete
 // acknowledged messages themselves, or keep them by their own retention (Kafka, NATS,
-// Redis): Trim returns an error wrapping errors.ErrUnsupported there. Run it from one process
-// at a time.
+// Redis): Trim returns an error wrapping errors.ErrUnsupported there. A topic that does not
+// exist has nothing to trim, or is an error wrapping ErrNotFound with Options.ReportNotFound.
+// Run it from one process at a time.
 func (b *Broker) Trim(ctx context.Context, topic string) (int64, error) {
 	if err := b.usableTopic(topic); err != nil {
 		return 0, err
@@ -318,6 +332,9 @@ func (b *Broker) Trim(ctx context.Context, topic string) (int64, error) {
 			topic, b.scheme, errors.ErrUnsupported)
 	}
 	n, err := b.be.Trim(ctx, topic)
+	if errors.Is(err, ErrNotFound) && !b.opts.ReportNotFound {
+		return 0, nil
+	}
 	if err != nil {
 		return n, b.inspectErr("trim", topic, err)
 	}

@@ -88,12 +88,56 @@ func TestPeek_AcknowledgedMessagesAreNotListed(t *testing.T) {
 	})
 }
 
-func TestPeek_TopicThatWasNeverUsedHasNoMessages(t *testing.T) {
+// A topic that does not exist has no messages, and with Options.ReportNotFound it is reported.
+func TestPeekMoveDeleteTrim_TopicThatDoesNotExist(t *testing.T) {
 	t.Parallel()
 	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
-		b := f.open(broker.Options{})
-		require.Empty(t, peek(t, b, f.topic, 10))
+		lenient := f.open(broker.Options{}) // creates the SQLite queue file
+		require.Empty(t, peek(t, lenient, f.topic, 10))
+		n, err := lenient.Trim(context.Background(), f.topic)
+		if !errors.Is(err, errors.ErrUnsupported) {
+			require.NoError(t, err)
+			require.Zero(t, n)
+		}
+
+		b := f.open(broker.Options{ReportNotFound: true})
+		_, err = b.Peek(context.Background(), f.topic, 10)
+		requireNotFound(t, err, `topic "`+f.topic+`" does not exist`)
+		_, err = b.Move(context.Background(), f.topic, 10, func(m *message.Message) (string, *message.Message) { return "elsewhere", m })
+		requireNotFound(t, err, `topic "`+f.topic+`" does not exist`)
+		_, err = b.Delete(context.Background(), f.topic, 10, func(*message.Message) bool { return true })
+		requireNotFound(t, err, `topic "`+f.topic+`" does not exist`)
+		if _, err := b.Trim(context.Background(), f.topic); !errors.Is(err, errors.ErrUnsupported) {
+			requireNotFound(t, err, `topic "`+f.topic+`" does not exist`)
+		}
 	})
+}
+
+// A consumer group that does not exist is reported, with Options.ReportNotFound, where the
+// broker keeps it apart from its reading and the publisher creates it (a queue per group on
+// AMQP, a cursor row in the SQL queues); elsewhere it reads the whole topic, as it will when it
+// first subscribes.
+func TestPeek_GroupThatDoesNotExist(t *testing.T) {
+	t.Parallel()
+	forEachInspectableScheme(t, func(t *testing.T, f *fixture) {
+		f.publish(f.open(broker.Options{ConsumerGroup: "billing"}), f.message(0))
+		b := f.open(broker.Options{ConsumerGroup: "biling", ReportNotFound: true})
+		msgs, err := b.Peek(context.Background(), f.topic, 10)
+		switch f.sc.name {
+		case "amqp", "postgres", "mysql":
+			requireNotFound(t, err, `consumer group "biling" does not exist`)
+		default:
+			require.NoError(t, err)
+			require.Equal(t, []string{f.message(0).UUID}, uuids(msgs))
+		}
+	})
+}
+
+// requireNotFound requires err to wrap broker.ErrNotFound and say what.
+func requireNotFound(t *testing.T, err error, what string) {
+	t.Helper()
+	require.ErrorIs(t, err, broker.ErrNotFound)
+	require.ErrorContains(t, err, what)
 }
 
 func TestPeek_OtherGroupsAndTheirProgressDoNotMatter(t *testing.T) {

@@ -16,10 +16,12 @@ import (
 // in their places.
 type view struct {
 	conn  *amqp.Connection
-	ch    *amqp.Channel // nil when the queue does not exist
+	ch    *amqp.Channel
 	queue string
 }
 
+// newView opens views of the group's queues. A topic without its exchange, or a group without
+// its queue, is an error wrapping broker.ErrNotFound: the publishers declare both (Topology).
 func newView(dsn, group string) func(context.Context, string) (broker.View, error) {
 	return func(_ context.Context, topic string) (broker.View, error) {
 		conn, err := amqp.Dial(dsn)
@@ -28,29 +30,49 @@ func newView(dsn, group string) func(context.Context, string) (broker.View, erro
 		}
 		v := &view{conn: conn, queue: Topology{ConsumerGroup: group}.QueueName(topic)}
 		ch, err := conn.Channel()
+		if err == nil {
+			// Passive: look, do not declare. A failed declaration closes the channel.
+			if _, err = ch.QueueDeclarePassive(v.queue, true, false, false, false, nil); isNotFound(err) {
+				err = lookUpExchange(conn, topic, group)
+			} else if err != nil {
+				err = fmt.Errorf("look up queue %q: %w", v.queue, err)
+			}
+		}
 		if err != nil {
 			_ = conn.Close()
 			return nil, err
-		}
-		// Passive: look, do not declare. A queue that does not exist has no messages; the
-		// failed declaration closes the channel.
-		if _, err := ch.QueueDeclarePassive(v.queue, true, false, false, false, nil); err != nil {
-			var ae *amqp.Error
-			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-				return v, nil
-			}
-			_ = conn.Close()
-			return nil, fmt.Errorf("look up queue %q: %w", v.queue, err)
 		}
 		v.ch = ch
 		return v, nil
 	}
 }
 
-func (v *view) List(_ context.Context, limit int) ([]broker.Entry, error) {
-	if v.ch == nil {
-		return nil, nil
+// lookUpExchange returns the error of a group whose queue does not exist: the topic's, when
+// its exchange does not exist either, and otherwise the group's.
+func lookUpExchange(conn *amqp.Connection, topic, group string) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
 	}
+	err = ch.ExchangeDeclarePassive(topic, amqp.ExchangeFanout, true, false, false, false, nil)
+	switch {
+	case isNotFound(err):
+		return broker.NotFound("topic", topic)
+	case err != nil:
+		return fmt.Errorf("look up exchange %q: %w", topic, err)
+	}
+	_ = ch.Close()
+	return fmt.Errorf("%w (no queue %q)", broker.NotFound("consumer group", group), Topology{ConsumerGroup: group}.QueueName(topic))
+}
+
+// isNotFound reports RabbitMQ's answer to a passive declaration of something that does not
+// exist.
+func isNotFound(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == amqp.NotFound
+}
+
+func (v *view) List(_ context.Context, limit int) ([]broker.Entry, error) {
 	var out []broker.Entry
 	for len(out) < limit {
 		d, ok, err := v.ch.Get(v.queue, false)
@@ -76,10 +98,7 @@ func (v *view) Remove(_ context.Context, e broker.Entry) error {
 // Close closes the channel, synchronously: RabbitMQ has handled the acknowledgements sent on it
 // when close returns, and has put the messages not acknowledged back in the queue.
 func (v *view) Close() error {
-	var err error
-	if v.ch != nil {
-		err = v.ch.Close()
-	}
+	err := v.ch.Close()
 	if cerr := v.conn.Close(); cerr != nil && !errors.Is(cerr, amqp.ErrClosed) {
 		err = errors.Join(err, cerr)
 	}

@@ -23,17 +23,20 @@ type view struct {
 	nc     *nats.Conn
 	js     nats.JetStreamContext
 	topic  string
-	stream string // empty when no stream captures the topic
+	stream string
 	start  uint64 // the first sequence that may wait for the group
 }
 
+// newView opens views of the streams of topics. A topic that no stream captures is an error
+// wrapping broker.ErrNotFound; a group whose durable consumer does not exist reads the whole
+// stream, as its consumer will when it is created.
 func newView(nc *nats.Conn, js nats.JetStreamContext, group string) func(context.Context, string) (broker.View, error) {
 	return func(ctx context.Context, topic string) (broker.View, error) {
 		v := &view{nc: nc, js: js, topic: topic}
 		stream, err := js.StreamNameBySubject(topic, nats.Context(ctx))
 		if err != nil {
 			if errors.Is(err, nats.ErrNoMatchingStream) || errors.Is(err, nats.ErrStreamNotFound) {
-				return v, nil
+				return nil, fmt.Errorf("%w (no JetStream stream captures its subject)", broker.NotFound("topic", topic))
 			}
 			return nil, fmt.Errorf("look up the JetStream stream of subject %q: %w", topic, err)
 		}
@@ -68,9 +71,6 @@ type msgGetResponse struct {
 }
 
 func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
-	if v.stream == "" {
-		return nil, nil
-	}
 	var out []broker.Entry
 	subject := "$JS.API.STREAM.MSG.GET." + v.stream
 	for seq := v.start; len(out) < limit; {

@@ -18,11 +18,13 @@ type view struct {
 	client   *redis.Client
 	group    string
 	topic    string
-	exists   bool   // the stream exists
 	hasGroup bool   // the group exists
 	last     string // the group's last-delivered id
 }
 
+// newView opens views of the streams of topics. A topic without its stream is an error
+// wrapping broker.ErrNotFound; a group that the stream does not have reads the whole stream,
+// as it will when it is created.
 func newView(client *redis.Client, group string) func(context.Context, string) (broker.View, error) {
 	return func(ctx context.Context, topic string) (broker.View, error) {
 		v := &view{client: client, group: group, topic: topic}
@@ -31,9 +33,8 @@ func newView(client *redis.Client, group string) func(context.Context, string) (
 			return nil, fmt.Errorf("look up stream %q: %w", topic, err)
 		}
 		if n == 0 {
-			return v, nil
+			return nil, fmt.Errorf("%w (no stream)", broker.NotFound("topic", topic))
 		}
-		v.exists = true
 		groups, err := client.XInfoGroups(ctx, topic).Result()
 		if err != nil {
 			return nil, fmt.Errorf("look up the consumer groups of stream %q: %w", topic, err)
@@ -48,9 +49,6 @@ func newView(client *redis.Client, group string) func(context.Context, string) (
 }
 
 func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
-	if !v.exists {
-		return nil, nil
-	}
 	if !v.hasGroup {
 		msgs, err := v.client.XRangeN(ctx, v.topic, "-", "+", int64(limit)).Result()
 		if err != nil {

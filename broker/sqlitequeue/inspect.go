@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
@@ -192,13 +193,17 @@ const trimBatch = 1000
 // that has subscribed to it) has acknowledged, and returns how many it deleted: the messages at
 // or below every group's cursor that no group has leased. It deletes nothing from a topic no
 // group has subscribed to. A consumer group that subscribes for the first time after a Trim
-// does not see the deleted messages.
+// does not see the deleted messages. A topic that has no tables is an error wrapping
+// broker.ErrNotFound.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	if err := CheckTopic(topic); err != nil {
 		return 0, err
 	}
 	t, err := q.inspectTables(ctx, topic)
-	if err != nil || !t.exist() {
+	if err == nil && !t.exist() {
+		err = broker.NotFound("topic", topic)
+	}
+	if err != nil {
 		return 0, err
 	}
 	leased := ``

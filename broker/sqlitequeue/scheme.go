@@ -40,7 +40,16 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		NewSubscriber: q.Subscriber,
 		Trim:          q.Trim,
 		Close:         q.Close,
-		View: func(_ context.Context, topic string) (broker.View, error) {
+		View: func(ctx context.Context, topic string) (broker.View, error) {
+			// A group that has not subscribed has no row of its own: only the topic can be
+			// looked up.
+			t, err := q.inspectTables(ctx, topic)
+			if err == nil && !t.exist() {
+				err = broker.NotFound("topic", topic)
+			}
+			if err != nil {
+				return nil, err
+			}
 			return &view{q: q, group: o.ConsumerGroup, topic: topic}, nil
 		},
 	}, nil

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker"
 )
 
 // Waiting is a message that waits for the Queue's consumer group: leased (handed out and not
@@ -67,6 +69,25 @@ func (q *Queue) Remove(ctx context.Context, topic string, w Waiting) error {
 	return nil
 }
 
+// lookUp returns an error wrapping broker.ErrNotFound when topic has no tables, or, with
+// group, when the Queue's consumer group has no cursor row in them: EnsureTopic, which every
+// publisher of a Broker runs before its first publish of a topic, creates both.
+func (q *Queue) lookUp(ctx context.Context, topic string, group bool) error {
+	if err := CheckTopic(topic); err != nil {
+		return fmt.Errorf("sqlqueue: %w", err)
+	}
+	topicOK, groupOK, err := q.d.exists(ctx, q.db, topic, q.cfg.ConsumerGroup)
+	switch {
+	case err != nil:
+		return fmt.Errorf("sqlqueue: look up topic %q: %w", topic, err)
+	case !topicOK:
+		return broker.NotFound("topic", topic)
+	case group && !groupOK:
+		return broker.NotFound("consumer group", q.cfg.ConsumerGroup)
+	}
+	return nil
+}
+
 // trimBatch bounds the messages one statement of Trim deletes, so that each holds its locks
 // briefly.
 const trimBatch = 1000
@@ -77,10 +98,11 @@ const trimBatch = 1000
 // It deletes nothing from a topic no group has subscribed to. On MySQL and MariaDB the message
 // at the highest offset stays, so that the next offsets follow it whatever the server version.
 // A consumer group that subscribes for the first time after a Trim does not see the deleted
-// messages. Run it from one process at a time, as often as the messages table should shrink.
+// messages. A topic that has no tables is an error wrapping broker.ErrNotFound. Run it from one
+// process at a time, as often as the messages table should shrink.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
-	if err := CheckTopic(topic); err != nil {
-		return 0, fmt.Errorf("sqlqueue: %w", err)
+	if err := q.lookUp(ctx, topic, false); err != nil {
+		return 0, err
 	}
 	var total int64
 	for {

@@ -367,6 +367,17 @@ func sortByOffset(rows []row) []row {
 	return rows
 }
 
+func (m mysql) exists(ctx context.Context, db *sql.DB, topic, group string) (bool, bool, error) {
+	t, n := m.tables(topic), m.names(topic)
+	have, err := m.existing(ctx, db, topic)
+	if err != nil || !have[n.Messages] || !have[n.Offsets] {
+		return have[n.Messages], false, err
+	}
+	var known int
+	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+t.offsets+" WHERE consumer_group = ?", group).Scan(&known)
+	return true, known > 0, err
+}
+
 func (m mysql) trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error) {
 	t, n := m.tables(topic), m.names(topic)
 	have, err := m.existing(ctx, db, topic)

@@ -284,6 +284,18 @@ func scanRows(rows *sql.Rows, leased bool, dest func(*row) []any) ([]row, error)
 	return out, rows.Err()
 }
 
+func (p postgres) exists(ctx context.Context, db *sql.DB, topic, group string) (bool, bool, error) {
+	t := p.tables(topic)
+	var haveMessages, haveOffsets bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		t.messages, t.offsets).Scan(&haveMessages, &haveOffsets); err != nil || !haveMessages || !haveOffsets {
+		return haveMessages, false, err
+	}
+	var known bool
+	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+t.offsets+` WHERE consumer_group = $1)`, group).Scan(&known)
+	return true, known, err
+}
+
 func (p postgres) trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error) {
 	t := p.tables(topic)
 	var haveMessages, haveOffsets, haveLeases bool

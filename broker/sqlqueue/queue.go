@@ -327,6 +327,9 @@ type dialect interface {
 	claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error)
 	// settle writes a batch of acknowledgements and lease changes of the group, atomically.
 	settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error
+	// exists reports whether topic's messages table exists, and whether group has its cursor
+	// row in the topic's offsets table.
+	exists(ctx context.Context, db *sql.DB, topic, group string) (topicOK, groupOK bool, err error)
 	// waiting lists up to limit messages waiting for the group: leased or after its cursor,
 	// in the order the group receives them. Missing tables mean no messages.
 	waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error)

@@ -69,7 +69,10 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		NewSubscriber: func() (message.Subscriber, error) { return q.Subscriber(), nil },
 		Trim:          q.Trim,
 		Close:         db.Close,
-		View: func(_ context.Context, topic string) (broker.View, error) {
+		View: func(ctx context.Context, topic string) (broker.View, error) {
+			if err := q.lookUp(ctx, topic, true); err != nil {
+				return nil, err
+			}
 			return &view{q: q, topic: topic}, nil
 		},
 	}, nil

@@ -208,6 +208,12 @@ func TestPurge_TrimsTheAcknowledgedMessagesOfAQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "trimmed 0 acknowledged messages from topic orders")
 
+	// A mistyped topic is reported, and the command fails.
+	_, err = run(t, "purge", "--db", dbURL, "--queue", queueURL, "--topic", "order")
+	require.ErrorIs(t, err, broker.ErrNotFound)
+	require.ErrorContains(t, err, `topic "order" does not exist`)
+	require.Equal(t, exitFailure, exitCode(err))
+
 	_, err = run(t, "purge", "--db", dbURL, "--topic", "orders")
 	require.ErrorContains(t, err, "--queue and --topic go together")
 	require.Equal(t, exitUsage, exitCode(err))

@@ -126,7 +126,7 @@ The relays purge the outbox themselves as they go (outbox.RelayConfig.PurgeInter
 // trimQueue deletes the messages of topics that every consumer group of each has acknowledged
 // from the queue at queueURL.
 func trimQueue(ctx context.Context, out io.Writer, queueURL string, topics []string) error {
-	b, err := broker.Open(ctx, queueURL, broker.Options{MustExist: true})
+	b, err := broker.Open(ctx, queueURL, broker.Options{MustExist: true, ReportNotFound: true})
 	if err != nil {
 		return err
 	}
