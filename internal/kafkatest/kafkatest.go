@@ -1,12 +1,9 @@
-// Package kafkatest gives tests a Kafka cluster to talk to over TCP with the real client: by
-// default an in-process cluster of three brokers on loopback (franz-go's kfake, which speaks
-// the Kafka protocol and keeps the records in memory), one per call; with the environment
-// variable ONCEFLOW_TEST_KAFKA set to seed brokers ("host:9092,host2:9092"), that cluster,
-// shared by every call (tests use topics and groups of their own names).
-//
-// kfake implements the consumer group protocol, offsets, idempotent produce and topic
-// creation as a Kafka broker does, but it is not Kafka: a test that passes against it has not
-// been run against a real cluster until it runs with ONCEFLOW_TEST_KAFKA.
+// Package kafkatest gives the project's tests a Kafka cluster to talk to over TCP with the real
+// client: by default an in-process cluster of package broker/kafka/kafkatest (franz-go's kfake),
+// one per call; with the environment variable ONCEFLOW_TEST_KAFKA set to seed brokers
+// ("host:9092,host2:9092"), that cluster, shared by every call (tests use topics and groups of
+// their own names). It adds what the project's tests need beside the public package: the real
+// cluster, rebalance counts, and whether a group has settled.
 package kafkatest
 
 import (
@@ -15,19 +12,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/onceflow/onceflow/broker/kafka/kafkatest"
 )
 
 // Env is the environment variable that points the tests at a real cluster.
 const Env = "ONCEFLOW_TEST_KAFKA"
-
-// Partitions is the partition count of the topics that the in-process cluster creates when
-// asked for the default.
-const Partitions = 4
 
 // Brokers returns the seed brokers of a cluster for t: ONCEFLOW_TEST_KAFKA's, or those of a
 // new in-process cluster that is closed when t ends.
@@ -36,20 +29,7 @@ func Brokers(t testing.TB) []string {
 	if v := strings.TrimSpace(os.Getenv(Env)); v != "" {
 		return strings.Split(v, ",")
 	}
-	return newCluster(t).ListenAddrs()
-}
-
-func newCluster(t testing.TB) *kfake.Cluster {
-	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.DefaultNumPartitions(Partitions),
-		// Tests run with session timeouts below Kafka's minimum (6 s), so that the
-		// partitions of a member that dies move in about a second.
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("kafkatest: start an in-process Kafka cluster: %v", err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return kafkatest.New(t).Brokers()
 }
 
 // URL returns the kafka:// URL of a cluster for t (see Brokers), with query appended when it
@@ -60,13 +40,7 @@ func URL(t testing.TB, query string) string {
 }
 
 // URLOf returns the kafka:// URL of the seed brokers, with query appended when it is not empty.
-func URLOf(brokers []string, query string) string {
-	u := "kafka://" + strings.Join(brokers, ",") + "/"
-	if query != "" {
-		u += "?" + query
-	}
-	return u
-}
+func URLOf(brokers []string, query string) string { return kafkatest.URLOf(brokers, query) }
 
 // Rebalances counts the rebalances of the consumer groups of an in-process cluster: each
 // generation that a group's members sync to is one (the first forming of a group included).
@@ -82,7 +56,7 @@ func URLCountingRebalances(t testing.TB, query string) (string, *Rebalances) {
 	if Real() {
 		return URL(t, query), nil
 	}
-	c := newCluster(t)
+	c := kafkatest.New(t)
 	r := &Rebalances{seen: map[string]map[int32]bool{}}
 	// An observer: it returns false, so the cluster answers the request as it would anyway.
 	c.ControlKey(int16(kmsg.SyncGroup), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
@@ -95,7 +69,7 @@ func URLCountingRebalances(t testing.TB, query string) (string, *Rebalances) {
 		r.seen[req.Group][req.Generation] = true
 		return nil, nil, false
 	})
-	return URLOf(c.ListenAddrs(), query), r
+	return c.URL(query), r
 }
 
 // Total is the number of rebalances counted over all groups.

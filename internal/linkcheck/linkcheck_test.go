@@ -97,7 +97,7 @@ func TestKafkaProgram_LinksNoOtherBrokerAndNoOtherDriver(t *testing.T) {
 	require.Contains(t, list, "github.com/jackc/pgx/v5/stdlib")
 	// The in-process cluster of the tests is not linked.
 	requireNone(t, list, mysqlPkgs, sqlitePkgs, natsPkgs, redisPkgs, amqpPkgs, otherPkgs,
-		[]string{"github.com/twmb/franz-go/pkg/kfake", "github.com/onceflow/onceflow/internal/kafkatest"})
+		[]string{"github.com/twmb/franz-go/pkg/kfake", "github.com/onceflow/onceflow/broker/kafka/kafkatest", "github.com/onceflow/onceflow/internal/kafkatest"})
 	requireNoName(t, list, "mysql", "sqlite", "nats", "redis", "amqp", "rabbitmq")
 }
 

@@ -1,0 +1,109 @@
+// Package kafkatest runs an in-process Kafka cluster on loopback, so that the tests of a
+// handler that consumes from or publishes to a kafka:// broker need no Kafka server: the
+// cluster is franz-go's kfake, which speaks the Kafka protocol over TCP to the real client
+// (consumer groups, offsets and their metadata, idempotent produce, topic creation) and keeps
+// the records in memory.
+//
+//	c := kafkatest.New(t) // closed when the test ends
+//	b, err := broker.Open(ctx, c.URL(""), broker.Options{})
+//
+// kfake is not Kafka: a test that passes against it has not run against a real cluster. Its
+// methods, which Cluster has, inject faults (ControlKey answers or drops a kind of request).
+//
+// A program links this package, and kfake, only when it imports it: package broker/kafka does
+// not.
+package kafkatest
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Defaults of Config.
+const (
+	// DefaultBrokers is the number of brokers of a cluster when Config.Brokers is zero.
+	DefaultBrokers = 3
+	// DefaultPartitions is the partition count of the topics created without one (by the
+	// broker/kafka publisher and subscribers, unless the URL sets partitions), when
+	// Config.Partitions is zero.
+	DefaultPartitions = 4
+	// DefaultMinSessionTimeout is the shortest group session timeout the cluster accepts, when
+	// Config.MinSessionTimeout is zero: far below Kafka's 6 s, so that a test can set a short
+	// ack_timeout (the kafka:// scheme's session timeout) and see the partitions of a member
+	// that died move in about a second.
+	DefaultMinSessionTimeout = 100 * time.Millisecond
+)
+
+// Config configures a Cluster. The zero value selects every default.
+type Config struct {
+	// Brokers is the number of brokers, each on a loopback port of its own. Defaults to
+	// DefaultBrokers.
+	Brokers int
+	// Partitions is the partition count of the topics created without one. Defaults to
+	// DefaultPartitions.
+	Partitions int
+	// MinSessionTimeout is the shortest group session timeout the cluster accepts (Kafka's
+	// group.min.session.timeout.ms). Defaults to DefaultMinSessionTimeout.
+	MinSessionTimeout time.Duration
+}
+
+// Cluster is an in-process Kafka cluster listening on loopback. Close stops it and drops its
+// records. It is safe for concurrent use.
+type Cluster struct {
+	*kfake.Cluster
+}
+
+// Start starts a cluster.
+func Start(cfg Config) (*Cluster, error) {
+	if cfg.Brokers < 0 || cfg.Partitions < 0 || cfg.MinSessionTimeout < 0 {
+		return nil, fmt.Errorf("kafkatest: Config %+v: a negative field (0 selects the default)", cfg)
+	}
+	if cfg.Brokers == 0 {
+		cfg.Brokers = DefaultBrokers
+	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = DefaultPartitions
+	}
+	if cfg.MinSessionTimeout == 0 {
+		cfg.MinSessionTimeout = DefaultMinSessionTimeout
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(cfg.Brokers), kfake.DefaultNumPartitions(cfg.Partitions),
+		kfake.GroupMinSessionTimeout(cfg.MinSessionTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: start an in-process Kafka cluster: %w", err)
+	}
+	return &Cluster{Cluster: c}, nil
+}
+
+// New starts a cluster with the defaults for the test t, fails t if it cannot, and closes it
+// when t ends.
+func New(t testing.TB) *Cluster {
+	t.Helper()
+	c, err := Start(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Brokers returns the addresses of the cluster's brokers, host:port.
+func (c *Cluster) Brokers() []string { return c.ListenAddrs() }
+
+// URL returns the kafka:// URL of the cluster for broker.Open, with query appended when it is
+// not empty ("group=billing&partitions=2").
+func (c *Cluster) URL(query string) string { return URLOf(c.Brokers(), query) }
+
+// URLOf returns the kafka:// URL of the seed brokers, with query appended when it is not
+// empty: for a test that runs against a real cluster instead.
+func URLOf(brokers []string, query string) string {
+	u := "kafka://" + strings.Join(brokers, ",") + "/"
+	if query != "" {
+		u += "?" + query
+	}
+	return u
+}
