@@ -258,6 +258,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	if err == nil && (be == nil || be.Publisher == nil || be.NewSubscriber == nil) {
 		err = fmt.Errorf("the %s scheme opened no publisher or subscriber factory", t.scheme)
 	}
+	if info, _ := schemeInfoOf(t.scheme); err == nil && (be.View != nil) != info.inspect {
+		err = fmt.Errorf("the %s scheme's view does not match what package broker says of it (inspect %v)", t.scheme, info.inspect)
+	}
 	var unknown *urlparam.UnknownError
 	if errors.As(err, &unknown) {
 		// A parameter of a database URL that sqldb.Open refused: list Open's too.

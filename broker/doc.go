@@ -7,6 +7,7 @@
 //	sqlite://var/queue.db                               the embedded SQLite queue    broker/sqlitequeue, sqldb/sqlite
 //	nats://127.0.0.1:4222                               NATS JetStream               broker/nats
 //	redis://127.0.0.1:6379/0                            Redis Streams                broker/redis
+//	kafka://127.0.0.1:9092/                             Apache Kafka                 broker/kafka
 //	mem://tests                                         in-process, for tests only   broker/mem
 //
 // The package itself links no broker client. Each scheme is a package of its own, named in the
@@ -34,12 +35,32 @@
 //     that are not watermill arrive too, with their headers as string metadata and, for AMQP,
 //     the message_id property in the header amqp_message_id, for the converter's id policy.
 //
+// What differs, scheme by scheme: whether Peek, Move and Delete work; what keeps a nacked
+// message until its delay has passed (the broker, or the subscriber, which holds it in
+// process); whose count of a message's deliveries the router reads (the broker's, or on a
+// RabbitMQ classic queue the router's own, kept in the handler's database); and what applies
+// the messages of one key in order (no broker hands them out in order once many deliveries
+// are in flight; onceflow's QoS ExactlyOnceInOrder does, and on Kafka so does a handler with
+// Dedup.ByOffset, in the order of the partition):
+//
+//	scheme    Peek, Move, Delete  nack delay  delivery count                 a key's order
+//	amqp      yes                 subscriber  quorum queue's, else router's  ExactlyOnceInOrder
+//	postgres  yes                 database    lease's                        ExactlyOnceInOrder
+//	mysql     yes                 database    lease's                        ExactlyOnceInOrder
+//	sqlite    yes                 queue file  lease's                        ExactlyOnceInOrder
+//	nats      yes                 JetStream   JetStream's                    ExactlyOnceInOrder
+//	redis     yes                 Redis       pending entry's                ExactlyOnceInOrder
+//	kafka     yes                 subscriber  commit metadata                partition's (Dedup.ByOffset), ExactlyOnceInOrder
+//	mem       no                  subscriber  in memory                      ExactlyOnceInOrder
+//
 // The Publisher is shared and its Close does nothing; Broker.Close closes everything. The
 // Subscribers' Close is idempotent and safe to call concurrently, as the router needs.
 //
 // Broker.Peek lists the messages that wait for the consumer group on a topic without consuming
-// them, and Broker.Move publishes chosen ones elsewhere and removes them, leaving the rest in
-// place (the onceflow command's dlq list and dlq replay); every scheme but mem supports them.
+// them, and Broker.Move publishes chosen ones elsewhere and removes them for the group, leaving
+// the rest in place (the onceflow command's dlq list and dlq replay); Broker.Delete removes
+// chosen ones. On Kafka, whose topics are append-only logs, removing a record acks it in the
+// group's commit, and Move and Delete join the group while they run.
 //
 // Every connect to a broker, and the check that it answers, is bounded by Options.ConnectTimeout
 // (URL parameter connect_timeout), 10 s by default.

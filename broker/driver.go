@@ -97,6 +97,14 @@ type View interface {
 	Close() error
 }
 
+// Claimer is a View that must take hold of the consumer group's share of the topic before it
+// can Remove anything (Kafka's, which joins the group: only a member of a group may commit
+// its offsets while the group has members). Move and Delete call Claim once, before List, and
+// publish or remove nothing when it fails; Peek does not call it and never removes.
+type Claimer interface {
+	Claim(ctx context.Context) error
+}
+
 // Entry is a message waiting for a consumer group, and where it is.
 type Entry struct {
 	Message *message.Message

@@ -10,6 +10,13 @@ func RegisteredParams(scheme string) (Params, bool) {
 // CommonParams are the query parameters of every scheme.
 var CommonParams = commonParams.Names
 
+// Inspectable reports whether Peek, Move and Delete work on scheme, as the table of schemes
+// says.
+func Inspectable(scheme string) bool {
+	info, _ := schemeInfoOf(scheme)
+	return info.inspect
+}
+
 // CanonicalSchemes lists the canonical schemes of Open.
 func CanonicalSchemes() []string {
 	out := make([]string, len(schemes))

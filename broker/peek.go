@@ -15,12 +15,9 @@ import (
 // the group's other consumers until it is settled, and a nacked message comes back to it. Each
 // scheme has its own way (Backend.View), in its own package; docs/brokers.md compares them.
 
-// noView returns the error of a scheme that cannot be inspected.
+// noView returns the error of a scheme that cannot be inspected (schemeInfo.inspect).
 func noView(scheme string) error {
-	if scheme == "kafka" {
-		return fmt.Errorf("a Kafka topic is an append-only log: a record cannot be taken out of it for one consumer group, so kafka:// has no Peek, Move or Delete (read the dead-letter topic with a consumer, publish again what must be replayed): %w", errors.ErrUnsupported)
-	}
-	return fmt.Errorf("the in-process broker (mem://) keeps no inspectable store: %w", errors.ErrUnsupported)
+	return fmt.Errorf("the %s scheme keeps no store to inspect: %w", scheme, errors.ErrUnsupported)
 }
 
 // openView opens a view of topic for the Broker's consumer group.
@@ -89,6 +86,9 @@ func (b *Broker) inspectErr(op, topic string, err error) error {
 //     durable consumer (the whole stream before the group has one);
 //   - redis: the group's pending entries and the entries past its last-delivered id (the whole
 //     stream before the group exists);
+//   - kafka: each partition from the group's committed offset (its start before the group has
+//     committed one) to its end, less the records the group's commit metadata says were acked
+//     past the committed offset; the partitions merged oldest first, by record timestamp;
 //   - mem: not supported (the error wraps errors.ErrUnsupported).
 //
 // Peek takes no lock: it never waits for the group's consumers, nor holds them up (on AMQP,
@@ -172,10 +172,16 @@ type Failure struct {
 //   - sqlite: sqlitequeue's Delete: its row and its leases;
 //   - nats: JetStream's DeleteMsg on the stream;
 //   - redis: XACK for the group, then XDEL;
+//   - kafka: an ack in the group's commit: the record joins the acked spans of its partition's
+//     commit metadata, and the committed offset moves past it when nothing before it waits.
+//     Kafka takes a group's commits only from its members, so Move and Delete join the group,
+//     subscribed to topic alone, until they end (the group rebalances when they join and when
+//     they leave; its members that consume other topics keep their partitions), and fail,
+//     removing and publishing nothing, when a member of the group consumes topic itself;
 //   - mem: not supported (the error wraps errors.ErrUnsupported).
 //
-// Except on AMQP, every group reads one log per topic, so other consumer groups of topic no
-// longer see a removed message either.
+// Except on AMQP and Kafka, every group reads one log per topic, so other consumer groups of
+// topic no longer see a removed message either.
 //
 // The report lists what was moved, kept and failed. The error says why Move could not go
 // through: the topic could not be read, or ctx ended (the messages it did not reach are then
@@ -225,9 +231,10 @@ type DeleteReport struct {
 // published to topic while Delete runs are not looked at.
 //
 // Removing is what it is for Move, per scheme: an acknowledgement on the group's queue on AMQP
-// (the other groups' queues keep their copies), a deletion from the topic's one log everywhere
-// else (the row and its leases in PostgreSQL, MySQL and SQLite, DeleteMsg on NATS, XACK and XDEL
-// on Redis), which other consumer groups no longer see either. mem is not supported (the error
+// (the other groups' queues keep their copies), an ack in the group's commit on Kafka (the
+// other groups read the record still), a deletion from the topic's one log everywhere else
+// (the row and its leases in PostgreSQL, MySQL and SQLite, DeleteMsg on NATS, XACK and XDEL on
+// Redis), which other consumer groups no longer see either. mem is not supported (the error
 // wraps errors.ErrUnsupported). A message that is already gone when Delete removes it (another
 // Delete took it) counts as deleted.
 //
@@ -261,7 +268,7 @@ func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick Delet
 }
 
 // each lists up to limit of the messages of topic that wait for the group and runs step on
-// each, in order, in one view. step reports whether it took the message out of topic; the
+// each, in order, in one view, which it claims first when it is a Claimer. step reports whether it took the message out of topic; the
 // messages it did not take are returned as kept, those it failed on as failed. A failure of
 // one message does not stop each; the end of ctx does, and the messages after it are kept.
 // The error is each's own: a view that cannot be read or closed, or the end of ctx.
@@ -269,6 +276,11 @@ func (b *Broker) each(ctx context.Context, op, topic string, limit int, step fun
 	v, err := b.openView(ctx, topic)
 	if err != nil {
 		return nil, nil, err
+	}
+	if c, ok := v.(Claimer); ok {
+		if err := c.Claim(ctx); err != nil {
+			return nil, nil, b.inspectErr(op, topic, errors.Join(err, v.Close()))
+		}
 	}
 	entries, err := v.List(ctx, limit)
 	if err != nil {

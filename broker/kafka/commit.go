@@ -196,19 +196,27 @@ type commit struct {
 // metadata, in the member's current generation, and waits for the reply. A commit that the
 // group refuses (a rebalance is under way, the member left) changes nothing.
 func (sub *subscription) commitOffsets(ctx context.Context, commits map[int32]commit) error {
-	member, generation := sub.cl.GroupMetadata()
+	sub.mu.Lock()
+	topicID := sub.topicID
+	sub.mu.Unlock()
+	return commitAsMember(ctx, sub.cl, sub.s.cfg.ConsumerGroup, sub.topic, topicID, commits)
+}
+
+// commitAsMember commits, for group, the marks of topic's partitions with their metadata, as
+// cl's member of the group in its current generation, and waits for the reply. A commit that
+// the group refuses (a rebalance is under way, the member left) changes nothing.
+func commitAsMember(ctx context.Context, cl *kgo.Client, group, topic string, topicID [16]byte, commits map[int32]commit) error {
+	member, generation := cl.GroupMetadata()
 	if member == "" {
 		return errors.New("kafka: commit: not a member of the group yet")
 	}
 	req := kmsg.NewPtrOffsetCommitRequest()
-	req.Group = sub.s.cfg.ConsumerGroup
+	req.Group = group
 	req.MemberID = member
 	req.Generation = generation
 	t := kmsg.NewOffsetCommitRequestTopic()
-	t.Topic = sub.topic
-	sub.mu.Lock()
-	t.TopicID = sub.topicID
-	sub.mu.Unlock()
+	t.Topic = topic
+	t.TopicID = topicID
 	for id, c := range commits {
 		rp := kmsg.NewOffsetCommitRequestTopicPartition()
 		rp.Partition = id
@@ -219,7 +227,7 @@ func (sub *subscription) commitOffsets(ctx context.Context, commits map[int32]co
 		t.Partitions = append(t.Partitions, rp)
 	}
 	req.Topics = append(req.Topics, t)
-	resp, err := req.RequestWith(ctx, sub.cl)
+	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
 		return err
 	}

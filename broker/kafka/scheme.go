@@ -72,6 +72,9 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		// in process and commits, per partition, what is acked below the first record that is
 		// not.
 		NewSubscriber: func() (message.Subscriber, error) { return NewSubscriber(cfg) },
+		// Peek reads the group's committed offsets and metadata; Move and Delete join the
+		// group to commit theirs (view.go).
+		View: newView(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, clientOpts...), o.AckTimeout, o.ConsumerGroup),
 	}, nil
 }
 
