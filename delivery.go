@@ -89,7 +89,7 @@ func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consu
 		router:       r,
 		name:         h.Name,
 		topic:        h.Topic,
-		conv:         h.converter(),
+		conv:         h.converter(info.Logger),
 		chain:        ch.chain,
 		reject:       ch.reject,
 		lane:         ch.lane,

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"time"
@@ -356,12 +357,13 @@ func (h Handler) Validate() error {
 	return h.Order.validate(h.Name)
 }
 
-// converter returns the handler's converter: Converter, or the default one for IDHeader.
-func (h Handler) converter() converter.MessageConverter {
+// converter returns the handler's converter: Converter, or the default one for IDHeader, which
+// logs to logger.
+func (h Handler) converter(logger *slog.Logger) converter.MessageConverter {
 	if h.Converter != nil {
 		return h.Converter
 	}
-	return converter.New(converter.Config{IDHeader: h.IDHeader})
+	return converter.New(converter.Config{IDHeader: h.IDHeader, Logger: logger})
 }
 
 // interceptor returns the interceptor that detects duplicates in the ExactlyOnce chain.

@@ -17,14 +17,22 @@
 // same business event again), may still carry a business key in its payload or headers:
 // Config.ID takes the id from there instead (JSONField, Header), and the message is processed
 // exactly once by that key. A handler can also be given a MessageConverter of its own.
+//
+// The timestamp header (messagedata.HeaderTimestamp) is read as messagedata.ParseTimestamp
+// reads it: RFC 3339, ISO 8601 without a zone (UTC), or epoch seconds or milliseconds. A value
+// that is none of these is not the message's fault when its id and payload are fine: the
+// message is converted as if it had no timestamp, and the Converter logs that once.
 package converter
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -54,6 +62,11 @@ type Config struct {
 	// producers whose messages carry no stable id. An empty id it returns is an error
 	// wrapping messagedata.ErrNoMessageID; any error it returns dead-letters the message.
 	ID func(msg *message.Message) (string, error)
+
+	// Logger receives one warning, the first time a message's timestamp header cannot be read
+	// (the router gives a handler's default Converter the handler's logger). Defaults to
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Converter converts between watermill messages and MessageData. It is safe for concurrent
@@ -61,6 +74,8 @@ type Config struct {
 type Converter struct {
 	idHeader string
 	id       func(msg *message.Message) (string, error)
+	logger   *slog.Logger
+	badTime  sync.Once // the warning of an unreadable timestamp
 }
 
 // New returns a Converter for cfg.
@@ -68,7 +83,10 @@ func New(cfg Config) *Converter {
 	if cfg.IDHeader == "" {
 		cfg.IDHeader = messagedata.HeaderID
 	}
-	return &Converter{idHeader: cfg.IDHeader, id: cfg.ID}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Converter{idHeader: cfg.IDHeader, id: cfg.ID, logger: cfg.Logger}
 }
 
 // JSONField returns a Config.ID that takes the id from the payload, a JSON object, at path: a
@@ -113,8 +131,10 @@ func Header(name string) func(msg *message.Message) (string, error) {
 // and metadata map; treat both as read-only.
 //
 // It returns an error, with a MessageData holding everything it could read, when the message
-// has no usable id (wrapping messagedata.ErrNoMessageID) or when an onceflow header holds a
-// malformed value.
+// has no usable id (wrapping messagedata.ErrNoMessageID) or when its sequence header holds a
+// malformed value. A timestamp header it cannot read leaves the Timestamp zero, as if the
+// message had none, for every copy of the message alike: the first such message of the
+// Converter is logged as a warning, the later ones are not.
 func (c *Converter) FromMessage(topic string, msg *message.Message) (*messagedata.MessageData, error) {
 	md := &messagedata.MessageData{
 		ID:      msg.UUID,
@@ -145,9 +165,12 @@ func (c *Converter) FromMessage(topic string, msg *message.Message) (*messagedat
 
 	var err error
 	if v := msg.Metadata.Get(messagedata.HeaderTimestamp); v != "" {
-		ts, perr := time.Parse(time.RFC3339Nano, v)
+		ts, perr := messagedata.ParseTimestamp(v)
 		if perr != nil {
-			err = fmt.Errorf("header %s holds %q, not an RFC 3339 time", messagedata.HeaderTimestamp, v)
+			c.badTime.Do(func() {
+				cmp.Or(c.logger, slog.Default()).Warn("A message's timestamp cannot be read: such messages are processed as if they had none (logged once)",
+					"topic", topic, "message_id", md.ID, "error", perr)
+			})
 		}
 		md.Timestamp = ts
 	}

@@ -1,6 +1,9 @@
 package converter_test
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,17 +58,42 @@ func TestFromMessage_ReadsTimestampKeyAndSequence(t *testing.T) {
 	require.Equal(t, uint64(42), md.Sequence)
 }
 
-func TestFromMessage_MalformedHeadersAreErrors(t *testing.T) {
-	for header, value := range map[string]string{
-		messagedata.HeaderTimestamp: "yesterday",
-		messagedata.HeaderSequence:  "-3",
-	} {
+func TestFromMessage_MalformedSequenceIsAnError(t *testing.T) {
+	m := message.NewMessage("m-1", nil)
+	m.Metadata.Set(messagedata.HeaderSequence, "-3")
+	_, err := converter.New(converter.Config{}).FromMessage("t", m)
+	require.ErrorContains(t, err, messagedata.HeaderSequence)
+	require.ErrorContains(t, err, "-3")
+}
+
+// A foreign producer's timestamp in epoch seconds or milliseconds, or ISO 8601 without a zone,
+// is read (as UTC); one that is no time at all makes a message without a timestamp, not an
+// error, and is logged once per Converter.
+func TestFromMessage_TimestampsOfForeignProducers(t *testing.T) {
+	var logs bytes.Buffer
+	c := converter.New(converter.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	want := time.Date(2026, 12, 6, 10, 11, 12, 0, time.UTC)
+	for _, v := range []string{"1796551872", "1796551872000", "2026-12-06T10:11:12", "2026-12-06T10:11:12Z"} {
 		m := message.NewMessage("m-1", nil)
-		m.Metadata.Set(header, value)
-		_, err := converter.New(converter.Config{}).FromMessage("t", m)
-		require.ErrorContains(t, err, header)
-		require.ErrorContains(t, err, value)
+		m.Metadata.Set(messagedata.HeaderTimestamp, v)
+		md, err := c.FromMessage("t", m)
+		require.NoError(t, err, v)
+		require.True(t, want.Equal(md.Timestamp), "%s: %s", v, md.Timestamp)
 	}
+	require.Empty(t, logs.String())
+
+	for _, id := range []string{"m-2", "m-3"} {
+		m := message.NewMessage(id, []byte("p"))
+		m.Metadata.Set(messagedata.HeaderTimestamp, "yesterday")
+		md, err := c.FromMessage("t", m)
+		require.NoError(t, err)
+		require.True(t, md.Timestamp.IsZero())
+		require.Equal(t, id, md.ID)
+		require.Equal(t, "yesterday", md.Header(messagedata.HeaderTimestamp), "the header stays as it came")
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
+	require.Contains(t, logs.String(), `message_id=m-2`)
+	require.Contains(t, logs.String(), `holds \"yesterday\"`)
 }
 
 func TestToMessage_RoundTrip(t *testing.T) {

@@ -17,8 +17,9 @@ const (
 	// HeaderID carries the message id when the broker has no native id field. The converter
 	// reads it as one of the fallbacks of its id policy.
 	HeaderID = "onceflow_id"
-	// HeaderTimestamp carries the time the message was produced, in RFC 3339 format with
-	// nanoseconds.
+	// HeaderTimestamp carries the time the message was produced. onceflow writes it in RFC
+	// 3339 format with nanoseconds, and reads the forms other producers write too
+	// (ParseTimestamp).
 	HeaderTimestamp = "onceflow_timestamp"
 	// HeaderKey carries the ordering key.
 	HeaderKey = "onceflow_key"
