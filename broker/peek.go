@@ -88,7 +88,8 @@ func (b *Broker) inspectErr(op, topic string, err error) error {
 //     stream before the group exists);
 //   - kafka: each partition from the group's committed offset (its start before the group has
 //     committed one) to its end, less the records the group's commit metadata says were acked
-//     past the committed offset; the partitions merged oldest first, by record timestamp;
+//     past the committed offset (a record that a member acked is listed until the member
+//     commits it); the partitions merged oldest first, by record timestamp;
 //   - mem: not supported (the error wraps errors.ErrUnsupported).
 //
 // Peek takes no lock: it never waits for the group's consumers, nor holds them up (on AMQP,
