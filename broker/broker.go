@@ -57,8 +57,9 @@ var ErrClosed = errors.New("broker: closed")
 // reading, and the publisher of a dead letter creates it: amqp (no queue <topic>.<group>) and
 // postgres and mysql (no cursor row of the group). sqlite, nats, redis and kafka cannot tell a
 // group that does not exist from one that has not consumed the topic yet, which reads the
-// whole topic: there a mistyped group lists every message of the topic. None of them can tell
-// a topic that was created and emptied from one that exists with nothing waiting.
+// whole topic: there a mistyped group lists every message of the topic. A topic that was
+// created and then emptied exists, on every scheme: nothing waits there, and it is not
+// reported.
 var ErrNotFound = errors.New("does not exist")
 
 // NotFound returns an error wrapping ErrNotFound that says which kind of thing, "topic" or
