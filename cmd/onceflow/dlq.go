@@ -74,8 +74,8 @@ func (f *dlqFlags) register(cmd *cobra.Command, limit int, limitUsage string) {
 }
 
 // open opens the broker the flags name, in the consumer group they name, and the dead-letter
-// queue of --topic there, which looks at scanLimit dead letters at most. A queue file that
-// does not exist is reported, not created.
+// queue of --topic there, which looks at scanLimit dead letters at most. A queue file, a topic
+// or a consumer group that does not exist is reported, not created or read as empty.
 func (f *dlqFlags) open(ctx context.Context, scanLimit int) (*deadletter.Queue, func() error, error) {
 	if f.limit <= 0 {
 		return nil, nil, usagef("--limit %d: want a positive number", f.limit)
@@ -84,7 +84,7 @@ func (f *dlqFlags) open(ctx context.Context, scanLimit int) (*deadletter.Queue, 
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := broker.Open(ctx, rawURL, broker.Options{MustExist: true})
+	b, err := broker.Open(ctx, rawURL, broker.Options{MustExist: true, ReportNotFound: true})
 	if err != nil {
 		return nil, nil, err
 	}

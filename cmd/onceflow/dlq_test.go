@@ -369,14 +369,21 @@ func TestDLQ_GroupFlagOverridesTheURL(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "queue.db")
 	q, err := sqlitequeue.Open(context.Background(), path, sqlitequeue.Config{})
 	require.NoError(t, err)
-	require.NoError(t, q.Close())
 	url := "sqlite://" + path + "?group=billing"
+	_, err = run(t, "dlq", "list", "--broker", url, "--group", "shipping")
+	require.ErrorIs(t, err, broker.ErrNotFound, "no dead letter was ever published: the topic does not exist")
+	require.ErrorContains(t, err, `no dead-letter topic "`+onceflow.DefaultDeadLetterTopic+`" for consumer group "shipping"`)
+
+	require.NoError(t, middleware.PublishDeadLetter(context.Background(), q.Publisher(), onceflow.DefaultDeadLetterTopic, "ledger",
+		&messagedata.MessageData{ID: "pay-1", Topic: "payments", Payload: []byte(`{}`), Headers: map[string]string{}}, errors.New("refused")))
+	require.NoError(t, q.Close())
 	out, err := run(t, "dlq", "list", "--broker", url, "--group", "shipping", "--json")
 	require.NoError(t, err)
 	var rep listReport
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Equal(t, "shipping", rep.Group)
 	require.Equal(t, onceflow.DefaultDeadLetterTopic, rep.Topic)
+	require.Len(t, rep.DeadLetters, 1, "the group flag, not the URL's, reads the topic")
 }
 
 // removeTopics removes what a test left on a shared server for its topics.
