@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
@@ -89,27 +90,37 @@ type Config struct {
 	Tables func(topic string) Tables
 }
 
+// rules are the defaults and bounds of the settings every subscriber has.
+var rules = inflight.Rules{
+	Scheme:       "sqlqueue",
+	Prefetch:     DefaultPrefetch,
+	MaxPrefetch:  MaxPrefetch,
+	AckTimeout:   DefaultAckTimeout,
+	CloseTimeout: DefaultCloseTimeout,
+}
+
+func (c Config) settings() inflight.Settings {
+	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckTimeout, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+}
+
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.
 func (c Config) Validate() error {
 	if len(c.ConsumerGroup) > 255 {
 		return fmt.Errorf("sqlqueue: Config.ConsumerGroup: %d bytes is longer than 255 (the consumer_group column)", len(c.ConsumerGroup))
 	}
-	if c.Prefetch < 0 || c.Prefetch > MaxPrefetch {
-		return fmt.Errorf("sqlqueue: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, MaxPrefetch)
+	if err := rules.Validate(c.settings()); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		name  string
 		value time.Duration
 	}{
-		{"AckTimeout", c.AckTimeout},
-		{"NackDelay", c.NackDelay},
 		{"PollInterval", c.PollInterval},
 		{"RetryInterval", c.RetryInterval},
-		{"CloseTimeout", c.CloseTimeout},
 		{"GapWait", c.GapWait},
 	} {
 		if d.value < 0 {
-			return fmt.Errorf("sqlqueue: Config.%s: %s is negative", d.name, d.value)
+			return fmt.Errorf("sqlqueue: Config.%s: %s is negative (0 selects the default)", d.name, d.value)
 		}
 	}
 	return nil
@@ -120,26 +131,16 @@ func (c Config) withDefaults() Config {
 	if c.ConsumerGroup == "" {
 		c.ConsumerGroup = DefaultConsumerGroup
 	}
-	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
+	st := rules.Apply(c.settings())
+	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = DefaultRetryInterval
 	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
 	if c.GapWait == 0 {
 		c.GapWait = DefaultGapWait
-	}
-	if c.Logger == nil {
-		c.Logger = wmlog.Discard()
 	}
 	c.log = wmlog.Adapter(c.Logger)
 	return c
