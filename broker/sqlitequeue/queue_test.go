@@ -342,7 +342,7 @@ func TestSubscriber_AckDeadlineRedelivers(t *testing.T) {
 	require.Equal(t, 1, deliveryCount(t, first))
 	select {
 	case <-first.Context().Done():
-		require.ErrorIs(t, first.Context().Err(), context.DeadlineExceeded)
+		require.ErrorIs(t, context.Cause(first.Context()), context.DeadlineExceeded)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the message's context must end at the ack deadline")
 	}

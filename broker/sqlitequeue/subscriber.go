@@ -3,22 +3,17 @@ package sqlitequeue
 import (
 	"context"
 	"fmt"
-	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // subscriber is the Queue's message.Subscriber: each Subscribe call starts a subscription, one
 // competing consumer in the queue's consumer group.
 type subscriber struct {
-	q *Queue
-
-	mu      sync.Mutex // guards closed and subs
-	closed  bool
-	subs    map[*subscription]struct{}
-	running sync.WaitGroup // subscriptions' loops
-
-	closeOnce sync.Once
+	q    *Queue
+	subs *inflight.Group
 }
 
 var (
@@ -27,7 +22,7 @@ var (
 )
 
 func newSubscriber(q *Queue) *subscriber {
-	return &subscriber{q: q, subs: map[*subscription]struct{}{}}
+	return &subscriber{q: q, subs: inflight.NewGroup(ErrClosed)}
 }
 
 // Subscribe starts one consumer of topic and returns its messages. See Queue.Subscriber for
@@ -38,20 +33,9 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := CheckTopic(topic); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
+	if err := s.subs.Check(); err != nil {
+		return nil, err
 	}
-	s.running.Add(1)
-	s.mu.Unlock()
-	started := false
-	defer func() {
-		if !started {
-			s.running.Done()
-		}
-	}()
-
 	if err := s.q.prepareTopic(ctx, topic, s.q.cfg.ConsumerGroup); err != nil {
 		return nil, err
 	}
@@ -59,25 +43,24 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		return nil, fmt.Errorf("sqlitequeue: subscribe to topic %q: %w", topic, err)
 	}
-	sub := newSubscription(ctx, s.q, topic, l)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		sub.cancel()
+	sub := newSubscription(s.q, topic, l)
+	sub.sub = inflight.New(ctx, sub, inflight.Options{
+		Prefetch:     s.q.cfg.BatchSize,
+		NackDelay:    s.q.cfg.ResendInterval,
+		FillWait:     fillWait,
+		CloseTimeout: closeWait,
+		ErrClosed:    ErrClosed,
+		ErrExpired:   errLeasePassed,
+		Log:          sub.logger,
+	})
+	out, err := sub.sub.Start(s.subs)
+	if err != nil {
+		sub.opCancel()
 		l.close()
-		return nil, ErrClosed
+		return nil, err
 	}
-	s.subs[sub] = struct{}{}
-	s.mu.Unlock()
-	started = true
-	go func() {
-		defer s.running.Done()
-		sub.run()
-		s.mu.Lock()
-		delete(s.subs, sub)
-		s.mu.Unlock()
-	}()
-	return sub.out, nil
+	go sub.commits()
+	return out, nil
 }
 
 // SubscribeInitialize creates topic's tables and records the consumer group.
@@ -95,16 +78,8 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 // (the leases then expire by themselves). Close is idempotent and safe to call concurrently;
 // every call returns when the subscriptions have ended.
 func (s *subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		for sub := range s.subs {
-			sub.cancel()
-		}
-		s.mu.Unlock()
-		s.running.Wait()
+	return s.subs.Close(func() error {
 		s.q.forget(s)
+		return nil
 	})
-	s.running.Wait()
-	return nil
 }

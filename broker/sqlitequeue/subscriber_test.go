@@ -17,53 +17,6 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// A subscription hands out a window of BatchSize messages without waiting for any ack, and one
-// more for each message settled.
-func TestSubscriber_WindowOfMessagesWithoutAcks(t *testing.T) {
-	t.Parallel()
-	q := setup(t, sqlitequeue.Config{BatchSize: 8})
-	ids := publishN(t, q, "t", 20)
-	msgs := subscribe(t, q, context.Background(), "t")
-
-	held := make([]*message.Message, 8)
-	for i := range held {
-		held[i] = receive(t, msgs, 5*time.Second)
-		require.Equal(t, ids[i], held[i].UUID, "new messages are handed out in offset order")
-		require.Equal(t, 1, deliveryCount(t, held[i]))
-	}
-	requireNothing(t, msgs, 200*time.Millisecond)
-
-	require.True(t, held[3].Ack())
-	next := receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[8], next.UUID)
-	requireNothing(t, msgs, 200*time.Millisecond)
-	held[5].Nack()
-	next = receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[9], next.UUID, "a nacked message waits for its delay; the next one comes first")
-}
-
-// Room in the window below half of it waits for more room before messages are claimed, up to
-// 20 ms, so that a claim takes many and commits in one transaction the acknowledgements given
-// meanwhile.
-func TestSubscriber_AClaimWaitsForHalfTheWindowAWhile(t *testing.T) {
-	t.Parallel()
-	q := setup(t, sqlitequeue.Config{BatchSize: 8})
-	ids := publishN(t, q, "t", 20)
-	msgs := subscribe(t, q, context.Background(), "t")
-	held := make([]*message.Message, 8)
-	for i := range held {
-		held[i] = receive(t, msgs, 5*time.Second)
-	}
-	acked := time.Now()
-	require.True(t, held[0].Ack())
-	next := receive(t, msgs, 5*time.Second)
-	require.Equal(t, ids[8], next.UUID)
-	require.GreaterOrEqual(t, time.Since(acked), 20*time.Millisecond, "the claim waited for more room")
-	for _, m := range append(held[1:], next) {
-		require.True(t, m.Ack())
-	}
-}
-
 // An acknowledgement given right before Close is committed by Close: the message is not
 // delivered again, and the backlog is empty as soon as Close returns.
 func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
