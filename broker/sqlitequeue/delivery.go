@@ -42,8 +42,5 @@ func (s *subscription) Settle(d *inflight.Delivery[lease], o inflight.Outcome) {
 	}
 	s.pending.add(st, now)
 	s.gave.Store(true)
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
+	signal(s.kick)
 }

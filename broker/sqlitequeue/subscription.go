@@ -49,9 +49,11 @@ type subscription struct {
 	pending *settlements // given and not committed yet, shared with the topic's others
 
 	// live counts the deliveries emitted and not settled; gave says that the subscription
-	// gave settlements that wait: with nothing else in flight, it commits them at once.
-	live atomic.Int64
-	gave atomic.Bool
+	// gave settlements that wait; claiming, that Fetch is in a round. With nothing else in
+	// flight and no round to take them, the subscription commits its settlements at once.
+	live     atomic.Int64
+	gave     atomic.Bool
+	claiming atomic.Bool
 
 	kick chan struct{} // Settle gave a settlement
 	// opCtx ends the commits of the settlements; Close cancels it.
@@ -90,7 +92,10 @@ func (s *subscription) Fetch(ctx context.Context, n int) error {
 	for {
 		// Taken before the round, so that a publish during the round is not missed.
 		woken := s.q.store.woken(s.topic)
+		s.claiming.Store(true)
 		got, err := s.round(ctx, n)
+		s.claiming.Store(false)
+		signal(s.kick)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -180,8 +185,8 @@ func (s *subscription) commit(ctx context.Context, claim func(tx *sql.Tx) error)
 }
 
 // commits commits the settlements that wait when no claim has taken them within settleWait
-// of the oldest, or at once when this subscription gave some and has nothing else in flight,
-// until Close.
+// of the oldest, or at once when this subscription gave some and has nothing else in flight
+// nor a claim in progress (which takes them), until Close.
 func (s *subscription) commits() {
 	defer close(s.commitsDone)
 	timer := time.NewTimer(time.Hour)
@@ -190,7 +195,7 @@ func (s *subscription) commits() {
 	for {
 		by, pending := s.pending.due()
 		now := time.Now()
-		if pending && !now.Before(retryAt) && (!now.Before(by) || s.gave.Load() && s.live.Load() == 0) {
+		if pending && !now.Before(retryAt) && (!now.Before(by) || s.gave.Load() && s.live.Load() == 0 && !s.claiming.Load()) {
 			if err := s.commit(s.opCtx, nil); err != nil {
 				if s.opCtx.Err() != nil {
 					return
@@ -249,4 +254,12 @@ func (s *subscription) backoff(err error) time.Duration {
 	}
 	s.logger.Error("Cannot claim or settle messages of the queue", err, watermill.LogFields{"wait_time": s.q.cfg.RetryInterval})
 	return s.q.cfg.RetryInterval
+}
+
+// signal wakes the goroutine that waits on c, if any; signals do not pile up.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
