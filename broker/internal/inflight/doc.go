@@ -94,7 +94,8 @@
 //
 // # Porting a scheme
 //
-// mem (the smallest), redis and nats are sources already; what the others need:
+// mem (the smallest), redis, nats, sqlqueue and sqlitequeue are sources already; what the
+// others need:
 //
 //   - amqp: RabbitMQ pushes (basic.qos is the window): Fetch waits for the first delivery of
 //     the channel and takes the others that are there, up to n; a lost channel or connection
@@ -112,12 +113,6 @@
 //     counts from the hand-out, as now. A revoke, once its wait is over, is End(ErrRevoked,
 //     the partition's deliveries) and Release of the places of its books; the final commit
 //     is Close.
-//   - sqlqueue: LateAcks (a late ack still deletes the lease nobody claimed since), Contexter
-//     for the redelivery.TxAck, the lease as Item.Deadline, the settler's batches behind
-//     Settle, its seal in Close. A delivery given back at the end that was never handed out
-//     (Delivery.HandedOut) gets its count back.
-//   - sqlitequeue: as sqlqueue, with its claim rows; the watchEnd of each delivery is the
-//     engine's deadline.
 //
 // For each, the per-scheme tests of the window, the hand-out, direct settlement and the
 // contexts go (the engine's tests cover them), and the tests of its own frames, counts,
