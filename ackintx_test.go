@@ -16,7 +16,6 @@ import (
 	_ "github.com/onceflow/onceflow/broker/sqlqueue"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 	_ "github.com/onceflow/onceflow/sqldb/mysql"
@@ -38,8 +37,9 @@ func TestExactlyOnceAckInTransaction_QueueAndEffectCommitTogether(t *testing.T) 
 			var lostAcks atomic.Int32
 			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b.Publisher(), PurgeInterval: -1, CloseTimeout: 5 * time.Second})
 			require.NoError(t, err)
-			require.NoError(t, r.RegisterInterceptor("lose-acks", loseAcks(&lostAcks)))
-			h := onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub, QoS: onceflow.ExactlyOnce,
+			h := onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub,
+				Chain:      onceflow.ExactlyOnce.Chain().Before(onceflow.StageDeadLetter, loseAcks(&lostAcks)),
+				Dedup:      onceflow.DedupConfig{AckInTransaction: true},
 				Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{10 * time.Millisecond}},
 				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 					if err := applyEffect(ctx, msg); err != nil {
@@ -50,9 +50,7 @@ func TestExactlyOnceAckInTransaction_QueueAndEffectCommitTogether(t *testing.T) 
 					}
 					return nil
 				}),
-				Retry: onceflow.RetryConfig{MaxAttempts: 1},
-				Interceptors: []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-acks", onceflow.InterceptorDeadLetter,
-					onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorAckInTransaction}}
+				Retry: onceflow.RetryConfig{MaxAttempts: 1}}
 			require.NoError(t, r.AddHandler(h))
 			testsvc.StartRouter(t, r)
 
@@ -103,12 +101,11 @@ func TestExactlyOnceAckInTransaction_GroupCommitRollsBackAFailedMemberAlone(t *t
 			var lostAcks atomic.Int32
 			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b.Publisher(), PurgeInterval: -1, CloseTimeout: 5 * time.Second})
 			require.NoError(t, err)
-			require.NoError(t, r.RegisterInterceptor("lose-acks", loseAcks(&lostAcks)))
-			// The QoS chain of Dedup.AckInTransaction with GroupCommit.Enabled, with acks lost.
-			require.NoError(t, r.AddHandler(onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub, QoS: onceflow.ExactlyOnce,
-				Interceptors: []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-acks", onceflow.InterceptorDeadLetter,
-					onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorGroupTransaction, onceflow.InterceptorAckInTransaction},
-				GroupCommit:   onceflow.GroupCommitConfig{MaxWait: 50 * time.Millisecond},
+			// The chain of Dedup.AckInTransaction with group commit, with acks lost.
+			require.NoError(t, r.AddHandler(onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub,
+				Chain:         onceflow.ExactlyOnce.Chain().Before(onceflow.StageDeadLetter, loseAcks(&lostAcks)),
+				Dedup:         onceflow.DedupConfig{AckInTransaction: true},
+				GroupCommit:   onceflow.GroupCommitConfig{Enabled: true, MaxWait: 50 * time.Millisecond},
 				MaxDeliveries: -1, Retry: onceflow.RetryConfig{MaxAttempts: 1},
 				Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{20 * time.Millisecond}},
 				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
@@ -170,18 +167,16 @@ func openQueueInDB(t *testing.T, d testsvc.Database) (*sqldb.DB, *broker.Broker,
 	return db, b, sub, testsvc.UniqueName("ackintx")
 }
 
-// loseAcks is an interceptor that fails every message after the rest of the chain succeeded,
-// as if the acknowledgement after the commit were lost, and counts them.
-func loseAcks(lost *atomic.Int32) onceflow.InterceptorFactory {
-	return func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-		return func(next processor.Processor) processor.Processor {
-			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-				if err := next.Process(ctx, msg); err != nil {
-					return err
-				}
-				lost.Add(1)
-				return errors.New("the acknowledgement is lost after the commit")
-			})
-		}, nil
-	}
+// loseAcks is a stage that fails every message after the rest of the chain succeeded, as if
+// the acknowledgement after the commit were lost, and counts them.
+func loseAcks(lost *atomic.Int32) onceflow.Stage {
+	return onceflow.Use("lose-acks", func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			if err := next.Process(ctx, msg); err != nil {
+				return err
+			}
+			lost.Add(1)
+			return errors.New("the acknowledgement is lost after the commit")
+		})
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -96,11 +97,11 @@ func TestBatchProcessor_InvalidCombinationsAreErrors(t *testing.T) {
 			h.BatchProcessor, h.QoS = batch, onceflow.ExactlyOnceInOrder
 			return h
 		}, "ExactlyOnceInOrder"},
-		"chain not ending with group commit": {func(h onceflow.Handler) onceflow.Handler {
+		"a stage inside the transaction": {func(h onceflow.Handler) onceflow.Handler {
 			h.BatchProcessor, h.QoS = batch, 0
-			h.Interceptors = []string{onceflow.InterceptorDeadLetter, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate}
+			h.Chain = onceflow.ExactlyOnce.Chain().After(onceflow.StageTransaction, onceflow.Use("audit", middleware.Recover()))
 			return h
-		}, "must end with"},
+		}, "Handler.BatchProcessor: stage audit is inside the transaction"},
 	} {
 		r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker})
 		require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/onceflow/onceflow/internal/brokertest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -57,9 +58,14 @@ func TestAddHandler_InvalidHandlerNamesTheField(t *testing.T) {
 		{"longest retry wait below the first", func(h *onceflow.Handler) {
 			h.Retry = onceflow.RetryConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}
 		}, "Handler.Retry.MaxInterval: 1ms is shorter than the first wait, 1s"},
-		{"unknown interceptor", func(h *onceflow.Handler) { h.Interceptors = []string{"transaction", "audit"} }, `unknown interceptor "audit"`},
-		{"deduplicate outside transaction", func(h *onceflow.Handler) { h.Interceptors = []string{"deduplicate", "transaction"} }, `"deduplicate" must come after "transaction"`},
-		{"retry inside transaction", func(h *onceflow.Handler) { h.Interceptors = []string{"transaction", "retry"} }, `"retry" must come before "transaction"`},
+		{"an edit naming a stage the chain does not hold", func(h *onceflow.Handler) {
+			h.Chain = onceflow.ExactlyOnce.Chain().Before("retri", onceflow.Use("audit", middleware.Recover()))
+		}, `Handler.Chain: Before(retri, audit): the chain has no stage "retri"`},
+		{"a chain of another QoS", func(h *onceflow.Handler) { h.Chain = onceflow.AtLeastOnce.Chain() },
+			"Handler.QoS: ExactlyOnce, but Handler.Chain is the chain of AtLeastOnce"},
+		{"deduplicate without the transaction", func(h *onceflow.Handler) {
+			h.Chain = onceflow.ExactlyOnce.Chain().Remove(onceflow.StageTransaction, onceflow.PartlyApplied)
+		}, "Handler.Chain: stage deduplicate writes through the transaction, and the chain has no transaction stage"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

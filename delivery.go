@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"time"
 
@@ -80,10 +79,10 @@ type consumer struct {
 	stats *handlerStats
 }
 
-// newConsumer returns the run-time consumer of the handler of info, whose interceptors are
-// names: its messages go through chain, and through reject when they cannot be converted.
-func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consumer, error) {
-	h := info.Handler
+// newConsumer returns the run-time consumer of the handler of env: its messages go through
+// ch.chain, and through ch.reject when they cannot be converted.
+func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
+	h, info := env.Handler, env.HandlerInfo
 	n := max(h.Concurrency, 1)
 	c := &consumer{
 		router:       r,
@@ -93,7 +92,7 @@ func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consu
 		chain:        ch.chain,
 		reject:       ch.reject,
 		lane:         ch.lane,
-		ackOnReceipt: h.QoS == BestEffort,
+		ackOnReceipt: h.qos() == BestEffort,
 		redelivery:   h.Redelivery,
 		logger:       info.Logger,
 		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
@@ -101,7 +100,7 @@ func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consu
 		stats:        newHandlerStats(h.QoS),
 	}
 	c.recordAttrs = []metric.RecordOption{c.attrs}
-	if grouped(names) {
+	if env.plan.group {
 		// Enough deliveries for every group transaction to run full, and the next group to
 		// collect: more would only wait, each in a goroutine of its own. A lane keeps no
 		// goroutine per delivery: there, as many groups as run may be full and ready, so that
@@ -118,14 +117,14 @@ func newConsumer(r *Router, info HandlerInfo, names []string, ch chains) (*consu
 	} else {
 		c.slots = make(chan struct{}, n)
 	}
-	if h.QoS != BestEffort && h.MaxDeliveries >= 0 && slices.Contains(names, InterceptorDeadLetter) {
+	if env.plan.deadLetter && h.MaxDeliveries >= 0 {
 		counter, err := r.counterFor(h)
 		if err != nil {
 			return nil, err
 		}
 		c.counter = counter
 	}
-	if windowed := slices.Contains(names, InterceptorGroupOffsets); windowed || slices.Contains(names, InterceptorOffsets) {
+	if byOffset, windowed := env.plan.byOffset(); byOffset {
 		p, err := r.positionsFor(h)
 		if err != nil {
 			return nil, err

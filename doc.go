@@ -10,17 +10,21 @@
 //
 // A Router runs Handlers. Each handler names a topic, a subscriber, a processor, a database and
 // a quality of service (QoS): BestEffort, AtLeastOnce, ExactlyOnce or ExactlyOnceInOrder. The
-// router builds the canonical chain for the QoS, outermost first:
+// QoS has a canonical chain of stages (QoS.Chain), outermost first:
 //
 //	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Timeout -> Transaction -> Deduplicate -> Processor
 //
-// Middlewares run in the order given: the first is the outermost, so it sees the message first
-// and the outcome last. An interceptor is a named middleware factory: the name a handler lists,
-// and the function that builds the middleware (package middleware) for that handler. A handler
-// may list interceptors by name instead of taking its QoS chain (Handler.Interceptors),
-// including custom ones registered with Router.RegisterInterceptor and middleware values of
-// its own (Handler.Middlewares). A program that composes a chain without the router takes the
-// canonical order from middleware.ExactlyOnce and its siblings.
+// Stages run in the order given: the first is the outermost, so it sees the message first and
+// the outcome last. The chain is a value (Chain): printed, and edited by position, a stage of
+// one's own (Use, UseObserver, UseFactory) goes in with one line, and every stage not edited
+// stays the library's:
+//
+//	chain := onceflow.ExactlyOnce.Chain().Before(onceflow.StageRetry, onceflow.Use("tenant", tenant))
+//
+// A stage's name says its role; which implementation runs it (a transaction per message or per
+// group, duplicate detection by id or by offset, ...) is the Handler's configuration. A setting
+// that the chain would ignore, and a chain that drops what its QoS promises without saying so
+// (Risk), is an error at Router.AddHandler.
 //
 // Handler.Converter takes a converter of one's own; converter.Config.ID takes the message id
 // from a payload field or any function of the message, so that a message without an id of its

@@ -76,17 +76,16 @@ func TestGroupCommit_ConcurrentDeliveriesShareOneCommitAndNoneIsAckedBeforeIt(t 
 		require.NoError(t, store.Migrate(context.Background()))
 		held := &heldDB{db: f.db, committing: make(chan struct{}), release: make(chan struct{})}
 		// The group starts once all n deliveries have joined it (it is full), never by waiting.
-		register := func(r *onceflow.Router) {
-			require.NoError(t, r.RegisterInterceptor("held-group-commit", func(h onceflow.HandlerInfo) (middleware.Middleware, error) {
-				return middleware.GroupCommit(held, store, h.Name, middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Minute))
-			}))
-		}
+		heldGroupCommit := onceflow.UseFactory("held-group-commit", func(h onceflow.HandlerInfo) (middleware.Middleware, error) {
+			return middleware.GroupCommit(held, store, h.Name, middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Minute))
+		})
 		f.startRouter(t, onceflow.Handler{
-			Interceptors: []string{"deadletter", "recover", "retry", "held-group-commit"},
-			Concurrency:  n,
-			Dedup:        onceflow.DedupConfig{Store: store},
-			Processor:    processor.Func(applyEffectOnAnyTx),
-		}, register)
+			// Group commit of its own records the ids: the built-in duplicate detection goes.
+			Chain: onceflow.ExactlyOnce.Chain().Replace(onceflow.StageTransaction, heldGroupCommit).
+				Remove(onceflow.StageDeduplicate, onceflow.AppliedTwice),
+			Concurrency: n,
+			Processor:   processor.Func(applyEffectOnAnyTx),
+		})
 
 		ids := make([]string, n)
 		for i := range ids {
@@ -127,7 +126,8 @@ func TestGroupCommit_AtLeastOnceGroupsWithoutADedupTable(t *testing.T) {
 func addProbe(t *testing.T, r *onceflow.Router, b *brokertest.Broker, db *sqldb.DB) {
 	t.Helper()
 	require.NoError(t, r.AddHandler(onceflow.Handler{
-		Name: "probe", Topic: "probe", Subscriber: b.Subscriber(), DB: db, Interceptors: []string{"recover"},
+		Name: "probe", Topic: "probe", Subscriber: b.Subscriber(), DB: db,
+		Chain:     onceflow.BestEffort.Chain().Remove(onceflow.StageTransaction, onceflow.PartlyApplied),
 		Processor: processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }),
 	}))
 }
@@ -242,19 +242,15 @@ func TestGroupCommit_InvalidHandlerConfigurationIsAnError(t *testing.T) {
 		edit func(*onceflow.Handler)
 		want string
 	}{
-		"enabled with named chain": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"retry", "transaction"}
-			h.GroupCommit.Enabled = true
-		}, "Handler.GroupCommit.Enabled"},
 		"with check-first": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
 			h.GroupCommit.Enabled = true
 			h.Dedup.CheckFirst = true
-		}, "Dedup.CheckFirst"},
-		"named group-commit with check-first": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"retry", "group-commit"}
-			h.Dedup.CheckFirst = true
-		}, "Handler.Dedup.CheckFirst"},
+		}, "Handler.Dedup.CheckFirst: not supported with group commit"},
+		"enabled without the transaction stage": {func(h *onceflow.Handler) {
+			h.Chain = onceflow.AtLeastOnce.Chain().Replace(onceflow.StageTransaction, onceflow.Use("mine", middleware.Recover()))
+			h.GroupCommit.Enabled = true
+		}, `Handler.GroupCommit.Enabled: set, but the chain's transaction stage is "mine", a stage of one's own`},
 		"negative size": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
 			h.GroupCommit = onceflow.GroupCommitConfig{Enabled: true, MaxSize: -1}
@@ -263,23 +259,13 @@ func TestGroupCommit_InvalidHandlerConfigurationIsAnError(t *testing.T) {
 			h.QoS = onceflow.ExactlyOnce
 			h.GroupCommit = onceflow.GroupCommitConfig{Enabled: true, MaxWait: -time.Millisecond}
 		}, "Handler.GroupCommit.MaxWait"},
-		"with transaction": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"retry", "transaction", "group-commit"}
-		}, `"group-commit" cannot be combined with "transaction"`},
-		"with deduplicate": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"retry", "group-commit", "deduplicate"}
-		}, `"group-commit" cannot be combined with "deduplicate"`},
-		"both group interceptors": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"group-transaction", "group-commit"}
-		}, "cannot be combined"},
-		"retry inside": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"group-commit", "retry"}
-		}, `"retry" must come before "group-commit"`},
-		"natural idempotency outside": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"natural-idempotency", "group-transaction"}
-		}, `"natural-idempotency" must come after "group-transaction"`},
+		"sizes without group commit": {func(h *onceflow.Handler) {
+			h.QoS = onceflow.ExactlyOnce
+			h.GroupCommit = onceflow.GroupCommitConfig{MaxSize: 8}
+		}, "Handler.GroupCommit: MaxSize or MaxWait set, but group commit is off"},
 		"store without batches": {func(h *onceflow.Handler) {
-			h.Interceptors = []string{"retry", "group-commit"}
+			h.QoS = onceflow.ExactlyOnce
+			h.GroupCommit.Enabled = true
 			h.Dedup.Store = recordOnlyStore{}
 		}, "Handler.Dedup.Store"},
 	} {

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -47,32 +47,28 @@ type Handler struct {
 	// BatchProcessor, set instead of Processor, applies the effects of a group of messages in
 	// one call and one transaction, so that it can write them with one multi-row statement
 	// (processor.Batch documents what its result does to each message). It implies group
-	// commit: the QoS chain uses "group-commit" ("group-transaction" for AtLeastOnce,
-	// "group-offsets" with Dedup.ByOffset, which hands it a partition's messages in offset
-	// order), whatever GroupCommit.Enabled says, and a chain named in Interceptors must end with
-	// one of them. Not supported with BestEffort, ExactlyOnceInOrder, Dedup.CheckFirst or
-	// Dedup.AckInTransaction.
+	// commit, whatever GroupCommit.Enabled says: the transaction stage runs one transaction per
+	// group and hands the group's new messages to it (with Dedup.ByOffset a partition's
+	// messages in offset order), so nothing may stand after the transaction stage but
+	// duplicate detection by id or by offset. Not supported with BestEffort,
+	// ExactlyOnceInOrder, Dedup.CheckFirst or Dedup.AckInTransaction.
 	BatchProcessor processor.Batch
 
-	// QoS selects the canonical chain of interceptors for the quality of service. Required
-	// unless Interceptors is set. With Interceptors set, QoS only decides when the message is
-	// acknowledged: BestEffort acks on receipt, every other level after the chain.
+	// QoS is the quality of service: it chooses the canonical chain (QoS.Chain) and when a
+	// message is acknowledged (BestEffort on receipt, every other level after the chain).
+	// Required unless Chain is set; a Chain carries its own QoS, and QoS, when set too, must be
+	// the same.
 	QoS QoS
 
-	// Interceptors, when set, replaces the QoS chain with interceptors named here, outermost
-	// first, as Spring's interceptorNames list does (docs/background.md). The built-in names are listed in Interceptor*
-	// constants; Router.RegisterInterceptor adds custom ones. "deduplicate" must come after
-	// "transaction", and "retry" before it; "group-commit" replaces both "transaction" and
-	// "deduplicate", with "retry" before it.
-	Interceptors []string
-
-	// Middlewares are middleware values of this handler, each under the name that
-	// Interceptors lists it by, where it takes its place in the chain: the way to put a
-	// middleware built in code into a handler's chain without registering a factory
-	// (Router.RegisterInterceptor). An interceptor is a named middleware factory; an entry
-	// here is a named middleware, built once. A name must not be a built-in or registered
-	// interceptor's, and must appear in Interceptors.
-	Middlewares map[string]middleware.Middleware
+	// Chain is the chain of stages around the processor, outermost first: the canonical chain
+	// of a quality of service, edited (see Chain):
+	//
+	//	Chain: onceflow.ExactlyOnce.Chain().Before(onceflow.StageRetry, onceflow.Use("tenant", tenant)),
+	//
+	// Defaults to QoS.Chain(). Which implementation each built-in stage takes is decided by the
+	// fields below (GroupCommit, BatchProcessor, Dedup), so an edit holds whatever they say. A
+	// field read by a stage that the chain does not hold is an error, naming the stage.
+	Chain Chain
 
 	// DB is the database the processor writes to, in whose transaction the message id is
 	// recorded. Required by every built-in chain.
@@ -91,8 +87,8 @@ type Handler struct {
 	// its consumer crash every time. The count comes from the broker where it counts
 	// deliveries, and is otherwise kept durably in the handler's database (table
 	// dedup.DefaultCounterTable), so that it survives a crash loop. Defaults to
-	// DefaultMaxDeliveries (10); negative turns the limit off. It applies to chains with the
-	// "deadletter" interceptor; BestEffort has none.
+	// DefaultMaxDeliveries (10); negative turns the limit off. The dead-letter stage applies
+	// it; BestEffort's chain has none.
 	MaxDeliveries int
 
 	// Redelivery configures how long a failed message waits before it is delivered again.
@@ -100,7 +96,7 @@ type Handler struct {
 
 	// Classifier tells errors that running a message again cannot cure (dead-lettered on first
 	// sight) from the others (retried, then redelivered). Defaults to
-	// middleware.DefaultClassifier, whose table says which is which.
+	// middleware.DefaultClassifier, whose table says which is which. The retry stage reads it.
 	Classifier middleware.Classifier
 
 	// Dedup configures duplicate detection.
@@ -113,7 +109,7 @@ type Handler struct {
 	// database transaction and one commit. Off by default.
 	GroupCommit GroupCommitConfig
 
-	// Order configures per-key ordering: the "in-order" interceptor of ExactlyOnceInOrder.
+	// Order configures per-key ordering: the in-order stage of ExactlyOnceInOrder.
 	Order OrderConfig
 
 	// Timeout bounds each processing attempt. Defaults to no bound.
@@ -170,10 +166,10 @@ type DedupConfig struct {
 	// the old messages.
 	BeyondRetention middleware.RetentionPolicy
 
-	// UniqueConstraints names the unique constraints whose violation the "natural-idempotency"
-	// interceptor takes for an earlier delivery of the message (see
-	// middleware.NaturalIdempotency and sqldb.UniqueConstraint for how each database names
-	// them). Required by that interceptor.
+	// UniqueConstraints, when set, detects duplicates by natural idempotency instead of a
+	// dedup row: a unique violation of one of these constraints is taken for an earlier
+	// delivery of the message (see middleware.NaturalIdempotency and sqldb.UniqueConstraint
+	// for how each database names them). ExactlyOnce only.
 	UniqueConstraints []string
 
 	// ByOffset detects duplicates by position instead of by id, for brokers that deliver each
@@ -181,9 +177,9 @@ type DedupConfig struct {
 	// partition is kept in dedup.DefaultPositionsTable and updated in the transaction of each
 	// message, and a message at or below it is a duplicate (see middleware.Offsets). No row
 	// is written per message, so nothing needs purging, and a message needs no id. It takes
-	// the place of the "deduplicate" interceptor in the ExactlyOnce chain ("group-offsets"
-	// takes the place of "group-commit" with group commit or a batch processor); it does not go
-	// with CheckFirst, WithTimestamp or another quality of service. The router gives the
+	// the deduplicate stage's place in the ExactlyOnce chain (with group commit or a batch
+	// processor, the group's transaction keeps the positions itself); it does not go with
+	// CheckFirst, WithTimestamp or another quality of service. The router gives the
 	// handler's positions to its subscriber (redelivery.WithPositions): the Kafka subscriber
 	// then starts each partition it is assigned after the offset applied there, and hands out
 	// a partition's records in order, the next once the one before is acked, so that records
@@ -201,9 +197,8 @@ type DedupConfig struct {
 	// the business writes, in one commit, so the message is consumed exactly when its effect
 	// commits (see middleware.AckInTransaction). No dedup row is written and nothing needs
 	// purging (BenchmarkSQLQueueExactlyOnce measures it beside a dedup row). The Subscriber
-	// must be such a queue's, on the same database as DB. With group commit, the chain runs
-	// "group-transaction" followed by "ack-in-transaction": each member's lease is deleted in
-	// the group's one transaction (under its savepoint once a member has failed), and a member
+	// must be such a queue's, on the same database as DB. With group commit, each member's
+	// lease is deleted in the group's one transaction (under its savepoint once a member has failed), and a member
 	// that fails is rolled back with its lease, its message still queued. ExactlyOnce only,
 	// without a batch processor, CheckFirst, WithTimestamp or ByOffset.
 	AckInTransaction bool
@@ -218,12 +213,9 @@ type DedupConfig struct {
 // loses when the processor waits on something else (a remote call, a slow query), since a
 // group's messages run one after the other on one connection.
 type GroupCommitConfig struct {
-	// Enabled makes the QoS chain use group commit: "group-commit" in place of "transaction"
-	// and "deduplicate", or, for AtLeastOnce and BestEffort, "group-transaction" in place of
-	// "transaction"; with Dedup.ByOffset "group-offsets" in place of "transaction" and
-	// "offsets", with Dedup.AckInTransaction "group-transaction" in place of "transaction".
-	// Defaults to false. A handler with Interceptors names those interceptors
-	// instead, and leaves Enabled false. Not supported with Dedup.CheckFirst.
+	// Enabled makes the chain's transaction stage run one transaction per group, which also
+	// records the ids (or with Dedup.ByOffset the positions) of its messages. Defaults to false.
+	// Not supported with Dedup.CheckFirst.
 	Enabled bool
 
 	// MaxSize is the most messages in one group. Defaults to middleware.DefaultMaxGroupSize
@@ -283,8 +275,9 @@ type RetryConfig struct {
 	MaxInterval time.Duration
 }
 
-// Validate reports the first invalid field of h, by name. It does not check Interceptors
-// against the registered names; AddHandler does.
+// Validate reports the first invalid field of h, by name: a value out of range, a Chain that
+// is not valid or does not match QoS, a setting that the chain would ignore (the stage that
+// reads it is not in the chain), and a chain that cannot run with the other settings.
 func (h Handler) Validate() error {
 	switch {
 	case h.Name == "":
@@ -301,12 +294,12 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Processor: nil (handler %q; set Processor or BatchProcessor)", h.Name)
 	case h.Processor != nil && h.BatchProcessor != nil:
 		return fmt.Errorf("Handler.BatchProcessor: set together with Processor (handler %q; set one of them)", h.Name)
-	case h.BatchProcessor != nil && (h.QoS == BestEffort || h.QoS == ExactlyOnceInOrder):
-		return fmt.Errorf("Handler.BatchProcessor: not supported with %s (handler %q; use ExactlyOnce or AtLeastOnce)", h.QoS, h.Name)
-	case h.BatchProcessor != nil && h.Dedup.CheckFirst:
-		return fmt.Errorf("Handler.BatchProcessor: not supported with Dedup.CheckFirst (handler %q)", h.Name)
-	case (len(h.Interceptors) == 0 || h.QoS != 0) && !h.QoS.Valid():
-		return fmt.Errorf("Handler.QoS: %s is not a quality of service (handler %q; want BestEffort, AtLeastOnce, ExactlyOnce or ExactlyOnceInOrder)", h.QoS, h.Name)
+	case h.Chain.isZero() && !h.QoS.Valid():
+		return fmt.Errorf("Handler.QoS: %s is not a quality of service (handler %q; want BestEffort, AtLeastOnce, ExactlyOnce or ExactlyOnceInOrder, or set Chain)", h.QoS, h.Name)
+	case !h.Chain.isZero() && h.Chain.Err() != nil:
+		return fmt.Errorf("Handler.Chain: %w (handler %q)", h.Chain.Err(), h.Name)
+	case !h.Chain.isZero() && h.QoS != 0 && h.QoS != h.Chain.qos:
+		return fmt.Errorf("Handler.QoS: %s, but Handler.Chain is the chain of %s (handler %q; leave QoS zero, or make them agree)", h.QoS, h.Chain.qos, h.Name)
 	case h.DB == nil:
 		return fmt.Errorf("Handler.DB: nil (handler %q needs the database its transaction runs on)", h.Name)
 	case h.Concurrency < 0:
@@ -324,14 +317,6 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
 	case !h.Dedup.BeyondRetention.Valid():
 		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
-	case h.Dedup.AckInTransaction && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
-		return fmt.Errorf("Handler.Dedup.AckInTransaction: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorAckInTransaction)
-	case h.Dedup.AckInTransaction && (h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.ByOffset):
-		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with a batch processor, Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.ByOffset (handler %q)", h.Name)
-	case h.Dedup.ByOffset && (h.QoS != ExactlyOnce || len(h.Interceptors) > 0):
-		return fmt.Errorf("Handler.Dedup.ByOffset: applies to the ExactlyOnce chain (handler %q; with Interceptors set, name %q in the list instead)", h.Name, InterceptorOffsets)
-	case h.Dedup.ByOffset && (h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
-		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
 	case h.Converter != nil && h.IDHeader != "":
 		return fmt.Errorf("Handler.IDHeader: set together with Converter (handler %q; give the converter its IDHeader)", h.Name)
 	case h.Dedup.Retention < 0:
@@ -340,21 +325,168 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.GroupCommit.MaxSize: %d is negative", h.GroupCommit.MaxSize)
 	case h.GroupCommit.MaxWait < 0:
 		return fmt.Errorf("Handler.GroupCommit.MaxWait: %s is negative", h.GroupCommit.MaxWait)
-	case h.GroupCommit.Enabled && len(h.Interceptors) > 0:
-		return fmt.Errorf("Handler.GroupCommit.Enabled: applies to the QoS chain; with Interceptors set, name %q (or %q) in the list instead (handler %q)",
-			InterceptorGroupCommit, InterceptorGroupTransaction, h.Name)
-	case h.GroupCommit.Enabled && h.Dedup.CheckFirst:
-		return errors.New("Handler.GroupCommit.Enabled: not supported with Dedup.CheckFirst (a group records its ids with one multi-row insert, without internal ids)")
-	}
-	if err := h.validateMiddlewares(); err != nil {
-		return err
 	}
 	if h.Dedup.Table != "" {
 		if err := sqldb.CheckIdentifier("Handler.Dedup.Table", h.Dedup.Table); err != nil {
 			return err
 		}
 	}
-	return h.Order.validate(h.Name)
+	if err := h.Order.validate(h.Name); err != nil {
+		return err
+	}
+	return h.checkChain()
+}
+
+// chain returns the chain of h: Chain, or the canonical chain of QoS.
+func (h Handler) chain() Chain {
+	if h.Chain.isZero() {
+		return h.QoS.Chain()
+	}
+	return h.Chain
+}
+
+// qos returns the quality of service of h, which its chain carries.
+func (h Handler) qos() QoS { return h.chain().qos }
+
+// isZero reports whether c is the zero Chain, which holds nothing.
+func (c Chain) isZero() bool { return c.qos == 0 && c.err == nil && c.stages == nil }
+
+// checkChain reports a setting of h that its chain would ignore, and a chain that cannot run
+// with h's other settings.
+func (h Handler) checkChain() error {
+	c := h.chain()
+	p := planOf(h)
+	for i := range builtins {
+		b := &builtins[i]
+		if b.settings == nil || c.builtin(b.name) != nil {
+			continue
+		}
+		if set := b.settings(h); len(set) > 0 {
+			return fmt.Errorf("%s: set, but %s, which reads it (handler %q; leave %s zero)", set[0], whyAbsent(c, b), h.Name, set[0])
+		}
+	}
+	q := c.qos
+	switch {
+	case q == BestEffort && len(h.Redelivery.Delays) > 0:
+		return fmt.Errorf("Handler.Redelivery.Delays: set, but BestEffort acknowledges each message on receipt, so none is redelivered (handler %q)", h.Name)
+	case h.BatchProcessor != nil && (q == BestEffort || q == ExactlyOnceInOrder):
+		return fmt.Errorf("Handler.BatchProcessor: not supported with %s (handler %q; use ExactlyOnce or AtLeastOnce)", q, h.Name)
+	case (h.GroupCommit.MaxSize != 0 || h.GroupCommit.MaxWait != 0) && !p.group:
+		return fmt.Errorf("Handler.GroupCommit: MaxSize or MaxWait set, but group commit is off (handler %q; set GroupCommit.Enabled or a BatchProcessor)", h.Name)
+	case p.group && p.dedup == dedupCheckFirst:
+		return fmt.Errorf("Handler.Dedup.CheckFirst: not supported with group commit (handler %q; a group records its ids with one multi-row insert, without internal ids)", h.Name)
+	case (p.dedup == dedupByOffset || p.dedup == dedupAckInTx || p.dedup == dedupNatural) && q != ExactlyOnce:
+		return fmt.Errorf("Handler.Dedup: %s applies to the ExactlyOnce chain (handler %q)", p.dedup, h.Name)
+	case p.dedup == dedupByOffset && (h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.AckInTransaction):
+		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.AckInTransaction (handler %q)", h.Name)
+	case p.dedup == dedupAckInTx && (h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
+		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with a batch processor, Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
+	}
+	if h.BatchProcessor != nil {
+		if c.builtin(StageTransaction) == nil {
+			return fmt.Errorf("Handler.BatchProcessor: set, but %s, which hands it a group's messages (handler %q)", whyAbsent(c, builtinNamed(StageTransaction)), h.Name)
+		}
+		inside := false
+		for _, s := range c.stages {
+			if inside && (s.b == nil || s.b.name != StageDeduplicate || p.dedup == dedupNatural) {
+				return fmt.Errorf("Handler.BatchProcessor: stage %s is inside the transaction, where the group hands its messages to the batch processor at once (handler %q; place it before %s, or set Processor instead)",
+					s.name, h.Name, StageTransaction)
+			}
+			inside = inside || s.b != nil && s.b.name == StageTransaction
+		}
+	}
+	return nil
+}
+
+// whyAbsent says why chain c does not hold the built-in stage b, and what holds it.
+func whyAbsent(c Chain, b *builtin) string {
+	for _, s := range c.stages {
+		if s.takes == b.name {
+			return fmt.Sprintf("the chain's %s stage is %q, a stage of one's own", b.name, s.name)
+		}
+	}
+	if slices.Contains(b.levels, c.qos) {
+		return fmt.Sprintf("the chain has no %s stage (keep it)", b.name)
+	}
+	var levels []string
+	for _, q := range b.levels {
+		levels = append(levels, q.String())
+	}
+	return fmt.Sprintf("the chain of %s has no %s stage (the chains of %s have one)", c.qos, b.name, strings.Join(levels, " and "))
+}
+
+// The settings each built-in stage reads, for the table builtins: the fields of h that are set,
+// by name as they are written.
+
+func deadLetterSettings(h Handler) []string {
+	return setFields(field{"Handler.MaxDeliveries", h.MaxDeliveries != 0})
+}
+
+func retrySettings(h Handler) []string {
+	return setFields(
+		field{"Handler.Retry.MaxAttempts", h.Retry.MaxAttempts != 0},
+		field{"Handler.Retry.InitialInterval", h.Retry.InitialInterval != 0},
+		field{"Handler.Retry.MaxInterval", h.Retry.MaxInterval != 0},
+		field{"Handler.Classifier", h.Classifier != nil},
+	)
+}
+
+func timeoutSettings(h Handler) []string {
+	return setFields(field{"Handler.Timeout", h.Timeout != 0})
+}
+
+func transactionSettings(h Handler) []string {
+	return setFields(
+		field{"Handler.Isolation", h.Isolation != 0},
+		field{"Handler.GroupCommit.Enabled", h.GroupCommit.Enabled},
+	)
+}
+
+// dedupSettings are the fields of Handler.Dedup that are set; those of its table (Table,
+// Retention, WithTimestamp, Store) are read by the in-order stage too.
+func dedupSettings(h Handler) []string {
+	d := h.Dedup
+	fields := []field{
+		{"Handler.Dedup.CheckFirst", d.CheckFirst},
+		{"Handler.Dedup.ByOffset", d.ByOffset},
+		{"Handler.Dedup.AckInTransaction", d.AckInTransaction},
+		{"Handler.Dedup.UniqueConstraints", len(d.UniqueConstraints) > 0},
+		{"Handler.Dedup.BeyondRetention", d.BeyondRetention != 0},
+	}
+	if h.chain().builtin(StageInOrder) == nil {
+		fields = append(fields,
+			field{"Handler.Dedup.Table", d.Table != ""},
+			field{"Handler.Dedup.Retention", d.Retention != 0},
+			field{"Handler.Dedup.WithTimestamp", d.WithTimestamp},
+			field{"Handler.Dedup.Store", d.Store != nil},
+		)
+	}
+	return setFields(fields...)
+}
+
+func orderSettings(h Handler) []string {
+	return setFields(field{"Handler.Order", h.Order != (OrderConfig{})})
+}
+
+// field is a field of a Handler by name, and whether it is set.
+type field struct {
+	name string
+	set  bool
+}
+
+// setFields returns the names of the fields that are set.
+func setFields(fields ...field) []string {
+	var set []string
+	for _, f := range fields {
+		if f.set {
+			set = append(set, f.name)
+		}
+	}
+	return set
+}
+
+func (m dedupMode) String() string {
+	return [...]string{"none", "by id", "check-first", "Dedup.ByOffset", "Dedup.AckInTransaction", "Dedup.UniqueConstraints (natural idempotency)"}[m]
 }
 
 // converter returns the handler's converter: Converter, or the default one for IDHeader, which
@@ -366,18 +498,7 @@ func (h Handler) converter(logger *slog.Logger) converter.MessageConverter {
 	return converter.New(converter.Config{IDHeader: h.IDHeader, Logger: logger})
 }
 
-// interceptor returns the interceptor that detects duplicates in the ExactlyOnce chain.
-func (c DedupConfig) interceptor() string {
-	switch {
-	case c.ByOffset:
-		return InterceptorOffsets
-	case c.AckInTransaction:
-		return InterceptorAckInTransaction
-	}
-	return InterceptorDeduplicate
-}
-
-// OrderConfig configures per-key ordering for a handler: the "in-order" interceptor of
+// OrderConfig configures per-key ordering for a handler: the in-order stage of
 // ExactlyOnceInOrder (package ordering). The zero value is valid.
 type OrderConfig struct {
 	// GapTimeout is how long a key may wait for its next message (missing, or parked and
@@ -420,23 +541,6 @@ func (c OrderConfig) validate(handler string) error {
 	}
 	if err := (ordering.StoreConfig{Table: c.Table}).Validate(); err != nil {
 		return fmt.Errorf("Handler.Order.%w", err)
-	}
-	return nil
-}
-
-// validateMiddlewares reports the first entry of h.Middlewares that cannot take its place in
-// the chain: nil, a built-in's name, or a name that Interceptors does not list.
-func (h Handler) validateMiddlewares() error {
-	names := slices.Sorted(maps.Keys(h.Middlewares))
-	for _, name := range names {
-		switch _, builtin := builtinNamed(name); {
-		case h.Middlewares[name] == nil:
-			return fmt.Errorf("Handler.Middlewares: %q is nil (handler %q)", name, h.Name)
-		case builtin:
-			return fmt.Errorf("Handler.Middlewares: %q is the name of a built-in interceptor (handler %q)", name, h.Name)
-		case !slices.Contains(h.Interceptors, name):
-			return fmt.Errorf("Handler.Middlewares: %q is not listed in Interceptors (handler %q; the list says where each goes in the chain)", name, h.Name)
-		}
 	}
 	return nil
 }

@@ -54,33 +54,27 @@ type lane struct {
 }
 
 // newLane returns the lane of a handler h whose chain is links around inner, or nil when its
-// chain does not allow one: it must start with observers (built-in or registered), go on with
-// interceptors that leave a first delivery that succeeds alone, and then hand the message to
-// group commit.
+// chain does not allow one: it must start with observers (built-in or UseObserver), go on with
+// stages that leave a first delivery that succeeds alone, and then hand the message to its
+// group transaction.
 func newLane(h Handler, links []link, inner processor.Processor) *lane {
-	if h.QoS == BestEffort {
+	if h.qos() == BestEffort {
 		return nil
 	}
 	l := &lane{bySubscription: h.GroupCommit.MaxWait == 0}
 	observing := true
 	for i, lk := range links {
-		role := laneObserve // an observer of one's own (Router.RegisterObserver)
-		if b, builtin := builtinNamed(lk.name); builtin {
-			role = b.lane
-		} else if lk.observer == nil {
-			return nil // a middleware of one's own may do anything
-		}
-		switch role {
+		switch lk.lane {
 		case laneObserve:
 			if !observing || lk.observer == nil {
-				return nil // an observer inside an interceptor that acts: it must see every attempt
+				return nil // an observer inside a stage that acts: it must see every attempt
 			}
 			l.observers = append(l.observers, lk.observer)
 			continue
 		case lanePass:
 			observing = false
-			l.firstAttempt = l.firstAttempt || lk.name == InterceptorRetry
-			if lk.name == InterceptorTimeout {
+			l.firstAttempt = l.firstAttempt || lk.name == StageRetry
+			if lk.name == StageTimeout {
 				l.timeout = h.Timeout
 			}
 			continue
@@ -93,7 +87,7 @@ func newLane(h Handler, links []link, inner processor.Processor) *lane {
 			l.rest = compose(links[len(l.observers):], inner)
 			return l
 		}
-		return nil
+		return nil // a middleware of one's own may do anything
 	}
 	return nil
 }

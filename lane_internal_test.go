@@ -43,20 +43,23 @@ func TestLane_ChainsThatHandTheirMessagesToGroupCommitHaveOne(t *testing.T) {
 		{"in order with group commit", Handler{QoS: ExactlyOnceInOrder, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
 		{"by offset with group commit", Handler{QoS: ExactlyOnce, Dedup: DedupConfig{ByOffset: true}, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
 		{"by offset, a transaction per message", Handler{QoS: ExactlyOnce, Dedup: DedupConfig{ByOffset: true}, Processor: noop}, false},
-		{"named chain of built-ins", Handler{Interceptors: []string{"metrics", "retry", "group-commit"}, Processor: noop}, true},
+		{"a chain without some built-ins", Handler{Chain: ExactlyOnce.Chain().Remove(StageTracing).Remove(StageDeadLetter, RedeliveredForever).Remove(StageRecover),
+			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
 		{"a transaction per message", Handler{QoS: ExactlyOnce, Processor: noop}, false},
 		{"best effort", Handler{QoS: BestEffort, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, false},
-		{"a middleware of its own before group commit", Handler{Interceptors: []string{"tracing", "watch", "group-commit"},
-			Middlewares: map[string]middleware.Middleware{"watch": watch}, Processor: noop}, false},
-		{"an observer after an interceptor that acts", Handler{Interceptors: []string{"retry", "metrics", "group-commit"}, Processor: noop}, false},
-		{"an observer of its own before group commit", Handler{Interceptors: []string{"audit", "tracing", "deadletter", "retry", "group-commit"}, Processor: noop}, true},
-		{"an observer of its own after an interceptor that acts", Handler{Interceptors: []string{"retry", "audit", "group-commit"}, Processor: noop}, false},
+		{"a middleware of its own before group commit", Handler{Chain: ExactlyOnce.Chain().Before(StageTransaction, Use("watch", watch)),
+			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, false},
+		{"a middleware of its own inside group commit", Handler{Chain: ExactlyOnce.Chain().After(StageTransaction, Use("watch", watch)),
+			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
+		{"an observer of its own before group commit", Handler{Chain: ExactlyOnce.Chain().Before(StageTracing, UseObserver("audit", audit{})),
+			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
+		{"an observer of its own after a stage that acts", Handler{Chain: ExactlyOnce.Chain().After(StageRetry, UseObserver("audit", audit{})),
+			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := NewRouter(Config{DeadLetterPublisher: b, PurgeInterval: -1})
 			require.NoError(t, err)
-			require.NoError(t, r.RegisterObserver("audit", func(HandlerInfo) (middleware.Observer, error) { return audit{}, nil }))
 			h := laneHandler(tc.h, b)
 			h.DB = db
 			require.NoError(t, r.AddHandler(h))

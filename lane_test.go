@@ -11,10 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/brokertest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -108,21 +106,20 @@ func (c *counting) End(_ context.Context, _ *messagedata.MessageData, err error)
 	c.active--
 }
 
-func TestRegisterObserver_SeesEachDeliveryOnceUnderGroupCommit(t *testing.T) {
+func TestUseObserver_SeesEachDeliveryOnceUnderGroupCommit(t *testing.T) {
 	f := newFixture(t, testsvc.Databases()[0]) // SQLite
 	obs := &counting{ended: map[processor.Outcome]int{}}
 	f.startRouter(t, onceflow.Handler{
-		Interceptors: []string{"count", "tracing", "metrics", "deadletter", "recover", "retry", "group-commit"},
-		Concurrency:  2,
-		Retry:        onceflow.RetryConfig{MaxAttempts: 2},
+		Chain:       onceflow.ExactlyOnce.Chain().Before(onceflow.StageTracing, onceflow.UseObserver("count", obs)),
+		GroupCommit: onceflow.GroupCommitConfig{Enabled: true},
+		Concurrency: 2,
+		Retry:       onceflow.RetryConfig{MaxAttempts: 2},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if msg.ID == "bad" {
 				return processor.Permanent(errors.New("amount is negative"))
 			}
 			return applyEffect(ctx, msg)
 		}),
-	}, func(r *onceflow.Router) {
-		require.NoError(t, r.RegisterObserver("count", func(onceflow.HandlerInfo) (middleware.Observer, error) { return obs, nil }))
 	})
 
 	ids := []string{"a", "b", "c", "bad"}
@@ -140,17 +137,4 @@ func TestRegisterObserver_SeesEachDeliveryOnceUnderGroupCommit(t *testing.T) {
 	for _, id := range ids[:3] {
 		require.Equal(t, 1, countEffects(t, f.db, id))
 	}
-}
-
-func TestRegisterObserver_RefusesAnEmptyOrTakenNameAndANilFactory(t *testing.T) {
-	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: brokertest.New()})
-	require.NoError(t, err)
-	none := func(onceflow.HandlerInfo) (middleware.Observer, error) { return nil, nil }
-	require.ErrorContains(t, r.RegisterObserver("", none), "empty name")
-	require.ErrorContains(t, r.RegisterObserver("count", nil), "nil factory")
-	require.ErrorContains(t, r.RegisterObserver("tracing", none), `"tracing" is already registered`)
-	require.NoError(t, r.RegisterObserver("count", none))
-	require.ErrorContains(t, r.RegisterObserver("count", none), `"count" is already registered`)
-	require.ErrorContains(t, r.RegisterInterceptor("count", func(onceflow.HandlerInfo) (middleware.Middleware, error) { return nil, nil }),
-		`"count" is already registered`)
 }

@@ -601,24 +601,20 @@ func (s *expiringSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 func TestMetrics_AckAfterTheDeliveryEndedIsCountedAsAnAckFailure(t *testing.T) {
 	o := newObserved(t)
 	sub := &expiringSubscriber{Subscriber: o.broker.Subscriber()}
-	expire := func(r *onceflow.Router) {
-		// Outermost: the delivery ends after the commit, before the router acknowledges.
-		require.NoError(t, r.RegisterInterceptor("expire", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-			return func(next processor.Processor) processor.Processor {
-				return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-					err := next.Process(ctx, msg)
-					if cancel, ok := sub.cancels.Load(msg.ID); ok {
-						cancel.(context.CancelFunc)()
-					}
-					return err
-				})
-			}, nil
-		}))
-	}
+	// Outermost: the delivery ends after the commit, before the router acknowledges.
+	expire := onceflow.Use("expire", func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			err := next.Process(ctx, msg)
+			if cancel, ok := sub.cancels.Load(msg.ID); ok {
+				cancel.(context.CancelFunc)()
+			}
+			return err
+		})
+	})
 	o.start(t, onceflow.Handler{
-		Subscriber:   sub,
-		Interceptors: []string{"expire", "tracing", "metrics", "deadletter", "recover", "retry", "transaction", "deduplicate"},
-	}, expire)
+		Subscriber: sub,
+		Chain:      onceflow.ExactlyOnce.Chain().Before(onceflow.StageTracing, expire),
+	})
 
 	o.produce(t, "m-1", "a")
 	consumer := o.waitDeliveries(t, 1)[0]

@@ -77,8 +77,9 @@ func (o *orderRegistry) migrate(ctx context.Context) error {
 	return nil
 }
 
-// newInOrder is the factory of the "in-order" interceptor.
-func newInOrder(r *Router, h HandlerInfo) (middleware.Middleware, error) {
+// newInOrder builds the in-order stage.
+func newInOrder(r *Router, e *stageEnv) (middleware.Middleware, error) {
+	h := e.HandlerInfo
 	cfg := h.Handler.Order
 	store, err := r.orders.store(h.DB, cfg.Table)
 	if err != nil {

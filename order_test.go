@@ -148,13 +148,13 @@ func TestExactlyOnceInOrder_RouterSweepsTimedOutGapsAndObservesParkedMessages(t 
 	})
 }
 
-func TestHandler_InOrderRunsInsideTheTransaction(t *testing.T) {
+func TestHandler_InOrderNeedsTheTransaction(t *testing.T) {
 	t.Parallel()
 	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: brokertest.New()})
 	require.NoError(t, err)
 	h := onceflow.Handler{Name: "h", Topic: topic, Subscriber: brokertest.New().Subscriber(), DB: testsvc.SQLite(t), Processor: processor.Func(applyEffect),
-		Interceptors: []string{onceflow.InterceptorInOrder, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate}}
-	require.ErrorContains(t, r.AddHandler(h), `"in-order" must come after "transaction"`)
+		Chain: onceflow.ExactlyOnceInOrder.Chain().Remove(onceflow.StageDeduplicate, onceflow.AppliedTwice).Remove(onceflow.StageTransaction, onceflow.PartlyApplied)}
+	require.ErrorContains(t, r.AddHandler(h), `Handler.Chain: stage in-order writes through the transaction, and the chain has no transaction stage`)
 }
 
 func TestHandler_OrderConfigIsValidated(t *testing.T) {

@@ -17,7 +17,6 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -238,28 +237,23 @@ func TestDeadLetter_WhoseAckIsLostOnABrokerThatDoesNotCountIsNotPublishedAgain(t
 		var lost atomic.Bool
 		var deliveries []int
 		var mu sync.Mutex
+		loseAck := onceflow.Use("lose-ack", func(next processor.Processor) processor.Processor {
+			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				mu.Lock()
+				deliveries = append(deliveries, msg.Delivery)
+				mu.Unlock()
+				err := next.Process(ctx, msg)
+				if processor.IsDeadLettered(err) && lost.CompareAndSwap(false, true) {
+					return errors.New("the acknowledgement was lost") // the router nacks
+				}
+				return err
+			})
+		})
 		f.startRouter(t, onceflow.Handler{
-			QoS: onceflow.ExactlyOnce,
-			Interceptors: []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-ack", onceflow.InterceptorDeadLetter,
-				onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate},
+			Chain: onceflow.ExactlyOnce.Chain().Before(onceflow.StageDeadLetter, loseAck),
 			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 				return processor.Permanent(errors.New("rejected by a business rule"))
 			}),
-		}, func(r *onceflow.Router) {
-			require.NoError(t, r.RegisterInterceptor("lose-ack", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-				return func(next processor.Processor) processor.Processor {
-					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-						mu.Lock()
-						deliveries = append(deliveries, msg.Delivery)
-						mu.Unlock()
-						err := next.Process(ctx, msg)
-						if processor.IsDeadLettered(err) && lost.CompareAndSwap(false, true) {
-							return errors.New("the acknowledgement was lost") // the router nacks
-						}
-						return err
-					})
-				}, nil
-			}))
 		})
 		f.publish(t, "rejected", "x")
 		f.waitAcks(t, "rejected", 1)

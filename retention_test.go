@@ -51,7 +51,9 @@ func (f *fixture) startRetentionRouter(t *testing.T, retention time.Duration, po
 		Dedup:     onceflow.DedupConfig{Retention: retention, BeyondRetention: policy},
 		Processor: processor.Func(applyEffect),
 	})
-	h.GroupCommit.MaxSize = 1 // one message at a time: the scenario has no companions
+	if f.mode.group() {
+		h.GroupCommit.MaxSize = 1 // one message at a time: the scenario has no companions
+	}
 	require.NoError(t, r.AddHandler(h))
 	stop := runRouter(t, r)
 	t.Cleanup(func() { require.NoError(t, stop()) })

@@ -39,10 +39,9 @@ import (
 // is unknown (connection lost during COMMIT) is not acknowledged, and duplicate detection
 // absorbs the redelivery.
 type Router struct {
-	cfg          Config
-	logger       *slog.Logger
-	instruments  *telemetry.Instruments
-	interceptors map[string]registered
+	cfg         Config
+	logger      *slog.Logger
+	instruments *telemetry.Instruments
 
 	mu       sync.Mutex
 	names    map[string]bool
@@ -83,25 +82,24 @@ func NewRouter(cfg Config) (*Router, error) {
 		return nil, fmt.Errorf("create metric instruments: %w", err)
 	}
 	r := &Router{
-		cfg:          cfg,
-		running:      make(chan struct{}),
-		closing:      make(chan struct{}),
-		done:         make(chan struct{}),
-		logger:       cfg.Logger,
-		instruments:  ins,
-		names:        map[string]bool{},
-		stores:       map[storeKey]*dedup.SQLStore{},
-		counters:     map[storeKey]*dedup.Counter{},
-		positions:    map[storeKey]*dedup.Positions{},
-		gate:         gate{idle: make(chan struct{})},
-		interceptors: map[string]registered{},
+		cfg:         cfg,
+		running:     make(chan struct{}),
+		closing:     make(chan struct{}),
+		done:        make(chan struct{}),
+		logger:      cfg.Logger,
+		instruments: ins,
+		names:       map[string]bool{},
+		stores:      map[storeKey]*dedup.SQLStore{},
+		counters:    map[storeKey]*dedup.Counter{},
+		positions:   map[storeKey]*dedup.Positions{},
+		gate:        gate{idle: make(chan struct{})},
 	}
 	return r, nil
 }
 
-// AddHandler adds h to the router: it validates h, builds its chain, and makes the consumer
-// that subscribes to h.Topic when Run starts. It returns an error naming the offending field
-// when h is invalid. Handlers must be added before Run.
+// AddHandler adds h to the router: it validates h (Handler.Validate), builds its chain, and
+// makes the consumer that subscribes to h.Topic when Run starts. It returns an error naming the
+// offending field when h is invalid. Handlers must be added before Run.
 func (r *Router) AddHandler(h Handler) error {
 	if err := h.Validate(); err != nil {
 		return err
@@ -111,63 +109,23 @@ func (r *Router) AddHandler(h Handler) error {
 	if r.names[h.Name] {
 		return fmt.Errorf("Handler.Name: %q is already used by another handler", h.Name)
 	}
-	names := chainNames(h)
-	if err := checkChain(h, names); err != nil {
-		return err
-	}
-	store, err := r.dedupStore(h, names)
+	p := planOf(h)
+	store, err := r.dedupStore(h, p)
 	if err != nil {
 		return err
 	}
-	info := handlerInfo(h, store, r.logger)
-	ch, err := buildChains(r, info, names)
+	env := &stageEnv{HandlerInfo: handlerInfo(h, store, r.logger), plan: p}
+	ch, err := buildChains(r, env)
 	if err != nil {
 		return err
 	}
-	c, err := newConsumer(r, info, names, ch)
+	c, err := newConsumer(r, env, ch)
 	if err != nil {
 		return err
 	}
 	r.handlers = append(r.handlers, c)
 	r.names[h.Name] = true
 	initHandlerMetrics(r.instruments, h.Name)
-	return nil
-}
-
-// RegisterInterceptor makes a custom interceptor available to Handler.Interceptors under name.
-// It must be called before the handlers that use it are added. A factory may return a nil
-// middleware to take no part in a handler's chain. A middleware that needs no factory goes in
-// Handler.Middlewares instead.
-func (r *Router) RegisterInterceptor(name string, f InterceptorFactory) error {
-	if f == nil {
-		return fmt.Errorf("RegisterInterceptor %q: nil factory", name)
-	}
-	return r.register("RegisterInterceptor", name, registered{interceptor: f})
-}
-
-// RegisterObserver makes an interceptor that only observes the deliveries available to
-// Handler.Interceptors under name, as RegisterInterceptor does for any other. Its middleware
-// is middleware.Observe of the observer the factory returns (nil: it takes no part in that
-// handler's chain). Unlike a middleware, an observer leaves a handler with group commit its
-// lane, where a first delivery waits for its group without a goroutine of its own: placed
-// among the outermost interceptors, before "deadletter", the router calls its Begin and End
-// itself (docs/concepts.md, The lane).
-func (r *Router) RegisterObserver(name string, f ObserverFactory) error {
-	if f == nil {
-		return fmt.Errorf("RegisterObserver %q: nil factory", name)
-	}
-	return r.register("RegisterObserver", name, registered{observer: f})
-}
-
-func (r *Router) register(how, name string, reg registered) error {
-	if name == "" {
-		return fmt.Errorf("%s: empty name", how)
-	}
-	_, taken := r.interceptors[name]
-	if _, builtin := builtinNamed(name); builtin || taken {
-		return fmt.Errorf("%s: %q is already registered", how, name)
-	}
-	r.interceptors[name] = reg
 	return nil
 }
 

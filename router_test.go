@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/internal/brokertest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -75,10 +74,9 @@ var modes = []mode{{name: "per-message"}, {name: "group-commit", companions: 3}}
 
 func (m mode) group() bool { return m.companions > 0 }
 
-// handler returns h for the mode. With group commit, a QoS chain gets GroupCommit.Enabled and a
-// named chain "group-commit" in place of "transaction" and "deduplicate" ("group-transaction"
-// when it has no "deduplicate"); the handler runs one subscription per message of a scenario,
-// and a group starts when every message of the scenario has joined it, or after 100 ms.
+// handler returns h for the mode. With group commit, the transaction stage runs groups
+// (GroupCommit.Enabled); the handler runs one subscription per message of a scenario, and a
+// group starts when every message of the scenario has joined it, or after 100 ms.
 func (m mode) handler(h onceflow.Handler) onceflow.Handler {
 	if !m.group() {
 		return h
@@ -88,25 +86,7 @@ func (m mode) handler(h onceflow.Handler) onceflow.Handler {
 		h.GroupCommit.MaxSize = m.companions + 1
 		h.GroupCommit.MaxWait = 100 * time.Millisecond
 	}
-	if len(h.Interceptors) == 0 {
-		h.GroupCommit.Enabled = true
-		return h
-	}
-	group := onceflow.InterceptorGroupTransaction
-	if slices.Contains(h.Interceptors, onceflow.InterceptorDeduplicate) {
-		group = onceflow.InterceptorGroupCommit
-	}
-	var names []string
-	for _, n := range h.Interceptors {
-		switch n {
-		case onceflow.InterceptorTransaction:
-			names = append(names, group)
-		case onceflow.InterceptorDeduplicate:
-		default:
-			names = append(names, n)
-		}
-	}
-	h.Interceptors = names
+	h.GroupCommit.Enabled = true
 	return h
 }
 
@@ -148,10 +128,14 @@ func (f *fixture) startRouter(t *testing.T, h onceflow.Handler, register ...func
 	if h.Processor == nil && h.BatchProcessor == nil {
 		h.Processor = processor.Func(applyEffect)
 	}
-	if h.Retry.InitialInterval == 0 {
+	chain := h.Chain
+	if len(chain.Names()) == 0 {
+		chain = h.QoS.Chain()
+	}
+	if h.Retry.InitialInterval == 0 && slices.Contains(chain.Names(), onceflow.StageRetry) {
 		h.Retry.InitialInterval = time.Millisecond
 	}
-	if h.Redelivery.Delays == nil {
+	if h.Redelivery.Delays == nil && chain.QoS() != onceflow.BestEffort {
 		h.Redelivery.Delays = []time.Duration{5 * time.Millisecond}
 	}
 	require.NoError(t, r.AddHandler(f.mode.handler(h)))
@@ -248,37 +232,31 @@ func TestExactlyOnce_RedeliveryAfterCommitIsAckedWithoutSecondEffect(t *testing.
 	})
 }
 
-// loseFirstAck is an interceptor placed between Retry and Transaction that, for the first
-// delivery of every message, reports a failure after the transaction committed: what the
-// router sees when the process dies between commit and ack, or the ack is lost.
-func loseFirstAck(r *onceflow.Router) {
+// loseFirstAck returns a chain of q without retry, with a stage before the transaction that,
+// for the first delivery of every message, reports a failure after the transaction committed:
+// what the router sees when the process dies between commit and ack, or the ack is lost.
+func loseFirstAck(q onceflow.QoS) onceflow.Chain {
 	var mu sync.Mutex
 	seen := map[string]bool{}
-	err := r.RegisterInterceptor("lose-first-ack", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-		return func(next processor.Processor) processor.Processor {
-			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-				err := next.Process(ctx, msg)
-				mu.Lock()
-				first := !seen[msg.ID]
-				seen[msg.ID] = true
-				mu.Unlock()
-				if err == nil && first {
-					return errors.New("connection to the broker lost after commit")
-				}
-				return err
-			})
-		}, nil
+	lose := onceflow.Use("lose-first-ack", func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			err := next.Process(ctx, msg)
+			mu.Lock()
+			first := !seen[msg.ID]
+			seen[msg.ID] = true
+			mu.Unlock()
+			if err == nil && first {
+				return errors.New("connection to the broker lost after commit")
+			}
+			return err
+		})
 	})
-	if err != nil {
-		panic(err)
-	}
+	return q.Chain().Remove(onceflow.StageRetry).Before(onceflow.StageTransaction, lose)
 }
 
 func TestExactlyOnce_CrashBetweenCommitAndAckRedeliversAndAcksOnce(t *testing.T) {
 	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
-		f.startRouter(t, onceflow.Handler{
-			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction", "deduplicate"},
-		}, loseFirstAck)
+		f.startRouter(t, onceflow.Handler{Chain: loseFirstAck(onceflow.ExactlyOnce)})
 
 		f.publishWithCompanions(t, "m-2", "x")
 		f.waitAcks(t, "m-2", 1)
@@ -293,9 +271,7 @@ func TestExactlyOnce_CrashBetweenCommitAndAckRedeliversAndAcksOnce(t *testing.T)
 func TestAtLeastOnce_CrashBetweenCommitAndAckDuplicatesTheEffect(t *testing.T) {
 	// The same fault without duplicate detection: the "at least once" row of the delivery-guarantee table.
 	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
-		f.startRouter(t, onceflow.Handler{
-			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction"},
-		}, loseFirstAck)
+		f.startRouter(t, onceflow.Handler{Chain: loseFirstAck(onceflow.AtLeastOnce)})
 
 		f.publishWithCompanions(t, "m-3", "x")
 		f.waitAcks(t, "m-3", 1)
@@ -381,20 +357,16 @@ func TestExactlyOnce_TwoRoutersProcessingCopiesAtOnceGiveOneEffect(t *testing.T)
 		// transactions at the same time.
 		arrived := make(chan struct{}, 2)
 		release := make(chan struct{})
-		barrier := func(r *onceflow.Router) {
-			require.NoError(t, r.RegisterInterceptor("barrier", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-				return func(next processor.Processor) processor.Processor {
-					return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-						arrived <- struct{}{}
-						<-release
-						return next.Process(ctx, msg)
-					})
-				}, nil
-			}))
-		}
-		chain := []string{"deadletter", "recover", "retry", "barrier", "transaction", "deduplicate"}
-		f.startRouter(t, onceflow.Handler{Name: "effects", Interceptors: chain}, barrier)
-		f.startRouter(t, onceflow.Handler{Name: "effects", Interceptors: chain}, barrier)
+		barrier := onceflow.Use("barrier", func(next processor.Processor) processor.Processor {
+			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+				arrived <- struct{}{}
+				<-release
+				return next.Process(ctx, msg)
+			})
+		})
+		chain := onceflow.ExactlyOnce.Chain().Before(onceflow.StageTransaction, barrier)
+		f.startRouter(t, onceflow.Handler{Name: "effects", Chain: chain})
+		f.startRouter(t, onceflow.Handler{Name: "effects", Chain: chain})
 
 		f.publish(t, "m-6", "x")
 		f.publish(t, "m-6", "x")
@@ -517,10 +489,9 @@ func TestBestEffort_ProcessesAtMostConcurrencyMessagesAtOnce(t *testing.T) {
 	var inflight, peak, done atomic.Int32
 	release := make(chan struct{})
 	f.startRouter(t, onceflow.Handler{
-		QoS:         onceflow.BestEffort,
 		Concurrency: concurrency,
 		// No transaction: SQLite would make the deliveries take turns at its one writer.
-		Interceptors: []string{onceflow.InterceptorRecover},
+		Chain: onceflow.BestEffort.Chain().Remove(onceflow.StageTransaction, onceflow.PartlyApplied),
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			n := inflight.Add(1)
 			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
@@ -580,10 +551,9 @@ func TestDeliveryThatEndsWhileWaitingForASlot_IsNackedWithoutProcessing(t *testi
 	sub := &handSubscriber{out: make(chan *message.Message)}
 	started, release := make(chan string, 3), make(chan struct{})
 	f.startRouter(t, onceflow.Handler{
-		QoS:          onceflow.BestEffort,
-		Concurrency:  1,
-		Subscriber:   sub,
-		Interceptors: []string{onceflow.InterceptorRecover},
+		Chain:       onceflow.BestEffort.Chain().Remove(onceflow.StageTransaction, onceflow.PartlyApplied),
+		Concurrency: 1,
+		Subscriber:  sub,
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			started <- msg.ID
 			<-release

@@ -83,12 +83,12 @@ func (r *Router) storeFor(h Handler) (*dedup.SQLStore, error) {
 	return s, nil
 }
 
-// dedupStore returns the dedup store of h, whose chain is names: Dedup.Store, else, for a
-// chain that records keys, the SQL store of h's database and Dedup.Table, which the router
+// dedupStore returns the dedup store of h, whose chain is resolved as p: Dedup.Store, else, for
+// a chain that records keys, the SQL store of h's database and Dedup.Table, which the router
 // claims h's name in when it runs. A chain that records no keys (natural idempotency, offsets)
 // has none, and no table is created for it.
-func (r *Router) dedupStore(h Handler, names []string) (dedup.Store, error) {
-	if h.Dedup.Store != nil || !recordsKeys(names) {
+func (r *Router) dedupStore(h Handler, p plan) (dedup.Store, error) {
+	if h.Dedup.Store != nil || !p.recordsKeys {
 		return h.Dedup.Store, nil
 	}
 	s, err := r.storeFor(h)

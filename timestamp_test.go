@@ -21,9 +21,9 @@ func TestExactlyOnce_ForeignTimestampsGiveEveryCopyOneKey(t *testing.T) {
 	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
 		f := newFixture(t, d)
 		f.startRouter(t, onceflow.Handler{
-			Interceptors: []string{"deadletter", "recover", "lose-first-ack", "transaction", "deduplicate"},
-			Dedup:        onceflow.DedupConfig{WithTimestamp: true},
-		}, loseFirstAck)
+			Chain: loseFirstAck(onceflow.ExactlyOnce),
+			Dedup: onceflow.DedupConfig{WithTimestamp: true},
+		})
 
 		now := time.Now().UTC()
 		for _, tc := range []struct {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow"
+
 	_ "github.com/onceflow/onceflow/broker/all"
 	_ "github.com/onceflow/onceflow/sqldb/mysql"
 	_ "github.com/onceflow/onceflow/sqldb/postgres"
@@ -24,10 +26,11 @@ const (
 	// PerMessage runs the canonical ExactlyOnce chain: a transaction per message, with its
 	// message id recorded in it. Handlers subscribe twice (Handler.Concurrency 2).
 	PerMessage Mode = "per-message"
-	// GroupCommit runs the ExactlyOnce chain with group commit: "group-commit" in place of
-	// "transaction" and "deduplicate". Handlers subscribe four times where the broker delivers
-	// concurrently, so that the deliveries it hands out at once share a transaction, and twice
-	// where the consumers of a group take turns (Features.ConcurrentDelivery).
+	// GroupCommit runs the ExactlyOnce chain with group commit: its transaction stage runs one
+	// transaction per group, which records the group's message ids. Handlers subscribe four
+	// times where the broker delivers concurrently, so that the deliveries it hands out at once
+	// share a transaction, and twice where the consumers of a group take turns
+	// (Features.ConcurrentDelivery).
 	GroupCommit Mode = "group-commit"
 	// Batch runs the ExactlyOnce chain with a Handler.BatchProcessor, which implies group
 	// commit: the scenario's processor becomes a batch (one multi-row INSERT of the effects
@@ -63,6 +66,13 @@ type Setup struct {
 	// Timings are the broker's delays during the suite. Zero fields take the defaults of
 	// DefaultTimings.
 	Timings Timings
+
+	// Chain, when set, edits the chain of every handler the suite runs, before the suite puts
+	// in the stages of its own scenarios (outside retry, and just outside the transaction): the
+	// way to run the scenarios with stages of one's own in the canonical ExactlyOnce chain. The
+	// Poison scenario then runs its consumers as routers in the test process, which a function
+	// can reach, and not as child processes.
+	Chain func(onceflow.Chain) onceflow.Chain
 }
 
 // Timings are the broker options that decide how fast the suite runs (see broker.Options).

@@ -41,8 +41,8 @@ func TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost(t *testing.T) {
 	})
 	require.NoError(t, err)
 	var lost sync.Once
-	// Outside "deadletter": the dead letter is out, and the acknowledgement is lost once.
-	interceptor(t, r, "lose-first-ack", func(next processor.Processor) processor.Processor {
+	// Outside the dead-letter stage: the dead letter is out, and the acknowledgement is lost once.
+	loseFirstAck := onceflow.Use("lose-first-ack", func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			err := next.Process(ctx, msg)
 			lose := false
@@ -61,8 +61,7 @@ func TestDeadLetterIsNotPublishedAgainWhenItsAckIsLost(t *testing.T) {
 	h := f.handler(handlerSpec{Name: "effects", Topic: topic, Processor: processor.Func(func(context.Context, *messagedata.MessageData) error {
 		return processor.Permanent(errors.New("rejected by a business rule"))
 	})}, p.wrap("effects", sub))
-	h.Interceptors = []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-first-ack", onceflow.InterceptorDeadLetter,
-		onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate}
+	h.Chain = onceflow.ExactlyOnce.Chain().Before(onceflow.StageDeadLetter, loseFirstAck)
 	require.NoError(t, r.AddHandler(h))
 	testsvc.StartRouter(t, r)
 
@@ -170,8 +169,9 @@ func testDeadLetterStep(t *testing.T, brokerURL string, qos onceflow.QoS, step d
 		DeadLetterPublisher: pub, DeadLetterTopic: f.dlq, Logger: f.logger, PurgeInterval: -1, CloseTimeout: 5 * time.Second,
 	})
 	require.NoError(t, err)
-	// Outside "deadletter": the dead letter is out and recorded; the acknowledgement is not.
-	interceptor(t, r, "die-after-record", func(next processor.Processor) processor.Processor {
+	// Outside the dead-letter stage: the dead letter is out and recorded; the acknowledgement
+	// is not.
+	dieAfterRecord := onceflow.Use("die-after-record", func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			err := next.Process(ctx, msg)
 			if step == afterRecord && processor.IsDeadLettered(err) {
@@ -193,12 +193,7 @@ func testDeadLetterStep(t *testing.T, brokerURL string, qos onceflow.QoS, step d
 		}
 		return writeEffect(ctx, "effects", msg)
 	})}, p.wrap("effects", sub))
-	h.QoS = qos
-	h.Interceptors = []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "die-after-record", onceflow.InterceptorDeadLetter,
-		onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction}
-	if qos == onceflow.ExactlyOnce {
-		h.Interceptors = append(h.Interceptors, onceflow.InterceptorDeduplicate)
-	}
+	h.Chain = qos.Chain().Before(onceflow.StageDeadLetter, dieAfterRecord)
 	require.NoError(t, r.AddHandler(h))
 	testsvc.StartRouter(t, r)
 
@@ -267,8 +262,8 @@ func TestDeadLetter_AtLeastOnceMessageWhoseRedeliveriesCommittedIsNotDeadLettere
 		DeadLetterPublisher: b.Publisher(), DeadLetterTopic: f.dlq, Logger: f.logger, PurgeInterval: -1, CloseTimeout: 5 * time.Second,
 	})
 	require.NoError(t, err)
-	// Outside "deadletter": every delivery up to the limit commits and loses its ack.
-	interceptor(t, r, "lose-acks", func(next processor.Processor) processor.Processor {
+	// Outside the dead-letter stage: every delivery up to the limit commits and loses its ack.
+	loseAcks := onceflow.Use("lose-acks", func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			err := next.Process(ctx, msg)
 			if err == nil && msg.Delivery <= 2 {
@@ -281,9 +276,7 @@ func TestDeadLetter_AtLeastOnceMessageWhoseRedeliveriesCommittedIsNotDeadLettere
 	require.NoError(t, err)
 	p := newProbe(t)
 	h := f.handler(handlerSpec{Name: "effects", Topic: topic, MaxDeliveries: 2}, p.wrap("effects", sub))
-	h.QoS = onceflow.AtLeastOnce
-	h.Interceptors = []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, "lose-acks", onceflow.InterceptorDeadLetter,
-		onceflow.InterceptorRecover, onceflow.InterceptorRetry, onceflow.InterceptorTransaction}
+	h.Chain = onceflow.AtLeastOnce.Chain().Before(onceflow.StageDeadLetter, loseAcks)
 	require.NoError(t, r.AddHandler(h))
 	testsvc.StartRouter(t, r)
 

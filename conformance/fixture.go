@@ -33,9 +33,11 @@ const effectsTable = "conformance_effects"
 
 // fixture is one test's broker, database and topics.
 type fixture struct {
-	t         *testing.T
-	features  Features
-	mode      Mode
+	t        *testing.T
+	features Features
+	mode     Mode
+	// edit is the setup's edit of every handler's chain (Setup.Chain); nil for none.
+	edit      func(onceflow.Chain) onceflow.Chain
 	timings   Timings
 	brokerURL string
 	dbURL     string
@@ -60,6 +62,7 @@ func newFixture(t *testing.T, s Setup, features Features, mode Mode) *fixture {
 		t:        t,
 		features: features,
 		mode:     mode,
+		edit:     s.Chain,
 		timings:  s.Timings.withDefaults(),
 		prefix:   testsvc.UniqueName("cf"),
 	}
@@ -157,11 +160,11 @@ type handlerSpec struct {
 	// when Processor is nil, and otherwise to Processor run for one message after the other,
 	// the first that fails named with processor.ErrorFor.
 	Batch processor.Batch
-	// Outer are interceptors (registered by the scenario) placed outside "retry": an error
-	// they return goes to the router as it is, and a retryable one is a nack.
-	Outer []string
-	// Inner are interceptors placed between "retry" and the transaction.
-	Inner []string
+	// Outer are stages placed outside retry: an error they return goes to the router as it
+	// is, and a retryable one is a nack.
+	Outer []onceflow.Stage
+	// Inner are stages placed between retry and the transaction.
+	Inner []onceflow.Stage
 	// MaxAttempts of the in-process retry. Defaults to 3.
 	MaxAttempts int
 	// Concurrency overrides the mode's number of subscriptions.
@@ -174,9 +177,9 @@ type handlerSpec struct {
 	Redelivery []time.Duration
 }
 
-// handler returns the onceflow handler for spec in the fixture's mode. Without custom
-// interceptors it is the canonical ExactlyOnce chain (with group commit in GroupCommit mode,
-// and a batch processor in Batch mode); with them, the same chain with them inserted.
+// handler returns the onceflow handler for spec in the fixture's mode: the canonical
+// ExactlyOnce chain (with group commit in GroupCommit mode, and a batch processor in Batch
+// mode), edited by the setup's Chain, with the spec's stages inserted.
 //
 // It reads only the fixture's mode, features, timings and database: the Poison scenario's
 // consumer processes build their handlers with it too.
@@ -216,21 +219,18 @@ func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Han
 			h.Concurrency = 4
 		}
 	}
-	if len(spec.Outer) == 0 && len(spec.Inner) == 0 {
-		h.QoS = onceflow.ExactlyOnce
-		h.GroupCommit.Enabled = f.mode == GroupCommit
-		return h
+	chain := onceflow.ExactlyOnce.Chain()
+	if f.edit != nil {
+		chain = f.edit(chain)
 	}
-	names := []string{onceflow.InterceptorTracing, onceflow.InterceptorMetrics, onceflow.InterceptorDeadLetter, onceflow.InterceptorRecover}
-	names = append(names, spec.Outer...)
-	names = append(names, onceflow.InterceptorRetry, onceflow.InterceptorTimeout)
-	names = append(names, spec.Inner...)
-	if f.mode == PerMessage {
-		names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate)
-	} else {
-		names = append(names, onceflow.InterceptorGroupCommit)
+	if len(spec.Outer) > 0 {
+		chain = chain.Before(onceflow.StageRetry, spec.Outer...)
 	}
-	h.Interceptors = names
+	if len(spec.Inner) > 0 {
+		chain = chain.Before(onceflow.StageTransaction, spec.Inner...)
+	}
+	h.Chain = chain
+	h.GroupCommit.Enabled = f.mode == GroupCommit
 	return h
 }
 

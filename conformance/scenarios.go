@@ -13,19 +13,12 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
 // errAckLost is what the router sees when the acknowledgement of a committed message cannot
 // reach the broker: the process died between commit and ack, or the connection did.
 var errAckLost = errors.New("acknowledgement lost after the commit (injected)")
-
-// interceptor registers a custom interceptor on r, failing the test if it cannot.
-func interceptor(t *testing.T, r *onceflow.Router, name string, mw middleware.Middleware) {
-	t.Helper()
-	require.NoError(t, r.RegisterInterceptor(name, func(onceflow.HandlerInfo) (middleware.Middleware, error) { return mw, nil }))
-}
 
 // testRedeliveryAfterCommit: the first delivery of each message commits its effect and then
 // loses its acknowledgement; the broker delivers the message again, and the redelivery is
@@ -52,8 +45,7 @@ func testRedeliveryAfterCommit(t *testing.T, f *fixture) {
 			return err
 		})
 	}
-	n := f.startNode(b, func(r *onceflow.Router) { interceptor(t, r, "lose-first-ack", loseFirstAck) },
-		handlerSpec{Name: "effects", Topic: topic, Outer: []string{"lose-first-ack"}})
+	n := f.startNode(b, nil, handlerSpec{Name: "effects", Topic: topic, Outer: []onceflow.Stage{onceflow.Use("lose-first-ack", loseFirstAck)}})
 
 	ids := []string{f.id("a"), f.id("b"), f.id("c")}
 	for _, id := range ids {
@@ -158,8 +150,8 @@ func testConcurrentDuplicates(t *testing.T, f *fixture) {
 				return next.Process(ctx, msg)
 			})
 		}
-		nodes[i] = f.startNode(b, func(r *onceflow.Router) { interceptor(t, r, "barrier", barrier) },
-			handlerSpec{Name: "effects", Topic: topic, Inner: []string{"barrier"}, Concurrency: 1})
+		nodes[i] = f.startNode(b, nil,
+			handlerSpec{Name: "effects", Topic: topic, Inner: []onceflow.Stage{onceflow.Use("barrier", barrier)}, Concurrency: 1})
 	}
 	get := func(id string) (sum deliveryCounts, per [2]deliveryCounts) {
 		for i, n := range nodes {
@@ -319,8 +311,7 @@ func testConnectionCut(t *testing.T, f *fixture) {
 		ids[i] = f.id(fmt.Sprintf("m%02d", i))
 		f.publish(direct, topic, ids[i], "x")
 	}
-	n := f.startNode(viaProxy, func(r *onceflow.Router) { interceptor(t, r, "hold-at-half", holdAtHalf) },
-		handlerSpec{Name: "effects", Topic: topic, Outer: []string{"hold-at-half"}})
+	n := f.startNode(viaProxy, nil, handlerSpec{Name: "effects", Topic: topic, Outer: []onceflow.Stage{onceflow.Use("hold-at-half", holdAtHalf)}})
 	select {
 	case <-halfReached:
 	case <-time.After(waitFor):

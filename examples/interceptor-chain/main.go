@@ -1,17 +1,20 @@
-// Interceptor-chain is the classic interceptor stack (docs/background.md): a message processor
-// wrapped in a chain of interceptors named in configuration, as Spring AOP's interceptorNames
-// list does, with the duplicate-handling advisor's message_log table keyed by message id and
-// timestamp.
+// Interceptor-chain is the classic interceptor stack (docs/background.md) in code: the canonical
+// ExactlyOnce chain of the library with one interceptor of this program's own put in by
+// position, and the duplicate-handling advisor's message_log table keyed by message id and
+// timestamp. One line makes the chain:
 //
-// The chain, outermost first:
+//	onceflow.ExactlyOnce.Chain().Before(onceflow.StageDeadLetter, onceflow.Use("audit", audit))
 //
-//	tracing -> metrics -> audit -> deadletter -> recover -> retry -> transaction -> deduplicate -> processor
+// which runs, outermost first:
+//
+//	tracing -> metrics -> audit -> deadletter -> recover -> retry -> timeout -> transaction -> deduplicate
 //
 // "tracing" is the trace advisor (an OpenTelemetry span per message), "metrics" the performance
 // monitor (OpenTelemetry counters and a duration histogram), "deduplicate" the
 // duplicate-handling advisor writing to message_log in the processor's transaction, and "audit"
-// a custom interceptor registered by this program. Middlewares run in the order given: the
-// first is the outermost, so it sees the message first and the outcome last.
+// this program's interceptor: outside the dead-letter stage, it sees each delivery once with
+// its final outcome. Every stage it does not touch stays the library's. Stages run in the order
+// given: the first is the outermost, so it sees the message first and the outcome last.
 //
 //	go run ./examples/interceptor-chain
 package main
@@ -51,6 +54,7 @@ const (
 
 // Summary is what a run observed.
 type Summary struct {
+	Chain      string           // the handler's chain, outermost first
 	Audit      []string         // the audit interceptor's log, one line per delivery
 	Orders     int              // rows the processor wrote
 	MessageLog int              // rows in message_log
@@ -71,6 +75,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "interceptor-chain:", err)
 		os.Exit(1)
 	}
+	fmt.Println("chain:", s.Chain)
 	for _, line := range s.Audit {
 		fmt.Println(line)
 	}
@@ -129,22 +134,19 @@ func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) 
 	}
 	var mu sync.Mutex
 	var audit []string
-	// A custom interceptor: it sees each delivery and its outcome, and could write an audit row
-	// through processor.TxFromContext if placed inside "transaction".
-	err = router.RegisterInterceptor("audit", func(h onceflow.HandlerInfo) (middleware.Middleware, error) {
-		return func(next processor.Processor) processor.Processor {
-			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-				err := next.Process(ctx, msg)
-				mu.Lock()
-				audit = append(audit, fmt.Sprintf("audit: handler=%s message=%s outcome=%s", h.Name, msg.ID, processor.OutcomeOf(err)))
-				mu.Unlock()
-				return err
-			})
-		}, nil
+	// The interceptor: it sees each delivery and its outcome, and could write an audit row
+	// through processor.TxFromContext if placed inside the transaction (After(StageTransaction)).
+	auditStage := onceflow.Use("audit", func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			err := next.Process(ctx, msg)
+			d, _ := middleware.DeliveryFrom(ctx)
+			mu.Lock()
+			audit = append(audit, fmt.Sprintf("audit: handler=%s message=%s outcome=%s", d.Handler(), msg.ID, processor.OutcomeOf(err)))
+			mu.Unlock()
+			return err
+		})
 	})
-	if err != nil {
-		return Summary{}, err
-	}
+	chain := onceflow.ExactlyOnce.Chain().Before(onceflow.StageDeadLetter, auditStage)
 	sub, err := queue.Subscriber()
 	if err != nil {
 		return Summary{}, err
@@ -154,9 +156,8 @@ func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) 
 		Topic:      topic,
 		Subscriber: sub,
 		DB:         db,
-		Interceptors: []string{"tracing", "metrics", "audit", "deadletter", "recover", "retry", "transaction",
-			"deduplicate"},
-		Dedup: onceflow.DedupConfig{Table: "message_log", WithTimestamp: true},
+		Chain:      chain,
+		Dedup:      onceflow.DedupConfig{Table: "message_log", WithTimestamp: true},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx)
 			_, err := tx.ExecContext(ctx, `INSERT INTO orders (order_id, body) VALUES (?, ?)`, msg.ID, string(msg.Payload))
@@ -179,7 +180,7 @@ func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) 
 		return Summary{}, err
 	}
 
-	s := Summary{Audit: audit, ByOutcome: map[string]int64{}}
+	s := Summary{Chain: chain.String(), Audit: audit, ByOutcome: map[string]int64{}}
 	if err := db.GetContext(ctx, &s.Orders, `SELECT COUNT(*) FROM orders`); err != nil {
 		return s, err
 	}

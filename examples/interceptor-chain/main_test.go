@@ -9,10 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestInterceptorChain_ComposedByNameWithMessageLog(t *testing.T) {
+func TestInterceptorChain_OneOfItsOwnInTheCanonicalChainWithMessageLog(t *testing.T) {
 	s, err := run(context.Background(), t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 
+	require.Equal(t, "tracing -> metrics -> audit -> deadletter -> recover -> retry -> timeout -> transaction -> deduplicate", s.Chain)
 	require.Equal(t, []string{
 		"audit: handler=orders message=order-1 outcome=processed",
 		"audit: handler=orders message=order-2 outcome=processed",

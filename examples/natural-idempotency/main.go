@@ -160,9 +160,9 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (s Summary
 		Topic:      topic,
 		Subscriber: sub,
 		DB:         db,
-		// No "deduplicate": the business writes detect the second delivery themselves.
-		Interceptors: []string{"deadletter", "recover", "retry", "transaction", "natural-idempotency"},
-		// The primary key of natural_payments, as each database names it.
+		QoS:        onceflow.ExactlyOnce,
+		// No dedup table: the business writes detect the second delivery themselves, by the
+		// primary key of natural_payments, as each database names it.
 		Dedup:       onceflow.DedupConfig{UniqueConstraints: []string{"natural_payments_pkey", "PRIMARY", "natural_payments.payment_id"}},
 		Concurrency: 4,
 		// A balance that arrives before its predecessor is tried again soon.

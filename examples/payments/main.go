@@ -36,7 +36,6 @@ import (
 	_ "github.com/onceflow/onceflow/broker/all"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 	_ "github.com/onceflow/onceflow/sqldb/mysql"
@@ -134,26 +133,21 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	var mu sync.Mutex
 	lost := map[string]bool{}
 	redelivered := 0
-	err = router.RegisterInterceptor("lose-ack", func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-		return func(next processor.Processor) processor.Processor {
-			return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-				err := next.Process(ctx, msg)
-				mu.Lock()
-				defer mu.Unlock()
-				if seen, ok := lost[msg.ID]; ok && seen {
-					redelivered++
-				}
-				if err == nil && msg.Header("lose-ack") == "yes" && !lost[msg.ID] {
-					lost[msg.ID] = true
-					return errors.New("process died after commit, before the ack")
-				}
-				return err
-			})
-		}, nil
+	loseAck := onceflow.Use("lose-ack", func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			err := next.Process(ctx, msg)
+			mu.Lock()
+			defer mu.Unlock()
+			if seen, ok := lost[msg.ID]; ok && seen {
+				redelivered++
+			}
+			if err == nil && msg.Header("lose-ack") == "yes" && !lost[msg.ID] {
+				lost[msg.ID] = true
+				return errors.New("process died after commit, before the ack")
+			}
+			return err
+		})
 	})
-	if err != nil {
-		return Summary{}, err
-	}
 	sub, err := b.Subscriber()
 	if err != nil {
 		return Summary{}, err
@@ -166,11 +160,10 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 		Topic:      topic,
 		Subscriber: sub,
 		DB:         db,
-		QoS:        onceflow.ExactlyOnce,
-		// The ExactlyOnce chain, with the lost acknowledgement placed between the retry and
-		// the transaction: after the commit, before the ack.
-		Interceptors: []string{"tracing", "metrics", "deadletter", "recover", "lose-ack", "transaction", "deduplicate"},
-		Concurrency:  4,
+		// The ExactlyOnce chain, with the lost acknowledgement placed outside the retry: after
+		// the commit, before the ack, its failure goes to the router, which nacks.
+		Chain:       onceflow.ExactlyOnce.Chain().Before(onceflow.StageRetry, loseAck),
+		Concurrency: 4,
 		Processor: processor.JSON(func(ctx context.Context, msg *messagedata.MessageData, o Order) error {
 			if o.Cents <= 0 || o.From == o.To {
 				return processor.Permanent(fmt.Errorf("invalid order: %+v", o))

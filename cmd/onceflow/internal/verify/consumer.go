@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/internal/ordercheck"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -141,10 +140,7 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 	if err != nil {
 		return err
 	}
-	beforeCommit, err := registerCrash(router, cfg.Crash)
-	if err != nil {
-		return err
-	}
+	crash := crashStages(cfg.Crash)
 	var out sync.Mutex
 	line := func(s string) {
 		out.Lock()
@@ -192,23 +188,31 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 		return nil
 	}
 	h := onceflow.Handler{
-		Name:          cfg.Handler,
-		Topic:         cfg.Topic,
-		Subscriber:    sub,
-		DB:            db,
-		QoS:           cfg.Mode,
-		Interceptors:  chainWithCrashPoints(cfg.Mode, cfg.Dedup, cfg.GroupCommit || cfg.Batch, cfg.Batch),
-		Concurrency:   max(cfg.Concurrency, 1),
-		MaxDeliveries: cfg.MaxDeliveries,
-		Redelivery:    onceflow.RedeliveryConfig{Delays: redeliveryDelays},
-		Retry:         onceflow.RetryConfig{MaxAttempts: 5, InitialInterval: 20 * time.Millisecond, MaxInterval: time.Second},
+		Name:        cfg.Handler,
+		Topic:       cfg.Topic,
+		Subscriber:  sub,
+		DB:          db,
+		Chain:       crash.chain(cfg.Mode, cfg.Batch),
+		Concurrency: max(cfg.Concurrency, 1),
+		GroupCommit: onceflow.GroupCommitConfig{Enabled: cfg.GroupCommit},
+	}
+	if cfg.Mode != onceflow.BestEffort {
+		h.MaxDeliveries = cfg.MaxDeliveries
+		h.Redelivery = onceflow.RedeliveryConfig{Delays: redeliveryDelays}
+		h.Retry = onceflow.RetryConfig{MaxAttempts: 5, InitialInterval: 20 * time.Millisecond, MaxInterval: time.Second}
+	}
+	switch cfg.Dedup {
+	case DedupByOffset:
+		h.Dedup.ByOffset = true
+	case DedupAckInTx:
+		h.Dedup.AckInTransaction = true
 	}
 	if cfg.Batch {
 		h.BatchProcessor = processor.JSONBatch(func(ctx context.Context, msgs []*messagedata.MessageData, vs []poisonPayload) error {
 			if err := apply(ctx, msgs, vs); err != nil {
 				return err
 			}
-			beforeCommit(len(msgs))
+			crash.beforeCommit(len(msgs))
 			return nil
 		})
 	} else {
@@ -242,53 +246,21 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 	}
 }
 
-// chainWithCrashPoints is the canonical chain of mode with an interceptor at each crash point:
-// after-receive and after-commit observe the delivery from outside the chain (the one before
-// the chain runs, the other once it has returned, after the commit and before the ack), and
-// before-commit runs innermost, in the transaction. With a batch processor, which nothing may
-// stand before, the batch processor itself holds the before-commit crash point.
-func chainWithCrashPoints(mode onceflow.QoS, dedup Dedup, groupCommit, batch bool) []string {
-	names := []string{string(AfterReceive), string(AfterCommit)}
-	switch mode {
-	case onceflow.BestEffort:
-		names = append(names, "recover", "transaction")
-	case onceflow.AtLeastOnce:
-		names = append(names, "deadletter", "recover", "retry", "transaction")
-	default:
-		names = append(names, "deadletter", "recover", "retry")
-		switch {
-		case groupCommit && dedup == DedupByOffset:
-			names = append(names, onceflow.InterceptorGroupOffsets)
-		case groupCommit && dedup == DedupAckInTx:
-			names = append(names, onceflow.InterceptorGroupTransaction, onceflow.InterceptorAckInTransaction)
-		case groupCommit:
-			names = append(names, onceflow.InterceptorGroupCommit)
-		case dedup == DedupByOffset:
-			names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorOffsets)
-		case dedup == DedupAckInTx:
-			names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorAckInTransaction)
-		default:
-			names = append(names, onceflow.InterceptorTransaction, onceflow.InterceptorDeduplicate)
-		}
-		if mode == onceflow.ExactlyOnceInOrder {
-			names = append(names, "in-order")
-		}
-	}
-	if batch {
-		return names
-	}
-	return append(names, string(BeforeCommit))
+// crashPoints are the stages of a consumer's crash points; the armed one kills the process at
+// its Nth delivery. After-receive and after-commit are observers, outermost, which leave a
+// handler with group commit the lane it has without them: after-receive runs before the chain
+// (it also counts the deliveries), after-commit once the chain has returned, after the commit
+// and before the ack. Before-commit runs innermost, in the transaction; with a batch
+// processor, which nothing may stand after the transaction of, the batch processor itself
+// calls beforeCommit with the number of messages it wrote.
+type crashPoints struct {
+	afterReceive, afterCommit onceflow.Stage
+	beforeCommitStage         onceflow.Stage
+	beforeCommit              func(n int)
 }
 
-// delivered counts the deliveries this consumer received.
-var delivered atomic.Int64
-
-// registerCrash registers an interceptor under each crash point's name; the armed one kills
-// the process at its Nth delivery. The after-receive one also counts deliveries. After-receive
-// and after-commit are observers (Router.RegisterObserver), which leave a handler with group
-// commit the lane it has without them. It returns the before-commit crash point of a batch
-// processor, which calls it with the number of messages it wrote.
-func registerCrash(r *onceflow.Router, armed *Crash) (beforeCommit func(n int), err error) {
+// crashStages returns the crash points of a consumer, of which armed (nil for none) kills it.
+func crashStages(armed *Crash) crashPoints {
 	var deliveries atomic.Int64
 	reached := func(point CrashPoint, n int64) bool {
 		if armed == nil || armed.Point != point {
@@ -297,48 +269,48 @@ func registerCrash(r *onceflow.Router, armed *Crash) (beforeCommit func(n int), 
 		k := deliveries.Add(n)
 		return k >= int64(armed.N) && k-n < int64(armed.N)
 	}
-	beforeCommit = func(n int) {
+	c := crashPoints{beforeCommit: func(n int) {
 		if reached(BeforeCommit, int64(n)) {
 			die()
 		}
-	}
-	err = errors.Join(
-		r.RegisterObserver(string(AfterReceive), func(onceflow.HandlerInfo) (middleware.Observer, error) {
-			return crashObserver{begin: func() {
-				delivered.Add(1)
-				if reached(AfterReceive, 1) {
-					// A consumer that dies on receipt has usually started working: give an
-					// acknowledgement sent on receipt the time to leave.
-					time.Sleep(20 * time.Millisecond)
-					die()
-				}
-			}}, nil
-		}),
-		r.RegisterObserver(string(AfterCommit), func(onceflow.HandlerInfo) (middleware.Observer, error) {
-			if armed == nil || armed.Point != AfterCommit {
-				return nil, nil
-			}
-			return crashObserver{end: func() {
-				if reached(AfterCommit, 1) {
-					die()
-				}
-			}}, nil
-		}),
-		r.RegisterInterceptor(string(BeforeCommit), func(onceflow.HandlerInfo) (middleware.Middleware, error) {
-			if armed == nil || armed.Point != BeforeCommit {
-				return nil, nil
-			}
-			return func(next processor.Processor) processor.Processor {
-				return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-					err := next.Process(ctx, msg)
-					beforeCommit(1)
-					return err
-				})
-			}, nil
-		}),
-	)
-	return beforeCommit, err
+	}}
+	c.afterReceive = onceflow.UseObserver(onceflow.StageName(AfterReceive), crashObserver{begin: func() {
+		delivered.Add(1)
+		if reached(AfterReceive, 1) {
+			// A consumer that dies on receipt has usually started working: give an
+			// acknowledgement sent on receipt the time to leave.
+			time.Sleep(20 * time.Millisecond)
+			die()
+		}
+	}})
+	c.afterCommit = onceflow.UseObserver(onceflow.StageName(AfterCommit), crashObserver{end: func() {
+		if reached(AfterCommit, 1) {
+			die()
+		}
+	}})
+	c.beforeCommitStage = onceflow.Use(onceflow.StageName(BeforeCommit), func(next processor.Processor) processor.Processor {
+		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			err := next.Process(ctx, msg)
+			c.beforeCommit(1)
+			return err
+		})
+	})
+	return c
 }
+
+// chain returns the canonical chain of mode with the crash points in place: before-commit
+// innermost, unless a batch processor holds it.
+func (c crashPoints) chain(mode onceflow.QoS, batch bool) onceflow.Chain {
+	chain := mode.Chain().Before(onceflow.StageTracing, c.afterReceive, c.afterCommit)
+	if batch {
+		return chain
+	}
+	names := chain.Names()
+	return chain.After(names[len(names)-1], c.beforeCommitStage)
+}
+
+// delivered counts the deliveries this consumer received.
+var delivered atomic.Int64
 
 // crashObserver runs begin before a delivery's chain and end after it; either may be nil.
 type crashObserver struct{ begin, end func() }
