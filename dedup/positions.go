@@ -11,6 +11,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/onceflow/onceflow/internal/textcol"
+	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -179,4 +181,19 @@ func (p *Positions) Load(ctx context.Context, handler, topic string) (map[int32]
 		return nil, fmt.Errorf("dedup: load the positions of %s in %s (%s): %w", textcol.Quote(handler), textcol.Quote(topic), p.table, err)
 	}
 	return out, nil
+}
+
+// PositionOf returns the position of msg in its partition, which duplicate detection by offset
+// keeps, or a permanent error (processor.Permanent) for a message that has none: its broker has
+// no partitions.
+func PositionOf(msg *messagedata.MessageData) (messagedata.Position, error) {
+	pos, ok, err := messagedata.PositionOf(msg)
+	switch {
+	case err != nil:
+		return pos, processor.Permanent(fmt.Errorf("message position: %w", err))
+	case !ok:
+		return pos, processor.Permanent(fmt.Errorf("message has no position in an ordered log (headers %s and %s are empty): duplicate detection by offsets needs a broker with partitions",
+			messagedata.HeaderPartition, messagedata.HeaderOffset))
+	}
+	return pos, nil
 }

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/onceflow/onceflow/messagedata"
 )
 
 // Key identifies one message for one handler.
@@ -17,6 +19,16 @@ type Key struct {
 	// Timestamp is the message timestamp in Unix microseconds when the key includes it (seed
 	// 002's message_log), zero otherwise.
 	Timestamp int64
+}
+
+// KeyOf returns the key under which handler records msg: its id, and with withTimestamp its
+// timestamp when it has one.
+func KeyOf(handler string, msg *messagedata.MessageData, withTimestamp bool) Key {
+	key := Key{Handler: handler, MessageID: msg.ID}
+	if withTimestamp && !msg.Timestamp.IsZero() {
+		key.Timestamp = msg.Timestamp.UnixMicro()
+	}
+	return key
 }
 
 // Store records the keys of processed messages inside the caller's transaction.
