@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -51,7 +52,6 @@ func BenchmarkSQLQueueExactlyOnce(b *testing.B) {
 						require.NoError(b, err)
 						done := make(chan struct{}, messages)
 						h := onceflow.Handler{Name: topic, Topic: topic, DB: db, Subscriber: sub, QoS: onceflow.ExactlyOnce, Concurrency: 8,
-							Dedup: onceflow.DedupConfig{AckInTransaction: mode == "ack-in-tx"},
 							Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 								if err := applyEffect(ctx, msg); err != nil {
 									return err
@@ -59,6 +59,9 @@ func BenchmarkSQLQueueExactlyOnce(b *testing.B) {
 								done <- struct{}{}
 								return nil
 							})}
+						if mode == "ack-in-tx" {
+							h.Dedup.Mode = middleware.DedupAckInTransaction
+						}
 						require.NoError(b, r.AddHandler(h))
 						runCtx, cancel := context.WithCancel(ctx)
 						stopped := make(chan error, 1)

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -20,26 +21,15 @@ import (
 // Handler's configuration) and builds its middlewares: the builders of the built-in stages of
 // the table builtins (chain.go), each from the Handler and the router's Config.
 
-// dedupMode is how a handler's deduplicate stage detects duplicates.
-type dedupMode int
-
-const (
-	// dedupNone: the chain holds no built-in deduplicate stage.
-	dedupNone dedupMode = iota
-	dedupByID
-	dedupCheckFirst
-	dedupByOffset
-	dedupAckInTx
-	dedupNatural
-)
-
 // plan is a handler's chain resolved: the implementation each of its built-in stages takes.
 type plan struct {
 	chain Chain
 	// group: the built-in transaction runs groups (group commit, or a batch processor).
 	group bool
-	// dedup is the mode of the built-in deduplicate stage.
-	dedup dedupMode
+	// hasDedup: the chain holds the built-in deduplicate stage, which detects duplicates in
+	// mode dedup.
+	hasDedup bool
+	dedup    middleware.DedupMode
 	// deadLetter: the chain holds the built-in dead-letter stage, which applies the delivery
 	// limit.
 	deadLetter bool
@@ -53,28 +43,16 @@ func planOf(h Handler) plan {
 	c := h.chain()
 	p := plan{chain: c, deadLetter: c.builtin(StageDeadLetter) != nil}
 	p.group = c.builtin(StageTransaction) != nil && (h.GroupCommit.Enabled || h.BatchProcessor != nil)
-	if c.builtin(StageDeduplicate) != nil {
-		switch d := h.Dedup; {
-		case d.ByOffset:
-			p.dedup = dedupByOffset
-		case d.AckInTransaction:
-			p.dedup = dedupAckInTx
-		case len(d.UniqueConstraints) > 0:
-			p.dedup = dedupNatural
-		case d.CheckFirst:
-			p.dedup = dedupCheckFirst
-		default:
-			p.dedup = dedupByID
-		}
-	}
-	p.recordsKeys = p.dedup == dedupByID || p.dedup == dedupCheckFirst || c.builtin(StageInOrder) != nil
+	p.hasDedup, p.dedup = c.builtin(StageDeduplicate) != nil, h.Dedup.Mode
+	p.recordsKeys = p.hasDedup && p.dedup.RecordsIDs() || c.builtin(StageInOrder) != nil
 	return p
 }
 
 // byOffset reports whether the chain detects duplicates by offset; windowed, whether its
 // groups take a partition's messages several at once.
 func (p plan) byOffset() (byOffset, windowed bool) {
-	return p.dedup == dedupByOffset, p.dedup == dedupByOffset && p.group
+	byOffset = p.hasDedup && p.dedup == middleware.DedupByOffset
+	return byOffset, byOffset && p.group
 }
 
 // stageEnv is what the builders of a handler's stages know of it.
@@ -202,84 +180,24 @@ func compose(links []link, p processor.Processor) processor.Processor {
 }
 
 func newTracing(r *Router, e *stageEnv) (middleware.Observer, error) {
-	opts := []middleware.TracingOption{}
-	if r.cfg.TracerProvider != nil {
-		opts = append(opts, middleware.WithTracerProvider(r.cfg.TracerProvider))
-	}
-	if r.cfg.Propagator != nil {
-		opts = append(opts, middleware.WithPropagator(r.cfg.Propagator))
-	}
-	opts = append(opts, middleware.WithMessagingSystem(e.MessagingSystem))
-	if e.ConsumerGroup != "" {
-		opts = append(opts, middleware.WithConsumerGroup(e.ConsumerGroup))
-	}
-	return middleware.TracingObserver(e.Name, opts...), nil
+	t := middleware.Tracing{TracerProvider: r.cfg.TracerProvider, Propagator: r.cfg.Propagator,
+		MessagingSystem: e.MessagingSystem, ConsumerGroup: e.ConsumerGroup}
+	return t.Observer(e.Name), nil
 }
 
 func newMetrics(r *Router, e *stageEnv) (middleware.Observer, error) {
-	opts := []middleware.MetricsOption{middleware.WithMessagingSystem(e.MessagingSystem)}
-	if e.ConsumerGroup != "" {
-		opts = append(opts, middleware.WithConsumerGroup(e.ConsumerGroup))
-	}
-	if r.cfg.MeterProvider != nil {
-		opts = append(opts, middleware.WithMeterProvider(r.cfg.MeterProvider))
-	}
-	return middleware.MetricsObserver(e.Name, opts...)
+	m := middleware.Metrics{MeterProvider: r.cfg.MeterProvider, MessagingSystem: e.MessagingSystem, ConsumerGroup: e.ConsumerGroup}
+	return m.Observer(e.Name)
 }
 
 func newDeadLetter(r *Router, e *stageEnv) (middleware.Middleware, error) {
-	var opts []middleware.DeadLetterOption
-	h := e.Handler
-	if limit := h.MaxDeliveries; limit >= 0 && h.qos() != BestEffort {
-		if limit == 0 {
-			limit = DefaultMaxDeliveries
-		}
-		opts = append(opts, middleware.WithMaxDeliveries(limit))
-		if store, db := e.Dedup, e.DB; store != nil && db != nil {
-			opts = append(opts, middleware.WithProcessedCheck(func(ctx context.Context, msg *messagedata.MessageData) (bool, error) {
-				_, found, err := store.Lookup(ctx, db, dedup.Key{Handler: e.Name, MessageID: msg.ID})
-				return found, err
-			}))
-		}
-	}
-	if h.qos() != BestEffort {
-		counter, err := r.counterFor(h)
-		if err != nil {
-			return nil, err
-		}
-		rec := deadLetterRecord{counter: counter, handler: e.Name}
-		opts = append(opts, middleware.WithDeadLetterRecord(rec))
-		if e.Dedup == nil && h.MaxDeliveries >= 0 {
-			// No duplicate detection to ask whether a message over the limit was
-			// processed: the counter remembers the redeliveries that were.
-			opts = append(opts, middleware.WithProcessedCheck(rec.Processed), middleware.WithProcessedMark(rec.MarkProcessed))
-		}
-	}
-	return middleware.DeadLetter(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, e.Name, opts...)
+	return e.Handler.DeadLetter.Middleware(r.cfg.DeadLetterPublisher, r.cfg.DeadLetterTopic, e.Name)
 }
 
 func newRecover(*Router, *stageEnv) (middleware.Middleware, error) { return middleware.Recover(), nil }
 
 func newRetry(_ *Router, e *stageEnv) (middleware.Middleware, error) {
-	rc := e.Handler.Retry
-	opts := []middleware.RetryOption{}
-	if e.Handler.Classifier != nil {
-		opts = append(opts, middleware.WithClassifier(e.Handler.Classifier))
-	}
-	if rc.MaxAttempts > 0 {
-		opts = append(opts, middleware.WithMaxAttempts(rc.MaxAttempts))
-	}
-	if rc.InitialInterval > 0 || rc.MaxInterval > 0 {
-		initial, maxI := rc.InitialInterval, rc.MaxInterval
-		if initial == 0 {
-			initial = middleware.DefaultRetryInitialInterval
-		}
-		if maxI == 0 {
-			maxI = max(initial, middleware.DefaultRetryMaxInterval)
-		}
-		opts = append(opts, middleware.WithBackoff(initial, maxI))
-	}
-	return middleware.Retry(opts...)
+	return e.Handler.Retry.Middleware()
 }
 
 func newTimeout(_ *Router, e *stageEnv) (middleware.Middleware, error) {
@@ -293,106 +211,64 @@ func newTimeout(_ *Router, e *stageEnv) (middleware.Middleware, error) {
 // which records the ids (or the offsets) of its messages itself when the chain detects
 // duplicates that way.
 func newTransaction(r *Router, e *stageEnv) (middleware.Middleware, error) {
-	if !e.plan.group {
-		var opts []middleware.TxOption
-		if e.Handler.Isolation != 0 {
-			opts = append(opts, middleware.WithIsolation(e.Handler.Isolation))
-		}
-		return middleware.Transaction(middleware.Pool(e.DB), opts...), nil
-	}
-	switch e.plan.dedup {
-	case dedupByID:
-		store, ok := e.Dedup.(middleware.GroupStore)
-		if !ok {
-			return nil, fmt.Errorf("Handler.Dedup.Store: %T cannot record a group's ids (group commit needs RecordMany and Forget, as *dedup.SQLStore has)", e.Dedup)
-		}
-		opts := append(groupOptions(r, e.Handler), retentionPolicy(r, e))
-		if e.Handler.Dedup.WithTimestamp {
-			opts = append(opts, middleware.WithTimestampKey())
-		}
-		return middleware.GroupCommit(middleware.Pool(e.DB), store, e.Name, opts...)
-	case dedupByOffset:
-		p, err := r.positionsFor(e.Handler)
-		if err != nil {
-			return nil, err
-		}
-		return middleware.GroupOffsets(middleware.Pool(e.DB), p, e.Name, groupOptions(r, e.Handler)...)
-	}
-	return middleware.GroupTransaction(middleware.Pool(e.DB), groupOptions(r, e.Handler)...)
-}
-
-// newDeduplicate builds duplicate detection in the mode of the handler's Dedup; under group
-// commit, the group's transaction records ids and offsets itself.
-func newDeduplicate(r *Router, e *stageEnv) (middleware.Middleware, error) {
 	h := e.Handler
-	switch e.plan.dedup {
-	case dedupByID, dedupCheckFirst:
-		if e.plan.group {
-			return nil, nil
-		}
-		opts := []middleware.DedupOption{retentionPolicy(r, e)}
-		if h.Dedup.WithTimestamp {
-			opts = append(opts, middleware.WithTimestampKey())
-		}
-		if e.plan.dedup == dedupCheckFirst {
-			opts = append(opts, middleware.CheckFirst())
-		}
-		return middleware.Deduplicate(e.Dedup, e.Name, opts...)
-	case dedupByOffset:
-		if e.plan.group {
-			return nil, nil
-		}
+	if !e.plan.group {
+		return h.Transaction.Middleware(middleware.Pool(e.DB)), nil
+	}
+	sizes, attrs := r.instruments.GroupSize, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(h.Name)))
+	cfg := groupcommit.Config{
+		DB:          middleware.Pool(e.DB),
+		Isolation:   h.Transaction.Isolation,
+		MaxSize:     h.GroupCommit.MaxSize,
+		MaxWait:     h.GroupCommit.MaxWait,
+		Concurrency: max(h.Concurrency, 1),
+		Batch:       h.BatchProcessor,
+		Handler:     h.Name,
+		Committed:   func(ctx context.Context, messages int) { sizes.Record(ctx, int64(messages), attrs) },
+	}
+	if byOffset, _ := e.plan.byOffset(); byOffset {
 		p, err := r.positionsFor(h)
 		if err != nil {
 			return nil, err
 		}
-		return middleware.Offsets(p, e.Name), nil
-	case dedupAckInTx:
+		cfg.Positions = p
+	} else if e.plan.hasDedup && e.plan.dedup == middleware.DedupInsertFirst {
+		store, ok := e.Dedup.(groupcommit.Store)
+		if !ok {
+			return nil, fmt.Errorf("Handler.Dedup.Store: %T cannot record a group's ids (group commit needs RecordMany and Forget, as *dedup.SQLStore has)", e.Dedup)
+		}
+		cfg.Store, cfg.WithTimestamp = store, h.Dedup.WithTimestamp
+		cfg.BeyondRetention, cfg.ReportBeyond = h.Dedup.BeyondRetention, r.beyondRetention(e)
+	}
+	return groupcommit.New(cfg)
+}
+
+// newDeduplicate builds duplicate detection in the mode of the handler's Dedup, in the
+// handler's dedup store; under group commit, the group's transaction records ids and offsets
+// itself.
+func newDeduplicate(_ *Router, e *stageEnv) (middleware.Middleware, error) {
+	h, d := e.Handler, e.Handler.Dedup
+	switch {
+	case e.plan.group && (d.Mode == middleware.DedupInsertFirst || d.Mode == middleware.DedupByOffset):
+		return nil, nil
+	case d.Mode == middleware.DedupAckInTransaction:
 		if a, ok := h.Subscriber.(interface{ AcksInTransaction() bool }); !ok || !a.AcksInTransaction() {
-			return nil, fmt.Errorf("Handler.Subscriber: %T cannot acknowledge a message in the handler's transaction (Handler.Dedup.AckInTransaction needs the PostgreSQL or MySQL queue of the handler's database)",
+			return nil, fmt.Errorf("Handler.Subscriber: %T cannot acknowledge a message in the handler's transaction (Handler.Dedup.Mode DedupAckInTransaction needs the PostgreSQL or MySQL queue of the handler's database)",
 				h.Subscriber)
 		}
-		return middleware.AckInTransaction(), nil
-	case dedupNatural:
-		names := h.Dedup.UniqueConstraints
-		return middleware.NaturalIdempotency(names[0], names[1:]...), nil
+	case d.Mode.RecordsIDs():
+		d.Store = e.Dedup
 	}
-	return nil, nil
+	return d.Middleware(e.DB, e.Name)
 }
 
-// retentionPolicy is the retention option of the duplicate detection of env's handler: its
-// policy, and a report that counts and logs each message delivered beyond the retention.
-func retentionPolicy(r *Router, e *stageEnv) middleware.DedupOption {
-	attrs := func(reason string) metric.AddOption {
-		return metric.WithAttributes(telemetry.AttrHandler.String(e.Name), telemetry.AttrReason.String(reason))
-	}
+// beyondRetention returns the report of a message of env's handler delivered beyond its dedup
+// retention: a count and a log line.
+func (r *Router) beyondRetention(e *stageEnv) func(ctx context.Context, msg *messagedata.MessageData, reason string) {
 	policy := e.Handler.Dedup.BeyondRetention
-	return middleware.WithRetentionPolicy(policy, func(ctx context.Context, msg *messagedata.MessageData, reason string) {
-		r.instruments.BeyondRetention.Add(ctx, 1, attrs(reason))
+	return func(ctx context.Context, msg *messagedata.MessageData, reason string) {
+		r.instruments.BeyondRetention.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(e.Name), telemetry.AttrReason.String(reason)))
 		e.Logger.Warn("message delivered beyond the dedup retention", "message_id", msg.ID, "reason", reason,
 			"policy", policy.String(), "delivery", msg.Delivery)
-	})
-}
-
-// groupOptions are the options of a group transaction for h, which records the size of each
-// group it commits in r's group-size histogram.
-func groupOptions(r *Router, h Handler) []middleware.GroupOption {
-	sizes, attrs := r.instruments.GroupSize, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(h.Name)))
-	opts := []middleware.GroupOption{
-		middleware.WithConcurrency(max(h.Concurrency, 1)),
-		middleware.WithCommitted(func(ctx context.Context, messages int) { sizes.Record(ctx, int64(messages), attrs) }),
 	}
-	if h.GroupCommit.MaxSize > 0 {
-		opts = append(opts, middleware.WithMaxGroupSize(h.GroupCommit.MaxSize))
-	}
-	if h.GroupCommit.MaxWait > 0 {
-		opts = append(opts, middleware.WithMaxWait(h.GroupCommit.MaxWait))
-	}
-	if h.Isolation != 0 {
-		opts = append(opts, middleware.WithIsolation(h.Isolation))
-	}
-	if h.BatchProcessor != nil {
-		opts = append(opts, middleware.WithBatch(h.BatchProcessor))
-	}
-	return opts
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -27,29 +28,32 @@ func TestRejectChain_ObservesAndDeadLettersOnly(t *testing.T) {
 func TestPlanOf_TheHandlersConfigurationChoosesTheImplementations(t *testing.T) {
 	eo := ExactlyOnce.Chain()
 	batchNothing := processor.BatchFunc(func(context.Context, []*messagedata.MessageData) error { return nil })
+	ins, off, ack, cf := middleware.DedupInsertFirst, middleware.DedupByOffset, middleware.DedupAckInTransaction, middleware.DedupCheckFirst
 	for _, tc := range []struct {
-		name  string
-		h     Handler
-		group bool
-		dedup dedupMode
-		keys  bool
+		name     string
+		h        Handler
+		group    bool
+		hasDedup bool
+		mode     middleware.DedupMode
+		keys     bool
 	}{
-		{"a transaction per message", Handler{QoS: ExactlyOnce}, false, dedupByID, true},
-		{"group commit", Handler{QoS: ExactlyOnce, GroupCommit: GroupCommitConfig{Enabled: true}}, true, dedupByID, true},
-		{"a batch processor", Handler{QoS: ExactlyOnce, BatchProcessor: batchNothing}, true, dedupByID, true},
-		{"at least once", Handler{QoS: AtLeastOnce, GroupCommit: GroupCommitConfig{Enabled: true}}, true, dedupNone, false},
-		{"by offset", Handler{QoS: ExactlyOnce, Dedup: DedupConfig{ByOffset: true}}, false, dedupByOffset, false},
-		{"ack in the transaction", Handler{QoS: ExactlyOnce, Dedup: DedupConfig{AckInTransaction: true}}, false, dedupAckInTx, false},
-		{"check first", Handler{QoS: ExactlyOnce, Dedup: DedupConfig{CheckFirst: true}}, false, dedupCheckFirst, true},
-		{"in order", Handler{QoS: ExactlyOnceInOrder}, false, dedupByID, true},
-		{"in order without deduplicate", Handler{Chain: ExactlyOnceInOrder.Chain().Remove(StageDeduplicate, AppliedTwice)}, false, dedupNone, true},
-		{"deduplicate replaced", Handler{Chain: eo.Replace(StageDeduplicate, Use("mine", pass)), GroupCommit: GroupCommitConfig{Enabled: true}}, true, dedupNone, false},
-		{"transaction replaced", Handler{Chain: eo.Replace(StageTransaction, Use("mine", pass)), GroupCommit: GroupCommitConfig{Enabled: true}}, false, dedupByID, true},
+		{"a transaction per message", Handler{QoS: ExactlyOnce}, false, true, ins, true},
+		{"group commit", Handler{QoS: ExactlyOnce, GroupCommit: GroupCommitConfig{Enabled: true}}, true, true, ins, true},
+		{"a batch processor", Handler{QoS: ExactlyOnce, BatchProcessor: batchNothing}, true, true, ins, true},
+		{"at least once", Handler{QoS: AtLeastOnce, GroupCommit: GroupCommitConfig{Enabled: true}}, true, false, ins, false},
+		{"by offset", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: off}}, false, true, off, false},
+		{"ack in the transaction", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: ack}}, false, true, ack, false},
+		{"check first", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: cf}}, false, true, cf, true},
+		{"in order", Handler{QoS: ExactlyOnceInOrder}, false, true, ins, true},
+		{"in order without deduplicate", Handler{Chain: ExactlyOnceInOrder.Chain().Remove(StageDeduplicate, AppliedTwice)}, false, false, ins, true},
+		{"deduplicate replaced", Handler{Chain: eo.Replace(StageDeduplicate, Use("mine", pass)), GroupCommit: GroupCommitConfig{Enabled: true}}, true, false, ins, false},
+		{"transaction replaced", Handler{Chain: eo.Replace(StageTransaction, Use("mine", pass)), GroupCommit: GroupCommitConfig{Enabled: true}}, false, true, ins, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := planOf(tc.h)
 			require.Equal(t, tc.group, p.group, "group")
-			require.Equal(t, tc.dedup, p.dedup, "dedup")
+			require.Equal(t, tc.hasDedup, p.hasDedup, "has deduplicate")
+			require.Equal(t, tc.mode, p.dedup, "dedup mode")
 			require.Equal(t, tc.keys, p.recordsKeys, "records keys")
 		})
 	}

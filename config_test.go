@@ -56,7 +56,7 @@ func TestAddHandler_InvalidHandlerNamesTheField(t *testing.T) {
 		{"table name not an identifier", func(h *onceflow.Handler) { h.Dedup.Table = "dedup; DROP TABLE x" }, `Handler.Dedup.Table: "dedup; DROP TABLE x" is not a plain SQL identifier`},
 		{"negative concurrency", func(h *onceflow.Handler) { h.Concurrency = -1 }, "Handler.Concurrency"},
 		{"longest retry wait below the first", func(h *onceflow.Handler) {
-			h.Retry = onceflow.RetryConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}
+			h.Retry = middleware.Retry{InitialInterval: time.Second, MaxInterval: time.Millisecond}
 		}, "Handler.Retry.MaxInterval: 1ms is shorter than the first wait, 1s"},
 		{"an edit naming a stage the chain does not hold", func(h *onceflow.Handler) {
 			h.Chain = onceflow.ExactlyOnce.Chain().Before("retri", onceflow.Use("audit", middleware.Recover()))

@@ -77,6 +77,9 @@ type consumer struct {
 	lane *lane
 	// stats are the handler's counts and state, for Router.Status (status.go).
 	stats *handlerStats
+	// records are what the router keeps for the handler's built-in stages, given to each
+	// delivery (delivery.State.Records); nil for a BestEffort handler.
+	records *delivery.Records
 }
 
 // newConsumer returns the run-time consumer of the handler of env: its messages go through
@@ -95,7 +98,7 @@ func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
 		ackOnReceipt: h.qos() == BestEffort,
 		redelivery:   h.Redelivery,
 		logger:       info.Logger,
-		attrs:        metric.WithAttributeSet(attribute.NewSet(middleware.AttrHandler.String(h.Name))),
+		attrs:        metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(h.Name))),
 		settlement:   newSettlement(h.Topic, info.MessagingSystem, info.ConsumerGroup),
 		stats:        newHandlerStats(h.QoS),
 	}
@@ -105,10 +108,7 @@ func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
 		// collect: more would only wait, each in a goroutine of its own. A lane keeps no
 		// goroutine per delivery: there, as many groups as run may be full and ready, so that
 		// one starts full as soon as a transaction ends.
-		size := h.GroupCommit.MaxSize
-		if size == 0 {
-			size = middleware.DefaultMaxGroupSize
-		}
+		size := h.GroupCommit.maxSize()
 		groups := n + 1
 		if ch.lane != nil {
 			groups = 2 * n
@@ -117,7 +117,7 @@ func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
 	} else {
 		c.slots = make(chan struct{}, n)
 	}
-	if env.plan.deadLetter && h.MaxDeliveries >= 0 {
+	if env.plan.deadLetter && h.DeadLetter.MaxDeliveries >= 0 {
 		counter, err := r.counterFor(h)
 		if err != nil {
 			return nil, err
@@ -132,6 +132,11 @@ func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
 		c.positions = handlerPositions{positions: p, handler: h.Name}
 		c.positionWindow, c.shared = windowed, windowed
 	}
+	records, err := r.records(env)
+	if err != nil {
+		return nil, err
+	}
+	c.records = records
 	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
 	c.subscriptions = n
 	return c, nil
@@ -218,6 +223,7 @@ func (c *consumer) handle(msg *message.Message) {
 	}()
 
 	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
+	st.Records = c.records
 	if c.ackOnReceipt {
 		msg.Ack()
 		redelivery.Settle(msg)

@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/brokertest"
+	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -77,7 +78,7 @@ func TestGroupCommit_ConcurrentDeliveriesShareOneCommitAndNoneIsAckedBeforeIt(t 
 		held := &heldDB{db: f.db, committing: make(chan struct{}), release: make(chan struct{})}
 		// The group starts once all n deliveries have joined it (it is full), never by waiting.
 		heldGroupCommit := onceflow.UseFactory("held-group-commit", func(h onceflow.HandlerInfo) (middleware.Middleware, error) {
-			return middleware.GroupCommit(held, store, h.Name, middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Minute))
+			return groupcommit.New(groupcommit.Config{DB: held, Store: store, Handler: h.Name, MaxSize: n, MaxWait: time.Minute})
 		})
 		f.startRouter(t, onceflow.Handler{
 			// Group commit of its own records the ids: the built-in duplicate detection goes.
@@ -200,7 +201,7 @@ func TestGroupCommit_CloseNeverAcksAGroupThatDidNotCommit(t *testing.T) {
 	require.NoError(t, r.AddHandler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: b.Subscriber(), DB: db, QoS: onceflow.ExactlyOnce,
 		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxSize: 2, MaxWait: time.Minute},
-		Retry: onceflow.RetryConfig{MaxAttempts: 1},
+		Retry: middleware.Retry{MaxAttempts: 1},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if err := applyEffect(ctx, msg); err != nil {
 				return err
@@ -245,8 +246,8 @@ func TestGroupCommit_InvalidHandlerConfigurationIsAnError(t *testing.T) {
 		"with check-first": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
 			h.GroupCommit.Enabled = true
-			h.Dedup.CheckFirst = true
-		}, "Handler.Dedup.CheckFirst: not supported with group commit"},
+			h.Dedup.Mode = middleware.DedupCheckFirst
+		}, "Handler.Dedup.Mode: DedupCheckFirst is not supported with group commit"},
 		"enabled without the transaction stage": {func(h *onceflow.Handler) {
 			h.Chain = onceflow.AtLeastOnce.Chain().Replace(onceflow.StageTransaction, onceflow.Use("mine", middleware.Recover()))
 			h.GroupCommit.Enabled = true

@@ -2,7 +2,6 @@ package onceflow
 
 import (
 	"cmp"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/converter"
-	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/ordering"
 	"github.com/onceflow/onceflow/processor"
@@ -48,10 +47,10 @@ type Handler struct {
 	// one call and one transaction, so that it can write them with one multi-row statement
 	// (processor.Batch documents what its result does to each message). It implies group
 	// commit, whatever GroupCommit.Enabled says: the transaction stage runs one transaction per
-	// group and hands the group's new messages to it (with Dedup.ByOffset a partition's
+	// group and hands the group's new messages to it (with DedupByOffset a partition's
 	// messages in offset order), so nothing may stand after the transaction stage but
 	// duplicate detection by id or by offset. Not supported with BestEffort,
-	// ExactlyOnceInOrder, Dedup.CheckFirst or Dedup.AckInTransaction.
+	// ExactlyOnceInOrder, DedupCheckFirst, DedupAckInTransaction or DedupNatural.
 	BatchProcessor processor.Batch
 
 	// QoS is the quality of service: it chooses the canonical chain (QoS.Chain) and when a
@@ -81,42 +80,58 @@ type Handler struct {
 	// Defaults to 1.
 	Concurrency int
 
-	// MaxDeliveries is how many times a message may be delivered without succeeding before it
-	// is dead-lettered with the reason "delivery limit reached after N deliveries: <the last
-	// error>" and acknowledged: a message that fails every time, panics every time, or makes
-	// its consumer crash every time. The count comes from the broker where it counts
-	// deliveries, and is otherwise kept durably in the handler's database (table
-	// dedup.DefaultCounterTable), so that it survives a crash loop. Defaults to
-	// DefaultMaxDeliveries (10); negative turns the limit off. The dead-letter stage applies
-	// it; BestEffort's chain has none.
-	MaxDeliveries int
+	// DeadLetter configures the dead-letter stage: the delivery limit, and which errors are
+	// permanent (dead-lettered on first sight). A message that fails every time, panics every
+	// time, or makes its consumer crash every time is dead-lettered at the limit; the count
+	// comes from the broker where it counts deliveries, and is otherwise kept durably in the
+	// handler's database (table dedup.DefaultCounterTable), so that it survives a crash loop.
+	DeadLetter middleware.DeadLetter
 
 	// Redelivery configures how long a failed message waits before it is delivered again.
 	Redelivery RedeliveryConfig
 
-	// Classifier tells errors that running a message again cannot cure (dead-lettered on first
-	// sight) from the others (retried, then redelivered). Defaults to
-	// middleware.DefaultClassifier, whose table says which is which. The retry stage reads it.
-	Classifier middleware.Classifier
+	// Retry configures the retry stage: in-process retries of retryable failures.
+	Retry middleware.Retry
 
-	// Dedup configures duplicate detection.
-	Dedup DedupConfig
+	// Timeout bounds each processing attempt: the timeout stage. Defaults to no bound.
+	Timeout time.Duration
 
-	// Retry configures in-process retries of retryable failures.
-	Retry RetryConfig
+	// Transaction configures the transaction stage, whatever runs it (one transaction per
+	// message, or per group with group commit).
+	Transaction middleware.Transaction
 
 	// GroupCommit configures group commit: concurrent deliveries of this handler share one
 	// database transaction and one commit. Off by default.
 	GroupCommit GroupCommitConfig
 
+	// Dedup configures the deduplicate stage: duplicate detection in the transaction, by
+	// Dedup.Mode. The router keeps one dedup table per database and Dedup.Table, shared by the
+	// handlers that name it, and creates it when it runs. Under group commit, the group's
+	// transaction records the ids (DedupInsertFirst) or the positions (DedupByOffset) of its
+	// messages itself; DedupCheckFirst does not go with group commit. DedupByOffset,
+	// DedupAckInTransaction and DedupNatural apply to the ExactlyOnce chain only.
+	//
+	// With DedupByOffset the router gives the handler's positions to its subscriber
+	// (redelivery.WithPositions): the Kafka subscriber then starts each partition it is
+	// assigned after the offset applied there, and hands out a partition's records in order,
+	// the next once the one before is acked, so that records of one partition never run at
+	// once; Concurrency spreads the partitions over that many members of the consumer group.
+	// With group commit (redelivery.WithPositionWindow), it hands out up to its prefetch of a
+	// partition's records at once, in order: a group applies a partition's consecutive records
+	// in offset order in one transaction and writes the partition's position once, and a record
+	// that fails stops the ones behind it in its partition, which come again after it.
+	//
+	// DedupAckInTransaction needs the PostgreSQL or MySQL queue (package broker/sqlqueue) of
+	// the handler's own database as Subscriber: the queue's lease of the message is deleted with
+	// the business writes, in one commit (BenchmarkSQLQueueExactlyOnce measures it beside a
+	// dedup row). With group commit, each member's lease is deleted in the group's one
+	// transaction (under its savepoint once a member has failed), and a member that fails is
+	// rolled back with its lease, its message still queued. It does not go with a batch
+	// processor, nor does DedupNatural.
+	Dedup middleware.Dedup
+
 	// Order configures per-key ordering: the in-order stage of ExactlyOnceInOrder.
 	Order OrderConfig
-
-	// Timeout bounds each processing attempt. Defaults to no bound.
-	Timeout time.Duration
-
-	// Isolation is the transaction isolation level. Defaults to the database's default.
-	Isolation sql.IsolationLevel
 
 	// IDHeader is the header read for the message id when the message has no watermill UUID
 	// (see package converter). Defaults to messagedata.HeaderID.
@@ -138,73 +153,7 @@ type Handler struct {
 	MessagingSystem string
 }
 
-// DedupConfig configures duplicate detection for a handler.
-type DedupConfig struct {
-	// Table is the table that records processed message ids. Defaults to dedup.DefaultTable.
-	// Handlers may share a table: the handler name is part of the key.
-	Table string
-
-	// Retention is how long a message id is remembered. Defaults to dedup.DefaultRetention. It
-	// must outlive the longest time the broker may take to redeliver a message.
-	Retention time.Duration
-
-	// WithTimestamp makes the message timestamp part of the key, as a classic message_log table
-	// does.
-	WithTimestamp bool
-
-	// CheckFirst selects the check-first id mapping: look the id up before writing,
-	// mint an internal time-ordered id for new messages (processor.InternalID).
-	CheckFirst bool
-
-	// Store replaces the SQL store built from DB and Table, for tests and benchmarks.
-	Store dedup.Store
-
-	// BeyondRetention is what happens to a message delivered beyond Retention: its expired key
-	// still recorded (a certain duplicate), or its timestamp older than Retention. Each is
-	// counted in onceflow.dedup.beyond_retention and logged at WARN, then handled by the policy.
-	// Defaults to middleware.DeadLetterExpiredKeys: dead-letter the certain duplicates, process
-	// the old messages.
-	BeyondRetention middleware.RetentionPolicy
-
-	// UniqueConstraints, when set, detects duplicates by natural idempotency instead of a
-	// dedup row: a unique violation of one of these constraints is taken for an earlier
-	// delivery of the message (see middleware.NaturalIdempotency and sqldb.UniqueConstraint
-	// for how each database names them). ExactlyOnce only.
-	UniqueConstraints []string
-
-	// ByOffset detects duplicates by position instead of by id, for brokers that deliver each
-	// partition of a topic in order (Kafka): the handler's last applied offset in each
-	// partition is kept in dedup.DefaultPositionsTable and updated in the transaction of each
-	// message, and a message at or below it is a duplicate (see middleware.Offsets). No row
-	// is written per message, so nothing needs purging, and a message needs no id. It takes
-	// the deduplicate stage's place in the ExactlyOnce chain (with group commit or a batch
-	// processor, the group's transaction keeps the positions itself); it does not go with
-	// CheckFirst, WithTimestamp or another quality of service. The router gives the
-	// handler's positions to its subscriber (redelivery.WithPositions): the Kafka subscriber
-	// then starts each partition it is assigned after the offset applied there, and hands out
-	// a partition's records in order, the next once the one before is acked, so that records
-	// of one partition never run at once; Concurrency spreads the partitions over that many
-	// members of the consumer group. With group commit (redelivery.WithPositionWindow), it
-	// hands out up to its prefetch of a partition's records at once, in order: a group applies
-	// a partition's consecutive records in offset order in one transaction and writes the
-	// partition's position once, and a record that fails stops the ones behind it in its
-	// partition, which come again after it (middleware.GroupOffsets).
-	ByOffset bool
-
-	// AckInTransaction acknowledges each message inside the handler's transaction instead of
-	// recording its id, for the PostgreSQL and MySQL queues (package broker/sqlqueue) when the
-	// queue lives in the handler's database: the queue's lease of the message is deleted with
-	// the business writes, in one commit, so the message is consumed exactly when its effect
-	// commits (see middleware.AckInTransaction). No dedup row is written and nothing needs
-	// purging (BenchmarkSQLQueueExactlyOnce measures it beside a dedup row). The Subscriber
-	// must be such a queue's, on the same database as DB. With group commit, each member's
-	// lease is deleted in the group's one transaction (under its savepoint once a member has failed), and a member
-	// that fails is rolled back with its lease, its message still queued. ExactlyOnce only,
-	// without a batch processor, CheckFirst, WithTimestamp or ByOffset.
-	AckInTransaction bool
-}
-
-// GroupCommitConfig configures group commit for a handler (see middleware.GroupCommit): the
+// GroupCommitConfig configures group commit for a handler: the
 // deliveries waiting for the handler share one transaction, their ids are recorded with one
 // statement, and each message is acknowledged only after the one commit. Up to Concurrency
 // groups run at once; the deliveries that arrive meanwhile, up to the broker's prefetch per
@@ -214,26 +163,22 @@ type DedupConfig struct {
 // group's messages run one after the other on one connection.
 type GroupCommitConfig struct {
 	// Enabled makes the chain's transaction stage run one transaction per group, which also
-	// records the ids (or with Dedup.ByOffset the positions) of its messages. Defaults to false.
-	// Not supported with Dedup.CheckFirst.
+	// records the ids (or with DedupByOffset the positions) of its messages. Defaults to false;
+	// a BatchProcessor implies it. Not supported with DedupCheckFirst.
 	Enabled bool
 
-	// MaxSize is the most messages in one group. Defaults to middleware.DefaultMaxGroupSize
-	// (64).
+	// MaxSize is the most messages in one group. Defaults to 64. 1 gives every message a
+	// transaction of its own.
 	MaxSize int
 
 	// MaxWait is how long a group that is not full waits for more messages after its first,
-	// when one of the handler's Concurrency transactions is free. Defaults to
-	// middleware.DefaultMaxGroupWait (0: it starts at once; the messages that arrive while
-	// every transaction is busy form the next group). With the default, the first deliveries of
+	// when one of the handler's Concurrency transactions is free. Defaults to 0: it starts at
+	// once; the messages that arrive while every transaction is busy form the next group. With the default, the first deliveries of
 	// each subscription form groups of their own, one running at a time, the next collecting
 	// what arrives meanwhile; with MaxWait set, a group collects the deliveries of every
 	// subscription, for up to MaxWait.
 	MaxWait time.Duration
 }
-
-// DefaultMaxDeliveries is the delivery limit of a handler whose MaxDeliveries is zero.
-const DefaultMaxDeliveries = 10
 
 // DefaultRedeliveryDelays are the waits before a failed message is delivered again, by the
 // delivery that failed: 1 s after the first, 5 s after the second, 30 s after the third, and
@@ -253,6 +198,28 @@ type RedeliveryConfig struct {
 	Delays []time.Duration
 }
 
+// validate reports the first invalid field of c, by name.
+func (c GroupCommitConfig) validate() error {
+	switch {
+	case c.MaxSize < 0:
+		return fmt.Errorf("MaxSize: %d is negative", c.MaxSize)
+	case c.MaxWait < 0:
+		return fmt.Errorf("MaxWait: %s is negative", c.MaxWait)
+	}
+	return nil
+}
+
+// maxSize returns the most messages in one of c's groups.
+func (c GroupCommitConfig) maxSize() int { return cmp.Or(c.MaxSize, groupcommit.DefaultMaxSize) }
+
+// validate reports the first invalid field of c, by name.
+func (c RedeliveryConfig) validate() error {
+	if slices.ContainsFunc(c.Delays, func(d time.Duration) bool { return d < 0 }) {
+		return fmt.Errorf("Delays: %v holds a negative delay", c.Delays)
+	}
+	return nil
+}
+
 // delay returns the wait before the delivery after delivery number n (1 for the first; 0
 // unknown).
 func (c RedeliveryConfig) delay(n int) time.Duration {
@@ -261,18 +228,6 @@ func (c RedeliveryConfig) delay(n int) time.Duration {
 		delays = DefaultRedeliveryDelays
 	}
 	return delays[min(max(n, 1), len(delays))-1]
-}
-
-// RetryConfig configures the in-process retries of a handler.
-type RetryConfig struct {
-	// MaxAttempts is how many times a delivery is processed before it is nacked, the first
-	// attempt included. Defaults to 3.
-	MaxAttempts int
-	// InitialInterval is the wait before the first retry; it doubles, with jitter, up to
-	// MaxInterval. Defaults to 100 ms.
-	InitialInterval time.Duration
-	// MaxInterval is the longest wait between attempts. Defaults to 5 s.
-	MaxInterval time.Duration
 }
 
 // Validate reports the first invalid field of h, by name: a value out of range, a Chain that
@@ -306,33 +261,22 @@ func (h Handler) Validate() error {
 		return fmt.Errorf("Handler.Concurrency: %d is negative", h.Concurrency)
 	case h.Timeout < 0:
 		return fmt.Errorf("Handler.Timeout: %s is negative", h.Timeout)
-	case h.Retry.MaxAttempts < 0:
-		return fmt.Errorf("Handler.Retry.MaxAttempts: %d is negative", h.Retry.MaxAttempts)
-	case h.Retry.InitialInterval < 0 || h.Retry.MaxInterval < 0:
-		return errors.New("Handler.Retry: negative interval")
-	case h.Retry.MaxInterval > 0 && cmp.Or(h.Retry.InitialInterval, middleware.DefaultRetryInitialInterval) > h.Retry.MaxInterval:
-		return fmt.Errorf("Handler.Retry.MaxInterval: %s is shorter than the first wait, %s (InitialInterval, or middleware.DefaultRetryInitialInterval when zero) (handler %q)",
-			h.Retry.MaxInterval, cmp.Or(h.Retry.InitialInterval, middleware.DefaultRetryInitialInterval), h.Name)
-	case slices.ContainsFunc(h.Redelivery.Delays, func(d time.Duration) bool { return d < 0 }):
-		return fmt.Errorf("Handler.Redelivery.Delays: %v holds a negative delay (handler %q)", h.Redelivery.Delays, h.Name)
-	case !h.Dedup.BeyondRetention.Valid():
-		return fmt.Errorf("Handler.Dedup.BeyondRetention: %s is not a retention policy (handler %q)", h.Dedup.BeyondRetention, h.Name)
 	case h.Converter != nil && h.IDHeader != "":
 		return fmt.Errorf("Handler.IDHeader: set together with Converter (handler %q; give the converter its IDHeader)", h.Name)
-	case h.Dedup.Retention < 0:
-		return fmt.Errorf("Handler.Dedup.Retention: %s is negative", h.Dedup.Retention)
-	case h.GroupCommit.MaxSize < 0:
-		return fmt.Errorf("Handler.GroupCommit.MaxSize: %d is negative", h.GroupCommit.MaxSize)
-	case h.GroupCommit.MaxWait < 0:
-		return fmt.Errorf("Handler.GroupCommit.MaxWait: %s is negative", h.GroupCommit.MaxWait)
 	}
-	if h.Dedup.Table != "" {
-		if err := sqldb.CheckIdentifier("Handler.Dedup.Table", h.Dedup.Table); err != nil {
-			return err
+	for _, c := range []struct {
+		field string
+		err   error
+	}{
+		{"Retry", h.Retry.Validate()},
+		{"Redelivery", h.Redelivery.validate()},
+		{"Dedup", h.Dedup.Validate()},
+		{"GroupCommit", h.GroupCommit.validate()},
+		{"Order", h.Order.validate()},
+	} {
+		if c.err != nil {
+			return fmt.Errorf("Handler.%s.%w (handler %q)", c.field, c.err, h.Name)
 		}
-	}
-	if err := h.Order.validate(h.Name); err != nil {
-		return err
 	}
 	return h.checkChain()
 }
@@ -373,14 +317,12 @@ func (h Handler) checkChain() error {
 		return fmt.Errorf("Handler.BatchProcessor: not supported with %s (handler %q; use ExactlyOnce or AtLeastOnce)", q, h.Name)
 	case (h.GroupCommit.MaxSize != 0 || h.GroupCommit.MaxWait != 0) && !p.group:
 		return fmt.Errorf("Handler.GroupCommit: MaxSize or MaxWait set, but group commit is off (handler %q; set GroupCommit.Enabled or a BatchProcessor)", h.Name)
-	case p.group && p.dedup == dedupCheckFirst:
-		return fmt.Errorf("Handler.Dedup.CheckFirst: not supported with group commit (handler %q; a group records its ids with one multi-row insert, without internal ids)", h.Name)
-	case (p.dedup == dedupByOffset || p.dedup == dedupAckInTx || p.dedup == dedupNatural) && q != ExactlyOnce:
-		return fmt.Errorf("Handler.Dedup: %s applies to the ExactlyOnce chain (handler %q)", p.dedup, h.Name)
-	case p.dedup == dedupByOffset && (h.Dedup.CheckFirst || h.Dedup.WithTimestamp || h.Dedup.AckInTransaction):
-		return fmt.Errorf("Handler.Dedup.ByOffset: not supported with Dedup.CheckFirst, Dedup.WithTimestamp or Dedup.AckInTransaction (handler %q)", h.Name)
-	case p.dedup == dedupAckInTx && (h.BatchProcessor != nil || h.Dedup.CheckFirst || h.Dedup.WithTimestamp):
-		return fmt.Errorf("Handler.Dedup.AckInTransaction: not supported with a batch processor, Dedup.CheckFirst or Dedup.WithTimestamp (handler %q)", h.Name)
+	case p.group && p.dedup == middleware.DedupCheckFirst:
+		return fmt.Errorf("Handler.Dedup.Mode: DedupCheckFirst is not supported with group commit (handler %q; a group records its ids with one multi-row insert, without internal ids)", h.Name)
+	case p.hasDedup && !p.dedup.RecordsIDs() && q != ExactlyOnce:
+		return fmt.Errorf("Handler.Dedup.Mode: %s applies to the ExactlyOnce chain (handler %q)", p.dedup, h.Name)
+	case p.hasDedup && (p.dedup == middleware.DedupAckInTransaction || p.dedup == middleware.DedupNatural) && h.BatchProcessor != nil:
+		return fmt.Errorf("Handler.Dedup.Mode: %s is not supported with a batch processor (handler %q; it runs member by member, inside the transaction)", p.dedup, h.Name)
 	}
 	if h.BatchProcessor != nil {
 		if c.builtin(StageTransaction) == nil {
@@ -388,7 +330,7 @@ func (h Handler) checkChain() error {
 		}
 		inside := false
 		for _, s := range c.stages {
-			if inside && (s.b == nil || s.b.name != StageDeduplicate || p.dedup == dedupNatural) {
+			if inside && (s.b == nil || s.b.name != StageDeduplicate) {
 				return fmt.Errorf("Handler.BatchProcessor: stage %s is inside the transaction, where the group hands its messages to the batch processor at once (handler %q; place it before %s, or set Processor instead)",
 					s.name, h.Name, StageTransaction)
 			}
@@ -419,7 +361,10 @@ func whyAbsent(c Chain, b *builtin) string {
 // by name as they are written.
 
 func deadLetterSettings(h Handler) []string {
-	return setFields(field{"Handler.MaxDeliveries", h.MaxDeliveries != 0})
+	return setFields(
+		field{"Handler.DeadLetter.MaxDeliveries", h.DeadLetter.MaxDeliveries != 0},
+		field{"Handler.DeadLetter.Classifier", h.DeadLetter.Classifier != nil},
+	)
 }
 
 func retrySettings(h Handler) []string {
@@ -427,7 +372,6 @@ func retrySettings(h Handler) []string {
 		field{"Handler.Retry.MaxAttempts", h.Retry.MaxAttempts != 0},
 		field{"Handler.Retry.InitialInterval", h.Retry.InitialInterval != 0},
 		field{"Handler.Retry.MaxInterval", h.Retry.MaxInterval != 0},
-		field{"Handler.Classifier", h.Classifier != nil},
 	)
 }
 
@@ -437,7 +381,7 @@ func timeoutSettings(h Handler) []string {
 
 func transactionSettings(h Handler) []string {
 	return setFields(
-		field{"Handler.Isolation", h.Isolation != 0},
+		field{"Handler.Transaction.Isolation", h.Transaction.Isolation != 0},
 		field{"Handler.GroupCommit.Enabled", h.GroupCommit.Enabled},
 	)
 }
@@ -447,9 +391,7 @@ func transactionSettings(h Handler) []string {
 func dedupSettings(h Handler) []string {
 	d := h.Dedup
 	fields := []field{
-		{"Handler.Dedup.CheckFirst", d.CheckFirst},
-		{"Handler.Dedup.ByOffset", d.ByOffset},
-		{"Handler.Dedup.AckInTransaction", d.AckInTransaction},
+		{"Handler.Dedup.Mode", d.Mode != 0},
 		{"Handler.Dedup.UniqueConstraints", len(d.UniqueConstraints) > 0},
 		{"Handler.Dedup.BeyondRetention", d.BeyondRetention != 0},
 	}
@@ -483,10 +425,6 @@ func setFields(fields ...field) []string {
 		}
 	}
 	return set
-}
-
-func (m dedupMode) String() string {
-	return [...]string{"none", "by id", "check-first", "Dedup.ByOffset", "Dedup.AckInTransaction", "Dedup.UniqueConstraints (natural idempotency)"}[m]
 }
 
 // converter returns the handler's converter: Converter, or the default one for IDHeader, which
@@ -530,17 +468,14 @@ type OrderConfig struct {
 	Table string
 }
 
-func (c OrderConfig) validate(handler string) error {
+func (c OrderConfig) validate() error {
 	switch {
 	case c.GapTimeout < 0:
-		return fmt.Errorf("Handler.Order.GapTimeout: %s is negative (handler %q)", c.GapTimeout, handler)
+		return fmt.Errorf("GapTimeout: %s is negative", c.GapTimeout)
 	case c.MaxDrain < 0:
-		return fmt.Errorf("Handler.Order.MaxDrain: %d is negative (handler %q)", c.MaxDrain, handler)
+		return fmt.Errorf("MaxDrain: %d is negative", c.MaxDrain)
 	case c.GapPolicy < ordering.Wait || c.GapPolicy > ordering.DeadLetter:
-		return fmt.Errorf("Handler.Order.GapPolicy: %s is not a gap policy (handler %q; want ordering.Wait, Skip or DeadLetter)", c.GapPolicy, handler)
+		return fmt.Errorf("GapPolicy: %s is not a gap policy (want ordering.Wait, Skip or DeadLetter)", c.GapPolicy)
 	}
-	if err := (ordering.StoreConfig{Table: c.Table}).Validate(); err != nil {
-		return fmt.Errorf("Handler.Order.%w", err)
-	}
-	return nil
+	return (ordering.StoreConfig{Table: c.Table}).Validate()
 }

@@ -154,7 +154,9 @@ func BenchmarkKafkaExactlyOnce(b *testing.B) {
 				for _, byOffset := range modes {
 					took, cpu := drain(b, records, func(h *onceflow.Handler) {
 						shape.set(h)
-						h.Dedup.ByOffset = byOffset
+						if byOffset {
+							h.Dedup.Mode = middleware.DedupByOffset
+						}
 					})
 					if byOffset {
 						offsetTime, offsetCPU = offsetTime+took, offsetCPU+cpu

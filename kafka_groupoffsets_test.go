@@ -171,8 +171,8 @@ func TestExactlyOnceByOffset_KafkaGroupsDeadLetterAPoisonAndApplyTheRestInOrder(
 				}
 				k.start(k.group, 1, nil, func(h *onceflow.Handler) {
 					mode.set(h, apply)
-					h.MaxDeliveries = 3
-					h.Retry = onceflow.RetryConfig{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}
+					h.DeadLetter.MaxDeliveries = 3
+					h.Retry = middleware.Retry{MaxAttempts: 2, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}
 					h.Redelivery.Delays = []time.Duration{5 * time.Millisecond}
 				})
 				testsvc.Eventually(t, 30*time.Second, func() bool { return k.applied() == records-1 }, "not every other record was applied")

@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/internal/kafkatest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -154,7 +155,7 @@ func (k *kafkaByOffset) start(group string, concurrency int, proc processor.Func
 	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: k.f.broker, PurgeInterval: -1, CloseTimeout: 10 * time.Second})
 	require.NoError(t, err)
 	h := onceflow.Handler{Name: "effects", Topic: k.topic, DB: k.f.db, Subscriber: &probedSubscriber{Subscriber: s, probe: k.probe},
-		QoS: onceflow.ExactlyOnce, Concurrency: concurrency, Dedup: onceflow.DedupConfig{ByOffset: true}, Processor: proc}
+		QoS: onceflow.ExactlyOnce, Concurrency: concurrency, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}, Processor: proc}
 	for _, o := range opts {
 		o(&h)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -22,7 +23,7 @@ import (
 // Under group commit, a delivery's goroutine spends its life waiting: for its group to form,
 // run and commit. The lane does the waiting without it. The subscription's reader begins the
 // chain's observers (tracing, metrics) and joins the delivery to its subscription's group
-// directly (middleware.Joiner); the group's goroutine, once the outcome of its transaction is
+// directly (groupcommit.Joiner); the group's goroutine, once the outcome of its transaction is
 // known, ends the observers and acks the delivery. The interceptors between the observers and
 // group commit (dead-letter, recover, retry, timeout) leave a first delivery that commits, or
 // is a duplicate, alone, so nothing of theirs is skipped. Any other result (an error, a panic,
@@ -46,7 +47,7 @@ type lane struct {
 	// handler's GroupCommit.MaxWait.
 	bySubscription bool
 	// joiner is the group interceptor, with the rest of the chain inside it.
-	joiner middleware.Joiner
+	joiner groupcommit.Joiner
 	// rest is the chain without its observers, for a delivery whose result asks for it.
 	rest processor.Processor
 	// deliveries recycles the lane's per-delivery state.
@@ -79,7 +80,7 @@ func newLane(h Handler, links []link, inner processor.Processor) *lane {
 			}
 			continue
 		case laneJoin:
-			joiner, ok := compose(links[i:], inner).(middleware.Joiner)
+			joiner, ok := compose(links[i:], inner).(groupcommit.Joiner)
 			if !ok {
 				return nil
 			}
@@ -114,7 +115,7 @@ type laneDelivery struct {
 // first delivery whose message converts, and reports whether it did; the caller starts any
 // other delivery the usual way. sub is the subscription that delivered msg: unless the handler
 // has a GroupCommit.MaxWait, its deliveries form groups of their own, one running at a time
-// (middleware.Joiner).
+// (groupcommit.Joiner).
 func (l *lane) take(c *consumer, msg *message.Message, sub int) bool {
 	info, known := redelivery.FromContext(msg.Context())
 	if known && !info.First() || !known && c.counter != nil {
@@ -125,6 +126,7 @@ func (l *lane) take(c *consumer, msg *message.Message, sub int) bool {
 		return false
 	}
 	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
+	st.Records = c.records
 	md.Delivery = c.deliveries(ctx, msg, md)
 	if l.firstAttempt {
 		md.Attempt = 1
@@ -187,7 +189,7 @@ func (d *laneDelivery) runRest(err error) (result error) {
 			result = &processor.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
-	middleware.AfterJoin(ctx, err)
+	groupcommit.AfterJoin(ctx, err)
 	return d.l.rest.Process(ctx, d.md)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -26,10 +27,10 @@ func TestLane_EachOutcomeIsTheChainsWithTheFirstAttemptCountedOnce(t *testing.T)
 	var mu sync.Mutex
 	calls := map[string]int{}
 	o.start(t, onceflow.Handler{
-		QoS:           onceflow.ExactlyOnce,
-		GroupCommit:   onceflow.GroupCommitConfig{Enabled: true},
-		Retry:         onceflow.RetryConfig{MaxAttempts: 3},
-		MaxDeliveries: 2,
+		QoS:         onceflow.ExactlyOnce,
+		GroupCommit: onceflow.GroupCommitConfig{Enabled: true},
+		Retry:       middleware.Retry{MaxAttempts: 3},
+		DeadLetter:  middleware.DeadLetter{MaxDeliveries: 2},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			mu.Lock()
 			calls[msg.ID]++
@@ -113,7 +114,7 @@ func TestUseObserver_SeesEachDeliveryOnceUnderGroupCommit(t *testing.T) {
 		Chain:       onceflow.ExactlyOnce.Chain().Before(onceflow.StageTracing, onceflow.UseObserver("count", obs)),
 		GroupCommit: onceflow.GroupCommitConfig{Enabled: true},
 		Concurrency: 2,
-		Retry:       onceflow.RetryConfig{MaxAttempts: 2},
+		Retry:       middleware.Retry{MaxAttempts: 2},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if msg.ID == "bad" {
 				return processor.Permanent(errors.New("amount is negative"))

@@ -84,6 +84,37 @@ func counterID(md *messagedata.MessageData) string {
 	return md.ID
 }
 
+// records returns the records that the router keeps for the built-in stages of the handler of
+// env (delivery.Records), or nil for a BestEffort handler, whose messages are acknowledged on
+// receipt: its dead letters and processed redeliveries in the delivery counter of its
+// database, whether a message over its delivery limit was processed (from its dedup store when
+// it has one), and the report of a message delivered beyond the dedup retention.
+func (r *Router) records(env *stageEnv) (*delivery.Records, error) {
+	h := env.Handler
+	if h.qos() == BestEffort {
+		return nil, nil
+	}
+	counter, err := r.counterFor(h)
+	if err != nil {
+		return nil, err
+	}
+	rec := deadLetterRecord{counter: counter, handler: h.Name}
+	out := &delivery.Records{DeadLettered: rec.DeadLettered, MarkDeadLettered: rec.MarkDeadLettered, BeyondRetention: r.beyondRetention(env)}
+	switch store := env.Dedup; {
+	case h.DeadLetter.MaxDeliveries < 0:
+	case store != nil:
+		out.Processed = func(ctx context.Context, msg *messagedata.MessageData) (bool, error) {
+			_, found, err := store.Lookup(ctx, h.DB, dedup.KeyOf(h.Name, msg, h.Dedup.WithTimestamp))
+			return found, err
+		}
+	default:
+		// No duplicate detection to ask whether a message over the limit was processed: the
+		// counter remembers the redeliveries that were.
+		out.Processed, out.MarkProcessed = rec.Processed, rec.MarkProcessed
+	}
+	return out, nil
+}
+
 // deadLetterRecord keeps a handler's dead letters in its delivery counter.
 type deadLetterRecord struct {
 	counter *dedup.Counter

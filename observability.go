@@ -69,7 +69,7 @@ func initHandlerMetrics(ins *telemetry.Instruments, handler string) {
 			metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrOutcome.String(string(o))))
 	}
 	ins.DeadLetterFails.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler)))
-	for _, reason := range []string{middleware.BeyondExpiredKey, middleware.BeyondOldMessage} {
+	for _, reason := range []string{dedup.BeyondExpiredKey, dedup.BeyondOldMessage} {
 		ins.BeyondRetention.Add(ctx, 0, metric.WithAttributes(telemetry.AttrHandler.String(handler), telemetry.AttrReason.String(reason)))
 	}
 }

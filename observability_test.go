@@ -30,6 +30,7 @@ import (
 	"github.com/onceflow/onceflow/broker"
 	_ "github.com/onceflow/onceflow/broker/mem"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -276,8 +277,8 @@ func dataPoints(rm metricdata.ResourceMetrics, name string) int {
 }
 
 var (
-	handlerAttr = middleware.AttrHandler.String("effects")
-	outcomeOf   = func(o processor.Outcome) attribute.KeyValue { return middleware.AttrOutcome.String(string(o)) }
+	handlerAttr = telemetry.AttrHandler.String("effects")
+	outcomeOf   = func(o processor.Outcome) attribute.KeyValue { return telemetry.AttrOutcome.String(string(o)) }
 )
 
 // outcomes returns onceflow.messages by outcome for the handler, zero counts left out.
@@ -455,7 +456,7 @@ func TestMetrics_FailureIsNackedCountedAndRecordedAsAnError(t *testing.T) {
 	var calls atomic.Int32
 	o.start(t, onceflow.Handler{
 		QoS:   onceflow.ExactlyOnce,
-		Retry: onceflow.RetryConfig{MaxAttempts: 2},
+		Retry: middleware.Retry{MaxAttempts: 2},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if calls.Add(1) <= 2 { // both attempts of the first delivery
 				return errors.New("inventory service unavailable")
@@ -506,7 +507,7 @@ func TestMetrics_RetryThenSuccessIsProcessedWithOneRetry(t *testing.T) {
 	var calls atomic.Int32
 	o.start(t, onceflow.Handler{
 		QoS:   onceflow.ExactlyOnce,
-		Retry: onceflow.RetryConfig{MaxAttempts: 3},
+		Retry: middleware.Retry{MaxAttempts: 3},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if err := applyEffect(ctx, msg); err != nil {
 				return err
@@ -637,7 +638,7 @@ func TestLogs_CarryHandlerMessageIDAndAttemptAndNeverThePayload(t *testing.T) {
 	var calls atomic.Int32
 	o.start(t, onceflow.Handler{
 		QoS:   onceflow.ExactlyOnce,
-		Retry: onceflow.RetryConfig{MaxAttempts: 2},
+		Retry: middleware.Retry{MaxAttempts: 2},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			switch msg.ID {
 			case "bad":

@@ -9,6 +9,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -26,7 +27,7 @@ func (f *fixture) publishAt(t *testing.T, id string, offset, prev int64) {
 func TestExactlyOnceByOffset_OffsetAppliedOnceWhateverTheID(t *testing.T) {
 	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
 		f := newFixture(t, d)
-		f.startRouter(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, Dedup: onceflow.DedupConfig{ByOffset: true}})
+		f.startRouter(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}})
 
 		f.publishAt(t, "a", 0, -1)
 		f.waitAcks(t, "a", 1)
@@ -48,7 +49,7 @@ func TestExactlyOnceByOffset_OffsetAppliedOnceWhateverTheID(t *testing.T) {
 func TestExactlyOnceByOffset_MessageWithoutAPositionIsDeadLettered(t *testing.T) {
 	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
 		f := newFixture(t, d)
-		f.startRouter(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, Dedup: onceflow.DedupConfig{ByOffset: true}})
+		f.startRouter(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}})
 		f.publish(t, "plain", "x")
 		f.waitAcks(t, "plain", 1)
 		require.Zero(t, countEffects(t, f.db, "plain"))
@@ -63,14 +64,18 @@ func TestExactlyOnceByOffset_InvalidCombinationsFailAtAddHandler(t *testing.T) {
 	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1})
 	require.NoError(t, err)
 	base := onceflow.Handler{Name: "h", Topic: topic, DB: f.db, Subscriber: f.broker.Subscriber(), Processor: processor.Func(applyEffect),
-		Dedup: onceflow.DedupConfig{ByOffset: true}}
-	for _, tc := range []func(h *onceflow.Handler){
-		func(h *onceflow.Handler) { h.QoS = onceflow.AtLeastOnce },
-		func(h *onceflow.Handler) { h.QoS = onceflow.ExactlyOnce; h.Dedup.WithTimestamp = true },
-		func(h *onceflow.Handler) { h.QoS = onceflow.ExactlyOnce; h.Dedup.CheckFirst = true },
+		Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}}
+	for _, tc := range []struct {
+		edit func(h *onceflow.Handler)
+		want string
+	}{
+		{func(h *onceflow.Handler) { h.QoS = onceflow.AtLeastOnce }, "Handler.Dedup.Mode: set, but the chain of AtLeastOnce has no deduplicate stage"},
+		{func(h *onceflow.Handler) { h.QoS = onceflow.ExactlyOnceInOrder }, "Handler.Dedup.Mode: DedupByOffset applies to the ExactlyOnce chain"},
+		{func(h *onceflow.Handler) { h.QoS = onceflow.ExactlyOnce; h.Dedup.WithTimestamp = true },
+			"Handler.Dedup.WithTimestamp: set, but DedupByOffset keeps no dedup table"},
 	} {
 		h := base
-		tc(&h)
-		require.ErrorContains(t, r.AddHandler(h), "Handler.Dedup.ByOffset")
+		tc.edit(&h)
+		require.ErrorContains(t, r.AddHandler(h), tc.want)
 	}
 }

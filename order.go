@@ -120,11 +120,7 @@ func forgetter(h HandlerInfo) func(context.Context, sqlx.ExtContext, *messagedat
 	}
 	withTimestamp := h.Handler.Dedup.WithTimestamp
 	return func(ctx context.Context, tx sqlx.ExtContext, msg *messagedata.MessageData) error {
-		key := dedup.Key{Handler: h.Name, MessageID: msg.ID}
-		if withTimestamp && !msg.Timestamp.IsZero() {
-			key.Timestamp = msg.Timestamp.UnixMicro()
-		}
-		return store.Forget(ctx, tx, key)
+		return store.Forget(ctx, tx, dedup.KeyOf(h.Name, msg, withTimestamp))
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -30,8 +31,8 @@ func TestPanickingMessage_IsDeadLetteredAtTheDeliveryLimitAndStarvesNobody(t *te
 		var mu sync.Mutex
 		deliveries := map[string]int{}
 		f.startRouter(t, onceflow.Handler{
-			QoS:           onceflow.ExactlyOnce,
-			MaxDeliveries: 3,
+			QoS:        onceflow.ExactlyOnce,
+			DeadLetter: middleware.DeadLetter{MaxDeliveries: 3},
 			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 				mu.Lock()
 				deliveries[msg.ID]++
@@ -109,7 +110,7 @@ func TestCrashLoop_OnABrokerThatDoesNotCountIsEndedByTheDurableCount(t *testing.
 			entered := make(chan struct{}, 1)
 			require.NoError(t, r.AddHandler(onceflow.Handler{
 				Name: "effects", Topic: topic, Subscriber: f.broker.Subscriber(), DB: f.db, QoS: onceflow.ExactlyOnce,
-				MaxDeliveries: 3,
+				DeadLetter: middleware.DeadLetter{MaxDeliveries: 3},
 				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 					runs.Add(1)
 					entered <- struct{}{}
@@ -145,7 +146,7 @@ func TestRedelivery_WaitsTheDelayOfItsDeliveryCount(t *testing.T) {
 	var at []time.Time
 	f.startRouter(t, onceflow.Handler{
 		QoS:        onceflow.ExactlyOnce,
-		Retry:      onceflow.RetryConfig{MaxAttempts: 1},
+		Retry:      middleware.Retry{MaxAttempts: 1},
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			mu.Lock()
@@ -176,7 +177,7 @@ func TestRedelivery_OnASubscriberThatCannotDelayTheRouterHoldsTheMessageAndClose
 	require.NoError(t, err)
 	require.NoError(t, r.AddHandler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: f.broker.Subscriber(), DB: f.db, QoS: onceflow.ExactlyOnce,
-		Retry:      onceflow.RetryConfig{MaxAttempts: 1},
+		Retry:      middleware.Retry{MaxAttempts: 1},
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{time.Hour}},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			calls.Add(1)
@@ -276,9 +277,9 @@ func TestDeliveryWhoseAttemptCannotBeRecorded_IsNotGivenUpOnTheBrokersCount(t *t
 	f := newFixture(t, testsvc.Databases()[0]) // sqlite
 	var calls atomic.Int32
 	f.startRouter(t, onceflow.Handler{
-		QoS:           onceflow.ExactlyOnce,
-		MaxDeliveries: 2,
-		Retry:         onceflow.RetryConfig{MaxAttempts: 1},
+		QoS:        onceflow.ExactlyOnce,
+		DeadLetter: middleware.DeadLetter{MaxDeliveries: 2},
+		Retry:      middleware.Retry{MaxAttempts: 1},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if calls.Add(1) < 4 {
 				return errors.New("not yet")

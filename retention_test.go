@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -40,7 +41,7 @@ func beyondRetention(t *testing.T, reader *sdkmetric.ManualReader, reason string
 
 // startRetentionRouter starts a router whose handler keeps keys for retention and applies
 // policy, with its metrics on reader.
-func (f *fixture) startRetentionRouter(t *testing.T, retention time.Duration, policy middleware.RetentionPolicy) *sdkmetric.ManualReader {
+func (f *fixture) startRetentionRouter(t *testing.T, retention time.Duration, policy dedup.RetentionPolicy) *sdkmetric.ManualReader {
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1,
@@ -48,7 +49,7 @@ func (f *fixture) startRetentionRouter(t *testing.T, retention time.Duration, po
 	require.NoError(t, err)
 	h := f.mode.handler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: f.broker.Subscriber(), DB: f.db, QoS: onceflow.ExactlyOnce,
-		Dedup:     onceflow.DedupConfig{Retention: retention, BeyondRetention: policy},
+		Dedup:     middleware.Dedup{Retention: retention, BeyondRetention: policy},
 		Processor: processor.Func(applyEffect),
 	})
 	if f.mode.group() {
@@ -63,7 +64,7 @@ func (f *fixture) startRetentionRouter(t *testing.T, retention time.Duration, po
 func TestRetention_RedeliveryWhoseExpiredKeyIsStillRecordedIsDeadLetteredAndCounted(t *testing.T) {
 	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		const retention = 300 * time.Millisecond
-		reader := f.startRetentionRouter(t, retention, middleware.DeadLetterExpiredKeys)
+		reader := f.startRetentionRouter(t, retention, dedup.DeadLetterExpiredKeys)
 		f.publish(t, "m", "first")
 		f.waitAcks(t, "m", 1)
 		time.Sleep(retention) // the key expires; no purge runs
@@ -74,7 +75,7 @@ func TestRetention_RedeliveryWhoseExpiredKeyIsStillRecordedIsDeadLetteredAndCoun
 		dead := f.deadLetters()
 		require.Len(t, dead, 1)
 		require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), "delivered beyond the dedup retention (expired_key)")
-		require.Equal(t, int64(1), beyondRetention(t, reader, middleware.BeyondExpiredKey))
+		require.Equal(t, int64(1), beyondRetention(t, reader, dedup.BeyondExpiredKey))
 		require.Equal(t, 1, countDedup(t, f.db, "m"))
 	})
 }
@@ -82,7 +83,7 @@ func TestRetention_RedeliveryWhoseExpiredKeyIsStillRecordedIsDeadLetteredAndCoun
 func TestRetention_ProcessPolicyAppliesItAgainAndCountsIt(t *testing.T) {
 	forEachDatabaseAndMode(t, func(t *testing.T, f *fixture) {
 		const retention = 300 * time.Millisecond
-		reader := f.startRetentionRouter(t, retention, middleware.ProcessBeyondRetention)
+		reader := f.startRetentionRouter(t, retention, dedup.ProcessBeyondRetention)
 		f.publish(t, "m", "first")
 		f.waitAcks(t, "m", 1)
 		time.Sleep(retention)
@@ -90,13 +91,13 @@ func TestRetention_ProcessPolicyAppliesItAgainAndCountsIt(t *testing.T) {
 		f.waitAcks(t, "m", 2)
 		require.Equal(t, 2, countEffects(t, f.db, "m"), "the documented cost of processing beyond the retention")
 		require.Empty(t, f.deadLetters())
-		require.Equal(t, int64(1), beyondRetention(t, reader, middleware.BeyondExpiredKey))
+		require.Equal(t, int64(1), beyondRetention(t, reader, dedup.BeyondExpiredKey))
 	})
 }
 
 func TestRetention_MessageOlderThanTheRetentionIsProcessedAndCountedOrDeadLettered(t *testing.T) {
 	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
-		for policy, dead := range map[middleware.RetentionPolicy]bool{middleware.DeadLetterExpiredKeys: false, middleware.DeadLetterBeyondRetention: true} {
+		for policy, dead := range map[dedup.RetentionPolicy]bool{dedup.DeadLetterExpiredKeys: false, dedup.DeadLetterBeyondRetention: true} {
 			for _, m := range modes {
 				f := newModeFixture(t, d, m)
 				reader := f.startRetentionRouter(t, time.Hour, policy)
@@ -104,7 +105,7 @@ func TestRetention_MessageOlderThanTheRetentionIsProcessedAndCountedOrDeadLetter
 				old.Metadata.Set(messagedata.HeaderTimestamp, time.Now().Add(-2*time.Hour).UTC().Format(time.RFC3339Nano))
 				require.NoError(t, f.broker.Publish(topic, old))
 				f.waitAcks(t, "old", 1)
-				require.Equal(t, int64(1), beyondRetention(t, reader, middleware.BeyondOldMessage), policy.String())
+				require.Equal(t, int64(1), beyondRetention(t, reader, dedup.BeyondOldMessage), policy.String())
 				if dead {
 					require.Equal(t, 0, countEffects(t, f.db, "old"), policy.String())
 					require.Len(t, f.deadLetters(), 1, policy.String())

@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/brokertest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -287,7 +288,7 @@ func TestExactlyOnce_ProcessorErrorRollsBackEveryWriteAndRetryAppliesOnce(t *tes
 		var effectRowsSeenOnRetry atomic.Int32
 		f.startRouter(t, onceflow.Handler{
 			QoS:   onceflow.ExactlyOnce,
-			Retry: onceflow.RetryConfig{MaxAttempts: 1}, // every failure goes back to the broker
+			Retry: middleware.Retry{MaxAttempts: 1}, // every failure goes back to the broker
 			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 				if isCompanion(msg) {
 					return applyEffect(ctx, msg)
@@ -329,7 +330,7 @@ func TestExactlyOnce_InProcessRetryGetsFreshTransaction(t *testing.T) {
 		var attempts atomic.Int32
 		f.startRouter(t, onceflow.Handler{
 			QoS:   onceflow.ExactlyOnce,
-			Retry: onceflow.RetryConfig{MaxAttempts: 3},
+			Retry: middleware.Retry{MaxAttempts: 3},
 			Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 				if err := applyEffect(ctx, msg); err != nil {
 					return err

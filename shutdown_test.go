@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/internal/brokertest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -77,7 +78,7 @@ func TestClose_NeverAcksAnUncommittedMessage(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.AddHandler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: b.Subscriber(), DB: db, QoS: onceflow.ExactlyOnce,
-		Retry: onceflow.RetryConfig{MaxAttempts: 1},
+		Retry: middleware.Retry{MaxAttempts: 1},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if err := applyEffect(ctx, msg); err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -21,9 +22,9 @@ func TestStatus_CountsEachDeliveryByItsOutcomeAndSaysTheState(t *testing.T) {
 			f := newModeFixture(t, testsvc.Databases()[0], m) // SQLite: the counting is the router's
 			release := make(chan struct{})
 			r := f.startRouter(t, onceflow.Handler{
-				QoS:           onceflow.ExactlyOnce,
-				MaxDeliveries: 2,
-				Retry:         onceflow.RetryConfig{MaxAttempts: 1},
+				QoS:        onceflow.ExactlyOnce,
+				DeadLetter: middleware.DeadLetter{MaxDeliveries: 2},
+				Retry:      middleware.Retry{MaxAttempts: 1},
 				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 					switch msg.ID {
 					case "bad":

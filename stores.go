@@ -48,7 +48,7 @@ func (r *Router) positionsFor(h Handler) (*dedup.Positions, error) {
 	}
 	p, err := dedup.NewPositions(h.DB, dedup.PositionsConfig{})
 	if err != nil {
-		return nil, fmt.Errorf("Handler.Dedup.ByOffset: %w", err)
+		return nil, fmt.Errorf("Handler.Dedup.Mode: %w", err)
 	}
 	r.positions[key] = p
 	r.migrate = append(r.migrate, p.Migrate)

@@ -11,6 +11,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 )
 
 // A foreign producer's timestamp header is read in the forms producers write, and one that
@@ -22,7 +23,7 @@ func TestExactlyOnce_ForeignTimestampsGiveEveryCopyOneKey(t *testing.T) {
 		f := newFixture(t, d)
 		f.startRouter(t, onceflow.Handler{
 			Chain: loseFirstAck(onceflow.ExactlyOnce),
-			Dedup: onceflow.DedupConfig{WithTimestamp: true},
+			Dedup: middleware.Dedup{WithTimestamp: true},
 		})
 
 		now := time.Now().UTC()

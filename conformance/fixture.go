@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -185,14 +186,14 @@ type handlerSpec struct {
 // consumer processes build their handlers with it too.
 func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Handler {
 	h := onceflow.Handler{
-		Name:          spec.Name,
-		Topic:         spec.Topic,
-		Subscriber:    sub,
-		DB:            f.db,
-		Processor:     spec.Processor,
-		Concurrency:   spec.Concurrency,
-		MaxDeliveries: spec.MaxDeliveries,
-		Retry:         onceflow.RetryConfig{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Name:        spec.Name,
+		Topic:       spec.Topic,
+		Subscriber:  sub,
+		DB:          f.db,
+		Processor:   spec.Processor,
+		Concurrency: spec.Concurrency,
+		DeadLetter:  middleware.DeadLetter{MaxDeliveries: spec.MaxDeliveries},
+		Retry:       middleware.Retry{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		// A failed message comes back after the suite's nack delay, whichever delivery it is.
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{f.timings.NackDelay}},
 	}

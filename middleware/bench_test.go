@@ -2,7 +2,6 @@ package middleware_test
 
 import (
 	"context"
-	"database/sql"
 	"testing"
 	"time"
 
@@ -14,34 +13,12 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/brokertest"
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/memtx"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
-
-// memTx is an in-memory stand-in for a transaction: every statement succeeds at once.
-type memTx struct{}
-
-func (memTx) DriverName() string                               { return "memory" }
-func (memTx) Rebind(q string) string                           { return q }
-func (memTx) BindNamed(q string, _ any) (string, []any, error) { return q, nil, nil }
-func (memTx) QueryContext(context.Context, string, ...any) (*sql.Rows, error) {
-	return nil, nil
-}
-func (memTx) QueryxContext(context.Context, string, ...any) (*sqlx.Rows, error) {
-	return nil, nil
-}
-func (memTx) QueryRowxContext(context.Context, string, ...any) *sqlx.Row { return nil }
-func (memTx) ExecContext(context.Context, string, ...any) (sql.Result, error) {
-	return nil, nil
-}
-func (memTx) Commit() error   { return nil }
-func (memTx) Rollback() error { return nil }
-
-type memDB struct{ tx memTx }
-
-func (db *memDB) BeginTx(context.Context, *sql.TxOptions) (middleware.Tx, error) { return db.tx, nil }
 
 // memStore records nothing and reports every key as new.
 type memStore struct{}
@@ -54,24 +31,24 @@ func (memStore) Lookup(context.Context, sqlx.ExtContext, dedup.Key) (string, boo
 }
 
 func canonicalChain(b *testing.B) processor.Processor {
-	return canonicalChainWith(b, processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }), nil, nil)
+	return canonicalChainWith(b, processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }), middleware.Tracing{}, middleware.Metrics{})
 }
 
-// canonicalChainWith builds the exactly-once chain around p, with the given telemetry options
-// (none: the global providers).
-func canonicalChainWith(b *testing.B, p processor.Processor, tracing []middleware.TracingOption, metrics []middleware.MetricsOption) processor.Processor {
-	monitor, err := middleware.Metrics("bench", metrics...)
+// canonicalChainWith builds the exactly-once chain around p, with the given telemetry
+// configurations (the zero ones: the global providers).
+func canonicalChainWith(b *testing.B, p processor.Processor, tracing middleware.Tracing, metrics middleware.Metrics) processor.Processor {
+	monitor, err := metrics.Middleware("bench")
 	if err != nil {
 		b.Fatal(err)
 	}
 	chain := middleware.Chain(
-		middleware.Tracing("bench", tracing...),
+		tracing.Middleware("bench"),
 		monitor,
-		must(middleware.DeadLetter(brokertest.New(), "dead", "bench")),
+		must(middleware.DeadLetter{}.Middleware(brokertest.New(), "dead", "bench")),
 		middleware.Recover(),
-		must(middleware.Retry()),
-		middleware.Transaction(&memDB{}),
-		must(middleware.Deduplicate(memStore{}, "bench")),
+		must(middleware.Retry{}.Middleware()),
+		middleware.Transaction{}.Middleware(memtx.DB{}),
+		must(middleware.Dedup{Store: memStore{}}.Middleware(nil, "bench")),
 	)
 	return chain(p)
 }
@@ -121,7 +98,7 @@ func runAsRouter(b *testing.B, p processor.Processor, msg *messagedata.MessageDa
 	}
 }
 
-func benchmarkAsRouter(b *testing.B, tracing []middleware.TracingOption, metrics []middleware.MetricsOption) {
+func benchmarkAsRouter(b *testing.B, tracing middleware.Tracing, metrics middleware.Metrics) {
 	p := canonicalChainWith(b, processSpan(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil })), tracing, metrics)
 	msg := &messagedata.MessageData{ID: "0198e0c2-7a4b-7c3e-9f1a-2b3c4d5e6f70", Topic: "orders", Payload: []byte(`{"amount":1}`)}
 	b.ReportAllocs()
@@ -135,7 +112,7 @@ func benchmarkAsRouter(b *testing.B, tracing []middleware.TracingOption, metrics
 // chain (delivery state, process span wrapper, ack span), with the global no-op providers: the
 // baseline of BenchmarkCanonicalChainWithTelemetry.
 func BenchmarkCanonicalChainAsRouter(b *testing.B) {
-	benchmarkAsRouter(b, nil, nil)
+	benchmarkAsRouter(b, middleware.Tracing{}, middleware.Metrics{})
 }
 
 // discardExporter drops every span: the benchmark measures onceflow's instrumentation and the
@@ -156,9 +133,7 @@ func BenchmarkCanonicalChainWithTelemetry(b *testing.B) {
 		_ = tp.Shutdown(context.Background())
 		_ = mp.Shutdown(context.Background())
 	})
-	benchmarkAsRouter(b,
-		[]middleware.TracingOption{middleware.WithTracerProvider(tp), middleware.WithPropagator(propagation.TraceContext{})},
-		[]middleware.MetricsOption{middleware.WithMeterProvider(mp)})
+	benchmarkAsRouter(b, middleware.Tracing{TracerProvider: tp, Propagator: propagation.TraceContext{}}, middleware.Metrics{MeterProvider: mp})
 }
 
 // BenchmarkCanonicalChainWithTelemetryUnsampled is BenchmarkCanonicalChainWithTelemetry with
@@ -170,7 +145,5 @@ func BenchmarkCanonicalChainWithTelemetryUnsampled(b *testing.B) {
 		_ = tp.Shutdown(context.Background())
 		_ = mp.Shutdown(context.Background())
 	})
-	benchmarkAsRouter(b,
-		[]middleware.TracingOption{middleware.WithTracerProvider(tp), middleware.WithPropagator(propagation.TraceContext{})},
-		[]middleware.MetricsOption{middleware.WithMeterProvider(mp)})
+	benchmarkAsRouter(b, middleware.Tracing{TracerProvider: tp, Propagator: propagation.TraceContext{}}, middleware.Metrics{MeterProvider: mp})
 }

@@ -14,10 +14,11 @@ import (
 
 // Classifier reports whether running a message again cannot cure err: the error is permanent,
 // and the message goes to the dead-letter topic on first sight instead of being retried and
-// redelivered. Retry asks it (WithClassifier).
+// redelivered. It is DeadLetter's (DeadLetter.Classifier), which Retry asks through
+// Delivery.Permanent.
 type Classifier func(err error) bool
 
-// DefaultClassifier is the Classifier of Retry unless WithClassifier replaces it. These
+// DefaultClassifier is the Classifier of DeadLetter unless DeadLetter.Classifier replaces it. These
 // errors are permanent:
 //
 //	processor.Permanent(err)                  the processor said so
@@ -29,7 +30,7 @@ type Classifier func(err error) bool
 //	                                          violation, a malformed value (SQLSTATE class 22 and 23)
 //	sqldb class UniqueViolation               a unique key of the business tables: another message
 //	                                          holds it (the dedup key itself never fails this way,
-//	                                          and NaturalIdempotency turns the violations it
+//	                                          and DedupNatural turns the violations it
 //	                                          recognises into duplicates before Retry sees them)
 //
 // Everything else is retryable: serialization failures, deadlocks, lock timeouts, lost

@@ -23,12 +23,12 @@ import (
 // maxReasonLength bounds the reason header; some brokers limit header sizes.
 const maxReasonLength = 1024
 
-// deadLetterRecordTimeout bounds the reads and writes of a DeadLetterRecord, which outlive the
-// delivery's context.
+// deadLetterRecordTimeout bounds the reads and writes of the router's records, which outlive
+// the delivery's context.
 const deadLetterRecordTimeout = 10 * time.Second
 
 // ErrDeliveryLimit reports a message given up because it reached its handler's delivery limit
-// (WithMaxDeliveries) without succeeding. The dead letter's reason says after how many
+// (DeadLetter.MaxDeliveries) without succeeding. The dead letter's reason says after how many
 // deliveries, and the last error.
 var ErrDeliveryLimit = errors.New("delivery limit reached")
 
@@ -37,141 +37,110 @@ var ErrDeliveryLimit = errors.New("delivery limit reached")
 // message. The error is retryable: the router nacks the message, which comes back later.
 var ErrDeadLetterFailed = errors.New("dead-letter publish failed")
 
-// DeadLetterOption configures DeadLetter.
-type DeadLetterOption interface{ applyDeadLetter(*deadLetterConfig) }
+// DefaultMaxDeliveries is the delivery limit of a DeadLetter whose MaxDeliveries is zero.
+const DefaultMaxDeliveries = 10
 
-type deadLetterOptionFunc func(*deadLetterConfig)
-
-func (f deadLetterOptionFunc) applyDeadLetter(c *deadLetterConfig) { f(c) }
-
-type deadLetterConfig struct {
-	maxDeliveries int
-	processed     func(ctx context.Context, msg *messagedata.MessageData) (bool, error)
-	markProcessed func(ctx context.Context, msg *messagedata.MessageData) error
-	record        DeadLetterRecord
-}
-
-// DeadLetterRecord remembers, durably, which messages a handler dead-lettered: the router's is
-// kept in the delivery counter table (dedup.Counter).
-type DeadLetterRecord interface {
-	// DeadLettered reports whether msg was dead-lettered before.
-	DeadLettered(ctx context.Context, msg *messagedata.MessageData) (bool, error)
-	// MarkDeadLettered records that msg was dead-lettered.
-	MarkDeadLettered(ctx context.Context, msg *messagedata.MessageData) error
-}
-
-// WithDeadLetterRecord makes dead letters exactly once where their acknowledgement is lost:
-// after publishing a dead letter, DeadLetter records it in rec, and a redelivery of a message
-// that rec says was dead-lettered (its consumer died, or its connection dropped, or its ack
-// deadline passed, before the acknowledgement reached the broker) is acknowledged without a
-// second dead letter. The record is written even when the delivery's context has ended (within
-// 10 s). A consumer that dies between the publish and the record still publishes it again at
-// the redelivery, under the same HeaderDeadLetterKey (see DeadLetter).
-func WithDeadLetterRecord(rec DeadLetterRecord) DeadLetterOption {
-	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.record = rec })
-}
-
-// WithMaxDeliveries makes DeadLetter give up a message at its n-th delivery
-// (messagedata.MessageData.Delivery): a message whose n-th delivery fails, with an error that
-// running again might cure or with a panic, is dead-lettered with the reason "delivery limit
-// reached after n deliveries: <its error>" instead of being nacked; a message delivered more
-// than n times (its n-th delivery ended without an outcome: the consumer died or its
-// acknowledgement was lost) is dead-lettered before it is processed. A message whose delivery
-// count is unknown (0) is never given up this way, nor, inside the router, a delivery whose
-// attempt the router could not record (its database was unreachable): the broker's count
-// alone also counts deliveries that never began. Defaults to 0: no limit; a negative n is an
-// error of DeadLetter.
+// DeadLetter configures the dead-letter stage: it publishes a message that cannot succeed to
+// the dead-letter topic, then reports it as handled. The zero value is the default
+// configuration.
 //
-// Inside the router, the count that the limit applies to is that of the deliveries whose
-// processing began, where the router knows it: a delivery that waited behind a message that
-// killed its consumer, and never began, does not count. So a message that crashes its
-// consumer every time reaches the limit, and the messages delivered with it do not.
-func WithMaxDeliveries(n int) DeadLetterOption {
-	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.maxDeliveries = n })
-}
-
-// WithProcessedCheck gives DeadLetter a way to ask whether a message was processed already
-// (its duplicate-detection record committed). A message over its delivery limit that was
-// processed, whose acknowledgements were lost, is then acknowledged as a duplicate instead of
-// being dead-lettered. When processed fails, the message is dead-lettered as without it.
-func WithProcessedCheck(processed func(ctx context.Context, msg *messagedata.MessageData) (bool, error)) DeadLetterOption {
-	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.processed = processed })
-}
-
-// WithProcessedMark gives DeadLetter a way to record that a redelivered message (delivery 2 or
-// later) was processed, for a chain without duplicate detection, whose WithProcessedCheck then
-// reads the record: DeadLetter calls mark once the chain inside returns nil (its transaction
-// committed). A message whose redeliveries commit and lose their acknowledgements until it is
-// over its delivery limit is then acknowledged, not dead-lettered. A first delivery is not
-// recorded, so that the common case costs nothing, nor is one whose consumer dies between the
-// commit and the record; an error of mark is ignored.
-func WithProcessedMark(mark func(ctx context.Context, msg *messagedata.MessageData) error) DeadLetterOption {
-	return deadLetterOptionFunc(func(c *deadLetterConfig) { c.markProcessed = mark })
-}
-
-// DeadLetter publishes a message that cannot succeed to topic on pub, then reports it as
-// handled.
-//
-// A message cannot succeed when the chain inside returns a permanent error (processor.Permanent,
-// a malformed payload, a message without an id, an error that the Retry middleware classified
-// as permanent), and, with WithMaxDeliveries, when it reaches the delivery limit. DeadLetter
-// publishes the message, with its id, payload and headers, plus the headers
-// messagedata.HeaderDeadLetterReason (the error text), HeaderDeadLetterHandler,
-// HeaderDeadLetterAttempt, HeaderDeadLetterDeliveries, HeaderDeadLetterTopic and
-// HeaderDeadLetterTime, and HeaderDeadLetterKey (DeadLetterKey), and returns an error wrapping
-// processor.ErrDeadLettered: the router acks the message. Other outcomes pass through
-// unchanged.
+// A message cannot succeed when the stages inside return a permanent error: processor.Permanent,
+// or an error that Classifier finds permanent (a malformed payload, a message without an id, a
+// data error; DefaultClassifier has the table). The stages inside see the same classification
+// (Delivery.Permanent): Retry does not retry such an error. With a delivery limit, a message
+// also cannot succeed when it reaches the limit. The stage publishes the message, with its id,
+// payload and headers, plus the headers messagedata.HeaderDeadLetterReason (the error text),
+// HeaderDeadLetterHandler, HeaderDeadLetterAttempt, HeaderDeadLetterDeliveries,
+// HeaderDeadLetterTopic and HeaderDeadLetterTime, and HeaderDeadLetterKey (DeadLetterKey), and
+// returns an error wrapping processor.ErrDeadLettered: the router acks the message. Other
+// outcomes pass through unchanged.
 //
 // A dead letter is published, then the message is acknowledged: a consumer that dies in
 // between (or whose acknowledgement is lost) leaves the message to be delivered again, and its
-// dead letter to be published again. With WithDeadLetterRecord, a redelivery after the record
-// is acknowledged without a second publish; one before it (the consumer died between the
-// publish and the record) publishes the dead letter again with the same id and the same
-// HeaderDeadLetterKey, which a broker that deduplicates by that key drops: the embedded SQLite
-// queue and the SQL queues within an hour of the first, NATS within its duplicate window. On
-// the other brokers (RabbitMQ, Redis, Kafka) that second copy reaches the dead-letter topic,
-// recognisable by its key.
+// dead letter to be published again. Under the router, which records each dead letter durably,
+// a redelivery after the record is acknowledged without a second publish; one before it (the
+// consumer died between the publish and the record) publishes the dead letter again with the
+// same id and the same HeaderDeadLetterKey, which a broker that deduplicates by that key drops:
+// the embedded SQLite queue and the SQL queues within an hour of the first, NATS within its
+// duplicate window. On the other brokers (RabbitMQ, Redis, Kafka) that second copy reaches the
+// dead-letter topic, recognisable by its key.
 //
-// A dead letter is never refused for the message's own sake: when pub refuses it (an id the
-// broker cannot carry, a payload too large), DeadLetter publishes it again under an id derived
-// from the original one, which goes in HeaderDeadLetterOriginalID, and if that is refused too,
-// without its payload, saying so in HeaderDeadLetterPayloadDropped. When even that fails, the
-// dead-letter broker itself is failing: DeadLetter returns the failure, which is not permanent,
-// and the router nacks the message so that it is not lost and comes back later.
+// A dead letter is never refused for the message's own sake: when the publisher refuses it (an
+// id the broker cannot carry, a payload too large), the stage publishes it again under an id
+// derived from the original one, which goes in HeaderDeadLetterOriginalID, and if that is
+// refused too, without its payload, saying so in HeaderDeadLetterPayloadDropped. When even that
+// fails, the dead-letter broker itself is failing: the stage returns the failure, wrapping
+// ErrDeadLetterFailed, which is not permanent, and the router nacks the message so that it is
+// not lost and comes back later.
 //
 // The dead letter is published under a producer span "send <topic>", a child of the failed
-// delivery's consumer span, whose trace context goes in its headers (W3C traceparent, written by
-// the propagator of the Tracing middleware outside, or the global one): its consumers continue
+// delivery's consumer span, whose trace context goes in its headers (W3C traceparent, written
+// by the propagator of the Tracing stage outside, or the global one): its consumers continue
 // the trace of the failed delivery. The published message carries the incoming message's
 // context.
-//
-// It fails, naming the argument or the option, when pub is nil, topic is empty or an option's
-// value is invalid.
-func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetterOption) (Middleware, error) {
-	var cfg deadLetterConfig
-	for _, o := range opts {
-		o.applyDeadLetter(&cfg)
+type DeadLetter struct {
+	// MaxDeliveries is the delivery limit: a message whose MaxDeliveries-th delivery
+	// (messagedata.MessageData.Delivery) fails, with an error that running again might cure or
+	// with a panic, is dead-lettered with the reason "delivery limit reached after N deliveries:
+	// <its error>" instead of being nacked; a message delivered more times than that (a
+	// delivery ended without an outcome: the consumer died or its acknowledgement was lost) is
+	// dead-lettered before it is processed. A message whose delivery count is unknown (0) is
+	// never given up this way, nor, under the router, a delivery whose attempt the router could
+	// not record (its database was unreachable): the broker's count alone also counts
+	// deliveries that never began. Under the router, the count the limit applies to is that of
+	// the deliveries whose processing began, where the router knows it: a delivery that waited
+	// behind a message that killed its consumer, and never began, does not count. Defaults to
+	// DefaultMaxDeliveries; negative turns the limit off.
+	MaxDeliveries int
+
+	// Classifier tells errors that running a message again cannot cure (dead-lettered on first
+	// sight) from the others (retried, then redelivered). Defaults to DefaultClassifier.
+	Classifier Classifier
+}
+
+// limit returns the delivery limit of d, 0 for none.
+func (d DeadLetter) limit() int {
+	switch {
+	case d.MaxDeliveries < 0:
+		return 0
+	case d.MaxDeliveries == 0:
+		return DefaultMaxDeliveries
 	}
+	return d.MaxDeliveries
+}
+
+// Middleware returns the dead-letter stage of d for handler, which publishes dead letters to
+// topic on pub. It fails, naming the argument, when pub is nil or topic is empty.
+func (d DeadLetter) Middleware(pub message.Publisher, topic, handler string) (Middleware, error) {
 	switch {
 	case pub == nil:
 		return nil, errors.New("DeadLetter: the publisher is nil")
 	case topic == "":
 		return nil, errors.New("DeadLetter: the topic is empty")
-	case cfg.maxDeliveries < 0:
-		return nil, fmt.Errorf("DeadLetter: WithMaxDeliveries: %d is negative (0 sets no limit)", cfg.maxDeliveries)
+	}
+	limit, classify := d.limit(), d.Classifier
+	if classify == nil {
+		classify = DefaultClassifier
 	}
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			var err error
+			var rec *delivery.Records
 			n := msg.Delivery
-			if st := delivery.From(ctx); st != nil && st.Attempts > 0 {
-				n = st.Attempts
-			} else if st != nil && st.AttemptUnrecorded {
-				n = 0 // how many deliveries began is unknown: no limit
+			if st := delivery.From(ctx); st != nil {
+				st.Classify, rec = classify, st.Records
+				if st.Attempts > 0 {
+					n = st.Attempts
+				} else if st.AttemptUnrecorded {
+					n = 0 // how many deliveries began is unknown: no limit
+				}
 			}
-			if limit := cfg.maxDeliveries; limit > 0 && n > limit {
-				if cfg.processed != nil {
-					if done, perr := cfg.processed(ctx, msg); perr == nil && done {
+			if rec == nil {
+				rec = &delivery.Records{}
+			}
+			if limit > 0 && n > limit {
+				if rec.Processed != nil {
+					if done, perr := rec.Processed(ctx, msg); perr == nil && done {
 						return fmt.Errorf("%w: over the delivery limit, and processed already", processor.ErrDuplicate)
 					}
 				}
@@ -179,13 +148,16 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 					ErrDeliveryLimit, n-1))
 			} else {
 				err = next.Process(ctx, msg)
-				if cfg.maxDeliveries > 0 && n >= cfg.maxDeliveries && givesUp(ctx, err) {
+				if err != nil && !processor.IsPermanent(err) && processor.OutcomeOf(err) == processor.Failed && classify(err) {
+					err = processor.Permanent(err)
+				}
+				if limit > 0 && n >= limit && givesUp(ctx, err) {
 					err = processor.Permanent(fmt.Errorf("%w after %d deliveries: %w", ErrDeliveryLimit, n, err))
 				}
 			}
-			if err == nil && cfg.markProcessed != nil && n > 1 {
+			if err == nil && rec.MarkProcessed != nil && n > 1 {
 				mctx, cancel := recordContext(ctx)
-				_ = cfg.markProcessed(mctx, msg)
+				_ = rec.MarkProcessed(mctx, msg)
 				cancel()
 			}
 			if err == nil || !processor.IsPermanent(err) {
@@ -204,16 +176,16 @@ func DeadLetter(pub message.Publisher, topic, handler string, opts ...DeadLetter
 			// out.
 			rctx, cancel := recordContext(ctx)
 			defer cancel()
-			if cfg.record != nil && msg.Delivery != 1 { // a first delivery has no dead letter before it
-				if done, rerr := cfg.record.DeadLettered(rctx, msg); rerr == nil && done {
+			if rec.DeadLettered != nil && msg.Delivery != 1 { // a first delivery has no dead letter before it
+				if done, rerr := rec.DeadLettered(rctx, msg); rerr == nil && done {
 					return fmt.Errorf("%w to %s at an earlier delivery, whose acknowledgement was lost: %w", processor.ErrDeadLettered, topic, err)
 				}
 			}
 			if pubErr := PublishDeadLetter(ctx, pub, topic, handler, msg, err); pubErr != nil {
 				return fmt.Errorf("%w after %v: %w", ErrDeadLetterFailed, err, pubErr)
 			}
-			if cfg.record != nil {
-				if rerr := cfg.record.MarkDeadLettered(rctx, msg); rerr != nil {
+			if rec.MarkDeadLettered != nil {
+				if rerr := rec.MarkDeadLettered(rctx, msg); rerr != nil {
 					return fmt.Errorf("%w to %s (not recorded, so a redelivery would be dead-lettered again: %v): %w", processor.ErrDeadLettered, topic, rerr, err)
 				}
 			}
@@ -251,7 +223,7 @@ func givesUp(ctx context.Context, err error) bool {
 // (messagedata.HeaderDeadLetterPayloadDropped says why); it returns an error only when every
 // attempt failed, which means the dead-letter broker is failing, not the message.
 func PublishDeadLetter(ctx context.Context, pub message.Publisher, topic, handler string, msg *messagedata.MessageData, reason error) (err error) {
-	ctx, span := telemetry.Send(ctx, topic, AttrHandler.String(handler))
+	ctx, span := telemetry.Send(ctx, topic, telemetry.AttrHandler.String(handler))
 	if span != nil {
 		defer func() { telemetry.End(span, err) }()
 	}

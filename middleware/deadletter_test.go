@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -29,7 +30,7 @@ func TestDeadLetter_LastAllowedDeliveryThatFailsIsDeadLetteredWithTheLimitAndIts
 	b := brokertest.New()
 	boom := errors.New("downstream says no")
 	var calls int
-	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter{MaxDeliveries: 3}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return boom
 	}))
@@ -54,7 +55,7 @@ func TestDeadLetter_LastAllowedDeliveryThatFailsIsDeadLetteredWithTheLimitAndIts
 
 func TestDeadLetter_PanicAtTheLimitIsDeadLettered(t *testing.T) {
 	b := brokertest.New()
-	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(2)))(middleware.Recover()(
+	p := must(middleware.DeadLetter{MaxDeliveries: 2}.Middleware(b, "dead", "h"))(middleware.Recover()(
 		processor.Func(func(context.Context, *messagedata.MessageData) error { panic("nil map") })))
 	err := p.Process(context.Background(), delivered("a", 2))
 	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
@@ -67,7 +68,7 @@ func TestDeadLetter_MessageBeyondTheLimitIsDeadLetteredWithoutProcessing(t *test
 	// Its last allowed delivery ended without an outcome: the consumer died processing it.
 	b := brokertest.New()
 	called := false
-	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter{MaxDeliveries: 3}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		called = true
 		return nil
 	}))
@@ -84,7 +85,7 @@ func TestDeadLetter_LimitCountsTheDeliveriesWhoseProcessingBegan(t *testing.T) {
 	// killed its consumer.
 	b := brokertest.New()
 	calls := 0
-	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter{MaxDeliveries: 3}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return nil
 	}))
@@ -106,19 +107,20 @@ func TestDeadLetter_MessageBeyondTheLimitThatWasProcessedIsADuplicate(t *testing
 	// Processed, and its acknowledgement lost at every delivery since.
 	b := brokertest.New()
 	processed := map[string]bool{"done": true}
-	check := middleware.WithProcessedCheck(func(_ context.Context, m *messagedata.MessageData) (bool, error) {
+	// The router's record of what was processed.
+	ctx := underRouter(&delivery.Records{Processed: func(_ context.Context, m *messagedata.MessageData) (bool, error) {
 		return processed[m.ID], nil
-	})
+	}})
 	calls := 0
-	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(3), check))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter{MaxDeliveries: 3}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return nil
 	}))
-	err := p.Process(context.Background(), delivered("done", 4))
+	err := p.Process(ctx, delivered("done", 4))
 	require.Equal(t, processor.Duplicate, processor.OutcomeOf(err))
 	require.Empty(t, b.Drain("dead"))
 
-	err = p.Process(context.Background(), delivered("new", 4))
+	err = p.Process(ctx, delivered("new", 4))
 	require.Equal(t, processor.DeadLettered, processor.OutcomeOf(err))
 	require.Len(t, b.Drain("dead"), 1)
 	require.Zero(t, calls)
@@ -141,7 +143,7 @@ func TestDeadLetter_LimitSparesWhatIsNotTheMessagesFault(t *testing.T) {
 			if tc.cancel {
 				cancel()
 			}
-			p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1)))(processor.Func(func(context.Context, *messagedata.MessageData) error { return tc.err }))
+			p := must(middleware.DeadLetter{MaxDeliveries: 1}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error { return tc.err }))
 			err := p.Process(ctx, delivered("a", 1))
 			require.Equal(t, tc.err, err)
 			require.Empty(t, b.Drain("dead"))
@@ -152,7 +154,7 @@ func TestDeadLetter_LimitSparesWhatIsNotTheMessagesFault(t *testing.T) {
 func TestDeadLetter_UnknownDeliveryCountIsNeverGivenUp(t *testing.T) {
 	b := brokertest.New()
 	boom := errors.New("boom")
-	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithMaxDeliveries(1)))(processor.Func(func(context.Context, *messagedata.MessageData) error { return boom }))
+	p := must(middleware.DeadLetter{MaxDeliveries: 1}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error { return boom }))
 	require.ErrorIs(t, p.Process(context.Background(), delivered("a", 0)), boom)
 	require.Empty(t, b.Drain("dead"))
 }
@@ -246,7 +248,7 @@ func TestPublishDeadLetter_PayloadTheBrokerRefusesIsDroppedAndSaid(t *testing.T)
 }
 
 func TestDeadLetter_FailingDeadLetterBrokerIsRetryableAndSaysSo(t *testing.T) {
-	p := must(middleware.DeadLetter(failingPublisher{errors.New("broker down")}, "dead", "h"))(
+	p := must(middleware.DeadLetter{}.Middleware(failingPublisher{errors.New("broker down")}, "dead", "h"))(
 		processor.Func(func(context.Context, *messagedata.MessageData) error { return processor.Permanent(errors.New("bad")) }))
 	err := p.Process(context.Background(), msg("a"))
 	require.ErrorIs(t, err, middleware.ErrDeadLetterFailed)
@@ -285,7 +287,7 @@ func TestDefaultClassifier(t *testing.T) {
 func TestRetry_PermanentClassIsNotRetriedAndBecomesPermanent(t *testing.T) {
 	var calls int
 	tooLong := &pgconn.PgError{Code: "22001", Message: "value too long for type character varying(10)"}
-	p := must(middleware.Retry(middleware.WithBackoff(0, 0)))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.Retry{InitialInterval: time.Nanosecond}.Middleware())(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		calls++
 		return fmt.Errorf("insert: %w", tooLong)
 	}))
@@ -295,17 +297,47 @@ func TestRetry_PermanentClassIsNotRetriedAndBecomesPermanent(t *testing.T) {
 	require.ErrorIs(t, err, tooLong)
 }
 
-func TestRetry_ClassifierOverridesTheDefault(t *testing.T) {
+// The dead-letter stage's classifier is the chain's: Retry, inside it, retries what it calls
+// retryable, and the stage dead-letters only what it calls permanent.
+func TestDeadLetter_ClassifierOverridesTheDefaultForRetryInside(t *testing.T) {
+	b := brokertest.New()
 	var calls int
 	retryAnyway := func(error) bool { return false }
-	p := must(middleware.Retry(middleware.WithBackoff(0, 0), middleware.WithMaxAttempts(3), middleware.WithClassifier(retryAnyway)))(
+	p := middleware.Chain(must(middleware.DeadLetter{Classifier: retryAnyway}.Middleware(b, "dead", "h")),
+		must(middleware.Retry{MaxAttempts: 3, InitialInterval: time.Nanosecond}.Middleware()))(
 		processor.Func(func(context.Context, *messagedata.MessageData) error {
 			calls++
 			return &pgconn.PgError{Code: "23502"}
 		}))
-	err := p.Process(context.Background(), msg("a"))
+	err := p.Process(underRouter(nil), msg("a"))
 	require.Equal(t, 3, calls)
 	require.False(t, processor.IsPermanent(err))
+	require.Empty(t, b.Drain("dead"))
+
+	// Without it, the default classifier takes a NOT NULL violation for permanent: no retry,
+	// and a dead letter.
+	calls = 0
+	p = middleware.Chain(must(middleware.DeadLetter{}.Middleware(b, "dead", "h")),
+		must(middleware.Retry{MaxAttempts: 3, InitialInterval: time.Nanosecond}.Middleware()))(
+		processor.Func(func(context.Context, *messagedata.MessageData) error {
+			calls++
+			return &pgconn.PgError{Code: "23502"}
+		}))
+	err = p.Process(underRouter(nil), msg("b"))
+	require.Equal(t, 1, calls)
+	require.True(t, processor.IsDeadLettered(err))
+	require.Len(t, b.Drain("dead"), 1)
+}
+
+// The dead-letter stage applies its classifier itself: a chain without Retry dead-letters a
+// data error on first sight too.
+func TestDeadLetter_ClassifiesTheOutcomeWithoutRetry(t *testing.T) {
+	b := brokertest.New()
+	p := must(middleware.DeadLetter{}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+		return &pgconn.PgError{Code: "22001"}
+	}))
+	require.True(t, processor.IsDeadLettered(p.Process(context.Background(), msg("a"))))
+	require.Len(t, b.Drain("dead"), 1)
 }
 
 // Every publish of one message's dead letter by one handler carries the same key, whatever id
@@ -376,7 +408,8 @@ func TestDeadLetter_RecordIsWrittenAfterTheDeliveryEnded(t *testing.T) {
 	b := brokertest.New()
 	rec := &ctxRecord{}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := must(middleware.DeadLetter(b, "dead", "h", middleware.WithDeadLetterRecord(rec)))(
+	ctx = delivery.With(ctx, &delivery.State{Records: &delivery.Records{DeadLettered: rec.DeadLettered, MarkDeadLettered: rec.MarkDeadLettered}})
+	p := must(middleware.DeadLetter{}.Middleware(b, "dead", "h"))(
 		processor.Func(func(context.Context, *messagedata.MessageData) error {
 			cancel() // the delivery ends while the message fails
 			return processor.Permanent(errors.New("bad"))
@@ -387,4 +420,12 @@ func TestDeadLetter_RecordIsWrittenAfterTheDeliveryEnded(t *testing.T) {
 	require.Equal(t, 1, rec.looked, "looked up")
 	require.Equal(t, 1, rec.marked, "recorded")
 	require.Len(t, b.Drain("dead"), 1)
+}
+
+// underRouter returns a context with the state of a delivery that the router runs, with the
+// router's records rec (nil for none).
+func underRouter(rec *delivery.Records) context.Context {
+	ctx, st := delivery.Start(context.Background(), "h", time.Now())
+	st.Records = rec
+	return ctx
 }

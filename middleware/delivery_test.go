@@ -14,31 +14,24 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
-// A retrying middleware of one's own takes part as Retry does: it records its retries, which
-// Metrics counts and Tracing reports, and the processor reads them.
-func TestRecordRetry_ACustomRetryIsCountedByMetricsAndTracing(t *testing.T) {
+// Retry records its retries in the delivery, which Metrics counts, Tracing reports and the
+// processor reads.
+func TestDelivery_RetriesRecordedByRetryAreCountedByMetricsAndTracing(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	metrics, err := middleware.Metrics("h", middleware.WithMeterProvider(mp))
+	metrics, err := middleware.Metrics{MeterProvider: mp}.Middleware("h")
 	require.NoError(t, err)
-	retryOnce := func(next processor.Processor) processor.Processor {
-		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			if err := next.Process(ctx, msg); err == nil {
-				return nil
-			}
-			middleware.RecordRetry(ctx)
-			return next.Process(ctx, msg)
-		})
-	}
 	var seen []int
-	p := middleware.Chain(middleware.Tracing("h", middleware.WithTracerProvider(tp)), metrics, retryOnce)(
+	p := middleware.Chain(middleware.Tracing{TracerProvider: tp}.Middleware("h"), metrics,
+		must(middleware.Retry{InitialInterval: time.Nanosecond}.Middleware()))(
 		processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
 			d, ok := middleware.DeliveryFrom(ctx)
 			require.True(t, ok)
@@ -49,15 +42,37 @@ func TestRecordRetry_ACustomRetryIsCountedByMetricsAndTracing(t *testing.T) {
 			return nil
 		}))
 
-	require.NoError(t, p.Process(middleware.StartDelivery(context.Background(), "h"), msg("a")))
+	ctx, st := delivery.Start(context.Background(), "h", time.Now())
+	st.EndSpanInChain = true // no router acknowledges it: the span ends with the chain
+	require.NoError(t, p.Process(ctx, msg("a")))
 
 	require.Equal(t, []int{0, 1}, seen)
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
-	require.Equal(t, int64(1), sumOf(t, rm, "onceflow.retries", middleware.AttrHandler.String("h")))
+	require.Equal(t, int64(1), sumOf(t, rm, "onceflow.retries", telemetry.AttrHandler.String("h")))
 	ended := spans.Ended()
-	require.Len(t, ended, 1, "outside the router, the consumer span ends when the chain returns")
+	require.Len(t, ended, 1)
 	require.Equal(t, attribute.IntValue(2), spanAttrs(ended[0])["onceflow.attempts"])
+}
+
+// Delivery.Permanent answers with the classifier of the chain's dead-letter stage, which
+// records it when the delivery enters it; the default classifier before, and outside a
+// delivery.
+func TestDelivery_PermanentIsTheDeadLetterStagesClassifier(t *testing.T) {
+	tooLong := errors.New("a value of the message's own that the database refuses")
+	var zero middleware.Delivery
+	require.False(t, zero.Permanent(tooLong))
+	require.True(t, zero.Permanent(processor.Permanent(tooLong)))
+
+	var inside middleware.Delivery
+	p := must(middleware.DeadLetter{Classifier: func(err error) bool { return errors.Is(err, tooLong) }}.Middleware(failingPublisher{}, "dead", "h"))(
+		processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+			inside, _ = middleware.DeliveryFrom(ctx)
+			return nil
+		}))
+	require.NoError(t, p.Process(underRouter(nil), msg("a")))
+	require.True(t, inside.Permanent(tooLong))
+	require.False(t, inside.Permanent(errors.New("transient")))
 }
 
 func TestDelivery_ReadsWhatWasRecorded(t *testing.T) {
@@ -67,11 +82,8 @@ func TestDelivery_ReadsWhatWasRecorded(t *testing.T) {
 	_, committed := zero.CommittedAt()
 	require.Equal(t, 0, zero.Retries())
 	require.False(t, committed)
-	middleware.RecordRetry(context.Background()) // no delivery: nothing to record in
-	middleware.RecordCommit(context.Background(), time.Now())
-
 	before := time.Now()
-	ctx := middleware.StartDelivery(context.Background(), "orders")
+	ctx, _ := delivery.Start(context.Background(), "orders", time.Now())
 	d, ok := middleware.DeliveryFrom(ctx)
 	require.True(t, ok)
 	require.Equal(t, "orders", d.Handler())
@@ -80,25 +92,9 @@ func TestDelivery_ReadsWhatWasRecorded(t *testing.T) {
 	require.False(t, committed)
 
 	at := time.Unix(1000, 0)
-	middleware.RecordCommit(ctx, at)
+	delivery.MarkCommitted(ctx, at)
 	got, committed := d.CommittedAt()
 	require.True(t, committed)
 	require.Equal(t, at, got)
 	require.Equal(t, 0, d.DeliveriesBegun())
-}
-
-// The router's delivery takes the consumer span, once; a delivery no router settles does not.
-func TestDelivery_HandOverSpanOnlyToTheRouter(t *testing.T) {
-	tp := sdktrace.NewTracerProvider()
-	_, span := tp.Tracer("t").Start(context.Background(), "process t")
-	defer span.End()
-
-	routed, _ := middleware.DeliveryFrom(delivery.With(context.Background(), &delivery.State{}))
-	require.True(t, routed.HandOverSpan(span))
-	require.False(t, routed.HandOverSpan(span), "one consumer span per delivery")
-
-	started, _ := middleware.DeliveryFrom(middleware.StartDelivery(context.Background(), "h"))
-	require.False(t, started.HandOverSpan(span))
-	var none middleware.Delivery
-	require.False(t, none.HandOverSpan(span))
 }

@@ -2,7 +2,9 @@ package middleware_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -40,47 +42,28 @@ func ExampleChain() {
 	// first after
 }
 
-// The canonical exactly-once chain, composed from its stages: each stage goes in its place,
-// whatever order the program names them in. Here each stage only prints its name; a program
-// gives the middlewares of the same names (Tracing, Metrics, DeadLetter, Recover, Retry,
-// Transaction, Deduplicate) for the stages it wants.
-func ExampleExactlyOnce() {
-	chain, err := middleware.ExactlyOnce(middleware.Stages{
-		Deduplicate: annotate("deduplicate"),
-		Transaction: annotate("transaction"),
-		Retry:       annotate("retry"),
-		Recover:     annotate("recover"),
-		DeadLetter:  annotate("deadletter"),
-		Metrics:     annotate("metrics"),
-		Tracing:     annotate("tracing"),
-	})
+// A built-in middleware is built from its configuration, whose zero fields take the defaults:
+// here Retry runs the processor again after a retryable error, up to MaxAttempts times.
+func ExampleRetry() {
+	retry, err := middleware.Retry{MaxAttempts: 3, InitialInterval: time.Millisecond}.Middleware()
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	audited := middleware.Chain(annotate("audit"), chain) // a middleware of one's own goes around it
-	p := audited(processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-		fmt.Println("processor", msg.ID)
+	attempts := 0
+	p := retry(processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+		attempts++
+		if attempts < 3 {
+			return errors.New("database busy")
+		}
 		return nil
 	}))
+	err = p.Process(context.Background(), &messagedata.MessageData{ID: "m-1"})
+	fmt.Println(attempts, err)
 
-	_ = p.Process(context.Background(), &messagedata.MessageData{ID: "m-1"})
+	_, err = middleware.Retry{MaxAttempts: -1}.Middleware()
+	fmt.Println(err)
 	// Output:
-	// audit before
-	// tracing before
-	// metrics before
-	// deadletter before
-	// recover before
-	// retry before
-	// transaction before
-	// deduplicate before
-	// processor m-1
-	// deduplicate after
-	// transaction after
-	// retry after
-	// recover after
-	// deadletter after
-	// metrics after
-	// tracing after
-	// audit after
+	// 3 <nil>
+	// Retry.MaxAttempts: -1 is negative
 }

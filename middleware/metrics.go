@@ -17,32 +17,14 @@ import (
 	"github.com/onceflow/onceflow/processor"
 )
 
-// MetricsOption configures Metrics. Besides WithMeterProvider, WithMessagingSystem and
-// WithConsumerGroup describe the broker in the semantic-convention metrics.
-type MetricsOption interface{ applyMetrics(*metricsConfig) }
-
-type metricsConfig struct {
-	provider  metric.MeterProvider
-	messaging messagingConfig
-}
-
-type metricsOptionFunc func(*metricsConfig)
-
-func (f metricsOptionFunc) applyMetrics(c *metricsConfig) { f(c) }
-
-// WithMeterProvider sets the MeterProvider. Defaults to the global provider (otel.GetMeterProvider).
-func WithMeterProvider(mp metric.MeterProvider) MetricsOption {
-	return metricsOptionFunc(func(c *metricsConfig) { c.provider = mp })
-}
-
 var outcomes = []processor.Outcome{processor.Processed, processor.Duplicate, processor.DeadLettered, processor.Failed, processor.Panicked}
 
-// Metrics is the performance monitor of the chain, with OpenTelemetry instruments. For each
-// delivery it
+// Metrics configures the metrics stage, the performance monitor of the chain, with
+// OpenTelemetry instruments. For each delivery it
 //
 //   - counts it once, by its final outcome, in onceflow.messages (processed, duplicate,
 //     dead_lettered, failed, panicked): the outcomes add up to the deliveries;
-//   - records the time from entering the middleware to the outcome, retries and their waits
+//   - records the time from entering the stage to the outcome, retries and their waits
 //     included, in the histogram onceflow.process.duration;
 //   - holds it in the up-down counter onceflow.inflight while it runs;
 //   - counts its in-process retries (attempts after the first) in onceflow.retries. A retry is
@@ -53,32 +35,41 @@ var outcomes = []processor.Outcome{processor.Processed, processor.Duplicate, pro
 //     known), messaging.operation.name "process", and error.type (the outcome) for a delivery
 //     that failed, panicked or was dead-lettered.
 //
-// Every onceflow measurement carries onceflow.handler; the first two also onceflow.outcome. Retries are
-// known from the delivery state the router keeps: outside the router, onceflow.retries stays 0.
-// docs/observability.md lists all of onceflow's metrics, the router's included.
+// Every onceflow measurement carries onceflow.handler; the first two also onceflow.outcome.
+// Retries are known from the delivery state the router keeps: outside the router,
+// onceflow.retries stays 0. docs/observability.md lists all of onceflow's metrics, the router's
+// included. The zero value is the default configuration.
 //
-// Attribute sets are built once, when Metrics is called: a message costs one small allocation
-// here, for its start. It returns an error only when the meter rejects an instrument.
-func Metrics(handler string, opts ...MetricsOption) (Middleware, error) {
-	o, err := MetricsObserver(handler, opts...)
+// Attribute sets are built once, with the stage: a message costs one small allocation here, for
+// its start.
+type Metrics struct {
+	// MeterProvider provides the meter. Defaults to the global provider
+	// (otel.GetMeterProvider).
+	MeterProvider metric.MeterProvider
+	// MessagingSystem and ConsumerGroup describe the broker in the semantic-convention metrics,
+	// as they do for Tracing.
+	MessagingSystem, ConsumerGroup string
+}
+
+// Middleware returns the metrics stage of m for handler: Observe of its Observer. It returns an
+// error only when the meter rejects an instrument.
+func (m Metrics) Middleware(handler string) (Middleware, error) {
+	o, err := m.Observer(handler)
 	if err != nil {
 		return nil, err
 	}
 	return Observe(o), nil
 }
 
-// MetricsObserver returns the Observer that Metrics is made of: Begin counts the delivery in
-// flight and notes its start, End records its outcome. It returns an error only when the meter
-// rejects an instrument.
-func MetricsObserver(handler string, opts ...MetricsOption) (Observer, error) {
-	cfg := metricsConfig{messaging: messagingConfig{system: DefaultMessagingSystem}}
-	for _, o := range opts {
-		o.applyMetrics(&cfg)
+// Observer returns the Observer the metrics stage of m for handler is made of: Begin counts the
+// delivery in flight and notes its start, End records its outcome. It returns an error only
+// when the meter rejects an instrument.
+func (m Metrics) Observer(handler string) (Observer, error) {
+	provider := m.MeterProvider
+	if provider == nil {
+		provider = otel.GetMeterProvider()
 	}
-	if cfg.provider == nil {
-		cfg.provider = otel.GetMeterProvider()
-	}
-	meter := telemetry.Meter(cfg.provider)
+	meter := telemetry.Meter(provider)
 	ins, err := telemetry.NewInstruments(meter)
 	if err != nil {
 		return nil, fmt.Errorf("create metric instruments: %w", err)
@@ -87,14 +78,14 @@ func MetricsObserver(handler string, opts ...MetricsOption) (Observer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create metric instruments: %w", err)
 	}
-	convSets := &conventionSets{messaging: cfg.messaging}
-	handlerAttr := AttrHandler.String(handler)
+	convSets := &conventionSets{messaging: messaging(m.MessagingSystem, m.ConsumerGroup)}
+	handlerAttr := telemetry.AttrHandler.String(handler)
 	// Options are built once: passing a prebuilt slice to the variadic instrument methods
 	// allocates nothing per message.
 	handlerOnly := []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(handlerAttr))}
 	byOutcome := make(map[processor.Outcome]outcomeOpts, len(outcomes))
 	for _, o := range outcomes {
-		set := metric.WithAttributeSet(attribute.NewSet(handlerAttr, AttrOutcome.String(string(o))))
+		set := metric.WithAttributeSet(attribute.NewSet(handlerAttr, telemetry.AttrOutcome.String(string(o))))
 		byOutcome[o] = outcomeOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
 	}
 

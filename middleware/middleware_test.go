@@ -49,7 +49,7 @@ func msg(id string) *messagedata.MessageData {
 
 func TestTransaction_CommitsOnNil(t *testing.T) {
 	db := newDB(t)
-	p := middleware.Transaction(middleware.Pool(db))(processor.Func(write))
+	p := middleware.Transaction{}.Middleware(middleware.Pool(db))(processor.Func(write))
 	require.NoError(t, p.Process(context.Background(), msg("a")))
 	require.Equal(t, 1, countWrites(t, db))
 }
@@ -57,7 +57,7 @@ func TestTransaction_CommitsOnNil(t *testing.T) {
 func TestTransaction_RollsBackOnError(t *testing.T) {
 	db := newDB(t)
 	boom := errors.New("boom")
-	p := middleware.Transaction(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+	p := middleware.Transaction{}.Middleware(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		require.NoError(t, write(ctx, m))
 		return boom
 	}))
@@ -67,7 +67,7 @@ func TestTransaction_RollsBackOnError(t *testing.T) {
 
 func TestTransaction_RollsBackOnPanicAndRepanics(t *testing.T) {
 	db := newDB(t)
-	p := middleware.Transaction(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+	p := middleware.Transaction{}.Middleware(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		require.NoError(t, write(ctx, m))
 		panic("bug")
 	}))
@@ -77,7 +77,7 @@ func TestTransaction_RollsBackOnPanicAndRepanics(t *testing.T) {
 
 func TestTransaction_CommitFailureIsReturned(t *testing.T) {
 	db := newDB(t)
-	p := middleware.Transaction(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+	p := middleware.Transaction{}.Middleware(middleware.Pool(db))(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		tx, _ := processor.TxFromContext(ctx)
 		// Finish the transaction behind the middleware's back: its commit must fail, and the
 		// failure must not read as success.
@@ -101,7 +101,7 @@ func TestRecover_TurnsPanicIntoPanicError(t *testing.T) {
 func TestRetry_ReRunsEverythingInsideWithAFreshTransaction(t *testing.T) {
 	db := newDB(t)
 	var attempts []int
-	p := middleware.Chain(must(middleware.Retry(middleware.WithBackoff(time.Millisecond, time.Millisecond))), middleware.Transaction(middleware.Pool(db)))(
+	p := middleware.Chain(must(middleware.Retry{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}.Middleware()), middleware.Transaction{}.Middleware(middleware.Pool(db)))(
 		processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 			attempts = append(attempts, m.Attempt)
 			require.NoError(t, write(ctx, m))
@@ -118,7 +118,7 @@ func TestRetry_ReRunsEverythingInsideWithAFreshTransaction(t *testing.T) {
 func TestRetry_GivesUpAfterMaxAttempts(t *testing.T) {
 	var calls atomic.Int32
 	transient := errors.New("transient")
-	p := must(middleware.Retry(middleware.WithMaxAttempts(4), middleware.WithBackoff(time.Millisecond, time.Millisecond)))(
+	p := must(middleware.Retry{MaxAttempts: 4, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}.Middleware())(
 		processor.Func(func(context.Context, *messagedata.MessageData) error { calls.Add(1); return transient }))
 	require.ErrorIs(t, p.Process(context.Background(), msg("a")), transient)
 	require.Equal(t, int32(4), calls.Load())
@@ -132,7 +132,7 @@ func TestRetry_DoesNotRetryPermanentDuplicateOrDeadLettered(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var calls atomic.Int32
-			p := must(middleware.Retry(middleware.WithBackoff(time.Millisecond, time.Millisecond)))(
+			p := must(middleware.Retry{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}.Middleware())(
 				processor.Func(func(context.Context, *messagedata.MessageData) error { calls.Add(1); return e }))
 			require.ErrorIs(t, p.Process(context.Background(), msg("a")), e)
 			require.Equal(t, int32(1), calls.Load())
@@ -143,7 +143,7 @@ func TestRetry_DoesNotRetryPermanentDuplicateOrDeadLettered(t *testing.T) {
 func TestRetry_StopsWhenContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var calls atomic.Int32
-	p := must(middleware.Retry(middleware.WithMaxAttempts(100), middleware.WithBackoff(time.Hour, time.Hour)))(
+	p := must(middleware.Retry{MaxAttempts: 100, InitialInterval: time.Hour, MaxInterval: time.Hour}.Middleware())(
 		processor.Func(func(context.Context, *messagedata.MessageData) error {
 			if calls.Add(1) == 1 {
 				cancel()
@@ -168,7 +168,7 @@ func TestDeduplicate_SecondDeliveryIsDuplicate(t *testing.T) {
 	store, err := dedup.New(db, dedup.Config{})
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
-	p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), must(middleware.Deduplicate(store, "h")))(processor.Func(write))
+	p := middleware.Chain(middleware.Transaction{}.Middleware(middleware.Pool(db)), must(middleware.Dedup{Store: store}.Middleware(nil, "h")))(processor.Func(write))
 
 	require.NoError(t, p.Process(context.Background(), msg("a")))
 	err = p.Process(context.Background(), msg("a"))
@@ -182,7 +182,7 @@ func TestDeduplicate_RefusesMessageWithoutID(t *testing.T) {
 	store, err := dedup.New(db, dedup.Config{})
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
-	p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), must(middleware.Deduplicate(store, "h")))(processor.Func(write))
+	p := middleware.Chain(middleware.Transaction{}.Middleware(middleware.Pool(db)), must(middleware.Dedup{Store: store}.Middleware(nil, "h")))(processor.Func(write))
 
 	err = p.Process(context.Background(), msg(""))
 	require.ErrorIs(t, err, messagedata.ErrNoMessageID)
@@ -194,7 +194,7 @@ func TestDeduplicate_OutsideTransactionIsAnError(t *testing.T) {
 	db := newDB(t)
 	store, err := dedup.New(db, dedup.Config{})
 	require.NoError(t, err)
-	p := must(middleware.Deduplicate(store, "h"))(processor.Func(write))
+	p := must(middleware.Dedup{Store: store}.Middleware(nil, "h"))(processor.Func(write))
 	require.ErrorIs(t, p.Process(context.Background(), msg("a")), middleware.ErrNoTransaction)
 }
 
@@ -204,7 +204,7 @@ func TestDeduplicate_CheckFirstMintsTimeOrderedInternalIDs(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.Migrate(context.Background()))
 	var internal []string
-	p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), must(middleware.Deduplicate(store, "h", middleware.CheckFirst())))(
+	p := middleware.Chain(middleware.Transaction{}.Middleware(middleware.Pool(db)), must(middleware.Dedup{Mode: middleware.DedupCheckFirst, Store: store}.Middleware(nil, "h")))(
 		processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 			id, ok := processor.InternalID(ctx)
 			require.True(t, ok)
@@ -247,7 +247,7 @@ func TestNaturalIdempotency_OnlyTheNamedConstraintMeansAlreadyProcessed(t *testi
 				_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO refs (ref) VALUES (?)`), string(m.Payload))
 				return err
 			})
-			p := middleware.Chain(middleware.Transaction(middleware.Pool(db)), middleware.NaturalIdempotency(pkName[d.Name]))(insert)
+			p := middleware.Chain(middleware.Transaction{}.Middleware(middleware.Pool(db)), must(middleware.Dedup{Mode: middleware.DedupNatural, UniqueConstraints: []string{pkName[d.Name]}}.Middleware(nil, "h")))(insert)
 			payment := func(id, ref string) *messagedata.MessageData {
 				m := msg(id)
 				m.Payload = []byte(ref)
@@ -288,7 +288,7 @@ func (failingPublisher) Close() error                                { return ni
 
 func TestDeadLetter_PublishesPermanentFailuresWithReason(t *testing.T) {
 	b := brokertest.New()
-	p := must(middleware.DeadLetter(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error {
+	p := must(middleware.DeadLetter{}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		return processor.Permanent(errors.New("amount is negative"))
 	}))
 	m := msg("a")
@@ -310,7 +310,7 @@ func TestDeadLetter_PublishesPermanentFailuresWithReason(t *testing.T) {
 }
 
 func TestDeadLetter_PublishFailureIsNotAnAck(t *testing.T) {
-	p := must(middleware.DeadLetter(failingPublisher{errors.New("broker down")}, "dead", "h"))(
+	p := must(middleware.DeadLetter{}.Middleware(failingPublisher{errors.New("broker down")}, "dead", "h"))(
 		processor.Func(func(context.Context, *messagedata.MessageData) error {
 			return processor.Permanent(errors.New("bad"))
 		}))
@@ -323,7 +323,7 @@ func TestDeadLetter_PassesOtherOutcomesThrough(t *testing.T) {
 	b := brokertest.New()
 	transient := errors.New("transient")
 	for _, e := range []error{nil, transient, processor.AlreadyProcessed("seen")} {
-		p := must(middleware.DeadLetter(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error { return e }))
+		p := must(middleware.DeadLetter{}.Middleware(b, "dead", "h"))(processor.Func(func(context.Context, *messagedata.MessageData) error { return e }))
 		require.Equal(t, e, p.Process(context.Background(), msg("a")))
 	}
 	require.Empty(t, b.Drain("dead"))
@@ -338,31 +338,43 @@ func must(mw middleware.Middleware, err error) middleware.Middleware {
 	return mw
 }
 
-// An invalid option is an error of the constructor that names the option, not a value clamped
+// An invalid field is an error of the constructor that names the field, not a value clamped
 // in silence or a failure at the first message.
-func TestMiddleware_InvalidOptionsAreErrorsNamingTheOption(t *testing.T) {
+func TestMiddleware_InvalidConfigurationIsAnErrorNamingTheField(t *testing.T) {
 	t.Parallel()
 	pub := brokertest.New()
 	for name, tc := range map[string]struct {
 		build func() (middleware.Middleware, error)
 		names string
 	}{
-		"no attempt": {func() (middleware.Middleware, error) { return middleware.Retry(middleware.WithMaxAttempts(0)) }, "WithMaxAttempts"},
+		"negative attempts": {func() (middleware.Middleware, error) { return middleware.Retry{MaxAttempts: -1}.Middleware() },
+			"Retry.MaxAttempts: -1 is negative"},
 		"negative wait": {func() (middleware.Middleware, error) {
-			return middleware.Retry(middleware.WithBackoff(-time.Second, time.Second))
-		}, "WithBackoff"},
+			return middleware.Retry{InitialInterval: -time.Second}.Middleware()
+		}, "Retry.InitialInterval: -1s is negative"},
 		"longest wait shorter than the first": {func() (middleware.Middleware, error) {
-			return middleware.Retry(middleware.WithBackoff(time.Second, time.Millisecond))
-		}, "WithBackoff"},
-		"negative delivery limit": {func() (middleware.Middleware, error) {
-			return middleware.DeadLetter(pub, "dead", "h", middleware.WithMaxDeliveries(-1))
-		}, "WithMaxDeliveries"},
-		"no dead-letter publisher": {func() (middleware.Middleware, error) { return middleware.DeadLetter(nil, "dead", "h") }, "publisher"},
-		"no dead-letter topic":     {func() (middleware.Middleware, error) { return middleware.DeadLetter(pub, "", "h") }, "topic"},
+			return middleware.Retry{InitialInterval: time.Second, MaxInterval: time.Millisecond}.Middleware()
+		}, "Retry.MaxInterval: 1ms is shorter than the first wait, 1s"},
+		"no dead-letter publisher": {func() (middleware.Middleware, error) { return middleware.DeadLetter{}.Middleware(nil, "dead", "h") }, "publisher"},
+		"no dead-letter topic":     {func() (middleware.Middleware, error) { return middleware.DeadLetter{}.Middleware(pub, "", "h") }, "topic"},
 		"unknown retention policy": {func() (middleware.Middleware, error) {
-			return middleware.Deduplicate(memStore{}, "h", middleware.WithRetentionPolicy(middleware.RetentionPolicy(99), nil))
-		}, "WithRetentionPolicy"},
-		"no dedup store": {func() (middleware.Middleware, error) { return middleware.Deduplicate(nil, "h") }, "store"},
+			return middleware.Dedup{Store: memStore{}, BeyondRetention: dedup.RetentionPolicy(99)}.Middleware(nil, "h")
+		}, "Dedup.BeyondRetention: RetentionPolicy(99) is not a retention policy"},
+		"unknown mode": {func() (middleware.Middleware, error) { return middleware.Dedup{Mode: 42}.Middleware(nil, "h") },
+			"Dedup.Mode: DedupMode(42) is not a dedup mode"},
+		"no dedup store": {func() (middleware.Middleware, error) { return middleware.Dedup{}.Middleware(nil, "h") }, "the database and Store are nil"},
+		"natural idempotency without constraints": {func() (middleware.Middleware, error) {
+			return middleware.Dedup{Mode: middleware.DedupNatural}.Middleware(nil, "h")
+		}, "Dedup.UniqueConstraints: empty"},
+		"constraints without natural idempotency": {func() (middleware.Middleware, error) {
+			return middleware.Dedup{Store: memStore{}, UniqueConstraints: []string{"pk"}}.Middleware(nil, "h")
+		}, "Dedup.UniqueConstraints: set, but DedupInsertFirst does not read it"},
+		"a table for a mode without one": {func() (middleware.Middleware, error) {
+			return middleware.Dedup{Mode: middleware.DedupAckInTransaction, Table: "log"}.Middleware(nil, "h")
+		}, "Dedup.Table: set, but DedupAckInTransaction keeps no dedup table"},
+		"a table that is no identifier": {func() (middleware.Middleware, error) {
+			return middleware.Dedup{Table: "x; DROP TABLE y"}.Middleware(nil, "h")
+		}, "Dedup.Table: \"x; DROP TABLE y\" is not a plain SQL identifier"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			mw, err := tc.build()
@@ -371,12 +383,12 @@ func TestMiddleware_InvalidOptionsAreErrorsNamingTheOption(t *testing.T) {
 		})
 	}
 	for name, build := range map[string]func() (middleware.Middleware, error){
-		"one attempt": func() (middleware.Middleware, error) { return middleware.Retry(middleware.WithMaxAttempts(1)) },
-		"no wait":     func() (middleware.Middleware, error) { return middleware.Retry(middleware.WithBackoff(0, 0)) },
+		"defaults":    func() (middleware.Middleware, error) { return middleware.Retry{}.Middleware() },
+		"one attempt": func() (middleware.Middleware, error) { return middleware.Retry{MaxAttempts: 1}.Middleware() },
 		"no limit": func() (middleware.Middleware, error) {
-			return middleware.DeadLetter(pub, "dead", "h", middleware.WithMaxDeliveries(0))
+			return middleware.DeadLetter{MaxDeliveries: -1}.Middleware(pub, "dead", "h")
 		},
-		"default policy": func() (middleware.Middleware, error) { return middleware.Deduplicate(memStore{}, "h") },
+		"default policy": func() (middleware.Middleware, error) { return middleware.Dedup{Store: memStore{}}.Middleware(nil, "h") },
 	} {
 		t.Run(name, func(t *testing.T) {
 			mw, err := build()

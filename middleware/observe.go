@@ -9,7 +9,7 @@ import (
 
 // Observer watches deliveries from outside the rest of a chain without taking part in them: it
 // changes neither the message nor the outcome. Tracing and Metrics are observers
-// (TracingObserver, MetricsObserver); Observe makes any observer a middleware.
+// (Tracing.Observer, Metrics.Observer); Observe makes any observer a middleware.
 //
 // A consumer that runs the rest of the chain itself may call an observer directly: the router
 // does so for a handler whose chain starts with observers and goes on with interceptors that

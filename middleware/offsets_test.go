@@ -26,7 +26,8 @@ func offsetsChain(t *testing.T, proc processor.Func) (processor.Processor, *dedu
 	pos, err := dedup.NewPositions(db, dedup.PositionsConfig{})
 	require.NoError(t, err)
 	require.NoError(t, pos.Migrate(context.Background()))
-	return middleware.Chain(middleware.Transaction(middleware.Pool(db)), middleware.Offsets(pos, "h"))(proc), pos
+	offsets := must(middleware.Dedup{Mode: middleware.DedupByOffset}.Middleware(db, "h"))
+	return middleware.Chain(middleware.Transaction{}.Middleware(middleware.Pool(db)), offsets)(proc), pos
 }
 
 func TestOffsets_MessageAtOrBelowTheAppliedOffsetIsADuplicate(t *testing.T) {

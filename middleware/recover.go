@@ -9,8 +9,8 @@ import (
 )
 
 // Recover turns a panic inside the chain into an error of type *processor.PanicError carrying
-// the panic value and stack; a panic whose value is a *processor.PanicError already (GroupCommit
-// re-raises a member's panic so) is returned as it is. Transaction or GroupCommit, further in,
+// the panic value and stack; a panic whose value is a *processor.PanicError already (group commit
+// re-raises a member's panic so) is returned as it is. The transaction, further in,
 // has already rolled back by the time the panic reaches Recover. The router nacks the message,
 // so nothing is committed and nothing is lost.
 func Recover() Middleware {
@@ -22,7 +22,7 @@ func Recover() Middleware {
 					return
 				}
 				if pe, ok := r.(*processor.PanicError); ok {
-					// Re-raised by GroupCommit in this goroutine: it carries the stack of the
+					// Re-raised by group commit in this goroutine: it carries the stack of the
 					// panic in the group's goroutine.
 					err = pe
 					return

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,25 +9,10 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
 )
-
-// RetryOption configures Retry.
-type RetryOption interface{ applyRetry(*retryConfig) }
-
-type retryOptionFunc func(*retryConfig)
-
-func (f retryOptionFunc) applyRetry(c *retryConfig) { f(c) }
-
-type retryConfig struct {
-	maxAttempts     int
-	initialInterval time.Duration
-	maxInterval     time.Duration
-	multiplier      float64
-	onRetry         func(ctx context.Context, msg *messagedata.MessageData, err error)
-	permanent       Classifier
-}
 
 // Retry defaults.
 const (
@@ -35,67 +21,64 @@ const (
 	DefaultRetryMaxInterval     = 5 * time.Second
 )
 
-// WithMaxAttempts sets how many times the chain inside runs for one delivery, the first attempt
-// included. Defaults to DefaultRetryMaxAttempts. 1 disables retrying; less than 1 is an error
-// of Retry.
-func WithMaxAttempts(n int) RetryOption {
-	return retryOptionFunc(func(c *retryConfig) { c.maxAttempts = n })
-}
-
-// WithBackoff sets the wait before the first retry and the longest wait between retries; the
-// wait doubles from one retry to the next, with 50% jitter. Defaults to
-// DefaultRetryInitialInterval and DefaultRetryMaxInterval. 0 and 0 retry at once; a negative
-// wait, or a longest wait shorter than the first, is an error of Retry.
-func WithBackoff(initial, max time.Duration) RetryOption {
-	return retryOptionFunc(func(c *retryConfig) { c.initialInterval, c.maxInterval = initial, max })
-}
-
-// WithClassifier sets the Classifier that tells permanent errors from retryable ones.
-// Defaults to DefaultClassifier.
-func WithClassifier(c Classifier) RetryOption {
-	return retryOptionFunc(func(cfg *retryConfig) { cfg.permanent = c })
-}
-
-// OnRetry registers fn, called before each retry with the error of the failed attempt.
-func OnRetry(fn func(ctx context.Context, msg *messagedata.MessageData, err error)) RetryOption {
-	return retryOptionFunc(func(c *retryConfig) { c.onRetry = fn })
-}
-
-// Retry runs the chain inside it again when it fails with a retryable error, waiting with
-// exponential backoff between attempts.
+// Retry configures the retry stage: it runs the stages inside it again when they fail with a
+// retryable error, waiting with exponential backoff between attempts. The zero value is the
+// default configuration.
 //
 // Every attempt re-runs everything inside Retry: placed outside Transaction, each attempt gets
 // a fresh transaction. Retry does not retry a duplicate, a dead-lettered message, an attempt
-// that failed because ctx ended, or a permanent error: an error that its Classifier
-// (DefaultClassifier unless WithClassifier) finds permanent is returned at once, made
-// processor.Permanent, so that DeadLetter outside dead-letters it on first sight. A panic
-// passes through it. When the attempts are used up it returns the last error, and the router
-// nacks the message so the broker redelivers it, after a delay that grows with its delivery
-// count. Each attempt sees a copy of the message whose Attempt field counts from 1.
-//
-// It fails, naming the option, when an option's value is invalid.
-func Retry(opts ...RetryOption) (Middleware, error) {
-	cfg := retryConfig{
-		maxAttempts:     DefaultRetryMaxAttempts,
-		initialInterval: DefaultRetryInitialInterval,
-		maxInterval:     DefaultRetryMaxInterval,
-		multiplier:      2,
-		permanent:       DefaultClassifier,
-	}
-	for _, o := range opts {
-		o.applyRetry(&cfg)
-	}
-	if cfg.permanent == nil {
-		cfg.permanent = DefaultClassifier
-	}
+// that failed because ctx ended, or a permanent error: an error that the chain's dead-letter
+// stage classifies as permanent (Delivery.Permanent: its Classifier, DefaultClassifier without
+// one) is returned at once, made processor.Permanent, so that the dead-letter stage outside
+// dead-letters it on first sight. A panic passes through it. When the attempts are used up it
+// returns the last error, and the router nacks the message so the broker redelivers it, after
+// a delay that grows with its delivery count. Each attempt sees a copy of the message whose
+// Attempt field counts from 1.
+type Retry struct {
+	// MaxAttempts is how many times the stages inside run for one delivery, the first attempt
+	// included: 1 retries nothing. Defaults to DefaultRetryMaxAttempts.
+	MaxAttempts int
+	// InitialInterval is the wait before the first retry; it doubles from one retry to the
+	// next, with 50% jitter, up to MaxInterval. Defaults to DefaultRetryInitialInterval (set
+	// 1ns to retry at once).
+	InitialInterval time.Duration
+	// MaxInterval is the longest wait between attempts. Defaults to DefaultRetryMaxInterval, or
+	// InitialInterval when that is longer.
+	MaxInterval time.Duration
+}
+
+// Validate reports the first invalid field of r, by name.
+func (r Retry) Validate() error {
 	switch {
-	case cfg.maxAttempts < 1:
-		return nil, fmt.Errorf("Retry: WithMaxAttempts: %d is not a number of attempts (want at least 1)", cfg.maxAttempts)
-	case cfg.initialInterval < 0 || cfg.maxInterval < 0:
-		return nil, fmt.Errorf("Retry: WithBackoff: %s, %s: a wait is negative", cfg.initialInterval, cfg.maxInterval)
-	case cfg.maxInterval < cfg.initialInterval:
-		return nil, fmt.Errorf("Retry: WithBackoff: the longest wait %s is shorter than the first %s", cfg.maxInterval, cfg.initialInterval)
+	case r.MaxAttempts < 0:
+		return fmt.Errorf("MaxAttempts: %d is negative", r.MaxAttempts)
+	case r.InitialInterval < 0:
+		return fmt.Errorf("InitialInterval: %s is negative", r.InitialInterval)
+	case r.MaxInterval < 0:
+		return fmt.Errorf("MaxInterval: %s is negative", r.MaxInterval)
+	case r.MaxInterval > 0 && r.withDefaults().InitialInterval > r.MaxInterval:
+		return fmt.Errorf("MaxInterval: %s is shorter than the first wait, %s (InitialInterval, or DefaultRetryInitialInterval when zero)",
+			r.MaxInterval, r.withDefaults().InitialInterval)
 	}
+	return nil
+}
+
+// withDefaults returns r with its zero fields set to their defaults.
+func (r Retry) withDefaults() Retry {
+	r.MaxAttempts = cmp.Or(r.MaxAttempts, DefaultRetryMaxAttempts)
+	r.InitialInterval = cmp.Or(r.InitialInterval, DefaultRetryInitialInterval)
+	if r.MaxInterval == 0 {
+		r.MaxInterval = max(r.InitialInterval, DefaultRetryMaxInterval)
+	}
+	return r
+}
+
+// Middleware returns the retry stage of r, or an error naming the first invalid field.
+func (r Retry) Middleware() (Middleware, error) {
+	if err := r.Validate(); err != nil {
+		return nil, fmt.Errorf("Retry.%w", err)
+	}
+	cfg := r.withDefaults()
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			// The first attempt sees msg itself; later ones a copy with the attempt number, so
@@ -112,13 +95,13 @@ func Retry(opts ...RetryOption) (Middleware, error) {
 				if err == nil || processor.IsDuplicate(err) || processor.IsDeadLettered(err) || processor.IsPanic(err) {
 					return err
 				}
-				if cfg.permanent(err) {
+				if d, _ := DeliveryFrom(ctx); processor.IsPermanent(err) || d.Permanent(err) {
 					if !processor.IsPermanent(err) {
 						err = processor.Permanent(err)
 					}
 					return err
 				}
-				if cur.Attempt >= cfg.maxAttempts {
+				if cur.Attempt >= cfg.MaxAttempts {
 					return err
 				}
 				if ctx.Err() != nil {
@@ -126,20 +109,19 @@ func Retry(opts ...RetryOption) (Middleware, error) {
 				}
 				if bo == nil {
 					bo = &backoff.ExponentialBackOff{
-						InitialInterval:     cfg.initialInterval,
+						InitialInterval:     cfg.InitialInterval,
 						RandomizationFactor: 0.5,
-						Multiplier:          cfg.multiplier,
-						MaxInterval:         cfg.maxInterval,
+						Multiplier:          2,
+						MaxInterval:         cfg.MaxInterval,
 						MaxElapsedTime:      0,
 						Stop:                backoff.Stop,
 						Clock:               backoff.SystemClock,
 					}
 					bo.Reset()
 				}
-				if cfg.onRetry != nil {
-					cfg.onRetry(ctx, cur, err)
+				if st := delivery.From(ctx); st != nil {
+					st.Retries++
 				}
-				RecordRetry(ctx)
 				timer := time.NewTimer(bo.NextBackOff())
 				select {
 				case <-ctx.Done():

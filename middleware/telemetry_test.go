@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/onceflow/onceflow/internal/brokertest"
+	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -44,9 +45,8 @@ func TestTracing_OutsideTheRouterEndsTheConsumerSpanWhenTheChainReturns(t *testi
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	p := middleware.Chain(
-		middleware.Tracing("h", middleware.WithTracerProvider(tp), middleware.WithPropagator(propagation.TraceContext{}),
-			middleware.WithMessagingSystem("rabbitmq")),
-		middleware.Transaction(middleware.Pool(db)),
+		middleware.Tracing{TracerProvider: tp, Propagator: propagation.TraceContext{}, MessagingSystem: "rabbitmq"}.Middleware("h"),
+		middleware.Transaction{}.Middleware(middleware.Pool(db)),
 	)(processor.Func(write))
 
 	require.NoError(t, p.Process(context.Background(), tracedMsg("a")))
@@ -74,7 +74,7 @@ func TestTracing_OutsideTheRouterEndsTheConsumerSpanWhenTheChainReturns(t *testi
 func TestTracing_PanicIsRecordedAsAnError(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	p := middleware.Chain(middleware.Tracing("h", middleware.WithTracerProvider(tp)), middleware.Recover())(
+	p := middleware.Chain(middleware.Tracing{TracerProvider: tp}.Middleware("h"), middleware.Recover())(
 		processor.Func(func(context.Context, *messagedata.MessageData) error { panic("bug") }))
 
 	err := p.Process(context.Background(), msg("a"))
@@ -91,8 +91,8 @@ func TestTracing_DeadLetterCarriesTheConsumerSpansContext(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	b := brokertest.New()
 	p := middleware.Chain(
-		middleware.Tracing("h", middleware.WithTracerProvider(tp), middleware.WithPropagator(propagation.TraceContext{})),
-		must(middleware.DeadLetter(b, "dead", "h")),
+		middleware.Tracing{TracerProvider: tp, Propagator: propagation.TraceContext{}}.Middleware("h"),
+		must(middleware.DeadLetter{}.Middleware(b, "dead", "h")),
 	)(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		return processor.Permanent(errors.New("amount is negative"))
 	}))
@@ -116,7 +116,7 @@ func TestTracing_DeadLetterCarriesTheConsumerSpansContext(t *testing.T) {
 func TestTracing_WithoutRecordingSpanOnlyStartsAndEnds(t *testing.T) {
 	// With a provider that does not record, Tracing builds no attribute: one allocation, the
 	// context that carries the non-recording span.
-	p := middleware.Tracing("h", middleware.WithTracerProvider(noop.NewTracerProvider()))(
+	p := middleware.Tracing{TracerProvider: noop.NewTracerProvider()}.Middleware("h")(
 		processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
 	m := tracedMsg("a")
 	ctx := context.Background()
@@ -134,13 +134,13 @@ func TestMetrics_CountsEachDeliveryOnceByOutcome(t *testing.T) {
 		"perm":  processor.Permanent(errors.New("bad")), // not dead-lettered here: a failure
 		"panic": &processor.PanicError{Value: "bug"},
 	}
-	mw, err := middleware.Metrics("h", middleware.WithMeterProvider(mp))
+	mw, err := middleware.Metrics{MeterProvider: mp}.Middleware("h")
 	require.NoError(t, err)
 	var inflightDuring int64
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		var rm metricdata.ResourceMetrics
 		require.NoError(t, reader.Collect(ctx, &rm))
-		inflightDuring = sumOf(t, rm, "onceflow.inflight", middleware.AttrHandler.String("h"))
+		inflightDuring = sumOf(t, rm, "onceflow.inflight", telemetry.AttrHandler.String("h"))
 		return outcomeOf[m.ID]
 	}))
 	for _, id := range []string{"ok", "ok", "dup", "fail", "perm", "panic"} {
@@ -150,11 +150,11 @@ func TestMetrics_CountsEachDeliveryOnceByOutcome(t *testing.T) {
 
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
-	h := middleware.AttrHandler.String("h")
+	h := telemetry.AttrHandler.String("h")
 	for outcome, want := range map[processor.Outcome]int64{
 		processor.Processed: 2, processor.Duplicate: 1, processor.Failed: 2, processor.Panicked: 1, processor.DeadLettered: 0,
 	} {
-		o := middleware.AttrOutcome.String(string(outcome))
+		o := telemetry.AttrOutcome.String(string(outcome))
 		require.Equal(t, want, sumOf(t, rm, "onceflow.messages", h, o), outcome)
 		require.Equal(t, uint64(want), histCount(t, rm, "onceflow.process.duration", h, o), outcome)
 	}

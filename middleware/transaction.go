@@ -17,42 +17,36 @@ import (
 // ErrCommitOutcomeUnknown reports that the connection failed while COMMIT was in flight, so the
 // transaction may or may not have committed. The message is not acknowledged: it is retried or
 // redelivered, and duplicate detection absorbs the second copy if the commit did happen.
-var ErrCommitOutcomeUnknown = errors.New("commit outcome unknown")
+var ErrCommitOutcomeUnknown = sqltx.ErrCommitOutcomeUnknown
 
-// TxOption configures Transaction, and the transaction of GroupCommit and GroupTransaction.
-type TxOption interface {
-	applyTx(*sql.TxOptions)
-	GroupOption
-}
+// ErrGroupAborted reports a member of a group whose own processing succeeded, or never ran,
+// but whose group's transaction was rolled back: a statement of the group itself failed (BEGIN,
+// the id insert, a savepoint, the connection was lost, ...). Nothing of the member was
+// committed; the error is retryable.
+var ErrGroupAborted = errors.New("group transaction rolled back")
 
-type txOptionFunc func(*sql.TxOptions)
-
-func (f txOptionFunc) applyTx(o *sql.TxOptions)  { f(o) }
-func (f txOptionFunc) applyGroup(c *groupConfig) { f(&c.txOpts) }
-
-// WithIsolation sets the isolation level of the transaction. Defaults to the database's own
-// default level.
-func WithIsolation(level sql.IsolationLevel) TxOption {
-	return txOptionFunc(func(o *sql.TxOptions) { o.Isolation = level })
-}
-
-// Transaction runs the rest of the chain in a database transaction from db.
+// Transaction configures the transaction stage: it runs the stages inside it in a database
+// transaction. The zero value is the default configuration.
 //
 // It begins the transaction, puts it in the context (processor.TxFromContext reads it), and
 // calls next. When next returns nil it commits; when next returns an error or panics it rolls
 // back, and returns the error or re-panics. Nothing inside may commit or roll back the
 // transaction. A commit that fails because the connection was lost, or because ctx ended while
 // it was in flight, returns an error wrapping ErrCommitOutcomeUnknown; every other commit
-// failure means nothing was committed. Either way
-// the message is not acknowledged.
-func Transaction(db Beginner, opts ...TxOption) Middleware {
-	var txOpts sql.TxOptions
-	for _, o := range opts {
-		o.applyTx(&txOpts)
-	}
-	optsPtr := &txOpts
-	if txOpts == (sql.TxOptions{}) {
-		optsPtr = nil
+// failure means nothing was committed. Either way the message is not acknowledged. Under the
+// router with group commit (onceflow.Handler.GroupCommit), the transaction stage runs one
+// transaction per group instead, with the same Isolation.
+type Transaction struct {
+	// Isolation is the isolation level of the transaction. Defaults to the database's default
+	// level (PostgreSQL's duplicate detection expects READ COMMITTED).
+	Isolation sql.IsolationLevel
+}
+
+// Middleware returns the transaction stage of t, whose transactions db begins.
+func (t Transaction) Middleware(db Beginner) Middleware {
+	var optsPtr *sql.TxOptions
+	if t.Isolation != 0 {
+		optsPtr = &sql.TxOptions{Isolation: t.Isolation}
 	}
 	return func(next processor.Processor) processor.Processor {
 		return processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
@@ -75,7 +69,7 @@ func Transaction(db Beginner, opts ...TxOption) Middleware {
 			}
 			if ce, ok := err.(*sqltx.CommitError); ok {
 				end(ce.Err)
-				return commitError(ce.Err)
+				return sqltx.CommitFailed(ce.Err)
 			}
 			end(nil)
 			delivery.MarkCommitted(ctx, time.Now())

@@ -62,7 +62,7 @@ func CurrentTx(ctx context.Context) (Tx, bool) {
 }
 
 // WithInternalID returns a context that carries the internal id minted for the message, which
-// processor.InternalID returns. The check-first mode of Deduplicate calls it.
+// processor.InternalID returns. DedupCheckFirst calls it.
 func WithInternalID(ctx context.Context, id string) context.Context {
 	return txctx.WithInternalID(ctx, id)
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/onceflow/onceflow/internal/ordercheck"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/ordering"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
@@ -114,7 +115,7 @@ func runConsumer(raw string) error {
 		QoS:         onceflow.ExactlyOnceInOrder,
 		Concurrency: cfg.Concurrency,
 		GroupCommit: onceflow.GroupCommitConfig{Enabled: cfg.GroupCommit},
-		Retry:       onceflow.RetryConfig{MaxAttempts: 10, InitialInterval: 10 * time.Millisecond, MaxInterval: 500 * time.Millisecond},
+		Retry:       middleware.Retry{MaxAttempts: 10, InitialInterval: 10 * time.Millisecond, MaxInterval: 500 * time.Millisecond},
 		Processor: processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx)
 			return ordercheck.Record(ctx, tx, appliedT, cfg.Run, md.Key, md.Sequence, md.ID, cfg.Consumer)

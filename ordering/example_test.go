@@ -52,11 +52,11 @@ func Example() {
 		fmt.Printf("  applied %s #%d\n", md.Key, md.Sequence)
 		return nil
 	})
-	dedupe, err := middleware.Deduplicate(ids, "ledger")
+	dedupe, err := middleware.Dedup{Store: ids}.Middleware(db, "ledger")
 	if err != nil {
 		log.Fatal(err)
 	}
-	chain := middleware.Chain(middleware.Transaction(middleware.Pool(db)), dedupe, inOrder.Middleware())(apply)
+	chain := middleware.Chain(middleware.Transaction{}.Middleware(middleware.Pool(db)), dedupe, inOrder.Middleware())(apply)
 
 	for _, seq := range []uint64{3, 1, 3, 2, 4} {
 		fmt.Printf("delivered #%d\n", seq)

@@ -175,7 +175,7 @@ func setup(t *testing.T, db *sqldb.DB, cfg ordering.Config) *env {
 		e.mu.Unlock()
 		return nil
 	})
-	e.chain = middleware.Chain(middleware.Transaction(middleware.Pool(db)), must(middleware.Deduplicate(e.dedup, handlerName)), e.io.Middleware())(proc)
+	e.chain = middleware.Chain(middleware.Transaction{}.Middleware(middleware.Pool(db)), must(middleware.Dedup{Store: e.dedup}.Middleware(nil, handlerName)), e.io.Middleware())(proc)
 	return e
 }
 

@@ -62,7 +62,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	confirm := middleware.Transaction(middleware.Pool(db))(processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
+	confirm := middleware.Transaction{}.Middleware(middleware.Pool(db))(processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
 		tx, _ := processor.TxFromContext(ctx)
 		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id) VALUES (?)`, md.ID); err != nil {
 			return err

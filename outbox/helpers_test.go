@@ -78,7 +78,7 @@ func open(t *testing.T, url string) *sqldb.DB {
 // incomingID and publishes msgs through the outbox, then returns fail. It returns what the
 // chain returned.
 func (e *env) process(ctx context.Context, incomingID string, fail error, msgs ...*message.Message) error {
-	chain := middleware.Transaction(middleware.Pool(e.db))(processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
+	chain := middleware.Transaction{}.Middleware(middleware.Pool(e.db))(processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
 		tx, _ := processor.TxFromContext(ctx)
 		if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO orders (id) VALUES (?)`), md.ID); err != nil {
 			return err
@@ -93,7 +93,7 @@ func (e *env) process(ctx context.Context, incomingID string, fail error, msgs .
 
 // inTx runs fn inside the real Transaction middleware, and commits when it returns nil.
 func (e *env) inTx(ctx context.Context, fn func(ctx context.Context) error) error {
-	chain := middleware.Transaction(middleware.Pool(e.db))(processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+	chain := middleware.Transaction{}.Middleware(middleware.Pool(e.db))(processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
 		return fn(ctx)
 	}))
 	return chain.Process(ctx, &messagedata.MessageData{ID: "in-tx", Topic: "orders", Attempt: 1})

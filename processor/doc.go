@@ -16,7 +16,7 @@
 //	panic                           rolled back       nack, delivered again after the delay
 //
 // Errors that running again cannot cure are permanent without Permanent: the handler's
-// classifier (middleware.DefaultClassifier unless Handler.Classifier replaces it) takes data
+// classifier (middleware.DefaultClassifier unless Handler.DeadLetter.Classifier replaces it) takes data
 // errors of the database (a value too long, a NOT NULL, CHECK or foreign-key violation), a
 // unique violation of the business tables, JSON decoding errors and message ids that cannot be
 // recorded for permanent, and a lost connection, a serialization failure, a deadlock or an

@@ -39,10 +39,10 @@ delivery limit (--max-deliveries, 5); BestEffort has no dead-letter topic and ge
 ExactlyOnceBatch is ExactlyOnce with a batch processor (Handler.BatchProcessor, which implies group
 commit): one multi-row INSERT per group of messages. Two more modes, not in the default list, run
 only where the broker has them: ExactlyOnceByOffset (Kafka: each partition's last applied offset
-written in the handler's transaction, no dedup row; Handler.Dedup.ByOffset) and
+written in the handler's transaction, no dedup row; middleware.DedupByOffset) and
 ExactlyOnceAckInTx (the PostgreSQL or MySQL queue in the handler's database, --broker and --db the
 same URL: the message taken off the queue in the handler's transaction;
-Handler.Dedup.AckInTransaction). Both detect redeliveries, not a second publish of an id, so they
+middleware.DedupAckInTransaction). Both detect redeliveries, not a second publish of an id, so they
 refuse --duplicates.
 
 The result is the classic delivery-guarantee table (maybe, at least once, exactly once;

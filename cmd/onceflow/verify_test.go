@@ -219,7 +219,7 @@ func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
 
 // TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction runs verify's ExactlyOnceAckInTx mode:
 // the PostgreSQL queue in the handler's own database, each message taken off the queue in the
-// transaction of its effect, without a dedup row (Handler.Dedup.AckInTransaction), with
+// transaction of its effect, without a dedup row (middleware.DedupAckInTransaction), with
 // consumers killed and connections cut.
 func TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction(t *testing.T) {
 	t.Parallel() // each waits on its consumers and its faults far more than it computes
@@ -231,7 +231,7 @@ func TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction(t *testing.T) {
 // TestVerify_KafkaOffsetsInTheTransaction runs verify's ExactlyOnceByOffset mode on an
 // in-process Kafka cluster: consumers killed at random and at crash points, each death and
 // restart a rebalance of the group, with the last applied offset of each partition written in
-// the handler's transaction instead of a dedup row (Handler.Dedup.ByOffset). Like the test
+// the handler's transaction instead of a dedup row (middleware.DedupByOffset). Like the test
 // below, `make test-verify-kafka` runs it; each death holds its partitions for the session
 // timeout, which is what makes it slow.
 func TestVerify_KafkaOffsetsInTheTransaction(t *testing.T) {

@@ -41,6 +41,7 @@ import (
 	_ "github.com/onceflow/onceflow/broker/all"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
@@ -164,7 +165,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	})
 	for _, h := range []onceflow.Handler{
 		{Name: "inbound-" + runID, Topic: externalTopic, Processor: adapter,
-			Dedup: onceflow.DedupConfig{Table: mapping, CheckFirst: true, Retention: mappingExpiry}},
+			Dedup: middleware.Dedup{Mode: middleware.DedupCheckFirst, Table: mapping, Retention: mappingExpiry}},
 		{Name: "internal-" + runID, Topic: internalTopic, Processor: consumer},
 	} {
 		sub, err := b.Subscriber()

@@ -157,7 +157,7 @@ func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) 
 		Subscriber: sub,
 		DB:         db,
 		Chain:      chain,
-		Dedup:      onceflow.DedupConfig{Table: "message_log", WithTimestamp: true},
+		Dedup:      middleware.Dedup{Table: "message_log", WithTimestamp: true},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx)
 			_, err := tx.ExecContext(ctx, `INSERT INTO orders (order_id, body) VALUES (?, ?)`, msg.ID, string(msg.Payload))

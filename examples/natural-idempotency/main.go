@@ -37,6 +37,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 	_ "github.com/onceflow/onceflow/sqldb/mysql"
@@ -163,10 +164,10 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (s Summary
 		QoS:        onceflow.ExactlyOnce,
 		// No dedup table: the business writes detect the second delivery themselves, by the
 		// primary key of natural_payments, as each database names it.
-		Dedup:       onceflow.DedupConfig{UniqueConstraints: []string{"natural_payments_pkey", "PRIMARY", "natural_payments.payment_id"}},
+		Dedup:       middleware.Dedup{Mode: middleware.DedupNatural, UniqueConstraints: []string{"natural_payments_pkey", "PRIMARY", "natural_payments.payment_id"}},
 		Concurrency: 4,
 		// A balance that arrives before its predecessor is tried again soon.
-		Retry:      onceflow.RetryConfig{MaxAttempts: 1},
+		Retry:      middleware.Retry{MaxAttempts: 1},
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{20 * time.Millisecond}},
 		Processor:  processor.JSON(apply),
 	}); err != nil {

@@ -50,6 +50,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
@@ -188,7 +189,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		DB:              db,
 		QoS:             onceflow.ExactlyOnce,
 		MessagingSystem: "sqlite",
-		Retry:           onceflow.RetryConfig{InitialInterval: 10 * time.Millisecond},
+		Retry:           middleware.Retry{InitialInterval: 10 * time.Millisecond},
 		Processor: processor.JSON(func(ctx context.Context, msg *messagedata.MessageData, o order) error {
 			if o.Amount < 0 {
 				return processor.Permanent(fmt.Errorf("order %s: amount %d is negative", msg.ID, o.Amount))

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/onceflow/onceflow/messagedata"
 )
 
 // State is what the middlewares of one delivery learn about it. One goroutine owns it at a
@@ -34,7 +36,7 @@ type State struct {
 	// Span is the consumer span the Tracing middleware started, left open for the router to
 	// record the acknowledgement in and end; nil when the delivery is not traced.
 	Span trace.Span
-	// EndSpanInChain is set for a delivery that no router settles (middleware.StartDelivery):
+	// EndSpanInChain is set for a delivery that no router settles (tests):
 	// its consumer span ends when the chain returns, and Span stays nil.
 	EndSpanInChain bool
 	// Joined is set for a delivery whose first attempt ran already, in a group its consumer
@@ -43,12 +45,48 @@ type State struct {
 	// place of running that attempt again.
 	Joined    bool
 	JoinedErr error
+	// Classify is the classifier of the chain's dead-letter stage, which it records on entry:
+	// the stages inside it (Retry) ask it which errors are permanent. Nil: DefaultClassifier.
+	Classify func(error) bool
+	// Records are the handler's durable records that its dead-letter and duplicate-detection
+	// stages consult and keep under the router; nil outside it.
+	Records *Records
 	// EndsGroup is set for the last delivery of a group (middleware.Joiner) that its
 	// consumer settles at once, as the group hands out its results: after its acknowledgement
 	// the consumer tells the subscriber to send the acknowledgements it holds back
 	// (redelivery.Flush), so that the group's go to the broker together, without waiting for
 	// more.
 	EndsGroup bool
+}
+
+// Records are what the router keeps for a handler's built-in stages, beyond the chain: its
+// durable record of dead letters and of processed redeliveries (in the delivery counter) for
+// the dead-letter stage, and the report of a message delivered beyond the dedup retention (a
+// metric and a log line). A nil function does nothing.
+type Records struct {
+	// DeadLettered reports whether msg was dead-lettered before; MarkDeadLettered records that
+	// it was.
+	DeadLettered     func(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	MarkDeadLettered func(ctx context.Context, msg *messagedata.MessageData) error
+	// Processed reports whether msg was processed (its commit stands), for a message over its
+	// delivery limit; MarkProcessed records that a redelivery of msg was, for a chain without
+	// duplicate detection to answer Processed.
+	Processed     func(ctx context.Context, msg *messagedata.MessageData) (bool, error)
+	MarkProcessed func(ctx context.Context, msg *messagedata.MessageData) error
+	// BeyondRetention reports msg, delivered beyond the dedup retention, with the reason.
+	BeyondRetention func(ctx context.Context, msg *messagedata.MessageData, reason string)
+}
+
+// HandOverSpan gives span, the consumer span of the delivery of st, to the router that runs
+// it, which records the acknowledgement as its child span and ends it. It returns false when
+// there is no router to end it (st is nil, or its span ends in the chain) or a span was handed
+// over already: the caller ends span itself.
+func HandOverSpan(st *State, span trace.Span) bool {
+	if st == nil || st.EndSpanInChain || st.Span != nil {
+		return false
+	}
+	st.Span = span
+	return true
 }
 
 type key struct{}

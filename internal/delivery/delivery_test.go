@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/onceflow/onceflow/internal/delivery"
 )
@@ -43,4 +44,18 @@ func TestStart_AllocatesOnce(t *testing.T) {
 		sink, _ = delivery.Start(parent, "h", time.Time{}) // kept, as a delivery's context is
 	})
 	require.Equal(t, 1.0, allocs)
+}
+
+// The router's delivery takes the consumer span, once; a delivery whose span ends in the chain,
+// or none, does not.
+func TestHandOverSpan_OnlyToTheRouterOnce(t *testing.T) {
+	tp := sdktrace.NewTracerProvider()
+	_, span := tp.Tracer("t").Start(context.Background(), "process t")
+	defer span.End()
+
+	routed := &delivery.State{}
+	require.True(t, delivery.HandOverSpan(routed, span))
+	require.False(t, delivery.HandOverSpan(routed, span), "one consumer span per delivery")
+	require.False(t, delivery.HandOverSpan(&delivery.State{EndSpanInChain: true}, span))
+	require.False(t, delivery.HandOverSpan(nil, span))
 }

@@ -20,6 +20,21 @@ type Tx interface {
 	Rollback() error
 }
 
+// ErrCommitOutcomeUnknown reports that the connection failed while COMMIT was in flight, so the
+// transaction may or may not have committed (middleware.ErrCommitOutcomeUnknown is this error).
+var ErrCommitOutcomeUnknown = errors.New("commit outcome unknown")
+
+// CommitFailed returns the error of a COMMIT that failed with err: one wrapping
+// ErrCommitOutcomeUnknown when the connection was lost while it was in flight (it may have
+// committed), or its context ended; otherwise err, saying it was the commit's. It is the one
+// place a commit's failure is classified.
+func CommitFailed(err error) error {
+	if sqldb.Classify(err) == sqldb.Connection || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)
+	}
+	return fmt.Errorf("commit: %w", err)
+}
+
 // CommitError is the error of a COMMIT that failed, as Do returns it, so that a caller can
 // tell it from an error of the work (errors.As): the connection may have been lost while
 // COMMIT was in flight, and then the work may be in the database. Its message is Err's.

@@ -12,6 +12,9 @@ const (
 	// AttrOutcome is the processor.Outcome of a delivery: processed, duplicate, dead_lettered,
 	// failed or panicked.
 	AttrOutcome = attribute.Key("onceflow.outcome")
+	// AttrGroupSize is the number of members of the group whose transaction committed a
+	// message, on its onceflow.commit span.
+	AttrGroupSize = attribute.Key("onceflow.group.size")
 	// AttrAttempts is the number of processing attempts a delivery took, on the consumer span.
 	AttrAttempts = attribute.Key("onceflow.attempts")
 	// AttrAttempt is the number of one processing attempt, from 1, on the onceflow.process span.

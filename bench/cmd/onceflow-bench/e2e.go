@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
@@ -275,7 +276,7 @@ func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddO
 		return
 	}
 	attrs := metric.NewAddConfig(opts).Attributes()
-	outcome, _ := attrs.Value(middleware.AttrOutcome)
+	outcome, _ := attrs.Value(attribute.Key("onceflow.outcome"))
 	if outcome.AsString() != string(processor.Processed) {
 		c.m.settled.Add(incr) // a duplicate, or a failure that is not committed
 		return
@@ -754,7 +755,7 @@ func runRouter(ctx context.Context, sub message.Subscriber, dead message.Publish
 		QoS:            qos,
 		DB:             db,
 		Concurrency:    c,
-		Dedup:          onceflow.DedupConfig{Table: dedupTable},
+		Dedup:          middleware.Dedup{Table: dedupTable},
 	}
 	if v != vDefault {
 		h.GroupCommit = onceflow.GroupCommitConfig{Enabled: group && spec.batch == nil}

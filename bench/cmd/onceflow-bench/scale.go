@@ -260,15 +260,15 @@ func scaleCell(ctx context.Context, db *sqldb.DB, full *dedup.SQLStore, v string
 		e.Keys = 0
 	}
 	insert := effectInsert(db, tables.effects)
-	retry, err := middleware.Retry()
+	retry, err := middleware.Retry{}.Middleware()
 	if err != nil {
 		return err
 	}
-	dedupe, err := middleware.Deduplicate(store, "bench")
+	dedupe, err := middleware.Dedup{Store: store}.Middleware(db, "bench")
 	if err != nil {
 		return err
 	}
-	chain := middleware.Chain(middleware.Recover(), retry, middleware.Transaction(middleware.Pool(db)), dedupe)(
+	chain := middleware.Chain(middleware.Recover(), retry, middleware.Transaction{}.Middleware(middleware.Pool(db)), dedupe)(
 		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			tx, _ := middleware.CurrentTx(ctx)
 			_, err := tx.ExecContext(ctx, insert, msg.ID, msg.Payload)

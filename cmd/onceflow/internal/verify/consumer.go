@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/internal/ordercheck"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -197,15 +198,15 @@ func Consume(ctx context.Context, cfg ConsumerConfig) error {
 		GroupCommit: onceflow.GroupCommitConfig{Enabled: cfg.GroupCommit},
 	}
 	if cfg.Mode != onceflow.BestEffort {
-		h.MaxDeliveries = cfg.MaxDeliveries
+		h.DeadLetter.MaxDeliveries = cfg.MaxDeliveries
 		h.Redelivery = onceflow.RedeliveryConfig{Delays: redeliveryDelays}
-		h.Retry = onceflow.RetryConfig{MaxAttempts: 5, InitialInterval: 20 * time.Millisecond, MaxInterval: time.Second}
+		h.Retry = middleware.Retry{MaxAttempts: 5, InitialInterval: 20 * time.Millisecond, MaxInterval: time.Second}
 	}
 	switch cfg.Dedup {
 	case DedupByOffset:
-		h.Dedup.ByOffset = true
+		h.Dedup.Mode = middleware.DedupByOffset
 	case DedupAckInTx:
-		h.Dedup.AckInTransaction = true
+		h.Dedup.Mode = middleware.DedupAckInTransaction
 	}
 	if cfg.Batch {
 		h.BatchProcessor = processor.JSONBatch(func(ctx context.Context, msgs []*messagedata.MessageData, vs []poisonPayload) error {

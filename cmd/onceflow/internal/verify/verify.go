@@ -127,10 +127,10 @@ const (
 	// DedupByID records each message's id in the handler's dedup table.
 	DedupByID Dedup = ""
 	// DedupByOffset keeps the last applied offset of each partition in the handler's
-	// transaction (onceflow.DedupConfig.ByOffset): Kafka only.
+	// transaction (middleware.DedupByOffset): Kafka only.
 	DedupByOffset Dedup = "ByOffset"
 	// DedupAckInTx deletes the queue's lease of the message in the handler's transaction
-	// (onceflow.DedupConfig.AckInTransaction): the PostgreSQL and MySQL queues, in the database
+	// (middleware.DedupAckInTransaction): the PostgreSQL and MySQL queues, in the database
 	// of the handler, only.
 	DedupAckInTx Dedup = "AckInTx"
 )

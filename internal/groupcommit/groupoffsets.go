@@ -1,14 +1,13 @@
-package middleware
+package groupcommit
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/onceflow/onceflow/internal/telemetry"
-	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -20,13 +19,13 @@ import (
 // to join the grouper first (see awaitPredecessor).
 const predecessorWait = 500 * time.Millisecond
 
-// GroupOffsets is GroupCommit with duplicate detection by position in place of a dedup row
-// per message, for brokers that deliver each partition of a topic in order (Kafka, whose
-// subscriber then hands out several records of a partition at once, in order:
-// redelivery.WithPositionWindow). It is to GroupCommit what Offsets is to Deduplicate; it
-// replaces Transaction and Offsets in a chain, with Retry outside it.
+// GroupOffsets, a group transaction with Config.Positions, is group commit with duplicate
+// detection by position in place of a dedup row per message, for brokers that deliver each
+// partition of a topic in order (Kafka, whose subscriber then hands out several records of a
+// partition at once, in order: redelivery.WithPositionWindow). It is to group commit what
+// middleware.DedupByOffset is to a transaction per message.
 //
-// Members collect in groups by lanes of partitions (partition modulo WithConcurrency), so
+// Members collect in groups by lanes of partitions (partition modulo Config.Concurrency), so
 // that the groups that run at once hold different partitions; a group that holds a partition
 // runs after the groups that started before it with that partition, since it needs the
 // position they commit. A member whose predecessor in its partition
@@ -42,7 +41,7 @@ const predecessorWait = 500 * time.Millisecond
 //   - a member whose predecessor is neither applied nor ahead of it in the same transaction
 //     follows the predecessor to the next group when the predecessor waits in the grouper
 //     (it was retried), a few times at most; otherwise it, and every member behind it in its
-//     partition, returns an error wrapping ErrPositionAhead, retryable: no offset is applied
+//     partition, returns an error wrapping middleware.ErrPositionAhead, retryable: no offset is applied
 //     past one that is not;
 //   - the others run in offset order, as GroupCommit runs its members (or go to the batch
 //     processor in one call, in that order), and the position of each partition is set once,
@@ -50,48 +49,18 @@ const predecessorWait = 500 * time.Millisecond
 //
 // A member that fails is isolated as GroupCommit isolates it: the group is rolled back and
 // runs again without it, and the members behind it in its partition then wait for it (they
-// return ErrPositionAhead and come again after it); a member that fails under its savepoint
+// return middleware.ErrPositionAhead and come again after it); a member that fails under its savepoint
 // stops the members behind it in its partition the same way. Each message is acknowledged
 // only after the commit that holds its effect and the position past it. A message that is
 // dead-lettered is acknowledged without moving the position: the subscriber hands out the
 // records behind it again with it acked, and they are applied then.
 //
 // A message without a position is refused with a permanent error, before it joins a group.
-func GroupOffsets(db Beginner, store PositionStore, handler string, opts ...GroupOption) (Middleware, error) {
-	if store == nil {
-		return nil, errors.New("GroupOffsets: store is nil")
-	}
-	cfg, err := newGroupConfig(opts)
-	if err == nil && cfg.dedupOptions {
-		err = errors.New("a duplicate-detection option was given, but GroupOffsets records no message ids")
-	}
-	if err != nil {
-		return nil, fmt.Errorf("GroupOffsets: %w", err)
-	}
-	txOpts := txOptions(cfg)
-	return func(next processor.Processor) processor.Processor {
-		return &grouper{db: db, positions: store, handler: handler, cfg: cfg, txOpts: txOpts, next: next,
-			opens: make([]*group, cfg.concurrency)}
-	}, nil
-}
 
 // partitionKey names a partition of a topic.
 type partitionKey struct {
 	topic     string
 	partition int32
-}
-
-// positionOf returns msg's position, or the permanent error of a message that has none.
-func positionOf(msg *messagedata.MessageData) (messagedata.Position, error) {
-	pos, ok, err := messagedata.PositionOf(msg)
-	switch {
-	case err != nil:
-		return pos, processor.Permanent(fmt.Errorf("message position: %w", err))
-	case !ok:
-		return pos, processor.Permanent(fmt.Errorf("message has no position in an ordered log (headers %s and %s are empty): duplicate detection by offsets needs a broker with partitions",
-			messagedata.HeaderPartition, messagedata.HeaderOffset))
-	}
-	return pos, nil
 }
 
 // partitionBooks is what GroupOffsets keeps of the partitions of its members, guarded by
@@ -166,7 +135,7 @@ func (g *grouper) awaitPredecessor(m *member) {
 const maxCarries = 8
 
 // carries reports whether m, whose predecessor is not applied, is to join the next group
-// instead of failing with ErrPositionAhead: its predecessor has joined the grouper and waits
+// instead of failing with middleware.ErrPositionAhead: its predecessor has joined the grouper and waits
 // for its result (in a later group: it was retried), and m has not been carried maxCarries
 // times. A member carried joins again when its group ends (rejoin).
 func (g *grouper) carries(m *member) bool {
@@ -302,7 +271,7 @@ func samePartition(a, b *slot) bool {
 // partition order, and returns the members to process. A duplicate, and a member that comes
 // before its predecessor is applied, gets its result and is sent it before the return; a
 // later copy of a member (the same offset) waits for the first copy's outcome.
-func (r *groupRun) lockPositions(tx Tx, set []*slot) ([]*slot, error) {
+func (r *groupRun) lockPositions(tx middleware.Tx, set []*slot) ([]*slot, error) {
 	// A member sent its result is recycled by its goroutine at once: the positions are read
 	// first, and the results sent once the loop no longer looks at the members.
 	keys := make([]positionKey, len(set))
@@ -351,7 +320,7 @@ func (r *groupRun) lockPositions(tx Tx, set []*slot) ([]*slot, error) {
 			s.carry = true
 			s.finish(memberResult{})
 		case pos.Previous > applied:
-			s.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d follows %d, and the last applied is %d", ErrPositionAhead, pos.Offset, pos.Partition, pos.Previous, applied)})
+			s.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d follows %d, and the last applied is %d", middleware.ErrPositionAhead, pos.Offset, pos.Partition, pos.Previous, applied)})
 			early = append(early, s)
 		default:
 			todo = append(todo, s)
@@ -362,7 +331,7 @@ func (r *groupRun) lockPositions(tx Tx, set []*slot) ([]*slot, error) {
 }
 
 // stopBehind gives every member of todo behind s in its partition, that has no result yet,
-// ErrPositionAhead: s, before them, was not applied in this transaction.
+// middleware.ErrPositionAhead: s, before them, was not applied in this transaction.
 func (r *groupRun) stopBehind(todo []*slot, s *slot) {
 	i := slices.Index(todo, s)
 	for _, t := range todo[i+1:] {
@@ -370,14 +339,14 @@ func (r *groupRun) stopBehind(todo []*slot, s *slot) {
 			return
 		}
 		if !t.final && !t.ok {
-			t.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d follows %d, which was not applied in its group's transaction", ErrPositionAhead, t.m.pos.Offset, t.m.pos.Partition, s.m.pos.Offset)})
+			t.finish(memberResult{err: fmt.Errorf("%w: offset %d of partition %d follows %d, which was not applied in its group's transaction", middleware.ErrPositionAhead, t.m.pos.Offset, t.m.pos.Partition, s.m.pos.Offset)})
 		}
 	}
 }
 
 // setPositions sets, in tx, the position of each partition of todo to the highest offset of
 // its members that succeeded: with stopBehind, they are the first of the partition's members.
-func (r *groupRun) setPositions(tx Tx, todo []*slot) error {
+func (r *groupRun) setPositions(tx middleware.Tx, todo []*slot) error {
 	for i, s := range todo {
 		if !s.ok || (i+1 < len(todo) && samePartition(s, todo[i+1]) && todo[i+1].ok) {
 			continue

@@ -1,4 +1,4 @@
-package middleware_test
+package groupcommit_test
 
 import (
 	"context"
@@ -69,11 +69,11 @@ func benchChain(b *testing.B, d testsvc.Database, concurrency int, remote time.D
 	})
 	var chain processor.Processor
 	if group {
-		gc, err := middleware.GroupCommit(middleware.Pool(db), store, "bench", middleware.WithConcurrency(concurrency))
+		gc, err := newGroupCommit(middleware.Pool(db), store, "bench", withConcurrency(concurrency))
 		require.NoError(b, err)
-		chain = middleware.Chain(middleware.Recover(), must(middleware.Retry()), gc)(proc)
+		chain = middleware.Chain(middleware.Recover(), must(middleware.Retry{}.Middleware()), gc)(proc)
 	} else {
-		chain = middleware.Chain(middleware.Recover(), must(middleware.Retry()), middleware.Transaction(middleware.Pool(db)), must(middleware.Deduplicate(store, "bench")))(proc)
+		chain = middleware.Chain(middleware.Recover(), must(middleware.Retry{}.Middleware()), middleware.Transaction{}.Middleware(middleware.Pool(db)), must(middleware.Dedup{Store: store}.Middleware(nil, "bench")))(proc)
 	}
 	db.SetMaxOpenConns(concurrency + 4)
 	db.SetMaxIdleConns(concurrency + 4)

@@ -1,4 +1,4 @@
-package middleware
+package groupcommit
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -20,11 +21,11 @@ import (
 
 // grouper forms the groups of one chain and runs them.
 type grouper struct {
-	db    Beginner
-	store GroupStore // nil: no duplicate detection by id
+	db    middleware.Beginner
+	store Store // nil: no duplicate detection by id
 	// positions, for GroupOffsets, detect duplicates by position; books are its partitions,
 	// guarded by mu.
-	positions PositionStore
+	positions *dedup.Positions
 	books     partitionBooks
 	handler   string
 	cfg       groupConfig
@@ -164,7 +165,7 @@ func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, lane i
 	m.lane = max(lane, 0)
 	// GroupOffsets: a joined member does not wait for its predecessor, which a consumer that
 	// joins in the order the subscriber hands out has joined before it. One that is between
-	// two attempts makes the member wait in a later group, or fail retryably (ErrPositionAhead)
+	// two attempts makes the member wait in a later group, or fail retryably (middleware.ErrPositionAhead)
 	// and come back by Process, which waits.
 	m.notify = done
 	g.join(m)
@@ -179,7 +180,7 @@ func (g *grouper) member(ctx context.Context, msg *messagedata.MessageData) (*me
 	}
 	var pos messagedata.Position
 	if g.positions != nil {
-		if pos, err = positionOf(msg); err != nil {
+		if pos, err = dedup.PositionOf(msg); err != nil {
 			return nil, err
 		}
 	}
@@ -200,11 +201,7 @@ func (g *grouper) keyOf(msg *messagedata.MessageData) (dedup.Key, error) {
 	if msg.ID == "" {
 		return dedup.Key{}, processor.Permanent(messagedata.ErrNoMessageID)
 	}
-	key := dedup.Key{Handler: g.handler, MessageID: msg.ID}
-	if g.cfg.dedup.withTimestamp && !msg.Timestamp.IsZero() {
-		key.Timestamp = msg.Timestamp.UnixMicro()
-	}
-	return key, nil
+	return dedup.KeyOf(g.handler, msg, g.cfg.WithTimestamp), nil
 }
 
 // notifyResult hands a member that joined by Join its result, in the group's goroutine, and
@@ -253,7 +250,7 @@ func (g *grouper) join(m *member) {
 	}
 	grp := g.opens[lane]
 	if grp == nil {
-		grp = &group{waited: g.cfg.maxWait == 0, members: make([]*member, 0, max(g.lastSize, 1)), lane: m.lane}
+		grp = &group{waited: g.cfg.MaxWait == 0, members: make([]*member, 0, max(g.lastSize, 1)), lane: m.lane}
 		g.opens[lane] = grp
 	}
 	grp.members = append(grp.members, m)
@@ -267,12 +264,12 @@ func (g *grouper) join(m *member) {
 		g.stopTimer(grp)
 		g.ready = append(g.ready, grp)
 	case !grp.waited && grp.timer == nil && g.running < g.cfg.concurrency:
-		grp.timer = time.AfterFunc(g.cfg.maxWait, func() { g.expire(grp) })
+		grp.timer = time.AfterFunc(g.cfg.MaxWait, func() { g.expire(grp) })
 	}
 	starts := g.startLocked()
 	g.mu.Unlock()
-	if g.cfg.hooks.joined != nil {
-		g.cfg.hooks.joined(size)
+	if g.cfg.joined != nil {
+		g.cfg.joined(size)
 	}
 	g.launch(starts)
 }
@@ -449,7 +446,7 @@ func (g *grouper) leave(m *member) {
 	}
 }
 
-// Joiner is the processor that GroupCommit, GroupTransaction and GroupOffsets make of the rest
+// Joiner is the processor that a group transaction (New) makes of the rest
 // of the chain, seen from the consumer that runs the chain: besides Process, which a delivery's
 // goroutine calls and which waits for the group's outcome, it takes messages by Join, which
 // waits for nothing. A consumer that joins a message directly runs what the interceptors
@@ -474,7 +471,7 @@ func (g *grouper) Process(ctx context.Context, msg *messagedata.MessageData) err
 // ended with err, for running the delivery through the chain of the Joiner: its group
 // interceptor then returns err, once, in place of running that attempt again, so that the
 // interceptors before it act on err as on the result of an attempt of their own. ctx must carry
-// the delivery's state (the router's, or StartDelivery's); without it AfterJoin does nothing,
+// the delivery's state (the router's); without it AfterJoin does nothing,
 // and the chain runs the attempt again.
 func AfterJoin(ctx context.Context, err error) {
 	if st := delivery.From(ctx); st != nil {

@@ -1,4 +1,4 @@
-package middleware_test
+package groupcommit_test
 
 import (
 	"context"
@@ -23,6 +23,9 @@ import (
 
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/groupcommit"
+	"github.com/onceflow/onceflow/internal/memtx"
+	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -152,10 +155,10 @@ func forEachDB(t *testing.T, fn func(t *testing.T, d testsvc.Database)) {
 
 // groupCommit builds GroupCommit on f for groups of n: a group starts when all n have joined,
 // never by MaxWait.
-func (f *groupFixture) groupCommit(t *testing.T, n int, p processor.Processor, opts ...middleware.GroupOption) processor.Processor {
+func (f *groupFixture) groupCommit(t *testing.T, n int, p processor.Processor, opts ...option) processor.Processor {
 	t.Helper()
-	opts = append([]middleware.GroupOption{middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Hour)}, opts...)
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", opts...)
+	opts = append([]option{maxSize(n), maxWait(time.Hour)}, opts...)
+	mw, err := newGroupCommit(f.cdb, f.store, "h", opts...)
 	require.NoError(t, err)
 	return mw(p)
 }
@@ -359,10 +362,10 @@ func TestGroupCommit_MemberThatEndsTheTransactionAfterAFailureAbortsTheRestRetry
 // orderedGroup builds GroupCommit on f for groups of n, and a function that processes ids with
 // p, each in its own goroutine, joining the group in the order given: a group runs its members
 // in the order they joined.
-func (f *groupFixture) orderedGroup(t *testing.T, n int, p processor.Processor, opts ...middleware.GroupOption) (processor.Processor, func(processor.Processor, ...string) []outcome) {
+func (f *groupFixture) orderedGroup(t *testing.T, n int, p processor.Processor, opts ...option) (processor.Processor, func(processor.Processor, ...string) []outcome) {
 	t.Helper()
 	joined := make(chan int, n)
-	opts = append(opts, middleware.WithGroupJoined(func(size int) { joined <- size }))
+	opts = append(opts, onJoin(func(size int) { joined <- size }))
 	gc := f.groupCommit(t, n, p, opts...)
 	return gc, func(p processor.Processor, ids ...string) []outcome {
 		out := make([]outcome, len(ids))
@@ -384,7 +387,7 @@ func TestGroupCommit_EachMemberGetsDedupAndCommitSpansWithTheGroupSize(t *testin
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	gc := f.groupCommit(t, 2, processor.Func(insertEffect))
-	p := middleware.Tracing("h", middleware.WithTracerProvider(tp))(gc)
+	p := middleware.Tracing{TracerProvider: tp}.Middleware("h")(gc)
 
 	for _, o := range processAll(p, "a", "b") {
 		require.NoError(t, o.err)
@@ -405,7 +408,7 @@ func TestGroupCommit_EachMemberGetsDedupAndCommitSpansWithTheGroupSize(t *testin
 		for _, s := range children[c.SpanContext().SpanID()] {
 			names = append(names, s.Name())
 			if s.Name() == "onceflow.commit" {
-				require.Contains(t, s.Attributes(), middleware.AttrGroupSize.Int(2))
+				require.Contains(t, s.Attributes(), telemetry.AttrGroupSize.Int(2))
 			}
 		}
 		require.ElementsMatch(t, []string{"onceflow.dedup", "onceflow.commit"}, names)
@@ -543,7 +546,7 @@ func TestGroupCommit_MaxSizeStartsAFullGroup(t *testing.T) {
 	var mu sync.Mutex
 	sizes := map[middleware.Tx]int{}
 	// No concurrency hint and an hour's wait: only a full group starts.
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(3), middleware.WithMaxWait(time.Hour))
+	mw, err := newGroupCommit(f.cdb, f.store, "h", maxSize(3), maxWait(time.Hour))
 	require.NoError(t, err)
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		tx, _ := middleware.CurrentTx(ctx)
@@ -566,7 +569,7 @@ func TestGroupCommit_MaxSizeStartsAFullGroup(t *testing.T) {
 func TestGroupCommit_MaxWaitStartsAGroupThatIsNotFull(t *testing.T) {
 	f := newGroupFixture(t, testsvc.Databases()[0])
 	const wait = 30 * time.Millisecond
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxWait(wait))
+	mw, err := newGroupCommit(f.cdb, f.store, "h", maxWait(wait))
 	require.NoError(t, err)
 	p := mw(processor.Func(insertEffect))
 
@@ -580,8 +583,8 @@ func TestGroupCommit_WithoutMaxWaitMessagesArrivingWhileAGroupRunsFormTheNext(t 
 	f := newGroupFixture(t, testsvc.Databases()[0])
 	joinedNext := make(chan struct{})
 	var once sync.Once
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxWait(0),
-		middleware.WithGroupJoined(func(size int) {
+	mw, err := newGroupCommit(f.cdb, f.store, "h", maxWait(0),
+		onJoin(func(size int) {
 			if size == 3 {
 				once.Do(func() { close(joinedNext) })
 			}
@@ -620,8 +623,8 @@ func TestGroupCommit_MemberWhoseContextEndsWhileWaitingLeavesTheGroup(t *testing
 		joined := make(chan int, 10)
 		var calls sync.Map
 		// A group starts when it has two members, and never by waiting.
-		mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(2), middleware.WithMaxWait(time.Hour),
-			middleware.WithGroupJoined(func(size int) { joined <- size }))
+		mw, err := newGroupCommit(f.cdb, f.store, "h", maxSize(2), maxWait(time.Hour),
+			onJoin(func(size int) { joined <- size }))
 		require.NoError(t, err)
 		p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 			calls.Store(m.ID, true)
@@ -726,7 +729,7 @@ func (b failingBeginner) BeginTx(context.Context, *sql.TxOptions) (middleware.Tx
 
 func TestGroupCommit_BeginFailureFailsEveryMember(t *testing.T) {
 	down := errors.New("database is down")
-	mw, err := middleware.GroupCommit(failingBeginner{down}, memGroupStore{}, "h", middleware.WithConcurrency(2))
+	mw, err := newGroupCommit(failingBeginner{down}, memGroupStore{}, "h", withConcurrency(2))
 	require.NoError(t, err)
 	var calls atomic.Int32
 	out := processAll(mw(processor.Func(func(context.Context, *messagedata.MessageData) error { calls.Add(1); return nil })), "a", "b")
@@ -752,7 +755,7 @@ func TestGroupCommit_InvalidIDFailsOnlyItsMemberPermanently(t *testing.T) {
 }
 
 func TestGroupCommit_MessageWithoutIDIsRefusedPermanently(t *testing.T) {
-	mw, err := middleware.GroupCommit(&memDB{}, memGroupStore{}, "h")
+	mw, err := newGroupCommit(memtx.DB{}, memGroupStore{}, "h")
 	require.NoError(t, err)
 	err = mw(processor.Func(func(context.Context, *messagedata.MessageData) error { return nil })).Process(context.Background(), msg(""))
 	require.ErrorIs(t, err, messagedata.ErrNoMessageID)
@@ -761,7 +764,7 @@ func TestGroupCommit_MessageWithoutIDIsRefusedPermanently(t *testing.T) {
 
 func TestGroupCommit_TimestampKeyKeepsReusedIDsApart(t *testing.T) {
 	f := newGroupFixture(t, testsvc.Databases()[0])
-	p := f.groupCommit(t, 2, processor.Func(insertEffect), middleware.WithTimestampKey())
+	p := f.groupCommit(t, 2, processor.Func(insertEffect), withTimestamp())
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i := range 2 {
@@ -782,7 +785,7 @@ func TestGroupTransaction_SharesOneCommitWithoutRecordingIDs(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d testsvc.Database) {
 		f := newGroupFixture(t, d)
 		boom := errors.New("boom")
-		mw, err := middleware.GroupTransaction(f.cdb, middleware.WithMaxGroupSize(3), middleware.WithMaxWait(time.Hour))
+		mw, err := newGroupTransaction(f.cdb, maxSize(3), maxWait(time.Hour))
 		require.NoError(t, err)
 		p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 			if err := insertEffect(ctx, m); err != nil {
@@ -805,25 +808,22 @@ func TestGroupTransaction_SharesOneCommitWithoutRecordingIDs(t *testing.T) {
 	})
 }
 
-func TestGroupCommit_InvalidOptionsAreErrors(t *testing.T) {
-	for name, build := range map[string]func() (middleware.Middleware, error){
-		"size 0": func() (middleware.Middleware, error) {
-			return middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.WithMaxGroupSize(0))
-		},
-		"negative wait": func() (middleware.Middleware, error) {
-			return middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.WithMaxWait(-time.Second))
-		},
-		"check-first": func() (middleware.Middleware, error) {
-			return middleware.GroupCommit(&memDB{}, memGroupStore{}, "h", middleware.CheckFirst())
-		},
-		"nil store": func() (middleware.Middleware, error) { return middleware.GroupCommit(&memDB{}, nil, "h") },
-		"dedup option without dedup": func() (middleware.Middleware, error) {
-			return middleware.GroupTransaction(&memDB{}, middleware.WithTimestampKey())
-		},
+func TestNew_InvalidConfigIsAnErrorNamingTheField(t *testing.T) {
+	positions := &dedup.Positions{}
+	for name, tc := range map[string]struct {
+		cfg  groupcommit.Config
+		want string
+	}{
+		"no database":     {groupcommit.Config{}, "DB is nil"},
+		"negative size":   {groupcommit.Config{DB: memtx.DB{}, MaxSize: -1}, "MaxSize: -1 is negative"},
+		"negative wait":   {groupcommit.Config{DB: memtx.DB{}, MaxWait: -time.Second}, "MaxWait: -1s is negative"},
+		"two detections":  {groupcommit.Config{DB: memtx.DB{}, Store: memGroupStore{}, Positions: positions}, "Store and Positions are both set"},
+		"unknown policy":  {groupcommit.Config{DB: memtx.DB{}, BeyondRetention: 9}, "BeyondRetention: RetentionPolicy(9) is not a retention policy"},
+		"negative groups": {groupcommit.Config{DB: memtx.DB{}, Concurrency: -1}, "Concurrency: -1 is negative"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			mw, err := build()
-			require.Error(t, err)
+			mw, err := groupcommit.New(tc.cfg)
+			require.ErrorContains(t, err, tc.want)
 			require.Nil(t, mw)
 		})
 	}
@@ -842,7 +842,7 @@ func (memGroupStore) RecordMany(_ context.Context, _ sqlx.ExtContext, keys []ded
 
 func (memGroupStore) Forget(context.Context, sqlx.ExtContext, dedup.Key) error { return nil }
 
-func ExampleGroupCommit() {
+func ExampleNew() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "groupcommit")
 	if err != nil {
@@ -868,12 +868,12 @@ func ExampleGroupCommit() {
 
 	// Deliveries in flight at once share a transaction; Retry stays outside, so every attempt
 	// joins a group of its own.
-	groupCommit, err := middleware.GroupCommit(middleware.Pool(db), store, "payments", middleware.WithMaxGroupSize(4), middleware.WithMaxWait(time.Second))
+	groupCommit, err := newGroupCommit(middleware.Pool(db), store, "payments", maxSize(4), maxWait(time.Second))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	chain := middleware.Chain(middleware.Recover(), must(middleware.Retry()), groupCommit)(
+	chain := middleware.Chain(middleware.Recover(), must(middleware.Retry{}.Middleware()), groupCommit)(
 		processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx) // the group's transaction
 			_, err := tx.ExecContext(ctx, `INSERT INTO payments (id) VALUES (?)`, msg.ID)
@@ -967,7 +967,7 @@ func TestGroupCommit_SeveralGroupsRunAtOnceUpToConcurrency(t *testing.T) {
 		<-release
 		running.Add(-1)
 		return nil
-	}), middleware.WithConcurrency(2))
+	}), withConcurrency(2))
 	for _, o := range processAll(p, "a", "b", "c", "d") {
 		require.NoError(t, o.err)
 	}
@@ -982,7 +982,7 @@ func TestGroupCommit_MessagesArrivingWhileEveryTransactionIsBusyFormOneGroup(t *
 	release := make(chan struct{})
 	var mu sync.Mutex
 	sizes := map[middleware.Tx]int{}
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithGroupJoined(func(n int) { joined <- n }))
+	mw, err := newGroupCommit(f.cdb, f.store, "h", onJoin(func(n int) { joined <- n }))
 	require.NoError(t, err)
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		tx, _ := middleware.CurrentTx(ctx)
@@ -1018,7 +1018,7 @@ func TestGroupCommit_MessagesArrivingWhileEveryTransactionIsBusyFormOneGroup(t *
 
 func batchGroup(t *testing.T, f *groupFixture, n int, b processor.Batch) processor.Processor {
 	t.Helper()
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(n), middleware.WithMaxWait(time.Hour), middleware.WithBatch(b))
+	mw, err := newGroupCommit(f.cdb, f.store, "h", maxSize(n), maxWait(time.Hour), batch(b))
 	require.NoError(t, err)
 	return mw(processor.Func(func(context.Context, *messagedata.MessageData) error {
 		return errors.New("the per-message processor of a batch chain ran")
@@ -1081,9 +1081,9 @@ func TestGroupCommit_GroupContextEndsOnceEveryMembersContextHasEnded(t *testing.
 			f := newGroupFixture(t, testsvc.Databases()[0])
 			joined := make(chan int, 2)
 			running := make(chan context.Context, 1)
-			mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithMaxGroupSize(2), middleware.WithMaxWait(time.Hour),
-				middleware.WithGroupJoined(func(size int) { joined <- size }),
-				middleware.WithBatch(processor.BatchFunc(func(ctx context.Context, _ []*messagedata.MessageData) error {
+			mw, err := newGroupCommit(f.cdb, f.store, "h", maxSize(2), maxWait(time.Hour),
+				onJoin(func(size int) { joined <- size }),
+				batch(processor.BatchFunc(func(ctx context.Context, _ []*messagedata.MessageData) error {
 					running <- ctx
 					select {
 					case <-ctx.Done():
@@ -1267,14 +1267,14 @@ func TestGroupCommit_JoinedLaneRunsOneGroupAtATimeAndTheNextCollects(t *testing.
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free) // a failing test lets its groups end
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h", middleware.WithConcurrency(3))
+	mw, err := newGroupCommit(f.cdb, f.store, "h", withConcurrency(3))
 	require.NoError(t, err)
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		entered <- m.ID
 		<-release
 		return insertEffect(ctx, m)
 	}))
-	j, ok := p.(middleware.Joiner)
+	j, ok := p.(groupcommit.Joiner)
 	require.True(t, ok, "GroupCommit's processor is a Joiner")
 	results := make(chan error, 10)
 	join := func(lane int, id string) {
@@ -1312,7 +1312,7 @@ func TestGroupCommit_JoinedGroupMarksItsLastSettledMember(t *testing.T) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free)
-	mw, err := middleware.GroupCommit(f.cdb, f.store, "h")
+	mw, err := newGroupCommit(f.cdb, f.store, "h")
 	require.NoError(t, err)
 	p := mw(processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
 		entered <- m.ID
@@ -1322,7 +1322,7 @@ func TestGroupCommit_JoinedGroupMarksItsLastSettledMember(t *testing.T) {
 		}
 		return insertEffect(ctx, m)
 	}))
-	j := p.(middleware.Joiner)
+	j := p.(groupcommit.Joiner)
 	type result struct {
 		id  string
 		err error
@@ -1347,4 +1347,45 @@ func TestGroupCommit_JoinedGroupMarksItsLastSettledMember(t *testing.T) {
 		ends[r.id] = r.st.EndsGroup
 	}
 	require.Equal(t, map[string]bool{"a1": true, "a2": false, "a3": true, "a4": false}, ends)
+}
+
+// option sets a field of a group transaction's Config.
+type option func(*groupcommit.Config)
+
+func maxSize(n int) option           { return func(c *groupcommit.Config) { c.MaxSize = n } }
+func maxWait(d time.Duration) option { return func(c *groupcommit.Config) { c.MaxWait = d } }
+func withConcurrency(n int) option   { return func(c *groupcommit.Config) { c.Concurrency = n } }
+func batch(b processor.Batch) option { return func(c *groupcommit.Config) { c.Batch = b } }
+func withTimestamp() option          { return func(c *groupcommit.Config) { c.WithTimestamp = true } }
+func onJoin(fn func(size int)) option {
+	return func(c *groupcommit.Config) { groupcommit.SetJoined(c, fn) }
+}
+func isolation(l sql.IsolationLevel) option { return func(c *groupcommit.Config) { c.Isolation = l } }
+
+// newGroupCommit returns the group transaction on db that records its members' ids for handler
+// in store.
+func newGroupCommit(db middleware.Beginner, store groupcommit.Store, handler string, opts ...option) (middleware.Middleware, error) {
+	cfg := groupcommit.Config{DB: db, Store: store, Handler: handler}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return groupcommit.New(cfg)
+}
+
+// newGroupTransaction returns the group transaction on db that records nothing.
+func newGroupTransaction(db middleware.Beginner, opts ...option) (middleware.Middleware, error) {
+	cfg := groupcommit.Config{DB: db}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return groupcommit.New(cfg)
+}
+
+// must returns the middleware that its constructor made, and panics, failing the test, when
+// the constructor refused its configuration.
+func must(mw middleware.Middleware, err error) middleware.Middleware {
+	if err != nil {
+		panic(err)
+	}
+	return mw
 }

@@ -1,4 +1,4 @@
-package middleware
+package groupcommit
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -170,7 +172,7 @@ func (r *groupRun) settle(set []*slot, savepoints bool) {
 		case settled:
 			return
 		case rerun:
-			savepoints = r.g.cfg.batch == nil
+			savepoints = r.g.cfg.Batch == nil
 		case split:
 			half := len(pending) / 2
 			r.settle(pending[:half], false)
@@ -187,7 +189,7 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 	}
 	tx, err := r.g.db.BeginTx(r.ctx, r.g.txOpts)
 	if err != nil {
-		r.failAll(set, fmt.Errorf("%w: begin transaction: %w", ErrGroupAborted, err))
+		r.failAll(set, fmt.Errorf("%w: begin transaction: %w", middleware.ErrGroupAborted, err))
 		return settled
 	}
 	rollback := func() error {
@@ -200,7 +202,7 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 		if rbErr := rollback(); rbErr != nil {
 			cause = errors.Join(cause, rbErr)
 		}
-		r.failAll(set, fmt.Errorf("%w: %w", ErrGroupAborted, cause))
+		r.failAll(set, fmt.Errorf("%w: %w", middleware.ErrGroupAborted, cause))
 		return settled
 	}
 
@@ -216,7 +218,7 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 		}
 		return rerun
 	}
-	if r.g.cfg.batch != nil {
+	if r.g.cfg.Batch != nil {
 		switch next, err := r.runBatch(tx, todo); {
 		case err != nil:
 			return abort(err)
@@ -275,7 +277,7 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 // runMember runs the rest of the chain for s on tx. It returns false, with s's result set,
 // when s does not run because its context ended before its turn. Otherwise s.ok says whether
 // it succeeded; when it did not, its failure is its result.
-func (r *groupRun) runMember(tx Tx, s *slot) bool {
+func (r *groupRun) runMember(tx middleware.Tx, s *slot) bool {
 	if err := s.m.ctx.Err(); err != nil {
 		s.finish(memberResult{err: fmt.Errorf("group commit: context ended before processing: %w", err)})
 		return false
@@ -292,7 +294,7 @@ func (r *groupRun) runMember(tx Tx, s *slot) bool {
 // runSaved runs s under its savepoint: a failure rolls back to it and forgets s's id, and the
 // others go on. It returns an error only when a statement of the group fails, which ends the
 // transaction.
-func (r *groupRun) runSaved(tx Tx, s *slot) error {
+func (r *groupRun) runSaved(tx middleware.Tx, s *slot) error {
 	if _, err := tx.ExecContext(r.ctx, "SAVEPOINT "+savepointName); err != nil {
 		return fmt.Errorf("set savepoint: %w", err)
 	}
@@ -312,13 +314,13 @@ func (r *groupRun) runSaved(tx Tx, s *slot) error {
 }
 
 // call runs the rest of the chain for s on tx, under s's own context, and catches a panic.
-func (r *groupRun) call(tx Tx, s *slot) (pe *processor.PanicError, err error) {
+func (r *groupRun) call(tx middleware.Tx, s *slot) (pe *processor.PanicError, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			pe = asPanicError(v)
 		}
 	}()
-	return nil, r.g.next.Process(WithTx(s.m.ctx, tx), s.m.msg)
+	return nil, r.g.next.Process(middleware.WithTx(s.m.ctx, tx), s.m.msg)
 }
 
 func asPanicError(v any) *processor.PanicError {
@@ -344,7 +346,7 @@ func transient(ctx context.Context, err error) bool {
 // commit commits tx for the members of set that succeeded, or rolls it back when none did, and
 // sets the results. A commit that fails for a reason one of several members may have caused (a
 // deferred constraint) asks for the set to be run again in halves.
-func (r *groupRun) commit(tx Tx, set []*slot) step {
+func (r *groupRun) commit(tx middleware.Tx, set []*slot) step {
 	ok := make([]*slot, 0, len(set))
 	for _, s := range set {
 		if s.ok {
@@ -368,7 +370,7 @@ func (r *groupRun) commit(tx Tx, set []*slot) step {
 			}
 			return split
 		}
-		err = commitError(err)
+		err = sqltx.CommitFailed(err)
 		for _, s := range ok {
 			s.finish(memberResult{err: err})
 		}
@@ -376,7 +378,7 @@ func (r *groupRun) commit(tx Tx, set []*slot) step {
 		return settled
 	}
 	at := time.Now()
-	if committed := r.g.cfg.committed; committed != nil {
+	if committed := r.g.cfg.Committed; committed != nil {
 		committed(r.ctx, len(ok))
 	}
 	for _, s := range ok {
@@ -387,7 +389,7 @@ func (r *groupRun) commit(tx Tx, set []*slot) step {
 }
 
 // childSpans starts the child span name of each member of set whose delivery is traced, with
-// AttrGroupSize when groupSize is not 0, and returns the functions that end them. It returns
+// telemetry.AttrGroupSize when groupSize is not 0, and returns the functions that end them. It returns
 // nil, allocating nothing, when no member is traced.
 func childSpans(set []*slot, name string, groupSize int) []func(error) {
 	var ends []func(error)
@@ -400,20 +402,11 @@ func childSpans(set []*slot, name string, groupSize int) []func(error) {
 		}
 		ctx, end := telemetry.Child(s.m.ctx, name)
 		if span := trace.SpanFromContext(ctx); groupSize != 0 && span.IsRecording() {
-			span.SetAttributes(AttrGroupSize.Int(groupSize))
+			span.SetAttributes(telemetry.AttrGroupSize.Int(groupSize))
 		}
 		ends = append(ends, end)
 	}
 	return ends
-}
-
-// commitError is the error of a failed COMMIT: one wrapping ErrCommitOutcomeUnknown when the
-// connection was lost while it was in flight (it may have committed), or ctx ended.
-func commitError(err error) error {
-	if sqldb.Classify(err) == sqldb.Connection || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)
-	}
-	return fmt.Errorf("commit: %w", err)
 }
 
 // settleCopies sets the result of the later copies of a message in set from the first copy's,

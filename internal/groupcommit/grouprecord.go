@@ -1,11 +1,15 @@
-package middleware
+package groupcommit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/telemetry"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -17,7 +21,7 @@ import (
 // outcome. Without duplicate detection every member is new. refused reports a member beyond
 // the retention horizon that the retention policy dead-letters: it has its result, and the
 // transaction must not commit the key recorded for it.
-func (r *groupRun) record(tx Tx, set []*slot) (todo []*slot, refused bool, err error) {
+func (r *groupRun) record(tx middleware.Tx, set []*slot) (todo []*slot, refused bool, err error) {
 	if r.g.positions != nil {
 		todo, err = r.lockPositions(tx, set)
 		return todo, false, err
@@ -42,7 +46,7 @@ func (r *groupRun) record(tx Tx, set []*slot) (todo []*slot, refused bool, err e
 	}
 
 	todo = make([]*slot, 0, len(set))
-	// A later copy of a message in set is never new (GroupStore.RecordMany): only when a member
+	// A later copy of a message in set is never new (Store.RecordMany): only when a member
 	// is not new may there be copies to find, by key.
 	var firsts map[dedup.Key]*slot
 	for i, s := range set {
@@ -66,7 +70,11 @@ func (r *groupRun) record(tx Tx, set []*slot) (todo []*slot, refused bool, err e
 				firsts[s.m.key] = s
 			}
 			if fresh[i].New() {
-				if err := r.g.cfg.dedup.checkRetention(s.m.ctx, s.m.msg, fresh[i], r.g.retention); err != nil {
+				reason, err := r.g.cfg.BeyondRetention.Check(s.m.msg, fresh[i], r.g.retention)
+				if reason != "" && r.g.cfg.ReportBeyond != nil {
+					r.g.cfg.ReportBeyond(s.m.ctx, s.m.msg, reason)
+				}
+				if err != nil {
 					s.finish(memberResult{err: err})
 					refused = true
 					continue
@@ -88,8 +96,10 @@ func (r *groupRun) record(tx Tx, set []*slot) (todo []*slot, refused bool, err e
 
 // recordKeys records keys with the store's RecordKeys when it has one, which tells renewed
 // expired keys apart, and with RecordMany otherwise.
-func (r *groupRun) recordKeys(tx Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
-	if kr, ok := r.g.store.(keysRecorder); ok {
+func (r *groupRun) recordKeys(tx middleware.Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
+	if kr, ok := r.g.store.(interface {
+		RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []dedup.Key) ([]dedup.Outcome, error)
+	}); ok {
 		return kr.RecordKeys(r.ctx, tx, keys)
 	}
 	fresh, err := r.g.store.RecordMany(r.ctx, tx, keys)
@@ -108,7 +118,7 @@ func (r *groupRun) recordKeys(tx Tx, keys []dedup.Key) ([]dedup.Outcome, error) 
 // recordOneByOne records keys one statement each, after RecordMany refused the batch for an
 // invalid key: a member whose key is invalid fails permanently (redelivering it cannot change
 // its id), the others go on.
-func (r *groupRun) recordOneByOne(tx Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
+func (r *groupRun) recordOneByOne(tx middleware.Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
 	fresh := make([]dedup.Outcome, len(keys))
 	for i, k := range keys {
 		f, err := r.recordKeys(tx, []dedup.Key{k})

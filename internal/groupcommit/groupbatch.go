@@ -1,9 +1,10 @@
-package middleware
+package groupcommit
 
 import (
 	"fmt"
 
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 )
 
@@ -15,7 +16,7 @@ import (
 // messages (they have their results), split when it failed without naming any, and an error
 // when it failed for a reason of the database or the moment (a lost connection, a conflict, a
 // canceled context), which ends the whole transaction retryably.
-func (r *groupRun) runBatch(tx Tx, todo []*slot) (step, error) {
+func (r *groupRun) runBatch(tx middleware.Tx, todo []*slot) (step, error) {
 	live := make([]*slot, 0, len(todo))
 	for _, s := range todo {
 		if s.final { // stopped behind a member of its partition that left
@@ -74,11 +75,11 @@ func (r *groupRun) runBatch(tx Tx, todo []*slot) (step, error) {
 }
 
 // callBatch runs the batch processor on tx and catches a panic.
-func (r *groupRun) callBatch(tx Tx, msgs []*messagedata.MessageData) (pe *processor.PanicError, err error) {
+func (r *groupRun) callBatch(tx middleware.Tx, msgs []*messagedata.MessageData) (pe *processor.PanicError, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			pe = asPanicError(v)
 		}
 	}()
-	return nil, r.g.cfg.batch.ProcessBatch(WithTx(r.ctx, tx), msgs)
+	return nil, r.g.cfg.Batch.ProcessBatch(middleware.WithTx(r.ctx, tx), msgs)
 }
