@@ -4,6 +4,7 @@ import (
 	"log/slog"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
@@ -14,12 +15,12 @@ const publishChannels = 8
 
 var _ wamqp.Marshaler = Marshaler{}
 
-// NewPublisher returns watermill-amqp's publisher for the RabbitMQ server at url (without the
+// NewPublisher returns a publisher for the RabbitMQ server at url (without the
 // queue parameters, see ParseQueueParams), publishing with Marshaler to the exchange named
 // after each topic and declaring topology's exchange, queue and binding before the first
 // message of each topic. A message is stored by RabbitMQ when Publish returns nil (publisher
 // confirms); it is persistent. The publisher reconnects by itself.
-func NewPublisher(url string, topology Topology, logger *slog.Logger) (*wamqp.Publisher, error) {
+func NewPublisher(url string, topology Topology, logger *slog.Logger) (message.Publisher, error) {
 	if err := topology.Validate(); err != nil {
 		return nil, err
 	}
@@ -43,5 +44,9 @@ func NewPublisher(url string, topology Topology, logger *slog.Logger) (*wamqp.Pu
 		},
 		TopologyBuilder: topology,
 	}
-	return wamqp.NewPublisher(cfg, wmlog.Adapter(logger))
+	pub, err := wamqp.NewPublisher(cfg, wmlog.Adapter(logger))
+	if err != nil {
+		return nil, err
+	}
+	return pub, nil
 }

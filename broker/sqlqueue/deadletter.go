@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker"
@@ -27,7 +26,7 @@ const DeadLetterKeysTable = "onceflow_dead_letter_keys"
 // letter that a consumer publishes again, after its predecessor died between the publish and
 // the router's record of it, is then not a second copy.
 type publisher struct {
-	*wsql.Publisher
+	message.Publisher
 	q *Queue
 }
 

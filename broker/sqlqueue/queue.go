@@ -11,6 +11,7 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
@@ -151,9 +152,13 @@ func (q *Queue) Config() Config { return q.cfg }
 // payloads need not be JSON.
 func (q *Queue) SchemaAdapter() wsql.SchemaAdapter { return q.d.messagesSchema() }
 
-// NewPublisher returns a watermill-sql publisher that writes the Queue's messages tables.
-func (q *Queue) NewPublisher() (*wsql.Publisher, error) {
-	return wsql.NewPublisher(q.db, wsql.PublisherConfig{SchemaAdapter: q.d.messagesSchema()}, q.cfg.log)
+// NewPublisher returns a publisher that writes the Queue's messages tables.
+func (q *Queue) NewPublisher() (message.Publisher, error) {
+	pub, err := wsql.NewPublisher(q.db, wsql.PublisherConfig{SchemaAdapter: q.d.messagesSchema()}, q.cfg.log)
+	if err != nil {
+		return nil, err
+	}
+	return pub, nil
 }
 
 // EnsureTopic creates the tables of topic that do not exist (messages and offsets as
