@@ -28,7 +28,7 @@ import (
 // group commit (dead-letter, recover, retry, timeout) leave a first delivery that commits, or
 // is a duplicate, alone, so nothing of theirs is skipped. Any other result (an error, a panic,
 // a group that rolled back) sends the delivery through those interceptors after all, in a
-// goroutine, with that result as its first attempt's (middleware.AfterJoin): they retry,
+// goroutine, with that result as its first attempt's (groupcommit.AfterJoin): they retry,
 // dead-letter or give up exactly as they would have.
 //
 // Only first deliveries take the lane. A redelivery may be one that killed its consumer, which

@@ -33,7 +33,7 @@ func (r *Router) counterFor(h Handler) (*dedup.Counter, error) {
 	}
 	c, err := dedup.NewCounter(h.DB, dedup.CounterConfig{Retention: h.Dedup.Retention})
 	if err != nil {
-		return nil, fmt.Errorf("Handler.MaxDeliveries: %w", err)
+		return nil, fmt.Errorf("Handler.DeadLetter: %w", err)
 	}
 	r.counters[key] = c
 	return c, nil

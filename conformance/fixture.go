@@ -170,7 +170,7 @@ type handlerSpec struct {
 	MaxAttempts int
 	// Concurrency overrides the mode's number of subscriptions.
 	Concurrency int
-	// MaxDeliveries is the handler's delivery limit (Handler.MaxDeliveries). Defaults to the
+	// MaxDeliveries is the handler's delivery limit (Handler.DeadLetter.MaxDeliveries). Defaults to the
 	// router's.
 	MaxDeliveries int
 	// Redelivery are the handler's redelivery delays. Defaults to the suite's nack delay,

@@ -23,7 +23,7 @@
 // error it cannot place for retryable.
 //
 // A message that keeps failing, or panicking, or makes its consumer crash, is not delivered for
-// ever: at the handler's delivery limit (Handler.MaxDeliveries, 10 by default) it is
+// ever: at the handler's delivery limit (Handler.DeadLetter.MaxDeliveries, 10 by default) it is
 // dead-lettered with the reason "delivery limit reached after N deliveries: <the last error>"
 // and acknowledged.
 //

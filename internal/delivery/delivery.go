@@ -40,7 +40,7 @@ type State struct {
 	// its consumer span ends when the chain returns, and Span stays nil.
 	EndSpanInChain bool
 	// Joined is set for a delivery whose first attempt ran already, in a group its consumer
-	// joined it to directly (middleware.Joiner), and failed with JoinedErr: the group
+	// joined it to directly (groupcommit.Joiner), and failed with JoinedErr: the group
 	// interceptor of the chain the consumer then runs it through returns JoinedErr, once, in
 	// place of running that attempt again.
 	Joined    bool
@@ -51,7 +51,7 @@ type State struct {
 	// Records are the handler's durable records that its dead-letter and duplicate-detection
 	// stages consult and keep under the router; nil outside it.
 	Records *Records
-	// EndsGroup is set for the last delivery of a group (middleware.Joiner) that its
+	// EndsGroup is set for the last delivery of a group (groupcommit.Joiner) that its
 	// consumer settles at once, as the group hands out its results: after its acknowledgement
 	// the consumer tells the subscriber to send the acknowledgements it holds back
 	// (redelivery.Flush), so that the group's go to the broker together, without waiting for

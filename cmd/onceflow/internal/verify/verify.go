@@ -82,10 +82,10 @@ type Config struct {
 	// BestEffort (which has no dead-letter topic), one message each. Defaults to
 	// PoisonKinds; NoPoison publishes none.
 	Poison []PoisonKind
-	// MaxDeliveries is the consumers' delivery limit (onceflow.Handler.MaxDeliveries). Defaults
-	// to 5: every consumer death (a kill, a crash point, the crash-loop message) and every
-	// connection cut counts a delivery of the messages in flight, so a limit as low as 3 would
-	// dead-letter good messages that three faults happened to meet.
+	// MaxDeliveries is the consumers' delivery limit (onceflow.Handler.DeadLetter's).
+	// Defaults to 5: every consumer death (a kill, a crash point, the crash-loop message) and
+	// every connection cut counts a delivery of the messages in flight, so a limit as low as 3
+	// would dead-letter good messages that three faults happened to meet.
 	MaxDeliveries int
 	// Seed makes the fault schedule repeatable. Defaults to a random seed.
 	Seed uint64
