@@ -263,7 +263,7 @@ func TestGroupCommit_InvalidHandlerConfigurationIsAnError(t *testing.T) {
 		"sizes without group commit": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
 			h.GroupCommit = onceflow.GroupCommitConfig{MaxSize: 8}
-		}, "Handler.GroupCommit: MaxSize or MaxWait set, but group commit is off"},
+		}, "Handler.GroupCommit.MaxSize: set, but group commit is off"},
 		"store without batches": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
 			h.GroupCommit.Enabled = true

@@ -306,7 +306,8 @@ func (h Handler) checkChain() error {
 			continue
 		}
 		if set := b.settings(h); len(set) > 0 {
-			return fmt.Errorf("%s: set, but %s, which reads it (handler %q; leave %s zero)", set[0], whyAbsent(c, b), h.Name, set[0])
+			why, advice := whyAbsent(c, b)
+			return fmt.Errorf("%s: set, but %s, which reads it (handler %q; %s, or leave %s zero)", set[0], why, h.Name, advice, set[0])
 		}
 	}
 	q := c.qos
@@ -316,7 +317,11 @@ func (h Handler) checkChain() error {
 	case h.BatchProcessor != nil && (q == BestEffort || q == ExactlyOnceInOrder):
 		return fmt.Errorf("Handler.BatchProcessor: not supported with %s (handler %q; use ExactlyOnce or AtLeastOnce)", q, h.Name)
 	case (h.GroupCommit.MaxSize != 0 || h.GroupCommit.MaxWait != 0) && !p.group:
-		return fmt.Errorf("Handler.GroupCommit: MaxSize or MaxWait set, but group commit is off (handler %q; set GroupCommit.Enabled or a BatchProcessor)", h.Name)
+		field := "MaxSize"
+		if h.GroupCommit.MaxSize == 0 {
+			field = "MaxWait"
+		}
+		return fmt.Errorf("Handler.GroupCommit.%s: set, but group commit is off (handler %q; set GroupCommit.Enabled or a BatchProcessor, or leave it zero)", field, h.Name)
 	case p.group && p.dedup == middleware.DedupCheckFirst:
 		return fmt.Errorf("Handler.Dedup.Mode: DedupCheckFirst is not supported with group commit (handler %q; a group records its ids with one multi-row insert, without internal ids)", h.Name)
 	case p.hasDedup && !p.dedup.RecordsIDs() && q != ExactlyOnce:
@@ -326,7 +331,8 @@ func (h Handler) checkChain() error {
 	}
 	if h.BatchProcessor != nil {
 		if c.builtin(StageTransaction) == nil {
-			return fmt.Errorf("Handler.BatchProcessor: set, but %s, which hands it a group's messages (handler %q)", whyAbsent(c, builtinNamed(StageTransaction)), h.Name)
+			why, advice := whyAbsent(c, builtinNamed(StageTransaction))
+			return fmt.Errorf("Handler.BatchProcessor: set, but %s, which hands it a group's messages (handler %q; %s, or set Processor instead)", why, h.Name, advice)
 		}
 		inside := false
 		for _, s := range c.stages {
@@ -340,21 +346,23 @@ func (h Handler) checkChain() error {
 	return nil
 }
 
-// whyAbsent says why chain c does not hold the built-in stage b, and what holds it.
-func whyAbsent(c Chain, b *builtin) string {
+// whyAbsent says why chain c does not hold the built-in stage b, and what to do to have it.
+func whyAbsent(c Chain, b *builtin) (why, advice string) {
 	for _, s := range c.stages {
 		if s.takes == b.name {
-			return fmt.Sprintf("the chain's %s stage is %q, a stage of one's own", b.name, s.name)
+			return fmt.Sprintf("the chain's %s stage is %q, a stage of one's own", b.name, s.name),
+				fmt.Sprintf("configure %q itself, or keep the built-in %s stage", s.name, b.name)
 		}
 	}
 	if slices.Contains(b.levels, c.qos) {
-		return fmt.Sprintf("the chain has no %s stage (keep it)", b.name)
+		return fmt.Sprintf("the chain has no %s stage", b.name), fmt.Sprintf("keep the %s stage in Handler.Chain", b.name)
 	}
 	var levels []string
 	for _, q := range b.levels {
 		levels = append(levels, q.String())
 	}
-	return fmt.Sprintf("the chain of %s has no %s stage (the chains of %s have one)", c.qos, b.name, strings.Join(levels, " and "))
+	return fmt.Sprintf("the chain of %s has no %s stage", c.qos, b.name),
+		fmt.Sprintf("use %s, whose chains have one", strings.Join(levels, " or "))
 }
 
 // The settings each built-in stage reads, for the table builtins: the fields of h that are set,
