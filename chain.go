@@ -358,6 +358,7 @@ func (c Chain) insert(edit string, at StageName, offset int, s []Stage) Chain {
 	if len(s) == 0 {
 		return c.fail(edit, errors.New("no stage to insert"))
 	}
+	added := make([]Stage, len(s))
 	for j, st := range s {
 		if err := c.checkNew(st, ""); err != nil {
 			return c.fail(edit, err)
@@ -365,8 +366,10 @@ func (c Chain) insert(edit string, at StageName, offset int, s []Stage) Chain {
 		if slices.ContainsFunc(s[:j], func(o Stage) bool { return o.name == st.name }) {
 			return c.fail(edit, fmt.Errorf("stage %q is given twice", st.name))
 		}
+		st.takes = "" // a stage taken from another chain's Stages keeps no role here
+		added[j] = st
 	}
-	c.stages = slices.Insert(slices.Clone(c.stages), i+offset, s...)
+	c.stages = slices.Insert(slices.Clone(c.stages), i+offset, added...)
 	return c
 }
 

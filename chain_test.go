@@ -104,6 +104,10 @@ func TestChain_AnInvalidEditIsCarriedInTheChainAndTheFirstOneIsReported(t *testi
 	// Saying so makes the chain valid.
 	require.NoError(t, eo.Remove(onceflow.StageDeadLetter, onceflow.RedeliveredForever).Err())
 	require.NoError(t, eo.Replace(onceflow.StageDeadLetter, onceflow.Use("mydlq", pass)).Err(), "a replacement keeps the promise")
+	// A stage taken from a chain where it replaced a built-in one takes no role where it is
+	// inserted: removing it there gives up nothing.
+	mydlq := eo.Replace(onceflow.StageDeadLetter, onceflow.Use("mydlq", pass)).Stages()[2]
+	require.NoError(t, eo.Before(onceflow.StageRetry, mydlq).Remove("mydlq").Err())
 }
 
 // One line puts a stage of one's own into the canonical chain, and it runs there for a real

@@ -31,10 +31,12 @@ func TestConformance_AStageOfOnesOwnInTheExactlyOnceChain(t *testing.T) {
 	require.Equal(t, "tracing -> metrics -> deadletter -> recover -> tenant -> retry -> timeout -> transaction -> deduplicate",
 		edit(onceflow.ExactlyOnce.Chain()).String())
 
+	var ran atomic.Bool // false when a -run filter leaves the pairs out
 	others := slices.DeleteFunc(slices.Clone(conformance.ScenarioNames), func(s string) bool { return s == conformance.ScenarioPoison })
 	t.Run("pairs", func(t *testing.T) {
 		t.Run("amqp/postgres", func(t *testing.T) {
 			t.Parallel()
+			ran.Store(true)
 			conformance.Run(t, conformance.Setup{
 				BrokerURL:   func(t testing.TB) string { pgSlots.take(t, 3); return testsvc.AMQPURL(t) },
 				DatabaseURL: freshPostgres,
@@ -44,6 +46,7 @@ func TestConformance_AStageOfOnesOwnInTheExactlyOnceChain(t *testing.T) {
 		})
 		t.Run("sqlite/sqlite", func(t *testing.T) {
 			t.Parallel()
+			ran.Store(true)
 			conformance.Run(t, conformance.Setup{
 				BrokerURL:   func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "queue.db") },
 				DatabaseURL: func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "app.db") },
@@ -52,5 +55,7 @@ func TestConformance_AStageOfOnesOwnInTheExactlyOnceChain(t *testing.T) {
 			}, conformance.DefaultFeatures("sqlite://"))
 		})
 	})
-	require.Positive(t, runs.Load(), "the stage ran")
+	if ran.Load() {
+		require.Positive(t, runs.Load(), "the stage ran")
+	}
 }
