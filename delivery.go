@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/converter"
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/crashpoint"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
@@ -238,8 +239,10 @@ func (c *consumer) handle(msg *message.Message) {
 		if md == nil { // a converter of the user's may return nothing with its error
 			md = &messagedata.MessageData{ID: msg.UUID, Topic: c.topic, Headers: msg.Metadata, Payload: msg.Payload}
 		}
+		crashpoint.Reach(crashpoint.Received, md.ID)
 		err = c.reject.Process(context.WithValue(ctx, convErrKey{}, convErr), md)
 	} else {
+		crashpoint.Reach(crashpoint.Received, md.ID)
 		if !c.ackOnReceipt {
 			md.Delivery = c.deliveries(ctx, msg, md)
 		}
@@ -298,6 +301,7 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 		c.settlement.Settle(st.Span, false, nil)
 		return
 	}
+	crashpoint.Reach(crashpoint.AfterCommit, md.ID)
 	var lost error
 	if err := msg.Context().Err(); err != nil {
 		lost = fmt.Errorf("%w: the delivery ended before the acknowledgement (%w)", ErrAckLost, err)

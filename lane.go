@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/crashpoint"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/messagedata"
@@ -125,6 +126,7 @@ func (l *lane) take(c *consumer, msg *message.Message, sub int) bool {
 	if err != nil {
 		return false
 	}
+	crashpoint.Reach(crashpoint.Received, md.ID)
 	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
 	st.Records = c.records
 	md.Delivery = c.deliveries(ctx, msg, md)

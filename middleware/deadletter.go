@@ -14,6 +14,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/onceflow/onceflow/converter"
+	"github.com/onceflow/onceflow/internal/crashpoint"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
@@ -184,6 +185,7 @@ func (d DeadLetter) Middleware(pub message.Publisher, topic, handler string) (Mi
 			if pubErr := PublishDeadLetter(ctx, pub, topic, handler, msg, err); pubErr != nil {
 				return fmt.Errorf("%w after %v: %w", ErrDeadLetterFailed, err, pubErr)
 			}
+			crashpoint.Reach(crashpoint.DeadLettered, msg.ID)
 			if rec.MarkDeadLettered != nil {
 				if rerr := rec.MarkDeadLettered(rctx, msg); rerr != nil {
 					return fmt.Errorf("%w to %s (not recorded, so a redelivery would be dead-lettered again: %v): %w", processor.ErrDeadLettered, topic, rerr, err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/crashpoint"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/internal/telemetry"
@@ -66,6 +67,7 @@ func (t Transaction) Middleware(db Beginner) Middleware {
 				if err := next.Process(WithTx(ctx, tx), msg); err != nil {
 					return err
 				}
+				crashpoint.Reach(crashpoint.BeforeCommit, msg.ID)
 				_, end = telemetry.Child(ctx, telemetry.SpanCommit)
 				return nil
 			})

@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/crashpoint"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/internal/telemetry"
@@ -357,6 +358,11 @@ func (r *groupRun) commit(tx middleware.Tx, set []*slot) step {
 		_ = tx.Rollback() // nothing to keep: the ids of failed members go with it
 		r.settleCopies(set)
 		return settled
+	}
+	if crashpoint.Armed() {
+		for _, s := range ok {
+			crashpoint.Reach(crashpoint.BeforeCommit, s.m.msg.ID)
+		}
 	}
 	ends := childSpans(ok, telemetry.SpanCommit, r.size)
 	err := tx.Commit()
