@@ -136,9 +136,11 @@ type deadLetters struct {
 	stop func()
 }
 
-// collectDeadLetters consumes topic on b until stop, keeping the dead letters of the messages
-// whose ids mine says are the run's.
-func collectDeadLetters(ctx context.Context, b *broker.Broker, topic string, mine func(id string) bool) (*deadLetters, error) {
+// collectDeadLetters consumes topic on b until stop, keeping the dead letters that handler
+// published of the messages whose ids mine says are the run's. Those of other handlers are not
+// the run's: on a broker that hands every consumer group a copy of each message, another run's
+// consumers of the same topic may dead-letter a copy of a message of this run.
+func collectDeadLetters(ctx context.Context, b *broker.Broker, topic, handler string, mine func(id string) bool) (*deadLetters, error) {
 	sub, err := b.Subscriber()
 	if err != nil {
 		return nil, err
@@ -159,7 +161,7 @@ func collectDeadLetters(ctx context.Context, b *broker.Broker, topic string, min
 			if orig := m.Metadata.Get(messagedata.HeaderDeadLetterOriginalID); orig != "" {
 				id = orig
 			}
-			if mine(id) {
+			if mine(id) && m.Metadata.Get(messagedata.HeaderDeadLetterHandler) == handler {
 				d.mu.Lock()
 				d.byID[id] = append(d.byID[id], m)
 				d.last = time.Now()

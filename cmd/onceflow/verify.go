@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -80,6 +79,8 @@ of its poison messages exactly once.`,
 				cfg.Cuts = verify.None
 			}
 			cfg.Progress = cmd.ErrOrStderr()
+			// The account of each message that went wrong, and consumers that failed to start.
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 			if asJSON {
 				cfg.Progress = nil
 			}
@@ -148,10 +149,10 @@ func printReport(w io.Writer, r verify.Report) {
 	for _, m := range r.Modes {
 		if m.Poison != nil {
 			for k, why := range m.Poison.Left {
-				if k == verify.PoisonLongID && strings.HasPrefix(why, "not poison") {
+				if verify.PoisonKind(k) == verify.PoisonLongID && strings.HasPrefix(why, "not poison") {
 					continue // without duplicate detection, which the column says
 				}
-				left[k] = why
+				left[verify.PoisonKind(k)] = why
 			}
 		}
 	}
@@ -179,6 +180,9 @@ func poisonCell(p *verify.PoisonResult) string {
 	if p.Twice > 0 {
 		cell += fmt.Sprintf(" (%d twice)", p.Twice)
 	}
+	if p.Copies > 0 {
+		cell += fmt.Sprintf(" (%d copies)", p.Copies)
+	}
 	if p.GoodDeadLettered > 0 {
 		cell += fmt.Sprintf(" (+%d good)", p.GoodDeadLettered)
 	}
@@ -189,7 +193,7 @@ func poisonCell(p *verify.PoisonResult) string {
 // run by hand.
 func newVerifyConsumerCommand() *cobra.Command {
 	var cfg verify.ConsumerConfig
-	var mode, crash string
+	var mode string
 	cmd := &cobra.Command{
 		Use:    "verify-consumer",
 		Short:  "One consumer process of onceflow verify",
@@ -201,15 +205,6 @@ func newVerifyConsumerCommand() *cobra.Command {
 				return err
 			}
 			cfg.Mode = q
-			if crash != "" {
-				c, err := verify.ParseCrash(crash)
-				if err != nil {
-					return err
-				}
-				cfg.Crash = &c
-			}
-			cfg.Ready = cmd.OutOrStdout()
-			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			err = verify.Consume(cmd.Context(), cfg)
 			if errors.Is(err, context.Canceled) {
 				return nil // SIGTERM from verify: a graceful stop
@@ -218,19 +213,14 @@ func newVerifyConsumerCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.BrokerURL, "broker", "", "broker URL")
-	f.StringVar(&cfg.DBURL, "db", "", "database URL")
 	f.StringVar(&cfg.Topic, "topic", "", "topic")
-	f.StringVar(&cfg.Handler, "handler", "", "handler name")
+	f.StringVar(&cfg.Name, "handler", "", "handler name")
 	f.StringVar(&mode, "mode", "ExactlyOnce", "quality of service")
 	f.BoolVar(&cfg.GroupCommit, "group-commit", false, "group commit")
 	f.BoolVar(&cfg.Batch, "batch", false, "a batch processor (implies group commit)")
 	f.StringVar((*string)(&cfg.Dedup), "dedup", "", "how duplicates are detected: by id (empty), ByOffset or AckInTx")
-	f.StringVar(&cfg.DeadLetterTopic, "dead-letter-topic", "", "dead-letter topic")
 	f.IntVar(&cfg.MaxDeliveries, "max-deliveries", 0, "delivery limit (0: the router's default)")
 	f.StringVar(&cfg.RunID, "run", "", "run id")
-	f.IntVar(&cfg.Consumer, "consumer", 0, "consumer number")
 	f.IntVar(&cfg.Concurrency, "concurrency", 1, "handler concurrency")
-	f.StringVar(&crash, "crash", "", "crash point to die at, point:n")
 	return cmd
 }

@@ -59,6 +59,17 @@ type Result struct {
 	Unexpected int `json:"unexpected"`   // rows of a key or sequence not expected
 	// First describes the first violation found, for failure messages; empty when OK.
 	First string `json:"first_violation,omitempty"`
+	// Late are the rows counted in OutOfOrder, in the order of application.
+	Late []Late `json:"late,omitempty"`
+}
+
+// Late is a message applied after a later sequence of its key.
+type Late struct {
+	MessageID string `json:"message_id"`
+	Key       string `json:"key"`
+	Seq       int64  `json:"seq"`
+	// After is the highest sequence of the key applied before it.
+	After int64 `json:"after"`
 }
 
 // OK reports whether every expected sequence was applied once, in order, and nothing else.
@@ -71,16 +82,17 @@ func (r Result) Progress() int { return r.Expected - r.Missing }
 
 // Row is one applied message.
 type Row struct {
-	ID  int64  `db:"id"`
-	Key string `db:"order_key"`
-	Seq int64  `db:"seq"`
+	ID        int64  `db:"id"`
+	Key       string `db:"order_key"`
+	Seq       int64  `db:"seq"`
+	MessageID string `db:"message_id"`
 }
 
 // Tally reads the rows of run and checks them against want: every key of want must have the
 // sequences 1..want[key], each applied once, in increasing order of id.
 func Tally(ctx context.Context, db *sqldb.DB, table, run string, want map[string]uint64) (Result, error) {
 	var rows []Row
-	if err := db.SelectContext(ctx, &rows, db.Rebind(`SELECT id, order_key, seq FROM `+db.Dialect.Quote(table)+` WHERE run_id = ?`), run); err != nil {
+	if err := db.SelectContext(ctx, &rows, db.Rebind(`SELECT id, order_key, seq, message_id FROM `+db.Dialect.Quote(table)+` WHERE run_id = ?`), run); err != nil {
 		return Result{}, fmt.Errorf("read %s: %w", table, err)
 	}
 	return Check(rows, want), nil
@@ -121,6 +133,7 @@ func Check(rows []Row, want map[string]uint64) Result {
 			note("key %q: sequence %d applied twice (again at id %d)", row.Key, row.Seq, row.ID)
 		case row.Seq < ks.max:
 			r.OutOfOrder++
+			r.Late = append(r.Late, Late{MessageID: row.MessageID, Key: row.Key, Seq: row.Seq, After: ks.max})
 			note("key %q: sequence %d applied after sequence %d (id %d)", row.Key, row.Seq, ks.max, row.ID)
 		}
 		ks.seen[row.Seq] = true

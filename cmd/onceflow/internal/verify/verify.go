@@ -1,16 +1,14 @@
 // Package verify measures what each quality of service does to message effects under injected
-// faults: it publishes messages with unique ids, runs competing consumer processes that apply
-// one effect per message to the database, kills them with SIGKILL at random moments and at each
-// crash point, cuts their database and broker connections through a loopback TCP proxy, and
-// then counts the effects per message id: lost = no effect, duplicated = more than one.
+// faults: for each mode it runs a handler that applies one effect per message to the database
+// under package onceflowtest, which publishes messages with unique ids (some twice, among poison
+// messages that cannot succeed), runs competing consumer processes, kills them with SIGKILL at
+// random moments and at each crash point, injects failures and panics, cuts their database and
+// broker connections through a loopback TCP proxy, and counts the effects per message id: lost =
+// no effect, duplicated = more than one; each poison message must be dead-lettered exactly once.
 //
-// Among the good messages it publishes a few that cannot succeed (poison messages: a data
-// error, a panic every time, a malformed payload, an id longer than 255 bytes, one that kills
-// its consumer process every time), and counts their dead letters: each must be dead-lettered
-// exactly once, while the good ones stay exactly once.
-//
-// It reproduces the classic delivery-guarantee table (docs/background.md) by measurement. The onceflow command's
-// verify subcommand is its user interface.
+// It reproduces the classic delivery-guarantee table (docs/background.md) by measurement. The
+// onceflow command's verify subcommand is its user interface; its verify-consumer subcommand is
+// the consumer process (Consume).
 package verify
 
 import (
@@ -25,18 +23,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/broker"
 	_ "github.com/onceflow/onceflow/broker/all"
-	"github.com/onceflow/onceflow/dedup"
-	"github.com/onceflow/onceflow/internal/ordercheck"
-	"github.com/onceflow/onceflow/ordering"
-	"github.com/onceflow/onceflow/sqldb"
+	"github.com/onceflow/onceflow/onceflowtest"
 	_ "github.com/onceflow/onceflow/sqldb/mysql"
 	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
@@ -95,17 +86,19 @@ type Config struct {
 	// Stall fails a mode when no effect is added for this long while messages are missing.
 	// Defaults to 60 s; BestEffort modes finish instead.
 	Stall time.Duration
-	// Executable is the command that runs one consumer; the consumer's flags are appended.
-	// Defaults to this executable with the argument "verify-consumer".
+	// Executable is the command that runs one consumer process, which calls Consume; the
+	// flags of the mode's handler (ConsumerConfig.Args) are appended. Defaults to this
+	// executable with the argument "verify-consumer".
 	Executable []string
 	// Progress receives a progress line per mode; nil for none.
 	Progress io.Writer
-	// Logger receives the run's logs. Defaults to discarding them.
+	// Logger receives the run's logs, and at WARN, for a mode that failed, the account of the
+	// messages that went wrong (onceflowtest.Report.Err). Defaults to discarding them.
 	Logger *slog.Logger
 }
 
 // None, as Kills or Cuts, asks for no fault of that kind.
-const None = -1
+const None = onceflowtest.None
 
 // Mode is one row of the table: a quality of service, for ExactlyOnce whether its handler
 // processes its messages with a batch processor (onceflow.Handler.BatchProcessor, which implies
@@ -165,10 +158,6 @@ func (m Mode) String() string {
 
 // exactlyOnce reports whether the mode detects duplicates: its verdict is exactly once.
 func (m Mode) exactlyOnce() bool { return m.QoS >= onceflow.ExactlyOnce }
-
-// recordsIDs reports whether the mode records message ids: a message it cannot record (an id
-// too long) is poison, and a second publish of an id is a duplicate it drops.
-func (m Mode) recordsIDs() bool { return m.exactlyOnce() && m.Dedup == DedupByID }
 
 // ParseMode returns the mode named s, ignoring case and the characters '-' and '_'
 // ("exactly-once-batch" and "ExactlyOnceBatch" both work).
@@ -316,18 +305,19 @@ func (c *Config) setDefaults() {
 
 // Result is the measurement of one mode.
 type Result struct {
-	Mode        string             `json:"mode"`
-	Messages    int                `json:"messages"`
-	Duplicates  int                `json:"duplicate_publishes"`
-	Kills       int                `json:"kills"`
-	CrashPoints map[CrashPoint]int `json:"crash_point_kills"`
-	Cuts        int                `json:"connection_cuts"`
-	Lost        int                `json:"lost"`
-	Duplicated  int                `json:"duplicated"`
+	Mode        string                          `json:"mode"`
+	Messages    int                             `json:"messages"`
+	Duplicates  int                             `json:"duplicate_publishes"`
+	Kills       int                             `json:"kills"`
+	CrashPoints map[onceflowtest.CrashPoint]int `json:"crash_point_kills"`
+	Cuts        int                             `json:"connection_cuts"`
+	Lost        int                             `json:"lost"`
+	Duplicated  int                             `json:"duplicated"`
 	// OrderViolations counts, in ExactlyOnceInOrder mode, the messages applied after a later
 	// sequence of their key; nil in the other modes, which promise no order.
 	OrderViolations *int `json:"order_violations,omitempty"`
-	// Poison is what became of the mode's poison messages; nil when it published none.
+	// Poison is what became of the mode's poison messages (by kind); nil when it published
+	// none.
 	Poison     *PoisonResult `json:"poison,omitempty"`
 	MsgsPerSec float64       `json:"msgs_per_s"`
 	Expected   string        `json:"expected"`
@@ -335,31 +325,8 @@ type Result struct {
 	OK         bool          `json:"ok"`
 }
 
-// PoisonResult is what became of the poison messages of a mode.
-type PoisonResult struct {
-	// Published are the poison messages published.
-	Published int `json:"published"`
-	// DeadLettered are those that reached the dead-letter topic, once or more.
-	DeadLettered int `json:"dead_lettered"`
-	// Twice are those that reached it more than once.
-	Twice int `json:"dead_lettered_twice"`
-	// Kinds says, for each kind published, how many dead letters it had.
-	Kinds map[PoisonKind]int `json:"kinds"`
-	// Reasons are the dead letters' reasons, by kind (the first one's).
-	Reasons map[PoisonKind]string `json:"reasons"`
-	// Kills are the consumer processes that the crash-loop message killed.
-	Kills int `json:"kills"`
-	// GoodDeadLettered are good messages that reached the dead-letter topic (they count as
-	// lost too: their effect is missing).
-	GoodDeadLettered int `json:"good_dead_lettered"`
-	// Left are the kinds left out, and why.
-	Left map[PoisonKind]string `json:"left_out,omitempty"`
-}
-
-// held reports whether every poison message was dead-lettered exactly once, and no good one.
-func (p *PoisonResult) held() bool {
-	return p == nil || (p.DeadLettered == p.Published && p.Twice == 0 && p.GoodDeadLettered == 0)
-}
+// PoisonResult is what became of the poison messages of a mode, by kind.
+type PoisonResult = onceflowtest.PoisonResult
 
 // Report is the measurement of a run.
 type Report struct {
@@ -412,78 +379,144 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		cfg.Executable = []string{exe, "verify-consumer"}
 	}
 
-	db, err := sqldb.Open(ctx, cfg.DBURL)
-	if err != nil {
-		return Report{}, err
-	}
-	defer db.Close()
-	if err := migrate(ctx, db); err != nil {
-		return Report{}, err
-	}
-	b, err := broker.Open(ctx, cfg.BrokerURL, brokerOptions())
-	if err != nil {
-		return Report{}, err
-	}
-	defer b.Close()
-
-	report := Report{Broker: b.String(), Database: db.String(), Seed: cfg.Seed}
+	report := Report{Seed: cfg.Seed}
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	for _, mode := range cfg.Modes {
-		res, err := runMode(ctx, cfg, db, b, mode, rng)
+		res, run, err := runMode(ctx, cfg, mode, rng.Uint64())
 		if err != nil {
 			return report, fmt.Errorf("%s: %w", mode, err)
 		}
+		report.Broker, report.Database = run.Broker, run.Database
 		report.Modes = append(report.Modes, res)
 	}
 	return report, nil
 }
 
-// migrate creates the effects, dedup and delivery-count tables.
-func migrate(ctx context.Context, db *sqldb.DB) error {
-	ddl := `CREATE TABLE IF NOT EXISTS ` + effectsTable + ` (
-		run_id VARCHAR(32) NOT NULL,
-		message_id VARCHAR(64) NOT NULL,
-		consumer INTEGER NOT NULL)`
-	if _, err := db.ExecContext(ctx, ddl); err != nil {
-		return fmt.Errorf("create %s: %w", effectsTable, err)
+// runMode measures one mode, with the fault schedule of seed.
+func runMode(ctx context.Context, cfg Config, mode Mode, seed uint64) (Result, onceflowtest.Report, error) {
+	runID := newRunID()
+	name := strings.ToLower(mode.String())
+	// A batch processor implies group commit.
+	groupCommit := mode.Batch || (cfg.GroupCommit && mode.exactlyOnce())
+	if groupCommit && !mode.Batch {
+		name += "_gc"
 	}
-	// PostgreSQL, MariaDB and SQLite all accept CREATE INDEX IF NOT EXISTS.
-	idx := `CREATE INDEX IF NOT EXISTS onceflow_verify_effects_run ON ` + effectsTable + ` (run_id, message_id)`
-	if _, err := db.ExecContext(ctx, idx); err != nil {
-		return fmt.Errorf("index %s: %w", effectsTable, err)
+	consumer := ConsumerConfig{
+		Topic: "onceflow_verify_" + name, Name: "verify_" + name + "_" + runID, RunID: runID,
+		Mode: mode.QoS, GroupCommit: groupCommit, Batch: mode.Batch, Dedup: mode.Dedup,
+		Concurrency: cfg.Concurrency, MaxDeliveries: cfg.MaxDeliveries,
 	}
-	store, err := dedup.New(db, dedup.Config{})
+	duplicates := cfg.Duplicates
+	if duplicates == 0 {
+		duplicates = None
+	}
+	run, err := onceflowtest.Run(ctx, onceflowtest.Config{
+		Handler: consumer.Handler,
+		Message: func(i int) onceflowtest.Message {
+			return onceflowtest.Message{ID: fmt.Sprintf("%s-%06d", runID, i), Payload: goodPayload(runID, i)}
+		},
+		Effects: `SELECT message_id, COUNT(*) FROM ` + effectsTable + ` WHERE run_id = '` + runID + `' GROUP BY message_id`,
+		Setup:   migrate,
+
+		Messages: cfg.Messages, BrokerURL: cfg.BrokerURL, DBURL: cfg.DBURL, Dir: cfg.Dir,
+		Consumers: cfg.Consumers, Kills: cfg.Kills, Cuts: cfg.Cuts, Duplicates: duplicates,
+		Poison: poisonOf(cfg.Poison, runID), Keys: cfg.Keys, Seed: seed, Settle: cfg.Settle, Stall: cfg.Stall,
+		Name: mode.String(), Command: append(append([]string(nil), cfg.Executable...), consumer.Args()...),
+		Progress: cfg.Progress, Logger: cfg.Logger,
+	})
 	if err != nil {
-		return err
+		return Result{}, run, err
 	}
-	if err := store.Migrate(ctx); err != nil {
-		return err
+	res := Result{
+		Mode: mode.String(), Messages: run.Messages, Duplicates: run.Duplicates, Kills: run.Kills, CrashPoints: run.CrashPoints,
+		Cuts: run.Cuts, Lost: run.Lost, Duplicated: run.Duplicated, OrderViolations: run.OutOfOrder, Poison: run.Poison,
+		MsgsPerSec: run.MsgsPerSec,
 	}
-	// The consumers skip migrations: without this table they could not count the deliveries
-	// of a broker that counts none, and the delivery limit would not apply there.
-	counter, err := dedup.NewCounter(db, dedup.CounterConfig{})
-	if err != nil {
-		return err
+	violations := 0
+	if run.OutOfOrder != nil {
+		violations = *run.OutOfOrder
 	}
-	if err := counter.Migrate(ctx); err != nil {
-		return err
+	res.Expected, _ = expectation(mode)
+	res.Verdict, res.OK = verdict(mode.QoS, run.Lost, run.Duplicated, violations)
+	if !run.Poison.Held() && mode.QoS != BestEffort.QoS {
+		res.Verdict += fmt.Sprintf("; FAIL: %s", run.Poison)
+		res.OK = false
 	}
-	// And the positions of the ExactlyOnceByOffset mode.
-	positions, err := dedup.NewPositions(db, dedup.PositionsConfig{})
-	if err != nil {
-		return err
+	if !res.OK {
+		cfg.Logger.Warn("the mode failed", "mode", mode.String(), "error", run.Err())
 	}
-	if err := positions.Migrate(ctx); err != nil {
-		return err
+	return res, run, nil
+}
+
+// poisonOf returns the poison messages of the kinds, for the run runID.
+func poisonOf(kinds []PoisonKind, runID string) []onceflowtest.Poison {
+	out := []onceflowtest.Poison{}
+	for _, k := range kinds {
+		switch k {
+		case PoisonDataError:
+			// It names no run: the effect's INSERT violates NOT NULL.
+			out = append(out, onceflowtest.Poison{Name: string(k), Message: onceflowtest.Message{Payload: []byte(`{"run":null,"n":-1}`)}})
+		case PoisonMalformed:
+			out = append(out, onceflowtest.Poison{Name: string(k), Message: onceflowtest.Message{Payload: []byte(`{"run":"` + runID + `","n":`)}})
+		case PoisonPanic:
+			out = append(out, onceflowtest.PoisonPanic)
+		case PoisonLongID:
+			out = append(out, onceflowtest.PoisonLongID)
+		case PoisonCrashLoop:
+			out = append(out, onceflowtest.PoisonCrashLoop)
+		}
 	}
-	order, err := ordering.NewStore(db, ordering.StoreConfig{})
-	if err != nil {
-		return err
+	return out
+}
+
+// expectation returns the delivery-guarantee table's entry for a persistent broker in mode's
+// column (docs/background.md).
+func expectation(m Mode) (string, bool) {
+	switch {
+	case m.Batch:
+		return "exactly once (batch processor)", true
+	case m.Dedup == DedupByOffset:
+		return "exactly once (offsets in the transaction)", true
+	case m.Dedup == DedupAckInTx:
+		return "exactly once (ack in the transaction)", true
 	}
-	if err := order.Migrate(ctx); err != nil {
-		return err
+	switch m.QoS {
+	case onceflow.BestEffort:
+		return "maybe (lost on consumer crash)", false
+	case onceflow.AtLeastOnce:
+		return "at least once (duplicates)", false
+	case onceflow.ExactlyOnceInOrder:
+		return "exactly once, in order per key", true
 	}
-	return ordercheck.Create(ctx, db, appliedTable)
+	return "exactly once", true
+}
+
+func verdict(mode onceflow.QoS, lost, duplicated, orderViolations int) (string, bool) {
+	switch mode {
+	case onceflow.BestEffort:
+		if lost > 0 {
+			return fmt.Sprintf("as promised: %d lost", lost), true
+		}
+		return "no loss this run: the faults missed the window between ack and commit", true
+	case onceflow.AtLeastOnce:
+		if lost > 0 {
+			return fmt.Sprintf("FAIL: %d lost", lost), false
+		}
+		if duplicated > 0 {
+			return fmt.Sprintf("as promised: nothing lost, %d duplicated", duplicated), true
+		}
+		return "nothing lost; no duplicate this run", true
+	}
+	if mode == onceflow.ExactlyOnceInOrder {
+		if lost == 0 && duplicated == 0 && orderViolations == 0 {
+			return "PASS: exactly once, in order", true
+		}
+		return fmt.Sprintf("FAIL: %d lost, %d duplicated, %d out of order", lost, duplicated, orderViolations), false
+	}
+	if lost == 0 && duplicated == 0 {
+		return "PASS: exactly once", true
+	}
+	return fmt.Sprintf("FAIL: %d lost, %d duplicated", lost, duplicated), false
 }
 
 func newRunID() string {
@@ -492,90 +525,8 @@ func newRunID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// publishers is how many goroutines publish at once: a broker that confirms each message
-// (RabbitMQ with publisher confirms) needs several in flight to reach its own rate.
-const publishers = 8
-
-// publish sends the mode's messages: every id once, then Duplicates of them a second time, in
-// batches spread over several goroutines, with the poison messages among them (poison[i] goes
-// with the batch of message i*n/len(poison)).
-// In ExactlyOnceInOrder mode (keys > 0) message i carries key i mod keys and sequence
-// i/keys + 1; a duplicate carries the same.
-func publish(pub message.Publisher, topic, runID string, n, duplicates, keys int, poison []*message.Message, rng *rand.Rand) error {
-	// A position of ids below 0 stands for poison[-1-position].
-	ids := make([]int, 0, n+duplicates+len(poison))
-	for i := range n {
-		for p := range poison {
-			if i == p*n/len(poison) {
-				ids = append(ids, -1-p)
-			}
-		}
-		ids = append(ids, i)
-	}
-	ids = append(ids, rng.Perm(n)[:duplicates]...)
-
-	const batch = 100
-	work := make(chan []int)
-	errs := make(chan error, publishers)
-	var wg sync.WaitGroup
-	for range publishers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for chunk := range work {
-				msgs := make([]*message.Message, len(chunk))
-				for j, i := range chunk {
-					if i < 0 {
-						msgs[j] = poison[-1-i]
-						continue
-					}
-					msgs[j] = message.NewMessage(messageID(runID, i), goodPayload(runID, i))
-					if keys > 0 {
-						ordering.SetSequence(msgs[j], orderKey(i, keys), uint64(i/keys+1))
-					}
-				}
-				if err := pub.Publish(topic, msgs...); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	var err error
-loop:
-	for start := 0; start < len(ids); start += batch {
-		select {
-		case work <- ids[start:min(start+batch, len(ids))]:
-		case err = <-errs:
-			break loop
-		}
-	}
-	close(work)
-	wg.Wait()
-	if err == nil {
-		select {
-		case err = <-errs:
-		default:
-		}
-	}
-	return err
-}
-
-func messageID(runID string, i int) string { return fmt.Sprintf("%s-%06d", runID, i) }
-
 // goodPayload is the payload of message i: the run it belongs to, whose effects table the
 // consumer writes it in, and its number.
 func goodPayload(runID string, i int) []byte {
 	return []byte(fmt.Sprintf(`{"run":%q,"n":%d}`, runID, i))
-}
-
-func orderKey(i, keys int) string { return fmt.Sprintf("key-%04d", i%keys) }
-
-// wantSequences is what ExactlyOnceInOrder must apply: for each key, sequences 1..count.
-func wantSequences(n, keys int) map[string]uint64 {
-	want := make(map[string]uint64, keys)
-	for i := range n {
-		want[orderKey(i, keys)]++
-	}
-	return want
 }
