@@ -103,6 +103,24 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 	return report
 }
 
+// sharedRabbitMQ returns the URL of the test RabbitMQ server with a consumer group of the
+// test's own: verify's topics are the same in every run, and a run of this test elsewhere at
+// once (on the same server) would otherwise take messages of this one from its queues. The
+// group's queues are removed at the end; the topics' exchanges stay, for the other runs.
+func sharedRabbitMQ(t *testing.T) string {
+	group := testsvc.UniqueName("verify")
+	u := testsvc.AMQPURL(t) + "?group=" + group
+	t.Cleanup(func() {
+		var topics []string
+		for _, m := range append(slices.Clone(verify.Modes), verify.BrokerModes...) {
+			topic := "onceflow_verify_" + strings.ToLower(m.String())
+			topics = append(topics, topic, topic+"_dlq", topic+"_gc", topic+"_gc_dlq")
+		}
+		testsvc.RemoveQueues(t, u, nil, topics...)
+	})
+	return u
+}
+
 // poisonReasons match what the dead letters of each poison kind say. The panic's last delivery
 // may end with a kill instead of a panic; and where a connection cut fails the dead letter's
 // publish, the message comes once more, so the limit may be passed by a delivery or two.
@@ -212,7 +230,7 @@ func TestVerify_EmbeddedDefaultReproducesTheGuaranteeTable(t *testing.T) {
 
 func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
 	t.Parallel() // each waits on its consumers and its faults far more than it computes
-	amqpURL := testsvc.AMQPURL(t)
+	amqpURL := sharedRabbitMQ(t)
 	dbURL := testsvc.PostgresSchemaURL(t)
 	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true, allPoison)
 }

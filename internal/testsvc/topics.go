@@ -36,7 +36,7 @@ func RemoveTopics(t testing.TB, brokerURL string, groups []string, topics ...str
 	}
 	switch strings.ToLower(u.Scheme) {
 	case "amqp", "amqps":
-		err = removeAMQP(brokerURL, groups, topics)
+		err = removeAMQP(brokerURL, groups, topics, true)
 	case "nats":
 		err = removeNATS(brokerURL, topics)
 	case "redis", "rediss":
@@ -49,8 +49,25 @@ func RemoveTopics(t testing.TB, brokerURL string, groups []string, topics ...str
 	}
 }
 
-// removeAMQP deletes the queues <topic>.<group> and the exchanges <topic>.
-func removeAMQP(brokerURL string, groups, topics []string) error {
+// RemoveQueues removes, on RabbitMQ, the queues that the consumer groups groups (and the group
+// the URL names) left for topics, and leaves the topics' exchanges, which other tests at once
+// may publish to: for a test that consumes shared topics under groups of its own. Elsewhere it
+// does nothing. Failures are logged, not reported.
+func RemoveQueues(t testing.TB, brokerURL string, groups []string, topics ...string) {
+	u, err := url.Parse(brokerURL)
+	if err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
+		return
+	}
+	if g := u.Query().Get("group"); g != "" {
+		groups = append(slices.Clip(groups), g)
+	}
+	if err := removeAMQP(brokerURL, groups, topics, false); err != nil {
+		t.Logf("cleanup of the queues of %v: %v", topics, err)
+	}
+}
+
+// removeAMQP deletes the queues <topic>.<group>, and with exchanges the exchanges <topic>.
+func removeAMQP(brokerURL string, groups, topics []string, exchanges bool) error {
 	conn, err := amqp.Dial(brokerURL)
 	if err != nil {
 		return err
@@ -78,7 +95,9 @@ func removeAMQP(brokerURL string, groups, topics []string) error {
 				return err
 			})
 		}
-		del(func(ch *amqp.Channel) error { return ch.ExchangeDelete(topic, false, false) })
+		if exchanges {
+			del(func(ch *amqp.Channel) error { return ch.ExchangeDelete(topic, false, false) })
+		}
 	}
 	return errors.Join(errs...)
 }
