@@ -28,18 +28,9 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
 	"github.com/onceflow/onceflow/messagedata"
-	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
-
-const topic = "payments"
-
-// Payment is the message payload.
-type Payment struct {
-	Account string `json:"account"`
-	Cents   int64  `json:"cents"`
-}
 
 // Summary is what a run measured.
 type Summary struct {
@@ -105,8 +96,7 @@ func run(ctx context.Context, dir string, n int, logger *slog.Logger) (Summary, 
 		return Summary{}, err
 	}
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ledger (
-		payment_id TEXT NOT NULL, account TEXT NOT NULL, cents INTEGER NOT NULL)`); err != nil {
+	if err := createLedger(ctx, db); err != nil {
 		return Summary{}, err
 	}
 
@@ -136,19 +126,7 @@ func run(ctx context.Context, dir string, n int, logger *slog.Logger) (Summary, 
 	if err != nil {
 		return s, err
 	}
-	err = router.AddHandler(onceflow.Handler{
-		Name:       "ledger",
-		Topic:      topic,
-		Subscriber: sub,
-		DB:         db,
-		QoS:        onceflow.ExactlyOnce,
-		Processor: processor.JSON(func(ctx context.Context, msg *messagedata.MessageData, p Payment) error {
-			tx, _ := processor.TxFromContext(ctx)
-			_, err := tx.ExecContext(ctx, `INSERT INTO ledger (payment_id, account, cents) VALUES (?, ?, ?)`, msg.ID, p.Account, p.Cents)
-			return err
-		}),
-	})
-	if err != nil {
+	if err := router.AddHandler(ledgerHandler(sub, db)); err != nil {
 		return s, err
 	}
 
