@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -152,6 +153,8 @@ type runner struct {
 	report Report
 	// lastOut is when the last progress line went out.
 	lastOut time.Time
+	// ackTimeout is how long after a consumer's death the messages it held come back.
+	ackTimeout time.Duration
 }
 
 // cut is a connection cut, for the accounts.
@@ -197,7 +200,8 @@ func run(ctx context.Context, cfg Config, test testCall) (Report, error) {
 	if cfg.DeadLetterTopic == "" {
 		cfg.DeadLetterTopic = info.topic + "_dlq"
 	}
-	r := &runner{cfg: cfg, info: info, db: db, runID: newRunID(), faults: map[string]fault{}, dups: map[int]bool{}}
+	r := &runner{cfg: cfg, info: info, db: db, runID: newRunID(), faults: map[string]fault{}, dups: map[int]bool{},
+		ackTimeout: ackTimeout(cfg.BrokerURL)}
 	r.report = Report{
 		Handler: info.name, QoS: info.qos.String(), Chain: info.chain.String(),
 		Broker: b.String(), Database: db.String(), Seed: cfg.Seed, Messages: cfg.Messages,
@@ -444,7 +448,7 @@ func (r *runner) loop(ctx context.Context, b *broker.Broker, px *proxies, dups [
 		faultsDone := killsDone == cfg.Kills && cutsDone == cuts && !publishing
 		// A message held by a consumer that died comes back after the broker's ack timeout: it
 		// may yet be applied again.
-		settled := quiet >= cfg.Settle && time.Since(lastFault) >= cfg.Settle+brokerOptions().AckTimeout
+		settled := quiet >= cfg.Settle && time.Since(lastFault) >= cfg.Settle+r.ackTimeout
 		switch {
 		case distinct == cfg.Messages && faultsDone && poisonDone && settled && deliveries >= published:
 		case quiet >= cfg.Stall:
@@ -592,6 +596,17 @@ func (r *runner) progress(distinct, kills, cuts int) {
 func (r *runner) tty() bool {
 	f, ok := r.cfg.Progress.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// ackTimeout returns the ack timeout of the broker at brokerURL: its ack_timeout parameter,
+// which broker.Open has checked, or the run's.
+func ackTimeout(brokerURL string) time.Duration {
+	if u, err := url.Parse(brokerURL); err == nil {
+		if d, err := time.ParseDuration(u.Query().Get("ack_timeout")); err == nil {
+			return d
+		}
+	}
+	return brokerOptions().AckTimeout
 }
 
 func writeJSON(path string, v any) error {
