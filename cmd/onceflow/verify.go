@@ -26,14 +26,18 @@ func newVerifyCommand() *cobra.Command {
 		Long: `verify publishes messages with unique ids, runs competing consumer processes that apply one
 effect per message to the database, and injects faults: it kills consumers with SIGKILL at random
 moments and at each crash point (after receive, after the write before commit, after commit before
-ack), and cuts their database and broker connections through a loopback TCP proxy. Then it counts
-the effects per message id: lost = none, duplicated = more than one.
+ack, after a dead letter's publish before its record), makes a few messages fail or panic once
+after their write, and cuts their database and broker connections through a loopback TCP proxy.
+Then it counts the effects per message id: lost = none, duplicated = more than one. It runs each
+mode's handler under package onceflowtest, which proves a handler of one's own the same way in
+go test (docs/testing.md).
 
 Among the good messages it publishes poison messages, one of each kind: a data error (its INSERT
 violates NOT NULL), a panic every time, a malformed payload, an id of 300 bytes (where the broker's
 publisher carries it, in the modes that record ids), and one that kills its consumer process every
 time (published first, alone). Each must be dead-lettered exactly once, with its reason, within the
-delivery limit (--max-deliveries, 5); BestEffort has no dead-letter topic and gets none.
+delivery limit (--max-deliveries, 5); a copy published again under the same dead-letter key is
+counted apart. BestEffort has no dead-letter topic and gets none.
 
 ExactlyOnceBatch is ExactlyOnce with a batch processor (Handler.BatchProcessor, which implies group
 commit): one multi-row INSERT per group of messages. Two more modes, not in the default list, run
