@@ -54,3 +54,14 @@ func TestREADME_CommandsNameWhatExists(t *testing.T) {
 		require.Contains(t, makefile, "\n"+target+":", "README.md names make %s", target)
 	}
 }
+
+// docs/testing.md quotes the quickstart's handler and its test whole, which make test runs: the
+// test a user copies proves the handler it shows.
+func TestTesting_QuotesTheQuickstartHandlerAndItsTest(t *testing.T) {
+	doc := read(t, "docs/testing.md")
+	for _, path := range []string{"examples/quickstart/ledger.go", "examples/quickstart/prove_test.go"} {
+		if !strings.Contains(doc, "```go\n"+read(t, path)+"```\n") {
+			t.Fatalf("docs/testing.md differs from %s: copy the file into it", path)
+		}
+	}
+}
