@@ -70,9 +70,6 @@ func TestProve_AnExactlyOnceHandlerHoldsOnTheEmbeddedDefault(t *testing.T) {
 		return onceflow.Handler{Name: "ledger", Topic: "payments", Subscriber: env.Subscriber, DB: env.DB,
 			QoS: onceflow.ExactlyOnce, Concurrency: 2, Processor: book}
 	}))
-	if onceflowtest.IsConsumer() {
-		return
-	}
 	require.True(t, r.ExactlyOnce(), r.String())
 	require.Zero(t, r.Lost)
 	require.Zero(t, r.Duplicated)
@@ -114,9 +111,6 @@ func TestProve_AnAtLeastOnceHandlerWithAnIdempotentEffectHolds(t *testing.T) {
 		Message: paymentMessage,
 		Effects: `SELECT payment_id, COUNT(*) FROM booked GROUP BY payment_id`,
 	})
-	if onceflowtest.IsConsumer() {
-		return
-	}
 	require.NoError(t, r.Err())
 	require.Equal(t, 10, r.Duplicates)
 	require.Equal(t, 2, r.Poison.Published, "panic and error; no long id without a record per id")
@@ -145,9 +139,6 @@ func proveBroken(t *testing.T, cfg onceflowtest.Config) (onceflowtest.Report, st
 	t.Helper()
 	rec := &recorder{TB: t}
 	r := onceflowtest.Prove(rec, broken(cfg))
-	if onceflowtest.IsConsumer() {
-		return r, ""
-	}
 	require.Len(t, rec.errs, 1, "Prove fails the test once, with the account")
 	require.False(t, r.ExactlyOnce())
 	require.Equal(t, rec.errs[0], r.Err().Error())
@@ -173,9 +164,6 @@ func TestProve_CatchesAProcessorThatWritesOutsideTheTransaction(t *testing.T) {
 	})
 	cfg.DBURL = dbURL
 	r, msg := proveBroken(t, cfg)
-	if onceflowtest.IsConsumer() {
-		return
-	}
 	require.GreaterOrEqual(t, r.Duplicated, r.Failures, "every message failed once after its write is applied twice")
 	require.Contains(t, msg, "applied 2 times")
 	a := accountWith(t, r, "yet an effect stayed, and the retry applied it again: the processor (or a stage inside the transaction) writes outside the handler's transaction; write through processor.TxFromContext")
@@ -222,9 +210,6 @@ func TestProve_CatchesAnInterceptorThatCommitsOnItsOwn(t *testing.T) {
 	})
 	cfg.DBURL = dbURL
 	r, msg := proveBroken(t, cfg)
-	if onceflowtest.IsConsumer() {
-		return
-	}
 	require.Positive(t, r.CrashPoints[onceflowtest.BeforeCommit])
 	require.Positive(t, r.Duplicated)
 	require.Contains(t, msg, "applied 2 times")
@@ -240,9 +225,6 @@ func TestProve_CatchesAChainWithoutDuplicateDetection(t *testing.T) {
 		return onceflow.Handler{Name: "ledger", Topic: "payments", Subscriber: env.Subscriber, DB: env.DB,
 			Chain: onceflow.ExactlyOnce.Chain().Remove(onceflow.StageDeduplicate, onceflow.AppliedTwice), Processor: book}
 	}))
-	if onceflowtest.IsConsumer() {
-		return
-	}
 	require.GreaterOrEqual(t, r.Duplicated, r.Duplicates, "every message published twice is applied twice")
 	require.Contains(t, msg, "published twice with the same id")
 	require.NotContains(t, msg, "writes outside", "each effect came with an acknowledged delivery")
@@ -257,9 +239,6 @@ func TestProve_CatchesAnEffectNotIdempotentUnderAtLeastOnce(t *testing.T) {
 		return onceflow.Handler{Name: "ledger", Topic: "payments", Subscriber: env.Subscriber, DB: env.DB,
 			QoS: onceflow.AtLeastOnce, Processor: book}
 	}))
-	if onceflowtest.IsConsumer() {
-		return
-	}
 	require.GreaterOrEqual(t, r.Duplicated, r.Duplicates)
 	require.Contains(t, msg, "AtLeastOnce detects no duplicates: make the effect idempotent")
 	require.NotContains(t, msg, "writes outside", "each effect came with an acknowledged delivery")
@@ -281,9 +260,6 @@ func TestProve_AnInOrderHandlerHoldsOnRabbitMQAndPostgreSQL(t *testing.T) {
 	cfg.Messages, cfg.Poison = 150, append(onceflowtest.DefaultPoison, onceflowtest.PoisonCrashLoop,
 		onceflowtest.Poison{Name: "malformed", Message: onceflowtest.Message{Payload: []byte(`{"cents":`)}})
 	r := onceflowtest.Prove(t, cfg)
-	if onceflowtest.IsConsumer() {
-		return
-	}
 	require.NoError(t, r.Err())
 	require.Equal(t, 2, r.Cuts)
 	require.NotNil(t, r.OutOfOrder)
