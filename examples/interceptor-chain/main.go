@@ -17,6 +17,11 @@
 // given: the first is the outermost, so it sees the message first and the outcome last.
 //
 //	go run ./examples/interceptor-chain
+//	go run ./examples/interceptor-chain -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/interceptor-chain -db 'mysql://root@127.0.0.1:3306/test'
+//
+// With -db the tables are in a schema (PostgreSQL) or database (MariaDB) of the run's own,
+// dropped at exit; the queue stays an SQLite file.
 package main
 
 import (
@@ -40,10 +45,13 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/examples/internal/scratch"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
@@ -63,14 +71,13 @@ type Summary struct {
 }
 
 func main() {
+	dbURL := flag.String("db", "", "database URL: postgres://..., mysql://... (default: SQLite beside the queue)")
 	flag.Parse()
-	dir, err := os.MkdirTemp("", "onceflow-chain-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	s, err := run(context.Background(), dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	_ = os.RemoveAll(dir)
+	var s Summary
+	err := scratch.Run("", *dbURL, func(ctx context.Context, dir, runURL string) (err error) {
+		s, err = run(ctx, dir, runURL, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		return err
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "interceptor-chain:", err)
 		os.Exit(1)
@@ -88,19 +95,20 @@ func main() {
 	fmt.Printf("trace advisor spans: %v\n", counts)
 }
 
-func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) {
+// run consumes from a queue in dir and writes to the database of dbURL.
+func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (Summary, error) {
 	// One message in flight at a time, so that the audit lines come in publishing order.
 	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: group, BatchSize: 1})
 	if err != nil {
 		return Summary{}, err
 	}
 	defer queue.Close()
-	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(dir, "app.db"))
+	db, err := sqldb.Open(ctx, dbURL)
 	if err != nil {
 		return Summary{}, err
 	}
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (order_id TEXT NOT NULL, body TEXT NOT NULL)`); err != nil {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (order_id VARCHAR(64) NOT NULL, body VARCHAR(255) NOT NULL)`); err != nil {
 		return Summary{}, err
 	}
 
@@ -160,7 +168,7 @@ func run(ctx context.Context, dir string, logger *slog.Logger) (Summary, error) 
 		Dedup:      middleware.Dedup{Table: "message_log", WithTimestamp: true},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx)
-			_, err := tx.ExecContext(ctx, `INSERT INTO orders (order_id, body) VALUES (?, ?)`, msg.ID, string(msg.Payload))
+			_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO orders (order_id, body) VALUES (?, ?)`), msg.ID, string(msg.Payload))
 			return err
 		}),
 	})

@@ -7,10 +7,21 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 func TestInterceptorChain_OneOfItsOwnInTheCanonicalChainWithMessageLog(t *testing.T) {
-	s, err := run(context.Background(), t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			check(t, d.URL(t))
+		})
+	}
+}
+
+func check(t *testing.T, dbURL string) {
+	s, err := run(context.Background(), t.TempDir(), dbURL, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 
 	require.Equal(t, "tracing -> metrics -> audit -> deadletter -> recover -> retry -> timeout -> transaction -> deduplicate", s.Chain)

@@ -18,6 +18,11 @@
 //
 //	go run ./examples/ledger             # files in a new temporary directory
 //	go run ./examples/ledger -dir data   # files in ./data, kept
+//	go run ./examples/ledger -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/ledger -db 'mysql://root@127.0.0.1:3306/test'
+//
+// With -db the tables are in a schema (PostgreSQL) or database (MariaDB) of the run's own,
+// dropped at exit; the queue stays an SQLite file.
 package main
 
 import (
@@ -40,11 +45,14 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/examples/internal/scratch"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/ordering"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
@@ -83,18 +91,17 @@ type Summary struct {
 
 func main() {
 	dir := flag.String("dir", "", "directory for queue.db and app.db (default: a new temporary directory)")
+	dbURL := flag.String("db", "", "database URL: postgres://..., mysql://... (default: app.db beside the queue)")
 	accounts := flag.Int("accounts", 8, "accounts")
 	per := flag.Int("postings", 50, "postings per account")
 	seed := flag.Uint64("seed", 7, "seed of the postings and of the transport's shuffle")
 	flag.Parse()
-	d, cleanup, err := tempDir(*dir, "onceflow-ledger-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ledger:", err)
-		os.Exit(1)
-	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := run(context.Background(), d, *accounts, *per, *seed, logger)
-	cleanup()
+	var s Summary
+	err := scratch.Run(*dir, *dbURL, func(ctx context.Context, runDir, runURL string) (err error) {
+		s, err = run(ctx, runDir, runURL, *accounts, *per, *seed, logger)
+		return err
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ledger:", err)
 		os.Exit(1)
@@ -103,19 +110,6 @@ func main() {
 	if !s.OK() {
 		os.Exit(1)
 	}
-}
-
-// tempDir returns dir, or when it is empty a new temporary directory and a function that
-// removes it: the example leaves nothing behind unless -dir names where to keep its files.
-func tempDir(dir, pattern string) (string, func(), error) {
-	if dir != "" {
-		return dir, func() {}, nil
-	}
-	tmp, err := os.MkdirTemp("", pattern)
-	if err != nil {
-		return "", nil, err
-	}
-	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
 }
 
 // OK reports whether every account was applied in order and ended as booking order says.
@@ -130,9 +124,9 @@ func (s Summary) OK() bool {
 
 func report(w io.Writer, dir string, s Summary) {
 	if dir == "" {
-		fmt.Fprintln(w, "queue and database in a temporary directory, removed at exit (-dir DIR keeps them)")
+		fmt.Fprintln(w, "queue in a temporary directory, removed at exit (-dir DIR keeps it)")
 	} else {
-		fmt.Fprintf(w, "queue and database in %s\n", dir)
+		fmt.Fprintf(w, "queue in %s\n", dir)
 	}
 	fmt.Fprintf(w, "booked %d postings; the transport delivered %d messages, shuffled; up to %d waited parked for an earlier posting\n",
 		s.Postings, s.Deliveries, s.MaxParked)
@@ -186,12 +180,14 @@ func replay(ps []Posting) (balance int64, declined int) {
 
 // apply is the ledger's processor: it applies one posting to its account, or declines a
 // withdrawal that would overdraw it, and records the entry with its sequence number and the
-// balance after it.
+// balance after it. The in-order stage holds the lock of the account's ordering key in the
+// transaction, so the postings of one account never run at once.
 func apply(ctx context.Context, md *messagedata.MessageData, p Posting) error {
 	tx, _ := processor.TxFromContext(ctx)
 	var balance int64
-	err := tx.GetContext(ctx, &balance, `SELECT balance FROM accounts WHERE account = ?`, p.Account)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+	err := tx.GetContext(ctx, &balance, tx.Rebind(`SELECT balance FROM accounts WHERE account = ?`), p.Account)
+	opened := errors.Is(err, sql.ErrNoRows)
+	if err != nil && !opened {
 		return err
 	}
 	status := "applied"
@@ -200,11 +196,14 @@ func apply(ctx context.Context, md *messagedata.MessageData, p Posting) error {
 	} else {
 		balance += p.Amount
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO accounts (account, balance) VALUES (?, ?)
-ON CONFLICT (account) DO UPDATE SET balance = excluded.balance`, p.Account, balance); err != nil {
+	write := `UPDATE accounts SET balance = ? WHERE account = ?`
+	if opened {
+		write = `INSERT INTO accounts (balance, account) VALUES (?, ?)`
+	}
+	if _, err := tx.ExecContext(ctx, tx.Rebind(write), balance, p.Account); err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO entries (account, seq, ref, amount, status, balance_after) VALUES (?, ?, ?, ?, ?, ?)`,
+	_, err = tx.ExecContext(ctx, tx.Rebind(`INSERT INTO entries (account, seq, ref, amount, status, balance_after) VALUES (?, ?, ?, ?, ?, ?)`),
 		p.Account, int64(md.Sequence), p.Ref, p.Amount, status, balance)
 	return err
 }
@@ -243,7 +242,8 @@ func (s *scrambler) deliver(pub message.Publisher, rng *rand.Rand) ([]*message.M
 	return out, pub.Publish(topic, out...)
 }
 
-func run(ctx context.Context, dir string, accounts, per int, seed uint64, logger *slog.Logger) (Summary, error) {
+// run publishes to a queue in dir and keeps the ledger in the database of dbURL.
+func run(ctx context.Context, dir, dbURL string, accounts, per int, seed uint64, logger *slog.Logger) (Summary, error) {
 	var s Summary
 	rng := rand.New(rand.NewPCG(seed, seed))
 	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: consumerGroup})
@@ -251,15 +251,22 @@ func run(ctx context.Context, dir string, accounts, per int, seed uint64, logger
 		return s, err
 	}
 	defer queue.Close()
-	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(dir, "app.db"))
+	db, err := sqldb.Open(ctx, dbURL)
 	if err != nil {
 		return s, err
 	}
 	defer db.Close()
+	// The entries are numbered in the order they are applied, which each dialect writes its
+	// own way.
+	serial := map[sqldb.Dialect]string{
+		sqldb.SQLite:   "INTEGER PRIMARY KEY AUTOINCREMENT",
+		sqldb.Postgres: "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+		sqldb.MySQL:    "BIGINT AUTO_INCREMENT PRIMARY KEY",
+	}[db.Dialect]
 	for _, ddl := range []string{
-		`CREATE TABLE IF NOT EXISTS accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY AUTOINCREMENT, account TEXT NOT NULL, seq INTEGER NOT NULL,
-			ref TEXT NOT NULL, amount INTEGER NOT NULL, status TEXT NOT NULL, balance_after INTEGER NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS accounts (account VARCHAR(64) PRIMARY KEY, balance BIGINT NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS entries (id ` + serial + `, account VARCHAR(64) NOT NULL, seq BIGINT NOT NULL,
+			ref VARCHAR(64) NOT NULL, amount BIGINT NOT NULL, status VARCHAR(16) NOT NULL, balance_after BIGINT NOT NULL)`,
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return s, err
@@ -383,7 +390,7 @@ func check(ctx context.Context, db *sqldb.DB, account string, booked []Posting) 
 		Status       string `db:"status"`
 		BalanceAfter int64  `db:"balance_after"`
 	}
-	if err := db.SelectContext(ctx, &entries, `SELECT seq, amount, status, balance_after FROM entries WHERE account = ? ORDER BY id`, account); err != nil {
+	if err := db.SelectContext(ctx, &entries, db.Rebind(`SELECT seq, amount, status, balance_after FROM entries WHERE account = ? ORDER BY id`), account); err != nil {
 		return a, err
 	}
 	var running int64
@@ -409,7 +416,7 @@ func check(ctx context.Context, db *sqldb.DB, account string, booked []Posting) 
 	if declined != a.Declined {
 		a.InOrder = false
 	}
-	if err := db.GetContext(ctx, &a.Balance, `SELECT COALESCE((SELECT balance FROM accounts WHERE account = ?), 0)`, account); err != nil {
+	if err := db.GetContext(ctx, &a.Balance, db.Rebind(`SELECT COALESCE((SELECT balance FROM accounts WHERE account = ?), 0)`), account); err != nil {
 		return a, err
 	}
 	return a, nil

@@ -9,11 +9,22 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 func TestLedger_ShuffledPostingsAreAppliedInBookingOrderOnce(t *testing.T) {
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			checkLedger(t, d.URL(t))
+		})
+	}
+}
+
+func checkLedger(t *testing.T, dbURL string) {
 	dir := t.TempDir()
-	s, err := run(context.Background(), dir, 4, 30, 11, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := run(context.Background(), dir, dbURL, 4, 30, 11, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	require.NoError(t, err)
 
 	require.Equal(t, 120, s.Postings)

@@ -17,7 +17,11 @@
 // the message is acked after that: nothing is applied twice and nothing is lost.
 //
 //	go run ./examples/natural-idempotency                     # embedded SQLite, temporary directory
-//	go run ./examples/natural-idempotency -db postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+//	go run ./examples/natural-idempotency -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/natural-idempotency -db 'mysql://root@127.0.0.1:3306/test'
+//
+// With -db the tables are in a schema (PostgreSQL) or database (MariaDB) of the run's own,
+// dropped at exit; the queue stays an SQLite file.
 package main
 
 import (
@@ -36,6 +40,8 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/examples/internal/scratch"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
@@ -68,18 +74,13 @@ type Summary struct {
 }
 
 func main() {
-	dbURL := flag.String("db", "", "application database URL (default: SQLite in a temporary directory)")
+	dbURL := flag.String("db", "", "database URL: postgres://..., mysql://... (default: SQLite beside the queue)")
 	flag.Parse()
-	dir, err := os.MkdirTemp("", "onceflow-natural-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if *dbURL == "" {
-		*dbURL = "sqlite://" + filepath.Join(dir, "app.db")
-	}
-	s, err := run(context.Background(), dir, *dbURL, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	_ = os.RemoveAll(dir)
+	var s Summary
+	err := scratch.Run("", *dbURL, func(ctx context.Context, dir, runURL string) (err error) {
+		s, err = run(ctx, dir, runURL, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		return err
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "natural-idempotency:", err)
 		os.Exit(1)
@@ -89,6 +90,7 @@ func main() {
 		s.Payments, s.Balances, s.DeadLettered, s.DedupTable)
 }
 
+// run consumes from a queue in dir and writes to the database of dbURL.
 func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (s Summary, err error) {
 	// Several messages in flight: a later version may be processed before an earlier one, and
 	// comes back after its redelivery delay.
@@ -102,24 +104,6 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (s Summary
 		return Summary{}, err
 	}
 	defer db.Close()
-	// The tables of a run that was killed are dropped first, and this run's when it ends, so
-	// that the example runs again and again on the same database.
-	drop := func() error {
-		for _, t := range []string{"natural_payments", "natural_accounts"} {
-			if _, err := db.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+t); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := drop(); err != nil {
-		return Summary{}, err
-	}
-	defer func() {
-		if derr := drop(); derr != nil && err == nil {
-			err = fmt.Errorf("drop the tables: %w", derr)
-		}
-	}()
 	for _, ddl := range []string{
 		`CREATE TABLE natural_payments (payment_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL)`,
 		`CREATE TABLE natural_accounts (account_id VARCHAR(64) PRIMARY KEY, cents BIGINT NOT NULL, version BIGINT NOT NULL)`,
@@ -193,18 +177,9 @@ func run(ctx context.Context, dir, dbURL string, logger *slog.Logger) (s Summary
 	if err := db.SelectContext(ctx, &s.Balances, `SELECT version FROM natural_accounts ORDER BY account_id`); err != nil {
 		return s, err
 	}
-	var tables int
-	q := `SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'onceflow_dedup' AND table_schema = current_schema()`
-	switch db.Dialect {
-	case sqldb.SQLite:
-		q = `SELECT COUNT(*) FROM sqlite_master WHERE name = 'onceflow_dedup'`
-	case sqldb.MySQL:
-		q = `SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'onceflow_dedup' AND table_schema = DATABASE()`
-	}
-	if err := db.GetContext(ctx, &tables, q); err != nil {
+	if s.DedupTable, err = db.TableExists(ctx, dedup.DefaultTable); err != nil {
 		return s, err
 	}
-	s.DedupTable = tables > 0
 	s.DeadLettered, err = queue.Len(ctx, onceflow.DefaultDeadLetterTopic)
 	return s, err
 }

@@ -10,6 +10,11 @@
 //
 //	go run ./examples/outbox             # files in a new temporary directory
 //	go run ./examples/outbox -dir data   # files in ./data, kept
+//	go run ./examples/outbox -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/outbox -db 'mysql://root@127.0.0.1:3306/test'
+//
+// With -db the tables are in a schema (PostgreSQL) or database (MariaDB) of the run's own,
+// dropped at exit; the queue stays an SQLite file.
 package main
 
 import (
@@ -28,10 +33,13 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/examples/internal/scratch"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
@@ -53,41 +61,28 @@ type Summary struct {
 
 func main() {
 	dir := flag.String("dir", "", "directory for queue.db and app.db (default: a new temporary directory)")
+	dbURL := flag.String("db", "", "database URL: postgres://..., mysql://... (default: app.db beside the queue)")
 	n := flag.Int("n", 200, "distinct orders to publish")
 	flag.Parse()
-	d, cleanup, err := tempDir(*dir, "onceflow-outbox-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "outbox:", err)
-		os.Exit(1)
-	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := run(context.Background(), d, *n, logger)
-	cleanup()
+	err := scratch.Run(*dir, *dbURL, func(ctx context.Context, runDir, runURL string) error {
+		s, err := run(ctx, runDir, runURL, *n, logger)
+		if err == nil {
+			report(os.Stdout, *dir, s)
+		}
+		return err
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "outbox:", err)
 		os.Exit(1)
 	}
-	report(os.Stdout, *dir, s)
-}
-
-// tempDir returns dir, or when it is empty a new temporary directory and a function that
-// removes it: the example leaves nothing behind unless -dir names where to keep its files.
-func tempDir(dir, pattern string) (string, func(), error) {
-	if dir != "" {
-		return dir, func() {}, nil
-	}
-	tmp, err := os.MkdirTemp("", pattern)
-	if err != nil {
-		return "", nil, err
-	}
-	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
 }
 
 func report(w io.Writer, dir string, s Summary) {
 	if dir == "" {
-		fmt.Fprintln(w, "queue and database in a temporary directory, removed at exit (-dir DIR keeps them)")
+		fmt.Fprintln(w, "queue in a temporary directory, removed at exit (-dir DIR keeps it)")
 	} else {
-		fmt.Fprintf(w, "queue and database in %s\n", dir)
+		fmt.Fprintf(w, "queue in %s\n", dir)
 	}
 	fmt.Fprintf(w, "published %d order messages for %d distinct orders\n", s.Deliveries, s.Orders)
 	fmt.Fprintf(w, "relay published %d shipment messages (%d sent again after a lost confirmation)\n", s.Relayed, s.Relayed-s.Orders)
@@ -126,21 +121,22 @@ func (b *lossyBroker) published() int {
 	return b.count
 }
 
-func run(ctx context.Context, dir string, n int, logger *slog.Logger) (Summary, error) {
+// run publishes to a queue in dir, and books and ships in the database of dbURL.
+func run(ctx context.Context, dir, dbURL string, n int, logger *slog.Logger) (Summary, error) {
 	s := Summary{Orders: n}
 	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: consumerGroup})
 	if err != nil {
 		return s, err
 	}
 	defer queue.Close()
-	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(dir, "app.db"))
+	db, err := sqldb.Open(ctx, dbURL)
 	if err != nil {
 		return s, err
 	}
 	defer db.Close()
 	for _, ddl := range []string{
-		`CREATE TABLE IF NOT EXISTS orders (order_id TEXT NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS shipments (order_id TEXT NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS orders (order_id VARCHAR(64) NOT NULL)`,
+		`CREATE TABLE IF NOT EXISTS shipments (order_id VARCHAR(64) NOT NULL)`,
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return s, err
@@ -175,7 +171,7 @@ func run(ctx context.Context, dir string, n int, logger *slog.Logger) (Summary, 
 		Topic: ordersTopic,
 		Processor: processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx)
-			if _, err := tx.ExecContext(ctx, `INSERT INTO orders (order_id) VALUES (?)`, md.ID); err != nil {
+			if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO orders (order_id) VALUES (?)`), md.ID); err != nil {
 				return err
 			}
 			ship := message.NewMessage(outbox.DerivedID(md.ID, "ship"), md.Payload)
@@ -186,7 +182,7 @@ func run(ctx context.Context, dir string, n int, logger *slog.Logger) (Summary, 
 		Topic: shipmentsTopic,
 		Processor: processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx)
-			_, err := tx.ExecContext(ctx, `INSERT INTO shipments (order_id) VALUES (?)`, string(md.Payload))
+			_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO shipments (order_id) VALUES (?)`), string(md.Payload))
 			return err
 		}),
 	}}

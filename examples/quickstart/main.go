@@ -9,6 +9,11 @@
 //
 //	go run ./examples/quickstart             # files in a new temporary directory
 //	go run ./examples/quickstart -dir data   # files in ./data, kept
+//	go run ./examples/quickstart -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/quickstart -db 'mysql://root@127.0.0.1:3306/test'
+//
+// With -db the ledger is in a schema (PostgreSQL) or database (MariaDB) of the run's own,
+// dropped at exit; the queue stays an SQLite file.
 package main
 
 import (
@@ -27,8 +32,11 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/examples/internal/scratch"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
@@ -43,41 +51,28 @@ type Summary struct {
 
 func main() {
 	dir := flag.String("dir", "", "directory for queue.db and app.db (default: a new temporary directory)")
+	dbURL := flag.String("db", "", "database URL: postgres://..., mysql://... (default: app.db beside the queue)")
 	n := flag.Int("n", 1000, "distinct payments to publish")
 	flag.Parse()
-	d, cleanup, err := tempDir(*dir, "onceflow-quickstart-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "quickstart:", err)
-		os.Exit(1)
-	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := run(context.Background(), d, *n, logger)
-	cleanup()
+	err := scratch.Run(*dir, *dbURL, func(ctx context.Context, runDir, runURL string) error {
+		s, err := run(ctx, runDir, runURL, *n, logger)
+		if err == nil {
+			report(os.Stdout, *dir, s)
+		}
+		return err
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
-	report(os.Stdout, *dir, s)
-}
-
-// tempDir returns dir, or when it is empty a new temporary directory and a function that
-// removes it: the example leaves nothing behind unless -dir names where to keep its files.
-func tempDir(dir, pattern string) (string, func(), error) {
-	if dir != "" {
-		return dir, func() {}, nil
-	}
-	tmp, err := os.MkdirTemp("", pattern)
-	if err != nil {
-		return "", nil, err
-	}
-	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
 }
 
 func report(w io.Writer, dir string, s Summary) {
 	if dir == "" {
-		fmt.Fprintln(w, "queue and database in a temporary directory, removed at exit (-dir DIR keeps them)")
+		fmt.Fprintln(w, "queue in a temporary directory, removed at exit (-dir DIR keeps it)")
 	} else {
-		fmt.Fprintf(w, "queue and database in %s\n", dir)
+		fmt.Fprintf(w, "queue in %s\n", dir)
 	}
 	fmt.Fprintf(w, "published %d deliveries of %d distinct payments (%d redelivered copies) and 1 malformed message\n",
 		s.Deliveries, s.Distinct, s.Deliveries-s.Distinct)
@@ -85,13 +80,14 @@ func report(w io.Writer, dir string, s Summary) {
 	fmt.Fprintf(w, "dead-lettered: %d (%s)\n", s.DeadLettered, s.Reason)
 }
 
-func run(ctx context.Context, dir string, n int, logger *slog.Logger) (Summary, error) {
+// run publishes to a queue in dir and books into the database of dbURL.
+func run(ctx context.Context, dir, dbURL string, n int, logger *slog.Logger) (Summary, error) {
 	queue, err := sqlitequeue.Open(ctx, "sqlite://"+filepath.Join(dir, "queue.db"), sqlitequeue.Config{ConsumerGroup: "ledger"})
 	if err != nil {
 		return Summary{}, err
 	}
 	defer queue.Close()
-	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(dir, "app.db"))
+	db, err := sqldb.Open(ctx, dbURL)
 	if err != nil {
 		return Summary{}, err
 	}
