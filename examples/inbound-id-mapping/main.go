@@ -18,6 +18,10 @@
 //
 //	go run ./examples/inbound-id-mapping            # embedded SQLite queue and database
 //	go run ./examples/inbound-id-mapping -broker amqp://guest:guest@127.0.0.1:5672/ -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/inbound-id-mapping -broker amqp://guest:guest@127.0.0.1:5672/ -db 'mysql://root@127.0.0.1:3306/test'
+//
+// With -db the tables are in a schema (PostgreSQL) or database (MariaDB) of the run's own,
+// dropped at exit; the topics are the run's own too.
 package main
 
 import (
@@ -39,7 +43,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
 	_ "github.com/onceflow/onceflow/broker/all"
-	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/examples/internal/scratch"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/outbox"
@@ -75,24 +79,20 @@ type Summary struct {
 
 func main() {
 	var o Options
-	flag.StringVar(&o.BrokerURL, "broker", "", "broker URL (default: an SQLite queue in a temporary directory)")
-	flag.StringVar(&o.DBURL, "db", "", "database URL (default: SQLite in a temporary directory)")
+	flag.StringVar(&o.BrokerURL, "broker", "", "broker URL: amqp://..., nats://... (default: an SQLite queue in a temporary directory)")
+	flag.StringVar(&o.DBURL, "db", "", "database URL: postgres://..., mysql://... (default: SQLite in a temporary directory)")
 	flag.IntVar(&o.Messages, "messages", 100, "distinct external messages")
 	flag.IntVar(&o.Resent, "resent", 30, "external messages sent a second time")
 	flag.Parse()
-	dir, err := os.MkdirTemp("", "onceflow-inbound-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	defer os.RemoveAll(dir)
-	if o.BrokerURL == "" {
-		o.BrokerURL = "sqlite://" + filepath.Join(dir, "queue.db")
-	}
-	if o.DBURL == "" {
-		o.DBURL = "sqlite://" + filepath.Join(dir, "app.db")
-	}
-	s, err := run(context.Background(), o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var s Summary
+	err := scratch.Run("", o.DBURL, func(ctx context.Context, dir, runURL string) (err error) {
+		o.DBURL = runURL
+		if o.BrokerURL == "" {
+			o.BrokerURL = "sqlite://" + filepath.Join(dir, "queue.db")
+		}
+		s, err = run(ctx, o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		return err
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "inbound-id-mapping:", err)
 		os.Exit(1)
@@ -104,6 +104,7 @@ func main() {
 }
 
 func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err error) {
+	// Topics of the run's own: a broker keeps what an earlier run left on its topics.
 	runID := newID()
 	externalTopic, internalTopic := "inbound_"+runID, "internal_orders_"+runID
 	db, err := sqldb.Open(ctx, o.DBURL)
@@ -117,35 +118,26 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	}
 	defer b.Close()
 
-	inbound, internal, mapping := "inbound_"+runID, "internal_"+runID, "id_mapping_"+runID
 	for _, ddl := range []string{
-		`CREATE TABLE ` + inbound + ` (external_id VARCHAR(64) NOT NULL, internal_id VARCHAR(64) NOT NULL, body VARCHAR(255) NOT NULL)`,
-		`CREATE TABLE ` + internal + ` (internal_id VARCHAR(64) NOT NULL, external_id VARCHAR(64) NOT NULL)`,
+		`CREATE TABLE inbound (external_id VARCHAR(64) NOT NULL, internal_id VARCHAR(64) NOT NULL, body VARCHAR(255) NOT NULL)`,
+		`CREATE TABLE internal_orders (internal_id VARCHAR(64) NOT NULL, external_id VARCHAR(64) NOT NULL)`,
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return Summary{}, err
 		}
 	}
 
-	ob, err := outbox.New(db, outbox.Config{Table: "outbox_" + runID})
+	ob, err := outbox.New(db, outbox.Config{})
 	if err != nil {
 		return Summary{}, err
 	}
-	obMessages, obOffsets := ob.Tables()
-	defer func() {
-		tables := []string{inbound, internal, mapping, mapping + "_handlers", obMessages, obOffsets,
-			ob.Table() + "_leases", ob.Table() + "_lock", "onceflow_leases_" + ob.Table(), "onceflow_claims_" + ob.Table()}
-		if cerr := cleanUp(db, tables, []string{"inbound-" + runID, "internal-" + runID}); cerr != nil && err == nil {
-			err = fmt.Errorf("clean up: %w", cerr)
-		}
-	}()
 	router, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: b.Publisher(), Logger: logger, PurgeInterval: -1})
 	if err != nil {
 		return Summary{}, err
 	}
 	router.AddMigration(ob.Migrate)
 
-	insertInbound := db.Rebind(`INSERT INTO ` + inbound + ` (external_id, internal_id, body) VALUES (?, ?, ?)`)
+	insertInbound := db.Rebind(`INSERT INTO inbound (external_id, internal_id, body) VALUES (?, ?, ?)`)
 	adapter := processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 		internalID, _ := processor.InternalID(ctx)
 		tx, _ := processor.TxFromContext(ctx)
@@ -157,16 +149,16 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 		fwd.Metadata.Set("external_id", msg.ID)
 		return ob.Publish(ctx, internalTopic, fwd)
 	})
-	insertInternal := db.Rebind(`INSERT INTO ` + internal + ` (internal_id, external_id) VALUES (?, ?)`)
+	insertInternal := db.Rebind(`INSERT INTO internal_orders (internal_id, external_id) VALUES (?, ?)`)
 	consumer := processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 		tx, _ := processor.TxFromContext(ctx)
 		_, err := tx.ExecContext(ctx, insertInternal, msg.ID, msg.Header("external_id"))
 		return err
 	})
 	for _, h := range []onceflow.Handler{
-		{Name: "inbound-" + runID, Topic: externalTopic, Processor: adapter,
-			Dedup: middleware.Dedup{Mode: middleware.DedupCheckFirst, Table: mapping, Retention: mappingExpiry}},
-		{Name: "internal-" + runID, Topic: internalTopic, Processor: consumer},
+		{Name: "inbound", Topic: externalTopic, Processor: adapter,
+			Dedup: middleware.Dedup{Mode: middleware.DedupCheckFirst, Table: "id_mapping", Retention: mappingExpiry}},
+		{Name: "internal", Topic: internalTopic, Processor: consumer},
 	} {
 		sub, err := b.Subscriber()
 		if err != nil {
@@ -178,7 +170,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 		}
 	}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		DB: db, Publisher: b.Publisher(), Table: ob.Table(), Logger: logger,
+		DB: db, Publisher: b.Publisher(), Logger: logger,
 		PollInterval: 20 * time.Millisecond,
 	})
 	if err != nil {
@@ -201,7 +193,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	s = Summary{}
 	var msgs []*message.Message
 	for i := range o.Messages {
-		m := message.NewMessage(fmt.Sprintf("EXT-%s-%04d", runID, i), []byte(fmt.Sprintf("order %d", i)))
+		m := message.NewMessage(fmt.Sprintf("EXT-%04d", i), []byte(fmt.Sprintf("order %d", i)))
 		msgs = append(msgs, m)
 		if i < o.Resent {
 			msgs = append(msgs, message.NewMessage(m.UUID, m.Payload))
@@ -214,7 +206,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if err := db.GetContext(ctx, &s.Forwarded, `SELECT COUNT(*) FROM `+internal); err != nil {
+		if err := db.GetContext(ctx, &s.Forwarded, `SELECT COUNT(*) FROM internal_orders`); err != nil {
 			return s, err
 		}
 		st, err := relay.Stats(ctx)
@@ -234,25 +226,25 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 		return s, err
 	}
 
-	if err := db.GetContext(ctx, &s.Mappings, `SELECT COUNT(*) FROM `+mapping); err != nil {
+	if err := db.GetContext(ctx, &s.Mappings, `SELECT COUNT(*) FROM id_mapping`); err != nil {
 		return s, err
 	}
-	if err := db.GetContext(ctx, &s.Forwarded, `SELECT COUNT(*) FROM `+internal); err != nil {
+	if err := db.GetContext(ctx, &s.Forwarded, `SELECT COUNT(*) FROM internal_orders`); err != nil {
 		return s, err
 	}
 	// One internal message per external id, under the internal id its mapping holds.
 	var joined int
-	if err := db.GetContext(ctx, &joined, `SELECT COUNT(DISTINCT m.message_id) FROM `+mapping+` m JOIN `+internal+
-		` i ON i.internal_id = m.internal_id AND i.external_id = m.message_id`); err != nil {
+	if err := db.GetContext(ctx, &joined, `SELECT COUNT(DISTINCT m.message_id) FROM id_mapping m JOIN internal_orders i
+		ON i.internal_id = m.internal_id AND i.external_id = m.message_id`); err != nil {
 		return s, err
 	}
 	s.OneToOne = joined == o.Messages && s.Forwarded == o.Messages && s.Mappings == o.Messages
-	if err := db.SelectContext(ctx, &s.InternalIDs, `SELECT internal_id FROM `+mapping+` ORDER BY created_at, message_id`); err != nil {
+	if err := db.SelectContext(ctx, &s.InternalIDs, `SELECT internal_id FROM id_mapping ORDER BY created_at, message_id`); err != nil {
 		return s, err
 	}
 	s.TimeOrdered = slices.IsSorted(s.InternalIDs)
 	var created, expires int64
-	if err := db.QueryRowxContext(ctx, `SELECT MIN(created_at), MIN(expires_at) FROM `+mapping).Scan(&created, &expires); err != nil {
+	if err := db.QueryRowxContext(ctx, `SELECT MIN(created_at), MIN(expires_at) FROM id_mapping`).Scan(&created, &expires); err != nil {
 		return s, err
 	}
 	s.ExpiresInHour = time.Duration((expires - created) * int64(time.Microsecond)).Hours()
@@ -263,28 +255,4 @@ func newID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// cleanUp removes what a run left in the database: its tables, and the rows its handlers left
-// in onceflow's shared tables (duplicate-detection keys, delivery counts), so that running
-// the example again and again leaves nothing behind. It reports the first failure.
-func cleanUp(db *sqldb.DB, tables, handlers []string) error {
-	ctx := context.Background()
-	var errs []error
-	for _, t := range tables {
-		_, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+db.Dialect.Quote(t))
-		errs = append(errs, err)
-	}
-	for _, shared := range []string{dedup.DefaultTable, dedup.DefaultCounterTable} {
-		ok, err := db.TableExists(ctx, shared)
-		if err != nil || !ok {
-			errs = append(errs, err)
-			continue
-		}
-		for _, h := range handlers {
-			_, err := db.ExecContext(ctx, db.Rebind(`DELETE FROM `+shared+` WHERE handler = ?`), h)
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

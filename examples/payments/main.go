@@ -9,10 +9,13 @@
 // process died before its acknowledgement reached the broker. RabbitMQ delivers those orders
 // again; their ids are found recorded and they are acknowledged without moving money twice.
 //
-//	go run ./examples/payments
+//	go run ./examples/payments       # the embedded default: SQLite queue and database, temporary directory
 //	go run ./examples/payments -broker amqp://guest:guest@127.0.0.1:5672/ -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
+//	go run ./examples/payments -broker amqp://guest:guest@127.0.0.1:5672/ -db 'mysql://root@127.0.0.1:3306/test'
 //
-// Any broker URL and database URL onceflow supports work; the defaults are the tech tip's pair, RabbitMQ and PostgreSQL.
+// Any broker URL and database URL onceflow supports work; the tech tip's pair is RabbitMQ and
+// PostgreSQL. With -db the tables are in a schema (PostgreSQL) or database (MariaDB) of the
+// run's own, dropped at exit; the topic is the run's own too.
 package main
 
 import (
@@ -26,6 +29,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -34,7 +38,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/broker"
 	_ "github.com/onceflow/onceflow/broker/all"
-	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/examples/internal/scratch"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
@@ -69,12 +73,20 @@ type Summary struct {
 
 func main() {
 	var o Options
-	flag.StringVar(&o.BrokerURL, "broker", "amqp://guest:guest@127.0.0.1:5672/", "broker URL")
-	flag.StringVar(&o.DBURL, "db", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "database URL")
+	flag.StringVar(&o.BrokerURL, "broker", "", "broker URL: amqp://..., nats://... (default: an SQLite queue in a temporary directory)")
+	flag.StringVar(&o.DBURL, "db", "", "database URL: postgres://..., mysql://... (default: SQLite in a temporary directory)")
 	flag.IntVar(&o.Orders, "orders", 500, "payment orders to send")
 	flag.IntVar(&o.LostAcks, "lost-acks", 50, "orders whose first acknowledgement is lost after the commit")
 	flag.Parse()
-	s, err := run(context.Background(), o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var s Summary
+	err := scratch.Run("", o.DBURL, func(ctx context.Context, dir, runURL string) (err error) {
+		o.DBURL = runURL
+		if o.BrokerURL == "" {
+			o.BrokerURL = "sqlite://" + filepath.Join(dir, "queue.db")
+		}
+		s, err = run(ctx, o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		return err
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments:", err)
 		os.Exit(1)
@@ -89,8 +101,8 @@ func main() {
 var accounts = []string{"alice", "bob", "carol", "dave"}
 
 func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err error) {
-	runID := newID()
-	topic := "payments_" + runID
+	// A topic of the run's own: a broker keeps what an earlier run left on its topic.
+	topic := "payments_" + newID()
 	db, err := sqldb.Open(ctx, o.DBURL)
 	if err != nil {
 		return Summary{}, err
@@ -102,23 +114,16 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	}
 	defer b.Close()
 
-	accountsTable, paymentsTable := "accounts_"+runID, "payments_"+runID
 	for _, ddl := range []string{
-		`CREATE TABLE ` + accountsTable + ` (account VARCHAR(32) PRIMARY KEY, cents BIGINT NOT NULL)`,
-		`CREATE TABLE ` + paymentsTable + ` (order_id VARCHAR(64) NOT NULL, cents BIGINT NOT NULL)`,
+		`CREATE TABLE accounts (account VARCHAR(32) PRIMARY KEY, cents BIGINT NOT NULL)`,
+		`CREATE TABLE payments (order_id VARCHAR(64) NOT NULL, cents BIGINT NOT NULL)`,
 	} {
 		if _, err := db.ExecContext(ctx, ddl); err != nil {
 			return Summary{}, err
 		}
 	}
-	handler := "payments-" + runID
-	defer func() {
-		if cerr := cleanUp(db, []string{accountsTable, paymentsTable}, []string{handler}); cerr != nil && err == nil {
-			err = fmt.Errorf("clean up: %w", cerr)
-		}
-	}()
 	for _, a := range accounts {
-		if _, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO `+accountsTable+` (account, cents) VALUES (?, 0)`), a); err != nil {
+		if _, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO accounts (account, cents) VALUES (?, 0)`), a); err != nil {
 			return Summary{}, err
 		}
 	}
@@ -152,11 +157,11 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	if err != nil {
 		return Summary{}, err
 	}
-	debit := db.Rebind(`UPDATE ` + accountsTable + ` SET cents = cents - ? WHERE account = ?`)
-	credit := db.Rebind(`UPDATE ` + accountsTable + ` SET cents = cents + ? WHERE account = ?`)
-	book := db.Rebind(`INSERT INTO ` + paymentsTable + ` (order_id, cents) VALUES (?, ?)`)
+	debit := db.Rebind(`UPDATE accounts SET cents = cents - ? WHERE account = ?`)
+	credit := db.Rebind(`UPDATE accounts SET cents = cents + ? WHERE account = ?`)
+	book := db.Rebind(`INSERT INTO payments (order_id, cents) VALUES (?, ?)`)
 	err = router.AddHandler(onceflow.Handler{
-		Name:       handler,
+		Name:       "payments",
 		Topic:      topic,
 		Subscriber: sub,
 		DB:         db,
@@ -200,7 +205,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 		s.Expected[ord.From] -= int(ord.Cents)
 		s.Expected[ord.To] += int(ord.Cents)
 		body, _ := json.Marshal(ord)
-		m := message.NewMessage(fmt.Sprintf("order-%s-%05d", runID, i), body)
+		m := message.NewMessage(fmt.Sprintf("order-%05d", i), body)
 		if i < o.LostAcks {
 			m.Metadata.Set("lose-ack", "yes")
 		}
@@ -212,7 +217,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if err := db.GetContext(ctx, &s.Payments, `SELECT COUNT(*) FROM `+paymentsTable); err != nil {
+		if err := db.GetContext(ctx, &s.Payments, `SELECT COUNT(*) FROM payments`); err != nil {
 			return s, err
 		}
 		mu.Lock()
@@ -233,10 +238,10 @@ func run(ctx context.Context, o Options, logger *slog.Logger) (s Summary, err er
 	mu.Lock()
 	s.Redelivered = redelivered
 	mu.Unlock()
-	if err := db.GetContext(ctx, &s.Payments, `SELECT COUNT(*) FROM `+paymentsTable); err != nil {
+	if err := db.GetContext(ctx, &s.Payments, `SELECT COUNT(*) FROM payments`); err != nil {
 		return s, err
 	}
-	rows, err := db.QueryxContext(ctx, `SELECT account, cents FROM `+accountsTable)
+	rows, err := db.QueryxContext(ctx, `SELECT account, cents FROM accounts`)
 	if err != nil {
 		return s, err
 	}
@@ -256,28 +261,4 @@ func newID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// cleanUp removes what a run left in the database: its tables, and the rows its handlers left
-// in onceflow's shared tables (duplicate-detection keys, delivery counts), so that running
-// the example again and again leaves nothing behind. It reports the first failure.
-func cleanUp(db *sqldb.DB, tables, handlers []string) error {
-	ctx := context.Background()
-	var errs []error
-	for _, t := range tables {
-		_, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+db.Dialect.Quote(t))
-		errs = append(errs, err)
-	}
-	for _, shared := range []string{dedup.DefaultTable, dedup.DefaultCounterTable} {
-		ok, err := db.TableExists(ctx, shared)
-		if err != nil || !ok {
-			errs = append(errs, err)
-			continue
-		}
-		for _, h := range handlers {
-			_, err := db.ExecContext(ctx, db.Rebind(`DELETE FROM `+shared+` WHERE handler = ?`), h)
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
