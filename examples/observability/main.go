@@ -10,6 +10,7 @@
 // twice (duplicate), one fails once (retry), one is invalid (dead letter).
 //
 //	go run ./examples/observability                         # metrics on 127.0.0.1:9464
+//	go run ./examples/observability -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	curl -s 127.0.0.1:9464/metrics | grep '^onceflow_'
 //
 // docs/observability.md lists every metric and span; docs/grafana-dashboard.json is a
@@ -54,6 +55,8 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
+	_ "github.com/onceflow/onceflow/sqldb/mysql"
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
 	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
@@ -68,8 +71,10 @@ const (
 type Options struct {
 	// Addr is the listen address of the /metrics endpoint; port 0 picks a free port.
 	Addr string
-	// Dir holds the queue and the application database.
+	// Dir holds the queue, and the application database unless DBURL names one.
 	Dir string
+	// DBURL is the application database's URL; empty for app.db in Dir.
+	DBURL string
 	// Orders is how many orders the producer sends, besides the duplicate, failing and
 	// invalid ones.
 	Orders int
@@ -85,6 +90,7 @@ func main() {
 	opts := Options{Traces: os.Stdout}
 	flag.StringVar(&opts.Addr, "addr", "127.0.0.1:9464", "listen address of the /metrics endpoint")
 	flag.StringVar(&opts.Dir, "dir", "", "directory of the queue and database files (default: a new temporary directory)")
+	flag.StringVar(&opts.DBURL, "db", "", "database URL: postgres://..., mysql://... (default: app.db beside the queue)")
 	flag.IntVar(&opts.Orders, "orders", 5, "number of ordinary orders to send")
 	flag.Parse()
 	opts.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -148,12 +154,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, queue.Close()) }()
-	db, err := sqldb.Open(ctx, "sqlite://"+filepath.Join(opts.Dir, "app.db"))
+	dbURL := opts.DBURL
+	if dbURL == "" {
+		dbURL = "sqlite://" + filepath.Join(opts.Dir, "app.db")
+	}
+	db, err := sqldb.Open(ctx, dbURL)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, db.Close()) }()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (order_id TEXT NOT NULL, amount INTEGER NOT NULL)`); err != nil {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (order_id VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)`); err != nil {
 		return err
 	}
 
@@ -198,7 +208,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 				return errors.New("inventory service unavailable") // the retry succeeds
 			}
 			tx, _ := processor.TxFromContext(ctx)
-			if _, err := tx.ExecContext(ctx, `INSERT INTO orders (order_id, amount) VALUES (?, ?)`, msg.ID, o.Amount); err != nil {
+			if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO orders (order_id, amount) VALUES (?, ?)`), msg.ID, o.Amount); err != nil {
 				return err
 			}
 			shipment := message.NewMessage(outbox.DerivedID(msg.ID, "shipment"), []byte(fmt.Sprintf(`{"order":%q}`, msg.ID)))

@@ -4,6 +4,7 @@
 // twice as a broker redelivers after a lost acknowledgement: it is booked once.
 //
 //	go run ./examples/onescreen -demo    # Ctrl-C stops it; run it again: nothing is booked twice
+//	go run ./examples/onescreen -demo -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 package main
 
 import (
@@ -20,7 +21,9 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
 	"github.com/onceflow/onceflow/sqldb"
-	_ "github.com/onceflow/onceflow/sqldb/sqlite" // the database driver: sqldb/postgres, sqldb/mysql
+	_ "github.com/onceflow/onceflow/sqldb/mysql" // the drivers of the databases it opens
+	_ "github.com/onceflow/onceflow/sqldb/postgres"
+	_ "github.com/onceflow/onceflow/sqldb/sqlite"
 )
 
 type Payment struct {
@@ -28,27 +31,28 @@ type Payment struct {
 }
 
 func main() {
+	dbURL := flag.String("db", "sqlite://app.db", "database URL: sqlite://, postgres://, mysql://")
 	demo := flag.Bool("demo", false, "publish two payments, one of them twice, before consuming")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, "queue.db", "app.db", *demo); err != nil {
+	if err := run(ctx, "sqlite://queue.db", *dbURL, *demo); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, queueFile, dbFile string, demo bool) error {
-	queue, err := sqlitequeue.Open(ctx, "sqlite://"+queueFile, sqlitequeue.Config{})
+func run(ctx context.Context, queueURL, dbURL string, demo bool) error {
+	queue, err := sqlitequeue.Open(ctx, queueURL, sqlitequeue.Config{})
 	if err != nil {
 		return err
 	}
 	defer queue.Close()
-	db, err := sqldb.Open(ctx, "sqlite://"+dbFile) // or postgres://..., mysql://...
+	db, err := sqldb.Open(ctx, dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ledger (payment_id TEXT NOT NULL, cents BIGINT NOT NULL)`); err != nil {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS ledger (payment_id VARCHAR(64) NOT NULL, cents BIGINT NOT NULL)`); err != nil {
 		return err
 	}
 	if demo {

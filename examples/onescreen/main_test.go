@@ -9,23 +9,32 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
 // Two runs with -demo publish pay-1 once and pay-2 twice each time; the ledger has one row
-// of each.
+// of each, on every database.
 func TestOnescreen_EachPaymentBookedOnceAcrossRuns(t *testing.T) {
-	dir := t.TempDir()
-	queueFile, dbFile := filepath.Join(dir, "queue.db"), filepath.Join(dir, "app.db")
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			bookTwice(t, d.URL(t))
+		})
+	}
+}
+
+func bookTwice(t *testing.T, dbURL string) {
+	queueFile := filepath.Join(t.TempDir(), "queue.db")
 	for i := range 2 {
 		ctx, stop := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- run(ctx, queueFile, dbFile, true) }()
+		go func() { done <- run(ctx, "sqlite://"+queueFile, dbURL, true) }()
 		waitDrained(t, queueFile, int64(3*(i+1)), done)
 		stop()
 		require.NoError(t, <-done)
 
-		db, err := sqldb.Open(context.Background(), "sqlite://"+dbFile)
+		db, err := sqldb.Open(context.Background(), dbURL)
 		require.NoError(t, err)
 		var rows []struct {
 			ID    string `db:"payment_id"`
