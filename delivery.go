@@ -50,7 +50,8 @@ type consumer struct {
 	// slots bounds the deliveries being processed at once: a subscription's reader takes a
 	// slot before it starts a delivery's goroutine, and the deliveries beyond wait in their
 	// subscriptions. Concurrency slots; with group commit, enough for Concurrency full groups
-	// running and one collecting (GroupCommit bounds the transactions).
+	// running and one collecting, or with a lane as many full groups waiting as running
+	// (GroupCommit bounds the transactions).
 	slots chan struct{}
 	// counter counts deliveries that the broker does not count, for the delivery limit; nil
 	// when the handler has no limit.
