@@ -43,11 +43,13 @@ import (
 // is the synchronisation point of these tests.
 type observed struct {
 	*fixture
-	spans    *tracetest.SpanRecorder
-	tp       *sdktrace.TracerProvider
-	reader   *sdkmetric.ManualReader
-	consumed chan sdktrace.ReadOnlySpan
-	logs     *lockedBuffer
+	spans  *tracetest.SpanRecorder
+	tp     *sdktrace.TracerProvider
+	reader *sdkmetric.ManualReader
+	// meterOptions are given to the MeterProvider beside the reader.
+	meterOptions []sdkmetric.Option
+	consumed     chan sdktrace.ReadOnlySpan
+	logs         *lockedBuffer
 }
 
 // consumerSpans sends every consumer span that ends to a channel, after the recorder has it.
@@ -106,7 +108,7 @@ func (o *observed) start(t *testing.T, h onceflow.Handler, register ...func(*onc
 // startHandlers runs a router with the fixture's telemetry and handlers hs until the test ends.
 func (o *observed) startHandlers(t *testing.T, register []func(*onceflow.Router), hs ...onceflow.Handler) {
 	t.Helper()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(o.reader))
+	mp := sdkmetric.NewMeterProvider(append([]sdkmetric.Option{sdkmetric.WithReader(o.reader)}, o.meterOptions...)...)
 	r, err := onceflow.NewRouter(onceflow.Config{
 		DeadLetterPublisher: o.broker,
 		PurgeInterval:       -1,
@@ -390,6 +392,25 @@ func TestMetrics_SuccessCountsProcessedCommitToAckAndDedupGauges(t *testing.T) {
 	require.GreaterOrEqual(t, ages[0].Value, 0.0)
 	require.Less(t, ages[0].Value, 60.0)
 	require.Equal(t, "s", age.Unit)
+}
+
+// The dedup gauges read their table at each collection; a View that drops them takes them out
+// of the collection, and the other metrics stay (docs/observability.md shows the View).
+func TestMetrics_AViewDropsTheDedupGauges(t *testing.T) {
+	o := newObserved(t)
+	o.meterOptions = []sdkmetric.Option{
+		sdkmetric.WithView(sdkmetric.NewView(sdkmetric.Instrument{Name: "onceflow.dedup.*"}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}})),
+	}
+	o.start(t, onceflow.Handler{QoS: onceflow.ExactlyOnce})
+	o.produce(t, "m-1", "a")
+	o.waitDeliveries(t, 1)
+
+	rm := o.metrics(t)
+	require.Equal(t, map[processor.Outcome]int64{processor.Processed: 1}, outcomes(t, rm))
+	for _, name := range []string{"onceflow.dedup.rows", "onceflow.dedup.expired", "onceflow.dedup.oldest_age"} {
+		_, ok := find(rm, name)
+		require.False(t, ok, "%s is dropped", name)
+	}
 }
 
 func TestMetrics_GroupSizeCountsTheMessagesEachGroupCommitted(t *testing.T) {
