@@ -19,9 +19,9 @@ func Example() {
 		db     *sqldb.DB
 	)
 	c, err := console.New(console.Config{
-		Router: router,
-		Broker: queue,
-		DB:     db,
+		Router: router, // the service's *onceflow.Router: handlers' state, rates, outcomes
+		Broker: queue,  // the *broker.Broker of the dead-letter topic
+		DB:     db,     // the *sqldb.DB of the dedup table and the outbox
 		Authorize: func(r *http.Request) error {
 			return requireOperator(r) // the service's own check, on every replay or delete
 		},
