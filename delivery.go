@@ -102,7 +102,7 @@ func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
 		logger:       info.Logger,
 		attrs:        metric.WithAttributeSet(attribute.NewSet(telemetry.AttrHandler.String(h.Name))),
 		settlement:   newSettlement(h.Topic, info.MessagingSystem, info.ConsumerGroup),
-		stats:        newHandlerStats(h.QoS),
+		stats:        newHandlerStats(h.qos()),
 	}
 	c.recordAttrs = []metric.RecordOption{c.attrs}
 	if env.plan.group {

@@ -89,3 +89,17 @@ func TestStatus_BeforeRunTheHandlersAreStopped(t *testing.T) {
 	require.Zero(t, st[0].Counts)
 	require.Zero(t, st[0].InFlight)
 }
+
+// A handler given its chain and no QoS reports the QoS its chain carries.
+func TestStatus_AHandlerGivenAChainReportsItsQoS(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, testsvc.Databases()[0])
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker})
+	require.NoError(t, err)
+	tag := onceflow.Use("tag", func(next processor.Processor) processor.Processor { return next })
+	require.NoError(t, r.AddHandler(onceflow.Handler{Name: "ledger", Topic: "payments", Subscriber: f.broker.Subscriber(), DB: f.db,
+		Chain: onceflow.ExactlyOnceInOrder.Chain().Before(onceflow.StageRetry, tag), Processor: processor.Func(applyEffect)}))
+	st := r.Status()
+	require.Len(t, st, 1)
+	require.Equal(t, onceflow.ExactlyOnceInOrder, st[0].QoS)
+}
