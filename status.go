@@ -67,8 +67,7 @@ func (c HandlerCounts) Total() int64 {
 type HandlerStatus struct {
 	Name  string
 	Topic string
-	// QoS is the handler's quality of service; not Valid for a handler whose chain is named
-	// in Handler.Interceptors without one.
+	// QoS is the handler's quality of service, which its chain carries.
 	QoS   QoS
 	State State
 	// InFlight is how many of its deliveries are being processed now.

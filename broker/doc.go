@@ -41,7 +41,7 @@
 // RabbitMQ classic queue the router's own, kept in the handler's database); and what applies
 // the messages of one key in order (no broker hands them out in order once many deliveries
 // are in flight; onceflow's QoS ExactlyOnceInOrder does, and on Kafka so does a handler with
-// Dedup.ByOffset, in the order of the partition):
+// DedupByOffset, in the order of the partition):
 //
 //	scheme    Peek, Move, Delete  nack delay  delivery count                 a key's order
 //	amqp      yes                 subscriber  quorum queue's, else router's  ExactlyOnceInOrder
@@ -50,7 +50,7 @@
 //	sqlite    yes                 queue file  lease's                        ExactlyOnceInOrder
 //	nats      yes                 JetStream   JetStream's                    ExactlyOnceInOrder
 //	redis     yes                 Redis       pending entry's                ExactlyOnceInOrder
-//	kafka     yes                 subscriber  commit metadata                partition's (Dedup.ByOffset), ExactlyOnceInOrder
+//	kafka     yes                 subscriber  commit metadata                partition's (DedupByOffset), ExactlyOnceInOrder
 //	mem       no                  subscriber  in memory                      ExactlyOnceInOrder
 //
 // The Publisher is shared and its Close does nothing; Broker.Close closes everything. The

@@ -73,7 +73,7 @@ var schemes = []schemeInfo{
 	{name: "redis", aliases: []string{"rediss"}, system: "redis", pkg: "github.com/onceflow/onceflow/broker/redis",
 		inspect: true, nackDelay: "Redis", count: "pending entry's", order: inOrder},
 	{name: "kafka", system: "kafka", pkg: "github.com/onceflow/onceflow/broker/kafka",
-		inspect: true, nackDelay: "subscriber", count: "commit metadata", order: "partition's (Dedup.ByOffset), " + inOrder},
+		inspect: true, nackDelay: "subscriber", count: "commit metadata", order: "partition's (DedupByOffset), " + inOrder},
 	{name: "mem", system: "mem", pkg: "github.com/onceflow/onceflow/broker/mem",
 		nackDelay: "subscriber", count: "in memory", order: inOrder},
 }

@@ -44,7 +44,7 @@
 //
 // # In order, from the consumer's positions
 //
-// A consumer that detects duplicates by offset (onceflow's Handler.Dedup.ByOffset) subscribes
+// A consumer that detects duplicates by offset (onceflow's Handler.Dedup.Mode DedupByOffset) subscribes
 // with its applied offsets (redelivery.WithPositions). A partition assigned to the member then
 // starts after the offset applied there, when the group has committed less (a new group, a
 // commit lost in a crash): the records the consumer applied are not fetched again, and the
@@ -53,7 +53,7 @@
 // nacked record again (after its delay) before the records behind it. Several members of the
 // group, not several records of a partition, then run at once; records of different
 // partitions of one member still do. A consumer that applies a partition's consecutive
-// records in one transaction (group commit with Dedup.ByOffset) subscribes with
+// records in one transaction (group commit with DedupByOffset) subscribes with
 // redelivery.WithPositionWindow: a partition's records are then handed out several at once,
 // up to Prefetch, in offset order, each once every record before it that is not acked is
 // handed out; a redelivery still waits until every record before it is acked, and the records

@@ -33,7 +33,7 @@ var (
 
 // AcksInTransaction reports true: every message carries a redelivery.TxAck that deletes its
 // lease in the caller's transaction, for a handler whose database is the queue's
-// (Handler.Dedup.AckInTransaction).
+// (Handler.Dedup.Mode DedupAckInTransaction).
 func (s *Subscriber) AcksInTransaction() bool { return true }
 
 // Subscriber returns a new consumer of the Queue's consumer group. Close it when done.
