@@ -24,8 +24,8 @@
 //
 //	Tracing -> Metrics -> DeadLetter -> Recover -> Retry -> Timeout -> Transaction -> Deduplicate -> InOrder -> Processor
 //
-// (with group commit, GroupCommit takes the place of Transaction and Deduplicate). For each
-// message it locks the key's row in the state table and compares the message's sequence S
+// (with group commit, the Transaction stage runs one transaction per group, which records the
+// group's ids itself, and InOrder runs for each of its messages). For each message it locks the key's row in the state table and compares the message's sequence S
 // with the last one applied, L:
 //
 //	S == L+1   apply it, then every parked message that now follows without a gap, in order,
