@@ -13,7 +13,7 @@ import (
 // Peek, Move and Delete read a consumer group's messages directly from the broker's storage,
 // beside the Subscribers: a subscription cannot list, because what it hands out it takes from
 // the group's other consumers until it is settled, and a nacked message comes back to it. Each
-// scheme has its own way (Backend.View), in its own package; docs/brokers.md compares them.
+// scheme has its own way (Backend.View), in its own package; docs/operations.md compares them.
 
 // noView returns the error of a scheme that cannot be inspected (schemeInfo.inspect).
 func noView(scheme string) error {

@@ -16,7 +16,7 @@
 // Test names are TestConformance/<broker>/<database>/<mode>/<scenario>; the Poison scenario
 // runs apart, after the others, as TestConformance_Poison/<broker>/<database>/<mode>/Poison,
 // on one database per broker unless ONCEFLOW_CONFORMANCE_POISON=all. Run lists the scenarios,
-// Features says which apply to a broker. docs/brokers.md has the resulting matrix.
+// Features says which apply to a broker. docs/brokers.md says where each applies.
 //
 // The Poison scenario kills consumer processes: the test binary starts itself as one when its
 // TestMain calls ConsumerMain first.

@@ -329,7 +329,7 @@ func indexName(table string) string {
 // of the index's descent compare two equal strings first. On PostgreSQL the text columns
 // compare byte by byte (COLLATE "C"), which is all duplicate detection needs, instead of by the
 // database's locale rules. An insert of a key cost PostgreSQL about 9-10 µs with the key led by
-// the handler in the database's collation, 7.5-8 µs so (docs/performance.md). A table created
+// the handler in the database's collation, 7.5-8 µs so (bench/NOTES.md). A table created
 // before keeps its key: every statement names the three columns, and works with either.
 func createTable(d sqldb.Dialect, table string) []string {
 	t := d.Quote(table)

@@ -98,7 +98,7 @@ func dsn(rawURL string, _ *url.URL) (string, string, error) {
 // that many commits change (an index's inner pages, a table's last page) is copied once per
 // checkpoint: fewer checkpoints copy fewer pages in all, and the commit that copies takes
 // longer. A larger mark made the first commits of a new file slower while its log first grew.
-// BenchmarkGroupCommit_SQLiteAutocheckpoint (package dedup) measures it; docs/performance.md
+// BenchmarkGroupCommit_SQLiteAutocheckpoint (package dedup) measures it; bench/NOTES.md
 // has the figures.
 var sqliteDefaults = []string{"busy_timeout(30000)", "journal_mode(WAL)", "synchronous(FULL)", "foreign_keys(1)", "temp_store(MEMORY)", "wal_autocheckpoint(4000)"}
 
