@@ -124,10 +124,30 @@ func matchesAt(snippet, lines []string) bool {
 	return known
 }
 
+// importPath is a quoted import path of a Go line.
+var importPath = regexp.MustCompile(`^\s*(?:import\s+)?(?:[_.A-Za-z]\w*\s+)?"([^"]+)"\s*(?://.*)?$`)
+
+// imports returns the paths of a Go block that holds nothing but imports, and whether it does.
+func imports(lines []string) ([]string, bool) {
+	var paths []string
+	for _, l := range lines {
+		trimmed := strings.TrimSpace(l)
+		switch {
+		case trimmed == "" || trimmed == "import (" || trimmed == ")" || strings.HasPrefix(trimmed, "//"):
+		case importPath.MatchString(l):
+			paths = append(paths, importPath.FindStringSubmatch(l)[1])
+		default:
+			return nil, false
+		}
+	}
+	return paths, len(paths) > 0
+}
+
 // Every Go block of the README and the docs is an excerpt of a Go file that `make test` compiles
 // (an example, a runnable Example, a test), so that the code a reader copies compiles with the
 // API of today: a renamed field breaks the build of the file it was taken from, and the page
-// that shows it must be changed with the file.
+// that shows it must be changed with the file. A block of imports alone names packages of
+// onceflow that exist.
 func TestDocs_GoBlocksAreExcerptsOfCompiledCode(t *testing.T) {
 	sources := goSources(t)
 	files := make([]string, 0, len(sources))
@@ -142,6 +162,19 @@ func TestDocs_GoBlocksAreExcerptsOfCompiledCode(t *testing.T) {
 				continue
 			}
 			checked++
+			if paths, ok := imports(b.lines); ok {
+				for _, path := range paths {
+					rel, ours := strings.CutPrefix(path, "github.com/onceflow/onceflow/")
+					if !ours {
+						continue
+					}
+					dir := filepath.Join(root, rel)
+					if names, _ := filepath.Glob(filepath.Join(dir, "*.go")); len(names) == 0 {
+						t.Errorf("%s:%d: imports %s, which is no package of onceflow", p.path, b.line, path)
+					}
+				}
+				continue
+			}
 			found := slices.ContainsFunc(files, func(f string) bool { return excerptOf(b.lines, sources[f]) })
 			if !found {
 				t.Errorf("%s:%d: the Go block is no excerpt of a compiled Go file: copy it from one (an example, a runnable Example), or write it there first", p.path, b.line)
