@@ -14,8 +14,8 @@ import (
 )
 
 // BenchmarkSubscriber_ConsumeAndAck drains a backlog of b.N messages with one subscription
-// that acks each message as it arrives, and reports the allocations and µs of CPU per message
-// of the process over the drain; "direct" is a consumer that settles each message itself
+// that acks each message as it arrives, and reports msgs/s and the allocations and µs of CPU
+// per message of the process over the drain; "direct" is a consumer that settles each message itself
 // (redelivery.Settle after each ack), as onceflow's router does.
 //
 //	go test -run '^$' -bench BenchmarkSubscriber_ -benchtime 20000x ./broker/mem
@@ -36,22 +36,7 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 				ctx = redelivery.WithDirectSettle(ctx)
 			}
 			b.ResetTimer()
-			var cost testsvc.Cost
-			cost.Start()
-			ch, err := sub.Subscribe(ctx, "bench")
-			require.NoError(b, err)
-			for range b.N {
-				m, ok := <-ch
-				if !ok {
-					b.Fatal("subscription closed")
-				}
-				m.Ack()
-				redelivery.Settle(m)
-			}
-			require.NoError(b, sub.Close())
-			cost.Stop()
-			b.StopTimer()
-			cost.Report(b, b.N)
+			testsvc.Drain(b, sub, ctx, "bench", b.N)
 		})
 	}
 }

@@ -76,25 +76,7 @@ func BenchmarkSubscriber_ConsumeAndAck(b *testing.B) {
 				ctx = redelivery.WithDirectSettle(ctx)
 			}
 			b.ResetTimer()
-			start := time.Now()
-			var cost testsvc.Cost
-			cost.Start()
-			ch, err := sub.Subscribe(ctx, topic)
-			require.NoError(b, err)
-			for range b.N {
-				m, ok := <-ch
-				if !ok {
-					b.Fatal("subscription closed")
-				}
-				m.Ack()
-				redelivery.Settle(m)
-			}
-			require.NoError(b, sub.Close())
-			cost.Stop()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
-			cost.Report(b, b.N)
+			testsvc.Drain(b, sub, ctx, topic, b.N)
 
 			p, err := admin.XPending(context.Background(), topic, group).Result()
 			require.NoError(b, err)
