@@ -46,6 +46,11 @@ type Outcome struct {
 	// Late is set for an ack that the consumer gave after the delivery had ended, which the
 	// engine reports when Options.LateAcks is set.
 	Late bool
+	// Held is set, with Options.HoldNacks, for a nack whose hold begins (Delay is the whole
+	// of it): the delivery has left the window and its context has ended, and the source
+	// learns how it ends when the hold does, by a second Settle. A source whose books count
+	// the deliveries in flight takes it out of them here.
+	Held bool
 }
 
 // state is where a delivery stands; the subscription's mutex guards it.

@@ -63,15 +63,19 @@
 // one that called End, or the one that stops the subscription. So it must not wait for the
 // broker: it writes to a buffer (nats.go's), queues the ack for a coalescing writer (an XACK,
 // a multiple basic.ack, an offset commit, a lease statement), or starts a goroutine. With
-// Options.HoldNacks the engine holds a nack for its delay first, out of the window, and
-// Settle then gets it with Delay 0 (or, when the subscription ends first, with the delay left
-// and a Cause). With Options.LateAcks Settle also gets an ack given after its delivery ended
+// Options.HoldNacks the engine holds a nack for its delay first, out of the window: Settle
+// gets it once as the hold begins (Outcome.Held, with the whole delay: the source takes the
+// delivery out of its books of deliveries in flight, a tag held in AMQP's window of acks),
+// and again when it ends, with Delay 0 (or, when the subscription ends first, with the delay
+// left and a Cause). With Options.LateAcks Settle also gets an ack given after its delivery ended
 // (Outcome.Late): a lease nobody claimed since may still take it.
 //
 // End(cause, match) ends the deliveries in flight that match, held nacks included, as their
 // broker dropped them: a lost connection (every delivery, or those of one link), a revoked
 // partition, a delivery the broker superseded. Each gets Settle with cause and what the
-// consumer gave before; a queued one is not handed out.
+// consumer gave before, in the goroutine that called End; a queued one is not handed out. A
+// nack whose hold is beginning (its Settle with Outcome.Held running) is not among them: it
+// ends with its hold, and its source, which knows that its broker dropped it, sends nothing.
 //
 // Close(ctx) runs once, after Fetch has returned (or CloseTimeout has passed) and every
 // delivery has had its Settle: it sends what the source still holds (coalesced acks), gives
@@ -88,9 +92,10 @@
 // A subscription runs two goroutines of its own, the fetch loop (Fetch) and the pump (the
 // hand-out), one timer (deadlines and holds), and, for a consumer that does not settle
 // directly, one watcher per delivery handed out. The engine holds its mutex only for its own
-// books, never while it calls the source. So a source may call Emit, End, Hurry, Keep,
-// Release and Delivery.HandedOut from any goroutine, its own locks held or not: the order is
-// always the source's lock first, then the engine's.
+// books, never while it calls the source. So a source may call Emit, Hurry, Keep, Release and
+// Delivery.HandedOut from any goroutine, its own locks held or not: the order is always the
+// source's lock first, then the engine's. End is the exception: it calls Settle, so a source
+// calls it without the locks its Settle takes.
 //
 // # Porting a scheme
 //

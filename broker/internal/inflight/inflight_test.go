@@ -355,13 +355,94 @@ func TestHold_NackIsHeldForItsDelayOutOfTheWindow(t *testing.T) {
 		ch, cancel := start(t, nil, src, direct, inflight.Options{Prefetch: 1, HoldNacks: true, NackDelay: 300 * time.Millisecond})
 		defer cancel()
 		start := time.Now()
-		nack(receive(t, ch))
-		// Its place is free at once: the next message comes while the nack is held.
+		m := receive(t, ch)
+		nack(m)
+		// The source learns that the hold begins, its place is free at once: the next message
+		// comes while the nack is held.
+		require.Equal(t, settled{n: 1, o: inflight.Outcome{Nacked: true, Delay: 300 * time.Millisecond, Held: true}}, settlement(t, src))
+		require.ErrorIs(t, m.Context().Err(), context.Canceled, "a held delivery's context ends")
 		require.Equal(t, "2", receive(t, ch).UUID)
 		s := settlement(t, src)
 		require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
 		require.Equal(t, settled{n: 1, o: inflight.Outcome{Nacked: true}}, s)
 	})
+}
+
+// A hold shorter than anything the source does as it begins still ends after it began: the
+// source learns of its start first, and of its end once.
+func TestHold_TheSourceLearnsOfTheStartBeforeTheEnd(t *testing.T) {
+	modes(t, func(t *testing.T, direct bool) {
+		const n = 50
+		src := &slowHold{source: newSource(2 * n)}
+		src.put(1, n)
+		ch, cancel := start(t, nil, src.source, direct, inflight.Options{Prefetch: n, HoldNacks: true})
+		defer cancel()
+		for range n {
+			m := receive(t, ch)
+			require.True(t, redelivery.NackAfter(m, time.Nanosecond))
+			redelivery.Settle(m)
+		}
+		seen := map[int]bool{}
+		for range 2 * n {
+			s := settlement(t, src.source)
+			require.Equal(t, !seen[s.n], s.o.Held, "message %d: %+v", s.n, s.o)
+			seen[s.n] = true
+		}
+		noSettlement(t, src.source, 50*time.Millisecond)
+	})
+}
+
+// slowHold takes its time over the start of a hold.
+type slowHold struct{ *source }
+
+func (h *slowHold) Settle(d *inflight.Delivery[int], o inflight.Outcome) {
+	if o.Held {
+		time.Sleep(time.Millisecond)
+	}
+	h.source.Settle(d, o)
+}
+
+// The end of a subscription waits for a hold that is beginning, and then ends it with the
+// others.
+func TestHold_TheEndWaitsForAHoldThatIsBeginning(t *testing.T) {
+	src := &blockedHold{source: newSource(4), entered: make(chan struct{}), release: make(chan struct{})}
+	src.put(1, 1)
+	g := inflight.NewGroup(errClosed)
+	ctx := redelivery.WithDirectSettle(context.Background())
+	src.sub = inflight.New[int](ctx, src, inflight.Options{Prefetch: 1, HoldNacks: true, NackDelay: time.Hour, CloseTimeout: 5 * time.Second, ErrClosed: errClosed})
+	ch, err := src.sub.Start(g)
+	require.NoError(t, err)
+	go nack(receive(t, ch))
+	<-src.entered
+	closed := make(chan error, 1)
+	go func() { closed <- g.Close(nil) }()
+	select {
+	case <-src.closed:
+		t.Fatal("the source was closed while a hold was beginning")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(src.release)
+	require.NoError(t, <-closed)
+	s := settlement(t, src.source)
+	require.True(t, s.o.Held)
+	s = settlement(t, src.source)
+	require.Equal(t, errClosed, s.o.Cause)
+	require.True(t, s.o.Nacked)
+	require.False(t, s.o.Held)
+}
+
+// blockedHold blocks the start of a hold until release is closed.
+type blockedHold struct {
+	*source
+	entered, release chan struct{}
+}
+
+func (h *blockedHold) Settle(d *inflight.Delivery[int], o inflight.Outcome) {
+	if o.Held {
+		close(h.entered)
+		<-h.release
+	}
+	h.source.Settle(d, o)
 }
 
 func TestHold_NackWithoutDelayIsToldAtOnce(t *testing.T) {
@@ -381,6 +462,7 @@ func TestEnd_EndsTheMatchingDeliveriesAndTheOthersGoOn(t *testing.T) {
 		defer cancel()
 		one, two := receive(t, ch), receive(t, ch)
 		nack(one) // held
+		require.True(t, settlement(t, src).o.Held)
 		require.Equal(t, "3", receive(t, ch).UUID)
 		two.Ack()
 		n := src.sub.End(errLost, func(d *inflight.Delivery[int]) bool { return d.Data <= 2 })
@@ -423,7 +505,8 @@ func TestStop_GivesBackWhatItHoldsWithWhatTheConsumerGaveThenClosesTheChannel(t 
 		ch, cancel := start(t, g, src, direct, inflight.Options{Prefetch: 4, HoldNacks: true, NackDelay: time.Hour})
 		defer cancel()
 		one, two, three := receive(t, ch), receive(t, ch), receive(t, ch)
-		nack(one)                                  // held
+		nack(one) // held
+		require.True(t, settlement(t, src).o.Held)
 		require.Equal(t, "4", receive(t, ch).UUID) // four: handed out, unsettled
 		two.Ack()                                  // acked, not settled yet
 		_ = three

@@ -20,8 +20,9 @@ type Source[T any] interface {
 	// subscription stops). It handles the broker's transient failures itself (waiting as
 	// long as they last, as long as ctx lasts); an error it returns ends the subscription.
 	Fetch(ctx context.Context, n int) error
-	// Settle tells the broker how a delivery ended (Outcome), once per delivery, and for a
-	// late ack once more (Options.LateAcks). It may run in the consumer's goroutine: it
+	// Settle tells the broker how a delivery ended (Outcome), once per delivery, and once
+	// more for a late ack (Options.LateAcks) or before the end of a held nack, as its hold
+	// begins (Outcome.Held, Options.HoldNacks). It may run in the consumer's goroutine: it
 	// must not wait for the broker (a write to a buffer is fine).
 	Settle(d *Delivery[T], o Outcome)
 	// Close sends what Settle left to send (coalesced acks), gives back to the broker what
@@ -53,7 +54,8 @@ type Options struct {
 	// NackDelay is the delay of a nack for which the consumer asked none.
 	NackDelay time.Duration
 	// HoldNacks says that the broker cannot delay a nack: the engine holds a nacked delivery
-	// for its delay, out of the window, and then tells Settle.
+	// for its delay, out of the window, and tells Settle when the hold begins (Outcome.Held)
+	// and when it ends.
 	HoldNacks bool
 	// LateAcks says that the source wants an ack given after its delivery ended
 	// (Outcome.Late): its broker may still take it (a lease nobody claimed since).
@@ -106,6 +108,7 @@ type Subscription[T any] struct {
 	group     *Group
 	unwatch   func() bool // ends the watch of ctx
 	watchers  sync.WaitGroup
+	holding   sync.WaitGroup // holds beginning: the source is told, the heap not yet
 
 	mu sync.Mutex
 	// The window: places taken by deliveries (queued or out), by the fetch in progress
@@ -454,13 +457,21 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 	if !acked {
 		o.Delay = d.nackDelay()
 		if s.opt.HoldNacks && o.Delay > 0 {
+			// The source learns of the hold before the delivery can end again: the timer,
+			// End and the end of the subscription find it in the heap only after.
 			d.state = held
 			d.due = time.Now().Add(o.Delay)
-			heap.Push(&s.held, d)
-			s.arm()
+			s.holding.Add(1)
 			s.mu.Unlock()
 			d.cancel(nil)
 			signal(s.room)
+			o.Held = true
+			s.src.Settle(d, o)
+			s.mu.Lock()
+			heap.Push(&s.held, d)
+			s.arm()
+			s.mu.Unlock()
+			s.holding.Done()
 			return
 		}
 	}
@@ -472,8 +483,11 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 }
 
 // End ends the deliveries in flight for which match reports true, as their broker dropped
-// them (a lost connection, a revoked partition), held nacks included: the source learns each
-// with the ack or nack given before and cause. It returns how many it ended.
+// them (a lost connection, a revoked partition), held nacks included (not one whose hold is
+// beginning, whose Settle with Outcome.Held is running: it ends with its hold): the source
+// learns each with the ack or nack given before and cause, by Settle, in the goroutine that
+// calls End, which must therefore not hold the locks that Settle takes. It returns how many
+// it ended.
 func (s *Subscription[T]) End(cause error, match func(*Delivery[T]) bool) int {
 	if cause == nil {
 		cause = context.Canceled
@@ -657,6 +671,7 @@ func (s *Subscription[T]) stop(cause error) error {
 		}
 		<-s.pumpDone
 		waitUntil(s.runDone, deadline)
+		s.holding.Wait()
 
 		s.mu.Lock()
 		var ends []*Delivery[T]
