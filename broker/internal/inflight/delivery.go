@@ -46,6 +46,8 @@ type Outcome struct {
 	// Late is set for an ack that the consumer gave after the delivery had ended, which the
 	// engine reports when Options.LateAcks is set.
 	Late bool
+	// HandedOut is when the consumer took the delivery; zero if it never did.
+	HandedOut time.Time
 	// Held is set, with Options.HoldNacks, for a nack whose hold begins (Delay is the whole
 	// of it): the delivery has left the window and its context has ended, and the source
 	// learns how it ends when the hold does, by a second Settle. A source whose books count
@@ -76,11 +78,13 @@ type Delivery[T any] struct {
 
 	sub    *Subscription[T]
 	cancel context.CancelCauseFunc
-	// Under sub.mu: its state, whether the consumer has taken it, its place in the list of
-	// the deliveries in flight (prev, next), ordered by deadline, and, held, when its nack
+	// Under sub.mu: its state, whether the consumer has taken it, and when while it was
+	// queued or out (takenAt is not written after the delivery ends), its place in the list
+	// of the deliveries in flight (prev, next), ordered by deadline, and, held, when its nack
 	// is due and its place in the heap of holds.
 	state      state
 	handed     bool
+	takenAt    time.Time
 	deadline   time.Time
 	prev, next *Delivery[T]
 	due        time.Time

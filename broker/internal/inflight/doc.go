@@ -57,8 +57,9 @@
 // takes one, and Release gives back those of records it drops.
 //
 // Settle(d, o) runs once per delivery when it ends, with its Outcome: acked, nacked (with the
-// delay to give the broker: Options.NackDelay or the one the consumer asked for), or neither,
-// and Cause nil when the consumer settled it, or why it ended first. It runs in the goroutine
+// delay to give the broker: Options.NackDelay or the one the consumer asked for), or neither;
+// Cause nil when the consumer settled it, or why it ended first; and when the consumer took it
+// (HandedOut: AMQP's acks measure processing times from it). It runs in the goroutine
 // that ended the delivery: the consumer's (direct settlement), a watcher's, the timer's, the
 // one that called End, or the one that stops the subscription. So it must not wait for the
 // broker: it writes to a buffer (nats.go's), queues the ack for a coalescing writer (an XACK,

@@ -39,7 +39,8 @@ type source struct {
 	closed  chan struct{}
 
 	mu      sync.Mutex
-	fetches []int // the n of each Fetch
+	fetches []int               // the n of each Fetch
+	taken   map[int][]time.Time // the Outcome.HandedOut of each Settle, by message
 }
 
 func newSource(buffer int) *source {
@@ -80,8 +81,23 @@ func (src *source) Fetch(ctx context.Context, n int) error {
 	return nil
 }
 
+// Settle records the settlement; its Outcome.HandedOut goes to taken, apart.
 func (src *source) Settle(d *inflight.Delivery[int], o inflight.Outcome) {
+	src.mu.Lock()
+	if src.taken == nil {
+		src.taken = map[int][]time.Time{}
+	}
+	src.taken[d.Data] = append(src.taken[d.Data], o.HandedOut)
+	src.mu.Unlock()
+	o.HandedOut = time.Time{}
 	src.settles <- settled{n: d.Data, o: o}
+}
+
+// takenAt returns the Outcome.HandedOut of each Settle of message n so far.
+func (src *source) takenAt(n int) []time.Time {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	return append([]time.Time(nil), src.taken[n]...)
 }
 
 func (src *source) Close(context.Context) error {
@@ -290,6 +306,47 @@ func TestSettle_ASecondSettleOfADeliveryDoesNothing(t *testing.T) {
 	redelivery.Settle(m)
 	m.Nack()
 	noSettlement(t, src, 50*time.Millisecond)
+}
+
+// Settle says when the consumer took each delivery: for a nack held, at the start and at the
+// end of the hold alike; for one never taken, never.
+func TestSettle_SaysWhenTheConsumerTookTheDelivery(t *testing.T) {
+	modes(t, func(t *testing.T, direct bool) {
+		src := newSource(8)
+		src.put(1, 3)
+		g := inflight.NewGroup(errClosed)
+		ch, cancel := start(t, g, src, direct, inflight.Options{Prefetch: 3, HoldNacks: true, NackDelay: 50 * time.Millisecond})
+		defer cancel()
+		// The pump records the hand-out once the consumer has the message: at the earliest
+		// when the consumer begins to receive, at the latest when it settles.
+		before := time.Now()
+		one := receive(t, ch)
+		between := time.Now()
+		two := receive(t, ch)
+		require.Eventually(t, func() bool { return len(src.ready) == 0 }, 5*time.Second, time.Millisecond)
+		ack(one)
+		settlement(t, src)
+		acked := time.Now()
+		nack(two)
+		require.True(t, settlement(t, src).o.Held)
+		nacked := time.Now()
+		settlement(t, src) // the end of the hold
+		require.NoError(t, g.Close(nil))
+		settlement(t, src) // three, never taken
+
+		within := func(at, from, to time.Time) {
+			t.Helper()
+			require.False(t, at.Before(from) || at.After(to), "taken at %s, not within %s..%s", at, from, to)
+		}
+		took := src.takenAt(1)
+		require.Len(t, took, 1)
+		within(took[0], before, acked)
+		took = src.takenAt(2)
+		require.Len(t, took, 2)
+		require.Equal(t, took[0], took[1])
+		within(took[0], between, nacked)
+		require.Equal(t, []time.Time{{}}, src.takenAt(3))
+	})
 }
 
 func TestDeadline_EndsTheDeliveryOnceWithTheAckOrNackGivenBefore(t *testing.T) {

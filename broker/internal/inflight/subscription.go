@@ -378,9 +378,10 @@ func (s *Subscription[T]) handOut(d *Delivery[T]) bool {
 			st, gen := d.state, s.endGen
 			if st == queued {
 				d.state = out
+				d.takenAt = time.Now()
 				if d.deadline.IsZero() && s.opt.AckTimeout > 0 {
 					s.unlink(d)
-					d.deadline = time.Now().Add(s.opt.AckTimeout)
+					d.deadline = d.takenAt.Add(s.opt.AckTimeout)
 					s.insert(d)
 				}
 			}
@@ -443,7 +444,7 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 	case st == ended || st == held:
 		s.mu.Unlock()
 		if acked && s.opt.LateAcks && st == ended {
-			s.src.Settle(d, Outcome{Acked: true, Late: true})
+			s.src.Settle(d, Outcome{Acked: true, Late: true, HandedOut: d.takenAt})
 		}
 		return
 	case s.ending:
@@ -451,9 +452,12 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 		return
 	}
 	d.handed = true
+	if d.takenAt.IsZero() { // settled before the pump could record its hand-out
+		d.takenAt = time.Now()
+	}
 	s.unlink(d)
 	s.live--
-	o := Outcome{Acked: acked, Nacked: !acked}
+	o := Outcome{Acked: acked, Nacked: !acked, HandedOut: d.takenAt}
 	if !acked {
 		o.Delay = d.nackDelay()
 		if s.opt.HoldNacks && o.Delay > 0 {
@@ -531,9 +535,9 @@ func (s *Subscription[T]) endHeldLocked(ends []*Delivery[T], match func(*Deliver
 func (s *Subscription[T]) tell(ends []*Delivery[T], cause error) {
 	now := time.Now()
 	for _, d := range ends {
-		var o Outcome
+		o := Outcome{HandedOut: d.takenAt}
 		if !d.due.IsZero() { // a held nack
-			o = Outcome{Nacked: true, Delay: max(d.due.Sub(now), 0), Cause: cause}
+			o.Nacked, o.Delay, o.Cause = true, max(d.due.Sub(now), 0), cause
 		} else {
 			o.Acked, o.Nacked = d.given()
 			if o.Nacked {
@@ -578,7 +582,7 @@ func (s *Subscription[T]) tick() {
 	s.mu.Unlock()
 	s.tell(expired, s.opt.ErrExpired)
 	for _, d := range due {
-		s.src.Settle(d, Outcome{Nacked: true})
+		s.src.Settle(d, Outcome{Nacked: true, HandedOut: d.takenAt})
 	}
 }
 
