@@ -723,6 +723,7 @@ func TestRules_ValidateNamesTheFieldAndApplySetsTheDefaults(t *testing.T) {
 type keeper struct {
 	*source
 	once sync.Once
+	kept int // what Keep returned, under mu
 	next chan struct{}
 }
 
@@ -730,9 +731,14 @@ func (k *keeper) Fetch(ctx context.Context, n int) error {
 	k.mu.Lock()
 	k.fetches = append(k.fetches, n)
 	k.mu.Unlock()
-	kept := false
-	k.once.Do(func() { k.sub.Keep(n); kept = true })
-	if !kept {
+	first := false
+	k.once.Do(func() {
+		kept := k.sub.Keep(n + 1)
+		k.mu.Lock()
+		k.kept, first = kept, true
+		k.mu.Unlock()
+	})
+	if !first {
 		select {
 		case <-k.next:
 		case <-ctx.Done():
@@ -749,6 +755,9 @@ func TestKeep_PlacesKeptAfterAFetchAreTakenByLaterEmitsUntilReleased(t *testing.
 	ch, err := src.sub.Start(nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(src.fetchSizes()) == 1 }, 5*time.Second, time.Millisecond)
+	src.mu.Lock()
+	require.Equal(t, 4, src.kept, "Keep keeps no more than the fetch reserved")
+	src.mu.Unlock()
 	for k := 1; k <= 2; k++ {
 		require.NotNil(t, src.sub.Emit(inflight.Item[int]{Data: k, Msg: message.NewMessage(fmt.Sprint(k), nil), Kept: true}))
 	}

@@ -276,13 +276,15 @@ func (s *Subscription[T]) Hurry() {
 
 // Keep keeps k of the places reserved for the fetch in progress after it returns, for
 // messages that the source emits later, in an order of its own, with Item.Kept; Release gives
-// kept places back. Only Fetch calls Keep.
-func (s *Subscription[T]) Keep(k int) {
+// kept places back. It returns how many it kept: fewer than k when messages emitted during the
+// fetch without Item.Kept (redeliveries) took reserved places. Only Fetch calls Keep.
+func (s *Subscription[T]) Keep(k int) int {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	k = min(k, s.reserved)
 	s.reserved -= k
 	s.kept += k
-	s.mu.Unlock()
+	return k
 }
 
 // Release gives back k places that Keep kept (their messages are gone: a revoked partition).
