@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
@@ -90,6 +91,18 @@ type Config struct {
 	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
+// rules are the defaults and bounds of the settings every subscriber has.
+var rules = inflight.Rules{
+	Scheme:       "broker/amqp",
+	Prefetch:     DefaultPrefetch,
+	MaxPrefetch:  maxPrefetch,
+	CloseTimeout: DefaultCloseTimeout,
+}
+
+func (c Config) settings() inflight.Settings {
+	return inflight.Settings{Prefetch: c.Prefetch, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+}
+
 // Validate reports the first invalid field, naming it. Zero values are valid where they select
 // a default.
 func (c Config) Validate() error {
@@ -99,19 +112,17 @@ func (c Config) Validate() error {
 	if err := c.Topology.Validate(); err != nil {
 		return err
 	}
-	if c.Prefetch < 0 || c.Prefetch > maxPrefetch {
-		return fmt.Errorf("broker/amqp: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, maxPrefetch)
+	if err := rules.Validate(c.settings()); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		name  string
 		value time.Duration
 	}{
-		{"NackDelay", c.NackDelay},
 		{"AckDelay", c.AckDelay},
 		{"OutOfOrderAckDelay", c.OutOfOrderAckDelay},
 		{"ReconnectInitial", c.ReconnectInitial},
 		{"ReconnectMax", c.ReconnectMax},
-		{"CloseTimeout", c.CloseTimeout},
 	} {
 		if d.value < 0 {
 			return fmt.Errorf("broker/amqp: Config.%s: %s is negative", d.name, d.value)
@@ -122,9 +133,8 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with every zero field that has a default set to it.
 func (c Config) withDefaults() Config {
-	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
-	}
+	st := rules.Apply(c.settings())
+	c.Prefetch, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.NackDelay, st.CloseTimeout, st.Logger
 	if c.AckDelay == 0 {
 		c.AckDelay = DefaultAckDelay
 	}
@@ -139,12 +149,6 @@ func (c Config) withDefaults() Config {
 		c.ReconnectMax = DefaultReconnectMax
 	}
 	c.ReconnectMax = max(c.ReconnectMax, c.ReconnectInitial)
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = wmlog.Discard()
-	}
 	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -25,7 +25,8 @@
 // Each Subscribe call is one consumer of the group's queue, on a channel of its own with
 // basic.qos Prefetch; consumers of a group compete, each message going to one at a time. The
 // deliveries are handed out as they arrive, up to Prefetch unsettled, without waiting for
-// acks. Each message's context carries a redelivery.Info:
+// acks (the subscriber is a source of onceflow's in-flight engine, which keeps that window).
+// Each message's context carries a redelivery.Info:
 //
 //   - on a quorum queue, Count is the delivery count: 1 on a first delivery, and
 //     x-delivery-count+1 after, as RabbitMQ counts every return of the message (a nack, a
@@ -49,13 +50,14 @@
 // basic.nack(requeue); it keeps its prefetch slot meanwhile, and the messages behind it go on.
 //
 // When the connection or the channel is lost, the subscription reopens it with exponential
-// backoff and goes on; the deliveries in flight get their contexts cancelled, their acks are
-// dropped (tags belong to their channel), and RabbitMQ delivers them again. A consumer process
+// backoff and goes on; the deliveries in flight get their contexts cancelled
+// (ErrConnectionLost), their acks are dropped (tags belong to their channel), and RabbitMQ
+// delivers them again. A consumer process
 // that dies leaves its unsettled deliveries to the others as soon as RabbitMQ notices the
 // connection close.
 //
-// Close stops the consumers, sends the acks given before it, gives held messages back at once,
-// and closes the channels (which gives back what was not settled) and the connection, within a
+// Close ends the deliveries' contexts (ErrClosed), stops the consumers, sends the acks given
+// before it, gives held messages back at once, and closes the channels (which gives back what was not settled) and the connection, within a
 // bounded time even when RabbitMQ does not answer. Deliveries that RabbitMQ had sent ahead and
 // that were never handed out are given back too; a quorum queue counts those returns as well.
 package amqp

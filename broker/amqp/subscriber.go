@@ -8,15 +8,28 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
+	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
-// ErrClosed is returned by Subscribe on a closed Subscriber.
-var ErrClosed = errors.New("broker/amqp: subscriber closed")
+// Errors that end a delivery without an acknowledgement, as the cause of its context
+// (context.Cause), and that a closed Subscriber returns.
+var (
+	// ErrClosed is returned by Subscribe on a closed Subscriber, and is the cause of the
+	// contexts of the deliveries that Close gives back.
+	ErrClosed = errors.New("broker/amqp: subscriber closed")
+	// ErrConnectionLost is the cause of the context of a delivery whose channel or connection
+	// was lost: RabbitMQ delivers the message again, and an ack or nack of this delivery is
+	// dropped (its tag belongs to the lost channel).
+	ErrConnectionLost = errors.New("broker/amqp: channel or connection lost: RabbitMQ delivers the message again")
+)
 
 // defaultDialTimeout bounds connecting and the AMQP handshake when the URL sets no
 // connection_timeout, as amqp091-go's Dial does.
@@ -38,31 +51,27 @@ type acker interface {
 //
 // Each subscription hands its deliveries out as they arrive, up to Config.Prefetch unsettled,
 // without waiting for their acks; each message's context carries a redelivery.Info and is
-// cancelled when the message is settled, when its channel is lost, and when the subscription
-// ends. An ack settles that delivery by its tag; acks are coalesced (see Config.AckDelay). A
-// nack gives the message back to RabbitMQ (requeue) after the delay the router asked for with
-// redelivery.NackAfter, or Config.NackDelay; meanwhile the message is held, and the others go
-// on. A lost connection or channel is reopened with backoff: the deliveries it carried are
-// given back by RabbitMQ, their contexts are cancelled, and their acks are dropped (never sent
-// on another channel).
+// cancelled when the message is settled, when its channel is lost (ErrConnectionLost), and
+// when the subscription ends (ErrClosed when the Subscriber closes). An ack settles that
+// delivery by its tag; acks are coalesced (see Config.AckDelay). A nack gives the message back
+// to RabbitMQ (requeue) after the delay the router asked for with redelivery.NackAfter, or
+// Config.NackDelay; meanwhile the message is held, and the others go on. A lost connection or
+// channel is reopened with backoff: the deliveries it carried are given back by RabbitMQ,
+// their contexts are cancelled, and their acks are dropped (never sent on another channel).
 type Subscriber struct {
 	cfg         Config
 	dialTimeout time.Duration
-	// stop is cancelled by Close.
-	stop   context.Context
-	stopFn context.CancelFunc
+	subs        *inflight.Group
 	// wrapAcker, when set (by tests before the first Subscribe), wraps each channel's acker.
 	wrapAcker func(acker) acker
+	// dropped is set when a subscription did not end within Config.CloseTimeout: Close then
+	// drops the connection without waiting for RabbitMQ.
+	dropped atomic.Bool
 
 	dialMu sync.Mutex // one dial at a time
 
-	mu     sync.Mutex
-	conn   *amqp.Connection // nil before the first dial and after Close
-	closed bool
-	subs   sync.WaitGroup // subscriptions running
-
-	closeOnce sync.Once
-	closeErr  error
+	mu   sync.Mutex
+	conn *amqp.Connection // nil before the first dial and after Close
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -82,13 +91,12 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		}
 		return nil, fmt.Errorf("broker/amqp: Config.URL: %w", err)
 	}
-	s := &Subscriber{cfg: cfg, dialTimeout: defaultDialTimeout}
+	s := &Subscriber{cfg: cfg, dialTimeout: defaultDialTimeout, subs: inflight.NewGroup(ErrClosed)}
 	if uri.ConnectionTimeout > 0 {
 		s.dialTimeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
 	}
-	s.stop, s.stopFn = context.WithCancel(context.Background())
 	if _, err := s.connection(); err != nil {
-		s.stopFn()
+		_ = s.subs.Close(nil)
 		return nil, fmt.Errorf("broker/amqp: connect: %w", err)
 	}
 	return s, nil
@@ -100,9 +108,9 @@ func (s *Subscriber) connection() (*amqp.Connection, error) {
 	s.dialMu.Lock()
 	defer s.dialMu.Unlock()
 	s.mu.Lock()
-	if s.closed {
+	if err := s.subs.Check(); err != nil {
 		s.mu.Unlock()
-		return nil, ErrClosed
+		return nil, err
 	}
 	if c := s.conn; c != nil && !c.IsClosed() {
 		s.mu.Unlock()
@@ -112,13 +120,15 @@ func (s *Subscriber) connection() (*amqp.Connection, error) {
 
 	conn, err := s.dial()
 	if err != nil {
-		if s.stop.Err() != nil {
+		if s.subs.Check() != nil {
 			return nil, ErrClosed
 		}
 		return nil, err
 	}
+	// Close takes the connection under mu once the Group is closed: checked under mu, the
+	// connection is either taken by Close or closed here.
 	s.mu.Lock()
-	closed := s.closed
+	closed := s.subs.Check() != nil
 	if !closed {
 		s.conn = conn
 	}
@@ -142,7 +152,7 @@ func (s *Subscriber) dial() (*amqp.Connection, error) {
 		Locale:     "en_US",
 		Properties: props,
 		Dial: func(network, addr string) (net.Conn, error) {
-			ctx, cancel := context.WithTimeout(s.stop, s.dialTimeout)
+			ctx, cancel := context.WithTimeout(s.subs.Context(), s.dialTimeout)
 			defer cancel()
 			c, err := new(net.Dialer).DialContext(ctx, network, addr)
 			if err != nil {
@@ -150,7 +160,7 @@ func (s *Subscriber) dial() (*amqp.Connection, error) {
 			}
 			// amqp091-go clears the deadline when the handshake is done.
 			_ = c.SetDeadline(time.Now().Add(s.dialTimeout))
-			stop := context.AfterFunc(s.stop, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+			stop := context.AfterFunc(s.subs.Context(), func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 			mu.Lock()
 			stops = append(stops, stop)
 			mu.Unlock()
@@ -171,30 +181,35 @@ func (s *Subscriber) dial() (*amqp.Connection, error) {
 // later losses are repaired in the background. The returned channel is closed when ctx ends or
 // the Subscriber closes; then the acks given so far are sent, held nacks are given back at
 // once, and what was delivered and not settled is given back by closing the channel.
+//
+// A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
+// redelivery.Settle right after every Ack and Nack, as onceflow's router does: the delivery
+// then leaves the window, and its ack joins the coalesced acks, in that call, and the
+// subscription keeps no goroutine per delivery; redelivery.Flush sends the acks at the front
+// of the window at once.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.cfg.Topology.CheckTopic(topic); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
+	if err := s.subs.Check(); err != nil {
+		return nil, err
 	}
-	s.subs.Add(1)
-	s.mu.Unlock()
+	setup, stop := context.WithCancel(ctx)
+	defer stop()
+	defer context.AfterFunc(s.subs.Context(), stop)()
 
 	sub := &subscription{
-		s:     s,
-		ctx:   ctx,
-		topic: topic,
-		queue: s.cfg.Topology.QueueName(topic),
-		out:   make(chan *message.Message),
+		s:      s,
+		topic:  topic,
+		queue:  s.cfg.Topology.QueueName(topic),
+		direct: redelivery.SettlesDirectly(ctx),
 	}
+	sub.log = s.cfg.log.With(watermill.LogFields{"queue": sub.queue})
 	ss, err := sub.open()
 	for wait, attempt := s.cfg.ReconnectInitial, 1; err != nil && transient(err) && attempt < subscribeAttempts; attempt++ {
-		if !sub.sleep(wait) {
+		if !sleep(wait, setup.Done()) {
 			err = ErrClosed
-			if s.stop.Err() == nil {
+			if s.subs.Check() == nil {
 				err = ctx.Err()
 			}
 			break
@@ -203,14 +218,28 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		ss, err = sub.open()
 	}
 	if err != nil {
-		s.subs.Done()
 		if errors.Is(err, ErrClosed) {
 			return nil, ErrClosed
 		}
 		return nil, fmt.Errorf("broker/amqp: subscribe to %q: %w", topic, err)
 	}
-	go sub.run(ss)
-	return sub.out, nil
+	sub.ss.Store(ss)
+	sub.sub = inflight.New(ctx, sub, inflight.Options{
+		Prefetch:     s.cfg.Prefetch,
+		NackDelay:    s.cfg.NackDelay,
+		HoldNacks:    true,
+		CloseTimeout: s.cfg.CloseTimeout,
+		ErrClosed:    ErrClosed,
+		Log:          sub.log,
+	})
+	out, err := sub.sub.Start(s.subs)
+	if err != nil {
+		ss.stop()
+		_ = ss.ch.Close()
+		return nil, err
+	}
+	go sub.watch(ss)
+	return out, nil
 }
 
 // Close ends the subscriptions: each stops taking messages, sends the acks given before, gives
@@ -220,138 +249,41 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // notices. Close is idempotent; concurrent calls return when the first is done, with its
 // result.
 func (s *Subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
-		s.stopFn()
-
-		done := make(chan struct{})
-		go func() {
-			s.subs.Wait()
-			close(done)
-		}()
-		var errs []error
-		var deadline time.Time
-		t := time.NewTimer(s.cfg.CloseTimeout)
-		select {
-		case <-done:
-			t.Stop()
-			deadline = time.Now().Add(connCloseTimeout)
-		case <-t.C:
-			errs = append(errs, fmt.Errorf("subscriptions did not end within %s, connection dropped", s.cfg.CloseTimeout))
-			deadline = time.Now()
-		}
-		s.mu.Lock()
-		conn := s.conn
-		s.conn = nil
-		s.mu.Unlock()
-		if conn != nil {
-			if err := conn.CloseDeadline(deadline); err != nil && !errors.Is(err, amqp.ErrClosed) {
-				errs = append(errs, fmt.Errorf("close connection: %w", err))
-			}
-		}
-		// Every call on the connection has returned now; the subscriptions end at once.
-		t = time.NewTimer(connCloseTimeout)
-		select {
-		case <-done:
-		case <-t.C:
-			errs = append(errs, errors.New("subscriptions still running after the connection closed"))
-		}
-		t.Stop()
-		if err := errors.Join(errs...); err != nil {
-			s.closeErr = fmt.Errorf("broker/amqp: close: %w", err)
-		}
-	})
-	return s.closeErr
+	if err := s.subs.Close(s.closeConnection); err != nil {
+		return fmt.Errorf("broker/amqp: close: %w", err)
+	}
+	return nil
 }
 
-// subscription is one Subscribe call: a consumer of one queue that outlives the channels it
-// consumes on.
-type subscription struct {
-	s     *Subscriber
-	ctx   context.Context
-	topic string
-	queue string
-	out   chan *message.Message
-}
-
-// open opens a channel, declares the topology and starts consuming on it.
-func (sub *subscription) open() (*session, error) {
-	s := sub.s
-	conn, err := s.connection()
-	if err != nil {
-		return nil, err
+// closeConnection closes the connection once the subscriptions have ended: at once when one
+// of them did not end in time, within connCloseTimeout otherwise.
+func (s *Subscriber) closeConnection() error {
+	s.mu.Lock()
+	conn := s.conn
+	s.conn = nil
+	s.mu.Unlock()
+	if conn == nil {
+		return nil
 	}
-	ch, err := conn.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("open channel: %w", err)
+	deadline := time.Now().Add(connCloseTimeout)
+	if s.dropped.Load() {
+		deadline = time.Now()
 	}
-	fail := func(err error) (*session, error) {
-		_ = ch.Close()
-		return nil, err
+	if err := conn.CloseDeadline(deadline); err != nil && !errors.Is(err, amqp.ErrClosed) {
+		return fmt.Errorf("close connection: %w", err)
 	}
-	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
-		return fail(fmt.Errorf("set prefetch %d: %w", s.cfg.Prefetch, err))
-	}
-	if err := s.cfg.Topology.Declare(ch, sub.topic); err != nil {
-		return fail(err)
-	}
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	tag := consumerTag()
-	deliveries, err := ch.Consume(sub.queue, tag, false, false, false, false, nil)
-	if err != nil {
-		return fail(fmt.Errorf("consume queue %q: %w", sub.queue, err))
-	}
-	var a acker = ch
-	if s.wrapAcker != nil {
-		a = s.wrapAcker(a)
-	}
-	return newSession(sub, ch, a, tag, deliveries, closed), nil
-}
-
-// run runs sessions until the subscription ends, reopening lost ones.
-func (sub *subscription) run(ss *session) {
-	defer sub.s.subs.Done()
-	defer close(sub.out)
-	for ss != nil && ss.run() {
-		ss = sub.reopen()
-	}
-}
-
-// reopen opens a new session after a loss, with exponential backoff; nil when the
-// subscription ends first.
-func (sub *subscription) reopen() *session {
-	cfg := sub.s.cfg
-	wait := cfg.ReconnectInitial
-	for attempt := 1; ; attempt++ {
-		if !sub.sleep(wait) {
-			return nil
-		}
-		ss, err := sub.open()
-		if err == nil {
-			cfg.log.Info("Subscription resumed", watermill.LogFields{"queue": sub.queue, "attempt": attempt})
-			return ss
-		}
-		if errors.Is(err, ErrClosed) {
-			return nil
-		}
-		cfg.log.Error("Cannot resume subscription", err, watermill.LogFields{"queue": sub.queue, "attempt": attempt})
-		wait = min(2*wait, cfg.ReconnectMax)
-	}
+	return nil
 }
 
 // sleep waits for about d (±20%, so that the consumers of a restarted server do not all come
-// back at once), and reports false when the subscription ends first.
-func (sub *subscription) sleep(d time.Duration) bool {
+// back at once), and reports false when stop is closed first.
+func sleep(d time.Duration, stop <-chan struct{}) bool {
 	t := time.NewTimer(time.Duration(float64(d) * (0.8 + 0.4*rand.Float64())))
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return true
-	case <-sub.ctx.Done():
-		return false
-	case <-sub.s.stop.Done():
+	case <-stop:
 		return false
 	}
 }
