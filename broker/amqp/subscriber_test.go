@@ -39,34 +39,6 @@ func requireAgain(t *testing.T, qt amqp.QueueType, m *message.Message) {
 	}
 }
 
-func TestSubscriber_PrefetchDeliveriesArriveWithoutAnyAck(t *testing.T) {
-	t.Parallel()
-	forEachQueueType(t, func(t *testing.T, f *fixture) {
-		const prefetch = 5
-		ids := f.publish("m", 8)
-		msgs := f.subscribe(f.subscriber(f.config(prefetch)))
-
-		held := receiveN(t, msgs, prefetch) // none acked
-		require.Equal(t, ids[:prefetch], uuids(held), "one consumer gets the queue in order")
-		for _, m := range held {
-			requireFirst(t, f.topology.Queue.Type, m)
-			require.Equal(t, m.UUID, string(m.Payload))
-		}
-		requireNothing(t, msgs, 300*time.Millisecond)
-		f.eventuallyReady(8 - prefetch)
-
-		for _, m := range held {
-			ack(m)
-		}
-		rest := receiveN(t, msgs, 8-prefetch)
-		require.Equal(t, ids[prefetch:], uuids(rest))
-		for _, m := range rest {
-			ack(m)
-		}
-		f.eventuallyReady(0)
-	})
-}
-
 func TestSubscriber_AckGivenRightBeforeCloseIsNotDeliveredAgain(t *testing.T) {
 	t.Parallel()
 	forEachQueueType(t, func(t *testing.T, f *fixture) {
@@ -122,24 +94,6 @@ func TestSubscriber_NackAfterComesBackNoSoonerAndCounted(t *testing.T) {
 		require.Equal(t, "true", again.Metadata.Get(amqp.HeaderRedelivered))
 		ack(again)
 		f.eventuallyReady(0)
-	})
-}
-
-func TestSubscriber_NackWithoutRequestWaitsNackDelay(t *testing.T) {
-	t.Parallel()
-	forEachQueueType(t, func(t *testing.T, f *fixture) {
-		f.publish("m", 1)
-		cfg := f.config(10)
-		cfg.NackDelay = 400 * time.Millisecond
-		msgs := f.subscribe(f.subscriber(cfg))
-		first := receive(t, msgs)
-		nacked := time.Now()
-		nack(first)
-		again := receive(t, msgs)
-		require.GreaterOrEqual(t, time.Since(nacked), cfg.NackDelay)
-		require.Equal(t, first.UUID, again.UUID)
-		requireAgain(t, f.topology.Queue.Type, again)
-		ack(again)
 	})
 }
 
