@@ -24,9 +24,9 @@ type groupOffset struct {
 // groupOffsets fetches the group's committed offsets and metadata of the partitions ids. On
 // failure it falls back to what the client fetched when the partitions were assigned, without
 // metadata.
-func (sub *subscription) groupOffsets(ids []int32) map[int32]groupOffset {
+func (sub *subscription) groupOffsets(ctx context.Context, ids []int32) map[int32]groupOffset {
 	out := map[int32]groupOffset{}
-	ctx, cancel := context.WithTimeout(sub.ctx, commitTimeout)
+	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
 	defer cancel()
 	resp, err := sub.adm.FetchOffsetsForTopics(ctx, sub.s.cfg.ConsumerGroup, sub.topic)
 	if err == nil {
@@ -77,8 +77,9 @@ func (sub *subscription) startOffsets(ctx context.Context, offsets map[string]ma
 	return offsets, nil
 }
 
-// commits commits the marks as they move, until the context ends.
+// commits commits the marks as they move, until the subscription begins to stop.
 func (sub *subscription) commits() {
+	defer sub.loops.Done()
 	for {
 		select {
 		case <-sub.commit:
@@ -86,7 +87,7 @@ func (sub *subscription) commits() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(sub.ctx, commitTimeout)
-		err := sub.commitMarks(ctx, nil, false)
+		_, err := sub.commitMarks(ctx, nil, false)
 		cancel()
 		if err != nil && sub.ctx.Err() == nil {
 			sub.logger.Error("Offset commit failed; retrying", err, nil)
@@ -102,8 +103,9 @@ func (sub *subscription) commits() {
 
 // commitMarks commits, for the partitions ids (all when ids is nil), the marks and the taken
 // offsets that moved, and hands out the records that the new taken offsets cover. With drop,
-// it then takes those partitions out of the books: their deliveries end with ErrRevoked.
-func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool) error {
+// it then takes those partitions out of the books and returns them: the caller ends their
+// deliveries (drop).
+func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool) ([]*partition, error) {
 	sub.commitMu.Lock()
 	defer sub.commitMu.Unlock()
 
@@ -179,10 +181,10 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 			signal(sub.wake)
 		}
 	}
-	if drop {
-		sub.dropLocked(parts)
+	if !drop {
+		return nil, err
 	}
-	return err
+	return sub.dropLocked(parts), err
 }
 
 // commit is what one offset commit says of a partition.

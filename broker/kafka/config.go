@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
@@ -27,8 +28,8 @@ const (
 	DefaultCloseTimeout = 5 * time.Second
 )
 
-// maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine (or, for a consumer
-// that settles directly, a timer) per unsettled delivery.
+// maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine per unsettled delivery
+// of a consumer that does not settle directly.
 const maxPrefetch = 100_000
 
 // Config configures a Subscriber. Brokers and ConsumerGroup are required; every other zero
@@ -97,6 +98,19 @@ type Config struct {
 	log watermill.LoggerAdapter // Logger for the watermill adapters, made by the defaults
 }
 
+// rules are the defaults and bounds of the settings every subscriber has.
+var rules = inflight.Rules{
+	Scheme:       "kafka",
+	Prefetch:     DefaultPrefetch,
+	MaxPrefetch:  maxPrefetch,
+	AckTimeout:   DefaultAckTimeout,
+	CloseTimeout: DefaultCloseTimeout,
+}
+
+func (c Config) settings() inflight.Settings {
+	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckTimeout, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+}
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	switch {
@@ -104,37 +118,24 @@ func (c Config) Validate() error {
 		return errors.New("kafka: Config.Brokers is empty")
 	case c.ConsumerGroup == "":
 		return errors.New("kafka: Config.ConsumerGroup is empty")
-	case c.Prefetch < 0 || c.Prefetch > maxPrefetch:
-		return fmt.Errorf("kafka: Config.Prefetch: %d is outside 1..%d (0 selects the default)", c.Prefetch, maxPrefetch)
-	case c.NackDelay < 0:
-		return fmt.Errorf("kafka: Config.NackDelay: %s is negative (0 redelivers at once)", c.NackDelay)
-	case c.AckTimeout < 0:
-		return fmt.Errorf("kafka: Config.AckTimeout: %s is negative (0 selects the default)", c.AckTimeout)
+	}
+	if err := rules.Validate(c.settings()); err != nil {
+		return err
+	}
+	switch {
 	case c.SessionTimeout < 0:
 		return fmt.Errorf("kafka: Config.SessionTimeout: %s is negative (0 selects the default)", c.SessionTimeout)
 	case c.RevokeTimeout < 0:
 		return fmt.Errorf("kafka: Config.RevokeTimeout: %s is negative (0 selects the default)", c.RevokeTimeout)
-	case c.CloseTimeout < 0:
-		return fmt.Errorf("kafka: Config.CloseTimeout: %s is negative (0 selects the default)", c.CloseTimeout)
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
-	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
+	st := rules.Apply(c.settings())
+	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
 	if c.RevokeTimeout == 0 {
 		c.RevokeTimeout = DefaultRevokeTimeout
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = wmlog.Discard()
 	}
 	c.log = wmlog.Adapter(c.Logger)
 	return c

@@ -24,7 +24,8 @@
 // # Delivery, acks and commits
 //
 // A subscription polls up to Config.Prefetch records ahead of their acknowledgements
-// (PollRecords) and hands them out, from every partition it owns, as soon as the group's
+// (PollRecords; the subscriber is a source of onceflow's in-flight engine, which keeps that
+// window) and hands them out, from every partition it owns, as soon as the group's
 // metadata records them (see Delivery counts: one commit covers many). Kafka's
 // commits are positions, not acknowledgements of single records: the subscription commits,
 // for each partition, the offset of the first record not acked yet (or the offset after the

@@ -40,8 +40,10 @@ type partition struct {
 	next      int64
 	epoch     int32
 	committed int64 // the last mark committed, -1 for none
-	inflight  int   // this partition's share of the window
-	live      map[*delivery]struct{}
+	// kept counts the deliveries of the partition that hold a place of the window Fetch kept
+	// for them (delivery.kept), and live those emitted and not ended.
+	kept int
+	live map[*delivery]struct{}
 	// held are, in a subscription that hands out records in order, the hand-outs ready to
 	// queue that wait for the records before them to be acked, in offset order.
 	held []*delivery

@@ -112,6 +112,33 @@ func TestSubscriber_InOrderHandsOutOneRecordOfAPartitionAtATime(t *testing.T) {
 	require.Eventually(t, func() bool { return f.committedTotal() == 6 }, within, 20*time.Millisecond, "not every record committed")
 }
 
+// With a window (redelivery.WithPositionWindow), a partition's records go out several at once,
+// in order; a record that comes after one that was nacked waits for its redelivery, also while
+// the nack is held for its delay.
+func TestSubscriber_InOrderWithAWindowHoldsARecordBehindANackedOne(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	f.produce(0, 3)
+	ctx := redelivery.WithPositionWindow(redelivery.WithDirectSettle(context.Background()), &positions{})
+	ch, err := f.subscriber(kafkabroker.Config{}).Subscribe(ctx, f.topic)
+	require.NoError(t, err)
+	got := receiveRun(t, ch, 3)
+	require.True(t, redelivery.NackAfter(got[0], time.Second))
+	redelivery.Settle(got[0])
+	settle(got[1], true)
+	settle(got[2], true)
+	f.produce(0, 1)
+	requireNothing(t, ch, 500*time.Millisecond) // offset 3 waits for offset 0, held
+	again := receive(t, ch, within)
+	require.Equal(t, messagedata.Position{Partition: 0, Offset: 0, Previous: -1}, position(t, again))
+	require.Equal(t, 2, info(t, again).Count)
+	next := receive(t, ch, within)
+	require.Equal(t, messagedata.Position{Partition: 0, Offset: 3, Previous: 0}, position(t, next))
+	settle(again, true)
+	settle(next, true)
+	require.Eventually(t, func() bool { return f.committedTotal() == 4 }, within, 20*time.Millisecond, "not committed")
+}
+
 func TestSubscriber_InOrderStartsAfterTheAppliedOffsetOrTheCommittedOneIfHigher(t *testing.T) {
 	t.Parallel()
 	f := setup(t, 2)
@@ -174,12 +201,7 @@ func TestSubscriber_PreviousOffsetIsTheLastRecordBeforeItNotAcked(t *testing.T) 
 	f.produce(0, 3)
 	ch, err := f.subscriber(kafkabroker.Config{}).Subscribe(redelivery.WithDirectSettle(context.Background()), f.topic)
 	require.NoError(t, err)
-	var got []*message.Message
-	for i := range 3 {
-		m := receive(t, ch, within)
-		require.Equal(t, messagedata.Position{Partition: 0, Offset: int64(i), Previous: int64(i) - 1}, position(t, m))
-		got = append(got, m)
-	}
+	got := receiveRun(t, ch, 3)
 	settle(got[1], true)
 	settle(got[2], false)
 	again := receive(t, ch, within)
@@ -191,6 +213,19 @@ func TestSubscriber_PreviousOffsetIsTheLastRecordBeforeItNotAcked(t *testing.T) 
 	require.Equal(t, 3, info(t, again).Count)
 	settle(again, true)
 	require.Eventually(t, func() bool { return f.committedTotal() == 3 }, within, 20*time.Millisecond, "not committed")
+}
+
+// receiveRun receives the first n records of partition 0, in offset order, each with the one
+// before it as the previous record not acked.
+func receiveRun(t *testing.T, ch <-chan *message.Message, n int) []*message.Message {
+	t.Helper()
+	var got []*message.Message
+	for i := range n {
+		m := receive(t, ch, within)
+		require.Equal(t, messagedata.Position{Partition: 0, Offset: int64(i), Previous: int64(i) - 1}, position(t, m))
+		got = append(got, m)
+	}
+	return got
 }
 
 // settle acks or nacks m and tells its subscriber, as a consumer that settles directly does.

@@ -2,40 +2,45 @@ package kafka
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // This file handles the partitions a subscription loses: revoked ones stop handing out and
 // commit what is acked before their books are dropped; lost ones are dropped at once.
 
-// dropLocked takes parts out of the books; sub.mu is held.
-func (sub *subscription) dropLocked(parts []*partition) {
+// dropLocked takes parts out of the books, gives back the places of the window their records
+// held, and returns those it dropped; the caller then ends their deliveries (drop). sub.mu is
+// held.
+func (sub *subscription) dropLocked(parts []*partition) []*partition {
+	var dropped []*partition
 	for _, p := range parts {
 		if p.gone {
 			continue
 		}
 		p.gone = true
-		sub.inflight -= p.inflight
-		p.inflight = 0
-		for d := range p.live {
-			d.cancel(ErrRevoked)
-		}
-		for d := range p.live {
-			if d.timer != nil {
-				d.timer.Stop()
-			}
-			sub.gate.leave(d.alone)
-		}
-		clear(p.live)
+		sub.sub.Release(p.kept)
+		p.kept = 0
 		sub.gate.acked(-(p.acks - p.ackCommitted))
 		p.ackCommitted = p.acks
 		p.entries, p.pending, p.held = nil, nil, nil
 		delete(sub.parts, p.id)
+		dropped = append(dropped, p)
 	}
-	signal(sub.room)
+	return dropped
+}
+
+// end ends the deliveries in flight of the partitions dropped (ErrRevoked): their new owner
+// delivers their records again. sub.mu is not held: the engine tells Settle.
+func (sub *subscription) end(dropped []*partition) {
+	if len(dropped) > 0 {
+		sub.sub.End(ErrRevoked, func(d *inflight.Delivery[*delivery]) bool { return slices.Contains(dropped, d.Data.p) })
+	}
 }
 
 // revoked is kgo's OnPartitionsRevoked: the group takes partitions away (a rebalance, or the
@@ -78,9 +83,11 @@ waiting:
 
 	ctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.CloseTimeout)
 	defer cancel()
-	if err := sub.commitMarks(ctx, ids, true); err != nil {
+	dropped, err := sub.commitMarks(ctx, ids, true)
+	if err != nil {
 		sub.logger.Error("Cannot commit the offsets of revoked partitions: their new owner delivers the acked records again", err, watermill.LogFields{"partitions": ids})
 	}
+	sub.end(dropped)
 }
 
 // lost is kgo's OnPartitionsLost: the member lost its partitions without a revoke (its
@@ -91,15 +98,16 @@ func (sub *subscription) lost(_ context.Context, _ *kgo.Client, lost map[string]
 		return
 	}
 	sub.commitMu.Lock()
-	defer sub.commitMu.Unlock()
 	sub.mu.Lock()
-	defer sub.mu.Unlock()
 	var parts []*partition
 	for _, id := range ids {
 		if p := sub.parts[id]; p != nil {
 			parts = append(parts, p)
 		}
 	}
-	sub.dropLocked(parts)
+	dropped := sub.dropLocked(parts)
+	sub.mu.Unlock()
+	sub.commitMu.Unlock()
+	sub.end(dropped)
 	sub.logger.Info("Partitions lost: their records are delivered again by their next owner", watermill.LogFields{"partitions": ids})
 }

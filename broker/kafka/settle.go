@@ -2,100 +2,32 @@ package kafka
 
 import (
 	"context"
-	"time"
+	"errors"
+	"maps"
+	"slices"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
-// This file books the settlement of a subscription's deliveries: watched, or taken directly
-// from a consumer that settles each message itself; a nacked record is queued again after its
-// delay.
+// This file books how a subscription's deliveries end, as the engine tells them, and ends the
+// subscription.
 
-// watch waits for the settlement of one delivery.
-func (sub *subscription) watch(d *delivery, ctx context.Context) {
-	defer sub.watchers.Done()
-	defer d.cancel(nil)
-	timer := time.NewTimer(sub.s.cfg.AckTimeout)
-	defer timer.Stop()
-	select {
-	case <-d.msg.Acked():
-		sub.settle(d, true, 0, nil)
-	case <-d.msg.Nacked():
-		delay := sub.s.cfg.NackDelay
-		if rd, ok := redelivery.RequestedDelay(d.msg.Context()); ok {
-			delay = rd
-		}
-		sub.settle(d, false, delay, nil)
-	case <-timer.C:
-		sub.settle(d, false, 0, ErrAckTimeout)
-	case <-ctx.Done():
-		// An ack given before the delivery ended counts.
-		select {
-		case <-d.msg.Acked():
-			sub.settle(d, true, 0, nil)
-		default:
-			sub.mu.Lock()
-			sub.unliveLocked(d)
-			sub.mu.Unlock()
-		}
-	}
-}
-
-// settled is the settle function of d in a subscription whose consumer settles directly
-// (redelivery.Settle): it books d's ack or nack, then ends the delivery's context.
-func (sub *subscription) settled(d *delivery) {
-	if redelivery.Acked(d.msg) {
-		sub.settle(d, true, 0, nil)
-	} else {
-		delay := sub.s.cfg.NackDelay
-		if rd, ok := redelivery.RequestedDelay(d.msg.Context()); ok {
-			delay = rd
-		}
-		sub.settle(d, false, delay, nil)
-	}
-	d.cancel(nil)
-}
-
-// settleAcked books, in a subscription whose consumer settles directly and that is ending, the
-// acks given before the end whose Settle has not come yet: as watch does, an ack given before
-// the delivery ended counts.
-func (sub *subscription) settleAcked() {
-	var acked []*delivery
-	sub.mu.Lock()
-	for _, p := range sub.parts {
-		for d := range p.live {
-			if redelivery.Acked(d.msg) {
-				acked = append(acked, d)
-			}
-		}
-	}
-	sub.mu.Unlock()
-	for _, d := range acked {
-		sub.settle(d, true, 0, nil)
-	}
-}
-
-// settle books the ack or nack of d. A nacked record is queued again after delay; cause, if
-// not nil, ends the delivery's context first.
-func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, cause error) {
-	if cause != nil {
-		d.cancel(cause)
-	}
+// Settle books how a delivery ended. An ack marks its entry acked: the partition's commit mark
+// may move, and in order the next record may go out. A nack is taken out of the deliveries in
+// flight as its hold begins (Outcome.Held), and queued again when the hold ends; a delivery
+// whose AckTimeout passed is queued again at once. A delivery that ended with the
+// subscription, or with its partition, leaves its entry unacked: the partition's next owner,
+// or the next member, delivers it again.
+func (sub *subscription) Settle(x *inflight.Delivery[*delivery], o inflight.Outcome) {
+	d := x.Data
+	p := d.p
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	p := d.p
-	if d.settled || p.gone {
+	sub.unliveLocked(d)
+	if p.gone {
 		return
 	}
-	d.settled = true
-	if d.timer != nil {
-		d.timer.Stop()
-	}
-	sub.unliveLocked(d)
-	p.inflight--
-	sub.inflight--
-	signal(sub.room)
-	if ack {
+	if o.Acked {
 		d.e.acked, d.e.rec = true, nil
 		p.popAcked()
 		p.acks++
@@ -107,24 +39,10 @@ func (sub *subscription) settle(d *delivery, ack bool, delay time.Duration, caus
 		return
 	}
 	d.e.out = false
-	if sub.done || p.revoking {
-		return // it stays unacked: its partition's next owner delivers it again
+	again := o.Cause == nil && o.Nacked && !o.Held || errors.Is(o.Cause, ErrAckTimeout)
+	if again && !sub.done && !p.revoking {
+		sub.enqueueLocked(p, d.e)
 	}
-	e := d.e
-	if delay <= 0 {
-		sub.enqueueLocked(p, e)
-		return
-	}
-	var t *time.Timer
-	t = time.AfterFunc(delay, func() {
-		sub.mu.Lock()
-		defer sub.mu.Unlock()
-		delete(sub.timers, t)
-		if !p.gone && !p.revoking && !sub.done {
-			sub.enqueueLocked(p, e)
-		}
-	})
-	sub.timers[t] = struct{}{}
 }
 
 // unliveLocked takes d off its partition's deliveries in flight; sub.mu is held.
@@ -134,12 +52,24 @@ func (sub *subscription) unliveLocked(d *delivery) {
 		return
 	}
 	delete(p.live, d)
-	if d.timer != nil {
-		d.timer.Stop()
-	}
 	sub.gate.leave(d.alone)
 	if len(p.live) == 0 && p.drained != nil {
 		close(p.drained)
 		p.drained = nil
 	}
+}
+
+// Close runs once the engine has told every delivery how it ended: it waits for the hand-out
+// and the commits to stop, commits what is acked, and leaves the group, so that its
+// partitions move at once.
+func (sub *subscription) Close(ctx context.Context) error {
+	sub.loops.Wait()
+	if _, err := sub.commitMarks(ctx, nil, false); err != nil {
+		sub.logger.Error("Cannot commit the offsets of the acked records on close: the group delivers them again", err, nil)
+	}
+	sub.cl.Close()
+	sub.mu.Lock()
+	sub.dropLocked(slices.Collect(maps.Values(sub.parts)))
+	sub.mu.Unlock()
+	return nil
 }

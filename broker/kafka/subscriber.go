@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
@@ -40,17 +40,7 @@ var (
 type Subscriber struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
-
-	// ctx ends, with the cause ErrClosed, when Close starts; every subscription's context
-	// derives from it.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-
-	mu     sync.Mutex
-	closed bool
-	subs   sync.WaitGroup // subscriptions not ended yet
-
-	closeOnce sync.Once
+	subs   *inflight.Group
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -62,9 +52,11 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Subscriber{cfg: cfg, logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup})}
-	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	return s, nil
+	return &Subscriber{
+		cfg:    cfg,
+		logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
+		subs:   inflight.NewGroup(ErrClosed),
+	}, nil
 }
 
 // Subscribe joins the consumer group as a new member that consumes topic, creating the topic
@@ -86,30 +78,30 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 // is below it, and a partition's records are handed out in offset order, one at a time: the
 // next once the one before is acked, a nacked record again before the ones behind it; with
 // redelivery.WithPositionWindow, several at once, in offset order, a redelivery still once
-// every record before it is acked. When
-// ctx says that the consumer settles each message itself (redelivery.WithDirectSettle), the
-// subscription books each ack or nack when the consumer calls redelivery.Settle, instead of
-// waiting on the message's channels in a goroutine per delivery.
+// every record before it is acked. When ctx says that the consumer settles each message itself
+// (redelivery.WithDirectSettle), the subscription books each ack or nack when the consumer
+// calls redelivery.Settle, instead of waiting on the message's channels in a goroutine per
+// delivery.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if topic == "" {
 		return nil, errors.New("kafka: subscribe: topic is empty")
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
+	if err := s.subs.Check(); err != nil {
+		return nil, err
 	}
-	s.subs.Add(1)
-	s.mu.Unlock()
-	started := false
-	defer func() {
-		if !started {
-			s.subs.Done()
-		}
-	}()
-
-	subCtx, cancel := context.WithCancelCause(ctx)
-	sub := newSubscription(s, topic, subCtx, cancel)
+	sub := newSubscription(s, topic)
+	// The engine is made first: the group's callbacks (revoked, lost) may come as soon as the
+	// client exists.
+	sub.sub = inflight.New(ctx, sub, inflight.Options{
+		Prefetch:     s.cfg.Prefetch,
+		AckTimeout:   s.cfg.AckTimeout,
+		NackDelay:    s.cfg.NackDelay,
+		HoldNacks:    true,
+		CloseTimeout: s.cfg.CloseTimeout,
+		ErrClosed:    ErrClosed,
+		ErrExpired:   ErrAckTimeout,
+		Log:          sub.logger,
+	})
 	opts := []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}
 	if st := s.cfg.SessionTimeout; st > 0 {
 		opts = append(opts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(st/10, 3*time.Second)))
@@ -131,46 +123,46 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		kgo.OnPartitionsRevoked(sub.revoked),
 		kgo.OnPartitionsLost(sub.lost),
 	)
-	sub.direct = redelivery.SettlesDirectly(ctx)
 	if pos, ok := redelivery.PositionsFrom(ctx); ok {
 		sub.positions, sub.window = pos, redelivery.PositionWindow(ctx)
 		opts = append(opts, kgo.AdjustFetchOffsetsFn(sub.startOffsets))
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		cancel(err)
+		sub.cancel()
 		return nil, fmt.Errorf("kafka: subscribe to %q: %w", topic, err)
 	}
 	sub.cl, sub.adm = cl, kadm.NewClient(cl)
+	fail := func(err error) (<-chan *message.Message, error) {
+		cl.Close()
+		sub.cancel()
+		return nil, err
+	}
 	topics := s.cfg.Topics
 	if topics == nil {
 		topics = NewTopics(cl, -1, -1)
 	}
 	setup, stop := context.WithCancel(ctx)
 	defer stop()
-	defer context.AfterFunc(s.ctx, stop)()
+	defer context.AfterFunc(s.subs.Context(), stop)()
 	if err := topics.Ensure(setup, topic); err != nil {
-		cl.Close()
-		cancel(err)
-		return nil, fmt.Errorf("kafka: subscribe to %q: %w", topic, err)
+		if closed := s.subs.Check(); closed != nil {
+			return fail(closed)
+		}
+		return fail(fmt.Errorf("kafka: subscribe to %q: %w", topic, err))
 	}
-	sub.stopWithSubscriber = context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
-	started = true
-	go sub.run()
-	return sub.out, nil
+	// The hand-out and the commits start first: a subscription whose context has ended
+	// already stops as soon as it starts, and its Close waits for them.
+	sub.start()
+	out, err := sub.sub.Start(s.subs)
+	if err != nil {
+		return fail(err)
+	}
+	return out, nil
 }
 
 // Close ends every subscription: each stops polling, gives back the records it holds
 // unsettled (an ack given before Close counts), commits the offsets of what is acked (within
 // Config.CloseTimeout), leaves the group and closes its channel. Close returns when they
 // all have. It is idempotent.
-func (s *Subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
-		s.cancel(ErrClosed)
-		s.subs.Wait()
-	})
-	return nil
-}
+func (s *Subscriber) Close() error { return s.subs.Close(nil) }

@@ -386,6 +386,23 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 	})
 }
 
+// A revoke does not wait for a nack held for its delay: it is no longer in flight, and its
+// record goes to the new owner at once, its count up by one.
+func TestSubscriber_ARevokeDoesNotWaitForAHeldNack(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 2)
+	f.produce(0, 1)
+	f.produce(1, 1)
+	ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: time.Minute}))
+	for range 2 {
+		require.True(t, redelivery.NackAfter(receive(t, ch0, within), time.Minute))
+	}
+	// One partition moves to the new member, with its record, well before RevokeTimeout.
+	m := receive(t, f.subscribe(f.subscriber(kafkabroker.Config{})), within)
+	require.Equal(t, 2, info(t, m).Count)
+	m.Ack()
+}
+
 // TestSubscriber_TheDeliveryCountOutlivesTheMember: the count of a record nacked by one member
 // goes on in the next, from the group's commit metadata.
 func TestSubscriber_TheDeliveryCountOutlivesTheMember(t *testing.T) {

@@ -4,16 +4,15 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/messagedata"
 )
@@ -30,8 +29,13 @@ const (
 	rebalanceSlack = 5 * time.Second
 )
 
-// subscription is one Subscribe call: one member of the consumer group, which polls records
-// while its window has room, hands them out, and commits the acked prefix of each partition.
+// subscription is the Kafka side of one Subscribe call (an inflight.Source): one member of the
+// consumer group, which polls records while the engine's window has room (Fetch), books them
+// per partition, hands them out in an order of its own (handOut: a record once the group's
+// metadata records its hand-out, one at a time in order for a consumer with positions, alone
+// when a member before may have been delivering it), and commits the acked prefix of each
+// partition (commits). The engine (sub) keeps the window, the deliveries' contexts,
+// AckTimeout, direct or watched settlement and the nack holds.
 //
 // The books: for each partition it owns, the records taken from the polls and not yet below
 // the commit mark, in offset order (entries). An entry leaves the books when it and every
@@ -44,14 +48,13 @@ type subscription struct {
 	cl     *kgo.Client
 	adm    *kadm.Client
 	logger watermill.LoggerAdapter
+	sub    *inflight.Subscription[*delivery]
 
-	// ctx ends when the Subscribe context ends or the Subscriber closes; the deliveries'
-	// contexts derive from it.
-	ctx                context.Context
-	cancel             context.CancelCauseFunc
-	stopWithSubscriber func() bool
-
-	out chan *message.Message
+	// ctx ends when the subscription begins to stop: the hand-out and the commits stop, and
+	// so do the waits at the gate and for a revoke.
+	ctx    context.Context
+	cancel context.CancelFunc
+	loops  sync.WaitGroup // handOut and commits
 
 	// positions are the consumer's applied offsets, when it gave them on the Subscribe
 	// context (redelivery.WithPositions): the subscription then hands out each partition's
@@ -62,17 +65,14 @@ type subscription struct {
 	positions redelivery.Positions
 	window    bool
 
-	// wake, room and commit are signals (capacity 1): the queue has grown, the window has
-	// room, a commit mark has moved.
-	wake, room, commit chan struct{}
+	// wake and commit are signals (capacity 1): the queue has grown, a commit mark has moved.
+	wake, commit chan struct{}
 
-	mu       sync.Mutex
-	parts    map[int32]*partition
-	queue    []*delivery // waiting to be handed out, in order
-	inflight int         // queued or handed out, not settled: the window's use
-	timers   map[*time.Timer]struct{}
-	topicID  [16]byte // the topic's id, from the fetches, for the commits (OffsetCommit v10)
-	done     bool     // ending: nothing is queued again
+	mu      sync.Mutex
+	parts   map[int32]*partition
+	queue   []*delivery // waiting to be handed out, in order
+	topicID [16]byte    // the topic's id, from the fetches, for the commits (OffsetCommit v10)
+	done    bool        // ending: nothing is queued again
 
 	// gate is where the subscription hands out its records (see handOutGate).
 	gate *handOutGate
@@ -80,42 +80,48 @@ type subscription struct {
 	// commitMu serialises the commits, and a revoke with them, so that no commit of a
 	// partition is sent after the partition is revoked.
 	commitMu sync.Mutex
-
-	// direct is set when the consumer settles each message itself (redelivery.Settle, asked
-	// for on the Subscribe context): a delivery is then booked from its settle function, and
-	// ends at AckTimeout by a timer, without a goroutine that waits on its channels (watch).
-	direct   bool
-	watchers sync.WaitGroup // one per delivery handed out and watched
 }
 
-// delivery is one hand-out of an entry.
+// delivery is one hand-out of an entry, from its queueing to its settlement.
 type delivery struct {
-	p       *partition
-	e       *entry
-	msg     *message.Message
-	cancel  context.CancelCauseFunc
-	settled bool
-	alone   bool // handed out alone by its subscription (see handOutGate)
-	// timer ends the delivery at AckTimeout, in a subscription whose consumer settles
-	// directly.
-	timer *time.Timer
+	p     *partition
+	e     *entry
+	alone bool // handed out alone by its subscription (see handOutGate)
+	// kept is set while the delivery holds a place of the window that Fetch kept for it
+	// (partition.kept counts them); it gives it to the engine when it is emitted.
+	kept bool
 }
 
-func newSubscription(s *Subscriber, topic string, ctx context.Context, cancel context.CancelCauseFunc) *subscription {
-	return &subscription{
+func newSubscription(s *Subscriber, topic string) *subscription {
+	sub := &subscription{
 		s:      s,
 		topic:  topic,
 		logger: s.logger.With(watermill.LogFields{"topic": topic}),
-		ctx:    ctx,
-		cancel: cancel,
-		out:    make(chan *message.Message),
 		wake:   make(chan struct{}, 1),
-		room:   make(chan struct{}, 1),
 		commit: make(chan struct{}, 1),
 		parts:  map[int32]*partition{},
 		gate:   &handOutGate{changed: make(chan struct{})},
-		timers: map[*time.Timer]struct{}{},
 	}
+	sub.ctx, sub.cancel = context.WithCancel(context.Background())
+	return sub
+}
+
+// start starts the hand-out and the commits, until the subscription begins to stop (or
+// cancel is called: it did not start).
+func (sub *subscription) start() {
+	sub.loops.Add(2)
+	go sub.handOut()
+	go sub.commits()
+	go func() {
+		select {
+		case <-sub.sub.Stopping():
+		case <-sub.ctx.Done():
+		}
+		sub.mu.Lock()
+		sub.done = true
+		sub.mu.Unlock()
+		sub.cancel()
+	}()
 }
 
 func signal(ch chan struct{}) {
@@ -125,85 +131,36 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// run polls until the subscription's context ends, then winds the subscription down: it
-// waits for the deliveries handed out (an ack given before counts), commits what is acked,
-// leaves the group and closes the channel.
-func (sub *subscription) run() {
-	defer sub.s.subs.Done()
-	defer close(sub.out)
-	defer sub.stopWithSubscriber()
-
-	var helpers sync.WaitGroup
-	helpers.Go(sub.send)
-	helpers.Go(sub.commits)
-	sub.poll()
-	helpers.Wait()
-	sub.watchers.Wait()
-	if sub.direct {
-		sub.settleAcked()
+// Fetch polls up to n records and takes them into the books, keeping a place of the window
+// for each record to hand out.
+func (sub *subscription) Fetch(ctx context.Context, n int) error {
+	fetches := sub.cl.PollRecords(ctx, n)
+	if fetches.IsClientClosed() {
+		sub.cl.AllowRebalance()
+		return errors.New("kafka: the client is closed")
 	}
-	sub.mu.Lock()
-	sub.done = true
-	for t := range sub.timers {
-		t.Stop()
-	}
-	sub.mu.Unlock()
-
-	ctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.CloseTimeout)
-	defer cancel()
-	if err := sub.commitMarks(ctx, nil, false); err != nil {
-		sub.logger.Error("Cannot commit the offsets of the acked records on close: the group delivers them again", err, nil)
-	}
-	sub.cl.Close()
-	sub.mu.Lock()
-	sub.dropLocked(slices.Collect(maps.Values(sub.parts)))
-	sub.mu.Unlock()
-}
-
-// poll takes records into the books while the window has room, until the context ends.
-func (sub *subscription) poll() {
-	prefetch := sub.s.cfg.Prefetch
-	for sub.ctx.Err() == nil {
-		sub.mu.Lock()
-		room := prefetch - sub.inflight
-		sub.mu.Unlock()
-		if room <= 0 {
-			select {
-			case <-sub.room:
-			case <-sub.ctx.Done():
-			}
-			continue
-		}
-		fetches := sub.cl.PollRecords(sub.ctx, room)
-		if fetches.IsClientClosed() {
-			sub.cl.AllowRebalance()
+	failed := false
+	fetches.EachError(func(topic string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return
 		}
-		failed := false
-		fetches.EachError(func(topic string, p int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			failed = true
-			sub.logger.Error("Fetch failed", err, watermill.LogFields{"partition": p})
-		})
-		fetches.EachTopic(func(t kgo.FetchTopic) {
-			if t.Topic == sub.topic && t.TopicID != [16]byte{} {
-				sub.mu.Lock()
-				sub.topicID = t.TopicID
-				sub.mu.Unlock()
-			}
-		})
-		recs := fetches.Records()
-		sub.take(recs)
-		sub.cl.AllowRebalance()
-		if failed && len(recs) == 0 {
-			select {
-			case <-time.After(retryPause):
-			case <-sub.ctx.Done():
-			}
+		failed = true
+		sub.logger.Error("Fetch failed", err, watermill.LogFields{"partition": p})
+	})
+	fetches.EachTopic(func(t kgo.FetchTopic) {
+		if t.Topic == sub.topic && t.TopicID != [16]byte{} {
+			sub.mu.Lock()
+			sub.topicID = t.TopicID
+			sub.mu.Unlock()
 		}
+	})
+	recs := fetches.Records()
+	sub.take(ctx, recs)
+	sub.cl.AllowRebalance()
+	if failed && len(recs) == 0 {
+		sub.sub.Sleep(retryPause)
 	}
+	return nil
 }
 
 // take puts the records of one poll in the books. Those below the partition's horizon are
@@ -217,7 +174,7 @@ func (sub *subscription) poll() {
 // records the metadata says were acked are booked as acked and not delivered. Where the
 // metadata is not onceflow's (a group committed by another client), the record at the
 // committed offset alone is of unknown count.
-func (sub *subscription) take(recs []*kgo.Record) {
+func (sub *subscription) take(ctx context.Context, recs []*kgo.Record) {
 	if len(recs) == 0 {
 		return
 	}
@@ -231,12 +188,13 @@ func (sub *subscription) take(recs []*kgo.Record) {
 	sub.mu.Unlock()
 	starts := map[int32]groupOffset{}
 	if len(fresh) > 0 {
-		starts = sub.groupOffsets(fresh)
+		starts = sub.groupOffsets(ctx, fresh)
 	}
 
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	queued, waiting := false, false
+	var booked []*delivery
 	for _, r := range recs {
 		if r.Topic != sub.topic {
 			continue
@@ -275,13 +233,18 @@ func (sub *subscription) take(recs []*kgo.Record) {
 			e.deliveries, e.recorded, e.unknownCount = 1, 1, true
 		}
 		p.entries = append(p.entries, e)
-		if sub.queueLocked(p, e) {
+		d, ready := sub.queueLocked(p, e)
+		booked = append(booked, d)
+		if ready {
 			queued = true
 		} else {
 			waiting = true
 		}
 	}
-	_ = waiting
+	for _, d := range booked[:sub.sub.Keep(len(booked))] {
+		d.kept = true
+		d.p.kept++
+	}
 	if queued {
 		signal(sub.wake)
 	}
@@ -290,19 +253,17 @@ func (sub *subscription) take(recs []*kgo.Record) {
 	}
 }
 
-// queueLocked queues the next hand-out of e if the group's metadata covers it (ready), and
-// otherwise puts it with the deliveries that wait for the next commit; it reports whether it
-// queued it. sub.mu is held.
-func (sub *subscription) queueLocked(p *partition, e *entry) bool {
+// queueLocked makes the next hand-out of e and queues it if the group's metadata covers it
+// (ready), or otherwise puts it with the deliveries that wait for the next commit; it reports
+// whether the queue grew. sub.mu is held.
+func (sub *subscription) queueLocked(p *partition, e *entry) (*delivery, bool) {
 	d := &delivery{p: p, e: e}
-	p.inflight++
-	sub.inflight++
 	if p.ready(e) {
-		return sub.readyLocked(d)
+		return d, sub.readyLocked(d)
 	}
 	e.waiting = true
 	p.pending = append(p.pending, d)
-	return false
+	return d, false
 }
 
 // readyLocked queues d, whose hand-out is ready, and reports whether the queue grew. A
@@ -343,20 +304,21 @@ func (sub *subscription) releaseLocked(p *partition) bool {
 // enqueueLocked queues the next hand-out of e, or has it wait for the next commit, and
 // signals whichever applies; sub.mu is held.
 func (sub *subscription) enqueueLocked(p *partition, e *entry) {
-	if sub.queueLocked(p, e) {
+	if _, queued := sub.queueLocked(p, e); queued {
 		signal(sub.wake)
 	} else {
 		signal(sub.commit)
 	}
 }
 
-// send hands out the queued deliveries in order until the context ends.
+// handOut emits the queued deliveries in order until the subscription begins to stop.
 //
 // A record that a member before may have been delivering when it stopped (unknownCount) is
 // handed out alone (see handOutGate): if it is a message that kills its consumer, the
 // subscription's other records do not die with it, and are not counted with it towards their
 // delivery limits.
-func (sub *subscription) send() {
+func (sub *subscription) handOut() {
+	defer sub.loops.Done()
 	for {
 		sub.mu.Lock()
 		for len(sub.queue) == 0 {
@@ -376,8 +338,7 @@ func (sub *subscription) send() {
 			continue
 		}
 		if d.p.revoking {
-			d.p.inflight--
-			sub.inflight--
+			sub.unkeepLocked(d)
 			sub.mu.Unlock()
 			continue
 		}
@@ -404,47 +365,45 @@ func (sub *subscription) send() {
 		if d.p.gone || d.p.revoking {
 			// Revoked while it waited at the gate.
 			sub.gate.leave(d.alone)
-			if !d.p.gone {
-				d.p.inflight--
-				sub.inflight--
-			}
+			sub.unkeepLocked(d)
 			sub.mu.Unlock()
 			continue
 		}
-		d.e.deliveries++
-		info := redelivery.Info{Count: d.e.deliveries, DelaysNacks: true}
-		ctx, cancel := context.WithCancelCause(sub.ctx)
-		d.msg = Message(d.e.rec)
-		messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.p.previous(d.e)}.SetHeaders(d.msg.Metadata)
-		if sub.direct {
-			d.msg.SetContext(redelivery.NewDeliveryContext(ctx, info, func() { sub.settled(d) }, nil))
-		} else {
-			d.msg.SetContext(redelivery.NewContext(ctx, info))
+		if !sub.emitLocked(d) {
+			sub.mu.Unlock()
+			return
 		}
-		d.cancel = cancel
-		d.p.live[d] = struct{}{}
 		sub.mu.Unlock()
+	}
+}
 
-		select {
-		case sub.out <- d.msg:
-			if !sub.direct {
-				sub.watchers.Add(1)
-				go sub.watch(d, ctx)
-				break
-			}
-			// AckTimeout counts from the hand-out, as in watch; the consumer may have
-			// settled the delivery already.
-			sub.mu.Lock()
-			if !d.settled && !d.p.gone {
-				d.timer = time.AfterFunc(sub.s.cfg.AckTimeout, func() { sub.settle(d, false, 0, ErrAckTimeout) })
-			}
-			sub.mu.Unlock()
-		case <-ctx.Done():
-			// Revoked or ending before it was handed out.
-			sub.mu.Lock()
-			sub.unliveLocked(d)
-			sub.mu.Unlock()
-		}
+// emitLocked gives d to the engine to hand out, with its message and its position, and
+// reports false when the subscription is stopping. It is emitted under sub.mu, so that a
+// revoke that drops its partition after finds it in the engine. sub.mu is held.
+func (sub *subscription) emitLocked(d *delivery) bool {
+	d.e.deliveries++
+	msg := Message(d.e.rec)
+	messagedata.Position{Partition: d.e.rec.Partition, Offset: d.e.offset, Previous: d.p.previous(d.e)}.SetHeaders(msg.Metadata)
+	kept := d.kept
+	if kept {
+		d.kept = false
+		d.p.kept--
+	}
+	d.p.live[d] = struct{}{}
+	if sub.sub.Emit(inflight.Item[*delivery]{Data: d, Msg: msg, Count: d.e.deliveries, Kept: kept}) == nil {
+		sub.unliveLocked(d)
+		return false
+	}
+	return true
+}
+
+// unkeepLocked gives back the place of the window that d holds, if it holds one: it will not
+// be handed out (its partition is being revoked). sub.mu is held.
+func (sub *subscription) unkeepLocked(d *delivery) {
+	if d.kept && !d.p.gone {
+		d.kept = false
+		d.p.kept--
+		sub.sub.Release(1)
 	}
 }
 
