@@ -65,27 +65,6 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == int64(len(ids)) }, "the group has not committed every acked record")
 }
 
-func TestSubscriber_HandsOutManyRecordsBeforeTheirAcks(t *testing.T) {
-	t.Parallel()
-	f := setup(t, 1)
-	f.publish(0, 20)
-	ch := f.subscribe(f.subscriber(kafkabroker.Config{Prefetch: 8}))
-	var held []*message.Message
-	for range 8 {
-		held = append(held, receive(t, ch, within))
-	}
-	requireNothing(t, ch, 200*time.Millisecond) // the window is full
-	held[0].Ack()
-	held = append(held[1:], receive(t, ch, within))
-	for _, m := range held {
-		m.Ack()
-	}
-	for range 11 {
-		receive(t, ch, within).Ack()
-	}
-	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 20 }, "not every record committed")
-}
-
 func TestSubscriber_NackRedeliversAfterTheDelayWithoutHoldingTheRecordsBehind(t *testing.T) {
 	t.Parallel()
 	f := setup(t, 1)
@@ -184,6 +163,20 @@ func TestSubscriber_ARestartedMemberResumesAtTheFirstRecordNotAcked(t *testing.T
 	require.Equal(t, want, got)
 	requireNothing(t, ch, 200*time.Millisecond)
 	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 13 }, "not committed")
+}
+
+// An ack given before the subscription ends is committed by its end, though the consumer,
+// which settles directly, has not settled it yet.
+func TestSubscriber_AnAckGivenBeforeCloseIsCommitted(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	f.publish(0, 1)
+	s := f.subscriber(kafkabroker.Config{})
+	ch, err := s.Subscribe(redelivery.WithDirectSettle(context.Background()), f.topic)
+	require.NoError(t, err)
+	receive(t, ch, within).Ack()
+	require.NoError(t, s.Close())
+	require.Equal(t, int64(1), f.committedTotal())
 }
 
 func TestSubscriber_ForeignRecordsGetTheirCoordinatesAsID(t *testing.T) {
