@@ -98,32 +98,42 @@
 // source's lock first, then the engine's. End is the exception: it calls Settle, so a source
 // calls it without the locks its Settle takes.
 //
-// # Porting a scheme
+// # The schemes
 //
-// mem (the smallest), redis, nats, sqlqueue and sqlitequeue are sources already; what the
-// others need:
+// Every scheme of broker/ is a source: mem (the smallest), redis, nats, amqp, kafka, sqlqueue
+// and sqlitequeue. What each takes of the engine beyond Fetch, Settle and Close:
 //
 //   - amqp: RabbitMQ pushes (basic.qos is the window): Fetch waits for the first delivery of
 //     the channel and takes the others that are there, up to n; a lost channel or connection
-//     is End(cause, every delivery of that session) and a new session inside Fetch, and
-//     Settle sends nothing for a delivery whose session is gone (tags belong to their
-//     channel). HoldNacks replaces the held-nack heap. The coalescer stays the source's: Settle
-//     records an ack under the session's mutex and sends the frames it returns, Flusher sends
-//     the run of acks at the front, and the source keeps its own ack timer. Item.Count is the
-//     quorum queue's count, Item.Redelivered the classic queue's flag; no deadline.
-//   - kafka: HoldNacks replaces the nack timers, and Settle of a held nack puts the record back
-//     in the partition's books. The books, the per-partition order and the hand-out gate stay
-//     the source's: Fetch polls and books, Keep keeps the places of what it booked, and the
-//     source Emits a record (Item.Kept, from its own goroutine) when its turn comes, after the
+//     is End(ErrConnectionLost, every delivery of that session) and a new session inside
+//     Fetch, and Settle sends nothing for a delivery whose session is gone (tags belong to
+//     their channel). With HoldNacks, Settle marks a tag held as its hold begins
+//     (Outcome.Held) and nacks it when it ends. The coalescer is the source's: Settle records
+//     an ack under the session's mutex and sends the frames it returns, measuring processing
+//     times from Outcome.HandedOut; Flusher sends the run of acks at the front; the session
+//     keeps its own ack timer. The settlements of the end are sent in Close, after the
+//     consumer is cancelled. Item.Count is the quorum queue's count, Item.Redelivered the
+//     classic queue's flag; no deadline.
+//   - kafka: the books, the per-partition order and the hand-out gate are the source's: Fetch
+//     polls and books, Keep keeps a place for each record booked (the records it could not
+//     keep a place for take a new one when emitted), and the source's hand-out goroutine
+//     Emits a record (Item.Kept, under the source's mutex) when its turn comes, after the
 //     metadata commit that records the hand-out. Options.AckTimeout (Item.Deadline zero)
-//     counts from the hand-out, as now. A revoke, once its wait is over, is End(ErrRevoked,
-//     the partition's deliveries) and Release of the places of its books; the final commit
-//     is Close.
+//     counts from the hand-out. With HoldNacks, Settle takes a held nack out of the
+//     deliveries in flight as its hold begins (a revoke does not wait for it; in order, the
+//     records behind it wait for its redelivery) and queues the record again when it ends. A
+//     revoke, once its wait is over and its commit made, drops the partition's books,
+//     Releases their places and then calls End(ErrRevoked, the partition's deliveries); the
+//     final commit and the leave are Close.
+//   - sqlqueue: LateAcks (a late ack still deletes the lease nobody claimed since), Contexter
+//     for the redelivery.TxAck, the lease as Item.Deadline, the settler's batches behind
+//     Settle, its seal in Close. A delivery given back at the end that was never handed out
+//     (Delivery.HandedOut) gets its count back.
+//   - sqlitequeue: as sqlqueue, with its claim rows as the leases.
 //
-// For each, the per-scheme tests of the window, the hand-out, direct settlement and the
-// contexts go (the engine's tests cover them), and the tests of its own frames, counts,
-// reconnects and give-back stay; its bench_test.go shows the allocations per message before
-// and after.
+// The engine's tests cover the window, the hand-out, settlement and the contexts once; a
+// scheme's tests cover its own frames, counts, reconnects and give-back, and its bench_test.go
+// counts the allocations per message.
 //
 // # What the engine promises a consumer
 //
