@@ -706,6 +706,10 @@ func TestRules_ValidateNamesTheFieldAndApplySetsTheDefaults(t *testing.T) {
 		require.EqualError(t, r.Validate(c.s), c.err)
 	}
 	require.NoError(t, r.Validate(inflight.Settings{NackDelay: -1}))
+	require.EqualError(t, r.Validate(inflight.Settings{}, inflight.Duration{Name: "BlockTime"}, inflight.Duration{Name: "ClaimInterval", Value: -1}),
+		"x: Config.ClaimInterval: -1ns is negative (0 selects the default)")
+	require.EqualError(t, r.Validate(inflight.Settings{Prefetch: -1}, inflight.Duration{Name: "BlockTime", Value: -1}),
+		"x: Config.Prefetch: -1 is outside 1..100 (0 selects the default)", "the common settings first")
 	got := r.Apply(inflight.Settings{NackDelay: -1})
 	require.NotNil(t, got.Logger)
 	got.Logger = nil

@@ -45,8 +45,28 @@ type Rules struct {
 	CloseTimeout time.Duration
 }
 
-// Validate reports the first field of s that the scheme refuses, naming it.
-func (r Rules) Validate(s Settings) error {
+// Duration is a duration field of a scheme's Config beside its Settings, whose zero selects
+// a default: Rules.Validate refuses it negative.
+type Duration struct {
+	Name  string
+	Value time.Duration
+}
+
+// Validate reports the first field of s that the scheme refuses, or else the first of more
+// that is negative, naming it.
+func (r Rules) Validate(s Settings, more ...Duration) error {
+	if err := r.validate(s); err != nil {
+		return err
+	}
+	for _, d := range more {
+		if d.Value < 0 {
+			return fmt.Errorf("%s: Config.%s: %s is negative (0 selects the default)", r.Scheme, d.Name, d.Value)
+		}
+	}
+	return nil
+}
+
+func (r Rules) validate(s Settings) error {
 	if s.Prefetch < 0 || r.MaxPrefetch > 0 && s.Prefetch > r.MaxPrefetch {
 		if r.MaxPrefetch > 0 {
 			return fmt.Errorf("%s: Config.Prefetch: %d is outside 1..%d (0 selects the default)", r.Scheme, s.Prefetch, r.MaxPrefetch)
