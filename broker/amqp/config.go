@@ -2,7 +2,6 @@ package amqp
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -112,23 +111,11 @@ func (c Config) Validate() error {
 	if err := c.Topology.Validate(); err != nil {
 		return err
 	}
-	if err := rules.Validate(c.settings()); err != nil {
-		return err
-	}
-	for _, d := range []struct {
-		name  string
-		value time.Duration
-	}{
-		{"AckDelay", c.AckDelay},
-		{"OutOfOrderAckDelay", c.OutOfOrderAckDelay},
-		{"ReconnectInitial", c.ReconnectInitial},
-		{"ReconnectMax", c.ReconnectMax},
-	} {
-		if d.value < 0 {
-			return fmt.Errorf("broker/amqp: Config.%s: %s is negative", d.name, d.value)
-		}
-	}
-	return nil
+	return rules.Validate(c.settings(),
+		inflight.Duration{Name: "AckDelay", Value: c.AckDelay},
+		inflight.Duration{Name: "OutOfOrderAckDelay", Value: c.OutOfOrderAckDelay},
+		inflight.Duration{Name: "ReconnectInitial", Value: c.ReconnectInitial},
+		inflight.Duration{Name: "ReconnectMax", Value: c.ReconnectMax})
 }
 
 // withDefaults returns c with every zero field that has a default set to it.

@@ -2,7 +2,6 @@ package kafka
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -119,16 +118,9 @@ func (c Config) Validate() error {
 	case c.ConsumerGroup == "":
 		return errors.New("kafka: Config.ConsumerGroup is empty")
 	}
-	if err := rules.Validate(c.settings()); err != nil {
-		return err
-	}
-	switch {
-	case c.SessionTimeout < 0:
-		return fmt.Errorf("kafka: Config.SessionTimeout: %s is negative (0 selects the default)", c.SessionTimeout)
-	case c.RevokeTimeout < 0:
-		return fmt.Errorf("kafka: Config.RevokeTimeout: %s is negative (0 selects the default)", c.RevokeTimeout)
-	}
-	return nil
+	return rules.Validate(c.settings(),
+		inflight.Duration{Name: "SessionTimeout", Value: c.SessionTimeout},
+		inflight.Duration{Name: "RevokeTimeout", Value: c.RevokeTimeout})
 }
 
 func (c Config) withDefaults() Config {

@@ -110,19 +110,11 @@ func (c Config) Validate() error {
 	if c.ConsumerGroup == "" {
 		return errors.New("redis: Config.ConsumerGroup is empty")
 	}
-	if err := rules.Validate(c.settings()); err != nil {
+	err := rules.Validate(c.settings(),
+		inflight.Duration{Name: "ClaimInterval", Value: c.ClaimInterval},
+		inflight.Duration{Name: "BlockTime", Value: c.BlockTime})
+	if err != nil {
 		return err
-	}
-	for _, d := range []struct {
-		name  string
-		value time.Duration
-	}{
-		{"ClaimInterval", c.ClaimInterval},
-		{"BlockTime", c.BlockTime},
-	} {
-		if d.value < 0 {
-			return fmt.Errorf("redis: Config.%s: %s is negative (0 selects the default)", d.name, d.value)
-		}
 	}
 	if c.BlockTime > 0 && c.BlockTime < time.Millisecond {
 		// XREADGROUP counts in milliseconds, and BLOCK 0 waits for ever.
