@@ -131,39 +131,25 @@ func (ss *session) failure() error {
 
 // expire sends the acks that have waited their time: the ack timer's function.
 func (ss *session) expire() {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.over {
-		return
-	}
-	ss.ackDue = time.Time{}
-	if err := ss.send(ss.acked.expire(time.Now())); err != nil {
-		ss.fail(err)
-	}
-}
-
-// flushIdle sends the acks that wait when no delivery is open.
-func (ss *session) flushIdle() {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.over {
-		return
-	}
-	if err := ss.send(ss.acked.idleFlush()); err != nil {
-		ss.fail(err)
-	}
+	ss.sendNow(func(c *coalescer) []ackFrame {
+		ss.ackDue = time.Time{}
+		return c.expire(time.Now())
+	})
 }
 
 // flushPrefix sends the acks at the front of the window now: the consumer has settled a batch
 // together (redelivery.Flush), and their deliveries leave RabbitMQ's prefetch window at once,
 // instead of after AckDelay, for the next ones.
-func (ss *session) flushPrefix() {
+func (ss *session) flushPrefix() { ss.sendNow((*coalescer).flushPrefix) }
+
+// sendNow sends the frames that take returns, unless the session is over.
+func (ss *session) sendNow(take func(*coalescer) []ackFrame) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.over {
 		return
 	}
-	if err := ss.send(ss.acked.flushPrefix()); err != nil {
+	if err := ss.send(take(ss.acked)); err != nil {
 		ss.fail(err)
 	}
 }

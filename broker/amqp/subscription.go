@@ -117,7 +117,7 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 				}
 				got++
 			default:
-				ss.flushIdle()
+				ss.sendNow((*coalescer).idleFlush)
 			}
 		case <-ss.done:
 			return nil
