@@ -77,6 +77,9 @@
 // consumer gave before, in the goroutine that called End; a queued one is not handed out. A
 // nack whose hold is beginning (its Settle with Outcome.Held running) is not among them: it
 // ends with its hold, and its source, which knows that its broker dropped it, sends nothing.
+// Withdraw(cause, match) is End for the matching deliveries that the consumer has not taken
+// yet: a source that stops handing out some of its messages (Kafka's partition being revoked)
+// takes back those still queued, and waits only for those the consumer has.
 //
 // Close(ctx) runs once, after Fetch has returned (or CloseTimeout has passed) and every
 // delivery has had its Settle: it sends what the source still holds (coalesced acks), gives

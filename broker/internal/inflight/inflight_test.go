@@ -554,6 +554,27 @@ func TestEnd_AQueuedDeliveryThatEndsIsNotHandedOut(t *testing.T) {
 	require.Equal(t, "2", receive(t, ch).UUID)
 }
 
+func TestWithdraw_EndsOnlyTheDeliveriesNotHandedOutYet(t *testing.T) {
+	src := newSource(8)
+	src.put(1, 3)
+	ch, cancel := start(t, nil, src, true, inflight.Options{Prefetch: 3})
+	defer cancel()
+	one := receive(t, ch)
+	require.Eventually(t, func() bool { return len(src.ready) == 0 }, 5*time.Second, time.Millisecond)
+	// Two is in the pump's hands, three queued behind it: neither is the consumer's yet.
+	require.Equal(t, 2, src.sub.Withdraw(errLost, func(*inflight.Delivery[int]) bool { return true }))
+	got := map[int]inflight.Outcome{}
+	for range 2 {
+		s := settlement(t, src)
+		got[s.n] = s.o
+	}
+	require.Equal(t, map[int]inflight.Outcome{2: {Cause: errLost}, 3: {Cause: errLost}}, got)
+	none(t, ch, 100*time.Millisecond)
+	require.NoError(t, one.Context().Err(), "the delivery the consumer has goes on")
+	ack(one)
+	require.Equal(t, settled{n: 1, o: inflight.Outcome{Acked: true}}, settlement(t, src))
+}
+
 func TestStop_GivesBackWhatItHoldsWithWhatTheConsumerGaveThenClosesTheChannel(t *testing.T) {
 	modes(t, func(t *testing.T, direct bool) {
 		src := newSource(8)

@@ -495,6 +495,19 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 // calls End, which must therefore not hold the locks that Settle takes. It returns how many
 // it ended.
 func (s *Subscription[T]) End(cause error, match func(*Delivery[T]) bool) int {
+	return s.end(cause, match, false)
+}
+
+// Withdraw ends, as End does, the deliveries that match and that the consumer has not taken
+// yet (emitted, queued for their hand-out): their source stops handing them out (a partition
+// being revoked), and waits only for those the consumer has. It returns how many it ended.
+func (s *Subscription[T]) Withdraw(cause error, match func(*Delivery[T]) bool) int {
+	return s.end(cause, match, true)
+}
+
+// end ends the deliveries in flight that match, only the queued ones with queuedOnly, the held
+// nacks otherwise.
+func (s *Subscription[T]) end(cause error, match func(*Delivery[T]) bool, queuedOnly bool) int {
 	if cause == nil {
 		cause = context.Canceled
 	}
@@ -502,7 +515,7 @@ func (s *Subscription[T]) End(cause error, match func(*Delivery[T]) bool) int {
 	var ends []*Delivery[T]
 	for d := s.head; d != nil; {
 		next := d.next
-		if match(d) {
+		if (!queuedOnly || d.state == queued) && match(d) {
 			s.unlink(d)
 			s.live--
 			d.state = ended
@@ -510,7 +523,9 @@ func (s *Subscription[T]) End(cause error, match func(*Delivery[T]) bool) int {
 		}
 		d = next
 	}
-	ends = s.endHeldLocked(ends, match)
+	if !queuedOnly {
+		ends = s.endHeldLocked(ends, match)
+	}
 	s.mu.Unlock()
 	s.tell(ends, cause)
 	return len(ends)
