@@ -44,15 +44,19 @@ func (sub *subscription) end(dropped []*partition) {
 }
 
 // revoked is kgo's OnPartitionsRevoked: the group takes partitions away (a rebalance, or the
-// member leaving). It stops handing out their records, waits up to Config.RevokeTimeout for
-// the deliveries in flight to settle, commits what is acked and drops the rest from the books,
-// for their new owner to deliver again.
+// member leaving). It stops handing out their records (it withdraws those its consumer has not
+// taken yet), waits up to Config.RevokeTimeout for the deliveries the consumer has to settle,
+// commits what is acked and drops the rest from the books, for their new owner to deliver
+// again.
 func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	ids := lost[sub.topic]
 	if len(ids) == 0 {
 		return
 	}
-	var drained []chan struct{}
+	var (
+		revoking []*partition
+		drained  []chan struct{}
+	)
 	sub.mu.Lock()
 	for _, id := range ids {
 		p := sub.parts[id]
@@ -60,6 +64,7 @@ func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[stri
 			continue
 		}
 		p.revoking = true
+		revoking = append(revoking, p)
 		if len(p.live) > 0 {
 			if p.drained == nil {
 				p.drained = make(chan struct{})
@@ -68,6 +73,8 @@ func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[stri
 		}
 	}
 	sub.mu.Unlock()
+	// What the consumer has not taken yet is not handed out: the wait is for what it has.
+	sub.sub.Withdraw(ErrRevoked, func(d *inflight.Delivery[*delivery]) bool { return slices.Contains(revoking, d.Data.p) })
 	wait := time.NewTimer(sub.s.cfg.RevokeTimeout)
 	defer wait.Stop()
 waiting:

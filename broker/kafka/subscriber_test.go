@@ -379,6 +379,22 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 	})
 }
 
+// A revoke takes back the records its member emitted and its consumer has not taken: it waits
+// only for the deliveries the consumer has.
+func TestSubscriber_ARevokeWithdrawsTheRecordsTheConsumerHasNotTaken(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 2)
+	f.produce(0, 5)
+	f.produce(1, 5)
+	ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: time.Minute}))
+	receive(t, ch0, within).Ack() // the others wait in the subscription, not taken
+	// One partition moves to the new member, with its records, well before RevokeTimeout.
+	ch1 := f.subscribe(f.subscriber(kafkabroker.Config{}))
+	for range 4 {
+		receive(t, ch1, within).Ack()
+	}
+}
+
 // A revoke does not wait for a nack held for its delay: it is no longer in flight, and its
 // record goes to the new owner at once, its count up by one.
 func TestSubscriber_ARevokeDoesNotWaitForAHeldNack(t *testing.T) {
