@@ -125,9 +125,9 @@
 //     counts from the hand-out. With HoldNacks, Settle takes a held nack out of the
 //     deliveries in flight as its hold begins (a revoke does not wait for it; in order, the
 //     records behind it wait for its redelivery) and queues the record again when it ends. A
-//     revoke, once its wait is over and its commit made, drops the partition's books,
-//     Releases their places and then calls End(ErrRevoked, the partition's deliveries); the
-//     final commit and the leave are Close.
+//     revoke Withdraws the partition's deliveries its consumer has not taken, waits for the
+//     others, commits, drops the partition's books, Releases their places and then calls
+//     End(ErrRevoked, the partition's deliveries); the final commit and the leave are Close.
 //   - sqlqueue: LateAcks (a late ack still deletes the lease nobody claimed since), Contexter
 //     for the redelivery.TxAck, the lease as Item.Deadline, the settler's batches behind
 //     Settle, its seal in Close. A delivery given back at the end that was never handed out
