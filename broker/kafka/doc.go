@@ -79,7 +79,8 @@
 // # Rebalances and Close
 //
 // When the group takes partitions away from a member (a rebalance), the member stops handing
-// out their records, waits up to Config.RevokeTimeout for those in flight, commits what is
+// out their records (those its consumer has not taken yet go back at once), waits up to
+// Config.RevokeTimeout for the deliveries its consumer has, commits what is
 // acked of them, drops the rest from its books and ends their deliveries (ErrRevoked):
 // their new owner delivers them again from the committed offset, and onceflow's deduplication
 // absorbs what was processed twice. Acks given after that are ignored. A member whose
