@@ -96,6 +96,11 @@ func TestRelay_CrashWhilePublishingSendsTheMessageAgain(t *testing.T) {
 	})
 }
 
+// orderedResend is the wait before a failed message is sent again in the tests that check it
+// comes after the one behind it: long enough that the one behind goes first on a loaded
+// machine, where the relay config's 10 ms is not.
+const orderedResend = 300 * time.Millisecond
+
 func TestRelay_FailedPublishIsSentAgainLaterWhileTheOthersGoOn(t *testing.T) {
 	forEachDB(t, outbox.Config{}, func(t *testing.T, e *env) {
 		ids := e.commitN(t, "order", 3)
@@ -109,6 +114,7 @@ func TestRelay_FailedPublishIsSentAgainLaterWhileTheOthersGoOn(t *testing.T) {
 		dlq := newRecorder()
 		cfg := relayConfig(e, e.db, rec)
 		cfg.DeadLetterPublisher = dlq
+		cfg.ResendInterval, cfg.MaxResendInterval = orderedResend, orderedResend
 		r := start(t, cfg)
 		rec.waitFor(t, 3)
 		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
@@ -131,7 +137,9 @@ func TestRelay_LostConfirmationSendsTheSameIDAgainAndDedupAbsorbsIt(t *testing.T
 			}
 			return nil
 		}
-		r := start(t, relayConfig(e, e.db, rec))
+		cfg := relayConfig(e, e.db, rec)
+		cfg.ResendInterval, cfg.MaxResendInterval = orderedResend, orderedResend
+		r := start(t, cfg)
 		rec.waitFor(t, 4)
 		waitBacklog(t, e.ob, outbox.DefaultConsumerGroup, 0)
 		require.NoError(t, r.stop(t))
