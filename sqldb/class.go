@@ -27,6 +27,10 @@ const (
 	// Data is an error in the data that running again cannot cure: a value too long, a
 	// NOT NULL or check or foreign-key violation, a malformed value.
 	Data
+	// ReadOnly is a database that refuses writes for now: a hot standby or a server in
+	// read-only mode (a failover in progress, a maintenance), a read-only SQLite file. No
+	// message is at fault; the database has to come back.
+	ReadOnly
 )
 
 // String names the class.
@@ -40,6 +44,8 @@ func (c Class) String() string {
 		return "connection"
 	case Data:
 		return "data"
+	case ReadOnly:
+		return "read-only"
 	}
 	return "unknown"
 }
@@ -101,6 +107,37 @@ func isConnectionError(err error) bool {
 	}
 	var netErr net.Error
 	return errors.As(err, &netErr)
+}
+
+// IsOutage reports whether err is a failure of the world around a message rather than of the
+// message: the database unreachable, refusing connections or writes (class Connection or
+// ReadOnly), or an error that says so of itself with a method Outage() bool that returns
+// true (a dead-letter broker that refuses every message, say). It decides by behaviour, as
+// Classify does: on wrapped and joined errors, never by message text. Running the message
+// again cannot fail any differently until the outage is over: a consumer stops taking
+// messages, waits for the outage to end (Probe), and does not count the failed delivery
+// against the message's delivery limit. A canceled or expired context is not an outage.
+func IsOutage(err error) bool {
+	if err == nil {
+		return false
+	}
+	var o interface{ Outage() bool }
+	if errors.As(err, &o) && o.Outage() {
+		return true
+	}
+	switch Classify(err) {
+	case Connection, ReadOnly:
+		return true
+	}
+	return false
+}
+
+// Probe asks db a cheap question (SELECT 1) and returns the error it gets, which is nil once
+// the database answers again: the way back from an outage (IsOutage). A database that answers
+// but refuses writes (ReadOnly) passes the probe; the next write tells.
+func Probe(ctx context.Context, db *DB) error {
+	var one int
+	return db.QueryRowContext(ctx, "SELECT 1").Scan(&one)
 }
 
 // UniqueConstraint returns the constraint that a unique violation err broke, as the database

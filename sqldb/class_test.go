@@ -27,6 +27,7 @@ func TestClass_String(t *testing.T) {
 		sqldb.Conflict:        "conflict",
 		sqldb.Connection:      "connection",
 		sqldb.Data:            "data",
+		sqldb.ReadOnly:        "read-only",
 		sqldb.Class(99):       "unknown",
 	} {
 		require.Equal(t, want, c.String())
@@ -452,4 +453,78 @@ func TestClassify_CanceledContextIsNotConnection(t *testing.T) {
 			})
 		})
 	}
+}
+
+func TestIsOutage_ConstructedErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", fmt.Errorf("begin transaction: %w", syscall.ECONNREFUSED), true},
+		{"bad connection", driver.ErrBadConn, true},
+		{"an error that says so", fmt.Errorf("publish: %w", outage{}), true},
+		{"an error that says it is not", outage{not: true}, false},
+		{"joined with an outage", errors.Join(errors.New("boom"), io.EOF), true},
+		{"context canceled", context.Canceled, false},
+		{"plain", errors.New("boom"), false},
+		{"nil", nil, false},
+	} {
+		require.Equal(t, tc.want, sqldb.IsOutage(tc.err), tc.name)
+	}
+}
+
+type outage struct{ not bool }
+
+func (o outage) Error() string { return "the broker is down" }
+func (o outage) Outage() bool  { return !o.not }
+
+func TestClassify_WriteInReadOnlyTransactionIsReadOnly(t *testing.T) {
+	t.Parallel()
+	want := map[string]string{"postgres": "25006", "mysql": "1792"}
+	for _, s := range servers() {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			db := s.open(t)
+			ctx := context.Background()
+			mustExec(t, db, "CREATE TABLE ro_item (id INT PRIMARY KEY)")
+			tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback() })
+			_, err = tx.ExecContext(ctx, "INSERT INTO ro_item (id) VALUES (1)")
+			requireClass(t, sqldb.ReadOnly, err)
+			require.Equal(t, want[s.name], code(err))
+			require.True(t, sqldb.IsOutage(err))
+			require.True(t, sqldb.IsRetryable(err))
+		})
+	}
+}
+
+func TestProbe_AnswersUntilTheDatabaseIsGone(t *testing.T) {
+	t.Parallel()
+	for _, d := range testsvc.Databases() {
+		t.Run(d.Name, func(t *testing.T) {
+			t.Parallel()
+			db := d.Open(t)
+			require.NoError(t, sqldb.Probe(context.Background(), db))
+			require.NoError(t, db.Close())
+			require.Error(t, sqldb.Probe(context.Background(), db))
+		})
+	}
+}
+
+func TestProbe_UnreachableServerIsAnOutage(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there now: connects are refused
+	db, err := sqldb.Open(context.Background(), "postgres://postgres@"+addr+"/test?sslmode=disable&connect_timeout=1s")
+	if err == nil {
+		t.Cleanup(func() { _ = db.Close() })
+		err = sqldb.Probe(context.Background(), db)
+	}
+	require.Error(t, err)
+	require.True(t, sqldb.IsOutage(err), "IsOutage(%v); error chain:%s", err, chain(err))
 }

@@ -337,11 +337,7 @@ func transient(ctx context.Context, err error) bool {
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
-	switch sqldb.Classify(err) {
-	case sqldb.Conflict, sqldb.Connection:
-		return true
-	}
-	return false
+	return sqldb.Classify(err) == sqldb.Conflict || sqldb.IsOutage(err)
 }
 
 // commit commits tx for the members of set that succeeded, or rolls it back when none did, and

@@ -20,6 +20,9 @@ const (
 	mysqlQueryTimeout        = 3024 // MySQL: max_execution_time exceeded
 	mariadbStatementTimeout  = 1969 // MariaDB: max_statement_time exceeded
 	mysqlServerShutdown      = 1053
+	mysqlOptionPreventsStmt  = 1290 // --read-only (and other options that refuse a statement)
+	mysqlReadOnlyTx          = 1792 // a write in a READ ONLY transaction
+	mysqlSuperReadOnly       = 1836 // a write on a server in super_read_only mode
 	mariadbConnectionKilled  = 1927
 	mysqlBadNull             = 1048
 	mysqlDataTooLong         = 1406
@@ -46,6 +49,8 @@ func classify(err error) (sqldb.Class, bool) {
 		return sqldb.Conflict, true
 	case mysqlServerShutdown, mariadbConnectionKilled:
 		return sqldb.Connection, true
+	case mysqlOptionPreventsStmt, mysqlReadOnlyTx, mysqlSuperReadOnly:
+		return sqldb.ReadOnly, true
 	case mysqlBadNull, mysqlDataTooLong, mysqlOutOfRange, mysqlTruncatedWrongValue, mysqlIncorrectValue,
 		mysqlNoReferencedRow, mysqlRowIsReferenced, mysqlCheckViolated, mariadbCheckViolated:
 		return sqldb.Data, true

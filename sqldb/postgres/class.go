@@ -21,6 +21,8 @@ func classify(err error) (sqldb.Class, bool) {
 	case pgerrcode.SerializationFailure, pgerrcode.DeadlockDetected, pgerrcode.LockNotAvailable,
 		pgerrcode.TransactionRollback, pgerrcode.QueryCanceled:
 		return sqldb.Conflict, true
+	case pgerrcode.ReadOnlySQLTransaction:
+		return sqldb.ReadOnly, true
 	case pgerrcode.AdminShutdown, pgerrcode.CrashShutdown, pgerrcode.CannotConnectNow,
 		pgerrcode.IdleSessionTimeout, pgerrcode.IdleInTransactionSessionTimeout:
 		return sqldb.Connection, true

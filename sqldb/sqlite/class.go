@@ -24,6 +24,8 @@ func classify(err error) (sqldb.Class, bool) {
 	switch code & 0xff { // primary result code
 	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
 		return sqldb.Conflict, true
+	case sqlite3.SQLITE_READONLY:
+		return sqldb.ReadOnly, true
 	case sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG, sqlite3.SQLITE_RANGE:
 		return sqldb.Data, true
 	}
