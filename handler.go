@@ -441,7 +441,8 @@ func (h Handler) converter(logger *slog.Logger) converter.MessageConverter {
 	if h.Converter != nil {
 		return h.Converter
 	}
-	return converter.New(converter.Config{IDHeader: h.IDHeader, Logger: logger})
+	system, _ := describeBroker(h)
+	return converter.New(converter.Config{IDHeader: h.IDHeader, System: system, Logger: logger})
 }
 
 // OrderConfig configures per-key ordering for a handler: the in-order stage of

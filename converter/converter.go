@@ -63,6 +63,12 @@ type Config struct {
 	// wrapping messagedata.ErrNoMessageID; any error it returns dead-letters the message.
 	ID func(msg *message.Message) (string, error)
 
+	// System is the messaging system the messages come from, as broker.Broker.MessagingSystem
+	// names it ("rabbitmq", "nats", "kafka", ...): the error of a message without an id names
+	// the id fields of that broker. The router gives a handler's default Converter its
+	// subscriber's. Empty names every field the Converter reads.
+	System string
+
 	// Logger receives one warning, the first time a message's timestamp header cannot be read
 	// (the router gives a handler's default Converter the handler's logger). Defaults to
 	// slog.Default().
@@ -73,6 +79,7 @@ type Config struct {
 // use.
 type Converter struct {
 	idHeader string
+	noID     string // what a message without an id lacks, for its error
 	id       func(msg *message.Message) (string, error)
 	logger   *slog.Logger
 	badTime  sync.Once // the warning of an unreadable timestamp
@@ -86,7 +93,27 @@ func New(cfg Config) *Converter {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Converter{idHeader: cfg.IDHeader, id: cfg.ID, logger: cfg.Logger}
+	return &Converter{idHeader: cfg.IDHeader, noID: idFields(cfg.System, cfg.IDHeader), id: cfg.ID, logger: cfg.Logger}
+}
+
+// idFields says where a message from system was looked at for its id, for the error of a
+// message that has none: the fields of that broker's wire format, in the order they are read.
+func idFields(system, idHeader string) string {
+	switch system {
+	case "rabbitmq":
+		return fmt.Sprintf("header _watermill_message_uuid, header %q and AMQP message_id are empty", idHeader)
+	case "nats":
+		return fmt.Sprintf("header _watermill_message_uuid, header Nats-Msg-Id and header %q are empty", idHeader)
+	case "kafka":
+		return fmt.Sprintf("record header _watermill_message_uuid and record header %q are empty", idHeader)
+	case "redis":
+		return fmt.Sprintf("stream field _watermill_message_uuid and header %q are empty", idHeader)
+	case "postgresql", "mysql", "sqlite":
+		return fmt.Sprintf("column uuid and header %q are empty", idHeader)
+	case "mem":
+		return fmt.Sprintf("watermill uuid and header %q are empty", idHeader)
+	}
+	return fmt.Sprintf("watermill uuid, header %q and AMQP message_id are empty", idHeader)
 }
 
 // JSONField returns a Config.ID that takes the id from the payload, a JSON object, at path: a
@@ -158,7 +185,7 @@ func (c *Converter) FromMessage(topic string, msg *message.Message) (*messagedat
 			md.ID = msg.Metadata.Get(messagedata.HeaderAMQPMessageID)
 		}
 		if md.ID == "" {
-			idErr = fmt.Errorf("%w (watermill uuid, header %q and AMQP message_id are empty)", messagedata.ErrNoMessageID, c.idHeader)
+			idErr = fmt.Errorf("%w (%s)", messagedata.ErrNoMessageID, c.noID)
 		}
 	}
 	md.Key = msg.Metadata.Get(messagedata.HeaderKey)

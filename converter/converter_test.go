@@ -46,6 +46,23 @@ func TestFromMessage_NoUsableIDNamesWhatItLookedAt(t *testing.T) {
 	require.Equal(t, "p", string(md.Payload), "what could be read is returned for the dead letter")
 }
 
+func TestFromMessage_NoUsableIDNamesTheFieldsOfTheBrokerAtHand(t *testing.T) {
+	for system, want := range map[string]string{
+		"rabbitmq": `header _watermill_message_uuid, header "x-id" and AMQP message_id are empty`,
+		"nats":     `header _watermill_message_uuid, header Nats-Msg-Id and header "x-id" are empty`,
+		"kafka":    `record header _watermill_message_uuid and record header "x-id" are empty`,
+		"redis":    `stream field _watermill_message_uuid and header "x-id" are empty`,
+		"sqlite":   `column uuid and header "x-id" are empty`,
+	} {
+		_, err := converter.New(converter.Config{IDHeader: "x-id", System: system}).FromMessage("orders", message.NewMessage("", nil))
+		require.ErrorIs(t, err, messagedata.ErrNoMessageID)
+		require.EqualError(t, err, "message has no id ("+want+")", system)
+		if system != "rabbitmq" {
+			require.NotContains(t, err.Error(), "AMQP", system)
+		}
+	}
+}
+
 func TestFromMessage_ReadsTimestampKeyAndSequence(t *testing.T) {
 	m := message.NewMessage("m-1", nil)
 	m.Metadata.Set(messagedata.HeaderTimestamp, "2026-11-29T10:00:00.123456789Z")
