@@ -318,7 +318,7 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 	case lost != nil:
 		c.router.instruments.AckFailures.Add(ctx, 1, metric.WithAttributes(telemetry.AttrHandler.String(c.name), telemetry.AttrOutcome.String(string(outcome))))
 		c.logger.Warn("acknowledgement lost; the broker will deliver the message again", "message_id", md.ID,
-			"attempt", st.Retries+1, "delivery", md.Delivery, "outcome", string(outcome), "committed", !st.CommittedAt.IsZero(), "error", lost)
+			"attempt", st.Attempt(), "delivery", st.Delivery(md.Delivery), "outcome", string(outcome), "committed", !st.CommittedAt.IsZero(), "error", lost)
 	case !st.CommittedAt.IsZero():
 		c.router.instruments.CommitToAck.Record(ctx, secondsSince(st.CommittedAt), c.recordAttrs...)
 	}
@@ -326,18 +326,18 @@ func (c *consumer) settle(ctx context.Context, msg *message.Message, md *message
 }
 
 func (c *consumer) log(md *messagedata.MessageData, st *delivery.State, outcome processor.Outcome, err error) {
-	attempt := st.Retries + 1
+	attempt, deliveries := st.Attempt(), st.Delivery(md.Delivery)
 	switch outcome {
 	case processor.Processed, processor.Duplicate:
 		if c.logger.Enabled(context.Background(), slog.LevelDebug) {
-			c.logger.Debug("message "+string(outcome), "message_id", md.ID, "attempt", attempt, "delivery", md.Delivery)
+			c.logger.Debug("message "+string(outcome), "message_id", md.ID, "attempt", attempt, "delivery", deliveries)
 		}
 	case processor.DeadLettered:
-		c.logger.Warn("message dead-lettered", "message_id", md.ID, "attempt", attempt, "delivery", md.Delivery, "reason", err)
+		c.logger.Warn("message dead-lettered", "message_id", md.ID, "attempt", attempt, "delivery", deliveries, "reason", err)
 	case processor.Panicked:
 		var p *processor.PanicError
 		errors.As(err, &p)
-		c.logger.Error("processor panicked; rolled back, message nacked", "message_id", md.ID, "attempt", attempt, "delivery", md.Delivery,
+		c.logger.Error("processor panicked; rolled back, message nacked", "message_id", md.ID, "attempt", attempt, "delivery", deliveries,
 			"redelivery_in", c.redelivery.delay(md.Delivery), "panic", fmt.Sprint(p.Value), "stack", string(p.Stack))
 	default:
 		level := slog.LevelWarn
@@ -346,7 +346,7 @@ func (c *consumer) log(md *messagedata.MessageData, st *delivery.State, outcome 
 		} else if errors.Is(err, middleware.ErrDeadLetterFailed) {
 			level = slog.LevelError // the dead-letter broker refuses messages: an operator must look
 		}
-		attrs := []any{"message_id", md.ID, "attempt", attempt, "delivery", md.Delivery, "error", err, "lost", c.ackOnReceipt}
+		attrs := []any{"message_id", md.ID, "attempt", attempt, "delivery", deliveries, "error", err, "lost", c.ackOnReceipt}
 		if !c.ackOnReceipt {
 			attrs = append(attrs, "redelivery_in", c.redelivery.delay(md.Delivery))
 		}

@@ -716,6 +716,37 @@ func TestLogs_CarryHandlerMessageIDAndAttemptAndNeverThePayload(t *testing.T) {
 	}
 }
 
+func TestLogsAndDeadLetter_SayTheSameDeliveryAndAttempt(t *testing.T) {
+	o := newObserved(t)
+	o.start(t, onceflow.Handler{
+		QoS:        onceflow.ExactlyOnce,
+		Retry:      middleware.Retry{MaxAttempts: 3},
+		DeadLetter: middleware.DeadLetter{MaxDeliveries: 2},
+		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
+			return errors.New("inventory service unavailable")
+		}),
+	})
+	o.produce(t, "stubborn", "x")
+	o.waitAcks(t, "stubborn", 1)
+	require.Equal(t, 1, o.broker.Nacks("stubborn"), "nacked at the first delivery, given up at the second")
+
+	var logged map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(o.logs.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
+		if rec["msg"] == "message dead-lettered" {
+			logged = rec
+		}
+	}
+	require.NotNil(t, logged, o.logs.String())
+	require.Equal(t, float64(3), logged["attempt"])
+	require.Equal(t, float64(2), logged["delivery"])
+	dead := o.deadLetters()
+	require.Len(t, dead, 1)
+	require.Equal(t, "3", dead[0].Metadata.Get(messagedata.HeaderDeadLetterAttempt), "the attempt the log says")
+	require.Equal(t, "2", dead[0].Metadata.Get(messagedata.HeaderDeadLetterDeliveries), "the delivery the log says")
+}
+
 // The same trace, metrics and ack on the embedded SQLite queue, whose deliveries run in a
 // transaction of the queue file and whose acknowledgement commits the consumer group's offset.
 func TestTracing_OnTheEmbeddedQueueTheTraceContinuesAndTheAckIsRecorded(t *testing.T) {

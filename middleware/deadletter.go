@@ -128,7 +128,8 @@ func (d DeadLetter) Middleware(pub message.Publisher, topic, handler string) (Mi
 			var err error
 			var rec *delivery.Records
 			n := msg.Delivery
-			if st := delivery.From(ctx); st != nil {
+			st := delivery.From(ctx)
+			if st != nil {
 				st.Classify, rec = classify, st.Records
 				if st.Attempts > 0 {
 					n = st.Attempts
@@ -164,11 +165,10 @@ func (d DeadLetter) Middleware(pub message.Publisher, topic, handler string) (Mi
 			if err == nil || !processor.IsPermanent(err) {
 				return err
 			}
-			if n > msg.Delivery {
-				// The broker's count fell behind the deliveries whose processing began (a
-				// count lost with a consumer that died): the dead letter says the larger.
+			if st != nil {
+				// The dead letter reports the attempt and the delivery count the router logs.
 				m := *msg
-				m.Delivery = n
+				m.Attempt, m.Delivery = st.Attempt(), st.Delivery(msg.Delivery)
 				msg = &m
 			}
 			// The record is read and written even when the delivery has ended meanwhile (its

@@ -132,7 +132,8 @@ type deadLetter struct {
 	Time        string `json:"time"`
 	Topic       string `json:"topic"`
 	Handler     string `json:"handler"`
-	Attempt     int    `json:"attempt"`
+	Deliveries  int    `json:"deliveries"` // the message's delivery count when it was given up; 0 when unknown
+	Attempt     int    `json:"attempt"`    // the processing attempt of that delivery
 	Reason      string `json:"reason"`
 	Replays     int    `json:"replays"`
 	PayloadSize int    `json:"payload_size"`
@@ -153,6 +154,7 @@ func describe(l deadletter.Letter, withPayload bool) deadLetter {
 		ID:             l.ID,
 		Topic:          l.Topic,
 		Handler:        l.Handler,
+		Deliveries:     l.Deliveries,
 		Attempt:        l.Attempt,
 		Reason:         l.Reason,
 		Replays:        l.Replays,

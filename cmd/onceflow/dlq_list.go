@@ -65,10 +65,11 @@ func newDLQListCommand() *cobra.Command {
 		Long: `Prints the dead letters waiting in the dead-letter topic for the consumer group: first a summary,
 how many dead letters each handler dead-lettered with each reason (the largest group first),
 then the dead letters themselves, oldest first: id, when it was dead-lettered, the topic it came
-from, the handler, the attempt, the payload size ("dropped" when the dead-letter broker refused
-the payload) and the reason. Nothing is consumed: listing again shows the same dead letters.
-The counts are of the dead letters listed (at most --limit, from the --offset-th on). The
-filters (--reason, --handler, --from-topic, --since, --until) show only the dead letters that
+from, the handler, the delivery count and the processing attempt of that delivery at which it
+was given up (as the handler's log line said them; "-" when nobody counted), the payload size
+("dropped" when the dead-letter broker refused the payload) and the reason. Nothing is
+consumed: listing again shows the same dead letters. The counts are of the dead letters listed
+(at most --limit, from the --offset-th on). The filters (--reason, --handler, --from-topic, --since, --until) show only the dead letters that
 match them all, among the first 10000 waiting.
 
 Text that comes from the messages (ids, reasons, handlers, payloads) is printed with Go escapes
@@ -79,8 +80,8 @@ How each broker is read without consuming: RabbitMQ by basic.get on the group's 
 closing the channel so that every message goes back in its place (with the redelivered flag);
 SQL and SQLite queues by reading, without a lock, the messages the group has leased and those
 past its cursor; NATS by reading the stream past the ack floor of the group's consumer; Redis by
-XPENDING and XRANGE. mem:// and kafka:// cannot be listed (a Kafka record cannot be taken out of
-its topic for one group, so the dead-letter commands do not apply to it).`,
+XPENDING and XRANGE; Kafka from each partition's committed offset of the group. mem:// cannot
+be listed.`,
 		Example: `  onceflow dlq list --broker 'amqp://guest:guest@127.0.0.1:5672/?group=billing'
   onceflow dlq list --broker sqlite://var/queue.db --payload --json
   onceflow dlq list --broker "$ONCEFLOW_BROKER" --handler ledger --since 2h --limit 20 --offset 20`,
@@ -137,7 +138,7 @@ func printList(w io.Writer, rep listReport, withPayload bool) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	header := "ID\tDEAD-LETTERED\tTOPIC\tHANDLER\tATTEMPT\tSIZE\tREASON"
+	header := "ID\tDEAD-LETTERED\tTOPIC\tHANDLER\tDELIVERY\tATTEMPT\tSIZE\tREASON"
 	if withPayload {
 		header += "\tPAYLOAD"
 	}
@@ -147,8 +148,8 @@ func printList(w io.Writer, rep listReport, withPayload bool) {
 		if d.PayloadDropped != "" {
 			size = "dropped"
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s", cell(d.ID, 0), cell(d.Time, 0), cell(d.Topic, 0), cell(d.Handler, 0),
-			d.Attempt, size, cell(d.Reason, tableReasonWidth))
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s", cell(d.ID, 0), cell(d.Time, 0), cell(d.Topic, 0), cell(d.Handler, 0),
+			count(d.Deliveries), d.Attempt, size, cell(d.Reason, tableReasonWidth))
 		if withPayload {
 			p := ""
 			if d.Payload != nil {

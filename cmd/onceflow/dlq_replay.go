@@ -13,12 +13,13 @@ import (
 
 // replayed is an entry of a replay report.
 type replayed struct {
-	ID      string `json:"id"`
-	To      string `json:"to"`
-	Handler string `json:"handler"`
-	Attempt int    `json:"attempt"`
-	Reason  string `json:"reason"`
-	Replays int    `json:"replays"`
+	ID         string `json:"id"`
+	To         string `json:"to"`
+	Handler    string `json:"handler"`
+	Deliveries int    `json:"deliveries"`
+	Attempt    int    `json:"attempt"`
+	Reason     string `json:"reason"`
+	Replays    int    `json:"replays"`
 }
 
 // replayReport is the JSON document of dlq replay.
@@ -98,7 +99,7 @@ matched no dead letter.`,
 				Failed: failures(res.Failed), Kept: keptOf(res.Kept), NotFound: res.NotFound, Limited: res.Truncated}
 			for _, r := range res.Done {
 				l := r.Letter
-				rep.Replayed = append(rep.Replayed, replayed{ID: l.ID, To: r.To, Handler: l.Handler, Attempt: l.Attempt, Reason: l.Reason, Replays: l.Replays + 1})
+				rep.Replayed = append(rep.Replayed, replayed{ID: l.ID, To: r.To, Handler: l.Handler, Deliveries: l.Deliveries, Attempt: l.Attempt, Reason: l.Reason, Replays: l.Replays + 1})
 			}
 			if f.asJSON {
 				if err := writeJSON(cmd.OutOrStdout(), rep); err != nil {
@@ -120,7 +121,7 @@ matched no dead letter.`,
 func printReplay(w io.Writer, rep replayReport) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, r := range rep.Replayed {
-		fmt.Fprintf(tw, "replayed\t%s\t-> %s\thandler %s, attempt %d: %s\n", cell(r.ID, 0), cell(r.To, 0), cell(r.Handler, 0), r.Attempt, cell(r.Reason, tableReasonWidth))
+		fmt.Fprintf(tw, "replayed\t%s\t-> %s\thandler %s, delivery %s, attempt %d: %s\n", cell(r.ID, 0), cell(r.To, 0), cell(r.Handler, 0), count(r.Deliveries), r.Attempt, cell(r.Reason, tableReasonWidth))
 	}
 	for _, k := range rep.Kept {
 		fmt.Fprintf(tw, "kept\t%s\t   %s\thandler %s: %s\n", cell(k.ID, 0), cell(k.Topic, 0), cell(k.Handler, 0), cell(k.Reason, tableReasonWidth))

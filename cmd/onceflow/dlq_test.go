@@ -288,15 +288,15 @@ func TestDLQ_ListShowsAndReplayPutsBackDeadLettersExactlyOnce(t *testing.T) {
 			require.Regexp(t, `^1\s+ledger\s+permanent: payload "not json 1" is not JSON$`, lines[1])
 			require.Regexp(t, `^1\s+ledger\s+permanent: payload "not json, 2" is not JSON$`, lines[2])
 			require.Empty(t, lines[3])
-			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON\s+PAYLOAD$`, lines[4])
-			require.Regexp(t, `^bad-1\s+\S+\s+`+f.topic+`\s+ledger\s+1\s+10\s+permanent: payload "not json 1" is not JSON\s+"not json 1"$`, lines[5])
+			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+DELIVERY\s+ATTEMPT\s+SIZE\s+REASON\s+PAYLOAD$`, lines[4])
+			require.Regexp(t, `^bad-1\s+\S+\s+`+f.topic+`\s+ledger\s+1\s+1\s+10\s+permanent: payload "not json 1" is not JSON\s+"not json 1"$`, lines[5])
 			require.Equal(t, "2 dead letters in "+f.dlq+" for consumer group billing on "+f.b.String(), lines[7])
 
 			// Replay one: it goes back to its topic and is applied once (the processor is fixed
 			// now); the other stays.
 			f.fixed.Store(true)
 			rr := f.replay("--id", "bad-1")
-			require.Equal(t, []replayed{{ID: "bad-1", To: f.topic, Handler: f.handler, Attempt: 1, Reason: rep.DeadLetters[0].Reason, Replays: 1}}, rr.Replayed)
+			require.Equal(t, []replayed{{ID: "bad-1", To: f.topic, Handler: f.handler, Deliveries: 1, Attempt: 1, Reason: rep.DeadLetters[0].Reason, Replays: 1}}, rr.Replayed)
 			require.Equal(t, []kept{{ID: "bad-2", Topic: f.topic, Handler: f.handler, Reason: rep.DeadLetters[1].Reason}}, rr.Kept)
 			require.Empty(t, rr.NotFound)
 			require.Equal(t, []string{"bad-2"}, ids(f.list().DeadLetters))
@@ -495,7 +495,7 @@ func TestDLQ_ListGroupsTheDeadLettersByHandlerAndReason(t *testing.T) {
 				"1      billing  account 7 is closed",
 				"",
 			}, lines[:5])
-			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+ATTEMPT\s+SIZE\s+REASON$`, lines[5])
+			require.Regexp(t, `^ID\s+DEAD-LETTERED\s+TOPIC\s+HANDLER\s+DELIVERY\s+ATTEMPT\s+SIZE\s+REASON$`, lines[5])
 			require.Len(t, lines, 5+1+5+1)
 			require.Equal(t, "5 dead letters in "+l.dlq+" for consumer group billing on "+l.b.String(), lines[11])
 
@@ -552,7 +552,7 @@ func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
 			dID := list.DeadLetters[3].ID
 			table, err := l.run("dlq", "list")
 			require.NoError(t, err)
-			require.Regexp(t, `(?m)^`+dID+`\s+\S+\s+`+l.topic+`\s+ledger\s+1\s+dropped\s+permanent: account 7 is closed$`, table)
+			require.Regexp(t, `(?m)^`+dID+`\s+\S+\s+`+l.topic+`\s+ledger\s+-\s+1\s+dropped\s+permanent: account 7 is closed$`, table)
 
 			// A part of the reason chooses a and c, and d, which fails for want of a payload and
 			// stays; replay goes on past it.
@@ -751,7 +751,7 @@ func TestDLQ_TextOutputEscapesWhatTheMessagesCarry(t *testing.T) {
 			for i, m := range msgs {
 				md := m.Metadata
 				require.Regexp(t, `^`+regexp.QuoteMeta(printable(m.UUID))+`\s+\S+\s+`+l.topic+`\s+`+
-					regexp.QuoteMeta(printable(md.Get(messagedata.HeaderDeadLetterHandler)))+`\s+1\s+\d+\s+`+
+					regexp.QuoteMeta(printable(md.Get(messagedata.HeaderDeadLetterHandler)))+`\s+-\s+1\s+\d+\s+`+
 					regexp.QuoteMeta(printable(md.Get(messagedata.HeaderDeadLetterReason)))+`\s+"`, lines[1+i])
 				// The columns line up: the time starts under its header.
 				require.Equal(t, strings.Index(lines[0], "DEAD-LETTERED"), strings.Index(lines[1+i], " 20")+1, "%q under %q", lines[1+i], lines[0])
@@ -770,7 +770,7 @@ func TestDLQ_TextOutputEscapesWhatTheMessagesCarry(t *testing.T) {
 			requireTerminalSafe(t, out)
 			for _, m := range msgs {
 				require.Regexp(t, `(?m)^replayed\s+`+regexp.QuoteMeta(printable(m.UUID))+`\s+-> `+l.topic+`\s+handler `+
-					regexp.QuoteMeta(printable(m.Metadata.Get(messagedata.HeaderDeadLetterHandler)))+`, attempt 1: `, out)
+					regexp.QuoteMeta(printable(m.Metadata.Get(messagedata.HeaderDeadLetterHandler)))+`, delivery -, attempt 1: `, out)
 			}
 			require.Contains(t, out, "not found: nope\\x1b[2K\n")
 			require.Contains(t, out, "\nreplayed 2 dead letters, kept 0 in "+l.dlq)

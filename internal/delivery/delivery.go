@@ -59,6 +59,15 @@ type State struct {
 	EndsGroup bool
 }
 
+// Attempt is the processing attempt of the delivery, from 1: the one its log lines and its dead
+// letter report.
+func (s *State) Attempt() int { return s.Retries + 1 }
+
+// Delivery is the delivery count its log lines and its dead letter report, given counted, the
+// broker's or the durable counter's (MessageData.Delivery): Attempts when more deliveries
+// began than counted says (a count lost with a consumer that died), counted otherwise.
+func (s *State) Delivery(counted int) int { return max(counted, s.Attempts) }
+
 // Records are what the router keeps for a handler's built-in stages, beyond the chain: its
 // durable record of dead letters and of processed redeliveries (in the delivery counter) for
 // the dead-letter stage, and the report of a message delivered beyond the dedup retention (a
