@@ -137,14 +137,7 @@ func (f *fixture) publish(b *broker.Broker, msgs ...*message.Message) {
 // receive returns the next message of ch, failing the test after receiveWithin.
 func receive(t *testing.T, ch <-chan *message.Message) *message.Message {
 	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "subscription closed before a message arrived")
-		return m
-	case <-time.After(receiveWithin):
-		t.Fatalf("no message within %s", receiveWithin)
-		return nil
-	}
+	return testsvc.Receive(t, ch, receiveWithin)
 }
 
 // requireSame checks that got carries want's UUID, payload and metadata. Brokers may add

@@ -77,7 +77,7 @@ func TestSubscriber_AcksOutOfOrderGoAsOneMultipleAck(t *testing.T) {
 		s := f.subscriber(cfg)
 		var frames amqp.FrameCounter
 		amqp.CountFrames(s, &frames)
-		got := receiveN(t, f.subscribe(s), n)
+		got := testsvc.ReceiveN(t, f.subscribe(s), n, within)
 		for i := n - 1; i >= 0; i-- {
 			ack(got[i])
 		}
@@ -111,7 +111,7 @@ func TestSubscriber_AnAckBehindAStuckDeliveryGoesAlone(t *testing.T) {
 		var frames amqp.FrameCounter
 		amqp.CountFrames(s, &frames)
 		msgs := f.subscribe(s)
-		got := receiveN(t, msgs, n)
+		got := testsvc.ReceiveN(t, msgs, n, within)
 		ack(got[1])
 		ack(got[2])
 		testsvc.Eventually(t, within, func() bool {
@@ -124,7 +124,7 @@ func TestSubscriber_AnAckBehindAStuckDeliveryGoesAlone(t *testing.T) {
 		single, multiple, nacks = frames.Frames()
 		require.Equal(t, [3]int{2, 0, 0}, [3]int{single, multiple, nacks}, "Close sends nothing more")
 		f.eventuallyReady(2)
-		again := receiveN(t, f.subscribe(f.subscriber(f.config(n))), 2)
+		again := testsvc.ReceiveN(t, f.subscribe(f.subscriber(f.config(n))), 2, within)
 		require.ElementsMatch(t, []string{ids[0], ids[3]}, uuids(again))
 	})
 }

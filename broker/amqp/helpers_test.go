@@ -160,47 +160,9 @@ func (f *fixture) eventuallyReady(n int) {
 }
 
 // receive returns the next message of msgs.
-func receive(t *testing.T, msgs <-chan *message.Message) *message.Message {
+func receive(t *testing.T, ch <-chan *message.Message) *message.Message {
 	t.Helper()
-	select {
-	case m, ok := <-msgs:
-		require.True(t, ok, "subscription closed before a message arrived")
-		return m
-	case <-time.After(within):
-		t.Fatalf("no message within %s", within)
-		return nil
-	}
-}
-
-// receiveN returns the next n messages of msgs.
-func receiveN(t *testing.T, msgs <-chan *message.Message, n int) []*message.Message {
-	t.Helper()
-	out := make([]*message.Message, n)
-	for i := range out {
-		out[i] = receive(t, msgs)
-	}
-	return out
-}
-
-// requireNothing checks that msgs delivers nothing for d. It is the only way to see that
-// something does not happen; d bounds the check, it synchronises nothing.
-func requireNothing(t *testing.T, msgs <-chan *message.Message, d time.Duration) {
-	t.Helper()
-	select {
-	case m, ok := <-msgs:
-		if ok {
-			t.Fatalf("unexpected message %s", m.UUID)
-		}
-	case <-time.After(d):
-	}
-}
-
-// infoOf returns the redelivery.Info of m, failing when there is none.
-func infoOf(t *testing.T, m *message.Message) redelivery.Info {
-	t.Helper()
-	info, ok := redelivery.FromContext(m.Context())
-	require.True(t, ok, "message %s has no redelivery.Info", m.UUID)
-	return info
+	return testsvc.Receive(t, ch, within)
 }
 
 // uuids returns the UUIDs of msgs.

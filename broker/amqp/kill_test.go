@@ -1,14 +1,9 @@
 package amqp_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // childEnv carries the Config of TestKilledConsumer_Child, as JSON.
@@ -48,7 +44,7 @@ func TestKilledConsumer_Child(t *testing.T) {
 	msgs, err := s.Subscribe(ctx, c.Topic)
 	require.NoError(t, err)
 	m := receive(t, msgs)
-	fmt.Printf("HOLDING %s %d\n", m.UUID, infoOf(t, m).Count)
+	testsvc.SayHolding(t, m)
 	select {}
 }
 
@@ -61,45 +57,17 @@ func TestSubscriber_DeliveryCountSurvivesAKilledConsumer(t *testing.T) {
 		id := f.publish("m", 1)[0]
 		env, err := json.Marshal(childConfig{URL: f.url, Topic: f.topic, Queue: f.topology.Queue, Direct: f.direct})
 		require.NoError(t, err)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
-		cmd.Env = append(os.Environ(), childEnv+"="+string(env))
-		cmd.Stderr = os.Stderr
-		stdout, err := cmd.StdoutPipe()
-		require.NoError(t, err)
-		require.NoError(t, cmd.Start())
-		killed := false
-		defer func() {
-			if !killed {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}
-		}()
-		holding := make(chan string, 1)
-		go func() {
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				if rest, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
-					holding <- rest
-				}
-			}
-		}()
-		select {
-		case got := <-holding:
-			first := "0"
-			if f.topology.Queue.Type == amqp.Quorum {
-				first = "1"
-			}
-			require.Equal(t, id+" "+first, got)
-		case <-time.After(within):
-			t.Fatal("the child consumer did not take the message")
+		child := testsvc.StartChild(t, childEnv+"="+string(env))
+		first := "0"
+		if f.topology.Queue.Type == amqp.Quorum {
+			first = "1"
 		}
+		require.Equal(t, id+" "+first, child.Expect(t, "HOLDING", within))
 
 		msgs := f.subscribe(f.subscriber(f.config(10)))
-		requireNothing(t, msgs, 300*time.Millisecond) // the child holds it
+		testsvc.RequireNothing(t, msgs, 300*time.Millisecond) // the child holds it
 
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		_ = cmd.Wait()
-		killed = true
+		child.Kill()
 		m := receive(t, msgs)
 		require.Equal(t, id, m.UUID)
 		requireAgain(t, f.topology.Queue.Type, m)

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
@@ -57,16 +56,7 @@ func TestPubSub(t *testing.T) {
 				}
 				return recordingPublisher{pub, rec}, recordingSubscriber{s, rec}
 			}
-			tests.TestPubSub(t, tests.Features{
-				ConsumerGroups:                   true,
-				ExactlyOnceDelivery:              false,
-				GuaranteedOrder:                  false,
-				Persistent:                       true,
-				NewSubscriberReceivesOldMessages: false,
-				ContextPreserved:                 false,
-			}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-				return withGroup(t, "test")
-			}, withGroup)
+			testsvc.PubSub(t, "", withGroup)
 		})
 	}
 }

@@ -45,7 +45,7 @@ func TestSubscriber_DirectSettleSendsTheAckInTheSettlingCall(t *testing.T) {
 	s := f.subscriber(slowAcks(f, 3)) // half the window: 2
 	var c amqp.FrameCounter
 	amqp.CountFrames(s, &c)
-	got := receiveN(t, f.subscribe(s), 3)
+	got := testsvc.ReceiveN(t, f.subscribe(s), 3, within)
 
 	ack(got[0])
 	require.Equal(t, [3]int{0, 0, 0}, frames(&c), "one ack waits for half the window")
@@ -68,7 +68,7 @@ func TestSubscriber_DirectFlushSendsTheBatchsAcksInOneFrame(t *testing.T) {
 	s := f.subscriber(slowAcks(f, 10)) // half the window: 5
 	var c amqp.FrameCounter
 	amqp.CountFrames(s, &c)
-	got := receiveN(t, f.subscribe(s), 10)
+	got := testsvc.ReceiveN(t, f.subscribe(s), 10, within)
 
 	for _, m := range got[:3] {
 		ack(m)
@@ -121,7 +121,7 @@ func TestSubscriber_DirectAcksOutOfOrderGoAsOneMultipleAck(t *testing.T) {
 	s := f.subscriber(slowAcks(f, n))
 	var c amqp.FrameCounter
 	amqp.CountFrames(s, &c)
-	got := receiveN(t, f.subscribe(s), n)
+	got := testsvc.ReceiveN(t, f.subscribe(s), n, within)
 	for i := n - 1; i > 0; i-- {
 		ack(got[i])
 	}
@@ -149,7 +149,7 @@ func TestSubscriber_DirectAcksOfALostChannelAreDropped(t *testing.T) {
 	amqp.CountFrames(s, &c)
 	ids := f.publish("m", n)
 	msgs := f.subscribe(s)
-	first := receiveN(t, msgs, n)
+	first := testsvc.ReceiveN(t, msgs, n, within)
 	ack(first[0]) // waits for half the window: not sent when the connection goes
 
 	px.cut()
@@ -165,7 +165,7 @@ func TestSubscriber_DirectAcksOfALostChannelAreDropped(t *testing.T) {
 	require.Equal(t, [3]int{0, 0, 0}, frames(&c), "nothing is sent for a lost channel")
 	px.restore(t)
 
-	again := receiveN(t, msgs, n)
+	again := testsvc.ReceiveN(t, msgs, n, within)
 	require.Equal(t, ids, uuids(again))
 	for _, m := range again {
 		requireAgain(t, amqp.Classic, m)
@@ -188,7 +188,7 @@ func TestSubscriber_DirectCloseSendsEveryAckGiven(t *testing.T) {
 	s := f.subscriber(slowAcks(f, n)) // half the window: 5
 	var c amqp.FrameCounter
 	amqp.CountFrames(s, &c)
-	got := receiveN(t, f.subscribe(s), n)
+	got := testsvc.ReceiveN(t, f.subscribe(s), n, within)
 	ack(got[0])
 	ack(got[1])
 	got[3].Ack() // its Settle comes after Close
@@ -204,7 +204,7 @@ func TestSubscriber_DirectCloseSendsEveryAckGiven(t *testing.T) {
 	}
 
 	f.eventuallyReady(n - 3)
-	again := receiveN(t, f.subscribe(f.subscriber(f.config(n))), n-3)
+	again := testsvc.ReceiveN(t, f.subscribe(f.subscriber(f.config(n))), n-3, within)
 	want := append([]string{ids[2]}, ids[4:]...)
 	require.ElementsMatch(t, want, uuids(again))
 	for _, m := range again {

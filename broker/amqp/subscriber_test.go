@@ -18,7 +18,7 @@ import (
 // requireFirst checks the redelivery.Info of a first delivery on queue type qt.
 func requireFirst(t *testing.T, qt amqp.QueueType, m *message.Message) {
 	t.Helper()
-	info := infoOf(t, m)
+	info := testsvc.Info(t, m)
 	require.True(t, info.DelaysNacks)
 	require.True(t, info.First(), "message %s: %+v", m.UUID, info)
 	if qt == amqp.Quorum {
@@ -31,7 +31,7 @@ func requireFirst(t *testing.T, qt amqp.QueueType, m *message.Message) {
 // requireAgain checks the redelivery.Info of a second delivery on queue type qt.
 func requireAgain(t *testing.T, qt amqp.QueueType, m *message.Message) {
 	t.Helper()
-	info := infoOf(t, m)
+	info := testsvc.Info(t, m)
 	if qt == amqp.Quorum {
 		require.Equal(t, redelivery.Info{Count: 2, DelaysNacks: true}, info, "message %s", m.UUID)
 	} else {
@@ -45,7 +45,7 @@ func TestSubscriber_AckGivenRightBeforeCloseIsNotDeliveredAgain(t *testing.T) {
 		const n = 20
 		ids := f.publish("m", n)
 		s := f.subscriber(f.config(n))
-		got := receiveN(t, f.subscribe(s), n)
+		got := testsvc.ReceiveN(t, f.subscribe(s), n, within)
 		var unacked []string
 		for i, m := range got {
 			if i%2 == 0 {
@@ -58,13 +58,13 @@ func TestSubscriber_AckGivenRightBeforeCloseIsNotDeliveredAgain(t *testing.T) {
 		f.eventuallyReady(n / 2)
 
 		next := f.subscribe(f.subscriber(f.config(n)))
-		again := receiveN(t, next, n/2)
+		again := testsvc.ReceiveN(t, next, n/2, within)
 		require.ElementsMatch(t, unacked, uuids(again), "exactly the unacked half comes again")
 		for _, m := range again {
 			requireAgain(t, f.topology.Queue.Type, m)
 			ack(m)
 		}
-		requireNothing(t, next, 300*time.Millisecond)
+		testsvc.RequireNothing(t, next, 300*time.Millisecond)
 		f.eventuallyReady(0)
 		require.Len(t, ids, n)
 	})
@@ -109,7 +109,7 @@ func TestSubscriber_DeliveryCountOfAQuorumQueueIsXDeliveryCountPlusOne(t *testin
 		var redelivered []bool
 		for range 4 {
 			m := receive(t, msgs)
-			info := infoOf(t, m)
+			info := testsvc.Info(t, m)
 			counts = append(counts, info.Count)
 			redelivered = append(redelivered, info.Redelivered)
 			h, ok := m.Metadata[amqp.HeaderDeliveryCount]
@@ -125,7 +125,7 @@ func TestSubscriber_DeliveryCountOfAQuorumQueueIsXDeliveryCountPlusOne(t *testin
 			require.Equal(t, []string{"(none)", "1", "2", "3"}, headers)
 			require.Equal(t, []int{1, 2, 3, 4}, counts)
 			require.Equal(t, []bool{false, false, false, false}, redelivered, "Redelivered is only for Count 0")
-			require.Equal(t, 5, infoOf(t, m).Count)
+			require.Equal(t, 5, testsvc.Info(t, m).Count)
 		} else {
 			require.Equal(t, []string{"(none)", "(none)", "(none)", "(none)"}, headers)
 			require.Equal(t, []int{0, 0, 0, 0}, counts)
@@ -171,7 +171,7 @@ func TestSubscriber_HeldNackDoesNotBlockTheMessagesBehindIt(t *testing.T) {
 		}
 		require.True(t, goodsDone.Before(poisonBack), "every good message was acked while the poison one was held")
 		require.GreaterOrEqual(t, poisonBack.Sub(nackedAt), hold)
-		requireNothing(t, msgs, 300*time.Millisecond)
+		testsvc.RequireNothing(t, msgs, 300*time.Millisecond)
 		f.eventuallyReady(0)
 	})
 }
@@ -181,10 +181,10 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveriesToAnotherConsumer(t *testin
 	forEachQueueType(t, func(t *testing.T, f *fixture) {
 		ids := f.publish("m", 3)
 		a := f.subscriber(f.config(3))
-		held := receiveN(t, f.subscribe(a), 3)
+		held := testsvc.ReceiveN(t, f.subscribe(a), 3, within)
 		b := f.subscriber(f.config(3))
 		msgsB := f.subscribe(b)
-		requireNothing(t, msgsB, 300*time.Millisecond) // a holds them all
+		testsvc.RequireNothing(t, msgsB, 300*time.Millisecond) // a holds them all
 
 		require.NoError(t, a.Close())
 		for _, m := range held {
@@ -194,7 +194,7 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveriesToAnotherConsumer(t *testin
 				t.Fatalf("message %s: context not cancelled by Close", m.UUID)
 			}
 		}
-		got := receiveN(t, msgsB, 3)
+		got := testsvc.ReceiveN(t, msgsB, 3, within)
 		require.ElementsMatch(t, ids, uuids(got))
 		for _, m := range held {
 			ack(m) // too late: a has closed; this changes nothing
@@ -277,7 +277,7 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 
 		// m-0 and m-1 (tags 1 and 2) are acked and the acks sent; m-2, m-3 and m-4 (tags 3, 4
 		// and 5) are in flight when the connection goes.
-		first := receiveN(t, msgs, 5)
+		first := testsvc.ReceiveN(t, msgs, 5, within)
 		require.Equal(t, ids[:5], uuids(first))
 		ack(first[0])
 		ack(first[1])
@@ -298,7 +298,7 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 
 		// The subscription goes on by itself, on a new connection and channel, where the
 		// delivery tags start again at 1, in the order the messages arrive.
-		again := receiveN(t, msgs, n-2)
+		again := testsvc.ReceiveN(t, msgs, n-2, within)
 		require.ElementsMatch(t, ids[2:], uuids(again))
 		byID := map[string]*message.Message{}
 		for _, m := range again {
@@ -326,7 +326,7 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 		m := receive(t, next)
 		require.Equal(t, keep, m.UUID, "the one message not acked on the new channel")
 		ack(m)
-		requireNothing(t, next, 300*time.Millisecond)
+		testsvc.RequireNothing(t, next, 300*time.Millisecond)
 	})
 }
 
@@ -382,7 +382,7 @@ func TestSubscriber_ContextEndEndsTheSubscriptionOnly(t *testing.T) {
 		ctx, cancel := context.WithCancel(f.context())
 		msgs, err := s.Subscribe(ctx, f.topic)
 		require.NoError(t, err)
-		got := receiveN(t, msgs, 4)
+		got := testsvc.ReceiveN(t, msgs, 4, within)
 		ack(got[0])
 		ack(got[1])
 		cancel()
@@ -399,7 +399,7 @@ func TestSubscriber_ContextEndEndsTheSubscriptionOnly(t *testing.T) {
 		f.eventuallyReady(2)
 
 		// The Subscriber and its connection go on.
-		again := receiveN(t, f.subscribe(s), 2)
+		again := testsvc.ReceiveN(t, f.subscribe(s), 2, within)
 		require.ElementsMatch(t, ids[2:], uuids(again))
 		for _, m := range again {
 			ack(m)

@@ -108,7 +108,7 @@ func TestSubscriber_QuorumDeliveryLimitDeadLettersToTheExchange(t *testing.T) {
 	for want := 1; want <= 3; want++ {
 		m := receive(t, msgs)
 		require.Equal(t, id, m.UUID)
-		require.Equal(t, want, infoOf(t, m).Count)
+		require.Equal(t, want, testsvc.Info(t, m).Count)
 		require.True(t, redelivery.NackAfter(m, 0))
 	}
 	var dead amqp091.Delivery
@@ -119,5 +119,5 @@ func TestSubscriber_QuorumDeliveryLimitDeadLettersToTheExchange(t *testing.T) {
 		return ok
 	}, "the message did not reach the dead-letter exchange %s", dlx)
 	require.Equal(t, id, dead.MessageId)
-	requireNothing(t, msgs, 300*time.Millisecond)
+	testsvc.RequireNothing(t, msgs, 300*time.Millisecond)
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	kafkabroker "github.com/onceflow/onceflow/broker/kafka"
-	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/kafkatest"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
@@ -122,38 +121,4 @@ func (f *fixture) committedTotal() int64 {
 		n += o
 	}
 	return n
-}
-
-// receive returns the next message of ch, failing the test after timeout.
-func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
-	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "subscription closed before a message arrived")
-		return m
-	case <-time.After(timeout):
-		t.Fatalf("no message within %s", timeout)
-		return nil
-	}
-}
-
-// requireNothing checks that no message arrives on ch for d.
-func requireNothing(t *testing.T, ch <-chan *message.Message, d time.Duration) {
-	t.Helper()
-	select {
-	case m, ok := <-ch:
-		if ok {
-			t.Fatalf("unexpected message %s", m.UUID)
-		}
-		t.Fatal("subscription closed")
-	case <-time.After(d):
-	}
-}
-
-// info returns the redelivery.Info of m, failing the test when there is none.
-func info(t *testing.T, m *message.Message) redelivery.Info {
-	t.Helper()
-	i, ok := redelivery.FromContext(m.Context())
-	require.True(t, ok, "message %s has no redelivery.Info", m.UUID)
-	return i
 }

@@ -15,6 +15,7 @@ import (
 
 	kafkabroker "github.com/onceflow/onceflow/broker/kafka"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
@@ -70,31 +71,31 @@ func TestSubscriber_InOrderHandsOutOneRecordOfAPartitionAtATime(t *testing.T) {
 	// One record of each partition, the first of each; nothing more while they are in flight.
 	first := map[int32]*message.Message{}
 	for range 2 {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		pos := position(t, m)
 		require.Equal(t, messagedata.Position{Partition: pos.Partition, Offset: 0, Previous: -1}, pos)
 		first[pos.Partition] = m
 	}
 	require.Len(t, first, 2)
-	requireNothing(t, ch, 300*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch, 300*time.Millisecond)
 
 	// A nacked record comes back before the records behind it.
 	first[0].Nack()
-	again := receive(t, ch, within)
+	again := testsvc.Receive(t, ch, within)
 	require.Equal(t, messagedata.Position{Partition: 0, Offset: 0, Previous: -1}, position(t, again))
-	require.Equal(t, 2, info(t, again).Count)
-	requireNothing(t, ch, 300*time.Millisecond)
+	require.Equal(t, 2, testsvc.Info(t, again).Count)
+	testsvc.RequireOpenAndNothing(t, ch, 300*time.Millisecond)
 
 	// Each ack lets the next record of its partition out, and only that one.
 	again.Ack()
-	next := receive(t, ch, within)
+	next := testsvc.Receive(t, ch, within)
 	require.Equal(t, messagedata.Position{Partition: 0, Offset: 1, Previous: -1}, position(t, next))
 	first[1].Ack()
-	held := map[int32]*message.Message{0: next, 1: receive(t, ch, within)}
+	held := map[int32]*message.Message{0: next, 1: testsvc.Receive(t, ch, within)}
 	require.Equal(t, messagedata.Position{Partition: 1, Offset: 1, Previous: -1}, position(t, held[1]))
 	want := map[int32]int64{0: 2, 1: 2}
 	for _, p := range []int32{0, 1, 0, 1} {
-		requireNothing(t, ch, 50*time.Millisecond)
+		testsvc.RequireOpenAndNothing(t, ch, 50*time.Millisecond)
 		if held[p] == nil {
 			continue
 		}
@@ -103,12 +104,12 @@ func TestSubscriber_InOrderHandsOutOneRecordOfAPartitionAtATime(t *testing.T) {
 		if want[p] == 3 {
 			continue
 		}
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, messagedata.Position{Partition: p, Offset: want[p], Previous: -1}, position(t, m))
 		held[p] = m
 		want[p]++
 	}
-	requireNothing(t, ch, 300*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch, 300*time.Millisecond)
 	require.Eventually(t, func() bool { return f.committedTotal() == 6 }, within, 20*time.Millisecond, "not every record committed")
 }
 
@@ -128,11 +129,11 @@ func TestSubscriber_InOrderWithAWindowHoldsARecordBehindANackedOne(t *testing.T)
 	settle(got[1], true)
 	settle(got[2], true)
 	f.produce(0, 1)
-	requireNothing(t, ch, 500*time.Millisecond) // offset 3 waits for offset 0, held
-	again := receive(t, ch, within)
+	testsvc.RequireOpenAndNothing(t, ch, 500*time.Millisecond) // offset 3 waits for offset 0, held
+	again := testsvc.Receive(t, ch, within)
 	require.Equal(t, messagedata.Position{Partition: 0, Offset: 0, Previous: -1}, position(t, again))
-	require.Equal(t, 2, info(t, again).Count)
-	next := receive(t, ch, within)
+	require.Equal(t, 2, testsvc.Info(t, again).Count)
+	next := testsvc.Receive(t, ch, within)
 	require.Equal(t, messagedata.Position{Partition: 0, Offset: 3, Previous: 0}, position(t, next))
 	settle(again, true)
 	settle(next, true)
@@ -156,7 +157,7 @@ func TestSubscriber_InOrderStartsAfterTheAppliedOffsetOrTheCommittedOneIfHigher(
 
 	got := map[int32][]int64{}
 	for range 5 {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		pos := position(t, m)
 		require.Equal(t, int64(-1), pos.Previous)
 		got[pos.Partition] = append(got[pos.Partition], pos.Offset)
@@ -165,10 +166,10 @@ func TestSubscriber_InOrderStartsAfterTheAppliedOffsetOrTheCommittedOneIfHigher(
 		if pos.Partition == 1 && pos.Offset == 8 {
 			want = 2
 		}
-		require.Equal(t, want, info(t, m).Count, "partition %d offset %d", pos.Partition, pos.Offset)
+		require.Equal(t, want, testsvc.Info(t, m).Count, "partition %d offset %d", pos.Partition, pos.Offset)
 		m.Ack()
 	}
-	requireNothing(t, ch, 300*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch, 300*time.Millisecond)
 	require.Equal(t, map[int32][]int64{0: {7, 8, 9}, 1: {8, 9}}, got)
 	require.Eventually(t, func() bool { return f.committed()[0] == 10 && f.committed()[1] == 10 }, within, 20*time.Millisecond,
 		"the committed offsets follow the acks")
@@ -182,11 +183,11 @@ func TestSubscriber_InOrderStartsAtTheCommittedOffsetWhenThePositionsCannotBeRea
 	p := &positions{applied: map[int32]int64{0: 1}, err: errors.New("database down")}
 	ch := f.subscribeInOrder(f.subscriber(kafkabroker.Config{}), p)
 	for i := range 3 {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, messagedata.Position{Partition: 0, Offset: int64(i), Previous: -1}, position(t, m))
 		m.Ack()
 	}
-	requireNothing(t, ch, 300*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch, 300*time.Millisecond)
 	require.Positive(t, p.calls.Load())
 }
 
@@ -204,13 +205,13 @@ func TestSubscriber_PreviousOffsetIsTheLastRecordBeforeItNotAcked(t *testing.T) 
 	got := receiveRun(t, ch, 3)
 	settle(got[1], true)
 	settle(got[2], false)
-	again := receive(t, ch, within)
+	again := testsvc.Receive(t, ch, within)
 	require.Equal(t, messagedata.Position{Partition: 0, Offset: 2, Previous: 0}, position(t, again))
 	settle(got[0], true)
 	settle(again, false)
-	again = receive(t, ch, within)
+	again = testsvc.Receive(t, ch, within)
 	require.Equal(t, messagedata.Position{Partition: 0, Offset: 2, Previous: -1}, position(t, again))
-	require.Equal(t, 3, info(t, again).Count)
+	require.Equal(t, 3, testsvc.Info(t, again).Count)
 	settle(again, true)
 	require.Eventually(t, func() bool { return f.committedTotal() == 3 }, within, 20*time.Millisecond, "not committed")
 }
@@ -221,7 +222,7 @@ func receiveRun(t *testing.T, ch <-chan *message.Message, n int) []*message.Mess
 	t.Helper()
 	var got []*message.Message
 	for i := range n {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, messagedata.Position{Partition: 0, Offset: int64(i), Previous: int64(i) - 1}, position(t, m))
 		got = append(got, m)
 	}

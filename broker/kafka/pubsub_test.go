@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
 	kafkabroker "github.com/onceflow/onceflow/broker/kafka"
@@ -54,17 +53,5 @@ func TestPubSub(t *testing.T) {
 		require.NoError(t, err)
 		return pub, sub
 	}
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:                   true,
-		ExactlyOnceDelivery:              false,
-		GuaranteedOrder:                  false,
-		Persistent:                       true,
-		NewSubscriberReceivesOldMessages: false,
-		ContextPreserved:                 false,
-		GenerateTopicFunc: func(tctx tests.TestContext) string {
-			return prefix + "_" + string(tctx.TestID)
-		},
-	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-		return withGroup(t, "test")
-	}, withGroup)
+	testsvc.PubSub(t, prefix, withGroup)
 }

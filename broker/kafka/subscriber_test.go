@@ -28,7 +28,7 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 	last := map[int32]int64{} // per partition, the offset received last
 	var held []*message.Message
 	for range ids {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.False(t, got[m.UUID], "%s delivered twice", m.UUID)
 		got[m.UUID] = true
 		var i int
@@ -55,7 +55,7 @@ func TestSubscriber_DeliversEveryRecordWithItsHeadersAndCommitsTheAcked(t *testi
 		want := f.message(i)
 		require.Equal(t, want.Payload, m.Payload)
 		require.Equal(t, want.Metadata, m.Metadata)
-		require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, info(t, m))
+		require.Equal(t, redelivery.Info{Count: 1, DelaysNacks: true}, testsvc.Info(t, m))
 		held = append(held, m)
 	}
 	for _, m := range held {
@@ -71,26 +71,26 @@ func TestSubscriber_NackRedeliversAfterTheDelayWithoutHoldingTheRecordsBehind(t 
 	ids := f.publish(0, 3)
 	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
 
-	first := receive(t, ch, within)
+	first := testsvc.Receive(t, ch, within)
 	require.Equal(t, ids[0], first.UUID)
 	nacked := time.Now()
 	require.True(t, redelivery.NackAfter(first, 500*time.Millisecond))
 	for _, id := range ids[1:] {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, id, m.UUID)
 		m.Ack()
 	}
-	again := receive(t, ch, within)
+	again := testsvc.Receive(t, ch, within)
 	require.Equal(t, ids[0], again.UUID)
 	require.GreaterOrEqual(t, time.Since(nacked), 500*time.Millisecond)
-	require.Equal(t, 2, info(t, again).Count)
+	require.Equal(t, 2, testsvc.Info(t, again).Count)
 	// The records behind the nacked one are acked, but a commit is a position: nothing of
 	// the partition is committed while its first record is not acked.
 	require.Zero(t, f.committedTotal())
 
 	again.Nack() // Config.NackDelay is 0: at once
-	third := receive(t, ch, within)
-	require.Equal(t, 3, info(t, third).Count)
+	third := testsvc.Receive(t, ch, within)
+	require.Equal(t, 3, testsvc.Info(t, third).Count)
 	third.Ack()
 	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 3 }, "the partition is not committed after its first record was acked")
 }
@@ -100,7 +100,7 @@ func TestSubscriber_AckTimeoutEndsTheDeliveryAndDeliversTheRecordAgain(t *testin
 	f := setup(t, 1)
 	ids := f.publish(0, 1)
 	ch := f.subscribe(f.subscriber(kafkabroker.Config{AckTimeout: 200 * time.Millisecond}))
-	m := receive(t, ch, within)
+	m := testsvc.Receive(t, ch, within)
 	select {
 	case <-m.Context().Done():
 		require.ErrorIs(t, context.Cause(m.Context()), kafkabroker.ErrAckTimeout)
@@ -108,9 +108,9 @@ func TestSubscriber_AckTimeoutEndsTheDeliveryAndDeliversTheRecordAgain(t *testin
 		t.Fatal("the delivery did not end after AckTimeout")
 	}
 	m.Ack() // too late: ignored
-	again := receive(t, ch, within)
+	again := testsvc.Receive(t, ch, within)
 	require.Equal(t, ids[0], again.UUID)
-	require.Equal(t, 2, info(t, again).Count)
+	require.Equal(t, 2, testsvc.Info(t, again).Count)
 	again.Ack()
 	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 1 }, "not committed")
 }
@@ -123,7 +123,7 @@ func TestSubscriber_ARestartedMemberResumesAtTheFirstRecordNotAcked(t *testing.T
 	ch := f.subscribe(s)
 	var held []*message.Message
 	for i := range 10 {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, ids[i], m.UUID)
 		held = append(held, m)
 	}
@@ -156,12 +156,12 @@ func TestSubscriber_ARestartedMemberResumesAtTheFirstRecordNotAcked(t *testing.T
 	}
 	got := map[string]int{}
 	for range want {
-		m := receive(t, ch, within)
-		got[m.UUID] = info(t, m).Count
+		m := testsvc.Receive(t, ch, within)
+		got[m.UUID] = testsvc.Info(t, m).Count
 		m.Ack()
 	}
 	require.Equal(t, want, got)
-	requireNothing(t, ch, 200*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch, 200*time.Millisecond)
 	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 13 }, "not committed")
 }
 
@@ -174,7 +174,7 @@ func TestSubscriber_AnAckGivenBeforeCloseIsCommitted(t *testing.T) {
 	s := f.subscriber(kafkabroker.Config{})
 	ch, err := s.Subscribe(redelivery.WithDirectSettle(context.Background()), f.topic)
 	require.NoError(t, err)
-	receive(t, ch, within).Ack()
+	testsvc.Receive(t, ch, within).Ack()
 	require.NoError(t, s.Close())
 	require.Equal(t, int64(1), f.committedTotal())
 }
@@ -190,11 +190,11 @@ func TestSubscriber_ForeignRecordsGetTheirCoordinatesAsID(t *testing.T) {
 		&kgo.Record{Topic: f.topic, Key: []byte("k"), Value: []byte("b")},
 	).FirstErr())
 	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
-	a := receive(t, ch, within)
+	a := testsvc.Receive(t, ch, within)
 	require.Equal(t, f.topic+"/0/0", a.UUID)
 	require.Equal(t, message.Metadata{"origin": "java", messagedata.HeaderPartition: "0", messagedata.HeaderOffset: "0", messagedata.HeaderPreviousOffset: "-1"}, a.Metadata)
 	require.Equal(t, message.Payload("a"), a.Payload)
-	b := receive(t, ch, within)
+	b := testsvc.Receive(t, ch, within)
 	require.Equal(t, f.topic+"/0/1", b.UUID)
 	require.Equal(t, message.Metadata{messagedata.HeaderPartition: "0", messagedata.HeaderOffset: "1", messagedata.HeaderPreviousOffset: "0"}, b.Metadata)
 	a.Ack()
@@ -221,7 +221,7 @@ func TestPublisher_KeyIsTheOrderingKeyOrTheUUID(t *testing.T) {
 	require.NoError(t, f.pub.Publish(f.topic, msgs...))
 	ch := f.subscribe(f.subscriber(kafkabroker.Config{}))
 	for i := range 20 {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, msgs[i].UUID, m.UUID)
 		m.Ack()
 	}
@@ -279,7 +279,7 @@ func TestSubscriber_TwoMembersShareTheTopicAndALeavingMemberLosesNothing(t *test
 	}()
 	// Member 0 acks 40 records, then stops acking, holds what it has, and leaves.
 	for range 40 {
-		ack(0, receive(t, ch0, within))
+		ack(0, testsvc.Receive(t, ch0, within))
 	}
 	var held []*message.Message
 	for len(held) < 5 {
@@ -322,7 +322,7 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 		ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: 10 * time.Second}))
 		var held []*message.Message
 		for range ids {
-			held = append(held, receive(t, ch0, within))
+			held = append(held, testsvc.Receive(t, ch0, within))
 		}
 		ch1 := f.subscribe(f.subscriber(kafkabroker.Config{}))
 		time.Sleep(500 * time.Millisecond) // the second member joins; the revoke waits
@@ -331,7 +331,7 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 			m.Ack()
 		}
 		testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 10 }, "not committed")
-		requireNothing(t, ch1, 500*time.Millisecond)
+		testsvc.RequireOpenAndNothing(t, ch1, 500*time.Millisecond)
 	})
 	t.Run("held past", func(t *testing.T) {
 		t.Parallel()
@@ -340,7 +340,7 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 		ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: 200 * time.Millisecond}))
 		var held []*message.Message
 		for range ids {
-			held = append(held, receive(t, ch0, within))
+			held = append(held, testsvc.Receive(t, ch0, within))
 		}
 		ch1 := f.subscribe(f.subscriber(kafkabroker.Config{}))
 		// One partition moves: its deliveries end when the revoke stops waiting.
@@ -360,7 +360,7 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 		// partition's deliveries one after the other: the split is taken again as they come.
 		got := map[string]bool{}
 		for allGot := false; !allGot; {
-			m := receive(t, ch1, within)
+			m := testsvc.Receive(t, ch1, within)
 			split()
 			require.True(t, slices.ContainsFunc(revoked, func(r *message.Message) bool { return r.UUID == m.UUID }),
 				"%s went to the new owner, but the old one kept it", m.UUID)
@@ -375,7 +375,7 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 			m.Ack()
 		}
 		testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 10 }, "not committed")
-		requireNothing(t, ch1, 300*time.Millisecond)
+		testsvc.RequireOpenAndNothing(t, ch1, 300*time.Millisecond)
 	})
 }
 
@@ -387,11 +387,11 @@ func TestSubscriber_ARevokeWithdrawsTheRecordsTheConsumerHasNotTaken(t *testing.
 	f.produce(0, 5)
 	f.produce(1, 5)
 	ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: time.Minute}))
-	receive(t, ch0, within).Ack() // the others wait in the subscription, not taken
+	testsvc.Receive(t, ch0, within).Ack() // the others wait in the subscription, not taken
 	// One partition moves to the new member, with its records, well before RevokeTimeout.
 	ch1 := f.subscribe(f.subscriber(kafkabroker.Config{}))
 	for range 4 {
-		receive(t, ch1, within).Ack()
+		testsvc.Receive(t, ch1, within).Ack()
 	}
 }
 
@@ -404,11 +404,11 @@ func TestSubscriber_ARevokeDoesNotWaitForAHeldNack(t *testing.T) {
 	f.produce(1, 1)
 	ch0 := f.subscribe(f.subscriber(kafkabroker.Config{RevokeTimeout: time.Minute}))
 	for range 2 {
-		require.True(t, redelivery.NackAfter(receive(t, ch0, within), time.Minute))
+		require.True(t, redelivery.NackAfter(testsvc.Receive(t, ch0, within), time.Minute))
 	}
 	// One partition moves to the new member, with its record, well before RevokeTimeout.
-	m := receive(t, f.subscribe(f.subscriber(kafkabroker.Config{})), within)
-	require.Equal(t, 2, info(t, m).Count)
+	m := testsvc.Receive(t, f.subscribe(f.subscriber(kafkabroker.Config{})), within)
+	require.Equal(t, 2, testsvc.Info(t, m).Count)
 	m.Ack()
 }
 
@@ -421,25 +421,25 @@ func TestSubscriber_TheDeliveryCountOutlivesTheMember(t *testing.T) {
 	s := f.subscriber(kafkabroker.Config{})
 	ch := f.subscribe(s)
 	for want := 1; want <= 2; want++ {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		if m.UUID == ids[1] {
 			m.Ack()
-			m = receive(t, ch, within)
+			m = testsvc.Receive(t, ch, within)
 		}
 		require.Equal(t, ids[0], m.UUID)
-		require.Equal(t, want, info(t, m).Count)
+		require.Equal(t, want, testsvc.Info(t, m).Count)
 		m.Nack()
 	}
 	// The third hand-out is recorded before it is handed out: the member stops holding it.
-	m := receive(t, ch, within)
-	require.Equal(t, 3, info(t, m).Count)
+	m := testsvc.Receive(t, ch, within)
+	require.Equal(t, 3, testsvc.Info(t, m).Count)
 	require.NoError(t, s.Close())
 
 	ch = f.subscribe(f.subscriber(kafkabroker.Config{}))
-	m = receive(t, ch, within)
+	m = testsvc.Receive(t, ch, within)
 	require.Equal(t, ids[0], m.UUID)
-	require.Equal(t, redelivery.Info{Count: 4, DelaysNacks: true}, info(t, m))
+	require.Equal(t, redelivery.Info{Count: 4, DelaysNacks: true}, testsvc.Info(t, m))
 	m.Ack()
-	requireNothing(t, ch, 300*time.Millisecond) // the second record was acked: not again
+	testsvc.RequireOpenAndNothing(t, ch, 300*time.Millisecond) // the second record was acked: not again
 	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 2 }, "not committed")
 }

@@ -73,7 +73,7 @@ func (f *viewFixture) consume(b *broker.Broker, n int, ack func(uuid string) boo
 	require.NoError(f.t, err)
 	var got []string
 	for range n {
-		m := receive(f.t, ch, within)
+		m := testsvc.Receive(f.t, ch, within)
 		got = append(got, m.UUID)
 		if ack(m.UUID) {
 			m.Ack()
@@ -135,10 +135,10 @@ func TestView_MoveAndDeleteTakeRecordsOutForTheGroupOnly(t *testing.T) {
 	defer sub.Close()
 	ch, err := sub.Subscribe(context.Background(), f.topic)
 	require.NoError(t, err)
-	m := receive(t, ch, within)
+	m := testsvc.Receive(t, ch, within)
 	require.Equal(t, f.message(3).UUID, m.UUID)
 	m.Ack()
-	requireNothing(t, ch, time.Second)
+	testsvc.RequireOpenAndNothing(t, ch, time.Second)
 }
 
 // A member of the group that consumes another topic goes on while the view joins the group
@@ -185,7 +185,7 @@ func TestView_MoveWhileTheGroupConsumesAnotherTopic(t *testing.T) {
 	require.Len(t, rep.Moved, 3)
 	publish(n/2, n)
 	<-done
-	requireNothing(t, ch, time.Second)
+	testsvc.RequireOpenAndNothing(t, ch, time.Second)
 	require.Len(t, handed, n, "every record of the other topic")
 	for id, k := range handed {
 		require.Equal(t, 1, k, "record %s handed out once", id)
@@ -205,7 +205,7 @@ func TestView_MoveRefusesATopicThatAMemberOfTheGroupConsumes(t *testing.T) {
 	defer sub.Close()
 	ch, err := sub.Subscribe(context.Background(), f.topic)
 	require.NoError(t, err)
-	first := receive(t, ch, within) // the member owns the partition
+	first := testsvc.Receive(t, ch, within) // the member owns the partition
 
 	moved := testsvc.UniqueName("moved")
 	_, err = f.b.Move(context.Background(), f.topic, 10, func(m *message.Message) (string, *message.Message) { return moved, m })
@@ -217,7 +217,7 @@ func TestView_MoveRefusesATopicThatAMemberOfTheGroupConsumes(t *testing.T) {
 	got := []string{first.UUID}
 	first.Ack()
 	for len(got) < 4 {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		if !slices.Contains(got, m.UUID) { // a record handed out again after the rebalance
 			got = append(got, m.UUID)
 		}

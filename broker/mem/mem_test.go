@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/mem"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // TestPubSub runs watermill's universal Pub/Sub suite against the hub. Every constructor call
@@ -37,13 +37,7 @@ func TestPubSub(t *testing.T) {
 		require.NoError(t, err)
 		return publisher{h}, sub
 	}
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:                   true,
-		ExactlyOnceDelivery:              false,
-		GuaranteedOrder:                  false,
-		Persistent:                       true,
-		NewSubscriberReceivesOldMessages: false,
-	}, func(t *testing.T) (message.Publisher, message.Subscriber) { return withGroup(t, "test") }, withGroup)
+	testsvc.PubSub(t, "", withGroup)
 }
 
 type publisher struct{ h *mem.Hub }
@@ -62,22 +56,7 @@ func publish(t *testing.T, h *mem.Hub, topic string, ids ...string) {
 
 func receive(t *testing.T, ch <-chan *message.Message) *message.Message {
 	t.Helper()
-	select {
-	case m := <-ch:
-		return m
-	case <-time.After(5 * time.Second):
-		t.Fatal("no delivery within 5 s")
-		return nil
-	}
-}
-
-func none(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
-	t.Helper()
-	select {
-	case m := <-ch:
-		t.Fatalf("unexpected delivery of %s", m.UUID)
-	case <-time.After(wait):
-	}
+	return testsvc.Receive(t, ch, 5*time.Second)
 }
 
 func TestSubscription_NackComesBackAfterTheRequestedDelayCountedAndDoesNotBlock(t *testing.T) {
@@ -132,7 +111,7 @@ func TestSubscriber_CloseGivesBackWhatItHeldAndKeepsItsAcks(t *testing.T) {
 		info, _ := redelivery.FromContext(m.Context())
 		counts[m.UUID] = info.Count
 	}
-	none(t, ch2, 50*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch2, 50*time.Millisecond)
 	require.Equal(t, map[string]int{"b": 2, "c": 2}, counts, "the acked one is not back")
 }
 

@@ -12,6 +12,7 @@ import (
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // The tests of this file consume as onceflow's router does: they subscribe with
@@ -58,14 +59,14 @@ func TestDirectSettle_LostConnectionEndsTheUnsettledDeliveriesAndLeavesThemToThe
 	}))
 	var held []*message.Message
 	for range n {
-		held = append(held, receive(t, ch, within))
+		held = append(held, testsvc.Receive(t, ch, within))
 	}
 	ack(held[0])
 	f.requireAcked(1, n-1) // before the cut
 
 	p.Stop()
 	for _, m := range held[1:] {
-		requireCause(t, m, natsbroker.ErrConnectionLost, within)
+		testsvc.RequireCause(t, m, natsbroker.ErrConnectionLost, within)
 		ack(m) // the delivery has ended: ignored
 	}
 	// The ack freed a place, so a pull request may have waited at the server when the
@@ -82,15 +83,15 @@ func TestDirectSettle_LostConnectionEndsTheUnsettledDeliveriesAndLeavesThemToThe
 	}
 	got := map[string]int{}
 	for range len(want) {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		_, seen := got[m.UUID]
 		require.False(t, seen, "message %s delivered twice after the reconnection", m.UUID)
-		got[m.UUID] = info(t, m).Count
+		got[m.UUID] = testsvc.Info(t, m).Count
 		ack(m)
 	}
 	require.Equal(t, want, got, "delivery counts after the reconnection")
 	f.requireAcked(n+2, 0)
-	requireNothing(t, ch, 3*time.Second) // more than AckWait: the acks after the reconnection hold
+	testsvc.RequireOpenAndNothing(t, ch, 3*time.Second) // more than AckWait: the acks after the reconnection hold
 }
 
 func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testing.T) {
@@ -103,7 +104,7 @@ func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testi
 	ch := f.subscribeDirect(s)
 	var held []*message.Message
 	for i := range n {
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, ids[i], m.UUID)
 		held = append(held, m)
 	}
@@ -116,7 +117,7 @@ func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testi
 
 	require.NoError(t, s.Close())
 	for _, m := range held[1:] {
-		requireCause(t, m, natsbroker.ErrClosed, within)
+		testsvc.RequireCause(t, m, natsbroker.ErrClosed, within)
 	}
 	for _, m := range held {
 		redelivery.Settle(m) // after Close: nothing more happens
@@ -127,12 +128,12 @@ func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testi
 	next := f.subscribeDirect(f.subscriber(cfg))
 	counts := map[string]int{}
 	for range n - 3 {
-		m := receive(t, next, 10*time.Second)
-		counts[m.UUID] = info(t, m).Count
+		m := testsvc.Receive(t, next, 10*time.Second)
+		counts[m.UUID] = testsvc.Info(t, m).Count
 		ack(m)
 	}
 	require.Equal(t, map[string]int{ids[3]: 2, ids[4]: 2, ids[5]: 2}, counts, "the unsettled deliveries, given back")
-	requireNothing(t, next, time.Second) // the nacked one waits its minute; the acked ones are done
+	testsvc.RequireOpenAndNothing(t, next, time.Second) // the nacked one waits its minute; the acked ones are done
 	// The acks given before Close make the floor; the nacked message is the one pending.
 	f.requireAcked(2, 1)
 }

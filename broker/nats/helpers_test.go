@@ -117,51 +117,6 @@ func (f *fixture) publish(from, to int) []string {
 	return ids
 }
 
-// receive returns the next message of ch, failing the test after timeout.
-func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
-	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "subscription closed before a message arrived")
-		return m
-	case <-time.After(timeout):
-		t.Fatalf("no message within %s", timeout)
-		return nil
-	}
-}
-
-// requireNothing checks that no message arrives on ch for d.
-func requireNothing(t *testing.T, ch <-chan *message.Message, d time.Duration) {
-	t.Helper()
-	select {
-	case m, ok := <-ch:
-		if ok {
-			t.Fatalf("unexpected message %s", m.UUID)
-		}
-		t.Fatal("subscription closed")
-	case <-time.After(d):
-	}
-}
-
-// info returns the redelivery.Info of m, failing the test when there is none.
-func info(t *testing.T, m *message.Message) redelivery.Info {
-	t.Helper()
-	i, ok := redelivery.FromContext(m.Context())
-	require.True(t, ok, "message %s has no redelivery.Info", m.UUID)
-	return i
-}
-
-// requireCause waits for the context of m to end and checks its cause.
-func requireCause(t *testing.T, m *message.Message, want error, timeout time.Duration) {
-	t.Helper()
-	select {
-	case <-m.Context().Done():
-		require.ErrorIs(t, context.Cause(m.Context()), want)
-	case <-time.After(timeout):
-		t.Fatalf("context of %s not cancelled within %s", m.UUID, timeout)
-	}
-}
-
 // mergeOf returns a channel that gets the messages of a and b.
 func mergeOf(a, b <-chan *message.Message) <-chan *message.Message {
 	out := make(chan *message.Message)

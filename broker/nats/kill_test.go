@@ -1,13 +1,9 @@
 package nats_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +11,7 @@ import (
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // Environment of the consumer process of TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery.
@@ -46,8 +43,8 @@ func TestKilledConsumer_Child(t *testing.T) {
 	}
 	ch, err := s.Subscribe(ctx, os.Getenv(childTopicEnv))
 	require.NoError(t, err)
-	m := receive(t, ch, within)
-	fmt.Printf("HOLDING %s %d\n", m.UUID, info(t, m).Count)
+	m := testsvc.Receive(t, ch, within)
+	testsvc.SayHolding(t, m)
 	select {}
 }
 
@@ -63,9 +60,9 @@ func TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery(t *testing.T
 			require.Equal(t, fmt.Sprintf("%s %d", id, want), got, "message and delivery count of killed consumer %d", want)
 		}
 		ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: killAckWait}))
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, id, m.UUID)
-		require.Equal(t, 3, info(t, m).Count)
+		require.Equal(t, 3, testsvc.Info(t, m).Count)
 		m.Ack()
 	})
 }
@@ -74,33 +71,11 @@ func TestSubscriber_DeliveryCountSurvivesAConsumerKilledMidDelivery(t *testing.T
 // a message, kills it and returns what it said it holds: the UUID and the delivery count.
 func holdInAChildAndKillIt(t *testing.T, f *fixture) string {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
-	cmd.Env = append(os.Environ(), childURLEnv+"="+f.url, childTopicEnv+"="+f.topic, childGroupEnv+"="+f.group)
+	env := []string{childURLEnv + "=" + f.url, childTopicEnv + "=" + f.topic, childGroupEnv + "=" + f.group}
 	if f.direct {
-		cmd.Env = append(cmd.Env, childDirectEnv+"=1")
+		env = append(env, childDirectEnv+"=1")
 	}
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		_ = cmd.Wait()
-	}()
-	holding := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if what, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
-				holding <- what
-			}
-		}
-	}()
-	select {
-	case what := <-holding:
-		return what
-	case <-time.After(within):
-		t.Fatal("the consumer process took no message")
-		return ""
-	}
+	child := testsvc.StartChild(t, env...)
+	defer child.Kill()
+	return child.Expect(t, "HOLDING", within)
 }

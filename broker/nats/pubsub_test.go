@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker"
@@ -69,16 +68,7 @@ func testPubSub(t *testing.T, direct bool) {
 		t.Cleanup(func() { require.NoError(t, s.Close()) })
 		return recordingPublisher{b.Publisher(), record}, &recordingSubscriber{Subscriber: s, record: record, direct: direct, t: t}
 	}
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:                   true,
-		ExactlyOnceDelivery:              false,
-		GuaranteedOrder:                  false,
-		Persistent:                       true,
-		NewSubscriberReceivesOldMessages: false,
-		ContextPreserved:                 false,
-	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-		return withGroup(t, "test")
-	}, withGroup)
+	testsvc.PubSub(t, "", withGroup)
 }
 
 // recordingPublisher and recordingSubscriber note the topics the suite uses, for the cleanup.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // pushConsumer creates the group's durable consumer on the fixture's topic as onceflow's
@@ -77,12 +78,12 @@ func TestSubscriber_ReplacesTheGroupsPushConsumerAfterItsAckFloor(t *testing.T) 
 
 		ch := f.subscribe(f.subscriber(natsbroker.Config{}))
 		for _, id := range ids[2:] {
-			m := receive(t, ch, within)
+			m := testsvc.Receive(t, ch, within)
 			require.Equal(t, id, m.UUID, "the pull consumer starts after the push consumer's ack floor")
-			require.Equal(t, 1, info(t, m).Count, "delivery counts start again")
+			require.Equal(t, 1, testsvc.Info(t, m).Count, "delivery counts start again")
 			m.Ack()
 		}
-		requireNothing(t, ch, 300*time.Millisecond)
+		testsvc.RequireOpenAndNothing(t, ch, 300*time.Millisecond)
 		info := f.consumerInfo()
 		require.Positive(t, info.Config.MaxWaiting, "a pull consumer")
 		require.Equal(t, jetstream.DeliverByStartSequencePolicy, info.Config.DeliverPolicy)
@@ -91,7 +92,7 @@ func TestSubscriber_ReplacesTheGroupsPushConsumerAfterItsAckFloor(t *testing.T) 
 		// The replacement is done once: the next subscriber takes the pull consumer as it is.
 		next := f.subscribe(f.subscriber(natsbroker.Config{}))
 		more := f.publish(5, 6)
-		m := receive(t, mergeOf(ch, next), within)
+		m := testsvc.Receive(t, mergeOf(ch, next), within)
 		require.Equal(t, more[0], m.UUID)
 		m.Ack()
 		require.Equal(t, uint64(3), f.consumerInfo().Config.OptStartSeq)

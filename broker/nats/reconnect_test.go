@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // proxy starts an in-process TCP proxy in front of the NATS server of rawURL, stopped when the
@@ -58,14 +59,14 @@ func TestSubscriber_LostConnectionEndsTheDeliveriesInFlightAndTheSubscriptionGoe
 		}))
 		var held []*message.Message
 		for range n {
-			m := receive(t, ch, within)
-			require.Equal(t, 1, info(t, m).Count)
+			m := testsvc.Receive(t, ch, within)
+			require.Equal(t, 1, testsvc.Info(t, m).Count)
 			held = append(held, m)
 		}
 
 		p.Stop() // closes the connections through the proxy, both ways
 		for _, m := range held {
-			requireCause(t, m, natsbroker.ErrConnectionLost, within)
+			testsvc.RequireCause(t, m, natsbroker.ErrConnectionLost, within)
 			m.Ack() // the delivery has ended: ignored
 		}
 		restart(t, p)
@@ -82,14 +83,14 @@ func TestSubscriber_LostConnectionEndsTheDeliveriesInFlightAndTheSubscriptionGoe
 		}
 		got := map[string]int{}
 		for range 2 * n {
-			m := receive(t, ch, within)
+			m := testsvc.Receive(t, ch, within)
 			_, seen := got[m.UUID]
 			require.False(t, seen, "message %s delivered twice after the reconnection", m.UUID)
-			got[m.UUID] = info(t, m).Count
+			got[m.UUID] = testsvc.Info(t, m).Count
 			m.Ack()
 		}
 		require.Equal(t, want, got, "delivery counts after the reconnection")
-		requireNothing(t, ch, 3*time.Second) // more than AckWait: the acks after the reconnection hold
+		testsvc.RequireOpenAndNothing(t, ch, 3*time.Second) // more than AckWait: the acks after the reconnection hold
 	})
 }
 
@@ -100,9 +101,9 @@ func TestSubscriber_CloseReturnsInTimeWhenTheServerIsGone(t *testing.T) {
 		f.publish(0, 1)
 		s := f.subscriber(natsbroker.Config{URL: through, CloseTimeout: time.Second})
 		ch := f.subscribe(s)
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		p.Stop()
-		requireCause(t, m, natsbroker.ErrConnectionLost, within)
+		testsvc.RequireCause(t, m, natsbroker.ErrConnectionLost, within)
 		m.Ack() // the delivery has ended: ignored
 
 		start := time.Now()

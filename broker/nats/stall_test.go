@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // A pull request that the server drops without a word (NATS server 2.9 does so when a message
@@ -24,7 +25,7 @@ func TestSubscriber_APullRequestTheServerDropsDelaysNothing(t *testing.T) {
 	}
 	start := time.Now()
 	f.publish(0, 1)
-	m := receive(t, ch, within)
+	m := testsvc.Receive(t, ch, within)
 	require.Less(t, time.Since(start), 500*time.Millisecond, "the message waited for the lost request's grace")
 	m.Ack()
 }

@@ -42,7 +42,7 @@ func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 		ch := f.subscribe(s)
 		var got []*message.Message
 		for range n {
-			got = append(got, receive(t, ch, within))
+			got = append(got, testsvc.Receive(t, ch, within))
 		}
 		for _, m := range got {
 			m.Ack()
@@ -53,7 +53,7 @@ func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 
 		sentinel := f.publish(n, n+1)
 		next := f.subscribe(f.subscriber(natsbroker.Config{}))
-		m := receive(t, next, within)
+		m := testsvc.Receive(t, next, within)
 		require.Equal(t, sentinel[0], m.UUID, "none of the %d messages acked before Close came back", n)
 		m.Ack()
 	})
@@ -65,29 +65,29 @@ func TestSubscriber_NackAfterComesBackNoSoonerThanTheDelayWithCountPlusOne(t *te
 		ids := f.publish(0, 2)
 		ch := f.subscribe(f.subscriber(natsbroker.Config{NackDelay: 300 * time.Millisecond}))
 
-		m := receive(t, ch, within)
+		m := testsvc.Receive(t, ch, within)
 		require.Equal(t, ids[0], m.UUID)
 		const delay = 700 * time.Millisecond
 		nacked := time.Now()
 		require.True(t, redelivery.NackAfter(m, delay), "the subscriber delays nacks")
-		requireCause(t, m, context.Canceled, within)
+		testsvc.RequireCause(t, m, context.Canceled, within)
 
-		other := receive(t, ch, within)
+		other := testsvc.Receive(t, ch, within)
 		require.Equal(t, ids[1], other.UUID, "the nacked message does not hold the next one back")
 		other.Ack()
 
-		again := receive(t, ch, within)
+		again := testsvc.Receive(t, ch, within)
 		require.Equal(t, ids[0], again.UUID)
 		require.GreaterOrEqual(t, time.Since(nacked), delay)
-		require.Equal(t, 2, info(t, again).Count)
+		require.Equal(t, 2, testsvc.Info(t, again).Count)
 
 		// A plain Nack waits for Config.NackDelay.
 		nacked = time.Now()
 		again.Nack()
-		third := receive(t, ch, within)
+		third := testsvc.Receive(t, ch, within)
 		require.Equal(t, ids[0], third.UUID)
 		require.GreaterOrEqual(t, time.Since(nacked), 300*time.Millisecond)
-		require.Equal(t, 3, info(t, third).Count)
+		require.Equal(t, 3, testsvc.Info(t, third).Count)
 		third.Ack()
 	})
 }
@@ -103,16 +103,16 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveries(t *testing.T) {
 		a := f.subscriber(cfg)
 		chA := f.subscribe(a)
 		for i := range n {
-			require.Equal(t, ids[i], receive(t, chA, within).UUID)
+			require.Equal(t, ids[i], testsvc.Receive(t, chA, within).UUID)
 		}
 		chB := f.subscribe(f.subscriber(cfg))
-		requireNothing(t, chB, 300*time.Millisecond) // A holds them all
+		testsvc.RequireOpenAndNothing(t, chB, 300*time.Millisecond) // A holds them all
 
 		require.NoError(t, a.Close())
 		seen := map[string]bool{}
 		for range n {
-			m := receive(t, chB, 10*time.Second)
-			require.Equal(t, 2, info(t, m).Count)
+			m := testsvc.Receive(t, chB, 10*time.Second)
+			require.Equal(t, 2, testsvc.Info(t, m).Count)
 			seen[m.UUID] = true
 			m.Ack()
 		}
@@ -131,10 +131,10 @@ func TestSubscriber_SubscriptionEndsWithItsContextAndGivesBack(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ch, err := f.subscribeWith(ctx, s)
 		require.NoError(t, err)
-		held := receive(t, ch, within)
+		held := testsvc.Receive(t, ch, within)
 		require.Equal(t, ids[0], held.UUID)
 		cancel()
-		requireCause(t, held, context.Canceled, within)
+		testsvc.RequireCause(t, held, context.Canceled, within)
 		for range ch { // the channel closes; deliveries not taken are given back
 		}
 
@@ -142,10 +142,10 @@ func TestSubscriber_SubscriptionEndsWithItsContextAndGivesBack(t *testing.T) {
 		next := f.subscribe(s)
 		counts := map[string]int{}
 		for range 3 {
-			m := receive(t, next, 10*time.Second)
+			m := testsvc.Receive(t, next, 10*time.Second)
 			_, seen := counts[m.UUID]
 			require.False(t, seen, "message %s delivered twice", m.UUID)
-			counts[m.UUID] = info(t, m).Count
+			counts[m.UUID] = testsvc.Info(t, m).Count
 			m.Ack()
 		}
 		require.Equal(t, map[string]int{ids[0]: 2, ids[1]: 2, ids[2]: 2}, counts, "delivery counts")
@@ -214,17 +214,17 @@ func TestSubscriber_ContextEndsWhenAckWaitPassesAndItsLateAckIsIgnored(t *testin
 	inBothModes(t, func(t *testing.T, f *fixture) {
 		id := f.publish(0, 1)[0]
 		ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: time.Second}))
-		first := receive(t, ch, within)
-		requireCause(t, first, natsbroker.ErrAckWaitPassed, 5*time.Second)
+		first := testsvc.Receive(t, ch, within)
+		testsvc.RequireCause(t, first, natsbroker.ErrAckWaitPassed, 5*time.Second)
 
-		second := receive(t, ch, within)
+		second := testsvc.Receive(t, ch, within)
 		require.Equal(t, id, second.UUID)
-		require.Equal(t, 2, info(t, second).Count)
+		require.Equal(t, 2, testsvc.Info(t, second).Count)
 		first.Ack() // its delivery has ended: ignored
-		requireCause(t, second, natsbroker.ErrAckWaitPassed, 5*time.Second)
-		third := receive(t, ch, within)
+		testsvc.RequireCause(t, second, natsbroker.ErrAckWaitPassed, 5*time.Second)
+		third := testsvc.Receive(t, ch, within)
 		require.Equal(t, id, third.UUID, "the late ack of the first delivery settled nothing")
-		require.GreaterOrEqual(t, info(t, third).Count, 3)
+		require.GreaterOrEqual(t, testsvc.Info(t, third).Count, 3)
 		third.Ack()
 	})
 }
@@ -234,19 +234,19 @@ func TestSubscriber_SubscribeSetsAckWaitOnTheGroupsConsumer(t *testing.T) {
 	inBothModes(t, func(t *testing.T, f *fixture) {
 		id := f.publish(0, 1)[0]
 		first := f.subscriber(natsbroker.Config{AckWait: time.Minute})
-		m := receive(t, f.subscribe(first), within)
+		m := testsvc.Receive(t, f.subscribe(first), within)
 		require.NoError(t, first.Close()) // gives m back
 
 		// A later subscriber of the group with another AckWait sets it on the group's consumer.
 		ch := f.subscribe(f.subscriber(natsbroker.Config{AckWait: time.Second}))
-		m = receive(t, ch, within)
+		m = testsvc.Receive(t, ch, within)
 		require.Equal(t, id, m.UUID)
-		require.Equal(t, 2, info(t, m).Count)
+		require.Equal(t, 2, testsvc.Info(t, m).Count)
 		require.Equal(t, time.Second, f.consumerInfo().Config.AckWait)
-		requireCause(t, m, natsbroker.ErrAckWaitPassed, 5*time.Second)
-		again := receive(t, ch, 5*time.Second) // not after a minute: the server's AckWait is the subscriber's
+		testsvc.RequireCause(t, m, natsbroker.ErrAckWaitPassed, 5*time.Second)
+		again := testsvc.Receive(t, ch, 5*time.Second) // not after a minute: the server's AckWait is the subscriber's
 		require.Equal(t, id, again.UUID)
-		require.GreaterOrEqual(t, info(t, again).Count, 3)
+		require.GreaterOrEqual(t, testsvc.Info(t, again).Count, 3)
 		again.Ack()
 	})
 }
@@ -267,8 +267,8 @@ func TestSubscriber_DeliveryCountsHoldThroughNacksAndCloses(t *testing.T) {
 			s := f.subscriber(natsbroker.Config{})
 			ch := f.subscribe(s)
 			for range nacks {
-				m := receive(t, ch, within)
-				count := info(t, m).Count
+				m := testsvc.Receive(t, ch, within)
+				count := testsvc.Info(t, m).Count
 				require.Greater(t, count, last[m.UUID], "delivery count of %s", m.UUID)
 				last[m.UUID] = count
 				m.Nack()
@@ -282,7 +282,7 @@ func TestSubscriber_DeliveryCountsHoldThroughNacksAndCloses(t *testing.T) {
 			select {
 			case m := <-ch:
 				require.False(t, acked[m.UUID], "message %s delivered again after its ack", m.UUID)
-				require.Greater(t, info(t, m).Count, last[m.UUID], "delivery count of %s", m.UUID)
+				require.Greater(t, testsvc.Info(t, m).Count, last[m.UUID], "delivery count of %s", m.UUID)
 				acked[m.UUID] = true
 				m.Ack()
 			case <-deadline:
@@ -324,7 +324,7 @@ func TestSubscriber_ConsumerRefusedWhileTheStreamIsCreatedIsCreatedAgain(t *test
 	s := f.subscriber(natsbroker.Config{})
 	refusing := &refusingJetStream{refusals: natsbroker.CreateAttempts - 1}
 	natsbroker.WrapJetStream(s, func(js jetstream.JetStream) jetstream.JetStream { refusing.JetStream = js; return refusing })
-	m := receive(t, f.subscribe(s), within)
+	m := testsvc.Receive(t, f.subscribe(s), within)
 	require.Equal(t, id, m.UUID)
 	m.Ack()
 	require.Equal(t, natsbroker.CreateAttempts, refusing.creates)

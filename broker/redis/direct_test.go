@@ -45,7 +45,7 @@ func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testi
 	msgs := f.publish(n)
 	sub := f.subscriber(f.url, redissub.Config{AckTimeout: time.Minute})
 	ch := f.subscribeDirect(sub)
-	held := receiveN(t, ch, n, 10*time.Second)
+	held := testsvc.ReceiveN(t, ch, n, 10*time.Second)
 	ack(held[0])
 	// Acked and nacked, but Close comes before the consumer settles them: what they say
 	// still counts.
@@ -55,7 +55,7 @@ func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testi
 
 	require.NoError(t, sub.Close())
 	for _, m := range held {
-		requireDone(t, m.Context(), time.Second, "a delivery of a closed subscriber")
+		testsvc.RequireDone(t, m.Context(), time.Second, "a delivery of a closed subscriber")
 		redelivery.Settle(m) // after Close: nothing more happens
 	}
 	_, open := <-ch
@@ -65,11 +65,11 @@ func TestDirectSettle_CloseSendsTheAcksAndNacksGivenAndGivesTheRestBack(t *testi
 	ch = f.subscribeDirect(f.subscriber(f.url, redissub.Config{AckTimeout: time.Minute}))
 	got := map[string]int{}
 	for range n - 3 {
-		m := receive(t, ch, 10*time.Second)
-		got[m.UUID] = info(t, m).Count
+		m := testsvc.Receive(t, ch, 10*time.Second)
+		got[m.UUID] = testsvc.Info(t, m).Count
 		ack(m)
 	}
 	require.Equal(t, map[string]int{msgs[3].UUID: 2, msgs[4].UUID: 2, msgs[5].UUID: 2}, got, "the unsettled deliveries, given back")
-	requireNothing(t, ch, time.Second) // the nacked one waits its minute; the acked ones are done
+	testsvc.RequireNothing(t, ch, time.Second) // the nacked one waits its minute; the acked ones are done
 	f.requirePending(1)
 }

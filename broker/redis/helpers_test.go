@@ -142,38 +142,6 @@ func (f *fixture) pendingOf(uuid string) redis.XPendingExt {
 	return redis.XPendingExt{}
 }
 
-// receive returns the next message of ch, failing the test after timeout.
-func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
-	t.Helper()
-	return receiveOr(t, ch, timeout, nil)
-}
-
-// receiveOr is receive whose failure also says what explain returns, unless it is nil.
-func receiveOr(t *testing.T, ch <-chan *message.Message, timeout time.Duration, explain func() string) *message.Message {
-	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "subscription closed before a message arrived")
-		return m
-	case <-time.After(timeout):
-		if explain != nil {
-			t.Fatalf("no message within %s; %s", timeout, explain())
-		}
-		t.Fatalf("no message within %s", timeout)
-		return nil
-	}
-}
-
-// receiveN returns the next n messages of ch.
-func receiveN(t *testing.T, ch <-chan *message.Message, n int, timeout time.Duration) []*message.Message {
-	t.Helper()
-	out := make([]*message.Message, n)
-	for i := range out {
-		out[i] = receive(t, ch, timeout)
-	}
-	return out
-}
-
 // receiveN returns the next n messages of ch, failing the test after timeout for any one of
 // them with what Redis says of the stream's consumer group: whether the entries were read
 // into a consumer's pending list, or not read at all.
@@ -181,7 +149,7 @@ func (f *fixture) receiveN(ch <-chan *message.Message, n int, timeout time.Durat
 	f.t.Helper()
 	out := make([]*message.Message, n)
 	for i := range out {
-		out[i] = receiveOr(f.t, ch, timeout, func() string {
+		out[i] = testsvc.ReceiveOr(f.t, ch, timeout, func() string {
 			return fmt.Sprintf("message %d of %d; %s", i+1, n, f.groupState())
 		})
 	}
@@ -205,28 +173,6 @@ func (f *fixture) groupState() string {
 		return fmt.Sprintf("XINFO CONSUMERS: %v", err)
 	}
 	return fmt.Sprintf("stream of %d entries, groups %+v, consumers %+v", length, groups, consumers)
-}
-
-// requireNothing fails the test if ch delivers a message within d.
-func requireNothing(t *testing.T, ch <-chan *message.Message, d time.Duration) {
-	t.Helper()
-	select {
-	case m, ok := <-ch:
-		if ok {
-			t.Fatalf("unexpected message %s", m.UUID)
-		}
-	case <-time.After(d):
-	}
-}
-
-// requireDone fails the test unless ctx is done within timeout.
-func requireDone(t *testing.T, ctx context.Context, timeout time.Duration, what string) {
-	t.Helper()
-	select {
-	case <-ctx.Done():
-	case <-time.After(timeout):
-		t.Fatalf("the context of %s is not cancelled after %s", what, timeout)
-	}
 }
 
 // tcpProxy is an in-process loopback TCP proxy in front of the Redis server.

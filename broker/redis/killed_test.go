@@ -1,14 +1,9 @@
 package redis_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	redissub "github.com/onceflow/onceflow/broker/redis"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // Environment of the consumer process that the killed-consumer tests start (this test binary,
@@ -27,7 +23,6 @@ const (
 	childNackEnv   = "ONCEFLOW_REDIS_TEST_CHILD_NACK_AFTER" // a delay: nack with it instead of holding
 	childAckTOEnv  = "ONCEFLOW_REDIS_TEST_CHILD_ACK_TIMEOUT"
 	childDirectEnv = "ONCEFLOW_REDIS_TEST_CHILD_DIRECT" // set: settle directly (redelivery.WithDirectSettle)
-	childHoldingAs = "HOLDING"
 	childNackedAs  = "NACKED"
 )
 
@@ -56,8 +51,8 @@ func TestKilledConsumer_Child(t *testing.T) {
 	}
 	ch, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
-	m := receive(t, ch, 30*time.Second)
-	fmt.Printf("%s %s %d\n", childHoldingAs, m.UUID, info(t, m).Count)
+	m := testsvc.Receive(t, ch, 30*time.Second)
+	testsvc.SayHolding(t, m)
 	if v := os.Getenv(childNackEnv); v != "" {
 		delay, err := time.ParseDuration(v)
 		require.NoError(t, err)
@@ -78,60 +73,17 @@ func TestKilledConsumer_Child(t *testing.T) {
 	select {}
 }
 
-// child is a consumer process started by a test.
-type child struct {
-	cmd   *exec.Cmd
-	lines chan []string
-}
-
-func (f *fixture) startChild(ackTimeout, nackAfter time.Duration) *child {
+// startChild starts a consumer process of the fixture's topic (TestKilledConsumer_Child).
+func (f *fixture) startChild(ackTimeout, nackAfter time.Duration) *testsvc.Child {
 	f.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=120s")
-	cmd.Env = append(os.Environ(), childURLEnv+"="+f.url, childTopicEnv+"="+f.topic, childAckTOEnv+"="+ackTimeout.String())
+	env := []string{childURLEnv + "=" + f.url, childTopicEnv + "=" + f.topic, childAckTOEnv + "=" + ackTimeout.String()}
 	if nackAfter > 0 {
-		cmd.Env = append(cmd.Env, childNackEnv+"="+nackAfter.String())
+		env = append(env, childNackEnv+"="+nackAfter.String())
 	}
 	if f.direct {
-		cmd.Env = append(cmd.Env, childDirectEnv+"=1")
+		env = append(env, childDirectEnv+"=1")
 	}
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(f.t, err)
-	require.NoError(f.t, cmd.Start())
-	c := &child{cmd: cmd, lines: make(chan []string, 10)}
-	f.t.Cleanup(func() { c.kill() })
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if fields := strings.Fields(sc.Text()); len(fields) == 3 && (fields[0] == childHoldingAs || fields[0] == childNackedAs) {
-				c.lines <- fields
-			}
-		}
-	}()
-	return c
-}
-
-// expect returns the uuid and number of the child's next line, which must be kind.
-func (c *child) expect(t *testing.T, kind string) (string, int64) {
-	t.Helper()
-	select {
-	case fields := <-c.lines:
-		require.Equal(t, kind, fields[0])
-		n, err := strconv.ParseInt(fields[2], 10, 64)
-		require.NoError(t, err)
-		return fields[1], n
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the consumer process did not say %s", kind)
-		return "", 0
-	}
-}
-
-// kill kills the process with SIGKILL: it closes nothing.
-func (c *child) kill() {
-	if c.cmd.ProcessState == nil {
-		_ = c.cmd.Process.Signal(syscall.SIGKILL)
-		_ = c.cmd.Wait()
-	}
+	return testsvc.StartChild(f.t, env...)
 }
 
 // A crash loop caused by one message must end: each consumer killed while holding the entry
@@ -142,17 +94,17 @@ func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 		want := f.publish(1)[0]
 		const ackTimeout = 500 * time.Millisecond
 
-		for n := int64(1); n <= 2; n++ {
+		for n := 1; n <= 2; n++ {
 			c := f.startChild(ackTimeout, 0)
-			id, count := c.expect(t, childHoldingAs)
+			id, count := c.Holding(t, time.Minute)
 			require.Equal(t, want.UUID, id)
 			require.Equal(t, n, count, "delivery count seen by consumer process %d", n)
-			c.kill()
+			c.Kill()
 		}
 		_, ch := f.subscribe(redissub.Config{AckTimeout: ackTimeout})
-		m := receive(t, ch, 30*time.Second)
+		m := testsvc.Receive(t, ch, 30*time.Second)
 		require.Equal(t, want.UUID, m.UUID)
-		require.Equal(t, 3, info(t, m).Count)
+		require.Equal(t, 3, testsvc.Info(t, m).Count)
 		m.Ack()
 	})
 }
@@ -167,19 +119,22 @@ func TestKilledConsumer_DelayedNackStillComesBack(t *testing.T) {
 		const ackTimeout, delay = 10 * time.Second, 1500 * time.Millisecond
 
 		c := f.startChild(ackTimeout, delay)
-		_, count := c.expect(t, childHoldingAs)
-		require.EqualValues(t, 1, count)
-		_, nackedMs := c.expect(t, childNackedAs)
-		c.kill()
+		_, count := c.Holding(t, time.Minute)
+		require.Equal(t, 1, count)
+		var id string
+		var nackedMs int64
+		_, err := fmt.Sscanf(c.Expect(t, childNackedAs, time.Minute), "%s %d", &id, &nackedMs)
+		require.NoError(t, err)
+		c.Kill()
 		nacked := time.UnixMilli(nackedMs)
 
 		_, ch := f.subscribe(redissub.Config{AckTimeout: ackTimeout})
-		m := receive(t, ch, 30*time.Second)
+		m := testsvc.Receive(t, ch, 30*time.Second)
 		since := time.Since(nacked)
 		require.Equal(t, want.UUID, m.UUID)
 		require.GreaterOrEqual(t, since, delay, "came back before the delay")
 		require.Less(t, since, ackTimeout, "came back by the ack timeout, not by the delay")
-		require.Equal(t, 2, info(t, m).Count)
+		require.Equal(t, 2, testsvc.Info(t, m).Count)
 		m.Ack()
 	})
 }

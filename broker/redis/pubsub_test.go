@@ -9,7 +9,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -103,19 +102,7 @@ func testPubSub(t *testing.T, f *fixture) {
 		require.NoError(t, err)
 		return pub, &ownClient{Subscriber: sub, client: c, direct: f.direct, t: t}
 	}
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:                   true,
-		ExactlyOnceDelivery:              false,
-		GuaranteedOrder:                  false,
-		Persistent:                       true,
-		NewSubscriberReceivesOldMessages: false,
-		ContextPreserved:                 false,
-		GenerateTopicFunc: func(tctx tests.TestContext) string {
-			return prefix + "_" + string(tctx.TestID)
-		},
-	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-		return withGroup(t, "test")
-	}, withGroup)
+	testsvc.PubSub(t, prefix, withGroup)
 }
 
 // removeTopicsWithPrefix removes the streams whose names start with prefix.

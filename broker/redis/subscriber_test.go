@@ -16,20 +16,12 @@ import (
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
-// info returns the redelivery.Info of m, failing the test when there is none.
-func info(t *testing.T, m *message.Message) redelivery.Info {
-	t.Helper()
-	i, ok := redelivery.FromContext(m.Context())
-	require.True(t, ok, "message %s has no redelivery.Info", m.UUID)
-	return i
-}
-
 func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
 	t.Parallel()
 	inBothModes(t, func(t *testing.T, f *fixture) {
 		f.publish(50)
 		sub, ch := f.subscribe(redissub.Config{Prefetch: 50})
-		for _, m := range receiveN(t, ch, 50, 10*time.Second) {
+		for _, m := range testsvc.ReceiveN(t, ch, 50, 10*time.Second) {
 			m.Ack()
 		}
 		require.NoError(t, sub.Close())
@@ -42,7 +34,7 @@ func TestSubscriber_AckGivenBeforeCloseIsSent(t *testing.T) {
 
 		sentinel := f.publish(1)[0]
 		_, next := f.subscribe(redissub.Config{})
-		m := receive(t, next, 10*time.Second)
+		m := testsvc.Receive(t, next, 10*time.Second)
 		require.Equal(t, sentinel.UUID, m.UUID, "no acked entry comes again")
 		m.Ack()
 	})
@@ -109,7 +101,7 @@ func TestSubscriber_AcksGivenTogetherGoInOneXACK(t *testing.T) {
 		ch, err := f.subscribeWith(context.Background(), sub)
 		require.NoError(t, err)
 
-		msgs := receiveN(t, ch, n, 10*time.Second)
+		msgs := testsvc.ReceiveN(t, ch, n, 10*time.Second)
 		for _, m := range msgs {
 			m.Ack()
 		}
@@ -155,27 +147,27 @@ func TestSubscriber_NackAfterComesBackNoSoonerThanAskedWithCountPlusOne(t *testi
 		want := f.publish(1)[0]
 		_, ch := f.subscribe(redissub.Config{AckTimeout: 10 * time.Second, NackDelay: 200 * time.Millisecond})
 
-		m := receive(t, ch, 10*time.Second)
-		require.Equal(t, 1, info(t, m).Count)
+		m := testsvc.Receive(t, ch, 10*time.Second)
+		require.Equal(t, 1, testsvc.Info(t, m).Count)
 		const asked = 700 * time.Millisecond
 		nacked := time.Now()
 		require.True(t, redelivery.NackAfter(m, asked))
 
-		again := receive(t, ch, 10*time.Second)
+		again := testsvc.Receive(t, ch, 10*time.Second)
 		elapsed := time.Since(nacked)
 		require.Equal(t, want.UUID, again.UUID)
 		require.Equal(t, string(want.Payload), string(again.Payload))
 		require.Equal(t, want.Metadata.Get("i"), again.Metadata.Get("i"))
 		require.GreaterOrEqual(t, elapsed, asked)
 		require.Less(t, elapsed, 5*time.Second, "the delay brought it back, not the ack timeout")
-		require.Equal(t, redelivery.Info{Count: 2, DelaysNacks: true}, info(t, again))
+		require.Equal(t, redelivery.Info{Count: 2, DelaysNacks: true}, testsvc.Info(t, again))
 
 		// A nack without a requested delay waits Config.NackDelay.
 		nacked = time.Now()
 		again.Nack()
-		third := receive(t, ch, 10*time.Second)
+		third := testsvc.Receive(t, ch, 10*time.Second)
 		require.GreaterOrEqual(t, time.Since(nacked), 200*time.Millisecond)
-		require.Equal(t, 3, info(t, third).Count)
+		require.Equal(t, 3, testsvc.Info(t, third).Count)
 		third.Ack()
 	})
 }
@@ -207,7 +199,7 @@ func TestSubscriber_NackDelayLongerThanAckTimeoutIsKept(t *testing.T) {
 		}
 		require.Equal(t, want.UUID, again.UUID)
 		require.GreaterOrEqual(t, time.Since(nacked), asked)
-		require.Equal(t, 2, info(t, again).Count)
+		require.Equal(t, 2, testsvc.Info(t, again).Count)
 		again.Ack()
 	})
 }
@@ -218,19 +210,19 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveriesAtOnce(t *testing.T) {
 		msgs := f.publish(5)
 		// The default ack timeout, 30 s: the entries come back because Close gives them back.
 		subA, chA := f.subscribe(redissub.Config{})
-		held := receiveN(t, chA, 5, 10*time.Second)
+		held := testsvc.ReceiveN(t, chA, 5, 10*time.Second)
 		_, chB := f.subscribe(redissub.Config{})
-		requireNothing(t, chB, 200*time.Millisecond) // A holds them
+		testsvc.RequireNothing(t, chB, 200*time.Millisecond) // A holds them
 
 		closed := time.Now()
 		require.NoError(t, subA.Close())
 		for _, m := range held {
-			requireDone(t, m.Context(), time.Second, "a delivery of a closed subscriber")
+			testsvc.RequireDone(t, m.Context(), time.Second, "a delivery of a closed subscriber")
 		}
 		got := map[string]int{}
 		for range msgs {
-			m := receive(t, chB, 10*time.Second)
-			got[m.UUID] = info(t, m).Count
+			m := testsvc.Receive(t, chB, 10*time.Second)
+			got[m.UUID] = testsvc.Info(t, m).Count
 			m.Ack()
 		}
 		require.Less(t, time.Since(closed), 5*time.Second)
@@ -304,15 +296,15 @@ func TestSubscriber_AckTimeoutCancelsTheDeliveryAndALateAckIsDropped(t *testing.
 		msgs := f.publish(1)
 		_, ch := f.subscribe(redissub.Config{AckTimeout: 300 * time.Millisecond})
 
-		first := receive(t, ch, 10*time.Second)
-		requireDone(t, first.Context(), 5*time.Second, "a delivery past its ack timeout")
-		again := receive(t, ch, 10*time.Second) // claimed again, by the same consumer
+		first := testsvc.Receive(t, ch, 10*time.Second)
+		testsvc.RequireDone(t, first.Context(), 5*time.Second, "a delivery past its ack timeout")
+		again := testsvc.Receive(t, ch, 10*time.Second) // claimed again, by the same consumer
 		require.Equal(t, msgs[0].UUID, again.UUID)
-		require.Equal(t, 2, info(t, again).Count)
+		require.Equal(t, 2, testsvc.Info(t, again).Count)
 
 		first.Ack() // dropped: it would settle the entry that again holds
 		sentinel := f.publish(1)[0]
-		m := receive(t, ch, 10*time.Second)
+		m := testsvc.Receive(t, ch, 10*time.Second)
 		require.Equal(t, sentinel.UUID, m.UUID)
 		m.Ack() // acks are sent in order: once this one is in, the late one was not sent
 		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 1 }, "the sentinel's ack is not in Redis")
@@ -329,19 +321,19 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 		sub := f.subscriber(px.url, redissub.Config{})
 		ch, err := f.subscribeWith(context.Background(), sub)
 		require.NoError(t, err)
-		held := receiveN(t, ch, 5, 10*time.Second)
+		held := testsvc.ReceiveN(t, ch, 5, 10*time.Second)
 
 		px.cut()
 		for _, m := range held {
-			requireDone(t, m.Context(), 5*time.Second, "a delivery in flight at a lost connection")
+			testsvc.RequireDone(t, m.Context(), 5*time.Second, "a delivery in flight at a lost connection")
 		}
 		px.restore(t)
 
 		// Given back on reconnection, not after the 30 s ack timeout.
 		got := map[string]int{}
 		for range msgs {
-			m := receive(t, ch, 10*time.Second)
-			got[m.UUID] = info(t, m).Count
+			m := testsvc.Receive(t, ch, 10*time.Second)
+			got[m.UUID] = testsvc.Info(t, m).Count
 			m.Ack()
 		}
 		for _, m := range msgs {
@@ -349,9 +341,9 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 		}
 		later := f.publish(3)
 		for _, want := range later {
-			m := receive(t, ch, 10*time.Second)
+			m := testsvc.Receive(t, ch, 10*time.Second)
 			require.Equal(t, want.UUID, m.UUID)
-			require.Equal(t, 1, info(t, m).Count)
+			require.Equal(t, 1, testsvc.Info(t, m).Count)
 			m.Ack()
 		}
 		testsvc.Eventually(t, 10*time.Second, func() bool { return f.pendingCount() == 0 }, "entries still pending")
@@ -366,7 +358,7 @@ func TestSubscriber_CloseReturnsInTimeWhenRedisIsGoneAndReportsUnsentAcks(t *tes
 		sub := f.subscriber(px.url, redissub.Config{CloseTimeout: time.Second})
 		ch, err := f.subscribeWith(context.Background(), sub)
 		require.NoError(t, err)
-		held := receiveN(t, ch, 3, 10*time.Second)
+		held := testsvc.ReceiveN(t, ch, 3, 10*time.Second)
 
 		px.cut()
 		held[0].Ack()
@@ -389,7 +381,7 @@ func TestSubscriber_StreamDeletedUnderASubscriptionIsCreatedAgain(t *testing.T) 
 	inBothModes(t, func(t *testing.T, f *fixture) {
 		f.publish(1)
 		_, ch := f.subscribe(redissub.Config{})
-		receive(t, ch, 10*time.Second).Ack()
+		testsvc.Receive(t, ch, 10*time.Second).Ack()
 		require.NoError(t, f.admin.Del(context.Background(), f.topic).Err())
 
 		testsvc.Eventually(t, 10*time.Second, func() bool {
@@ -397,7 +389,7 @@ func TestSubscriber_StreamDeletedUnderASubscriptionIsCreatedAgain(t *testing.T) 
 			return err == nil && n == 1
 		}, "the stream was not created again")
 		want := f.publish(1)[0]
-		m := receive(t, ch, 10*time.Second)
+		m := testsvc.Receive(t, ch, 10*time.Second)
 		require.Equal(t, want.UUID, m.UUID)
 		m.Ack()
 	})
@@ -411,7 +403,7 @@ func TestSubscriber_SubscriptionEndsWithItsContext(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ch, err := f.subscribeWith(ctx, sub)
 		require.NoError(t, err)
-		held := receiveN(t, ch, 2, 10*time.Second)
+		held := testsvc.ReceiveN(t, ch, 2, 10*time.Second)
 		held[0].Ack()
 		cancel()
 		for range ch { // closed once the subscription has ended
@@ -419,9 +411,9 @@ func TestSubscriber_SubscriptionEndsWithItsContext(t *testing.T) {
 		require.EqualValues(t, 1, f.pendingCount(), "the ack was sent, the other entry given back")
 
 		_, next := f.subscribe(redissub.Config{})
-		m := receive(t, next, 10*time.Second)
+		m := testsvc.Receive(t, next, 10*time.Second)
 		require.Equal(t, held[1].UUID, m.UUID)
-		require.Equal(t, 2, info(t, m).Count)
+		require.Equal(t, 2, testsvc.Info(t, m).Count)
 		m.Ack()
 	})
 }
@@ -453,7 +445,7 @@ func TestSubscriber_MoreSubscriptionsThanThePoolHasConnections(t *testing.T) {
 		}
 		seen := map[string]bool{}
 		for range n {
-			m := receive(t, got, 10*time.Second)
+			m := testsvc.Receive(t, got, 10*time.Second)
 			require.False(t, seen[m.UUID], "%s delivered twice", m.UUID)
 			seen[m.UUID] = true
 		}

@@ -1,13 +1,9 @@
 package sqlitequeue_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // A handler that publishes with the delivered message's context publishes like anyone else:
@@ -30,7 +27,7 @@ func TestPublishInHandler_IsAnOrdinaryPublish(t *testing.T) {
 	ids := publishN(t, q, "in", 1)
 	msgs := subscribe(t, q, ctx, "in")
 
-	in := receive(t, msgs, 5*time.Second)
+	in := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], in.UUID)
 	for i, pub := range []message.Publisher{q.Publisher(), other.Publisher()} {
 		out := message.NewMessage(fmt.Sprintf("out-%d", i), nil)
@@ -44,7 +41,7 @@ func TestPublishInHandler_IsAnOrdinaryPublish(t *testing.T) {
 	require.EqualValues(t, 2, n, "stored before the delivery is settled")
 
 	in.Nack()
-	again := receive(t, msgs, 5*time.Second)
+	again := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], again.UUID)
 	require.True(t, again.Ack())
 	<-again.Context().Done()
@@ -75,9 +72,8 @@ func TestKilledConsumer_Child(t *testing.T) {
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(context.Background(), "in")
 	require.NoError(t, err)
-	m := receive(t, msgs, 20*time.Second)
-	info, _ := redelivery.FromContext(m.Context())
-	fmt.Printf("HOLDING %s %d\n", m.UUID, info.Count)
+	m := testsvc.Receive(t, msgs, 20*time.Second)
+	testsvc.SayHolding(t, m)
 	select {}
 }
 
@@ -85,39 +81,9 @@ func TestKilledConsumer_Child(t *testing.T) {
 // delivery count of the message it holds, and a function that kills it with SIGKILL.
 func startChild(t *testing.T, path string) (id string, count int, kill func()) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=60s")
-	cmd.Env = append(os.Environ(), childQueueEnv+"="+path)
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	killed := false
-	kill = func() {
-		if !killed {
-			killed = true
-			_ = cmd.Process.Signal(syscall.SIGKILL)
-			_ = cmd.Wait()
-		}
-	}
-	t.Cleanup(kill)
-	holding := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if line, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
-				holding <- line
-			}
-		}
-	}()
-	select {
-	case line := <-holding:
-		_, err := fmt.Sscanf(line, "%s %d", &id, &count)
-		require.NoError(t, err, line)
-		return id, count, kill
-	case <-time.After(30 * time.Second):
-		t.Fatal("the child consumer did not take a message")
-		return "", 0, nil
-	}
+	child := testsvc.StartChild(t, childQueueEnv+"="+path)
+	id, count = child.Holding(t, 30*time.Second)
+	return id, count, child.Kill
 }
 
 // A message that kills its consumer every time is delivered with a higher count each time: the
@@ -142,7 +108,7 @@ func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 	msgs := subscribe(t, q, ctx, "in")
 	got := map[string]int{}
 	for range 3 {
-		m := receive(t, msgs, 10*time.Second)
+		m := testsvc.Receive(t, msgs, 10*time.Second)
 		info, ok := redelivery.FromContext(m.Context())
 		require.True(t, ok)
 		require.True(t, info.DelaysNacks)

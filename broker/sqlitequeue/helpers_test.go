@@ -63,31 +63,6 @@ func publishN(t *testing.T, q *sqlitequeue.Queue, topic string, n int) []string 
 	return ids
 }
 
-// receive returns the next message of msgs, failing the test after timeout.
-func receive(t *testing.T, msgs <-chan *message.Message, timeout time.Duration) *message.Message {
-	t.Helper()
-	select {
-	case msg, ok := <-msgs:
-		require.True(t, ok, "subscription ended")
-		return msg
-	case <-time.After(timeout):
-		t.Fatalf("no message within %s", timeout)
-		return nil
-	}
-}
-
-// requireNothing fails the test if msgs delivers a message within d.
-func requireNothing(t *testing.T, msgs <-chan *message.Message, d time.Duration) {
-	t.Helper()
-	select {
-	case msg, ok := <-msgs:
-		if ok {
-			t.Fatalf("unexpected message %s (payload %q)", msg.UUID, msg.Payload)
-		}
-	case <-time.After(d):
-	}
-}
-
 // eventuallyEqual waits up to 10 s for get to return want.
 func eventuallyEqual(t *testing.T, want int64, get func() (int64, error), what string) {
 	t.Helper()

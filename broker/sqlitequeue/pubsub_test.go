@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // TestPubSub runs watermill's universal Pub/Sub suite against the queue, with a fresh queue file
@@ -52,14 +52,5 @@ func TestPubSub(t *testing.T) {
 		require.NoError(t, err)
 		return q.Publisher(), sub
 	}
-	tests.TestPubSub(t, tests.Features{
-		ConsumerGroups:                   true,
-		ExactlyOnceDelivery:              false,
-		GuaranteedOrder:                  false,
-		Persistent:                       true,
-		NewSubscriberReceivesOldMessages: false,
-		ContextPreserved:                 false,
-	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-		return withGroup(t, "test")
-	}, withGroup)
+	testsvc.PubSub(t, "", withGroup)
 }

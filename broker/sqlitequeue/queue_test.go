@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -159,7 +160,7 @@ func TestPublish_LargeCallKeepsOrderAndPayloads(t *testing.T) {
 
 	msgs := subscribe(t, q, ctx, "big")
 	for i, id := range ids {
-		msg := receive(t, msgs, 10*time.Second)
+		msg := testsvc.Receive(t, msgs, 10*time.Second)
 		require.Equal(t, id, msg.UUID, "message %d", i)
 		require.Equal(t, strconv.Itoa(i), string(msg.Payload))
 		require.True(t, msg.Ack())
@@ -176,7 +177,7 @@ func TestPublish_MetadataAndEmptyPayloadRoundTrip(t *testing.T) {
 	in.Metadata.Set("quote", `"x"`)
 	require.NoError(t, q.Publisher().Publish("t", in))
 
-	msg := receive(t, subscribe(t, q, ctx, "t"), 5*time.Second)
+	msg := testsvc.Receive(t, subscribe(t, q, ctx, "t"), 5*time.Second)
 	require.Equal(t, "id-1", msg.UUID)
 	require.Empty(t, msg.Payload)
 	require.Equal(t, message.Metadata{"k": "v", "quote": `"x"`}, msg.Metadata)
@@ -297,7 +298,7 @@ func TestConsumerGroups_EachGroupGetsEveryMessageOnce(t *testing.T) {
 	wg.Wait()
 	for _, g := range groups {
 		require.Equal(t, ids, got[g], "group %s receives every message once, in order", g)
-		requireNothing(t, subs[g], 100*time.Millisecond)
+		testsvc.RequireNothing(t, subs[g], 100*time.Millisecond)
 		eventuallyEqual(t, 0, func() (int64, error) { return producer.Backlog(ctx, "orders", g) }, "backlog of "+g)
 	}
 }
@@ -312,22 +313,22 @@ func TestSubscriber_UnackedMessageGoesToTheNextConsumer(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	msgs := subscribe(t, q, ctx, "t")
-	m := receive(t, msgs, 5*time.Second)
+	m := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], m.UUID)
 	require.True(t, m.Ack())
-	m = receive(t, msgs, 5*time.Second)
+	m = testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[1], m.UUID)
 	cancel() // dies holding ids[1], without acking it; ids[2] was claimed, not handed out
 
 	next := subscribe(t, q, context.Background(), "t")
 	got := map[string]int{}
 	for range 2 {
-		m := receive(t, next, 5*time.Second)
+		m := testsvc.Receive(t, next, 5*time.Second)
 		got[m.UUID] = deliveryCount(t, m)
 		require.True(t, m.Ack())
 	}
 	require.Equal(t, map[string]int{ids[1]: 2, ids[2]: 1}, got, "the acknowledged ids[0] is not delivered again")
-	requireNothing(t, next, 200*time.Millisecond)
+	testsvc.RequireNothing(t, next, 200*time.Millisecond)
 }
 
 func TestSubscriber_AckDeadlineRedelivers(t *testing.T) {
@@ -337,7 +338,7 @@ func TestSubscriber_AckDeadlineRedelivers(t *testing.T) {
 	ids := publishN(t, q, "t", 1)
 	msgs := subscribe(t, q, ctx, "t")
 
-	first := receive(t, msgs, 5*time.Second)
+	first := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], first.UUID)
 	require.Equal(t, 1, deliveryCount(t, first))
 	select {
@@ -346,7 +347,7 @@ func TestSubscriber_AckDeadlineRedelivers(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the message's context must end at the ack deadline")
 	}
-	again := receive(t, msgs, 5*time.Second)
+	again := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], again.UUID)
 	require.Equal(t, 2, deliveryCount(t, again))
 	require.True(t, again.Ack())
@@ -442,7 +443,7 @@ func consumeAndClose(t *testing.T, q *sqlitequeue.Queue, topic string, n int) {
 	msgs, err := sub.Subscribe(context.Background(), topic)
 	require.NoError(t, err)
 	for range n {
-		require.True(t, receive(t, msgs, 5*time.Second).Ack())
+		require.True(t, testsvc.Receive(t, msgs, 5*time.Second).Ack())
 	}
 	require.NoError(t, sub.Close())
 }
@@ -523,11 +524,11 @@ func TestInspect_WaitingAndDelete(t *testing.T) {
 
 	msgs := subscribe(t, q, ctx, "t")
 	for _, want := range []string{ids[1], ids[3]} {
-		m := receive(t, msgs, 10*time.Second)
+		m := testsvc.Receive(t, msgs, 10*time.Second)
 		require.Equal(t, want, m.UUID)
 		m.Ack()
 	}
-	requireNothing(t, msgs, 100*time.Millisecond)
+	testsvc.RequireNothing(t, msgs, 100*time.Millisecond)
 }
 
 // Delete removes a message that a consumer holds: its lease goes with it, so the message is
@@ -538,7 +539,7 @@ func TestInspect_DeleteOfAHeldMessage(t *testing.T) {
 	q := setup(t, sqlitequeue.Config{ConsumerGroup: "a", ResendInterval: time.Millisecond})
 	ids := publishN(t, q, "t", 2)
 	msgs := subscribe(t, q, ctx, "t")
-	held := receive(t, msgs, 5*time.Second)
+	held := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], held.UUID)
 	records := mustWaiting(t, q, "t", "a")
 	require.Equal(t, ids, uuidsOf(records), "a held message waits until it is acknowledged")
@@ -547,10 +548,10 @@ func TestInspect_DeleteOfAHeldMessage(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, found)
 	held.Nack()
-	second := receive(t, msgs, 5*time.Second)
+	second := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[1], second.UUID)
 	require.True(t, second.Ack())
-	requireNothing(t, msgs, 200*time.Millisecond)
+	testsvc.RequireNothing(t, msgs, 200*time.Millisecond)
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "t", "a") }, "backlog")
 }
 
@@ -583,12 +584,12 @@ func TestQueue_WakeMakesAnIdleSubscriptionLookAtOnce(t *testing.T) {
 	require.Zero(t, groups, "CreateTables records no consumer group")
 
 	msgs := subscribe(t, q, ctx, "orders")
-	requireNothing(t, msgs, 100*time.Millisecond) // the first look found nothing
+	testsvc.RequireNothing(t, msgs, 100*time.Millisecond) // the first look found nothing
 	_, err := q.DB().Exec(`INSERT INTO onceflow_queue_orders (uuid, payload, metadata) VALUES ('m-1', 'x', '{}')`)
 	require.NoError(t, err)
-	requireNothing(t, msgs, 100*time.Millisecond)
+	testsvc.RequireNothing(t, msgs, 100*time.Millisecond)
 	q.Wake("orders")
-	m := receive(t, msgs, 5*time.Second)
+	m := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, "m-1", m.UUID)
 	m.Ack()
 }

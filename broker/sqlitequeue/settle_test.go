@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlitequeue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // A message nacked and settled directly comes back after its delay with its count up by one,
@@ -19,15 +20,15 @@ func TestSubscriber_DirectSettleNackComesBackWithCountPlusOne(t *testing.T) {
 	ids := publishN(t, q, "t", 2)
 	msgs := subscribe(t, q, redelivery.WithDirectSettle(context.Background()), "t")
 
-	m := receive(t, msgs, 5*time.Second)
+	m := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], m.UUID)
 	require.True(t, m.Nack())
 	redelivery.Settle(m)
-	behind := receive(t, msgs, 5*time.Second)
+	behind := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[1], behind.UUID, "the nacked message does not block the one behind it")
 	require.True(t, behind.Ack())
 	redelivery.Settle(behind)
-	again := receive(t, msgs, 5*time.Second)
+	again := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], again.UUID)
 	require.Equal(t, 2, deliveryCount(t, again))
 	require.True(t, again.Ack())
@@ -44,14 +45,14 @@ func TestSubscriber_DirectSettleUnsettledLeaseExpires(t *testing.T) {
 	ids := publishN(t, q, "t", 1)
 	msgs := subscribe(t, q, redelivery.WithDirectSettle(context.Background()), "t")
 
-	m := receive(t, msgs, 5*time.Second)
+	m := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, 1, deliveryCount(t, m))
 	select {
 	case <-m.Context().Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("the context of the unsettled message did not end with its lease")
 	}
-	again := receive(t, msgs, 5*time.Second)
+	again := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], again.UUID)
 	require.Equal(t, 2, deliveryCount(t, again))
 	require.True(t, m.Ack())

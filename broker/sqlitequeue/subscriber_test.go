@@ -30,7 +30,7 @@ func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 	require.NoError(t, err)
 	var got []*message.Message
 	for range 5 {
-		got = append(got, receive(t, msgs, 5*time.Second))
+		got = append(got, testsvc.Receive(t, msgs, 5*time.Second))
 	}
 	for _, m := range got {
 		require.True(t, m.Ack())
@@ -40,7 +40,7 @@ func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 	n, err := q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup)
 	require.NoError(t, err)
 	require.Zero(t, n, "Close returns once the acknowledgements are committed")
-	requireNothing(t, subscribe(t, q, ctx, "t"), 300*time.Millisecond)
+	testsvc.RequireNothing(t, subscribe(t, q, ctx, "t"), 300*time.Millisecond)
 }
 
 // A nack comes back no sooner than the delay NackAfter asked for, else than ResendInterval,
@@ -52,25 +52,25 @@ func TestSubscriber_NackComesBackAfterItsDelayWithCountPlusOne(t *testing.T) {
 	ids := publishN(t, q, "t", 1)
 	msgs := subscribe(t, q, context.Background(), "t")
 
-	m := receive(t, msgs, 5*time.Second)
+	m := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, 1, deliveryCount(t, m))
 	const asked = 400 * time.Millisecond
 	nacked := time.Now()
 	require.True(t, redelivery.NackAfter(m, asked))
-	m = receive(t, msgs, 5*time.Second)
+	m = testsvc.Receive(t, msgs, 5*time.Second)
 	require.GreaterOrEqual(t, time.Since(nacked), asked)
 	require.Equal(t, ids[0], m.UUID)
 	require.Equal(t, 2, deliveryCount(t, m))
 
 	nacked = time.Now()
 	m.Nack()
-	m = receive(t, msgs, 5*time.Second)
+	m = testsvc.Receive(t, msgs, 5*time.Second)
 	require.GreaterOrEqual(t, time.Since(nacked), resend)
 	require.Equal(t, 3, deliveryCount(t, m))
 
 	nacked = time.Now()
 	require.True(t, redelivery.NackAfter(m, 0), "no delay: at once")
-	m = receive(t, msgs, 5*time.Second)
+	m = testsvc.Receive(t, msgs, 5*time.Second)
 	require.Less(t, time.Since(nacked), resend)
 	require.Equal(t, 4, deliveryCount(t, m))
 	require.True(t, m.Ack())
@@ -91,7 +91,7 @@ func TestSubscriber_NackedMessageDoesNotBlockTheOnesBehindIt(t *testing.T) {
 	acked := map[string]bool{}
 	nacks := 0
 	for len(acked) < len(good) {
-		m := receive(t, msgs, 5*time.Second)
+		m := testsvc.Receive(t, msgs, 5*time.Second)
 		if m.UUID == poison.UUID {
 			nacks++
 			require.True(t, redelivery.NackAfter(m, time.Minute))
@@ -119,7 +119,7 @@ func TestSubscriber_CloseGivesBackUnsettledMessages(t *testing.T) {
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
-	held := []*message.Message{receive(t, msgs, 5*time.Second), receive(t, msgs, 5*time.Second)}
+	held := []*message.Message{testsvc.Receive(t, msgs, 5*time.Second), testsvc.Receive(t, msgs, 5*time.Second)}
 
 	start := time.Now()
 	require.NoError(t, sub.Close())
@@ -133,7 +133,7 @@ func TestSubscriber_CloseGivesBackUnsettledMessages(t *testing.T) {
 	other := subscribe(t, openQueue(t, path, cfg), context.Background(), "t")
 	got := map[string]int{}
 	for range ids {
-		m := receive(t, other, 5*time.Second)
+		m := testsvc.Receive(t, other, 5*time.Second)
 		got[m.UUID] = deliveryCount(t, m)
 		require.True(t, m.Ack())
 	}
@@ -150,7 +150,7 @@ func TestSubscriber_CloseIsIdempotentAndSafeConcurrently(t *testing.T) {
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
-	m := receive(t, msgs, 5*time.Second)
+	m := testsvc.Receive(t, msgs, 5*time.Second)
 	var wg sync.WaitGroup
 	for range 5 {
 		wg.Add(1)
@@ -241,7 +241,7 @@ func TestPublish_NeverWaitsForHandlers(t *testing.T) {
 	publishN(t, q, "t", 16)
 	msgs := subscribe(t, q, ctx, "t")
 	for range 16 {
-		receive(t, msgs, 5*time.Second) // held, unsettled, like running handlers
+		testsvc.Receive(t, msgs, 5*time.Second) // held, unsettled, like running handlers
 	}
 
 	impatient, err := sqldb.Open(ctx, "sqlite://"+path+"?_pragma=busy_timeout(0)")
@@ -320,7 +320,7 @@ func TestClose_BoundedWhenTheFileStaysLocked(t *testing.T) {
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(ctx, "t")
 	require.NoError(t, err)
-	m := receive(t, msgs, 5*time.Second)
+	m := testsvc.Receive(t, msgs, 5*time.Second)
 
 	locker, err := sqldb.Open(ctx, "sqlite://"+path)
 	require.NoError(t, err)
@@ -340,7 +340,7 @@ func TestClose_BoundedWhenTheFileStaysLocked(t *testing.T) {
 
 	// Another process (another Queue over the file) gets the message again. (A later
 	// subscription of this Queue would commit the acknowledgement that waits in it.)
-	again := receive(t, subscribe(t, openQueue(t, path, cfg), ctx, "t"), 10*time.Second)
+	again := testsvc.Receive(t, subscribe(t, openQueue(t, path, cfg), ctx, "t"), 10*time.Second)
 	require.Equal(t, ids[0], again.UUID, "the acknowledgement could not be committed: at-least-once")
 	require.Equal(t, 2, deliveryCount(t, again))
 }
@@ -398,7 +398,7 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
 
 	msgs := subscribe(t, q, ctx, "orders")
 	for _, want := range []string{"o-3", "o-4", "o-5"} {
-		m := receive(t, msgs, 5*time.Second)
+		m := testsvc.Receive(t, msgs, 5*time.Second)
 		require.Equal(t, want, m.UUID)
 		require.Equal(t, 1, deliveryCount(t, m))
 		if want == "o-3" {
@@ -406,7 +406,7 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
 		}
 		require.True(t, m.Ack())
 	}
-	requireNothing(t, msgs, 200*time.Millisecond)
+	testsvc.RequireNothing(t, msgs, 200*time.Millisecond)
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "orders", "g") }, "backlog of g")
 	trimmed, err := q.Trim(ctx, "orders")
 	require.NoError(t, err)
@@ -446,12 +446,12 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeClaims(t *testing.T) {
 		uuid  string
 		count int
 	}{{"o-2", 2}, {"o-3", 1}, {"o-4", 1}} {
-		m := receive(t, msgs, 5*time.Second)
+		m := testsvc.Receive(t, msgs, 5*time.Second)
 		require.Equal(t, want.uuid, m.UUID)
 		require.Equal(t, want.count, deliveryCount(t, m), want.uuid)
 		require.True(t, m.Ack())
 	}
-	requireNothing(t, msgs, 200*time.Millisecond)
+	testsvc.RequireNothing(t, msgs, 200*time.Millisecond)
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "orders", "g") }, "backlog of g")
 	trimmed, err := q.Trim(ctx, "orders")
 	require.NoError(t, err)
@@ -473,7 +473,7 @@ func TestSubscriber_ForeignRowsAreDelivered(t *testing.T) {
 	msgs := subscribe(t, q, ctx, "t")
 	got := map[string]message.Metadata{}
 	for range 4 {
-		m := receive(t, msgs, 5*time.Second)
+		m := testsvc.Receive(t, msgs, 5*time.Second)
 		got[m.UUID] = m.Metadata
 		require.True(t, m.Ack())
 	}
@@ -495,7 +495,7 @@ func TestSubscriber_GoesOnAfterFailedQueries(t *testing.T) {
 	q := openQueue(t, "sqlite://"+path+"?_pragma=busy_timeout(50)", sqlitequeue.Config{BatchSize: 1, PollInterval: 10 * time.Millisecond})
 	ids := publishN(t, q, "t", 3)
 	msgs := subscribe(t, q, ctx, "t")
-	first := receive(t, msgs, 5*time.Second)
+	first := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], first.UUID)
 
 	locker, err := sqldb.Open(ctx, "sqlite://"+path)
@@ -506,14 +506,14 @@ func TestSubscriber_GoesOnAfterFailedQueries(t *testing.T) {
 	_, err = tx.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES ('locker', NULL, '{}')`)
 	require.NoError(t, err)
 	require.True(t, first.Ack())
-	requireNothing(t, msgs, 500*time.Millisecond) // the settle-and-claim fails meanwhile
+	testsvc.RequireNothing(t, msgs, 500*time.Millisecond) // the settle-and-claim fails meanwhile
 	n, err := q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, n, "the acknowledgement is not committed yet")
 	require.NoError(t, tx.Rollback())
 
 	for _, want := range ids[1:] {
-		m := receive(t, msgs, 5*time.Second)
+		m := testsvc.Receive(t, msgs, 5*time.Second)
 		require.Equal(t, want, m.UUID)
 		require.Equal(t, 1, deliveryCount(t, m))
 		require.True(t, m.Ack())

@@ -1,14 +1,9 @@
 package sqlqueue_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 func TestClaim_AMessageThatCommitsAfterAHigherOffsetIsNotSkipped(t *testing.T) {
@@ -42,7 +38,7 @@ func TestClaim_AMessageThatCommitsAfterAHigherOffsetIsNotSkipped(t *testing.T) {
 		require.NoError(t, pub.Publish(tp, message.NewMessage("high", []byte("h"))))
 
 		// Neither is handed out while the lower one is uncommitted: the cursor must not pass it.
-		requireNothing(t, ch, 500*time.Millisecond)
+		testsvc.RequireNothing(t, ch, 500*time.Millisecond)
 		require.NoError(t, tx.Commit())
 		var order []string
 		require.NoError(t, e.db.Select(&order, "SELECT uuid FROM "+e.messagesTable(tp)+" ORDER BY "+e.quote("offset")))
@@ -53,7 +49,7 @@ func TestClaim_AMessageThatCommitsAfterAHigherOffsetIsNotSkipped(t *testing.T) {
 			require.Equal(t, want, m.UUID)
 			ack(m)
 		}
-		requireNothing(t, ch, 300*time.Millisecond)
+		testsvc.RequireNothing(t, ch, 300*time.Millisecond)
 	})
 }
 
@@ -89,7 +85,7 @@ func TestSubscriber_LostConnectionRedeliversWhatWasInFlightAndGoesOn(t *testing.
 			ack(m)
 		}
 		require.Equal(t, map[string]int{held[2].UUID: 2, held[3].UUID: 2, later: 1}, counts)
-		requireNothing(t, ch, time.Second)
+		testsvc.RequireNothing(t, ch, time.Second)
 	})
 }
 
@@ -145,8 +141,7 @@ func TestKilledConsumer_Child(t *testing.T) {
 	msgs, err := q.Subscriber().Subscribe(ctx, os.Getenv(childTopicEnv))
 	require.NoError(t, err)
 	m := receive(t, msgs)
-	info, _ := redelivery.FromContext(m.Context())
-	fmt.Printf("HOLDING %s %d\n", m.UUID, info.Count)
+	testsvc.SayHolding(t, m)
 	select {}
 }
 
@@ -170,7 +165,7 @@ func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 		info, _ := redelivery.FromContext(m.Context())
 		require.Equal(t, 3, info.Count)
 		ack(m)
-		requireNothing(t, ch, childAckTimeout+500*time.Millisecond)
+		testsvc.RequireNothing(t, ch, childAckTimeout+500*time.Millisecond)
 	})
 }
 
@@ -179,38 +174,13 @@ func TestKilledConsumer_DeliveryCountSurvives(t *testing.T) {
 // subscribes as a consumer that settles directly.
 func runChild(t *testing.T, url, topic string, direct bool) (string, int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledConsumer_Child$", "-test.timeout=120s")
-	cmd.Env = append(os.Environ(), childURLEnv+"="+url, childTopicEnv+"="+topic)
+	env := []string{childURLEnv + "=" + url, childTopicEnv + "=" + topic}
 	if direct {
-		cmd.Env = append(cmd.Env, childDirectEnv+"=1")
+		env = append(env, childDirectEnv+"=1")
 	}
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		_ = cmd.Wait()
-	}()
-	holding := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "HOLDING "); ok {
-				holding <- rest
-			}
-		}
-	}()
-	select {
-	case line := <-holding:
-		id, n, _ := strings.Cut(line, " ")
-		count, err := strconv.Atoi(n)
-		require.NoError(t, err)
-		return id, count
-	case <-time.After(receiveWithin):
-		t.Fatal("the consumer process took no message")
-		return "", 0
-	}
+	child := testsvc.StartChild(t, env...)
+	defer child.Kill()
+	return child.Holding(t, receiveWithin)
 }
 
 // Publishers committing concurrently, in whatever order their offsets fall, and three

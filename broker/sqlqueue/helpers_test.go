@@ -168,26 +168,7 @@ func (e *env) publisher(q *sqlqueue.Queue, topic string) message.Publisher {
 // receive returns the next message of ch, failing the test after receiveWithin.
 func receive(t testing.TB, ch <-chan *message.Message) *message.Message {
 	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "subscription closed before a message arrived")
-		return m
-	case <-time.After(receiveWithin):
-		t.Fatalf("no message within %s", receiveWithin)
-		return nil
-	}
-}
-
-// requireNothing checks that ch hands out nothing for d.
-func requireNothing(t testing.TB, ch <-chan *message.Message, d time.Duration) {
-	t.Helper()
-	select {
-	case m, ok := <-ch:
-		if ok {
-			t.Fatalf("message %s arrived, want none", m.UUID)
-		}
-	case <-time.After(d):
-	}
+	return testsvc.Receive(t, ch, receiveWithin)
 }
 
 // topic returns a fresh topic name.

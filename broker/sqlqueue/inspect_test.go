@@ -69,7 +69,7 @@ func TestWaiting_LeasedFirstThenAfterTheCursor_RemoveTakesExactlyTheChosenOnes(t
 			require.Equal(t, want, m.UUID)
 			ack(m)
 		}
-		requireNothing(t, ch, 300*time.Millisecond)
+		testsvc.RequireNothing(t, ch, 300*time.Millisecond)
 		got, _ = waitingIDs(t, q, tp)
 		require.Empty(t, got)
 	})
@@ -133,7 +133,7 @@ func TestQueue_TakesOverFromWatermillSQLsSubscriber(t *testing.T) {
 			require.Equal(t, want, m.UUID)
 			ack(m)
 		}
-		requireNothing(t, next, 300*time.Millisecond)
+		testsvc.RequireNothing(t, next, 300*time.Millisecond)
 	})
 }
 

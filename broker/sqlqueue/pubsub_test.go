@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/sqlqueue"
@@ -58,16 +57,7 @@ func TestPubSub(t *testing.T) {
 				}
 				return pub, q.Subscriber()
 			}
-			tests.TestPubSub(t, tests.Features{
-				ConsumerGroups:                   true,
-				ExactlyOnceDelivery:              false,
-				GuaranteedOrder:                  false,
-				Persistent:                       true,
-				NewSubscriberReceivesOldMessages: false,
-				ContextPreserved:                 false,
-			}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-				return withGroup(t, "test")
-			}, withGroup)
+			testsvc.PubSub(t, "", withGroup)
 		})
 	}
 }

@@ -65,7 +65,7 @@ func TestQueue_LongestTopicsKeepTheirOwnTables(t *testing.T) {
 			m := receive(t, ch)
 			require.Equal(t, id, m.UUID)
 			ack(m)
-			requireNothing(t, ch, 100*time.Millisecond)
+			testsvc.RequireNothing(t, ch, 100*time.Millisecond)
 		}
 		if e.dialect == "postgres" {
 			var n int
@@ -154,9 +154,9 @@ func TestQueue_WakeMakesAnIdleSubscriptionClaimAtOnce(t *testing.T) {
 		q := e.queue(sqlqueue.Config{PollInterval: time.Hour})
 		_, ch := e.subscribe(q, tp)
 		// Let the subscription's first claim find nothing and go to sleep.
-		requireNothing(t, ch, 200*time.Millisecond)
+		testsvc.RequireNothing(t, ch, 200*time.Millisecond)
 		id := e.publish(q, tp, "m", 1)[0]
-		requireNothing(t, ch, 200*time.Millisecond)
+		testsvc.RequireNothing(t, ch, 200*time.Millisecond)
 		m := wakeUntilClaimed(t, q, tp, ch)
 		require.Equal(t, id, m.UUID)
 		ack(m)
@@ -172,7 +172,7 @@ func TestQueue_PostgresWakeFindsAMessageOnceTheOlderTransactionsEnd(t *testing.T
 	tp := topic()
 	q := e.queue(sqlqueue.Config{PollInterval: time.Hour})
 	_, ch := e.subscribe(q, tp)
-	requireNothing(t, ch, 200*time.Millisecond)
+	testsvc.RequireNothing(t, ch, 200*time.Millisecond)
 
 	older, err := e.db.BeginTx(context.Background(), nil)
 	require.NoError(t, err)
@@ -181,7 +181,7 @@ func TestQueue_PostgresWakeFindsAMessageOnceTheOlderTransactionsEnd(t *testing.T
 	require.NoError(t, err)
 	id := e.publish(q, tp, "m", 1)[0]
 	q.Wake(tp)
-	requireNothing(t, ch, 300*time.Millisecond)
+	testsvc.RequireNothing(t, ch, 300*time.Millisecond)
 
 	require.NoError(t, older.Rollback())
 	m := wakeUntilClaimed(t, q, tp, ch)

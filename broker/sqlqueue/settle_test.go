@@ -8,6 +8,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // The tests of this file subscribe as the router does (redelivery.WithDirectSettle) and call
@@ -50,7 +51,7 @@ func TestSubscriber_DirectCloseWritesAnAckGivenBeforeIt(t *testing.T) {
 		info, _ := redelivery.FromContext(m.Context())
 		require.Equal(t, 2, info.Count)
 		ack(m)
-		requireNothing(t, next, 300*time.Millisecond)
+		testsvc.RequireNothing(t, next, 300*time.Millisecond)
 	})
 }
 

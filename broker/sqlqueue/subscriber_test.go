@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 func TestSubscriber_DeliversEachMessageAsPublishedWithCountOne(t *testing.T) {
@@ -94,7 +95,7 @@ func TestSubscriber_NackedMessageDoesNotHoldUpTheOnesBehindIt(t *testing.T) {
 		info, _ := redelivery.FromContext(m.Context())
 		require.Equal(t, 2, info.Count)
 		ack(m)
-		requireNothing(t, ch, 300*time.Millisecond)
+		testsvc.RequireNothing(t, ch, 300*time.Millisecond)
 	})
 }
 
@@ -120,7 +121,7 @@ func TestSubscriber_AckRightBeforeCloseIsNotRedelivered(t *testing.T) {
 		m = receive(t, chB)
 		require.Equal(t, sentinel, m.UUID)
 		ack(m)
-		requireNothing(t, chB, 300*time.Millisecond)
+		testsvc.RequireNothing(t, chB, 300*time.Millisecond)
 	})
 }
 
@@ -137,7 +138,7 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveriesAtOnce(t *testing.T) {
 		first, second := receive(t, chA), receive(t, chA)
 		require.Equal(t, ids[:2], []string{first.UUID, second.UUID})
 		_, chB := e.subscribe(q, tp)
-		requireNothing(t, chB, 300*time.Millisecond)
+		testsvc.RequireNothing(t, chB, 300*time.Millisecond)
 
 		closed := time.Now()
 		require.NoError(t, a.Close())
@@ -180,7 +181,7 @@ func TestSubscriber_LeaseExpiryCancelsTheContextAndALateAckChangesNothing(t *tes
 		info, _ = redelivery.FromContext(third.Context())
 		require.Equal(t, 3, info.Count, "the late ack of the first delivery did not settle the second")
 		ack(third)
-		requireNothing(t, ch, 2*ackTimeout)
+		testsvc.RequireNothing(t, ch, 2*ackTimeout)
 	})
 }
 

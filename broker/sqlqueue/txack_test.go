@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/broker/sqlqueue"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 func TestTxAck_DeletesTheLeaseInTheCallersTransactionWhileItIsTheDeliverys(t *testing.T) {
@@ -55,7 +56,7 @@ func TestTxAck_DeletesTheLeaseInTheCallersTransactionWhileItIsTheDeliverys(t *te
 		require.True(t, owned)
 		require.NoError(t, tx.Commit())
 		ack(again)
-		requireNothing(t, ch, 300*time.Millisecond)
+		testsvc.RequireNothing(t, ch, 300*time.Millisecond)
 		var leases int
 		require.NoError(t, e.db.Get(&leases, `SELECT COUNT(*) FROM `+e.leasesTable(tp)))
 		require.Zero(t, leases)

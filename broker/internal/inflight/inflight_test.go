@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 var (
@@ -141,23 +142,7 @@ func start(t *testing.T, g *inflight.Group, src *source, direct bool, opt inflig
 
 func receive(t *testing.T, ch <-chan *message.Message) *message.Message {
 	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "channel closed")
-		return m
-	case <-time.After(5 * time.Second):
-		t.Fatal("no delivery within 5 s")
-		return nil
-	}
-}
-
-func none(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
-	t.Helper()
-	select {
-	case m := <-ch:
-		t.Fatalf("unexpected delivery of %s", m.UUID)
-	case <-time.After(wait):
-	}
+	return testsvc.Receive(t, ch, 5*time.Second)
 }
 
 func settlement(t *testing.T, src *source) settled {
@@ -224,13 +209,13 @@ func TestWindow_HandsOutPrefetchWithoutAcksAndOnePlacePerSettlement(t *testing.T
 		for range 4 {
 			held = append(held, receive(t, ch))
 		}
-		none(t, ch, 100*time.Millisecond)
+		testsvc.RequireOpenAndNothing(t, ch, 100*time.Millisecond)
 		ack(held[0])
 		require.Equal(t, settled{n: 1, o: inflight.Outcome{Acked: true}}, settlement(t, src))
 		// One place is free, less than half the window: FillWait (zero) has passed, so it is
 		// fetched at once, and exactly one more message comes.
 		require.Equal(t, "5", receive(t, ch).UUID)
-		none(t, ch, 100*time.Millisecond)
+		testsvc.RequireOpenAndNothing(t, ch, 100*time.Millisecond)
 	})
 }
 
@@ -245,7 +230,7 @@ func TestWindow_SmallRoomWaitsForHalfTheWindowOrFillWaitOrFlush(t *testing.T) {
 	}
 	ack(held[0])
 	settlement(t, src)
-	none(t, ch, 100*time.Millisecond) // one place of four: it waits for a second
+	testsvc.RequireOpenAndNothing(t, ch, 100*time.Millisecond) // one place of four: it waits for a second
 	ack(held[1])
 	settlement(t, src)
 	require.Equal(t, "5", receive(t, ch).UUID)
@@ -254,7 +239,7 @@ func TestWindow_SmallRoomWaitsForHalfTheWindowOrFillWaitOrFlush(t *testing.T) {
 
 	ack(held[2])
 	settlement(t, src)
-	none(t, ch, 100*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch, 100*time.Millisecond)
 	redelivery.Flush(held[2]) // the consumer settled a batch and waits for more
 	require.Equal(t, "7", receive(t, ch).UUID)
 	require.Equal(t, []int{4, 2, 1}, src.fetchSizes())
@@ -569,7 +554,7 @@ func TestWithdraw_EndsOnlyTheDeliveriesNotHandedOutYet(t *testing.T) {
 		got[s.n] = s.o
 	}
 	require.Equal(t, map[int]inflight.Outcome{2: {Cause: errLost}, 3: {Cause: errLost}}, got)
-	none(t, ch, 100*time.Millisecond)
+	testsvc.RequireOpenAndNothing(t, ch, 100*time.Millisecond)
 	require.NoError(t, one.Context().Err(), "the delivery the consumer has goes on")
 	ack(one)
 	require.Equal(t, settled{n: 1, o: inflight.Outcome{Acked: true}}, settlement(t, src))
