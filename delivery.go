@@ -41,6 +41,10 @@ type consumer struct {
 	// positionWindow set (redelivery.WithPositionWindow).
 	positions      redelivery.Positions
 	positionWindow bool
+	// window is how many deliveries of one subscription the handler can take at once (its
+	// share of slots), asked of the subscriber on the Subscribe context
+	// (redelivery.WithWindow): a subscriber whose prefetch was left unset holds that many.
+	window int
 	// work hands deliveries to idle workers; closed when the subscriptions have ended.
 	work         chan *message.Message
 	conv         converter.MessageConverter
@@ -119,6 +123,7 @@ func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
 	} else {
 		c.slots = make(chan struct{}, n)
 	}
+	c.window = (cap(c.slots) + n - 1) / n
 	if env.plan.deadLetter && h.DeadLetter.MaxDeliveries >= 0 {
 		counter, err := r.counterFor(h)
 		if err != nil {

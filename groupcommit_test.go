@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/brokertest"
 	"github.com/onceflow/onceflow/internal/groupcommit"
@@ -289,4 +291,44 @@ func (recordOnlyStore) Record(context.Context, sqlx.ExtContext, dedup.Key, strin
 
 func (recordOnlyStore) Lookup(context.Context, sqlx.ExtContext, dedup.Key) (string, bool, error) {
 	return "", false, nil
+}
+
+// windowSubscriber records the window each of its subscriptions is asked for
+// (redelivery.WithWindow).
+type windowSubscriber struct {
+	message.Subscriber
+	mu      sync.Mutex
+	windows []int
+}
+
+func (s *windowSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	s.windows = append(s.windows, redelivery.WindowFrom(ctx, 0, 0))
+	s.mu.Unlock()
+	return s.Subscriber.Subscribe(ctx, topic)
+}
+
+// The router asks each subscription for what its handler can take at once, so that a
+// subscriber whose prefetch is left unset keeps the handler busy: with group commit, a full
+// group running and the next collecting (twice GroupCommit.MaxSize); without, one delivery.
+func TestRouter_AsksEachSubscriptionForWhatTheHandlerTakesAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		group onceflow.GroupCommitConfig
+		want  int
+	}{
+		{"group commit", onceflow.GroupCommitConfig{Enabled: true}, 2 * groupcommit.DefaultMaxSize},
+		{"group commit of 10", onceflow.GroupCommitConfig{Enabled: true, MaxSize: 10}, 20},
+		{"transaction per message", onceflow.GroupCommitConfig{}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, testsvc.Databases()[0])
+			sub := &windowSubscriber{Subscriber: f.broker.Subscriber()}
+			f.startRouter(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, Subscriber: sub, Concurrency: 16, GroupCommit: c.group})
+			sub.mu.Lock()
+			defer sub.mu.Unlock()
+			require.Equal(t, slices.Repeat([]int{c.want}, 16), sub.windows)
+		})
+	}
 }

@@ -76,7 +76,10 @@ type Handler struct {
 	// Concurrency is how many messages of this handler are processed at once; with group
 	// commit (GroupCommit.Enabled or BatchProcessor), how many group transactions run at once.
 	// The router subscribes to Topic that many times; each subscription holds up to the
-	// broker's prefetch of deliveries (broker.Options.Prefetch), which wait for their turn.
+	// broker's prefetch of deliveries (broker.Options.Prefetch), which wait for their turn. A
+	// prefetch left unset follows from the handler: the router asks each subscription for its
+	// share of the deliveries the handler takes at once (redelivery.WithWindow; with group
+	// commit, twice GroupCommit.MaxSize), which a broker holds when its default is smaller.
 	// Defaults to 1.
 	Concurrency int
 

@@ -209,12 +209,12 @@ func (r *Router) subscribe(ctx context.Context) (<-chan struct{}, error) {
 	var owners []*consumer
 	var subs []int // each subscription's number among its handler's
 	for _, c := range r.handlers {
-		ctx := subCtx
+		ctx := redelivery.WithWindow(subCtx, c.window)
 		switch {
 		case c.positionWindow:
-			ctx = redelivery.WithPositionWindow(subCtx, c.positions)
+			ctx = redelivery.WithPositionWindow(ctx, c.positions)
 		case c.positions != nil:
-			ctx = redelivery.WithPositions(subCtx, c.positions)
+			ctx = redelivery.WithPositions(ctx, c.positions)
 		}
 		for sub := range c.subscriptions {
 			msgs, err := c.sub.Subscribe(ctx, c.topic)

@@ -91,7 +91,10 @@ type Options struct {
 	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to nats.DefaultPrefetch
 	// (package broker/nats) for NATS, to sqlitequeue.DefaultBatchSize for SQLite, to
 	// redis.DefaultPrefetch (package broker/redis) for Redis, to kafka.DefaultPrefetch (package
-	// broker/kafka) for Kafka and to mem.DefaultPrefetch for mem.
+	// broker/kafka) for Kafka and to mem.DefaultPrefetch for mem; each subscription takes
+	// more when its consumer asks for more when it subscribes (redelivery.WithWindow:
+	// onceflow's router asks for what its handler can take at once, Handler.Concurrency). A
+	// prefetch set here or in the URL is kept as it is.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a

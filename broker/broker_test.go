@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 )
@@ -424,4 +425,48 @@ func TestBroker_SchemeAndString(t *testing.T) {
 			require.NotEmpty(t, b.String())
 		})
 	}
+}
+
+// A subscription whose prefetch is left unset holds the window its consumer asks for when it
+// subscribes (onceflow's router asks for what its handler can take at once); a prefetch set in
+// Options is kept.
+func TestBroker_UnsetPrefetchTakesTheWindowTheConsumerAsks(t *testing.T) {
+	t.Parallel()
+	// Above every scheme's default prefetch (Redis's 100 is the largest).
+	const window = 150
+	forEachScheme(t, func(t *testing.T, f *fixture) {
+		for _, c := range []struct {
+			name     string
+			prefetch int
+			want     int
+		}{
+			{"unset", 0, window},
+			{"explicit", 5, 5},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				f := setupTopic(t, f.sc, testTimings, f.topic+"_"+c.name)
+				b := f.open(broker.Options{Prefetch: c.prefetch})
+				msgs := make([]*message.Message, window+10)
+				for i := range msgs {
+					msgs[i] = f.message(i)
+				}
+				require.NoError(t, b.Publisher().Publish(f.topic, msgs...))
+				sub, err := b.Subscriber()
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, sub.Close()) })
+				ch, err := sub.Subscribe(redelivery.WithWindow(context.Background(), window), f.topic)
+				require.NoError(t, err)
+
+				for range c.want {
+					receive(t, ch) // held unacknowledged
+				}
+				// The window is full: nothing more comes while no delivery is settled.
+				select {
+				case m := <-ch:
+					t.Fatalf("delivery %s beyond a window of %d", m.UUID, c.want)
+				case <-time.After(300 * time.Millisecond):
+				}
+			})
+		}
+	})
 }

@@ -48,7 +48,9 @@ type Config struct {
 	// Prefetch is the channel prefetch (basic.qos) of each subscription: how many deliveries
 	// RabbitMQ hands it before their acks. All of them are handed out at once, so up to
 	// Prefetch messages are in processing, or held after a nack, at a time. At most 65535.
-	// Defaults to DefaultPrefetch.
+	// Defaults to DefaultPrefetch, or to the window the consumer asks for when it subscribes
+	// (redelivery.WithWindow: onceflow's router asks for what its handler can take at once)
+	// when that is larger.
 	Prefetch int
 
 	// NackDelay is how long a nacked message is held before it is given back to RabbitMQ, when

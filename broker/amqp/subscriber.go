@@ -59,7 +59,10 @@ type acker interface {
 // channel is reopened with backoff: the deliveries it carried are given back by RabbitMQ,
 // their contexts are cancelled, and their acks are dropped (never sent on another channel).
 type Subscriber struct {
-	cfg         Config
+	cfg Config
+	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
+	// consumer asks for (redelivery.WithWindow).
+	prefetch    int
 	dialTimeout time.Duration
 	subs        *inflight.Group
 	// wrapAcker, when set (by tests before the first Subscribe), wraps each channel's acker.
@@ -82,6 +85,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	prefetch := cfg.Prefetch
 	cfg = cfg.withDefaults()
 	uri, err := amqp.ParseURI(cfg.URL)
 	if err != nil {
@@ -91,7 +95,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		}
 		return nil, fmt.Errorf("broker/amqp: Config.URL: %w", err)
 	}
-	s := &Subscriber{cfg: cfg, dialTimeout: defaultDialTimeout, subs: inflight.NewGroup(ErrClosed)}
+	s := &Subscriber{cfg: cfg, prefetch: prefetch, dialTimeout: defaultDialTimeout, subs: inflight.NewGroup(ErrClosed)}
 	if uri.ConnectionTimeout > 0 {
 		s.dialTimeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
 	}
@@ -199,10 +203,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	defer context.AfterFunc(s.subs.Context(), stop)()
 
 	sub := &subscription{
-		s:      s,
-		topic:  topic,
-		queue:  s.cfg.Topology.QueueName(topic),
-		direct: redelivery.SettlesDirectly(ctx),
+		s:        s,
+		topic:    topic,
+		queue:    s.cfg.Topology.QueueName(topic),
+		direct:   redelivery.SettlesDirectly(ctx),
+		prefetch: rules.Window(ctx, s.prefetch),
 	}
 	sub.log = s.cfg.log.With(watermill.LogFields{"queue": sub.queue})
 	ss, err := sub.open()
@@ -225,7 +230,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	sub.ss.Store(ss)
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     s.cfg.Prefetch,
+		Prefetch:     sub.prefetch,
 		NackDelay:    s.cfg.NackDelay,
 		HoldNacks:    true,
 		CloseTimeout: s.cfg.CloseTimeout,

@@ -27,8 +27,11 @@ type subscription struct {
 	topic  string
 	queue  string
 	direct bool // the consumer settles directly (redelivery.WithDirectSettle)
-	log    watermill.LoggerAdapter
-	sub    *inflight.Subscription[tag]
+	// prefetch is the subscription's window: Config.Prefetch, or when left unset the window
+	// its consumer asked for (inflight.Rules.Window).
+	prefetch int
+	log      watermill.LoggerAdapter
+	sub      *inflight.Subscription[tag]
 
 	// ss is the current session: Fetch replaces a lost one, Close ends the last.
 	ss atomic.Pointer[session]
@@ -55,8 +58,8 @@ func (sub *subscription) open() (*session, error) {
 		_ = ch.Close()
 		return nil, err
 	}
-	if err := ch.Qos(s.cfg.Prefetch, 0, false); err != nil {
-		return fail(fmt.Errorf("set prefetch %d: %w", s.cfg.Prefetch, err))
+	if err := ch.Qos(sub.prefetch, 0, false); err != nil {
+		return fail(fmt.Errorf("set prefetch %d: %w", sub.prefetch, err))
 	}
 	if err := s.cfg.Topology.Declare(ch, sub.topic); err != nil {
 		return fail(err)
@@ -71,7 +74,9 @@ func (sub *subscription) open() (*session, error) {
 	if s.wrapAcker != nil {
 		a = s.wrapAcker(a)
 	}
-	return newSession(ch, a, consumer, deliveries, closed, s.cfg, sub.direct), nil
+	cfg := s.cfg
+	cfg.Prefetch = sub.prefetch
+	return newSession(ch, a, consumer, deliveries, closed, cfg, sub.direct), nil
 }
 
 // Fetch waits for the first delivery RabbitMQ pushes and takes those that are there after it,

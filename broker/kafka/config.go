@@ -44,7 +44,9 @@ type Config struct {
 
 	// Prefetch is how many records each subscription holds unsettled (handed out or waiting
 	// to be, neither acked nor nacked) at most: it polls with PollRecords(room left). A nacked
-	// record leaves the window while it waits for its redelivery. Defaults to DefaultPrefetch.
+	// record leaves the window while it waits for its redelivery. Defaults to DefaultPrefetch,
+	// or to the window the consumer asks for when it subscribes (redelivery.WithWindow) when
+	// that is larger.
 	Prefetch int
 
 	// NackDelay is how long a nacked record waits before it is handed out again, unless the

@@ -38,9 +38,12 @@ var (
 // partition, the offset below which every record is acked. NewSubscriber makes one. A
 // Subscriber is safe for concurrent use.
 type Subscriber struct {
-	cfg    Config
-	logger watermill.LoggerAdapter
-	subs   *inflight.Group
+	cfg Config
+	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
+	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
+	prefetch int
+	logger   watermill.LoggerAdapter
+	subs     *inflight.Group
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -51,11 +54,13 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	prefetch := cfg.Prefetch
 	cfg = cfg.withDefaults()
 	return &Subscriber{
-		cfg:    cfg,
-		logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
-		subs:   inflight.NewGroup(ErrClosed),
+		cfg:      cfg,
+		prefetch: prefetch,
+		logger:   cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
+		subs:     inflight.NewGroup(ErrClosed),
 	}, nil
 }
 
@@ -89,11 +94,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := s.subs.Check(); err != nil {
 		return nil, err
 	}
-	sub := newSubscription(s, topic)
+	sub := newSubscription(s, topic, rules.Window(ctx, s.prefetch))
 	// The engine is made first: the group's callbacks (revoked, lost) may come as soon as the
 	// client exists.
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     s.cfg.Prefetch,
+		Prefetch:     sub.prefetch,
 		AckTimeout:   s.cfg.AckTimeout,
 		NackDelay:    s.cfg.NackDelay,
 		HoldNacks:    true,

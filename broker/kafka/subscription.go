@@ -43,12 +43,15 @@ const (
 // the offset after the last record taken. A nacked entry stays in the books (holding back the
 // mark) and is queued again after its delay, while the entries behind it go on.
 type subscription struct {
-	s      *Subscriber
-	topic  string
-	cl     *kgo.Client
-	adm    *kadm.Client
-	logger watermill.LoggerAdapter
-	sub    *inflight.Subscription[*delivery]
+	s     *Subscriber
+	topic string
+	// prefetch is the subscription's window: Config.Prefetch, or when left unset the window
+	// its consumer asked for (inflight.Rules.Window).
+	prefetch int
+	cl       *kgo.Client
+	adm      *kadm.Client
+	logger   watermill.LoggerAdapter
+	sub      *inflight.Subscription[*delivery]
 
 	// ctx ends when the subscription begins to stop: the hand-out and the commits stop, and
 	// so do the waits at the gate and for a revoke.
@@ -92,15 +95,16 @@ type delivery struct {
 	kept bool
 }
 
-func newSubscription(s *Subscriber, topic string) *subscription {
+func newSubscription(s *Subscriber, topic string, prefetch int) *subscription {
 	sub := &subscription{
-		s:      s,
-		topic:  topic,
-		logger: s.logger.With(watermill.LogFields{"topic": topic}),
-		wake:   make(chan struct{}, 1),
-		commit: make(chan struct{}, 1),
-		parts:  map[int32]*partition{},
-		gate:   &handOutGate{changed: make(chan struct{})},
+		s:        s,
+		topic:    topic,
+		prefetch: prefetch,
+		logger:   s.logger.With(watermill.LogFields{"topic": topic}),
+		wake:     make(chan struct{}, 1),
+		commit:   make(chan struct{}, 1),
+		parts:    map[int32]*partition{},
+		gate:     &handOutGate{changed: make(chan struct{})},
 	}
 	sub.ctx, sub.cancel = context.WithCancel(context.Background())
 	return sub
@@ -412,7 +416,7 @@ func (sub *subscription) unkeepLocked(d *delivery) {
 // past a record handed out alone (which may kill its consumer: the records behind it must
 // not count as handed out with it). sub.mu is held.
 func (sub *subscription) wantLocked() {
-	ahead := max(sub.s.cfg.Prefetch/4, 1)
+	ahead := max(sub.prefetch/4, 1)
 	for i, d := range sub.queue {
 		if i == ahead || (i > 0 && d.e.unknownCount) {
 			return

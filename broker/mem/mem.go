@@ -34,7 +34,8 @@ type Config struct {
 	// ConsumerGroup is the group of the subscriptions. Required.
 	ConsumerGroup string
 	// Prefetch is how many deliveries a subscription keeps unsettled. Defaults to
-	// DefaultPrefetch.
+	// DefaultPrefetch, or to the window the consumer asks for when it subscribes
+	// (redelivery.WithWindow) when that is larger.
 	Prefetch int
 	// NackDelay is how long a nacked message waits before it is delivered again when the
 	// router asked for no delay of its own. Zero redelivers at once.
@@ -143,9 +144,12 @@ func (h *Hub) Close() error {
 
 // Subscriber is a consumer of a Hub in one consumer group.
 type Subscriber struct {
-	h    *Hub
-	cfg  Config
-	subs *inflight.Group
+	h   *Hub
+	cfg Config
+	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
+	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
+	prefetch int
+	subs     *inflight.Group
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -162,8 +166,9 @@ func NewSubscriber(h *Hub, cfg Config) (*Subscriber, error) {
 	if err := rules.Validate(settings); err != nil {
 		return nil, err
 	}
+	prefetch := cfg.Prefetch
 	cfg.Prefetch = rules.Apply(settings).Prefetch
-	return &Subscriber{h: h, cfg: cfg, subs: inflight.NewGroup(ErrClosed)}, nil
+	return &Subscriber{h: h, cfg: cfg, prefetch: prefetch, subs: inflight.NewGroup(ErrClosed)}, nil
 }
 
 // Subscribe starts one competing consumer of topicName; see the package documentation.
@@ -182,7 +187,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topicName string) (<-chan *m
 	}
 	src := &source{h: s.h, topic: topicName, group: s.cfg.ConsumerGroup}
 	src.sub = inflight.New(ctx, src, inflight.Options{
-		Prefetch:  s.cfg.Prefetch,
+		Prefetch:  rules.Window(ctx, s.prefetch),
 		NackDelay: s.cfg.NackDelay,
 		Eager:     true,
 		ErrClosed: ErrClosed,

@@ -47,7 +47,9 @@ type Config struct {
 	ConsumerGroup string
 
 	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
-	// nacked, their AckWait not passed) at most. Defaults to DefaultPrefetch.
+	// nacked, their AckWait not passed) at most. Defaults to DefaultPrefetch, or to the
+	// window the consumer asks for when it subscribes (redelivery.WithWindow) when that is
+	// larger.
 	Prefetch int
 
 	// AckWait is how long a delivery may stay unsettled before JetStream delivers the message

@@ -34,12 +34,15 @@ var (
 // Config.Prefetch messages ahead of their acknowledgements. NewSubscriber makes one; it has a
 // connection of its own. A Subscriber is safe for concurrent use.
 type Subscriber struct {
-	cfg     Config
-	logger  watermill.LoggerAdapter
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	streams *Streams
-	subs    *inflight.Group
+	cfg Config
+	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
+	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
+	prefetch int
+	logger   watermill.LoggerAdapter
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	streams  *Streams
+	subs     *inflight.Group
 
 	mu   sync.Mutex
 	link *link // the current connection to the server
@@ -60,12 +63,14 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	prefetch := cfg.Prefetch
 	cfg = cfg.withDefaults()
 	s := &Subscriber{
-		cfg:    cfg,
-		logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
-		link:   &link{up: make(chan struct{}), lost: make(chan struct{})},
-		subs:   inflight.NewGroup(ErrClosed),
+		cfg:      cfg,
+		prefetch: prefetch,
+		logger:   cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
+		link:     &link{up: make(chan struct{}), lost: make(chan struct{})},
+		subs:     inflight.NewGroup(ErrClosed),
 	}
 	close(s.link.up)
 	opts := []nats.Option{nats.Name("onceflow subscriber " + cfg.ConsumerGroup), nats.MaxReconnects(-1)}
@@ -167,7 +172,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		logger:  s.logger.With(watermill.LogFields{"topic": topic, "consumer": info.Name}),
 	}
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     s.cfg.Prefetch,
+		Prefetch:     rules.Window(ctx, s.prefetch),
 		NackDelay:    s.cfg.NackDelay,
 		FillWait:     fillWait,
 		Eager:        true,

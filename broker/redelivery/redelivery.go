@@ -15,7 +15,8 @@
 //
 // A consumer that detects duplicates by position gives its applied offsets to the subscriber
 // on the Subscribe context (WithPositions, positions.go), and a consumer that settles each
-// message itself says so there too (WithDirectSettle, settle.go).
+// message itself says so there too (WithDirectSettle, settle.go), as does one that can take
+// more deliveries at once than a subscriber's default prefetch (WithWindow, window.go).
 //
 // The package imports no broker client: custom subscribers can take part.
 package redelivery

@@ -184,3 +184,14 @@ func TestNewDeliveryContext_AllocatesOnce(t *testing.T) {
 	require.Equal(t, 1.0, combined)
 	require.Equal(t, 4.0, separate)
 }
+
+// A subscriber whose prefetch was left to its default takes the consumer's window when it is
+// larger, within the subscriber's bound.
+func TestWindowFrom_LargerWindowOfTheConsumerReplacesTheDefault(t *testing.T) {
+	bg := context.Background()
+	require.Equal(t, 10, redelivery.WindowFrom(bg, 10, 0), "no window asked")
+	require.Equal(t, 10, redelivery.WindowFrom(redelivery.WithWindow(bg, 4), 10, 0), "smaller than the default")
+	require.Equal(t, 128, redelivery.WindowFrom(redelivery.WithWindow(bg, 128), 10, 0))
+	require.Equal(t, 100, redelivery.WindowFrom(redelivery.WithWindow(bg, 128), 10, 100), "bounded")
+	require.Equal(t, 10, redelivery.WindowFrom(redelivery.WithWindow(bg, 0), 10, 0), "0 asks for nothing")
+}

@@ -51,7 +51,9 @@ type Config struct {
 	// nacked) at most. It reads new entries once half the window is free (or 20 ms after room
 	// came free, or at once when the consumer has settled a batch together, redelivery.Flush),
 	// with XREADGROUP COUNT <room left>, so that one read brings many. A nacked
-	// delivery leaves the window at once, whatever its delay. Defaults to DefaultPrefetch.
+	// delivery leaves the window at once, whatever its delay. Defaults to DefaultPrefetch, or
+	// to the window the consumer asks for when it subscribes (redelivery.WithWindow) when
+	// that is larger.
 	Prefetch int
 
 	// NackDelay is how long a nacked entry waits before it is delivered again, unless the

@@ -23,7 +23,10 @@ var ErrClosed = errors.New("redis: subscriber closed")
 type Subscriber struct {
 	client redis.UniversalClient
 	cfg    Config
-	subs   *inflight.Group
+	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
+	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
+	prefetch int
+	subs     *inflight.Group
 
 	mu     sync.Mutex
 	passes map[string]*claimPass // by stream
@@ -46,7 +49,7 @@ func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Subscriber{client: client, cfg: cfg.withDefaults(), subs: inflight.NewGroup(ErrClosed), passes: map[string]*claimPass{}}, nil
+	return &Subscriber{client: client, cfg: cfg.withDefaults(), prefetch: cfg.Prefetch, subs: inflight.NewGroup(ErrClosed), passes: map[string]*claimPass{}}, nil
 }
 
 // Subscribe starts one consumer of the stream topic in the configured consumer group, under a
@@ -79,7 +82,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, fmt.Errorf("redis: subscribe to stream %q: create consumer group %q: %w", topic, s.cfg.ConsumerGroup, err)
 	}
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     s.cfg.Prefetch,
+		Prefetch:     rules.Window(ctx, s.prefetch),
 		NackDelay:    s.cfg.NackDelay,
 		FillWait:     fillWait,
 		CloseTimeout: s.cfg.CloseTimeout,

@@ -1,12 +1,14 @@
 package sqlitequeue
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
@@ -42,7 +44,9 @@ type Config struct {
 	// claims messages whenever its window has room, and never holds a transaction while they
 	// are processed. A larger window lets more messages be processed at once (a watermill
 	// router runs each delivered message in a goroutine of its own); the messages of a
-	// consumer that dies wait for their leases to expire. 1 to 10000. Defaults to 16.
+	// consumer that dies wait for their leases to expire. 1 to 10000. Defaults to 16, or to
+	// the window the consumer asks for when it subscribes (redelivery.WithWindow: onceflow's
+	// router asks for what its handler can take at once) when that is larger.
 	BatchSize int
 
 	// PollInterval is how long an idle subscription waits before it looks for messages again.
@@ -126,4 +130,14 @@ func (c Config) withDefaults() Config {
 	}
 	c.log = wmlog.Adapter(c.Logger)
 	return c
+}
+
+// window returns the window of a subscription of q subscribed with ctx: Config.BatchSize, or
+// when it was left unset the larger of DefaultBatchSize and the window the consumer asks for
+// (redelivery.WithWindow), at most 10000.
+func (q *Queue) window(ctx context.Context) int {
+	if q.batchSize > 0 {
+		return q.batchSize
+	}
+	return redelivery.WindowFrom(ctx, DefaultBatchSize, maxBatchSize)
 }

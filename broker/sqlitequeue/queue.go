@@ -27,12 +27,15 @@ var ErrClosed = errors.New("sqlitequeue: closed")
 // Subscribers over that file and answers questions about its contents. A Queue is safe for
 // concurrent use; several Queues, in one process or in several, may use the same file.
 type Queue struct {
-	db      *sqldb.DB
-	ownDB   bool
-	cfg     Config
-	store   *store
-	schema  SchemaAdapter
-	offsets OffsetsAdapter
+	db    *sqldb.DB
+	ownDB bool
+	cfg   Config
+	// batchSize is Config.BatchSize as given: 0 lets each subscription take the window its
+	// consumer asks for (redelivery.WithWindow).
+	batchSize int
+	store     *store
+	schema    SchemaAdapter
+	offsets   OffsetsAdapter
 
 	// initialized holds the topics whose tables this Queue has created or found.
 	initialized sync.Map
@@ -150,13 +153,15 @@ func New(db *sqldb.DB, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	batchSize := cfg.BatchSize
 	cfg = cfg.withDefaults()
 	q := &Queue{
-		db:     db,
-		cfg:    cfg,
-		store:  openStore(db.Path),
-		schema: SchemaAdapter{BatchSize: cfg.BatchSize},
-		subs:   map[*subscriber]struct{}{},
+		db:        db,
+		cfg:       cfg,
+		batchSize: batchSize,
+		store:     openStore(db.Path),
+		schema:    SchemaAdapter{BatchSize: cfg.BatchSize},
+		subs:      map[*subscriber]struct{}{},
 	}
 	return q, nil
 }

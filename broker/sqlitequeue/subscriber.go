@@ -45,7 +45,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	sub := newSubscription(s.q, topic, l)
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     s.q.cfg.BatchSize,
+		Prefetch:     s.q.window(ctx),
 		NackDelay:    s.q.cfg.ResendInterval,
 		FillWait:     fillWait,
 		CloseTimeout: closeWait,

@@ -37,8 +37,9 @@ type Config struct {
 	// nacked, lease not expired) at most: it claims that many messages without waiting for
 	// their acknowledgements. While deliveries are in flight it claims again once half the
 	// window is free, or PollInterval after room came free, or at once when the consumer has
-	// settled a batch together (redelivery.Flush). Defaults to DefaultPrefetch; at most
-	// MaxPrefetch.
+	// settled a batch together (redelivery.Flush). Defaults to DefaultPrefetch, or to the
+	// window the consumer asks for when it subscribes (redelivery.WithWindow) when that is
+	// larger; at most MaxPrefetch.
 	Prefetch int
 
 	// AckTimeout is the length of a lease: a delivery neither acked nor nacked within it has

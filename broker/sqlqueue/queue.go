@@ -107,6 +107,9 @@ type Queue struct {
 	db  *sql.DB
 	d   dialect
 	cfg Config
+	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
+	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
+	prefetch int
 
 	mu    sync.Mutex
 	ready map[string]bool // topics whose tables and group row exist
@@ -128,7 +131,7 @@ func New(db *sql.DB, d sqldb.Dialect, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	q := &Queue{db: db, cfg: cfg.withDefaults(), ready: map[string]bool{}, wake: map[string]chan struct{}{}}
+	q := &Queue{db: db, cfg: cfg.withDefaults(), prefetch: cfg.Prefetch, ready: map[string]bool{}, wake: map[string]chan struct{}{}}
 	names := q.cfg.Tables
 	if names == nil {
 		names = DefaultTables

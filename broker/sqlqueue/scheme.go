@@ -38,7 +38,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 	}
 	q, err := New(db.DB.DB, db.Dialect, Config{
 		ConsumerGroup: o.ConsumerGroup,
-		Prefetch:      cmp.Or(o.Prefetch, broker.DefaultPrefetch),
+		Prefetch:      o.Prefetch,
 		AckTimeout:    o.AckTimeout,
 		NackDelay:     max(o.NackDelay, 0),
 		PollInterval:  cmp.Or(o.PollInterval, broker.DefaultPollInterval),

@@ -88,7 +88,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		ackStmt: s.q.d.ackInTx(topic),
 	}
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:  cfg.Prefetch,
+		Prefetch:  rules.Window(ctx, s.q.prefetch),
 		NackDelay: cfg.NackDelay,
 		LateAcks:  true,
 		// A claim costs a commit whether it takes one message or many: while deliveries are

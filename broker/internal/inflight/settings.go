@@ -1,10 +1,12 @@
 package inflight
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
@@ -120,4 +122,15 @@ func (r Rules) Apply(s Settings) Settings {
 		s.Logger = wmlog.Discard()
 	}
 	return s
+}
+
+// Window returns the window of one subscription whose Config's prefetch is prefetch (0 when
+// its user left it unset), subscribed with ctx: prefetch when set, otherwise the scheme's
+// default, or the window the consumer asks for (redelivery.WithWindow) when that is larger,
+// within MaxPrefetch.
+func (r Rules) Window(ctx context.Context, prefetch int) int {
+	if prefetch > 0 {
+		return prefetch
+	}
+	return redelivery.WindowFrom(ctx, r.Prefetch, r.MaxPrefetch)
 }
