@@ -36,6 +36,7 @@ func TestMain(m *testing.M) {
 type verifyJSON struct {
 	Modes []struct {
 		Mode       string         `json:"mode"`
+		Topic      string         `json:"topic"`
 		Messages   int            `json:"messages"`
 		Kills      int            `json:"kills"`
 		Cuts       int            `json:"connection_cuts"`
@@ -100,21 +101,17 @@ func runVerify(t *testing.T, args ...string) verifyJSON {
 }
 
 // sharedRabbitMQ returns the URL of the test RabbitMQ server with a consumer group of the
-// test's own: verify's topics are the same in every run, and a run of this test elsewhere at
-// once (on the same server) would otherwise take messages of this one from its queues. The
-// group's queues are removed at the end; the topics' exchanges stay, for the other runs.
-func sharedRabbitMQ(t *testing.T) string {
-	group := testsvc.UniqueName("verify")
-	u := testsvc.AMQPURL(t) + "?group=" + group
-	t.Cleanup(func() {
+// test's own, and a function that removes, at the end of the test, the group's queues of the
+// topics of report (each run has topics of its own; their exchanges stay).
+func sharedRabbitMQ(t *testing.T) (url string, cleanUp func(report verifyJSON)) {
+	u := testsvc.AMQPURL(t) + "?group=" + testsvc.UniqueName("verify")
+	return u, func(report verifyJSON) {
 		var topics []string
-		for _, m := range append(slices.Clone(verify.Modes), verify.BrokerModes...) {
-			topic := "onceflow_verify_" + strings.ToLower(m.String())
-			topics = append(topics, topic, topic+"_dlq", topic+"_gc", topic+"_gc_dlq")
+		for _, m := range report.Modes {
+			topics = append(topics, m.Topic, m.Topic+"_dlq")
 		}
-		testsvc.RemoveQueues(t, u, nil, topics...)
-	})
-	return u
+		t.Cleanup(func() { testsvc.RemoveQueues(t, u, nil, topics...) })
+	}
 }
 
 // poisonReasons match what the dead letters of each poison kind say. The panic's last delivery
@@ -171,6 +168,7 @@ func checkEachMode(t *testing.T, r verifyJSON, messages int, wantCuts bool, kind
 	for i, m := range r.Modes {
 		byMode[m.Mode] = i
 		require.Equal(t, messages, m.Messages)
+		require.Regexp(t, `^onceflow_verify_`+strings.ToLower(m.Mode)+`(_gc)?_[0-9a-f]+$`, m.Topic, "a topic of the run's own")
 		if m.Mode != "BestEffort" { // it loses messages, so progress may not reach the last kill marks
 			require.GreaterOrEqual(t, m.Kills, 5, "%s: every scheduled kill happened", m.Mode)
 		} else {
@@ -227,9 +225,11 @@ func TestVerify_EmbeddedDefaultReproducesTheGuaranteeTable(t *testing.T) {
 
 func TestVerify_RabbitMQAndPostgreSQLReproduceTheGuaranteeTable(t *testing.T) {
 	t.Parallel() // each waits on its consumers and its faults far more than it computes
-	amqpURL := sharedRabbitMQ(t)
+	amqpURL, cleanUp := sharedRabbitMQ(t)
 	dbURL := testsvc.PostgresSchemaURL(t)
-	checkTable(t, runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3"), true, allPoison)
+	report := runVerify(t, "--broker", amqpURL, "--db", dbURL, "--cuts", "3")
+	cleanUp(report)
+	checkTable(t, report, true, allPoison)
 }
 
 // TestVerify_PostgreSQLQueueAcknowledgedInTheTransaction runs verify's ExactlyOnceAckInTx mode:

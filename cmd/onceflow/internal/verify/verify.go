@@ -305,7 +305,11 @@ func (c *Config) setDefaults() {
 
 // Result is the measurement of one mode.
 type Result struct {
-	Mode        string                          `json:"mode"`
+	Mode string `json:"mode"`
+	// Topic is the topic the mode published to and consumed, of this run alone
+	// (onceflow_verify_<mode>_<run id>), so that runs on one broker, at once or after one that
+	// left messages behind, take none of each other's; its dead letters go to Topic + "_dlq".
+	Topic       string                          `json:"topic"`
 	Messages    int                             `json:"messages"`
 	Duplicates  int                             `json:"duplicate_publishes"`
 	Kills       int                             `json:"kills"`
@@ -402,7 +406,7 @@ func runMode(ctx context.Context, cfg Config, mode Mode, seed uint64) (Result, o
 		name += "_gc"
 	}
 	consumer := ConsumerConfig{
-		Topic: "onceflow_verify_" + name, Name: "verify_" + name + "_" + runID, RunID: runID,
+		Topic: "onceflow_verify_" + name + "_" + runID, Name: "verify_" + name + "_" + runID, RunID: runID,
 		Mode: mode.QoS, GroupCommit: groupCommit, Batch: mode.Batch, Dedup: mode.Dedup,
 		Concurrency: cfg.Concurrency, MaxDeliveries: cfg.MaxDeliveries,
 	}
@@ -428,7 +432,7 @@ func runMode(ctx context.Context, cfg Config, mode Mode, seed uint64) (Result, o
 		return Result{}, run, err
 	}
 	res := Result{
-		Mode: mode.String(), Messages: run.Messages, Duplicates: run.Duplicates, Kills: run.Kills, CrashPoints: run.CrashPoints,
+		Mode: mode.String(), Topic: consumer.Topic, Messages: run.Messages, Duplicates: run.Duplicates, Kills: run.Kills, CrashPoints: run.CrashPoints,
 		Cuts: run.Cuts, Lost: run.Lost, Duplicated: run.Duplicated, OrderViolations: run.OutOfOrder, Poison: run.Poison,
 		MsgsPerSec: run.MsgsPerSec,
 	}
