@@ -22,6 +22,7 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
 )
 
 // This file holds one delivery at run time: from the subscriber's message to its ack or nack.
@@ -86,6 +87,9 @@ type consumer struct {
 	// records are what the router keeps for the handler's built-in stages, given to each
 	// delivery (delivery.State.Records); nil for a BestEffort handler.
 	records *delivery.Records
+	// outage pauses the handler while a failure that is not its messages' lasts (outage.go);
+	// nil for a BestEffort handler, which acknowledges on receipt.
+	outage *outage
 }
 
 // newConsumer returns the run-time consumer of the handler of env: its messages go through
@@ -144,19 +148,35 @@ func newConsumer(r *Router, env *stageEnv, ch chains) (*consumer, error) {
 		return nil, err
 	}
 	c.records = records
+	if !c.ackOnReceipt {
+		c.outage = newOutage(c, h.DB)
+	}
 	c.sub = &onceClosingSubscriber{Subscriber: h.Subscriber}
 	c.subscriptions = n
 	return c, nil
 }
 
 // read starts a delivery for each message of one subscription, the handler's sub-th, until the
-// subscription ends. Once the router closes, the messages that still arrive are nacked without
-// being processed.
+// subscription ends. While the handler is paused by an outage it takes none (outage.wait).
+// Once the router closes, the messages that still arrive are nacked without being processed.
 func (c *consumer) read(msgs <-chan *message.Message, sub int) {
-	for msg := range msgs {
+	for {
+		if c.outage != nil {
+			c.outage.wait(c.router.closing)
+		}
+		msg, open := <-msgs
+		if !open {
+			return
+		}
+		if c.outage != nil && !c.outage.admit(msg.Context().Done(), c.router.closing) {
+			msg.Nack() // it ended while the handler was paused
+			redelivery.Settle(msg)
+			continue
+		}
 		if !c.router.gate.enter() {
 			msg.Nack()
 			redelivery.Settle(msg)
+			c.abandonTrial()
 			continue
 		}
 		if c.slots != nil && !c.takeSlot() {
@@ -168,6 +188,7 @@ func (c *consumer) read(msgs <-chan *message.Message, sub int) {
 				msg.Nack()
 				redelivery.Settle(msg)
 				c.router.gate.leave()
+				c.abandonTrial()
 				continue
 			}
 		}
@@ -175,6 +196,14 @@ func (c *consumer) read(msgs <-chan *message.Message, sub int) {
 			continue
 		}
 		c.start(msg)
+	}
+}
+
+// abandonTrial gives up the outage's trial delivery, if the reader took it, for a delivery
+// that ends without an outcome.
+func (c *consumer) abandonTrial() {
+	if c.outage != nil {
+		c.outage.abandon()
 	}
 }
 
@@ -231,6 +260,7 @@ func (c *consumer) handle(msg *message.Message) {
 
 	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
 	st.Records = c.records
+	st.GivesBackOutages = c.outage != nil
 	if c.ackOnReceipt {
 		msg.Ack()
 		redelivery.Settle(msg)
@@ -249,10 +279,17 @@ func (c *consumer) handle(msg *message.Message) {
 		err = c.reject.Process(context.WithValue(ctx, convErrKey{}, convErr), md)
 	} else {
 		crashpoint.Reach(crashpoint.Received, md.ID)
-		if !c.ackOnReceipt {
-			md.Delivery = c.deliveries(ctx, msg, md)
+		switch {
+		case c.outage != nil && c.outage.paused():
+			err = errPaused // taken before the pause: it goes back unprocessed
+		case c.ackOnReceipt:
+			err = c.process(ctx, md, st)
+		default:
+			if md.Delivery, err = c.deliveries(ctx, msg, md); err == nil {
+				st.Uncounted = c.outage.uncountedOf(counterID(md))
+				err = c.process(ctx, md, st)
+			}
 		}
-		err = c.process(ctx, md, st)
 	}
 	if slot {
 		slot = false
@@ -267,6 +304,18 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 	if errors.Is(err, middleware.ErrDeadLetterFailed) {
 		c.router.instruments.DeadLetterFails.Add(ctx, 1, c.attrs)
 	}
+	if c.outage != nil {
+		if outcome == processor.Failed && sqldb.IsOutage(err) {
+			c.giveBack(ctx, msg, md, st, err)
+			return
+		}
+		if outcome.Acks() {
+			c.outage.forget(counterID(md))
+		}
+		if msg.Context().Err() == nil {
+			c.outage.ok()
+		}
+	}
 	if !c.ackOnReceipt {
 		c.settle(ctx, msg, md, st, outcome)
 	}
@@ -277,14 +326,56 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 	}
 }
 
+// errPaused is the failure of a delivery that the handler took before an outage paused it:
+// it goes back to the broker unprocessed.
+var errPaused error = outageError("the handler is paused by an outage")
+
+// outageError is an error that sqldb.IsOutage reports.
+type outageError string
+
+func (e outageError) Error() string { return string(e) }
+
+// Outage reports true: the error is an outage.
+func (outageError) Outage() bool { return true }
+
+// giveBack hands msg back to the broker, to be delivered again at once, unprocessed by the
+// failure err, an outage: the handler pauses (outage.fail) and the delivery does not count
+// against the message's delivery limit. It is logged at debug level only: the pause has its
+// own line.
+func (c *consumer) giveBack(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, err error) {
+	// Only a delivery that a count has in it is taken out of the count: the broker's, or the
+	// durable count, which an outage may have kept from counting it.
+	id := ""
+	if info, _ := redelivery.FromContext(msg.Context()); info.Count > 0 || md.Delivery > 0 {
+		id = counterID(md)
+	}
+	c.outage.fail(id, err)
+	if !redelivery.NackAfter(msg, 0) {
+		msg.Nack()
+	}
+	redelivery.Settle(msg)
+	c.settlement.Settle(st.Span, false, nil)
+	c.stats.givenBack.Add(1)
+	if c.logger.Enabled(ctx, slog.LevelDebug) {
+		c.logger.Debug("message given back during an outage", "message_id", md.ID, "delivery", md.Delivery, "error", err)
+	}
+	if st.Span != nil {
+		st.Span.End()
+	}
+}
+
 // process runs the chain on md under the handler's isolation lock, which it releases once the
 // processing is over, before the settlement, which may wait out a redelivery delay.
 func (c *consumer) process(ctx context.Context, md *messagedata.MessageData, st *delivery.State) error {
-	switch c.isolate(ctx, md, st) {
+	h, err := c.isolate(ctx, md, st)
+	switch h {
 	case heldShared:
 		defer c.isolation.RUnlock()
 	case heldAlone:
 		defer c.isolation.Unlock()
+	}
+	if err != nil {
+		return err
 	}
 	return c.chain.Process(ctx, md)
 }

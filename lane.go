@@ -129,7 +129,8 @@ func (l *lane) take(c *consumer, msg *message.Message, sub int) bool {
 	crashpoint.Reach(crashpoint.Received, md.ID)
 	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
 	st.Records = c.records
-	md.Delivery = c.deliveries(ctx, msg, md)
+	st.GivesBackOutages = c.outage != nil
+	md.Delivery, _ = c.deliveries(ctx, msg, md) // a first delivery: its count needs no counter
 	if l.firstAttempt {
 		md.Attempt = 1
 	}

@@ -2,6 +2,7 @@ package onceflow
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/messagedata"
+	"github.com/onceflow/onceflow/sqldb"
 )
 
 // This file holds the delivery limit's bookkeeping: the durable count of a message's deliveries
@@ -16,16 +18,17 @@ import (
 
 // deliveries returns the delivery count of msg: the broker's, when it counts; 1 for a
 // delivery the broker says is the first; otherwise the durable count of the handler's counter
-// (0 when the handler has none, or it cannot be read).
-func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *messagedata.MessageData) int {
+// (0 when the handler has none, or it cannot be read). It returns the counter's error when it
+// is an outage (sqldb.IsOutage): the delivery is given back, uncounted.
+func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *messagedata.MessageData) (int, error) {
 	info, known := redelivery.FromContext(msg.Context())
 	switch {
 	case known && info.Count > 0:
-		return info.Count
+		return info.Count, nil
 	case known && !info.Redelivered:
-		return 1
+		return 1, nil
 	case c.counter == nil || md.ID == "":
-		return 0
+		return 0, nil
 	}
 	initial := 1 // every delivery is counted here
 	if known {
@@ -33,10 +36,13 @@ func (c *consumer) deliveries(ctx context.Context, msg *message.Message, md *mes
 	}
 	n, err := c.counter.Count(ctx, c.name, counterID(md), initial)
 	if err != nil {
+		if sqldb.IsOutage(err) {
+			return 0, fmt.Errorf("count the delivery: %w", err)
+		}
 		c.logger.Warn("cannot count the delivery; the delivery limit does not apply to it", "message_id", md.ID, "error", err)
-		return 0
+		return 0, nil
 	}
-	return n
+	return n, nil
 }
 
 // held is how a delivery holds the handler's isolation lock.
@@ -51,17 +57,21 @@ const (
 // isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
 // handler counts attempts, shared otherwise; none without a counter. A redelivery's attempt is
 // recorded once it holds the lock, before its processing begins. It returns how it holds the
-// lock; a function to release it would be an allocation per delivery.
-func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) held {
+// lock (a function to release it would be an allocation per delivery), and the error of the
+// record when it is an outage: the delivery is then given back unprocessed.
+func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) (held, error) {
 	switch {
 	case c.counter == nil || c.shared:
-		return heldNone
+		return heldNone, nil
 	case md.Delivery <= 1 || md.ID == "":
 		c.isolation.RLock()
-		return heldShared
+		return heldShared, nil
 	}
 	c.isolation.Lock()
 	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
+	if err != nil && sqldb.IsOutage(err) {
+		return heldAlone, fmt.Errorf("record the attempt: %w", err)
+	}
 	if err != nil {
 		// The delivery count includes deliveries that never began (they waited behind a
 		// message that killed their consumer): on it alone, a message would be given up for
@@ -71,7 +81,7 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 	} else {
 		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
 	}
-	return heldAlone
+	return heldAlone, nil
 }
 
 // counterID is the id under which the delivery counter keeps md: its id, and for a replayed

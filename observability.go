@@ -110,6 +110,35 @@ func registerDedupGauges(mp metric.MeterProvider, logger *slog.Logger, dedupStor
 	return reg, nil
 }
 
+// registerPausedGauge registers on mp the gauge onceflow.handler.paused of handlers: how long
+// each has been paused by an outage, with its reason (onceflow.reason), 0 while it runs.
+func registerPausedGauge(mp metric.MeterProvider, handlers []*consumer) (metric.Registration, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := telemetry.Meter(mp)
+	g, err := telemetry.NewPausedGauge(meter)
+	if err != nil {
+		return nil, fmt.Errorf("create the paused gauge: %w", err)
+	}
+	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, c := range handlers {
+			st, seconds := c.stats.state(), 0.0
+			attrs := []attribute.KeyValue{telemetry.AttrHandler.String(c.name)}
+			if st.Kind == StatePaused {
+				seconds = max(secondsSince(st.Since), 0)
+				attrs = append(attrs, telemetry.AttrReason.String(st.Reason))
+			}
+			o.ObserveFloat64(g, seconds, metric.WithAttributes(attrs...))
+		}
+		return nil
+	}, g)
+	if err != nil {
+		return nil, fmt.Errorf("register the paused gauge: %w", err)
+	}
+	return reg, nil
+}
+
 // dbSystem returns the db.system.name attribute of db, in the semantic conventions' values.
 func dbSystem(db *sqldb.DB) attribute.KeyValue {
 	switch db.Dialect {

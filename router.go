@@ -159,6 +159,14 @@ func (r *Router) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = gauges.Unregister() }()
+	r.mu.Lock()
+	handlers := append([]*consumer(nil), r.handlers...)
+	r.mu.Unlock()
+	paused, err := registerPausedGauge(r.cfg.MeterProvider, handlers)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = paused.Unregister() }()
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	defer stopPurge()
 	if r.cfg.PurgeInterval > 0 {

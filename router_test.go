@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -61,6 +62,8 @@ type fixture struct {
 	db     *sqldb.DB
 	broker *brokertest.Broker
 	mode   mode
+	// logger is the router's logger, when not nil.
+	logger *slog.Logger
 }
 
 // mode is how a router test commits: one transaction per message, or group commit.
@@ -111,7 +114,7 @@ func newModeFixture(t *testing.T, d testsvc.Database, m mode) *fixture {
 // test ends.
 func (f *fixture) startRouter(t *testing.T, h onceflow.Handler, register ...func(*onceflow.Router)) *onceflow.Router {
 	t.Helper()
-	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 5 * time.Second})
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 5 * time.Second, Logger: f.logger})
 	require.NoError(t, err)
 	for _, reg := range register {
 		reg(r)

@@ -21,8 +21,9 @@ const (
 	// StateRunning: the handler's subscriptions are open and it takes deliveries.
 	StateRunning StateKind = "running"
 	// StatePaused: the handler is held back by a failure that is not its messages' (the
-	// database unreachable, say), and takes no deliveries until it is over. The router does
-	// not pause handlers yet: a handler is running or stopped.
+	// database unreachable or read-only, the dead-letter broker refusing messages), and takes
+	// no deliveries until it is over, but one now and then to tell. It gives back the
+	// deliveries it held, uncounted, and runs again by itself once the failure is over.
 	StatePaused StateKind = "paused"
 	// StateStopped: the handler takes no deliveries: the router has not run yet, has closed,
 	// or the handler's subscriptions have ended.
@@ -56,11 +57,15 @@ type HandlerCounts struct {
 	Failed int64
 	// Panicked deliveries were rejected after their processor panicked.
 	Panicked int64
+	// GivenBack deliveries failed by an outage (a failure that is not the message's, which
+	// pauses the handler) and were handed back to the broker, not counted against the
+	// delivery limit.
+	GivenBack int64
 }
 
 // Total returns the deliveries counted.
 func (c HandlerCounts) Total() int64 {
-	return c.Processed + c.Duplicates + c.DeadLettered + c.Failed + c.Panicked
+	return c.Processed + c.Duplicates + c.DeadLettered + c.Failed + c.Panicked + c.GivenBack
 }
 
 // HandlerStatus is one handler's status: what it is, what it is doing, and what it counted.
@@ -101,7 +106,7 @@ func (r *Router) Status() []HandlerStatus {
 type handlerStats struct {
 	qos QoS
 
-	processed, duplicates, deadLettered, deliveryLimit, failed, panicked atomic.Int64
+	processed, duplicates, deadLettered, deliveryLimit, failed, panicked, givenBack atomic.Int64
 
 	mu  sync.Mutex
 	now State
@@ -138,6 +143,7 @@ func (s *handlerStats) counts() HandlerCounts {
 		DeliveryLimit: s.deliveryLimit.Load(),
 		Failed:        s.failed.Load(),
 		Panicked:      s.panicked.Load(),
+		GivenBack:     s.givenBack.Load(),
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/internal/telemetry"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
 )
 
 // maxReasonLength bounds the reason header; some brokers limit header sizes.
@@ -35,8 +36,18 @@ var ErrDeliveryLimit = errors.New("delivery limit reached")
 
 // ErrDeadLetterFailed reports a message that was to be dead-lettered but that the dead-letter
 // broker refused under every form PublishDeadLetter tries: the broker is failing, not the
-// message. The error is retryable: the router nacks the message, which comes back later.
-var ErrDeadLetterFailed = errors.New("dead-letter publish failed")
+// message. The error is retryable, and an outage (sqldb.IsOutage: its Outage method reports
+// true): the router gives the message back uncounted and pauses the handler until the
+// dead-letter broker takes messages again.
+var ErrDeadLetterFailed error = outageError("dead-letter publish failed")
+
+// outageError is a sentinel error that sqldb.IsOutage reports.
+type outageError string
+
+func (e outageError) Error() string { return string(e) }
+
+// Outage reports true: the error is a failure of the world, not of a message.
+func (outageError) Outage() bool { return true }
 
 // DefaultMaxDeliveries is the delivery limit of a DeadLetter whose MaxDeliveries is zero.
 const DefaultMaxDeliveries = 10
@@ -136,6 +147,9 @@ func (d DeadLetter) Middleware(pub message.Publisher, topic, handler string) (Mi
 				} else if st.AttemptUnrecorded {
 					n = 0 // how many deliveries began is unknown: no limit
 				}
+				if n > 0 && st.Uncounted > 0 {
+					n = max(n-st.Uncounted, 1) // given back during outages: not counted
+				}
 			}
 			if rec == nil {
 				rec = &delivery.Records{}
@@ -204,15 +218,16 @@ func recordContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // givesUp reports whether err, the outcome of the last allowed delivery, is a failure that the
 // delivery limit ends: an error or panic of the message's own, not the end of the delivery (a
-// consumer shutting down, an ack deadline) nor a commit whose outcome is unknown, after which
-// the message may well have been applied.
+// consumer shutting down, an ack deadline), nor a commit whose outcome is unknown, after which
+// the message may well have been applied, nor an outage (sqldb.IsOutage), which is no
+// message's fault.
 func givesUp(ctx context.Context, err error) bool {
 	switch processor.OutcomeOf(err) {
 	case processor.Failed, processor.Panicked:
 	default:
 		return false
 	}
-	if processor.IsPermanent(err) || errors.Is(err, ErrCommitOutcomeUnknown) {
+	if processor.IsPermanent(err) || errors.Is(err, ErrCommitOutcomeUnknown) || sqldb.IsOutage(err) {
 		return false
 	}
 	return ctx.Err() == nil

@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/processor"
+	"github.com/onceflow/onceflow/sqldb"
 )
 
 // Retry defaults.
@@ -30,7 +31,9 @@ const (
 // that failed because ctx ended, or a permanent error: an error that the chain's dead-letter
 // stage classifies as permanent (Delivery.Permanent: its Classifier, DefaultClassifier without
 // one) is returned at once, made processor.Permanent, so that the dead-letter stage outside
-// dead-letters it on first sight. A panic passes through it. When the attempts are used up it
+// dead-letters it on first sight. Under the router, an outage (sqldb.IsOutage: the database
+// unreachable or read-only) is returned at once too: the router gives the message back and
+// pauses the handler until the outage is over. A panic passes through it. When the attempts are used up it
 // returns the last error, and the router nacks the message so the broker redelivers it, after
 // a delay that grows with its delivery count. Each attempt sees a copy of the message whose
 // Attempt field counts from 1.
@@ -103,6 +106,9 @@ func (r Retry) Middleware() (Middleware, error) {
 				}
 				if cur.Attempt >= cfg.MaxAttempts {
 					return err
+				}
+				if st := delivery.From(ctx); st != nil && st.GivesBackOutages && sqldb.IsOutage(err) {
+					return err // the router pauses the handler: an attempt now would fail alike
 				}
 				if ctx.Err() != nil {
 					return errors.Join(err, ctx.Err())

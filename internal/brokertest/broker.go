@@ -35,6 +35,8 @@ type Broker struct {
 	flushes, early int
 	closed         chan struct{}
 	once           sync.Once
+	// failing are the topics whose publishes fail, with their error.
+	failing map[string]error
 
 	// RedeliveryDelay is how long a nacked message waits before it is delivered again, unless
 	// the router asked for another delay.
@@ -76,6 +78,12 @@ func (b *Broker) topic(name string) chan *message.Message {
 
 // Publish enqueues copies of msgs on topic.
 func (b *Broker) Publish(topic string, msgs ...*message.Message) error {
+	b.mu.Lock()
+	err := b.failing[topic]
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	ch := b.topic(topic)
 	for _, m := range msgs {
 		c := message.NewMessage(m.UUID, m.Payload)
@@ -85,6 +93,17 @@ func (b *Broker) Publish(topic string, msgs ...*message.Message) error {
 		ch <- c
 	}
 	return nil
+}
+
+// FailPublish makes every publish to topic fail with err from now on, as a broker that is
+// down; a nil err makes them succeed again.
+func (b *Broker) FailPublish(topic string, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failing == nil {
+		b.failing = map[string]error{}
+	}
+	b.failing[topic] = err
 }
 
 // Subscriber is a view of the broker whose Close ends only its own subscriptions, as closing

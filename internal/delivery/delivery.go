@@ -33,6 +33,14 @@ type State struct {
 	// not record this one (its database was unreachable): no count tells how many deliveries
 	// began, and the delivery limit does not apply to this delivery.
 	AttemptUnrecorded bool
+	// Uncounted is how many deliveries of the message, among those that the broker (or the
+	// router's durable count) counts, the router gave back unprocessed during outages: the
+	// delivery limit does not count them.
+	Uncounted int
+	// GivesBackOutages is set when the router gives a delivery that fails by an outage
+	// (sqldb.IsOutage) back to the broker and pauses the handler: the retry stage then does
+	// not retry such a failure in process.
+	GivesBackOutages bool
 	// Span is the consumer span the Tracing middleware started, left open for the router to
 	// record the acknowledgement in and end; nil when the delivery is not traced.
 	Span trace.Span

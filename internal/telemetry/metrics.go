@@ -23,6 +23,7 @@ const (
 	MetricOrderSweepErrors = "onceflow.order.sweep_errors"
 	MetricDedupBeyond      = "onceflow.dedup.beyond_retention"
 	MetricDeadLetterErrors = "onceflow.deadletter.failures"
+	MetricHandlerPaused    = "onceflow.handler.paused"
 )
 
 // Instruments are the synchronous instruments shared by the Metrics middleware and the router.
@@ -128,6 +129,13 @@ func NewDedupGauges(meter metric.Meter) (*DedupGauges, error) {
 // Observables lists the gauges, for metric.Meter.RegisterCallback.
 func (g *DedupGauges) Observables() []metric.Observable {
 	return []metric.Observable{g.Rows, g.Expired, g.OldestAge}
+}
+
+// NewPausedGauge creates on meter the gauge of how long each handler has been paused by an
+// outage.
+func NewPausedGauge(meter metric.Meter) (metric.Float64ObservableGauge, error) {
+	return meter.Float64ObservableGauge(MetricHandlerPaused, metric.WithUnit("s"),
+		metric.WithDescription("How long the handler has been paused by an outage (the database unreachable or read-only, the dead-letter broker refusing messages); 0 while it runs."))
 }
 
 // Names of the OpenTelemetry messaging semantic-convention metrics onceflow records beside its

@@ -23,7 +23,7 @@ func TestNames_AreAllDocumented(t *testing.T) {
 		telemetry.MetricMessages, telemetry.MetricProcessDuration, telemetry.MetricInflight, telemetry.MetricRetries,
 		telemetry.MetricCommitToAck, telemetry.MetricGroupSize, telemetry.MetricAckFailures, telemetry.MetricDedupRows, telemetry.MetricDedupExpired,
 		telemetry.MetricDedupOldestAge, telemetry.MetricOutboxBacklog, telemetry.MetricOutboxLag,
-		telemetry.MetricOrderSweepErrors, telemetry.MetricDedupBeyond, telemetry.MetricDeadLetterErrors, string(telemetry.AttrReason),
+		telemetry.MetricOrderSweepErrors, telemetry.MetricDedupBeyond, telemetry.MetricDeadLetterErrors, telemetry.MetricHandlerPaused, string(telemetry.AttrReason),
 		// MetricOrderParked and MetricOrderGapTimeouts are documented with the in-order chain.
 		telemetry.SpanDedup, telemetry.SpanProcess, telemetry.SpanCommit, telemetry.MetricConsumedMessages, telemetry.MetricMessagingProcessDuration,
 		string(telemetry.AttrHandler), string(telemetry.AttrOutcome), string(telemetry.AttrAttempts),
