@@ -107,7 +107,7 @@ func TestExactlyOnceAckInTransaction_GroupCommitRollsBackAFailedMemberAlone(t *t
 			require.NoError(t, r.AddHandler(onceflow.Handler{Name: "effects", Topic: topic, DB: db, Subscriber: sub,
 				Chain:       onceflow.ExactlyOnce.Chain().Before(onceflow.StageDeadLetter, loseAcks(&lostAcks)),
 				Dedup:       middleware.Dedup{Mode: middleware.DedupAckInTransaction},
-				GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxWait: 50 * time.Millisecond},
+				GroupCommit: onceflow.GroupCommitConfig{MaxWait: 50 * time.Millisecond},
 				DeadLetter:  middleware.DeadLetter{MaxDeliveries: -1}, Retry: middleware.Retry{MaxAttempts: 1},
 				Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{20 * time.Millisecond}},
 				Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {

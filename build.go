@@ -42,8 +42,11 @@ type plan struct {
 func planOf(h Handler) plan {
 	c := h.chain()
 	p := plan{chain: c, deadLetter: c.builtin(StageDeadLetter) != nil}
-	p.group = c.builtin(StageTransaction) != nil && (h.GroupCommit.Enabled || h.BatchProcessor != nil)
 	p.hasDedup, p.dedup = c.builtin(StageDeduplicate) != nil, h.Dedup.Mode
+	// Group commit is the default; DedupCheckFirst, which records internal ids one by one,
+	// keeps a transaction per message.
+	p.group = c.builtin(StageTransaction) != nil &&
+		(h.BatchProcessor != nil || !h.GroupCommit.Disabled && !(p.hasDedup && p.dedup == middleware.DedupCheckFirst))
 	p.recordsKeys = p.hasDedup && p.dedup.RecordsIDs() || c.builtin(StageInOrder) != nil
 	return p
 }

@@ -37,17 +37,20 @@ func TestPlanOf_TheHandlersConfigurationChoosesTheImplementations(t *testing.T) 
 		mode     middleware.DedupMode
 		keys     bool
 	}{
-		{"a transaction per message", Handler{QoS: ExactlyOnce}, false, true, ins, true},
-		{"group commit", Handler{QoS: ExactlyOnce, GroupCommit: GroupCommitConfig{Enabled: true}}, true, true, ins, true},
+		{"a transaction per message", Handler{QoS: ExactlyOnce, GroupCommit: GroupCommitConfig{Disabled: true}}, false, true, ins, true},
+		{"group commit by default", Handler{QoS: ExactlyOnce}, true, true, ins, true},
 		{"a batch processor", Handler{QoS: ExactlyOnce, BatchProcessor: batchNothing}, true, true, ins, true},
-		{"at least once", Handler{QoS: AtLeastOnce, GroupCommit: GroupCommitConfig{Enabled: true}}, true, false, ins, false},
-		{"by offset", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: off}}, false, true, off, false},
-		{"ack in the transaction", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: ack}}, false, true, ack, false},
-		{"check first", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: cf}}, false, true, cf, true},
-		{"in order", Handler{QoS: ExactlyOnceInOrder}, false, true, ins, true},
-		{"in order without deduplicate", Handler{Chain: ExactlyOnceInOrder.Chain().Remove(StageDeduplicate, AppliedTwice)}, false, false, ins, true},
-		{"deduplicate replaced", Handler{Chain: eo.Replace(StageDeduplicate, Use("mine", pass)), GroupCommit: GroupCommitConfig{Enabled: true}}, true, false, ins, false},
-		{"transaction replaced", Handler{Chain: eo.Replace(StageTransaction, Use("mine", pass)), GroupCommit: GroupCommitConfig{Enabled: true}}, false, true, ins, true},
+		{"at least once", Handler{QoS: AtLeastOnce, GroupCommit: GroupCommitConfig{}}, true, false, ins, false},
+		{"by offset", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: off}}, true, true, off, false},
+		{"by offset per message", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: off}, GroupCommit: GroupCommitConfig{Disabled: true}}, false, true, off, false},
+		{"ack in the transaction", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: ack}}, true, true, ack, false},
+		{"check first keeps a transaction per message", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: cf}}, false, true, cf, true},
+		{"in order", Handler{QoS: ExactlyOnceInOrder}, true, true, ins, true},
+		{"in order without deduplicate", Handler{Chain: ExactlyOnceInOrder.Chain().Remove(StageDeduplicate, AppliedTwice)}, true, false, ins, true},
+		{"best effort", Handler{QoS: BestEffort}, true, false, ins, false},
+		{"no transaction", Handler{Chain: AtLeastOnce.Chain().Remove(StageTransaction, PartlyApplied)}, false, false, ins, false},
+		{"deduplicate replaced", Handler{Chain: eo.Replace(StageDeduplicate, Use("mine", pass)), GroupCommit: GroupCommitConfig{}}, true, false, ins, false},
+		{"transaction replaced", Handler{Chain: eo.Replace(StageTransaction, Use("mine", pass)), GroupCommit: GroupCommitConfig{}}, false, true, ins, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := planOf(tc.h)

@@ -111,7 +111,7 @@ func TestGroupCommit_ConcurrentDeliveriesShareOneCommitAndNoneIsAckedBeforeIt(t 
 func TestGroupCommit_AtLeastOnceGroupsWithoutADedupTable(t *testing.T) {
 	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
 		f := newFixture(t, d)
-		f.startRouter(t, onceflow.Handler{QoS: onceflow.AtLeastOnce, Concurrency: 4, GroupCommit: onceflow.GroupCommitConfig{Enabled: true}})
+		f.startRouter(t, onceflow.Handler{QoS: onceflow.AtLeastOnce, Concurrency: 4, GroupCommit: onceflow.GroupCommitConfig{}})
 		for i := range 4 {
 			f.publish(t, fmt.Sprintf("a-%d", i), "x")
 		}
@@ -157,7 +157,7 @@ func TestGroupCommit_CloseLetsAGroupInFlightCommitAndAck(t *testing.T) {
 	// Both messages are in the group, which waits for nothing else.
 	require.NoError(t, r.AddHandler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: b.Subscriber(), DB: db, QoS: onceflow.ExactlyOnce,
-		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxSize: 2, MaxWait: time.Minute},
+		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{MaxSize: 2, MaxWait: time.Minute},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			first.Do(func() {
 				close(entered)
@@ -202,7 +202,7 @@ func TestGroupCommit_CloseNeverAcksAGroupThatDidNotCommit(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, r.AddHandler(onceflow.Handler{
 		Name: "effects", Topic: topic, Subscriber: b.Subscriber(), DB: db, QoS: onceflow.ExactlyOnce,
-		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{Enabled: true, MaxSize: 2, MaxWait: time.Minute},
+		Concurrency: 2, GroupCommit: onceflow.GroupCommitConfig{MaxSize: 2, MaxWait: time.Minute},
 		Retry: middleware.Retry{MaxAttempts: 1},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
 			if err := applyEffect(ctx, msg); err != nil {
@@ -247,28 +247,37 @@ func TestGroupCommit_InvalidHandlerConfigurationIsAnError(t *testing.T) {
 	}{
 		"with check-first": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
-			h.GroupCommit.Enabled = true
+			h.Processor, h.BatchProcessor = nil, processor.BatchFunc(func(context.Context, []*messagedata.MessageData) error { return nil })
 			h.Dedup.Mode = middleware.DedupCheckFirst
 		}, "Handler.Dedup.Mode: DedupCheckFirst is not supported with group commit"},
-		"enabled without the transaction stage": {func(h *onceflow.Handler) {
+		"sizes with check-first": {func(h *onceflow.Handler) {
+			h.QoS = onceflow.ExactlyOnce
+			h.Dedup.Mode = middleware.DedupCheckFirst
+			h.GroupCommit.MaxSize = 8
+		}, "Handler.GroupCommit.MaxSize: set, but group commit is off: the handler's Dedup.Mode, DedupCheckFirst, gives each message a transaction of its own"},
+		"disabled without the transaction stage": {func(h *onceflow.Handler) {
 			h.Chain = onceflow.AtLeastOnce.Chain().Replace(onceflow.StageTransaction, onceflow.Use("mine", middleware.Recover()))
-			h.GroupCommit.Enabled = true
-		}, `Handler.GroupCommit.Enabled: set, but the chain's transaction stage is "mine", a stage of one's own`},
+			h.GroupCommit.Disabled = true
+		}, `Handler.GroupCommit.Disabled: set, but the chain's transaction stage is "mine", a stage of one's own`},
+		"disabled with a batch processor": {func(h *onceflow.Handler) {
+			h.QoS = onceflow.ExactlyOnce
+			h.Processor, h.BatchProcessor = nil, processor.BatchFunc(func(context.Context, []*messagedata.MessageData) error { return nil })
+			h.GroupCommit.Disabled = true
+		}, "Handler.GroupCommit.Disabled: set with a BatchProcessor"},
 		"negative size": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
-			h.GroupCommit = onceflow.GroupCommitConfig{Enabled: true, MaxSize: -1}
+			h.GroupCommit = onceflow.GroupCommitConfig{MaxSize: -1}
 		}, "Handler.GroupCommit.MaxSize"},
 		"negative wait": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
-			h.GroupCommit = onceflow.GroupCommitConfig{Enabled: true, MaxWait: -time.Millisecond}
+			h.GroupCommit = onceflow.GroupCommitConfig{MaxWait: -time.Millisecond}
 		}, "Handler.GroupCommit.MaxWait"},
 		"sizes without group commit": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
-			h.GroupCommit = onceflow.GroupCommitConfig{MaxSize: 8}
-		}, "Handler.GroupCommit.MaxSize: set, but group commit is off"},
+			h.GroupCommit = onceflow.GroupCommitConfig{Disabled: true, MaxSize: 8}
+		}, "Handler.GroupCommit.MaxSize: set, but group commit is off: GroupCommit.Disabled is set"},
 		"store without batches": {func(h *onceflow.Handler) {
 			h.QoS = onceflow.ExactlyOnce
-			h.GroupCommit.Enabled = true
 			h.Dedup.Store = recordOnlyStore{}
 		}, "Handler.Dedup.Store"},
 	} {
@@ -317,9 +326,9 @@ func TestRouter_AsksEachSubscriptionForWhatTheHandlerTakesAtOnce(t *testing.T) {
 		group onceflow.GroupCommitConfig
 		want  int
 	}{
-		{"group commit", onceflow.GroupCommitConfig{Enabled: true}, 2 * groupcommit.DefaultMaxSize},
-		{"group commit of 10", onceflow.GroupCommitConfig{Enabled: true, MaxSize: 10}, 20},
-		{"transaction per message", onceflow.GroupCommitConfig{}, 1},
+		{"group commit", onceflow.GroupCommitConfig{}, 2 * groupcommit.DefaultMaxSize},
+		{"group commit of 10", onceflow.GroupCommitConfig{MaxSize: 10}, 20},
+		{"transaction per message", onceflow.GroupCommitConfig{Disabled: true}, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -46,7 +46,7 @@ type Handler struct {
 	// BatchProcessor, set instead of Processor, applies the effects of a group of messages in
 	// one call and one transaction, so that it can write them with one multi-row statement
 	// (processor.Batch documents what its result does to each message). It implies group
-	// commit, whatever GroupCommit.Enabled says: the transaction stage runs one transaction per
+	// commit (GroupCommit.Disabled must not be set): the transaction stage runs one transaction per
 	// group and hands the group's new messages to it (with DedupByOffset a partition's
 	// messages in offset order), so nothing may stand after the transaction stage but
 	// duplicate detection by id or by offset. Not supported with BestEffort,
@@ -74,7 +74,7 @@ type Handler struct {
 	DB *sqldb.DB
 
 	// Concurrency is how many messages of this handler are processed at once; with group
-	// commit (GroupCommit.Enabled or BatchProcessor), how many group transactions run at once.
+	// commit (the default), how many group transactions run at once.
 	// The router subscribes to Topic that many times; each subscription holds up to the
 	// broker's prefetch of deliveries (broker.Options.Prefetch), which wait for their turn. A
 	// prefetch left unset follows from the handler: the router asks each subscription for its
@@ -104,14 +104,16 @@ type Handler struct {
 	Transaction middleware.Transaction
 
 	// GroupCommit configures group commit: concurrent deliveries of this handler share one
-	// database transaction and one commit. Off by default.
+	// database transaction and one commit. On by default wherever the chain has the built-in
+	// transaction stage; GroupCommit.Disabled turns it off.
 	GroupCommit GroupCommitConfig
 
 	// Dedup configures the deduplicate stage: duplicate detection in the transaction, by
 	// Dedup.Mode. The router keeps one dedup table per database and Dedup.Table, shared by the
 	// handlers that name it, and creates it when it runs. Under group commit, the group's
 	// transaction records the ids (DedupInsertFirst) or the positions (DedupByOffset) of its
-	// messages itself; DedupCheckFirst does not go with group commit. DedupByOffset,
+	// messages itself; DedupCheckFirst does not go with group commit: with it, each message
+	// has a transaction of its own. DedupByOffset,
 	// DedupAckInTransaction and DedupNatural apply to the ExactlyOnce chain only.
 	//
 	// With DedupByOffset the router gives the handler's positions to its subscriber
@@ -156,19 +158,23 @@ type Handler struct {
 	MessagingSystem string
 }
 
-// GroupCommitConfig configures group commit for a handler: the
+// GroupCommitConfig configures group commit for a handler, which is on by default: the
 // deliveries waiting for the handler share one transaction, their ids are recorded with one
 // statement, and each message is acknowledged only after the one commit. Up to Concurrency
-// groups run at once; the deliveries that arrive meanwhile, up to the broker's prefetch per
-// subscription, form the next ones. A message that fails is rolled back alone: its group runs
-// again without it. It pays off when the commit dominates the processing time of a message; it
-// loses when the processor waits on something else (a remote call, a slow query), since a
-// group's messages run one after the other on one connection.
+// groups run at once; the deliveries that arrive meanwhile form the next ones. A message that
+// fails is rolled back alone: its group runs again without it, so the processor runs again for
+// the group's other messages (docs/concepts.md#group-commit says how often). Their database
+// writes commit once; an effect outside the database (an HTTP call, a file) is repeated, as it
+// is when the retry stage runs a failed message again. Set Disabled to give every message a
+// transaction of its own: for a processor with such an effect that must not be repeated for
+// another message's failure, or whose messages fail often. Group commit is off, whatever
+// Disabled says, in a chain without the built-in transaction stage and with DedupCheckFirst.
 type GroupCommitConfig struct {
-	// Enabled makes the chain's transaction stage run one transaction per group, which also
-	// records the ids (or with DedupByOffset the positions) of its messages. Defaults to false;
-	// a BatchProcessor implies it. Not supported with DedupCheckFirst.
-	Enabled bool
+	// Disabled gives every message a transaction of its own, committed alone. Defaults to
+	// false: the chain's transaction stage runs one transaction per group, which also records
+	// the ids (or with DedupByOffset the positions) of its messages. Not with a
+	// BatchProcessor, which runs groups.
+	Disabled bool
 
 	// MaxSize is the most messages in one group. Defaults to 64. 1 gives every message a
 	// transaction of its own.
@@ -176,10 +182,10 @@ type GroupCommitConfig struct {
 
 	// MaxWait is how long a group that is not full waits for more messages after its first,
 	// when one of the handler's Concurrency transactions is free. Defaults to 0: it starts at
-	// once; the messages that arrive while every transaction is busy form the next group. With the default, the first deliveries of
-	// each subscription form groups of their own, one running at a time, the next collecting
-	// what arrives meanwhile; with MaxWait set, a group collects the deliveries of every
-	// subscription, for up to MaxWait.
+	// once; the messages that arrive while every transaction is busy form the next group. With
+	// the default, the first deliveries of each subscription form groups of their own, one
+	// running at a time, the next collecting what arrives meanwhile; with MaxWait set, a group
+	// collects the deliveries of every subscription, for up to MaxWait.
 	MaxWait time.Duration
 }
 
@@ -319,12 +325,18 @@ func (h Handler) checkChain() error {
 		return fmt.Errorf("Handler.Redelivery.Delays: set, but BestEffort acknowledges each message on receipt, so none is redelivered (handler %q)", h.Name)
 	case h.BatchProcessor != nil && (q == BestEffort || q == ExactlyOnceInOrder):
 		return fmt.Errorf("Handler.BatchProcessor: not supported with %s (handler %q; use ExactlyOnce or AtLeastOnce)", q, h.Name)
+	case h.GroupCommit.Disabled && h.BatchProcessor != nil:
+		return fmt.Errorf("Handler.GroupCommit.Disabled: set with a BatchProcessor, which runs groups (handler %q; set Processor instead, or leave Disabled false)", h.Name)
 	case (h.GroupCommit.MaxSize != 0 || h.GroupCommit.MaxWait != 0) && !p.group:
 		field := "MaxSize"
 		if h.GroupCommit.MaxSize == 0 {
 			field = "MaxWait"
 		}
-		return fmt.Errorf("Handler.GroupCommit.%s: set, but group commit is off (handler %q; set GroupCommit.Enabled or a BatchProcessor, or leave it zero)", field, h.Name)
+		why := "GroupCommit.Disabled is set"
+		if !h.GroupCommit.Disabled {
+			why = "the handler's Dedup.Mode, " + p.dedup.String() + ", gives each message a transaction of its own"
+		}
+		return fmt.Errorf("Handler.GroupCommit.%s: set, but group commit is off: %s (handler %q; leave %s zero)", field, why, h.Name, field)
 	case p.group && p.dedup == middleware.DedupCheckFirst:
 		return fmt.Errorf("Handler.Dedup.Mode: DedupCheckFirst is not supported with group commit (handler %q; a group records its ids with one multi-row insert, without internal ids)", h.Name)
 	case p.hasDedup && !p.dedup.RecordsIDs() && q != ExactlyOnce:
@@ -393,7 +405,7 @@ func timeoutSettings(h Handler) []string {
 func transactionSettings(h Handler) []string {
 	return setFields(
 		field{"Handler.Transaction.Isolation", h.Transaction.Isolation != 0},
-		field{"Handler.GroupCommit.Enabled", h.GroupCommit.Enabled},
+		field{"Handler.GroupCommit.Disabled", h.GroupCommit.Disabled},
 	)
 }
 

@@ -139,8 +139,8 @@ func BenchmarkKafkaExactlyOnce(b *testing.B) {
 		records int
 		set     func(h *onceflow.Handler)
 	}{
-		{"per-message", 2000, func(*onceflow.Handler) {}},
-		{"group-commit", 10000, func(h *onceflow.Handler) { h.GroupCommit.Enabled = true }},
+		{"per-message", 2000, func(h *onceflow.Handler) { h.GroupCommit.Disabled = true }},
+		{"group-commit", 10000, func(*onceflow.Handler) {}},
 		{"batch", 10000, func(h *onceflow.Handler) { h.BatchProcessor = batch }},
 	} {
 		b.Run(shape.name, func(b *testing.B) {

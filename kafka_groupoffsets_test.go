@@ -25,10 +25,11 @@ var groupedByOffset = []struct {
 	set  func(h *onceflow.Handler, apply func(ctx context.Context, msg *messagedata.MessageData) error)
 }{
 	{"group-commit", func(h *onceflow.Handler, apply func(context.Context, *messagedata.MessageData) error) {
-		h.GroupCommit.Enabled = true
+		h.GroupCommit.Disabled = false
 		h.Processor = processor.Func(apply)
 	}},
 	{"batch", func(h *onceflow.Handler, apply func(context.Context, *messagedata.MessageData) error) {
+		h.GroupCommit.Disabled = false
 		h.Processor = nil
 		h.BatchProcessor = processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
 			for _, msg := range msgs {

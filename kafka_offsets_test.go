@@ -155,7 +155,8 @@ func (k *kafkaByOffset) start(group string, concurrency int, proc processor.Func
 	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: k.f.broker, PurgeInterval: -1, CloseTimeout: 10 * time.Second})
 	require.NoError(t, err)
 	h := onceflow.Handler{Name: "effects", Topic: k.topic, DB: k.f.db, Subscriber: &probedSubscriber{Subscriber: s, probe: k.probe},
-		QoS: onceflow.ExactlyOnce, Concurrency: concurrency, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}, Processor: proc}
+		QoS: onceflow.ExactlyOnce, Concurrency: concurrency, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}, Processor: proc,
+		GroupCommit: onceflow.GroupCommitConfig{Disabled: true}} // a partition's records one at a time; opts may turn group commit on
 	for _, o := range opts {
 		o(&h)
 	}

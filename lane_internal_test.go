@@ -37,24 +37,26 @@ func TestLane_ChainsThatHandTheirMessagesToGroupCommitHaveOne(t *testing.T) {
 		h    Handler
 		lane bool
 	}{
-		{"exactly-once with group commit", Handler{QoS: ExactlyOnce, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
+		{"exactly-once with group commit", Handler{QoS: ExactlyOnce, GroupCommit: GroupCommitConfig{}, Processor: noop}, true},
 		{"exactly-once with a batch processor and a timeout", Handler{QoS: ExactlyOnce, BatchProcessor: batch, Timeout: time.Second}, true},
-		{"at-least-once with group commit", Handler{QoS: AtLeastOnce, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
-		{"in order with group commit", Handler{QoS: ExactlyOnceInOrder, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
-		{"by offset with group commit", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
-		{"by offset, a transaction per message", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}, Processor: noop}, false},
+		{"at-least-once with group commit", Handler{QoS: AtLeastOnce, GroupCommit: GroupCommitConfig{}, Processor: noop}, true},
+		{"in order with group commit", Handler{QoS: ExactlyOnceInOrder, GroupCommit: GroupCommitConfig{}, Processor: noop}, true},
+		{"by offset with group commit", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset}, GroupCommit: GroupCommitConfig{}, Processor: noop}, true},
+		{"by offset, a transaction per message", Handler{QoS: ExactlyOnce, Dedup: middleware.Dedup{Mode: middleware.DedupByOffset},
+			GroupCommit: GroupCommitConfig{Disabled: true}, Processor: noop}, false},
 		{"a chain without some built-ins", Handler{Chain: ExactlyOnce.Chain().Remove(StageTracing).Remove(StageDeadLetter, RedeliveredForever).Remove(StageRecover),
-			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
-		{"a transaction per message", Handler{QoS: ExactlyOnce, Processor: noop}, false},
-		{"best effort", Handler{QoS: BestEffort, GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, false},
+			GroupCommit: GroupCommitConfig{}, Processor: noop}, true},
+		{"a transaction per message", Handler{QoS: ExactlyOnce, GroupCommit: GroupCommitConfig{Disabled: true}, Processor: noop}, false},
+		{"exactly-once by default", Handler{QoS: ExactlyOnce, Processor: noop}, true},
+		{"best effort", Handler{QoS: BestEffort, GroupCommit: GroupCommitConfig{}, Processor: noop}, false},
 		{"a middleware of its own before group commit", Handler{Chain: ExactlyOnce.Chain().Before(StageTransaction, Use("watch", watch)),
-			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, false},
+			GroupCommit: GroupCommitConfig{}, Processor: noop}, false},
 		{"a middleware of its own inside group commit", Handler{Chain: ExactlyOnce.Chain().After(StageTransaction, Use("watch", watch)),
-			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
+			GroupCommit: GroupCommitConfig{}, Processor: noop}, true},
 		{"an observer of its own before group commit", Handler{Chain: ExactlyOnce.Chain().Before(StageTracing, UseObserver("audit", audit{})),
-			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, true},
+			GroupCommit: GroupCommitConfig{}, Processor: noop}, true},
 		{"an observer of its own after a stage that acts", Handler{Chain: ExactlyOnce.Chain().After(StageRetry, UseObserver("audit", audit{})),
-			GroupCommit: GroupCommitConfig{Enabled: true}, Processor: noop}, false},
+			GroupCommit: GroupCommitConfig{}, Processor: noop}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,7 +28,7 @@ func TestLane_EachOutcomeIsTheChainsWithTheFirstAttemptCountedOnce(t *testing.T)
 	calls := map[string]int{}
 	o.start(t, onceflow.Handler{
 		QoS:         onceflow.ExactlyOnce,
-		GroupCommit: onceflow.GroupCommitConfig{Enabled: true},
+		GroupCommit: onceflow.GroupCommitConfig{},
 		Retry:       middleware.Retry{MaxAttempts: 3},
 		DeadLetter:  middleware.DeadLetter{MaxDeliveries: 2},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
@@ -112,7 +112,7 @@ func TestUseObserver_SeesEachDeliveryOnceUnderGroupCommit(t *testing.T) {
 	obs := &counting{ended: map[processor.Outcome]int{}}
 	f.startRouter(t, onceflow.Handler{
 		Chain:       onceflow.ExactlyOnce.Chain().Before(onceflow.StageTracing, onceflow.UseObserver("count", obs)),
-		GroupCommit: onceflow.GroupCommitConfig{Enabled: true},
+		GroupCommit: onceflow.GroupCommitConfig{},
 		Concurrency: 2,
 		Retry:       middleware.Retry{MaxAttempts: 2},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {

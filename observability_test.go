@@ -332,7 +332,8 @@ func TestTracing_ConsumerSpanContinuesTheProducersTraceWithDedupProcessCommitAnd
 		require.Equal(t, consumer.SpanContext().TraceID(), s.SpanContext().TraceID(), name)
 	}
 	require.Empty(t, attrs(children["onceflow.dedup"]))
-	require.Empty(t, attrs(children["onceflow.commit"]))
+	// Group commit is the default: the message committed in a group of its own.
+	require.Equal(t, map[attribute.Key]attribute.Value{"onceflow.group.size": attribute.IntValue(1)}, attrs(children["onceflow.commit"]))
 	require.Equal(t, map[attribute.Key]attribute.Value{"onceflow.attempt": attribute.IntValue(1)}, attrs(children["onceflow.process"]))
 	require.Equal(t, map[attribute.Key]attribute.Value{
 		"messaging.operation.type":   attribute.StringValue("settle"),
@@ -415,7 +416,7 @@ func TestMetrics_AViewDropsTheDedupGauges(t *testing.T) {
 
 func TestMetrics_GroupSizeCountsTheMessagesEachGroupCommitted(t *testing.T) {
 	o := newObserved(t)
-	o.start(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, GroupCommit: onceflow.GroupCommitConfig{Enabled: true}})
+	o.start(t, onceflow.Handler{QoS: onceflow.ExactlyOnce, GroupCommit: onceflow.GroupCommitConfig{}})
 
 	for i := range 5 {
 		o.produce(t, fmt.Sprintf("g-%d", i), "x")

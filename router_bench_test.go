@@ -87,7 +87,7 @@ func drain(b *testing.B, db *sqldb.DB, sub message.Subscriber, pub message.Publi
 			return nil
 		})
 	case "exactlyonce-gc", "exactlyonce":
-		h.GroupCommit.Enabled = variant == "exactlyonce-gc"
+		h.GroupCommit.Disabled = variant == "exactlyonce"
 		h.Processor = processor.Func(func(context.Context, *messagedata.MessageData) error {
 			count(1)
 			return nil

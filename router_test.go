@@ -78,11 +78,18 @@ var modes = []mode{{name: "per-message"}, {name: "group-commit", companions: 3}}
 
 func (m mode) group() bool { return m.companions > 0 }
 
-// handler returns h for the mode. With group commit, the transaction stage runs groups
-// (GroupCommit.Enabled); the handler runs one subscription per message of a scenario, and a
-// group starts when every message of the scenario has joined it, or after 100 ms.
+// handler returns h for the mode. Per message, group commit is off (GroupCommit.Disabled);
+// with group commit, the transaction stage runs groups, the handler runs one subscription per
+// message of a scenario, and a group starts when every message of the scenario has joined it,
+// or after 100 ms. A fixture without a mode leaves h as the test wrote it.
 func (m mode) handler(h onceflow.Handler) onceflow.Handler {
+	if m.name == "" {
+		return h
+	}
 	if !m.group() {
+		if h.BatchProcessor == nil {
+			h.GroupCommit.Disabled = true
+		}
 		return h
 	}
 	h.Concurrency = m.companions + 1
@@ -90,7 +97,6 @@ func (m mode) handler(h onceflow.Handler) onceflow.Handler {
 		h.GroupCommit.MaxSize = m.companions + 1
 		h.GroupCommit.MaxWait = 100 * time.Millisecond
 	}
-	h.GroupCommit.Enabled = true
 	return h
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -231,7 +232,9 @@ func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Han
 		chain = chain.Before(onceflow.StageTransaction, spec.Inner...)
 	}
 	h.Chain = chain
-	h.GroupCommit.Enabled = f.mode == GroupCommit
+	// Group commit is the default; per message, it is turned off where the chain has the
+	// transaction stage that reads the setting.
+	h.GroupCommit.Disabled = f.mode == PerMessage && slices.Contains(chain.Names(), onceflow.StageTransaction)
 	return h
 }
 

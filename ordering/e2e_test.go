@@ -114,7 +114,7 @@ func runConsumer(raw string) error {
 		DB:          db,
 		QoS:         onceflow.ExactlyOnceInOrder,
 		Concurrency: cfg.Concurrency,
-		GroupCommit: onceflow.GroupCommitConfig{Enabled: cfg.GroupCommit},
+		GroupCommit: onceflow.GroupCommitConfig{Disabled: !cfg.GroupCommit},
 		Retry:       middleware.Retry{MaxAttempts: 10, InitialInterval: 10 * time.Millisecond, MaxInterval: 500 * time.Millisecond},
 		Processor: processor.Func(func(ctx context.Context, md *messagedata.MessageData) error {
 			tx, _ := processor.TxFromContext(ctx)

@@ -758,7 +758,7 @@ func runRouter(ctx context.Context, sub message.Subscriber, dead message.Publish
 		Dedup:          middleware.Dedup{Table: dedupTable},
 	}
 	if v != vDefault {
-		h.GroupCommit = onceflow.GroupCommitConfig{Enabled: group && spec.batch == nil}
+		h.GroupCommit.Disabled = !group
 	}
 	if err := r.AddHandler(h); err != nil {
 		return nil, err

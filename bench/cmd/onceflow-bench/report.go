@@ -308,7 +308,7 @@ var columnTitles = map[string]string{
 func printReport(w io.Writer, cfg suiteConfig, res Results) {
 	fmt.Fprintf(w, "\nonceflow end-to-end benchmark, %s, %d cores (%s), load average %.2f -> %.2f\n",
 		res.Date, res.Machine.Cores, res.Machine.CPU, res.Machine.LoadBefore, res.Machine.LoadAfter)
-	fmt.Fprintf(w, "default: ExactlyOnce with nothing set but Concurrency (the broker's default prefetch, the library's group-commit default);\n"+
+	fmt.Fprintf(w, "default: ExactlyOnce with nothing set but Concurrency (the library's defaults: group commit, the prefetch that follows from the handler);\n"+
 		"ExactlyOnce, EO+GC (group commit), batch+GC (batch processor): prefetch %d per subscription (broker.Options.Prefetch), as the watermill baseline;\n"+
 		"expert: prefetch %d per worker, batches of up to %d or %s, two round trips per transaction on PostgreSQL and MariaDB\n",
 		cfg.prefetch, expertPrefetch, expertBatch, expertWait)

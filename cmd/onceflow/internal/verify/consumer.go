@@ -93,7 +93,9 @@ func (c ConsumerConfig) Handler(env onceflowtest.Env) onceflow.Handler {
 		DB:          env.DB,
 		QoS:         c.Mode,
 		Concurrency: max(c.Concurrency, 1),
-		GroupCommit: onceflow.GroupCommitConfig{Enabled: c.GroupCommit},
+		// Group commit is the library's default; without --group-commit or --batch, each
+		// message has a transaction of its own.
+		GroupCommit: onceflow.GroupCommitConfig{Disabled: !c.GroupCommit && !c.Batch},
 	}
 	if c.Mode != onceflow.BestEffort {
 		h.DeadLetter.MaxDeliveries = c.MaxDeliveries
