@@ -282,6 +282,10 @@ func (c *consumer) handle(msg *message.Message) {
 		switch {
 		case c.outage != nil && c.outage.paused():
 			err = errPaused // taken before the pause: it goes back unprocessed
+		case c.outage != nil && msg.Context().Err() != nil:
+			// It ended while it waited for its turn (its ack deadline passed in the
+			// subscriber's window, during a pause say): the broker has it again already.
+			err = errEnded
 		case c.ackOnReceipt:
 			err = c.process(ctx, md, st)
 		default:
@@ -305,7 +309,7 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 		c.router.instruments.DeadLetterFails.Add(ctx, 1, c.attrs)
 	}
 	if c.outage != nil {
-		if outcome == processor.Failed && sqldb.IsOutage(err) {
+		if outcome == processor.Failed && (sqldb.IsOutage(err) || err == errEnded) {
 			c.giveBack(ctx, msg, md, st, err)
 			return
 		}
@@ -314,6 +318,8 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 		}
 		if msg.Context().Err() == nil {
 			c.outage.ok()
+		} else {
+			c.outage.abandon() // the delivery ended first: it tells nothing
 		}
 	}
 	if !c.ackOnReceipt {
@@ -330,6 +336,10 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 // it goes back to the broker unprocessed.
 var errPaused error = outageError("the handler is paused by an outage")
 
+// errEnded is the failure of a delivery that ended before its processing began: it goes back
+// unprocessed and uncounted, without pausing the handler.
+var errEnded = errors.New("the delivery ended before its processing began")
+
 // outageError is an error that sqldb.IsOutage reports.
 type outageError string
 
@@ -339,8 +349,8 @@ func (e outageError) Error() string { return string(e) }
 func (outageError) Outage() bool { return true }
 
 // giveBack hands msg back to the broker, to be delivered again at once, unprocessed by the
-// failure err, an outage: the handler pauses (outage.fail) and the delivery does not count
-// against the message's delivery limit. It is logged at debug level only: the pause has its
+// failure err, an outage (the handler pauses: outage.fail) or errEnded; the delivery does not
+// count against the message's delivery limit. It is logged at debug level only: the pause has its
 // own line.
 func (c *consumer) giveBack(ctx context.Context, msg *message.Message, md *messagedata.MessageData, st *delivery.State, err error) {
 	// Only a delivery that a count has in it is taken out of the count: the broker's, or the
@@ -349,7 +359,12 @@ func (c *consumer) giveBack(ctx context.Context, msg *message.Message, md *messa
 	if info, _ := redelivery.FromContext(msg.Context()); info.Count > 0 || md.Delivery > 0 {
 		id = counterID(md)
 	}
-	c.outage.fail(id, err)
+	if err == errEnded {
+		c.outage.note(id)
+		c.outage.abandon() // if it was the trial, it tells nothing
+	} else {
+		c.outage.fail(id, err)
+	}
 	if !redelivery.NackAfter(msg, 0) {
 		msg.Nack()
 	}

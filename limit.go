@@ -63,7 +63,9 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 	switch {
 	case c.counter == nil || c.shared:
 		return heldNone, nil
-	case md.Delivery <= 1 || md.ID == "":
+	case md.Delivery-st.Uncounted <= 1 || md.ID == "":
+		// A first delivery, or one whose earlier deliveries were all given back during
+		// outages: none of them can have killed its consumer.
 		c.isolation.RLock()
 		return heldShared, nil
 	}

@@ -100,6 +100,11 @@ func (o *outage) wait(closing <-chan struct{}) {
 // reports false when ended is closed first (the delivery ended waiting), true when closing is.
 func (o *outage) admit(ended <-chan struct{}, closing <-chan struct{}) bool {
 	for o.state.Load() != outageNone {
+		select {
+		case <-ended:
+			return false
+		default:
+		}
 		o.mu.Lock()
 		switch o.state.Load() {
 		case outageNone:
@@ -169,6 +174,25 @@ func (o *outage) forget(id string) {
 	}
 }
 
+// note records a delivery of the message with id (empty for none) given back uncounted.
+func (o *outage) note(id string) {
+	if id == "" {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.noteLocked(id)
+}
+
+func (o *outage) noteLocked(id string) {
+	if _, ok := o.given[id]; ok || len(o.given) < outageMaxUncounted {
+		if !ok {
+			o.uncounted.Add(1)
+		}
+		o.given[id]++
+	}
+}
+
 // fail records a delivery of the message with id (empty for none) given back because of err,
 // an outage, and pauses the handler unless it is paused already. A trial that fails pauses it
 // again, without a new log line.
@@ -176,12 +200,7 @@ func (o *outage) fail(id string, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if id != "" {
-		if _, ok := o.given[id]; ok || len(o.given) < outageMaxUncounted {
-			if !ok {
-				o.uncounted.Add(1)
-			}
-			o.given[id]++
-		}
+		o.noteLocked(id)
 	}
 	switch o.state.Load() {
 	case outagePaused:
@@ -239,6 +258,7 @@ func (o *outage) probeLoop() {
 			err := o.probe(ctx)
 			cancel()
 			if err != nil {
+				o.c.logger.Debug("outage probe failed; the handler stays paused", "error", err, "next_probe_in", wait)
 				continue
 			}
 		}
@@ -252,21 +272,42 @@ func (o *outage) probeLoop() {
 		trial := o.trials
 		o.probing = false
 		o.mu.Unlock()
-		// No delivery to try (the queue is empty): nothing tells the handler it is still
-		// paused.
-		t = time.NewTimer(outageMaxBackoff)
+		o.watchTrial(trial)
+		return
+	}
+}
+
+// outageTrialPatience is how long a trial delivery may take before another may go.
+const outageTrialPatience = 30 * time.Second
+
+// watchTrial watches the trial it began: when no delivery comes to try (the queue is empty),
+// nothing tells the handler it is still paused, and it runs again; when the delivery taken
+// for it takes longer than outageTrialPatience, another may go.
+func (o *outage) watchTrial(trial int) {
+	closing := o.c.router.closing
+	began := time.Now()
+	for {
+		t := time.NewTimer(outageMaxBackoff)
 		select {
 		case <-closing:
+			t.Stop()
+			return
 		case <-t.C:
-			o.mu.Lock()
-			untried := o.state.Load() == outageTrial && !o.trialTaken && o.trials == trial
-			o.mu.Unlock()
-			if untried {
-				o.ok()
-			}
 		}
-		t.Stop()
-		return
+		o.mu.Lock()
+		mine := o.state.Load() == outageTrial && o.trials == trial
+		taken := o.trialTaken
+		o.mu.Unlock()
+		switch {
+		case !mine:
+			return
+		case !taken:
+			o.ok()
+			return
+		case time.Since(began) > outageTrialPatience:
+			o.abandon()
+			began = time.Now()
+		}
 	}
 }
 

@@ -95,7 +95,7 @@ func TestOutage_GivesDeliveriesBackUncountedAndResumesByItself(t *testing.T) {
 		testsvc.Eventually(t, 5*time.Second, func() bool { return r.Status()[0].State.Kind == onceflow.StateRunning }, "handler not running again")
 		st = r.Status()[0]
 		require.Equal(t, int64(1), st.Counts.Processed)
-		require.Equal(t, int64(1), st.Counts.Failed, "the poison message's first counted delivery")
+		require.Equal(t, int64(1), st.Counts.Failed, "the poison message's first counted delivery: %+v, good nacks %d, poison nacks %d, logs %v", st.Counts, f.broker.Nacks("good"), f.broker.Nacks("poison"), logs.count())
 		require.Equal(t, int64(1), st.Counts.DeadLettered)
 		require.Equal(t, st.Counts.GivenBack, int64(f.broker.Nacks("good")+f.broker.Nacks("poison")-1))
 		// One line for the pause, one for the resumption, and the poison message's own two.

@@ -142,12 +142,12 @@ func (d DeadLetter) Middleware(pub message.Publisher, topic, handler string) (Mi
 			st := delivery.From(ctx)
 			if st != nil {
 				st.Classify, rec = classify, st.Records
-				if st.Attempts > 0 {
-					n = st.Attempts
-				} else if st.AttemptUnrecorded {
+				switch {
+				case st.Attempts > 0:
+					n = st.Attempts // the deliveries that began: none given back unprocessed
+				case st.AttemptUnrecorded:
 					n = 0 // how many deliveries began is unknown: no limit
-				}
-				if n > 0 && st.Uncounted > 0 {
+				case n > 0 && st.Uncounted > 0:
 					n = max(n-st.Uncounted, 1) // given back during outages: not counted
 				}
 			}

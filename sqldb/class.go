@@ -135,9 +135,21 @@ func IsOutage(err error) bool {
 // Probe asks db a cheap question (SELECT 1) and returns the error it gets, which is nil once
 // the database answers again: the way back from an outage (IsOutage). A database that answers
 // but refuses writes (ReadOnly) passes the probe; the next write tells.
+//
+// After an outage the pool's idle connections are dead, and a driver may find that out only
+// by using one: Probe asks again, at once, while it fails on a connection, up to once per idle
+// connection and once more, so that it uses up the dead ones and the transactions after it get
+// live connections.
 func Probe(ctx context.Context, db *DB) error {
-	var one int
-	return db.QueryRowContext(ctx, "SELECT 1").Scan(&one)
+	tries := db.Stats().Idle + 1
+	var err error
+	for range tries {
+		var one int
+		if err = db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err == nil || !IsOutage(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // UniqueConstraint returns the constraint that a unique violation err broke, as the database
