@@ -5,7 +5,7 @@ GO      ?= go
 PKGS    ?= ./... ./examples/... ./bench/... ./console/browsertest/...
 BIN     ?= bin
 
-.PHONY: all help build test console-screenshots test-order-full test-poison-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory bench-scaleout demo verify services up down clean FORCE
+.PHONY: all help build test console-screenshots test-order-full test-poison-full test-outage-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory bench-scaleout demo verify services up down clean FORCE
 
 # BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench,
 # SCALEOUT_FLAGS to its scale-out command.
@@ -45,6 +45,12 @@ test-order-full:
 ## runs, about 5 minutes); `make test` runs it on every broker and mode with one database each
 test-poison-full:
 	ONCEFLOW_CONFORMANCE_POISON=all $(GO) test -count=1 -timeout 20m -v -run 'TestConformance_Poison' ./conformance
+
+## test-outage-full: the conformance suite's Outage scenario (the database cut mid-drain for three
+## times a message's redelivery schedule) on every broker x server database x mode, in every dedup
+## mode that applies; `make test` runs it on every broker and mode with one database each
+test-outage-full:
+	ONCEFLOW_CONFORMANCE_OUTAGE=all $(GO) test -count=1 -timeout 20m -v -run 'TestConformance_Outage' ./conformance
 
 ## test-verify-kafka: onceflow verify against an in-process Kafka cluster and PostgreSQL, every
 ## mode, with kills and database connection cuts (about 6 minutes, slow by Kafka's session

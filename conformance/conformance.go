@@ -219,12 +219,13 @@ const (
 	ScenarioConnectionCut         = "ConnectionCut"
 	ScenarioForeignProducer       = "ForeignProducer"
 	ScenarioPoison                = "Poison"
+	ScenarioOutage                = "Outage"
 )
 
 // ScenarioNames lists every scenario, in the order Run runs them.
 var ScenarioNames = []string{
 	ScenarioRedeliveryAfterCommit, ScenarioNackBeforeCommit, ScenarioConcurrentDuplicates, ScenarioOutbox,
-	ScenarioConnectionCut, ScenarioForeignProducer, ScenarioPoison,
+	ScenarioConnectionCut, ScenarioForeignProducer, ScenarioPoison, ScenarioOutage,
 }
 
 type scenario struct {
@@ -252,6 +253,7 @@ var scenarios = []scenario{
 		return ""
 	}},
 	{name: ScenarioPoison, run: testPoison},
+	{name: ScenarioOutage, run: testOutage},
 }
 
 // Run runs every scenario that applies to features against the broker and database of s, in
@@ -281,6 +283,12 @@ var scenarios = []scenario{
 //     poison, measured side by side (reported, not bounded, for the crash loop). Its consumers
 //     are child processes killed with SIGKILL when the test binary's TestMain calls
 //     ConsumerMain (routers in this process, closed abruptly, otherwise).
+//   - Outage: the handler's database is cut, through a loopback TCP proxy, in the middle of a
+//     drain of 60 good messages with 3 among them that fail at every delivery, for three times
+//     the whole redelivery schedule of a message: no good message is dead-lettered, lost or
+//     applied twice, each failing one is dead-lettered once at the delivery limit, processing
+//     resumes within 5 s of the database's return, and the handler takes few deliveries and
+//     logs a handful of lines meanwhile (not on SQLite, a file without a connection).
 //
 // Each test has a database of its own (Setup.DatabaseURL), topics of its own, and asserts the
 // exact number of effects per message in a table without a unique key, and the deliveries,

@@ -177,6 +177,10 @@ type handlerSpec struct {
 	// Redelivery are the handler's redelivery delays. Defaults to the suite's nack delay,
 	// whichever delivery failed.
 	Redelivery []time.Duration
+	// DB is the handler's database. Defaults to the fixture's.
+	DB *sqldb.DB
+	// Dedup is the handler's dedup mode. Defaults to middleware.DedupInsertFirst.
+	Dedup middleware.DedupMode
 }
 
 // handler returns the onceflow handler for spec in the fixture's mode: the canonical
@@ -197,6 +201,10 @@ func (f *fixture) handler(spec handlerSpec, sub message.Subscriber) onceflow.Han
 		Retry:       middleware.Retry{MaxAttempts: spec.MaxAttempts, InitialInterval: 5 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		// A failed message comes back after the suite's nack delay, whichever delivery it is.
 		Redelivery: onceflow.RedeliveryConfig{Delays: []time.Duration{f.timings.NackDelay}},
+		Dedup:      middleware.Dedup{Mode: spec.Dedup},
+	}
+	if spec.DB != nil {
+		h.DB = spec.DB
 	}
 	if len(spec.Redelivery) > 0 {
 		h.Redelivery.Delays = spec.Redelivery
@@ -253,10 +261,16 @@ type node struct {
 // migrations). The router's dead letters go to the fixture's dead-letter topic on b.
 func (f *fixture) startNode(b *broker.Broker, register func(*onceflow.Router), specs ...handlerSpec) *node {
 	f.t.Helper()
+	return f.startNodeLogged(b, f.logger, register, specs...)
+}
+
+// startNodeLogged is startNode with the router's logger.
+func (f *fixture) startNodeLogged(b *broker.Broker, logger *slog.Logger, register func(*onceflow.Router), specs ...handlerSpec) *node {
+	f.t.Helper()
 	r, err := onceflow.NewRouter(onceflow.Config{
 		DeadLetterPublisher: b.Publisher(),
 		DeadLetterTopic:     f.dlq,
-		Logger:              f.logger,
+		Logger:              logger,
 		PurgeInterval:       -1,
 		CloseTimeout:        5 * time.Second,
 	})

@@ -64,10 +64,13 @@ var databases = []struct {
 	{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "app.db") }},
 }
 
-// TestConformance runs the conformance suite, but the Poison scenario, for every broker crossed
-// with every database, in every commit mode: TestConformance/<broker>/<database>/<mode>/<scenario>.
+// TestConformance runs the conformance suite, but the Poison and Outage scenarios, for every
+// broker crossed with every database, in every commit mode:
+// TestConformance/<broker>/<database>/<mode>/<scenario>.
 func TestConformance(t *testing.T) {
-	others := slices.DeleteFunc(slices.Clone(conformance.ScenarioNames), func(s string) bool { return s == conformance.ScenarioPoison })
+	others := slices.DeleteFunc(slices.Clone(conformance.ScenarioNames), func(s string) bool {
+		return s == conformance.ScenarioPoison || s == conformance.ScenarioOutage
+	})
 	for _, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
@@ -100,20 +103,43 @@ func TestConformance_Poison(t *testing.T) {
 	if !all {
 		t.Logf("the Poison scenario runs on one database per broker; %s=all runs it on every pair", poisonAll)
 	}
+	runPerBroker(t, conformance.ScenarioPoison, all, len(databases), poisonPGWeight)
+}
+
+// outageAll names the environment variable that runs the Outage scenario on the whole matrix,
+// in every dedup mode (ONCEFLOW_CONFORMANCE_OUTAGE=all, make test-outage-full); by default it
+// runs on every broker with one server database each, the two in turn, in every commit mode.
+const outageAll = "ONCEFLOW_CONFORMANCE_OUTAGE"
+
+// TestConformance_Outage runs the Outage scenario: every broker, in every mode, with the server
+// database whose turn it is (every database with ONCEFLOW_CONFORMANCE_OUTAGE=all; SQLite, a
+// file, has no connection to cut): TestConformance_Outage/<broker>/<database>/<mode>/Outage.
+func TestConformance_Outage(t *testing.T) {
+	all := os.Getenv(outageAll) == "all"
+	if !all {
+		t.Logf("the Outage scenario runs on one database per broker; %s=all runs it on every pair and dedup mode", outageAll)
+	}
+	runPerBroker(t, conformance.ScenarioOutage, all, 2 /* postgres, mysql */, pgWeight)
+}
+
+// runPerBroker runs scenario on every broker, in every mode, with the first n databases in
+// turn, one per broker (all of them when all is set): <broker>/<database>/<mode>/<scenario>.
+// weight is what a test holds of PostgreSQL's connections.
+func runPerBroker(t *testing.T, scenario string, all bool, n int, weight func(broker, db string) int64) {
 	for i, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			for j, d := range databases {
-				if !all && j != i%len(databases) {
+				if !all && j != i%n {
 					continue
 				}
 				t.Run(d.name, func(t *testing.T) {
 					t.Parallel()
-					weight := poisonPGWeight(b.name, d.name)
+					w := weight(b.name, d.name)
 					conformance.Run(t, conformance.Setup{
-						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, weight); return b.url(t) },
-						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, weight); return d.url(t) },
-						Scenarios:   []string{conformance.ScenarioPoison},
+						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, w); return b.url(t) },
+						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, w); return d.url(t) },
+						Scenarios:   []string{scenario},
 					}, conformance.DefaultFeatures(b.scheme+"://"))
 				})
 			}
