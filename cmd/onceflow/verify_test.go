@@ -168,7 +168,7 @@ func checkEachMode(t *testing.T, r verifyJSON, messages int, wantCuts bool, kind
 	for i, m := range r.Modes {
 		byMode[m.Mode] = i
 		require.Equal(t, messages, m.Messages)
-		require.Regexp(t, `^onceflow_verify_`+strings.ToLower(m.Mode)+`(_gc)?_[0-9a-f]+$`, m.Topic, "a topic of the run's own")
+		require.Regexp(t, `^verify_`+strings.ToLower(m.Mode)+`(_gc)?_[0-9a-f]{6}$`, m.Topic, "a topic of the run's own")
 		if m.Mode != "BestEffort" { // it loses messages, so progress may not reach the last kill marks
 			require.GreaterOrEqual(t, m.Kills, 5, "%s: every scheduled kill happened", m.Mode)
 		} else {

@@ -307,8 +307,9 @@ func (c *Config) setDefaults() {
 type Result struct {
 	Mode string `json:"mode"`
 	// Topic is the topic the mode published to and consumed, of this run alone
-	// (onceflow_verify_<mode>_<run id>), so that runs on one broker, at once or after one that
-	// left messages behind, take none of each other's; its dead letters go to Topic + "_dlq".
+	// (verify_<mode>_<6 hex digits of the run id>), so that runs on one broker, at once or
+	// after one that left messages behind, take none of each other's. Its dead letters go to
+	// Topic + "_dlq", which stays within the SQL queues' 45 bytes.
 	Topic       string                          `json:"topic"`
 	Messages    int                             `json:"messages"`
 	Duplicates  int                             `json:"duplicate_publishes"`
@@ -406,7 +407,7 @@ func runMode(ctx context.Context, cfg Config, mode Mode, seed uint64) (Result, o
 		name += "_gc"
 	}
 	consumer := ConsumerConfig{
-		Topic: "onceflow_verify_" + name + "_" + runID, Name: "verify_" + name + "_" + runID, RunID: runID,
+		Topic: "verify_" + name + "_" + runID[:6], Name: "verify_" + name + "_" + runID, RunID: runID,
 		Mode: mode.QoS, GroupCommit: groupCommit, Batch: mode.Batch, Dedup: mode.Dedup,
 		Concurrency: cfg.Concurrency, MaxDeliveries: cfg.MaxDeliveries,
 	}
