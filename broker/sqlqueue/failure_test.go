@@ -3,7 +3,9 @@ package sqlqueue_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,4 +237,75 @@ func TestClaim_ConcurrentPublishersAndConsumersNeitherSkipNorRepeat(t *testing.T
 		case <-time.After(300 * time.Millisecond):
 		}
 	})
+}
+
+func TestSubscriber_AnOutageIsLoggedOnceAndItsEndOnce(t *testing.T) {
+	t.Parallel()
+	forEachDatabase(t, func(t *testing.T, e *env) {
+		const retry = 100 * time.Millisecond
+		px := e.proxy()
+		logs := &levels{}
+		q := e.queueOn(openDB(t, px.url), sqlqueue.Config{RetryInterval: retry, Logger: slog.New(logs)})
+		direct := e.queue(sqlqueue.Config{})
+		tp := topic()
+		_, ch := e.subscribe(q, tp)
+		e.publish(direct, tp, "before", 1)
+		ack(receive(t, ch))
+
+		px.cut()
+		time.Sleep(15 * retry) // the outage: a claim fails every RetryInterval
+		px.restore(t)
+		id := e.publish(direct, tp, "after", 1)[0]
+		m := receive(t, ch)
+		require.Equal(t, id, m.UUID)
+		ack(m)
+		testsvc.Eventually(t, 5*time.Second, func() bool { return logs.count("claiming messages again") == 1 }, "the end of the outage is logged")
+		require.Equal(t, 1, logs.count("claiming messages failed; trying again until it succeeds"), "the outage is logged once: %v", logs.all())
+		require.LessOrEqual(t, logs.count("writing acknowledgements failed; trying again until it succeeds"), 1, "%v", logs.all())
+		require.LessOrEqual(t, logs.atError(), 2, "an error line for the claims, and one for the acknowledgements: %v", logs.all())
+	})
+}
+
+// levels records the messages of the log records at info level and above.
+type levels struct {
+	mu   sync.Mutex
+	msgs []string
+	errs int
+}
+
+func (l *levels) Enabled(_ context.Context, level slog.Level) bool { return level >= slog.LevelInfo }
+func (l *levels) WithAttrs([]slog.Attr) slog.Handler               { return l }
+func (l *levels) WithGroup(string) slog.Handler                    { return l }
+func (l *levels) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	if r.Level >= slog.LevelError {
+		l.errs++
+	}
+	return nil
+}
+
+func (l *levels) count(msg string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if m == msg {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *levels) atError() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.errs
+}
+
+func (l *levels) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
 }

@@ -178,6 +178,7 @@ func (st *settler) run(ctx context.Context) {
 	cfg := st.q.cfg
 	linger := time.NewTimer(0)
 	<-linger.C
+	failures := 0 // writes failed in a row: logged once, at the first
 	for {
 		select {
 		case <-st.kick:
@@ -193,12 +194,21 @@ func (st *settler) run(ctx context.Context) {
 				linger.Stop()
 			}
 		}
-		if err := st.write(ctx); err != nil {
+		err := st.write(ctx)
+		if err == nil && failures > 0 {
+			st.log.Info("writing acknowledgements again", watermill.LogFields{"failures": failures})
+			failures = 0
+		}
+		if err != nil {
 			wait := cfg.RetryInterval
 			if sqldb.Classify(err) == sqldb.Conflict {
 				wait = cfg.PollInterval
 			}
-			st.log.Error("writing acknowledgements failed; trying again", err, watermill.LogFields{"wait_time": wait})
+			if failures++; failures == 1 {
+				st.log.Error("writing acknowledgements failed; trying again until it succeeds", err, watermill.LogFields{"wait_time": wait})
+			} else {
+				st.log.Debug("writing acknowledgements failed again", watermill.LogFields{"err": err.Error(), "failures": failures})
+			}
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:

@@ -139,6 +139,8 @@ type subscription struct {
 	//
 	// busy: the last round claimed messages, so the next claims at once, without probing.
 	busy bool
+	// failures counts the claims that failed in a row.
+	failures int
 	// dueAt is when due leases were last looked for. A busy subscription looks for them once
 	// per PollInterval, so that a backlog of new messages costs one claim per batch.
 	dueAt time.Time
@@ -167,13 +169,20 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 			continue
 		case err != nil:
 			sub.busy = false
+			sub.failures++
 			woken = nil // after a failure, wait out the interval
 			wait = cfg.RetryInterval
-			sub.log.Error("claiming messages failed", err, watermill.LogFields{"wait_time": wait})
+			if sub.failures == 1 { // one line per failure, not per attempt
+				sub.log.Error("claiming messages failed; trying again until it succeeds", err, watermill.LogFields{"wait_time": wait})
+			} else {
+				sub.log.Debug("claiming messages failed again", watermill.LogFields{"err": err.Error(), "failures": sub.failures})
+			}
 		case got > 0:
+			sub.recovered()
 			sub.busy = true
 			return nil
 		default:
+			sub.recovered()
 			sub.busy = false
 		}
 		t := time.NewTimer(wait)
@@ -183,6 +192,14 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 		case <-ctx.Done():
 		}
 		t.Stop()
+	}
+}
+
+// recovered ends a run of failed claims, saying so once.
+func (sub *subscription) recovered() {
+	if sub.failures > 0 {
+		sub.log.Info("claiming messages again", watermill.LogFields{"failures": sub.failures})
+		sub.failures = 0
 	}
 }
 
