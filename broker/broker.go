@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -175,21 +176,11 @@ func (o Options) Validate() error {
 
 // withDefaults fills the fields that have the same default for every scheme.
 func (o Options) withDefaults() Options {
-	if o.ConsumerGroup == "" {
-		o.ConsumerGroup = DefaultConsumerGroup
-	}
-	if o.Logger == nil {
-		o.Logger = wmlog.Discard()
-	}
-	if o.NackDelay == 0 {
-		o.NackDelay = DefaultNackDelay
-	}
-	if o.AckTimeout == 0 {
-		o.AckTimeout = DefaultAckTimeout
-	}
-	if o.ConnectTimeout == 0 {
-		o.ConnectTimeout = DefaultConnectTimeout
-	}
+	o.ConsumerGroup = cmp.Or(o.ConsumerGroup, DefaultConsumerGroup)
+	o.Logger = cmp.Or(o.Logger, wmlog.Discard())
+	o.NackDelay = cmp.Or(o.NackDelay, DefaultNackDelay)
+	o.AckTimeout = cmp.Or(o.AckTimeout, DefaultAckTimeout)
+	o.ConnectTimeout = cmp.Or(o.ConnectTimeout, DefaultConnectTimeout)
 	return o
 }
 

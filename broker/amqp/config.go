@@ -1,6 +1,7 @@
 package amqp
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"time"
@@ -124,19 +125,11 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() Config {
 	st := rules.Apply(c.settings())
 	c.Prefetch, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.NackDelay, st.CloseTimeout, st.Logger
-	if c.AckDelay == 0 {
-		c.AckDelay = DefaultAckDelay
-	}
-	if c.OutOfOrderAckDelay == 0 {
-		c.OutOfOrderAckDelay = DefaultOutOfOrderAckDelay
-	}
+	c.AckDelay = cmp.Or(c.AckDelay, DefaultAckDelay)
+	c.OutOfOrderAckDelay = cmp.Or(c.OutOfOrderAckDelay, DefaultOutOfOrderAckDelay)
 	c.OutOfOrderAckDelay = max(c.OutOfOrderAckDelay, c.AckDelay)
-	if c.ReconnectInitial == 0 {
-		c.ReconnectInitial = DefaultReconnectInitial
-	}
-	if c.ReconnectMax == 0 {
-		c.ReconnectMax = DefaultReconnectMax
-	}
+	c.ReconnectInitial = cmp.Or(c.ReconnectInitial, DefaultReconnectInitial)
+	c.ReconnectMax = cmp.Or(c.ReconnectMax, DefaultReconnectMax)
 	c.ReconnectMax = max(c.ReconnectMax, c.ReconnectInitial)
 	c.log = wmlog.Adapter(c.Logger)
 	return c

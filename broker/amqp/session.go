@@ -9,6 +9,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 var consumerSeq atomic.Uint64
@@ -119,7 +121,7 @@ func (ss *session) fail(err error) {
 		return
 	}
 	ss.err = err
-	signal(ss.failed)
+	inflight.Signal(ss.failed)
 }
 
 // failure returns the error that fail recorded.
@@ -224,12 +226,4 @@ func (ss *session) sendAtEnd() error {
 		}
 	}
 	return ss.send(ss.acked.flush())
-}
-
-// signal wakes the goroutine that waits on c, if any; signals do not pile up.
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
 }

@@ -198,9 +198,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := s.subs.Check(); err != nil {
 		return nil, err
 	}
-	setup, stop := context.WithCancel(ctx)
+	setup, stop := s.subs.Setup(ctx)
 	defer stop()
-	defer context.AfterFunc(s.subs.Context(), stop)()
 
 	sub := &subscription{
 		s:        s,
@@ -283,14 +282,7 @@ func (s *Subscriber) closeConnection() error {
 // sleep waits for about d (±20%, so that the consumers of a restarted server do not all come
 // back at once), and reports false when stop is closed first.
 func sleep(d time.Duration, stop <-chan struct{}) bool {
-	t := time.NewTimer(time.Duration(float64(d) * (0.8 + 0.4*rand.Float64())))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-stop:
-		return false
-	}
+	return inflight.Pause(stop, time.Duration(float64(d)*(0.8+0.4*rand.Float64())))
 }
 
 // subscribeAttempts bounds the attempts of Subscribe to open its first session when they fail

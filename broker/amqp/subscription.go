@@ -165,7 +165,7 @@ func (sub *subscription) Settle(d *inflight.Delivery[tag], o inflight.Outcome) {
 	if ss.over || !o.Acked && !o.Nacked {
 		return
 	}
-	if sub.stopping() && !o.Held {
+	if sub.sub.Stopped() && !o.Held {
 		ss.atEnd = append(ss.atEnd, endSettlement{tag: t, ack: o.Acked})
 		return
 	}
@@ -188,7 +188,7 @@ func (sub *subscription) Settle(d *inflight.Delivery[tag], o inflight.Outcome) {
 		return
 	}
 	if ss.acked.deferIdle && ss.acked.idleDue() {
-		signal(ss.idle)
+		inflight.Signal(ss.idle)
 	}
 }
 
@@ -210,16 +210,6 @@ func (sub *subscription) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		sub.s.dropped.Store(true)
 		return fmt.Errorf("the subscription to queue %q did not end within %s: connection dropped", sub.queue, sub.s.cfg.CloseTimeout)
-	}
-}
-
-// stopping reports whether the subscription has begun to end.
-func (sub *subscription) stopping() bool {
-	select {
-	case <-sub.sub.Stopping():
-		return true
-	default:
-		return false
 	}
 }
 

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // This file commits a subscription's progress to the group: each partition's mark, with the
@@ -91,12 +92,10 @@ func (sub *subscription) commits() {
 		cancel()
 		if err != nil && sub.ctx.Err() == nil {
 			sub.logger.Error("Offset commit failed; retrying", err, nil)
-			select {
-			case <-time.After(retryPause):
-				signal(sub.commit)
-			case <-sub.ctx.Done():
+			if !inflight.Pause(sub.ctx.Done(), retryPause) {
 				return
 			}
+			inflight.Signal(sub.commit)
 		}
 	}
 }
@@ -178,7 +177,7 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 			p.pending = kept
 		}
 		if queued {
-			signal(sub.wake)
+			inflight.Signal(sub.wake)
 		}
 	}
 	if !drop {

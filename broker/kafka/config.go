@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"time"
@@ -128,9 +129,7 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() Config {
 	st := rules.Apply(c.settings())
 	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
-	if c.RevokeTimeout == 0 {
-		c.RevokeTimeout = DefaultRevokeTimeout
-	}
+	c.RevokeTimeout = cmp.Or(c.RevokeTimeout, DefaultRevokeTimeout)
 	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

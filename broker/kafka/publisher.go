@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -51,9 +52,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.PublishTimeout < 0 {
 		return nil, errors.New("kafka: PublisherConfig.PublishTimeout is negative")
 	}
-	if cfg.PublishTimeout == 0 {
-		cfg.PublishTimeout = DefaultPublishTimeout
-	}
+	cfg.PublishTimeout = cmp.Or(cfg.PublishTimeout, DefaultPublishTimeout)
 	opts := append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.ClientOptions...)
 	opts = append(opts,
 		// Every record of a Publish is on the brokers of all in-sync replicas when it

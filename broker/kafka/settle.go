@@ -32,9 +32,9 @@ func (sub *subscription) Settle(x *inflight.Delivery[*delivery], o inflight.Outc
 		p.popAcked()
 		p.acks++
 		sub.gate.acked(1)
-		signal(sub.commit)
+		inflight.Signal(sub.commit)
 		if sub.positions != nil && sub.releaseLocked(p) {
-			signal(sub.wake)
+			inflight.Signal(sub.wake)
 		}
 		return
 	}

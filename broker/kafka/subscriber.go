@@ -147,14 +147,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topics == nil {
 		topics = NewTopics(cl, -1, -1)
 	}
-	setup, stop := context.WithCancel(ctx)
+	setup, stop := s.subs.Setup(ctx)
 	defer stop()
-	defer context.AfterFunc(s.subs.Context(), stop)()
 	if err := topics.Ensure(setup, topic); err != nil {
-		if closed := s.subs.Check(); closed != nil {
-			return fail(closed)
-		}
-		return fail(fmt.Errorf("kafka: subscribe to %q: %w", topic, err))
+		return fail(s.subs.SetupError(fmt.Errorf("kafka: subscribe to %q: %w", topic, err)))
 	}
 	// The hand-out and the commits start first: a subscription whose context has ended
 	// already stops as soon as it starts, and its Close waits for them.

@@ -128,13 +128,6 @@ func (sub *subscription) start() {
 	}()
 }
 
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
-
 // Fetch polls up to n records and takes them into the books, keeping a place of the window
 // for each record to hand out.
 func (sub *subscription) Fetch(ctx context.Context, n int) error {
@@ -250,10 +243,10 @@ func (sub *subscription) take(ctx context.Context, recs []*kgo.Record) {
 		d.p.kept++
 	}
 	if queued {
-		signal(sub.wake)
+		inflight.Signal(sub.wake)
 	}
 	if waiting {
-		signal(sub.commit)
+		inflight.Signal(sub.commit)
 	}
 }
 
@@ -309,9 +302,9 @@ func (sub *subscription) releaseLocked(p *partition) bool {
 // signals whichever applies; sub.mu is held.
 func (sub *subscription) enqueueLocked(p *partition, e *entry) {
 	if _, queued := sub.queueLocked(p, e); queued {
-		signal(sub.wake)
+		inflight.Signal(sub.wake)
 	} else {
-		signal(sub.commit)
+		inflight.Signal(sub.commit)
 	}
 }
 
@@ -352,7 +345,7 @@ func (sub *subscription) handOut() {
 			sub.queue = slices.Insert(sub.queue, 0, d)
 			sub.wantLocked()
 			sub.mu.Unlock()
-			signal(sub.commit)
+			inflight.Signal(sub.commit)
 			select {
 			case <-sub.wake:
 			case <-sub.ctx.Done():

@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // consumerConfig is the configuration of the durable pull consumer of the subscriber's group on
@@ -76,14 +78,10 @@ func (s *Subscriber) ensureConsumer(ctx context.Context, stream, topic string) (
 				// creating: it lists a new stream, and answers a create of the same stream
 				// with success, before the stream's storage is ready. Subscribers of a new
 				// topic that start together meet that window.
-				t := time.NewTimer(time.Duration(attempt) * createRetryStep)
-				select {
-				case <-t.C:
+				if inflight.Pause(ctx.Done(), time.Duration(attempt)*createRetryStep) {
 					continue
-				case <-ctx.Done():
-					t.Stop()
-					return nil, fmt.Errorf("create JetStream consumer %q of stream %q: %w", name, stream, context.Cause(ctx))
 				}
+				err = context.Cause(ctx)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("create JetStream consumer %q of stream %q: %w", name, stream, err)

@@ -150,16 +150,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := s.subs.Check(); err != nil {
 		return nil, err
 	}
-	setup, stop := context.WithCancel(ctx)
+	setup, stop := s.subs.Setup(ctx)
 	defer stop()
-	defer context.AfterFunc(s.subs.Context(), stop)()
 	stream, err := s.streams.Ensure(setup, topic)
-	if err != nil {
-		return nil, s.setupError(topic, err)
+	var cons jetstream.Consumer
+	if err == nil {
+		cons, err = s.ensureConsumer(setup, stream, topic)
 	}
-	cons, err := s.ensureConsumer(setup, stream, topic)
 	if err != nil {
-		return nil, s.setupError(topic, err)
+		return nil, s.subs.SetupError(fmt.Errorf("nats: subscribe to %q: %w", topic, err))
 	}
 
 	info := cons.CachedInfo()
@@ -187,15 +186,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	go sub.watchLinks()
 	return out, nil
-}
-
-// setupError is the error of a Subscribe whose setup failed: ErrClosed when the Subscriber
-// closed meanwhile.
-func (s *Subscriber) setupError(topic string, err error) error {
-	if closed := s.subs.Check(); closed != nil {
-		return closed
-	}
-	return fmt.Errorf("nats: subscribe to %q: %w", topic, err)
 }
 
 // Close stops every subscription from pulling, gives back the deliveries that are not settled

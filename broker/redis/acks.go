@@ -3,6 +3,8 @@ package redis
 import (
 	"fmt"
 	"time"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // Acks are coalesced: the first ack of a batch waits ackLinger for others, then one XACK
@@ -28,12 +30,7 @@ func (s *subscription) flushAcks() {
 		full := len(s.acks) >= maxAckBatch
 		s.mu.Unlock()
 		if !full {
-			t := time.NewTimer(ackLinger)
-			select {
-			case <-t.C:
-			case <-s.flushStop:
-			}
-			t.Stop()
+			inflight.Pause(s.flushStop, ackLinger)
 		}
 		s.sendAcks()
 	}
@@ -81,11 +78,6 @@ func (s *subscription) xack(ids []string) bool {
 			s.cfg.log.Error(fmt.Sprintf("XACK of %d entries refused; they will be delivered again", len(ids)), err, s.fields)
 			return true
 		}
-		t := time.NewTimer(backoff(n))
-		select {
-		case <-t.C:
-		case <-s.opCtx.Done():
-		}
-		t.Stop()
+		inflight.Pause(s.opCtx.Done(), backoff(n))
 	}
 }

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -132,9 +133,7 @@ func (c Config) withDefaults() Config {
 	if c.ClaimInterval == 0 {
 		c.ClaimInterval = min(max(c.AckTimeout/10, 100*time.Millisecond), time.Second)
 	}
-	if c.BlockTime == 0 {
-		c.BlockTime = DefaultBlockTime
-	}
+	c.BlockTime = cmp.Or(c.BlockTime, DefaultBlockTime)
 	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // A nacked entry stays in the consumer's pending entries list. Redis has no visibility time
@@ -232,12 +234,7 @@ func (s *subscription) park(p *parked) {
 			s.forget(p)
 			return
 		}
-		t := time.NewTimer(backoff(n))
-		select {
-		case <-t.C:
-		case <-s.opCtx.Done():
-		}
-		t.Stop()
+		inflight.Pause(s.opCtx.Done(), backoff(n))
 	}
 }
 

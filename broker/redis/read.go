@@ -89,12 +89,8 @@ func (s *subscription) unblockReads(deadline time.Time) {
 				return
 			}
 		}
-		t := time.NewTimer(10 * time.Millisecond)
-		select {
-		case <-s.closed:
-			t.Stop()
+		if !inflight.Pause(s.closed, 10*time.Millisecond) {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -105,7 +101,7 @@ func (s *subscription) read(room int, block time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if s.isStopping() {
+	if s.sub.Stopped() {
 		return nil
 	}
 	sent := time.Now()

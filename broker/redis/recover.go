@@ -18,7 +18,7 @@ import (
 // must end.
 func (s *subscription) recoverFrom(err error, failures int) error {
 	switch {
-	case s.isStopping():
+	case s.sub.Stopped():
 		return nil
 	case errors.Is(err, redis.ErrClosed):
 		s.cfg.log.Error("Redis client closed under a subscription; ending it", err, s.fields)
@@ -70,7 +70,7 @@ func (s *subscription) reconnect(cause error) {
 	s.cfg.log.Error("Lost the connection to Redis; deliveries in flight are cancelled and given back once it is back", cause, s.fields)
 	s.endInflight(errConnLost)
 	for n := 1; ; n++ {
-		if s.isStopping() {
+		if s.sub.Stopped() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(s.opCtx, time.Second)

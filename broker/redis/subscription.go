@@ -115,24 +115,6 @@ func newSubscription(owner *Subscriber, topic, consumer string) *subscription {
 	return s
 }
 
-// stopping reports whether the subscription has begun to end.
-func (s *subscription) isStopping() bool {
-	select {
-	case <-s.sub.Stopping():
-		return true
-	default:
-		return false
-	}
-}
-
-// signal wakes the goroutine that waits on c, if any; signals do not pile up.
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
-}
-
 // whenStopping, once the subscription begins to end, unblocks its read and bounds the
 // commands of the end by CloseTimeout.
 func (s *subscription) whenStopping() {
@@ -195,7 +177,7 @@ func (s *subscription) Settle(d *inflight.Delivery[entryRef], o inflight.Outcome
 		s.acks = append(s.acks, id)
 		s.acking[id] = struct{}{}
 		s.mu.Unlock()
-		signal(s.ackReady)
+		inflight.Signal(s.ackReady)
 	case o.Nacked:
 		p := &parked{id: id, due: time.Now().Add(o.Delay), touchedAt: d.Data.replied, index: -1}
 		if old := s.parked[id]; old != nil {

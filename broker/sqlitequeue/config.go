@@ -1,6 +1,7 @@
 package sqlitequeue
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -107,27 +108,13 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
-	if c.ConsumerGroup == "" {
-		c.ConsumerGroup = DefaultConsumerGroup
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.ResendInterval == 0 {
-		c.ResendInterval = DefaultResendInterval
-	}
-	if c.RetryInterval == 0 {
-		c.RetryInterval = DefaultRetryInterval
-	}
-	if c.AckDeadline == 0 {
-		c.AckDeadline = DefaultAckDeadline
-	}
-	if c.Logger == nil {
-		c.Logger = wmlog.Discard()
-	}
+	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, DefaultConsumerGroup)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.ResendInterval = cmp.Or(c.ResendInterval, DefaultResendInterval)
+	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
+	c.AckDeadline = cmp.Or(c.AckDeadline, DefaultAckDeadline)
+	c.Logger = cmp.Or(c.Logger, wmlog.Discard())
 	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

@@ -42,5 +42,5 @@ func (s *subscription) Settle(d *inflight.Delivery[lease], o inflight.Outcome) {
 	}
 	s.pending.add(st, now)
 	s.gave.Store(true)
-	signal(s.kick)
+	inflight.Signal(s.kick)
 }

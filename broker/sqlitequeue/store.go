@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
 // A queue file has one writer at a time. Every write of the queue is a short transaction (a
@@ -34,8 +36,8 @@ type store struct {
 	turn chan struct{} // holds a token while a writer of this process has the turn
 	refs int           // Queues using the store; guarded by stores.mu
 
-	mu   sync.Mutex
-	wake map[string]chan struct{} // per topic: closed when messages are published to it
+	mu    sync.Mutex
+	wakes dbqueue.Wakes // per topic: when messages are published to it
 }
 
 var stores struct {
@@ -60,7 +62,7 @@ func openStore(path string) *store {
 			}
 		}
 	}
-	s := &store{file: fi, turn: make(chan struct{}, 1), refs: 1, wake: map[string]chan struct{}{}}
+	s := &store{file: fi, turn: make(chan struct{}, 1), refs: 1}
 	if fi != nil {
 		stores.list = append(stores.list, s)
 	}
@@ -134,23 +136,7 @@ func (q *Queue) writeLeases(ctx context.Context, fn func(tx *sql.Tx) error) erro
 
 // woken returns a channel that is closed when messages are next published to topic through a
 // Queue of this process over the file.
-func (s *store) woken(topic string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch, ok := s.wake[topic]
-	if !ok {
-		ch = make(chan struct{})
-		s.wake[topic] = ch
-	}
-	return ch
-}
+func (s *store) woken(topic string) <-chan struct{} { return s.wakes.Woken(topic) }
 
 // published wakes the subscriptions waiting for messages of topic.
-func (s *store) published(topic string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ch, ok := s.wake[topic]; ok {
-		close(ch)
-		delete(s.wake, topic)
-	}
-}
+func (s *store) published(topic string) { s.wakes.Wake(topic) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -95,7 +96,7 @@ func (s *subscription) Fetch(ctx context.Context, n int) error {
 		s.claiming.Store(true)
 		got, err := s.round(ctx, n)
 		s.claiming.Store(false)
-		signal(s.kick)
+		inflight.Signal(s.kick)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -106,13 +107,7 @@ func (s *subscription) Fetch(ctx context.Context, n int) error {
 		case got > 0:
 			return nil
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-woken:
-		case <-ctx.Done():
-		}
-		t.Stop()
+		dbqueue.Wait(ctx, wait, woken)
 	}
 }
 
@@ -254,12 +249,4 @@ func (s *subscription) backoff(err error) time.Duration {
 	}
 	s.logger.Error("Cannot claim or settle messages of the queue", err, watermill.LogFields{"wait_time": s.q.cfg.RetryInterval})
 	return s.q.cfg.RetryInterval
-}
-
-// signal wakes the goroutine that waits on c, if any; signals do not pile up.
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
 }

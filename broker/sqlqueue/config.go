@@ -1,6 +1,7 @@
 package sqlqueue
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"time"
@@ -129,20 +130,12 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with every zero field that has a default set to it.
 func (c Config) withDefaults() Config {
-	if c.ConsumerGroup == "" {
-		c.ConsumerGroup = DefaultConsumerGroup
-	}
+	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, DefaultConsumerGroup)
 	st := rules.Apply(c.settings())
 	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.RetryInterval == 0 {
-		c.RetryInterval = DefaultRetryInterval
-	}
-	if c.GapWait == 0 {
-		c.GapWait = DefaultGapWait
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
+	c.GapWait = cmp.Or(c.GapWait, DefaultGapWait)
 	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

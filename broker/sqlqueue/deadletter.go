@@ -4,11 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
@@ -17,7 +16,7 @@ import (
 // broker.DeadLetterKeyWindow, per topic, so that a dead letter published again within it is
 // stored once. The first publish of a dead letter creates it; each deletes the keys older than
 // the window.
-const DeadLetterKeysTable = "onceflow_dead_letter_keys"
+const DeadLetterKeysTable = dbqueue.DeadLetterKeysTable
 
 // publisher is the postgres:// and mysql:// schemes' Publisher: watermill-sql's, and for a
 // publish with dead letters, one transaction that records their keys and leaves out each dead
@@ -45,32 +44,15 @@ func (q *Queue) publishOnce(ctx context.Context, topic string, msgs []*message.M
 	if err := q.createKeysTable(ctx); err != nil {
 		return fmt.Errorf("sqlqueue: create table %s: %w", DeadLetterKeysTable, err)
 	}
-	err := inTx(ctx, q.db, func(tx *sql.Tx) error {
-		now := time.Now()
-		if _, err := tx.ExecContext(ctx, q.d.deleteKeys(), now.Add(-broker.DeadLetterKeyWindow).UnixMilli()); err != nil {
-			return fmt.Errorf("delete the dead-letter keys older than %s: %w", broker.DeadLetterKeyWindow, err)
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("sqlqueue: publish %d messages to topic %q: message %d of %d is nil", len(msgs), topic, i, len(msgs))
 		}
-		kept := make([]*message.Message, 0, len(msgs))
-		for i, m := range msgs {
-			if m == nil {
-				return fmt.Errorf("message %d of %d is nil", i, len(msgs))
-			}
-			key := m.Metadata.Get(messagedata.HeaderDeadLetterKey)
-			if key == "" {
-				kept = append(kept, m)
-				continue
-			}
-			res, err := tx.ExecContext(ctx, q.d.insertKey(), topic, key, now.UnixMilli())
-			if err != nil {
-				return fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
-			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
-			}
-			if n == 1 {
-				kept = append(kept, m)
-			}
+	}
+	err := inTx(ctx, q.db, func(tx *sql.Tx) error {
+		kept, err := q.d.keys().First(ctx, tx, topic, msgs)
+		if err != nil {
+			return err
 		}
 		if len(kept) == 0 {
 			return nil

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
 // mysql is the queue in MySQL or MariaDB: watermill-sql's DefaultMySQLSchema, whose offsets are
@@ -76,14 +78,13 @@ func (mysql) keysSchema() string {
 		) ENGINE=InnoDB`
 }
 
-func (mysql) deleteKeys() string {
-	return "DELETE FROM " + DeadLetterKeysTable + " WHERE published_at < ?"
-}
-
-// insertKey leaves an existing row as it is, which MySQL reports as 0 rows affected.
-func (mysql) insertKey() string {
-	return "INSERT INTO " + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)
-ON DUPLICATE KEY UPDATE topic = topic`
+// keys' Insert leaves an existing row as it is, which MySQL reports as 0 rows affected.
+func (mysql) keys() dbqueue.DeadLetterKeys {
+	return dbqueue.DeadLetterKeys{
+		Delete: "DELETE FROM " + DeadLetterKeysTable + " WHERE published_at < ?",
+		Insert: "INSERT INTO " + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)
+ON DUPLICATE KEY UPDATE topic = topic`,
+	}
 }
 
 func (m mysql) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
+
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
 // postgres is the queue in PostgreSQL: watermill-sql's DefaultPostgreSQLSchema, where each
@@ -82,13 +84,12 @@ func (postgres) keysSchema() string {
 		)`
 }
 
-func (postgres) deleteKeys() string {
-	return `DELETE FROM ` + DeadLetterKeysTable + ` WHERE published_at < $1`
-}
-
-func (postgres) insertKey() string {
-	return `INSERT INTO ` + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES ($1, $2, $3)
-ON CONFLICT (topic, dead_letter_key) DO NOTHING`
+func (postgres) keys() dbqueue.DeadLetterKeys {
+	return dbqueue.DeadLetterKeys{
+		Delete: `DELETE FROM ` + DeadLetterKeysTable + ` WHERE published_at < $1`,
+		Insert: `INSERT INTO ` + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES ($1, $2, $3)
+ON CONFLICT (topic, dead_letter_key) DO NOTHING`,
+	}
 }
 
 func (p postgres) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {

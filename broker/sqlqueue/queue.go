@@ -13,6 +13,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -114,8 +115,7 @@ type Queue struct {
 	mu    sync.Mutex
 	ready map[string]bool // topics whose tables and group row exist
 
-	wakeMu sync.Mutex
-	wake   map[string]chan struct{} // per topic: closed by Wake
+	wakes dbqueue.Wakes // of the subscriptions, per topic
 
 	keysMu    sync.Mutex
 	keysReady bool // DeadLetterKeysTable exists
@@ -131,7 +131,7 @@ func New(db *sql.DB, d sqldb.Dialect, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	q := &Queue{db: db, cfg: cfg.withDefaults(), prefetch: cfg.Prefetch, ready: map[string]bool{}, wake: map[string]chan struct{}{}}
+	q := &Queue{db: db, cfg: cfg.withDefaults(), prefetch: cfg.Prefetch, ready: map[string]bool{}}
 	names := q.cfg.Tables
 	if names == nil {
 		names = DefaultTables
@@ -274,26 +274,10 @@ func (q *Queue) checkTopic(topic string) error {
 // subscription one look. On PostgreSQL a message committed while an older transaction is still
 // open anywhere on the server is not there for a Wake until that transaction ends (see
 // "Visibility order" in the package documentation): the next poll, or a later Wake, claims it.
-func (q *Queue) Wake(topic string) {
-	q.wakeMu.Lock()
-	defer q.wakeMu.Unlock()
-	if ch, ok := q.wake[topic]; ok {
-		close(ch)
-		delete(q.wake, topic)
-	}
-}
+func (q *Queue) Wake(topic string) { q.wakes.Wake(topic) }
 
 // woken returns a channel that the next Wake of topic closes.
-func (q *Queue) woken(topic string) <-chan struct{} {
-	q.wakeMu.Lock()
-	defer q.wakeMu.Unlock()
-	ch, ok := q.wake[topic]
-	if !ok {
-		ch = make(chan struct{})
-		q.wake[topic] = ch
-	}
-	return ch
-}
+func (q *Queue) woken(topic string) <-chan struct{} { return q.wakes.Woken(topic) }
 
 func (q *Queue) createTables(ctx context.Context, topic string) error {
 	for _, stmt := range q.d.schema(topic) {
@@ -314,12 +298,8 @@ type dialect interface {
 	schema(topic string) []string
 	// keysSchema creates DeadLetterKeysTable, harmless to repeat.
 	keysSchema() string
-	// insertKey records a dead letter's key (parameters: topic, key, published_at in Unix
-	// milliseconds), one row affected, or leaves the row of the key as it is, none affected.
-	insertKey() string
-	// deleteKeys deletes the dead-letter keys published before its parameter, in Unix
-	// milliseconds.
-	deleteKeys() string
+	// keys are the statements of DeadLetterKeysTable.
+	keys() dbqueue.DeadLetterKeys
 	// addGroup creates the group's cursor row at the start of the topic when it has none.
 	addGroup(ctx context.Context, db *sql.DB, topic, group string) error
 	// probe reports, without taking a lock, whether the group has due leases and whether

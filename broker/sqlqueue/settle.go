@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -209,12 +210,7 @@ func (st *settler) run(ctx context.Context) {
 			} else {
 				st.log.Debug("writing acknowledgements failed again", watermill.LogFields{"err": err.Error(), "failures": failures})
 			}
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-st.stop:
-			}
-			t.Stop()
+			inflight.Pause(st.stop, wait)
 			select {
 			case st.kick <- struct{}{}:
 			default:
@@ -275,12 +271,7 @@ func (st *settler) final(ctx context.Context) {
 			return
 		}
 		st.log.Error("writing acknowledgements at close failed; trying again", err, nil)
-		t := time.NewTimer(st.q.cfg.PollInterval)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
+		inflight.Pause(ctx.Done(), st.q.cfg.PollInterval)
 	}
 }
 

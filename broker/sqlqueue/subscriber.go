@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -185,13 +186,7 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 			sub.recovered()
 			sub.busy = false
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-woken:
-		case <-ctx.Done():
-		}
-		t.Stop()
+		dbqueue.Wait(ctx, wait, woken)
 	}
 }
 

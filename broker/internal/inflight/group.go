@@ -38,6 +38,27 @@ func NewGroup(errClosed error) *Group {
 // Subscribe does before it starts a subscription (declaring topics, creating consumers).
 func (g *Group) Context() context.Context { return g.ctx }
 
+// Setup returns the context of the work that Subscribe does before it starts a subscription
+// (declaring topics, creating consumers), which ends when ctx ends or Close begins, and the
+// function to call when that work is done.
+func (g *Group) Setup(ctx context.Context) (context.Context, context.CancelFunc) {
+	setup, cancel := context.WithCancel(ctx)
+	unwatch := context.AfterFunc(g.ctx, cancel)
+	return setup, func() {
+		unwatch()
+		cancel()
+	}
+}
+
+// SetupError is the error of a Subscribe whose setup failed with err: ErrClosed when the Group
+// closed meanwhile, err otherwise.
+func (g *Group) SetupError(err error) error {
+	if closed := g.Check(); closed != nil {
+		return closed
+	}
+	return err
+}
+
 // Check returns ErrClosed when the Group is closed.
 func (g *Group) Check() error {
 	g.mu.Lock()

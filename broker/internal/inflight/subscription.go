@@ -734,13 +734,4 @@ func waitUntil(done <-chan struct{}, deadline time.Time) {
 
 // Sleep waits d, and reports false when the subscription begins to stop first: for a source's
 // pause after a failure.
-func (s *Subscription[T]) Sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-s.stopping:
-		return false
-	}
-}
+func (s *Subscription[T]) Sleep(d time.Duration) bool { return Pause(s.stopping, d) }

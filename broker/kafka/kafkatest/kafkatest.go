@@ -15,6 +15,7 @@
 package kafkatest
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"testing"
@@ -62,15 +63,9 @@ func Start(cfg Config) (*Cluster, error) {
 	if cfg.Brokers < 0 || cfg.Partitions < 0 || cfg.MinSessionTimeout < 0 {
 		return nil, fmt.Errorf("kafkatest: Config %+v: a negative field (0 selects the default)", cfg)
 	}
-	if cfg.Brokers == 0 {
-		cfg.Brokers = DefaultBrokers
-	}
-	if cfg.Partitions == 0 {
-		cfg.Partitions = DefaultPartitions
-	}
-	if cfg.MinSessionTimeout == 0 {
-		cfg.MinSessionTimeout = DefaultMinSessionTimeout
-	}
+	cfg.Brokers = cmp.Or(cfg.Brokers, DefaultBrokers)
+	cfg.Partitions = cmp.Or(cfg.Partitions, DefaultPartitions)
+	cfg.MinSessionTimeout = cmp.Or(cfg.MinSessionTimeout, DefaultMinSessionTimeout)
 	c, err := kfake.NewCluster(kfake.NumBrokers(cfg.Brokers), kfake.DefaultNumPartitions(cfg.Partitions),
 		kfake.GroupMinSessionTimeout(cfg.MinSessionTimeout))
 	if err != nil {
