@@ -189,13 +189,7 @@ type Failure struct {
 // kept); the failures of single messages are in the report, not in the error.
 func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFunc) (MoveReport, error) {
 	var rep MoveReport
-	if limit <= 0 {
-		return rep, fmt.Errorf("broker: move from topic %q: limit %d is not positive", topic, limit)
-	}
-	if pick == nil {
-		return rep, fmt.Errorf("broker: move from topic %q: pick is nil", topic)
-	}
-	kept, failed, err := b.each(ctx, "move from", topic, limit, func(v View, e Entry) (bool, error) {
+	kept, failed, err := b.each(ctx, "move from", topic, limit, pick != nil, func(v View, e Entry) (bool, error) {
 		to, out := pick(e.Message)
 		if to == "" || out == nil {
 			return false, nil
@@ -245,13 +239,7 @@ type DeleteReport struct {
 // are in the report, not in the error.
 func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick DeleteFunc) (DeleteReport, error) {
 	var rep DeleteReport
-	if limit <= 0 {
-		return rep, fmt.Errorf("broker: delete from topic %q: limit %d is not positive", topic, limit)
-	}
-	if pick == nil {
-		return rep, fmt.Errorf("broker: delete from topic %q: pick is nil", topic)
-	}
-	kept, failed, err := b.each(ctx, "delete from", topic, limit, func(v View, e Entry) (bool, error) {
+	kept, failed, err := b.each(ctx, "delete from", topic, limit, pick != nil, func(v View, e Entry) (bool, error) {
 		if !pick(e.Message) {
 			return false, nil
 		}
@@ -272,8 +260,15 @@ func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick Delet
 // each, in order, in one view, which it claims first when it is a Claimer. step reports whether it took the message out of topic; the
 // messages it did not take are returned as kept, those it failed on as failed. A failure of
 // one message does not stop each; the end of ctx does, and the messages after it are kept.
-// The error is each's own: a view that cannot be read or closed, or the end of ctx.
-func (b *Broker) each(ctx context.Context, op, topic string, limit int, step func(v View, e Entry) (took bool, err error)) (kept []*message.Message, failed []Failure, err error) {
+// The error is each's own: a limit that is not positive, no pick (picked false), a view that
+// cannot be read or closed, or the end of ctx.
+func (b *Broker) each(ctx context.Context, op, topic string, limit int, picked bool, step func(v View, e Entry) (took bool, err error)) (kept []*message.Message, failed []Failure, err error) {
+	if limit <= 0 {
+		return nil, nil, fmt.Errorf("broker: %s topic %q: limit %d is not positive", op, topic, limit)
+	}
+	if !picked {
+		return nil, nil, fmt.Errorf("broker: %s topic %q: pick is nil", op, topic)
+	}
 	v, err := b.openView(ctx, topic)
 	if err != nil {
 		return nil, nil, err

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"errors"
-	"sync"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -100,13 +99,10 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 type ownClientSubscriber struct {
 	*Subscriber
 	client *redis.Client
-
-	once sync.Once
-	err  error
 }
 
-// Close closes the Subscriber, then its client.
+// Close closes the Subscriber, then its client. The Broker's subscriber calls it once
+// (Backend.NewSubscriber).
 func (s *ownClientSubscriber) Close() error {
-	s.once.Do(func() { s.err = errors.Join(s.Subscriber.Close(), s.client.Close()) })
-	return s.err
+	return errors.Join(s.Subscriber.Close(), s.client.Close())
 }
