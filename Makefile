@@ -28,9 +28,9 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(BIN)/onceflow ./cmd/onceflow
 
-## test: vet, then every test against the embedded default and the loopback services: the broker
-## adapters that use no database one package at a time, and beside them the other packages one at a
-## time, which would exceed PostgreSQL's 100 connections two at once (scripts/test.sh)
+## test: vet, then every test against the embedded default and the loopback services, in three
+## streams side by side: the broker adapters that use no database, the conformance suite, and the
+## other packages one at a time (scripts/test.sh; PostgreSQL allows 300 connections)
 test:
 	$(GO) vet $(PKGS)
 	GO=$(GO) scripts/test.sh -timeout 15m -- $(PKGS)

@@ -16,8 +16,8 @@ import (
 // matrixParallel is how many tests of the matrix run at once unless -parallel says otherwise.
 // The tests spend their time waiting for the brokers and databases, not on the CPU, so the
 // default of GOMAXPROCS (2 on the project's machines) would leave the run mostly idle; more
-// than this would exceed what PostgreSQL's 100 connections allow, shared with the other
-// packages' tests that `make test` runs at the same time.
+// than this would take more of PostgreSQL's connections than the budget of pgSlots allows,
+// beside the other packages' tests that `make test` runs at the same time.
 const matrixParallel = 12
 
 func TestMain(m *testing.M) {
