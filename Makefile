@@ -28,9 +28,10 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(BIN)/onceflow ./cmd/onceflow
 
-## test: vet, then every test against the embedded default and the loopback services, in three
-## streams side by side: the broker adapters that use no database, the conformance suite, and the
-## other packages one at a time (scripts/test.sh; PostgreSQL allows 300 connections)
+## test: vet, then every test against the embedded default and the loopback services, in two
+## streams side by side: the broker adapters that use no database and the onceflow command, and
+## the other packages, each one package at a time (scripts/test.sh; PostgreSQL allows 300
+## connections)
 test:
 	$(GO) vet $(PKGS)
 	GO=$(GO) scripts/test.sh -timeout 15m -- $(PKGS)

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Runs the tests of the packages given (go package patterns, as `go test` takes them) in three
+# Runs the tests of the packages given (go package patterns, as `go test` takes them) in two
 # streams at once, each one package at a time:
 #   - the broker adapters that talk to no database server (RabbitMQ, NATS, Redis, Kafka, the
-#     in-memory broker and the SQLite queue);
-#   - the conformance suite, the longest package, which bounds what it holds of PostgreSQL's
-#     connections itself (conformance/matrix_test.go);
-#   - every other package. Those take turns: the SQL queues' tests and verify's runs each hold
-#     45 to 75 connections at their peak. PostgreSQL must allow 300 (scripts/services.sh).
-# The other packages' output comes as it goes, the two other streams' once they end; the exit
-# status is a failure if any stream failed.
+#     in-memory broker and the SQLite queue), then the onceflow command;
+#   - every other package.
+# PostgreSQL must allow 300 connections (scripts/services.sh): the conformance matrix, the SQL
+# queues' tests and verify's runs each hold 45 to 75 at their peak.
+# The other packages' output comes as it goes, the first stream's once it ends; the exit status
+# is a failure if either stream failed.
 # Usage: scripts/test.sh [go test flags --] packages...   GO selects the go command.
 set -euo pipefail
 GO=${GO:-go}
@@ -21,13 +20,11 @@ fi
 
 pkgs=$("$GO" list "$@")
 brokers=()
-conformance=()
 others=()
 while read -r pkg; do
   case "$pkg" in
-  */broker/amqp | */broker/nats | */broker/redis | */broker/kafka | */broker/mem | */broker/sqlitequeue)
+  */broker/amqp | */broker/nats | */broker/redis | */broker/kafka | */broker/mem | */broker/sqlitequeue | */cmd/onceflow)
     brokers+=("$pkg") ;;
-  */conformance) conformance+=("$pkg") ;;
   *) others+=("$pkg") ;;
   esac
 done <<<"$pkgs"
@@ -42,16 +39,12 @@ run() { # packages...
 
 run "${brokers[@]}" >"$out/brokers" 2>&1 &
 brokers_pid=$!
-run "${conformance[@]}" >"$out/conformance" 2>&1 &
-conformance_pid=$!
 others_status=0
 run "${others[@]}" || others_status=$?
 brokers_status=0
 wait "$brokers_pid" || brokers_status=$?
-conformance_status=0
-wait "$conformance_pid" || conformance_status=$?
-cat "$out/brokers" "$out/conformance"
-if [ "$brokers_status" -ne 0 ] || [ "$conformance_status" -ne 0 ] || [ "$others_status" -ne 0 ]; then
-  echo "FAIL: tests of the broker adapters exited $brokers_status, the conformance suite $conformance_status, the others $others_status" >&2
+cat "$out/brokers"
+if [ "$brokers_status" -ne 0 ] || [ "$others_status" -ne 0 ]; then
+  echo "FAIL: tests of the broker adapters and the command exited $brokers_status, the others $others_status" >&2
   exit 1
 fi
