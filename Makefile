@@ -28,10 +28,9 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(BIN)/onceflow ./cmd/onceflow
 
-## test: vet, then every test against the embedded default and the loopback services, in two
-## streams side by side: the broker adapters that use no database and the onceflow command, and
-## the other packages, each one package at a time (scripts/test.sh; PostgreSQL allows 300
-## connections)
+## test: vet, then every test against the embedded default and the loopback services: the broker
+## adapters that use no database one package at a time, and beside them the other packages one at a
+## time, which would overload PostgreSQL two at once (scripts/test.sh)
 test:
 	$(GO) vet $(PKGS)
 	GO=$(GO) scripts/test.sh -timeout 15m -- $(PKGS)

@@ -2,12 +2,12 @@
 # Runs the tests of the packages given (go package patterns, as `go test` takes them) in two
 # streams at once, each one package at a time:
 #   - the broker adapters that talk to no database server (RabbitMQ, NATS, Redis, Kafka, the
-#     in-memory broker and the SQLite queue), then the onceflow command;
-#   - every other package.
-# PostgreSQL must allow 300 connections (scripts/services.sh): the conformance matrix, the SQL
-# queues' tests and verify's runs each hold 45 to 75 at their peak.
-# The other packages' output comes as it goes, the first stream's once it ends; the exit status
-# is a failure if either stream failed.
+#     in-memory broker and the SQLite queue);
+#   - every other package. Those share PostgreSQL (300 connections, scripts/services.sh), and
+#     two of them at once would overload it (the conformance matrix, the SQL queues' tests and
+#     verify's runs each hold 45 to 75 connections at their peak), so they take turns.
+# The other packages' output comes as it goes, the broker adapters' once their stream ends; the
+# exit status is a failure if either stream failed.
 # Usage: scripts/test.sh [go test flags --] packages...   GO selects the go command.
 set -euo pipefail
 GO=${GO:-go}
@@ -23,7 +23,7 @@ brokers=()
 others=()
 while read -r pkg; do
   case "$pkg" in
-  */broker/amqp | */broker/nats | */broker/redis | */broker/kafka | */broker/mem | */broker/sqlitequeue | */cmd/onceflow)
+  */broker/amqp | */broker/nats | */broker/redis | */broker/kafka | */broker/mem | */broker/sqlitequeue)
     brokers+=("$pkg") ;;
   *) others+=("$pkg") ;;
   esac
@@ -45,6 +45,6 @@ brokers_status=0
 wait "$brokers_pid" || brokers_status=$?
 cat "$out/brokers"
 if [ "$brokers_status" -ne 0 ] || [ "$others_status" -ne 0 ]; then
-  echo "FAIL: tests of the broker adapters and the command exited $brokers_status, the others $others_status" >&2
+  echo "FAIL: tests of the broker adapters exited $brokers_status, the others $others_status" >&2
   exit 1
 fi
