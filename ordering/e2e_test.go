@@ -253,6 +253,10 @@ func runE2E(t *testing.T, dbURL, brokerURL string, concurrency int, groupCommitT
 	ds, err := dedup.New(db, dedup.Config{})
 	require.NoError(t, err)
 	require.NoError(t, ds.Migrate(ctx))
+	// The consumers skip migrations: the delivery counter's table too is made here.
+	counter, err := dedup.NewCounter(db, dedup.CounterConfig{})
+	require.NoError(t, err)
+	require.NoError(t, counter.Migrate(ctx))
 	require.NoError(t, ordercheck.Create(ctx, db, appliedT))
 
 	b, err := broker.Open(ctx, brokerURL, e2eOptions())
