@@ -5,7 +5,7 @@ GO      ?= go
 PKGS    ?= ./... ./examples/... ./bench/... ./console/browsertest/...
 BIN     ?= bin
 
-.PHONY: all help build test console-screenshots test-order-full test-poison-full test-outage-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory bench-scaleout demo verify services up down clean FORCE
+.PHONY: all help build test console-screenshots test-conformance-full test-order-full test-poison-full test-outage-full test-verify-kafka test-verify-kafka-full race lint bench bench-micro bench-e2e bench-profile bench-scale bench-memory bench-scaleout demo verify services up down clean FORCE
 
 # BENCH_QUICK=1 makes every bench target a short smoke run. BENCH_FLAGS go to onceflow-bench,
 # SCALEOUT_FLAGS to its scale-out command.
@@ -40,6 +40,11 @@ test:
 ## PostgreSQL with RabbitMQ; `make test` runs it at 80 keys x 30 messages
 test-order-full:
 	ONCEFLOW_ORDER_FULL=1 $(GO) test -count=1 -timeout 40m -v -run 'TestInOrder_ShuffledDuplicated' ./ordering
+
+## test-conformance-full: the conformance suite on every broker x database in every commit mode;
+## `make test` runs each broker x database pair in one mode, the modes in turn
+test-conformance-full:
+	ONCEFLOW_CONFORMANCE=all $(GO) test -count=1 -timeout 30m -v -run 'TestConformance$$' ./conformance
 
 ## test-poison-full: the conformance suite's Poison scenario on every broker x database x mode (72
 ## runs, about 5 minutes); `make test` runs it on every broker and mode with one database each

@@ -64,23 +64,39 @@ var databases = []struct {
 	{"sqlite", func(t testing.TB) string { return "sqlite://" + filepath.Join(t.TempDir(), "app.db") }},
 }
 
+// matrixAll names the environment variable that runs TestConformance on the whole matrix,
+// every broker x database in every commit mode (ONCEFLOW_CONFORMANCE=all, make
+// test-conformance-full); by default each broker x database pair runs in one mode, the modes in
+// turn, so that every broker still meets every database and every mode, and every database
+// every mode.
+const matrixAll = "ONCEFLOW_CONFORMANCE"
+
 // TestConformance runs the conformance suite, but the Poison and Outage scenarios, for every
-// broker crossed with every database, in every commit mode:
-// TestConformance/<broker>/<database>/<mode>/<scenario>.
+// broker crossed with every database, in the mode whose turn it is (in every commit mode with
+// ONCEFLOW_CONFORMANCE=all): TestConformance/<broker>/<database>/<mode>/<scenario>.
 func TestConformance(t *testing.T) {
 	others := slices.DeleteFunc(slices.Clone(conformance.ScenarioNames), func(s string) bool {
 		return s == conformance.ScenarioPoison || s == conformance.ScenarioOutage
 	})
-	for _, b := range brokers {
+	all := os.Getenv(matrixAll) == "all"
+	if !all {
+		t.Logf("each broker x database pair runs in one commit mode; %s=all runs it in every mode", matrixAll)
+	}
+	for i, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			for _, d := range databases {
+			for j, d := range databases {
+				modes := conformance.Modes
+				if !all {
+					modes = []conformance.Mode{modes[(i+j)%len(modes)]}
+				}
 				t.Run(d.name, func(t *testing.T) {
 					t.Parallel()
 					weight := pgWeight(b.name, d.name)
 					conformance.Run(t, conformance.Setup{
 						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, weight); return b.url(t) },
 						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, weight); return d.url(t) },
+						Modes:       modes,
 						Scenarios:   others,
 					}, conformance.DefaultFeatures(b.scheme+"://"))
 				})
@@ -95,15 +111,16 @@ func TestConformance(t *testing.T) {
 const poisonAll = "ONCEFLOW_CONFORMANCE_POISON"
 
 // TestConformance_Poison runs the Poison scenario, after the other scenarios so that its
-// latencies are measured on a machine they do not share: every broker, in every mode, with the
-// database whose turn it is (every database with ONCEFLOW_CONFORMANCE_POISON=all):
+// latencies are measured on a machine they do not share: every broker with the database and in
+// the mode whose turn it is, so that each mode meets three brokers and every database (every
+// database in every mode with ONCEFLOW_CONFORMANCE_POISON=all):
 // TestConformance_Poison/<broker>/<database>/<mode>/Poison.
 func TestConformance_Poison(t *testing.T) {
 	all := os.Getenv(poisonAll) == "all"
 	if !all {
-		t.Logf("the Poison scenario runs on one database per broker; %s=all runs it on every pair", poisonAll)
+		t.Logf("the Poison scenario runs on one database and in one mode per broker; %s=all runs it on every pair in every mode", poisonAll)
 	}
-	runPerBroker(t, conformance.ScenarioPoison, all, len(databases), poisonPGWeight)
+	runPerBroker(t, conformance.ScenarioPoison, all, true, len(databases), poisonPGWeight)
 }
 
 // outageAll names the environment variable that runs the Outage scenario on the whole matrix,
@@ -119,13 +136,15 @@ func TestConformance_Outage(t *testing.T) {
 	if !all {
 		t.Logf("the Outage scenario runs on one database per broker; %s=all runs it on every pair and dedup mode", outageAll)
 	}
-	runPerBroker(t, conformance.ScenarioOutage, all, 2 /* postgres, mysql */, pgWeight)
+	runPerBroker(t, conformance.ScenarioOutage, all, false, 2 /* postgres, mysql */, pgWeight)
 }
 
-// runPerBroker runs scenario on every broker, in every mode, with the first n databases in
-// turn, one per broker (all of them when all is set): <broker>/<database>/<mode>/<scenario>.
-// weight is what a test holds of PostgreSQL's connections.
-func runPerBroker(t *testing.T, scenario string, all bool, n int, weight func(broker, db string) int64) {
+// runPerBroker runs scenario on every broker with the first n databases in turn, one per
+// broker, in every mode, or in one mode per broker when oneMode is set (the modes change every n
+// brokers, so that the pairs of a database and a mode are met in turn); on every database in
+// every mode when all is set: <broker>/<database>/<mode>/<scenario>. weight is what a test holds
+// of PostgreSQL's connections.
+func runPerBroker(t *testing.T, scenario string, all, oneMode bool, n int, weight func(broker, db string) int64) {
 	for i, b := range brokers {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
@@ -133,12 +152,17 @@ func runPerBroker(t *testing.T, scenario string, all bool, n int, weight func(br
 				if !all && j != i%n {
 					continue
 				}
+				modes := conformance.Modes
+				if !all && oneMode {
+					modes = []conformance.Mode{modes[(i/n)%len(modes)]}
+				}
 				t.Run(d.name, func(t *testing.T) {
 					t.Parallel()
 					w := weight(b.name, d.name)
 					conformance.Run(t, conformance.Setup{
 						BrokerURL:   func(t testing.TB) string { pgSlots.take(t, w); return b.url(t) },
 						DatabaseURL: func(t testing.TB) string { pgSlots.take(t, w); return d.url(t) },
+						Modes:       modes,
 						Scenarios:   []string{scenario},
 					}, conformance.DefaultFeatures(b.scheme+"://"))
 				})
