@@ -168,7 +168,7 @@ func (c *consumer) read(msgs <-chan *message.Message, sub int) {
 		if !open {
 			return
 		}
-		if c.outage != nil && !c.outage.admit(msg.Context().Done(), c.router.closing) {
+		if c.outage != nil && !c.outage.admit(msg.Context(), c.router.closing) {
 			msg.Nack() // it ended while the handler was paused
 			redelivery.Settle(msg)
 			continue

@@ -97,9 +97,12 @@ func (o *outage) wait(closing <-chan struct{}) {
 
 // admit reports whether a delivery that a reader received may start: at once while the handler
 // runs; during an outage once it is the trial delivery, or once the handler runs again. It
-// reports false when ended is closed first (the delivery ended waiting), true when closing is.
-func (o *outage) admit(ended <-chan struct{}, closing <-chan struct{}) bool {
+// reports false when the delivery's context, msgCtx, ends first, true when closing is closed.
+// msgCtx is asked for its Done channel only during an outage: a context makes that channel
+// when first asked, and a delivery of a running handler should not pay for it.
+func (o *outage) admit(msgCtx context.Context, closing <-chan struct{}) bool {
 	for o.state.Load() != outageNone {
+		ended := msgCtx.Done()
 		select {
 		case <-ended:
 			return false

@@ -3,9 +3,12 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	otelglobal "go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -113,15 +116,57 @@ func TestTracing_DeadLetterCarriesTheConsumerSpansContext(t *testing.T) {
 	require.Equal(t, codes.Error, consumer.Status().Code)
 }
 
-func TestTracing_WithoutRecordingSpanOnlyStartsAndEnds(t *testing.T) {
-	// With a provider that does not record, Tracing builds no attribute: one allocation, the
-	// context that carries the non-recording span.
-	p := middleware.Tracing{TracerProvider: noop.NewTracerProvider()}.Middleware("h")(
-		processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
+func TestTracing_WithTheNoopProviderAllocatesNothing(t *testing.T) {
+	// The no-op tracer's spans record nothing and carry their parent's span context: Tracing
+	// starts none, and the parent's trace context still reaches the chain.
+	prop := propagation.TraceContext{}
+	var got trace.SpanContext
+	p := middleware.Tracing{TracerProvider: noop.NewTracerProvider(), Propagator: prop}.Middleware("h")(
+		processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+			got = trace.SpanContextFromContext(ctx)
+			return nil
+		}))
 	m := tracedMsg("a")
 	ctx := context.Background()
+	require.NoError(t, p.Process(ctx, m))
+	require.Equal(t, "0af7651916cd43dd8448eb211c80319c", got.TraceID().String())
+	require.Equal(t, "b7ad6b7169203331", got.SpanID().String(), "the producer's span is the parent of what the chain starts")
+
+	p = middleware.Tracing{TracerProvider: noop.NewTracerProvider()}.Middleware("h")(
+		processor.Func(func(context.Context, *messagedata.MessageData) error { return nil }))
 	allocs := testing.AllocsPerRun(200, func() { _ = p.Process(ctx, m) })
-	require.LessOrEqual(t, allocs, 1.0)
+	require.Zero(t, allocs)
+}
+
+// The global provider, before the application sets one, starts spans that record nothing:
+// Tracing starts none then, and records once a provider is set, with no new stage.
+func TestTracing_WithTheGlobalProviderRecordsOnceOneIsSet(t *testing.T) {
+	if os.Getenv("ONCEFLOW_GLOBAL_TRACING") == "" {
+		// The global provider is set once per process: the test runs in a process of its own.
+		cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "ONCEFLOW_GLOBAL_TRACING=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "PASS")
+		return
+	}
+	var spanned bool
+	p := middleware.Tracing{}.Middleware("h")(
+		processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+			spanned = trace.SpanFromContext(ctx).SpanContext().IsValid()
+			return nil
+		}))
+	m, ctx := msg("a"), context.Background()
+	require.Zero(t, testing.AllocsPerRun(200, func() { _ = p.Process(ctx, m) }))
+	require.False(t, spanned)
+
+	spans := tracetest.NewSpanRecorder()
+	otelglobal.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
+	require.NoError(t, p.Process(ctx, m))
+	require.True(t, spanned)
+	ended := spans.Ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, "process t", ended[0].Name())
 }
 
 func TestMetrics_CountsEachDeliveryOnceByOutcome(t *testing.T) {

@@ -3,6 +3,7 @@ package middleware
 import (
 	"cmp"
 	"context"
+	"reflect"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/internal/telemetry"
@@ -67,7 +69,10 @@ func (m messagingConfig) attrs() []attribute.KeyValue {
 // The attributes that are the same for all messages of a topic (system, destination,
 // operation, consumer group, handler) are given at span start, so samplers see them, from
 // options built once per topic; the others are set when the chain returns, and only when the
-// span is recording: with no SDK installed, or a sampled-out trace, nothing is built.
+// span is recording: with no SDK installed, or a sampled-out trace, nothing is built. With the
+// no-op provider (trace/noop), or the global one while no provider is set, whose spans would
+// record nothing and carry their parent's span context, no consumer span is started at all:
+// the chain sees the parent's trace context, as it would through such a span.
 type Tracing struct {
 	// TracerProvider provides the tracer. Defaults to the global provider
 	// (otel.GetTracerProvider), read when the stage is applied to a processor.
@@ -104,13 +109,65 @@ func (t Tracing) Observer(handler string) Observer {
 		semconv.MessagingOperationName("process"),
 		telemetry.AttrHandler.String(handler),
 	)
-	return &tracingObserver{tracer: telemetry.Tracer(provider), propagator: t.Propagator, starts: &spanStarts{static: static}}
+	tracer := telemetry.Tracer(provider)
+	return &tracingObserver{
+		tracer: tracer, propagator: t.Propagator, starts: &spanStarts{static: static},
+		provider: provider, idle: idleOf(provider, tracer),
+	}
 }
 
 type tracingObserver struct {
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
 	starts     *spanStarts
+	provider   trace.TracerProvider
+	idle       idleTracer
+}
+
+// idleTracer tells whether a tracer is idle: one whose spans record nothing and carry their
+// parent's span context, so that a context holding one of its spans in place of a parent that
+// records nothing tells every reader (child spans, propagation into outgoing messages, the
+// router's settle span) what the parent alone tells. Starting such a span only allocates.
+type idleTracer int
+
+const (
+	// idleNever: the tracer may record, or mint span ids.
+	idleNever idleTracer = iota
+	// idleAlways: the tracer is the OpenTelemetry no-op tracer (trace/noop).
+	idleAlways
+	// idleWhileGlobalUnset: the tracer is OpenTelemetry's global tracer with no provider set,
+	// idle until otel.SetTracerProvider gives it a provider to delegate to.
+	idleWhileGlobalUnset
+)
+
+// idleOf returns how tracer, provider's, is idle. The global tracer is tried once, with a span
+// that is never ended: it may record even with no provider set (the Go auto-instrumentation
+// makes it), and then it is never taken for idle.
+func idleOf(provider trace.TracerProvider, tracer trace.Tracer) idleTracer {
+	if _, ok := provider.(noop.TracerProvider); ok {
+		return idleAlways
+	}
+	if reflect.TypeOf(provider).String() != "*global.tracerProvider" || provider != otel.GetTracerProvider() {
+		return idleNever
+	}
+	if _, span := tracer.Start(context.Background(), "onceflow.probe"); span.IsRecording() {
+		return idleNever
+	}
+	return idleWhileGlobalUnset
+}
+
+// skips reports whether the consumer span of a delivery whose context is parent need not be
+// started: the tracer is idle, and parent's span records nothing.
+func (o *tracingObserver) skips(parent context.Context) bool {
+	switch o.idle {
+	case idleNever:
+		return false
+	case idleWhileGlobalUnset:
+		if otel.GetTracerProvider() != o.provider {
+			return false // a provider was set: the global tracer delegates to it now
+		}
+	}
+	return !trace.SpanFromContext(parent).IsRecording()
 }
 
 func (o *tracingObserver) Begin(ctx context.Context, msg *messagedata.MessageData) context.Context {
@@ -123,6 +180,9 @@ func (o *tracingObserver) Begin(ctx context.Context, msg *messagedata.MessageDat
 		ctx = telemetry.WithPropagator(ctx, prop)
 	}
 	ctx = prop.Extract(ctx, telemetry.HeaderCarrier(msg.Headers))
+	if o.skips(ctx) {
+		return ctx
+	}
 	start := o.starts.get(msg.Topic)
 	ctx, span := o.tracer.Start(ctx, start.name, start.opts...)
 	// Under the router, which acknowledges after the chain returns, the span is the router's
