@@ -184,13 +184,14 @@ func queryKeys(ctx context.Context, tx sqlx.ExtContext, query string, args []any
 	}
 	defer rows.Close()
 	keys := map[Key]bool{}
+	// One row's destinations serve every row: the map takes a copy of each key.
+	var k Key
+	var renewed bool
+	dest := []any{&k.Handler, &k.MessageID, &k.Timestamp, &renewed}
+	if !flagged {
+		dest = dest[:3]
+	}
 	for rows.Next() {
-		var k Key
-		var renewed bool
-		dest := []any{&k.Handler, &k.MessageID, &k.Timestamp}
-		if flagged {
-			dest = append(dest, &renewed)
-		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}

@@ -88,8 +88,12 @@ func (m *mysql) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key, 
 	token := rand.Int64N(math.MaxInt64) + 1 // positive: a renewed row gets its negation
 	args := make([]any, 0, 6*len(keys))
 	c, e, tok := any(created), any(expires), any(token) // boxed once for every row
-	for _, k := range keys {
-		args = append(args, k.Handler, k.MessageID, k.Timestamp, c, e, tok)
+	var handler any
+	for i, k := range keys {
+		if i == 0 || k.Handler != keys[i-1].Handler {
+			handler = k.Handler // boxed once for a run of keys of one handler, a group's
+		}
+		args = append(args, handler, k.MessageID, k.Timestamp, c, e, tok)
 	}
 	if m.supportsReturning(ctx) {
 		query := repeatRows(m.manyPrefix, mysqlRecordRow, mysqlUpsert+mysqlReturning, len(keys))

@@ -92,8 +92,12 @@ func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key,
 	}
 	args := make([]any, 0, 5*len(keys)+1)
 	c, e := any(created), any(expires) // boxed once for every row
-	for _, k := range keys {
-		args = append(args, k.Handler, k.MessageID, k.Timestamp, c, e)
+	var handler any
+	for i, k := range keys {
+		if i == 0 || k.Handler != keys[i-1].Handler {
+			handler = k.Handler // boxed once for a run of keys of one handler, a group's
+		}
+		args = append(args, handler, k.MessageID, k.Timestamp, c, e)
 	}
 	query := repeatRows(q.manyPrefix, "(?,?,?,?,?)", q.manySuffix, len(keys))
 	return queryKeys(ctx, tx, query, append(args, last), true)
