@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -53,6 +54,53 @@ func TestDelivery_RetriesRecordedByRetryAreCountedByMetricsAndTracing(t *testing
 	ended := spans.Ended()
 	require.Len(t, ended, 1)
 	require.Equal(t, attribute.IntValue(2), spanAttrs(ended[0])["onceflow.attempts"])
+}
+
+// Under the router each metrics stage of a chain times and counts what it wraps: the outer one
+// the delivery with its retry, the inner one each attempt; the delivery's state holds the
+// outer one's start, so that a delivery costs it no allocation.
+func TestMetrics_UnderTheRouterEachStageMeasuresWhatItWraps(t *testing.T) {
+	readers := [2]*sdkmetric.ManualReader{sdkmetric.NewManualReader(), sdkmetric.NewManualReader()}
+	var stages [2]middleware.Middleware
+	for i, r := range readers {
+		var err error
+		stages[i], err = middleware.Metrics{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))}.Middleware("h")
+		require.NoError(t, err)
+	}
+	p := middleware.Chain(stages[0], must(middleware.Retry{InitialInterval: time.Nanosecond}.Middleware()), stages[1])(
+		processor.Func(func(ctx context.Context, _ *messagedata.MessageData) error {
+			if d, _ := middleware.DeliveryFrom(ctx); d.Retries() == 0 {
+				time.Sleep(20 * time.Millisecond)
+				return errors.New("transient")
+			}
+			return nil
+		}))
+	ctx, _ := delivery.Start(context.Background(), "h", time.Now())
+	require.NoError(t, p.Process(ctx, msg("a")))
+
+	h := telemetry.AttrHandler.String("h")
+	collect := func(r *sdkmetric.ManualReader) metricdata.ResourceMetrics {
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, r.Collect(context.Background(), &rm))
+		return rm
+	}
+	outer, inner := collect(readers[0]), collect(readers[1])
+	require.Equal(t, int64(1), sumOf(t, outer, "onceflow.messages", h, telemetry.AttrOutcome.String("processed")))
+	require.Equal(t, int64(0), sumOf(t, outer, "onceflow.messages", h, telemetry.AttrOutcome.String("failed")))
+	require.Equal(t, int64(1), sumOf(t, outer, "onceflow.retries", h))
+	require.Equal(t, int64(0), sumOf(t, outer, "onceflow.inflight", h))
+	require.Equal(t, int64(1), sumOf(t, inner, "onceflow.messages", h, telemetry.AttrOutcome.String("processed")))
+	require.Equal(t, int64(1), sumOf(t, inner, "onceflow.messages", h, telemetry.AttrOutcome.String("failed")))
+	require.Equal(t, int64(0), sumOf(t, inner, "onceflow.retries", h))
+	require.Equal(t, int64(0), sumOf(t, inner, "onceflow.inflight", h))
+	slow := metricNamed(t, outer, "onceflow.process.duration").Data.(metricdata.Histogram[float64]).DataPoints
+	require.Len(t, slow, 1)
+	require.GreaterOrEqual(t, slow[0].Sum, 0.02, "the outer stage's time has the failed attempt in it")
+
+	o, err := middleware.Metrics{MeterProvider: metricnoop.NewMeterProvider()}.Observer("h")
+	require.NoError(t, err)
+	m := msg("a")
+	require.Zero(t, testing.AllocsPerRun(100, func() { o.End(o.Begin(ctx, m), m, nil) }))
 }
 
 // Delivery.Permanent answers with the classifier of the chain's dead-letter stage, which

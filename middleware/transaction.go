@@ -64,7 +64,9 @@ func (t Transaction) Middleware(db Beginner) Middleware {
 				}
 				return tx, nil
 			}, func(tx Tx) error {
-				if err := next.Process(WithTx(ctx, tx), msg); err != nil {
+				txCtx, st := delivery.WithTx(ctx, tx) // as WithTx, with no allocation under the router
+				defer st.EndTx()
+				if err := next.Process(txCtx, msg); err != nil {
 					return err
 				}
 				crashpoint.Reach(crashpoint.BeforeCommit, msg.ID)

@@ -48,8 +48,9 @@ func (p pool) BeginTx(ctx context.Context, opts *sql.TxOptions) (Tx, error) {
 	return tx, nil
 }
 
-// WithTx returns a context that carries tx. Transaction and group commit call it after opening
-// the transaction; a transaction middleware of one's own calls it likewise. Middlewares
+// WithTx returns a context that carries tx. Transaction and group commit put the transaction
+// they open in the context likewise (under the router, in the delivery's own context, which
+// answers for it the same way); a transaction middleware of one's own calls WithTx. Middlewares
 // further in read the transaction with CurrentTx, processors with processor.TxFromContext
 // (which returns it when it is an *sqlx.Tx).
 func WithTx(ctx context.Context, tx Tx) context.Context { return txctx.WithTx(ctx, tx) }

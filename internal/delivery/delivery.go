@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/internal/txctx"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
@@ -59,6 +60,14 @@ type State struct {
 	// Records are the handler's durable records that its dead-letter and duplicate-detection
 	// stages consult and keep under the router; nil outside it.
 	Records *Records
+	// tx is the transaction of the attempt that runs, put by WithTx; nil between attempts.
+	tx any
+	// Metered is set while the metrics stage (the outermost, when a chain has several) times
+	// the delivery, from MeteredFrom, when it had MeteredRetries retries: the stage keeps them
+	// here rather than in a context of its own.
+	Metered        bool
+	MeteredFrom    time.Time
+	MeteredRetries int
 	// EndsGroup is set for the last delivery of a group (groupcommit.Joiner) that its
 	// consumer settles at once, as the group hands out its results: after its acknowledgement
 	// the consumer tells the subscriber to send the acknowledgements it holds back
@@ -127,10 +136,40 @@ type stateContext struct {
 }
 
 func (c *stateContext) Value(k any) any {
-	if k == (key{}) {
+	switch k {
+	case key{}:
 		return &c.st
+	case stateContextKey{}:
+		return c
+	}
+	if c.st.tx != nil && txctx.IsTxKey(k) {
+		return c.st.tx
 	}
 	return c.Context.Value(k)
+}
+
+// stateContextKey finds the stateContext of a delivery.
+type stateContextKey struct{}
+
+// WithTx returns a context that carries tx, for one attempt at processing a delivery, and the
+// State to give to EndTx when the attempt ends. The context of a delivery that Start began,
+// with no transaction in it yet, carries tx in its State: the delivery's contexts answer for it
+// as a context of txctx.WithTx would, and the attempt costs no allocation for it. Any other
+// context is returned as txctx.WithTx(ctx, tx), with a nil State.
+func WithTx(ctx context.Context, tx any) (context.Context, *State) {
+	if c, ok := ctx.Value(stateContextKey{}).(*stateContext); ok && txctx.Tx(ctx) == nil {
+		c.st.tx = tx
+		return ctx, &c.st
+	}
+	return txctx.WithTx(ctx, tx), nil
+}
+
+// EndTx takes the transaction that WithTx put in s out of the delivery's contexts: the attempt
+// has ended. A nil s does nothing.
+func (s *State) EndTx() {
+	if s != nil {
+		s.tx = nil
+	}
 }
 
 // From returns the State in ctx, or nil.

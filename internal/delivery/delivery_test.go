@@ -9,6 +9,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/onceflow/onceflow/internal/delivery"
+	"github.com/onceflow/onceflow/internal/txctx"
 )
 
 type parentKey struct{}
@@ -58,4 +59,42 @@ func TestHandOverSpan_OnlyToTheRouterOnce(t *testing.T) {
 	require.False(t, delivery.HandOverSpan(routed, span), "one consumer span per delivery")
 	require.False(t, delivery.HandOverSpan(&delivery.State{EndSpanInChain: true}, span))
 	require.False(t, delivery.HandOverSpan(nil, span))
+}
+
+// A delivery's context carries the attempt's transaction in its State until EndTx, with no
+// allocation, and every context derived from it sees it as through txctx.WithTx.
+func TestWithTx_ADeliveryCarriesItInItsStateUntilEndTx(t *testing.T) {
+	ctx, _ := delivery.Start(context.Background(), "h", time.Time{})
+	child, stop := context.WithCancel(ctx)
+	defer stop()
+
+	txCtx, st := delivery.WithTx(child, "tx1")
+	require.Same(t, child, txCtx, "no context of its own")
+	require.NotNil(t, st)
+	require.Equal(t, "tx1", txctx.Tx(context.WithValue(txCtx, parentKey{}, "v")))
+
+	nested, inner := delivery.WithTx(txCtx, "tx2")
+	require.Nil(t, inner, "a transaction inside another takes a context of its own")
+	require.Equal(t, "tx2", txctx.Tx(nested))
+	require.Equal(t, "tx1", txctx.Tx(txCtx))
+
+	st.EndTx()
+	require.Nil(t, txctx.Tx(txCtx))
+	require.Nil(t, txctx.Tx(ctx))
+
+	allocs := testing.AllocsPerRun(100, func() {
+		_, st := delivery.WithTx(child, "tx1")
+		st.EndTx()
+	})
+	require.Zero(t, allocs)
+}
+
+// Outside a delivery, WithTx is txctx.WithTx.
+func TestWithTx_ElsewhereAContextOfItsOwn(t *testing.T) {
+	ctx := context.Background()
+	txCtx, st := delivery.WithTx(ctx, "tx")
+	require.Nil(t, st)
+	require.Equal(t, "tx", txctx.Tx(txCtx))
+	require.Nil(t, txctx.Tx(ctx))
+	st.EndTx() // does nothing
 }

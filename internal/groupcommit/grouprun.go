@@ -316,12 +316,14 @@ func (r *groupRun) runSaved(tx middleware.Tx, s *slot) error {
 
 // call runs the rest of the chain for s on tx, under s's own context, and catches a panic.
 func (r *groupRun) call(tx middleware.Tx, s *slot) (pe *processor.PanicError, err error) {
+	ctx, st := delivery.WithTx(s.m.ctx, tx)
 	defer func() {
+		st.EndTx()
 		if v := recover(); v != nil {
 			pe = asPanicError(v)
 		}
 	}()
-	return nil, r.g.next.Process(middleware.WithTx(s.m.ctx, tx), s.m.msg)
+	return nil, r.g.next.Process(ctx, s.m.msg)
 }
 
 func asPanicError(v any) *processor.PanicError {

@@ -16,6 +16,13 @@ func WithTx(ctx context.Context, tx any) context.Context {
 // Tx returns the transaction that ctx carries, nil when there is none.
 func Tx(ctx context.Context) any { return ctx.Value(txKey{}) }
 
+// IsTxKey reports whether k is the key under which WithTx puts the transaction: a context that
+// holds a transaction itself answers Value(k) with it.
+func IsTxKey(k any) bool {
+	_, ok := k.(txKey)
+	return ok
+}
+
 type internalIDKey struct{}
 
 // WithInternalID returns a context that carries the internal id minted for the message.
