@@ -28,11 +28,10 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -o $(BIN)/onceflow ./cmd/onceflow
 
-## test: vet, then every test against the embedded default and the loopback services: the broker
-## adapters that use no database one package at a time, and beside them the other packages one at a
-## time, which would overload PostgreSQL two at once (scripts/test.sh)
+## test: vet and every test against the embedded default and the loopback services, in two streams
+## of one package at a time: the packages that load the database servers, which would overload
+## PostgreSQL two at once, and beside them vet and the others (scripts/test.sh)
 test:
-	$(GO) vet $(PKGS)
 	GO=$(GO) scripts/test.sh -timeout 15m -- $(PKGS)
 
 ## test-order-full: the ExactlyOnceInOrder multi-process test at the size of issue 7 (1,000 keys x
@@ -46,8 +45,8 @@ test-order-full:
 test-conformance-full:
 	ONCEFLOW_CONFORMANCE=all $(GO) test -count=1 -timeout 30m -v -run 'TestConformance$$' ./conformance
 
-## test-poison-full: the conformance suite's Poison scenario on every broker x database x mode (72
-## runs, about 5 minutes); `make test` runs it on every broker and mode with one database each
+## test-poison-full: the conformance suite's Poison scenario on every broker x database x mode (81
+## runs, about 5 minutes); `make test` runs it on every broker with one database and one mode each
 test-poison-full:
 	ONCEFLOW_CONFORMANCE_POISON=all $(GO) test -count=1 -timeout 20m -v -run 'TestConformance_Poison' ./conformance
 
