@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Runs the tests of the packages given (go package patterns, as `go test` takes them) in two
+# Vets and tests the packages given (go package patterns, as `go test` takes them) in two
 # streams at once, each one package at a time:
-#   - the broker adapters that talk to no database server (RabbitMQ, NATS, Redis, Kafka, the
-#     in-memory broker and the SQLite queue);
-#   - every other package. Those share PostgreSQL (300 connections, scripts/services.sh), and
-#     two of them at once would overload it (the conformance matrix, the SQL queues' tests and
-#     verify's runs each hold 45 to 75 connections at their peak), so they take turns.
-# The other packages' output comes as it goes, the broker adapters' once their stream ends; the
-# exit status is a failure if either stream failed.
+#   - the packages whose tests load the database servers: the conformance matrix, the SQL
+#     queues, verify's and the ordering test's consumer processes, the router's and the
+#     stores' tests. They share PostgreSQL (300 connections, scripts/services.sh) and the two
+#     cores, and two of them at once would overload it (each holds 45 to 75 connections at its
+#     peak), so they take turns;
+#   - go vet, then every other package: the broker adapters, which talk to no database
+#     server, the packages without a service, the examples (a few connections each) and the
+#     console's browser test.
+# The first stream's output comes as it goes, the second's once it ends; the exit status is a
+# failure if either failed.
 # Usage: scripts/test.sh [go test flags --] packages...   GO selects the go command.
 set -euo pipefail
 GO=${GO:-go}
@@ -18,14 +21,17 @@ if [[ " $* " == *" -- "* ]]; then
   shift
 fi
 
+mod=$("$GO" list -m | head -1)
 pkgs=$("$GO" list "$@")
-brokers=()
-others=()
+heavy=()
+light=()
 while read -r pkg; do
-  case "$pkg" in
-  */broker/amqp | */broker/nats | */broker/redis | */broker/kafka | */broker/mem | */broker/sqlitequeue)
-    brokers+=("$pkg") ;;
-  *) others+=("$pkg") ;;
+  case "${pkg#"$mod"}" in
+  "" | /broker | /broker/sqlqueue | /cmd/onceflow | /conformance | /console | /dedup | \
+    /internal/groupcommit | /internal/sqllock | /onceflowtest | /ordering | /outbox | /sqldb | \
+    /sqldb/postgres | /bench/cmd/onceflow-bench)
+    heavy+=("$pkg") ;;
+  *) light+=("$pkg") ;;
   esac
 done <<<"$pkgs"
 
@@ -37,14 +43,16 @@ run() { # packages...
   "$GO" test -count=1 -p 1 "${flags[@]}" "$@"
 }
 
-run "${brokers[@]}" >"$out/brokers" 2>&1 &
-brokers_pid=$!
-others_status=0
-run "${others[@]}" || others_status=$?
-brokers_status=0
-wait "$brokers_pid" || brokers_status=$?
-cat "$out/brokers"
-if [ "$brokers_status" -ne 0 ] || [ "$others_status" -ne 0 ]; then
-  echo "FAIL: tests of the broker adapters exited $brokers_status, the others $others_status" >&2
+(
+  "$GO" vet "$@" && run "${light[@]}"
+) >"$out/light" 2>&1 &
+light_pid=$!
+heavy_status=0
+run "${heavy[@]}" || heavy_status=$?
+light_status=0
+wait "$light_pid" || light_status=$?
+cat "$out/light"
+if [ "$light_status" -ne 0 ] || [ "$heavy_status" -ne 0 ]; then
+  echo "FAIL: go vet and the light packages exited $light_status, the packages that load the databases $heavy_status" >&2
   exit 1
 fi
