@@ -16,7 +16,21 @@ import (
 // a cleanup can find them.
 func PubSub(t *testing.T, topicPrefix string, withGroup func(t *testing.T, group string) (message.Publisher, message.Subscriber)) {
 	t.Helper()
+	pubSub(t, topicPrefix, false, withGroup)
+}
+
+// PubSubShort runs the suite as PubSub does, at the sizes of its short mode (100 messages where
+// it sends 1,000 to 10,000): for a second configuration of a subscriber whose first runs the
+// suite in full.
+func PubSubShort(t *testing.T, topicPrefix string, withGroup func(t *testing.T, group string) (message.Publisher, message.Subscriber)) {
+	t.Helper()
+	pubSub(t, topicPrefix, true, withGroup)
+}
+
+func pubSub(t *testing.T, topicPrefix string, short bool, withGroup func(t *testing.T, group string) (message.Publisher, message.Subscriber)) {
+	t.Helper()
 	features := tests.Features{
+		ForceShort:                       short,
 		ConsumerGroups:                   true,
 		ExactlyOnceDelivery:              false,
 		GuaranteedOrder:                  false,
