@@ -123,6 +123,12 @@ func (src *source) put(from, to int) {
 // what opt leaves zero.
 func start(t *testing.T, g *inflight.Group, src *source, direct bool, opt inflight.Options) (<-chan *message.Message, context.CancelFunc) {
 	t.Helper()
+	return startAs(t, g, src, src, direct, opt)
+}
+
+// startAs starts as start does, with as, a wrapper of src, as the subscription's source.
+func startAs(t *testing.T, g *inflight.Group, src *source, as inflight.Source[int], direct bool, opt inflight.Options) (<-chan *message.Message, context.CancelFunc) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	if direct {
 		ctx = redelivery.WithDirectSettle(ctx)
@@ -134,7 +140,7 @@ func start(t *testing.T, g *inflight.Group, src *source, direct bool, opt inflig
 		opt.CloseTimeout = 5 * time.Second
 	}
 	opt.ErrClosed, opt.ErrExpired = errClosed, errExpired
-	src.sub = inflight.New(ctx, src, opt)
+	src.sub = inflight.New(ctx, as, opt)
 	ch, err := src.sub.Start(g)
 	require.NoError(t, err)
 	return ch, cancel
@@ -417,7 +423,7 @@ func TestHold_TheSourceLearnsOfTheStartBeforeTheEnd(t *testing.T) {
 		const n = 50
 		src := &slowHold{source: newSource(2 * n)}
 		src.put(1, n)
-		ch, cancel := start(t, nil, src.source, direct, inflight.Options{Prefetch: n, HoldNacks: true})
+		ch, cancel := startAs(t, nil, src.source, src, direct, inflight.Options{Prefetch: n, HoldNacks: true})
 		defer cancel()
 		for range n {
 			m := receive(t, ch)
