@@ -142,39 +142,6 @@ func (f *fixture) pendingOf(uuid string) redis.XPendingExt {
 	return redis.XPendingExt{}
 }
 
-// receiveN returns the next n messages of ch, failing the test after timeout for any one of
-// them with what Redis says of the stream's consumer group: whether the entries were read
-// into a consumer's pending list, or not read at all.
-func (f *fixture) receiveN(ch <-chan *message.Message, n int, timeout time.Duration) []*message.Message {
-	f.t.Helper()
-	out := make([]*message.Message, n)
-	for i := range out {
-		out[i] = testsvc.ReceiveOr(f.t, ch, timeout, func() string {
-			return fmt.Sprintf("message %d of %d; %s", i+1, n, f.groupState())
-		})
-	}
-	return out
-}
-
-// groupState describes the stream and its consumer group as Redis has them.
-func (f *fixture) groupState() string {
-	f.t.Helper()
-	ctx := context.Background()
-	length, err := f.admin.XLen(ctx, f.topic).Result()
-	if err != nil {
-		return fmt.Sprintf("XLEN: %v", err)
-	}
-	groups, err := f.admin.XInfoGroups(ctx, f.topic).Result()
-	if err != nil {
-		return fmt.Sprintf("XINFO GROUPS: %v", err)
-	}
-	consumers, err := f.admin.XInfoConsumers(ctx, f.topic, group).Result()
-	if err != nil {
-		return fmt.Sprintf("XINFO CONSUMERS: %v", err)
-	}
-	return fmt.Sprintf("stream of %d entries, groups %+v, consumers %+v", length, groups, consumers)
-}
-
 // tcpProxy is an in-process loopback TCP proxy in front of the Redis server.
 type tcpProxy struct {
 	p   *toxiproxy.Proxy

@@ -141,21 +141,6 @@ func (e *env) publish(q *sqlqueue.Queue, topic, prefix string, n int) []string {
 	return ids
 }
 
-// publishTogether publishes n messages to topic on q in one transaction, and returns their
-// UUIDs. On PostgreSQL they come into view together (see wakeUntilClaimed).
-func (e *env) publishTogether(q *sqlqueue.Queue, topic, prefix string, n int) []string {
-	e.t.Helper()
-	pub := e.publisher(q, topic)
-	ids := make([]string, n)
-	msgs := make([]*message.Message, n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("%s-%03d", prefix, i)
-		msgs[i] = message.NewMessage(ids[i], []byte(fmt.Sprintf("payload %d", i)))
-	}
-	require.NoError(e.t, pub.Publish(topic, msgs...))
-	return ids
-}
-
 // publisher returns a publisher of q, with the tables of topic created.
 func (e *env) publisher(q *sqlqueue.Queue, topic string) message.Publisher {
 	e.t.Helper()

@@ -1360,7 +1360,6 @@ func withTimestamp() option          { return func(c *groupcommit.Config) { c.Wi
 func onJoin(fn func(size int)) option {
 	return func(c *groupcommit.Config) { groupcommit.SetJoined(c, fn) }
 }
-func isolation(l sql.IsolationLevel) option { return func(c *groupcommit.Config) { c.Isolation = l } }
 
 // newGroupCommit returns the group transaction on db that records its members' ids for handler
 // in store.
