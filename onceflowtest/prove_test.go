@@ -147,6 +147,15 @@ func proveBroken(t *testing.T, cfg onceflowtest.Config) (onceflowtest.Report, st
 	return r, rec.errs[0]
 }
 
+// perMessage gives the two handlers below that write outside the handler's transaction a
+// transaction per message, so that each fault the run injects is one message's account. Under
+// group commit they fail too, and Prove says so, but differently from run to run: a failure
+// rolls back a whole group, and a write outside the group's transaction can wait on rows a
+// group holds while that group waits for it, which PostgreSQL cannot see as a deadlock, until
+// the delivery's deadline ends the wait (seen as messages reported lost, every delivery ending
+// "group commit: context canceled").
+var perMessage = onceflow.GroupCommitConfig{Disabled: true}
+
 // A processor that writes through its own connection (the handler's DB, not its transaction)
 // keeps its write when the transaction rolls back: the failure the run injects after it
 // returned makes the retry write the payment again.
@@ -158,6 +167,7 @@ func TestProve_CatchesAProcessorThatWritesOutsideTheTransaction(t *testing.T) {
 	}
 	cfg := ledger(func(env onceflowtest.Env) onceflow.Handler {
 		return onceflow.Handler{Name: "ledger", Topic: "payments", Subscriber: env.Subscriber, DB: env.DB, QoS: onceflow.ExactlyOnce,
+			GroupCommit: perMessage,
 			Processor: processor.JSON(func(ctx context.Context, msg *messagedata.MessageData, p payment) error {
 				_, err := env.DB.ExecContext(ctx, env.DB.Rebind(`INSERT INTO ledger (payment_id, cents) VALUES (?, ?)`), msg.ID, p.Cents)
 				return err
@@ -207,7 +217,8 @@ func TestProve_CatchesAnInterceptorThatCommitsOnItsOwn(t *testing.T) {
 			})
 		})
 		return onceflow.Handler{Name: "ledger", Topic: "payments", Subscriber: env.Subscriber, DB: env.DB,
-			Chain: onceflow.ExactlyOnce.Chain().After(onceflow.StageDeduplicate, ownTx), Processor: book}
+			GroupCommit: perMessage,
+			Chain:       onceflow.ExactlyOnce.Chain().After(onceflow.StageDeduplicate, ownTx), Processor: book}
 	})
 	cfg.DBURL = dbURL
 	r, msg := proveBroken(t, cfg)
