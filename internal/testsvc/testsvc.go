@@ -34,7 +34,7 @@ import (
 
 // Default service URLs.
 const (
-	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable&connect_timeout=60s"
+	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable&connect_timeout=60"
 	DefaultMySQLURL    = "mysql://root@127.0.0.1:3306/test"
 	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultNATSURL     = "nats://127.0.0.1:4222"
