@@ -101,3 +101,20 @@ func closeConnector(c driver.Connector) error {
 	}
 	return nil
 }
+
+// wrappingConnector wraps each connection of the connector it wraps (Driver.WrapConn).
+type wrappingConnector struct {
+	driver.Connector
+	wrap func(driver.Conn) driver.Conn
+}
+
+func (c wrappingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	dc, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.wrap(dc), nil
+}
+
+// Close closes the wrapped connector if it has anything to close.
+func (c wrappingConnector) Close() error { return closeConnector(c.Connector) }

@@ -125,6 +125,9 @@ func open(ctx context.Context, rawURL string, t *target) (*DB, error) {
 	if t.connectTimeout > 0 {
 		connector = boundedConnector{Connector: connector, timeout: t.connectTimeout}
 	}
+	if t.driver.WrapConn != nil {
+		connector = wrappingConnector{Connector: connector, wrap: t.driver.WrapConn}
+	}
 	var w *writer
 	if t.path != "" && !strings.Contains(t.path, ":memory:") && !strings.Contains(t.dsn, "mode=memory") && t.driver.WriteTurn != nil {
 		if wait, ok := t.driver.WriteTurn(t.dsn); ok {

@@ -3,6 +3,7 @@ package sqldb
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"net/url"
 	"slices"
@@ -76,6 +77,12 @@ type Driver struct {
 	// refuses a setting that the connect passed on to it as one the server does not have. Open
 	// then reports the query parameter that err names, in quotes, as unknown.
 	UnknownSetting func(err error) bool
+
+	// WrapConn, if not nil, wraps each connection that Open's pools make with the driver, to
+	// change how it runs statements without changing what they do (PostgreSQL sends a
+	// transaction's BEGIN with its first statement). database/sql checks the optional
+	// interfaces of driver.Conn on what it returns.
+	WrapConn func(driver.Conn) driver.Conn
 
 	// Listen, if not nil, makes conn listen on a notification channel, calls ready once it
 	// does and notified for each notification, until ctx ends or the connection fails (see the

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -16,7 +16,7 @@ import (
 // The connection is marked bad when it fails, so that database/sql does not reuse it.
 func listen(ctx context.Context, conn *sql.Conn, channel string, ready, notified func()) error {
 	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
+		sc, ok := dc.(interface{ Conn() *pgx.Conn })
 		if !ok {
 			return fmt.Errorf("%w: the connection is a %T, not pgx's", sqldb.ErrCannotListen, dc)
 		}

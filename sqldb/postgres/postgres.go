@@ -9,6 +9,11 @@
 // (params: sslmode, target_session_attrs, ...) or PostgreSQL run-time settings
 // (application_name, search_path, ...), which pgx sends to the server at connect. The server
 // refuses a setting it does not have, and sqldb.Open reports that parameter as unknown.
+//
+// The connections of sqldb.Open's pools send a transaction's BEGIN together with its first
+// statement run by Exec, one round trip where pgx's driver takes two; a first query or
+// prepare sends BEGIN alone before it, and a transaction that runs no statement is never
+// begun on the server. Isolation levels and read-only transactions are kept.
 package postgres
 
 import (
@@ -48,6 +53,7 @@ func init() {
 		Classify:          classify,
 		IsConnectionError: isConnectionError,
 		UniqueConstraint:  constraint,
+		WrapConn:          wrapConn,
 		Listen:            listen,
 		Params:            params,
 		OtherParams:       "PostgreSQL run-time settings (application_name, search_path, ...), which the server checks at connect",

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -109,7 +108,7 @@ func (x *expertSQL) apply(ctx context.Context, msgs []inMsg) ([]inMsg, error) {
 	}
 	var fresh []inMsg
 	err = conn.Raw(func(dc any) error {
-		c, ok := dc.(*stdlib.Conn)
+		c, ok := dc.(interface{ Conn() *pgx.Conn })
 		if !ok {
 			return fmt.Errorf("a PostgreSQL connection of %T, not pgx's", dc)
 		}
