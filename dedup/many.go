@@ -46,6 +46,29 @@ func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 // anywhere in keys fails the whole call before any statement runs; the error names its
 // position.
 func (s *SQLStore) RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]Outcome, error) {
+	return s.recordKeys(ctx, tx, keys, false)
+}
+
+// TryRecordKeys is RecordKeys for a transaction that its caller can run again, and that is
+// expected to find every key new: it inserts the keys not recorded yet with a plain multi-row
+// INSERT, whose count of rows says whether that was all of them. It reads no rows and leaves
+// expired records alone, which costs the database less than RecordKeys' statement, and on
+// PostgreSQL the statement, first in its transaction, goes out with the transaction's BEGIN on
+// a database opened by sqldb.Open. It returns nil outcomes when a key was recorded already,
+// expired or not: then what it wrote must not commit; roll tx back, and record the keys with
+// RecordKeys in a new transaction.
+func (s *SQLStore) TryRecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Key) ([]Outcome, error) {
+	fresh, err := s.recordKeys(ctx, tx, keys, true)
+	if errors.Is(err, errNotAllNew) {
+		return nil, nil
+	}
+	return fresh, err
+}
+
+// errNotAllNew is TryRecordKeys' finding that a key was not simply recorded.
+var errNotAllNew = errors.New("a key is not new")
+
+func (s *SQLStore) recordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Key, try bool) ([]Outcome, error) {
 	if tx == nil {
 		return nil, errors.New("dedup: RecordMany: tx is nil")
 	}
@@ -77,7 +100,9 @@ func (s *SQLStore) RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 	for start := 0; start < len(distinct); start += maxKeysPerStatement {
 		chunk := distinct[start:min(start+maxKeysPerStatement, len(distinct))]
 		pos := at[start : start+len(chunk)]
-		if err := s.recordChunk(ctx, tx, chunk, pos, fresh, created, expires); err != nil {
+		if err := s.recordChunk(ctx, tx, chunk, pos, fresh, created, expires, try); errors.Is(err, errNotAllNew) {
+			return nil, err
+		} else if err != nil {
 			return nil, fmt.Errorf("dedup: record %d keys in %s: %w", len(chunk), s.table, err)
 		}
 	}
@@ -85,15 +110,28 @@ func (s *SQLStore) RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 }
 
 // recordChunk records chunk (distinct, valid, sorted) and sets fresh at pos, the positions of
-// chunk's keys, for those it recorded.
-func (s *SQLStore) recordChunk(ctx context.Context, tx sqlx.ExtContext, chunk []Key, pos []int, fresh []Outcome, created, expires int64) error {
-	if er, ok := s.dialect.(exceptionRecorder); ok {
-		exceptions, err := er.recordExceptions(ctx, tx, chunk, created, expires)
-		if err != nil {
+// chunk's keys, for those it recorded. With try, it records only keys that are new, and returns
+// errNotAllNew when some were not.
+func (s *SQLStore) recordChunk(ctx context.Context, tx sqlx.ExtContext, chunk []Key, pos []int, fresh []Outcome, created, expires int64, try bool) error {
+	if fr, ok := s.dialect.(freshRecorder); ok && try {
+		switch allNew, err := fr.recordIfNew(ctx, tx, chunk, created, expires); {
+		case err != nil:
 			return err
+		case !allNew:
+			return errNotAllNew
 		}
 		for _, i := range pos {
 			fresh[i] = Recorded
+		}
+		return nil
+	}
+	if er, ok := s.dialect.(exceptionRecorder); ok {
+		for _, i := range pos {
+			fresh[i] = Recorded
+		}
+		exceptions, err := er.recordExceptions(ctx, tx, chunk, created, expires)
+		if err != nil {
+			return err
 		}
 		for _, e := range exceptions {
 			if e.index < 0 || e.index >= len(chunk) {
@@ -130,6 +168,9 @@ var (
 	_ manyRecorder      = (*mysql)(nil)
 	_ manyRecorder      = (*sqlite)(nil)
 	_ exceptionRecorder = (*postgres)(nil)
+	_ freshRecorder     = (*mysql)(nil)
+	_ freshRecorder     = (*sqlite)(nil)
+	_ freshRecorder     = (*postgres)(nil)
 )
 
 // manyRecorder is a dialect that records a batch of keys with one multi-row statement returning
@@ -149,6 +190,15 @@ type exceptionRecorder interface {
 	recordExceptions(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]exception, error)
 }
 
+// freshRecorder is a dialect that records a batch of keys expected to be new with a plain
+// multi-row insert, whose count of rows written says whether they were (TryRecordKeys).
+type freshRecorder interface {
+	// recordIfNew records the keys (distinct, valid, sorted) that are not recorded yet, expired
+	// or not, and reports whether that was every one of them; when it was not, what it wrote
+	// must not commit.
+	recordIfNew(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (bool, error)
+}
+
 // exception is a key of a batch that was not recorded as new.
 type exception struct {
 	index   int
@@ -157,6 +207,21 @@ type exception struct {
 
 func compareKeys(a, b Key) int {
 	return cmp.Or(strings.Compare(a.Handler, b.Handler), strings.Compare(a.MessageID, b.MessageID), cmp.Compare(a.Timestamp, b.Timestamp))
+}
+
+// rowArgs returns the arguments of a multi-row insert of keys, five to a row (handler,
+// message_id, message_ts, created_at, expires_at), with room for one more.
+func rowArgs(keys []Key, created, expires int64) []any {
+	args := make([]any, 0, 5*len(keys)+1)
+	c, e := any(created), any(expires) // boxed once for every row
+	var handler any
+	for i, k := range keys {
+		if i == 0 || k.Handler != keys[i-1].Handler {
+			handler = k.Handler // boxed once for a run of keys of one handler, a group's
+		}
+		args = append(args, handler, k.MessageID, k.Timestamp, c, e)
+	}
+	return args
 }
 
 // repeatRows returns prefix, then row n times separated by commas, then suffix: the text of a

@@ -179,6 +179,16 @@ func mariaDBReturns(version string) bool {
 	return major > 10 || major == 10 && minor >= 5
 }
 
+// recordIfNew runs a plain multi-row INSERT: a key recorded already fails it with a duplicate
+// key error, which rolls back the statement alone, whatever the connection's clientFoundRows.
+func (m *mysql) recordIfNew(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (bool, error) {
+	_, err := tx.ExecContext(ctx, repeatRows(m.manyPrefix, "(?,?,?,NULL,?,?,NULL)", "", len(keys)), rowArgs(keys, created, expires)...)
+	if sqldb.Classify(err) == sqldb.UniqueViolation {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // recordOne runs the upsert; rows affected, as the server reports it without clientFoundRows,
 // is 1 for an insert, 2 for a renewed expired row and 0 for a live duplicate.
 func (m *mysql) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error) {

@@ -3,7 +3,7 @@ package dedup
 import (
 	"context"
 	"database/sql"
-	"errors"
+	"fmt"
 
 	"github.com/jmoiron/sqlx"
 
@@ -20,8 +20,12 @@ import (
 type postgres struct {
 	s *SQLStore
 
-	exceptions, exceptionsOneHandler string
+	exceptions, fresh keysStatement
 }
+
+// keysStatement is a statement over a batch of keys, in two texts: over three arrays, and over
+// the handler and two arrays when the keys share their handler, as a group's keys do.
+type keysStatement struct{ all, oneHandler string }
 
 // pgLockKey is an advisory lock key for purpose ($1) on table ($2) in the current schema: the
 // first 64 bits of an MD5, so that stores of the same table name in two schemas of one database
@@ -48,17 +52,32 @@ func (p *postgres) queries(table string) queries {
 SELECT k.i, ins.renewed FROM k LEFT JOIN ins
 ON ins.handler = k.handler AND ins.message_id = k.message_id AND ins.message_ts = k.message_ts
 WHERE ins.renewed IS NOT FALSE`
-	p.exceptions = `WITH k AS (
+	// A plain insert for keys expected to be new (TryRecordKeys): a key recorded already,
+	// expired or not, is left alone, and the count of rows written tells.
+	fresh := `
+	INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, created_at, expires_at)
+	SELECT handler, message_id, message_ts, $1::bigint, $2::bigint FROM k ORDER BY i
+	ON CONFLICT (handler, message_id, message_ts) DO NOTHING`
+	keys := `WITH k AS (
 	SELECT * FROM unnest($3::text[], $4::text[], $5::bigint[]) WITH ORDINALITY AS k(handler, message_id, message_ts, i)
-)` + insert
+)`
 	// The same when every key has one handler ($3), as a group's keys do: one array fewer.
-	p.exceptionsOneHandler = `WITH k AS (
+	keysOneHandler := `WITH k AS (
 	SELECT $3::text AS handler, message_id, message_ts, i
 	FROM unnest($4::text[], $5::bigint[]) WITH ORDINALITY AS k(message_id, message_ts, i)
-)` + insert
+)`
+	p.exceptions = keysStatement{all: keys + insert, oneHandler: keysOneHandler + insert}
+	p.fresh = keysStatement{all: keys + fresh, oneHandler: keysOneHandler + fresh}
 	return queries{
-		record: `INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, internal_id, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6)` + pgUpsert + ` RETURNING d.xmax <> 0`,
+		// The upsert's outcome is the count of rows of the SELECT around it: 0 for a duplicate,
+		// 1 for a new key, 2 for a renewed one. Run as an Exec, which reads no rows, it goes
+		// out with the transaction's BEGIN (see sqldb/postgres).
+		record: `WITH ins AS (
+	INSERT INTO ` + t + ` AS d (handler, message_id, message_ts, internal_id, created_at, expires_at)
+	VALUES ($1, $2, $3, $4, $5, $6)` + pgUpsert + `
+	RETURNING d.xmax <> 0 AS renewed
+)
+SELECT 1 FROM ins, generate_series(1, CASE WHEN ins.renewed THEN 2 ELSE 1 END)`,
 		lookup: `SELECT COALESCE(internal_id, '') FROM ` + t + `
 WHERE handler = $1 AND message_id = $2 AND message_ts = $3 AND expires_at > $4`,
 		forget: `DELETE FROM ` + t + ` WHERE handler = $1 AND message_id = $2 AND message_ts = $3`,
@@ -70,39 +89,62 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE expires_at <= $1 LIMIT $
 	}
 }
 
-// recordOne runs the upsert, which returns a row for a key it inserted or renewed.
+// recordOne runs the upsert, whose count of rows is its outcome.
 func (p *postgres) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, iid any, created, expires int64) (Outcome, error) {
-	var renewed bool
-	err := tx.QueryRowxContext(ctx, p.s.q.record, key.Handler, key.MessageID, key.Timestamp, iid, created, expires).Scan(&renewed)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return Duplicate, nil
+	res, err := tx.ExecContext(ctx, p.s.q.record, key.Handler, key.MessageID, key.Timestamp, iid, created, expires)
+	if err != nil {
+		return Duplicate, err
+	}
+	switch n, err := res.RowsAffected(); {
 	case err != nil:
 		return Duplicate, err
-	case renewed:
+	case n == 0:
+		return Duplicate, nil
+	case n == 1:
+		return Recorded, nil
+	case n == 2:
 		return Renewed, nil
+	default:
+		return Duplicate, fmt.Errorf("the record statement gave %d rows, not 0, 1 or 2", n)
 	}
-	return Recorded, nil
 }
 
-// recordExceptions runs the exceptions statement over the keys as three arrays, or as the
-// handler and two arrays when the keys share their handler.
-func (p *postgres) recordExceptions(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]exception, error) {
+// over returns the text of st for keys, and its arguments: created, expires, then the keys as
+// three arrays, or as the handler and two arrays when they share their handler.
+func (st keysStatement) over(keys []Key, created, expires int64) (string, []any) {
 	ids, stamps := make([]string, len(keys)), make([]int64, len(keys))
 	oneHandler := true
 	for i, k := range keys {
 		ids[i], stamps[i] = k.MessageID, k.Timestamp
 		oneHandler = oneHandler && k.Handler == keys[0].Handler
 	}
-	query, handlers := p.exceptionsOneHandler, any(keys[0].Handler)
-	if !oneHandler {
-		all := make([]string, len(keys))
-		for i, k := range keys {
-			all[i] = k.Handler
-		}
-		query, handlers = p.exceptions, all
+	if oneHandler {
+		return st.oneHandler, []any{created, expires, keys[0].Handler, ids, stamps}
 	}
-	rows, err := tx.QueryContext(ctx, query, created, expires, handlers, ids, stamps)
+	all := make([]string, len(keys))
+	for i, k := range keys {
+		all[i] = k.Handler
+	}
+	return st.all, []any{created, expires, all, ids, stamps}
+}
+
+// recordIfNew inserts the keys that are not recorded, with a plain INSERT whose count of rows
+// says whether each key was: it reads no rows, and, first in its transaction, goes out with the
+// transaction's BEGIN (see sqldb/postgres).
+func (p *postgres) recordIfNew(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (bool, error) {
+	query, args := p.fresh.over(keys, created, expires)
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == int64(len(keys)), err
+}
+
+// recordExceptions runs the exceptions statement and reads its rows.
+func (p *postgres) recordExceptions(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) ([]exception, error) {
+	query, args := p.exceptions.over(keys, created, expires)
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

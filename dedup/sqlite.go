@@ -30,6 +30,10 @@ type sqlite struct {
 	manyPrefix, manySuffix, maxRowid string
 }
 
+// sqliteFresh ends the plain insert of keys expected to be new: one that is recorded is left
+// alone, and the count of rows written tells.
+const sqliteFresh = ` ON CONFLICT (handler, message_id, message_ts) DO NOTHING`
+
 const sqliteUpsert = ` ON CONFLICT (handler, message_id, message_ts) DO UPDATE
 SET internal_id = excluded.internal_id, created_at = excluded.created_at, expires_at = excluded.expires_at
 WHERE `
@@ -90,17 +94,19 @@ func (q *sqlite) recordMany(ctx context.Context, tx sqlx.ExtContext, keys []Key,
 	if err != nil {
 		return nil, err
 	}
-	args := make([]any, 0, 5*len(keys)+1)
-	c, e := any(created), any(expires) // boxed once for every row
-	var handler any
-	for i, k := range keys {
-		if i == 0 || k.Handler != keys[i-1].Handler {
-			handler = k.Handler // boxed once for a run of keys of one handler, a group's
-		}
-		args = append(args, handler, k.MessageID, k.Timestamp, c, e)
-	}
 	query := repeatRows(q.manyPrefix, "(?,?,?,?,?)", q.manySuffix, len(keys))
-	return queryKeys(ctx, tx, query, append(args, last), true)
+	return queryKeys(ctx, tx, query, append(rowArgs(keys, created, expires), last), true)
+}
+
+// recordIfNew runs the plain multi-row insert, without RETURNING and without reading the
+// largest rowid first.
+func (q *sqlite) recordIfNew(ctx context.Context, tx sqlx.ExtContext, keys []Key, created, expires int64) (bool, error) {
+	res, err := tx.ExecContext(ctx, repeatRows(q.manyPrefix, "(?,?,?,?,?)", sqliteFresh, len(keys)), rowArgs(keys, created, expires)...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == int64(len(keys)), err
 }
 
 func (q *sqlite) migrate(ctx context.Context) error {

@@ -929,11 +929,13 @@ func TestSQLStore_WorksOnATableOfTheEarlierLayout(t *testing.T) {
 // the commits weigh little beside the statement. One op is one key. On
 // PostgreSQL and SQLite it runs on the table Migrate creates and on a table of the layout
 // tables had before (the primary key led by the handler; on PostgreSQL in the database's
-// collation), which a store uses as it finds it: their ratio is the layout's gain.
+// collation), which a store uses as it finds it: their ratio is the layout's gain. On the
+// current table it runs TryRecordKeys too (current-try), the statement of a group of first
+// deliveries.
 func BenchmarkRecordMany(b *testing.B) {
 	const group = 64
 	for _, d := range testsvc.Databases() {
-		layouts := []string{"current"}
+		layouts := []string{"current", "current-try"}
 		if d.Name != "mysql" {
 			layouts = append(layouts, "legacy")
 		}
@@ -948,6 +950,10 @@ func BenchmarkRecordMany(b *testing.B) {
 				store, err := dedup.New(db, dedup.Config{Table: table})
 				require.NoError(b, err)
 				require.NoError(b, store.Migrate(ctx))
+				record := store.RecordKeys
+				if layout == "current-try" {
+					record = store.TryRecordKeys
+				}
 				keys := benchKeys(b.N)
 				b.ReportAllocs()
 				b.ResetTimer()
@@ -960,9 +966,9 @@ func BenchmarkRecordMany(b *testing.B) {
 						tx, err = db.BeginTxx(ctx, nil)
 						require.NoError(b, err)
 					}
-					fresh, err := store.RecordMany(ctx, tx, keys[i:min(i+group, b.N)])
+					fresh, err := record(ctx, tx, keys[i:min(i+group, b.N)])
 					require.NoError(b, err)
-					require.NotContains(b, fresh, false)
+					require.NotContains(b, fresh, dedup.Duplicate)
 				}
 				require.NoError(b, tx.Commit())
 			})
@@ -1095,6 +1101,38 @@ func recordsRenewedByPosition(t *testing.T, e *env) {
 	got, err := e.store.RecordKeys(ctx, tx, []dedup.Key{expired, live})
 	require.NoError(t, err)
 	require.Equal(t, []dedup.Outcome{dedup.Renewed, dedup.Renewed}, got)
+}
+
+func TestTryRecordKeys_RecordsNewKeysAndRefusesABatchWithAnyOther(t *testing.T) {
+	forEachDB(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		expired, live := key("expired"), key("live")
+		e.clock.Set(t0.Add(-2 * retention))
+		require.True(t, e.recordCommitted(t, expired, ""))
+		e.clock.Set(t0)
+		require.True(t, e.recordCommitted(t, live, ""))
+
+		tx := e.begin(t)
+		got, err := e.store.TryRecordKeys(ctx, tx, []dedup.Key{key("new-1"), key("new-2"), key("new-1")})
+		require.NoError(t, err)
+		require.Equal(t, []dedup.Outcome{dedup.Recorded, dedup.Recorded, dedup.Duplicate}, got, "a later copy in the batch is a duplicate")
+		require.NoError(t, tx.Commit())
+		for _, k := range []dedup.Key{key("new-1"), key("new-2")} {
+			_, found := e.lookup(t, k)
+			require.True(t, found, "%+v", k)
+		}
+
+		for _, other := range []dedup.Key{live, expired} {
+			tx := e.begin(t)
+			batch := []dedup.Key{key("new-3"), other}
+			got, err := e.store.TryRecordKeys(ctx, tx, batch)
+			require.NoError(t, err)
+			require.NoError(t, tx.Rollback())
+			require.Nil(t, got, "%s: the batch holds a key that is not new", other.MessageID)
+		}
+		_, found := e.lookup(t, key("new-3"))
+		require.False(t, found, "rolled back")
+	})
 }
 
 func TestMariaDBReturns_OnlyFromMariaDB105(t *testing.T) {

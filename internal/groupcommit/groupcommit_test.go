@@ -488,6 +488,47 @@ func TestGroupCommit_RecordedIDIsDuplicateAndNotProcessed(t *testing.T) {
 	})
 }
 
+func TestGroupCommit_AGroupOfFirstDeliveriesReadsItsIDsOutcomesOnlyWhenOneIsNotNew(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		ctx := context.Background()
+		f := newGroupFixture(t, d)
+		proc := processor.Func(insertEffect)
+		require.NoError(t, f.groupCommit(t, 1, proc).Process(ctx, msg("seen")))
+
+		// The ids are recorded without reading them back (TryRecordKeys), and one is not
+		// new: the transaction runs again and reads each id's outcome.
+		begins := f.cdb.begins.Load()
+		out := processAll(f.groupCommit(t, 3, proc), "new-1", "seen", "new-2")
+		require.NoError(t, out[0].err)
+		require.ErrorIs(t, out[1].err, processor.ErrDuplicate)
+		require.NoError(t, out[2].err)
+		require.Equal(t, int32(2), f.cdb.begins.Load()-begins)
+
+		// A redelivery is likely not new: its group reads the outcomes at once.
+		begins = f.cdb.begins.Load()
+		again := msg("seen")
+		again.Delivery = 2
+		p := f.groupCommit(t, 2, proc)
+		errs := make(chan error, 2)
+		go func() { errs <- p.Process(ctx, again) }()
+		go func() { errs <- p.Process(ctx, msg("new-3")) }()
+		var dups int
+		for range 2 {
+			if err := <-errs; err != nil {
+				require.ErrorIs(t, err, processor.ErrDuplicate)
+				dups++
+			}
+		}
+		require.Equal(t, 1, dups)
+		require.Equal(t, int32(1), f.cdb.begins.Load()-begins)
+
+		for _, id := range []string{"seen", "new-1", "new-2", "new-3"} {
+			require.Equal(t, 1, f.effects(t, id), id)
+			require.Equal(t, 1, f.recorded(t, id), id)
+		}
+	})
+}
+
 func TestGroupCommit_TwoCopiesInOneGroupGiveOneEffect(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d testsvc.Database) {
 		f := newGroupFixture(t, d)

@@ -33,8 +33,18 @@ func (r *groupRun) record(tx middleware.Tx, set []*slot) (todo []*slot, refused 
 	for i, s := range set {
 		keys[i] = s.m.key
 	}
-	ends := childSpans(set, telemetry.SpanDedup, 0)
-	fresh, err := r.recordKeys(tx, keys)
+	// A try that found an id not new leaves its spans open: the members' one dedup span goes
+	// on into the transaction that reads the outcomes.
+	ends := r.dedupSpans
+	r.dedupSpans = nil
+	if ends == nil {
+		ends = childSpans(set, telemetry.SpanDedup, 0)
+	}
+	fresh, err := r.recordKeys(tx, keys, !r.readOutcomes && firstDeliveries(set))
+	if err == nil && fresh == nil {
+		r.dedupSpans = ends
+		return nil, false, errRecordAgain
+	}
 	if errors.Is(err, dedup.ErrInvalidKey) {
 		fresh, err = r.recordOneByOne(tx, keys, set)
 	}
@@ -94,9 +104,21 @@ func (r *groupRun) record(tx middleware.Tx, set []*slot) (todo []*slot, refused 
 	return todo, refused, nil
 }
 
+// errRecordAgain says that the group's ids were recorded by TryRecordKeys and one was not new:
+// the transaction must be rolled back and run again with the outcomes read.
+var errRecordAgain = errors.New("a message id is not new")
+
 // recordKeys records keys with the store's RecordKeys when it has one, which tells renewed
-// expired keys apart, and with RecordMany otherwise.
-func (r *groupRun) recordKeys(tx middleware.Tx, keys []dedup.Key) ([]dedup.Outcome, error) {
+// expired keys apart, and with RecordMany otherwise. With try, it tries first
+// (TryRecordKeys: no round trip of its own on PostgreSQL), and returns nil outcomes when a key
+// was not new; the record of a group of first deliveries tries, as they are new but for a
+// producer's second publish.
+func (r *groupRun) recordKeys(tx middleware.Tx, keys []dedup.Key, try bool) ([]dedup.Outcome, error) {
+	if tr, ok := r.g.store.(interface {
+		TryRecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []dedup.Key) ([]dedup.Outcome, error)
+	}); ok && try {
+		return tr.TryRecordKeys(r.ctx, tx, keys)
+	}
 	if kr, ok := r.g.store.(interface {
 		RecordKeys(ctx context.Context, tx sqlx.ExtContext, keys []dedup.Key) ([]dedup.Outcome, error)
 	}); ok {
@@ -121,7 +143,7 @@ func (r *groupRun) recordKeys(tx middleware.Tx, keys []dedup.Key) ([]dedup.Outco
 func (r *groupRun) recordOneByOne(tx middleware.Tx, keys []dedup.Key, set []*slot) ([]dedup.Outcome, error) {
 	fresh := make([]dedup.Outcome, len(keys))
 	for i, k := range keys {
-		f, err := r.recordKeys(tx, []dedup.Key{k})
+		f, err := r.recordKeys(tx, []dedup.Key{k}, false)
 		switch {
 		case errors.Is(err, dedup.ErrInvalidKey):
 			set[i].finish(memberResult{err: processor.Permanent(fmt.Errorf("record message %q: %w", set[i].m.msg.ID, err))})
@@ -133,4 +155,14 @@ func (r *groupRun) recordOneByOne(tx middleware.Tx, keys []dedup.Key, set []*slo
 		}
 	}
 	return fresh, nil
+}
+
+// firstDeliveries reports whether every member of set is delivered for the first time.
+func firstDeliveries(set []*slot) bool {
+	for _, s := range set {
+		if s.m.msg.Delivery > 1 {
+			return false
+		}
+	}
+	return true
 }

@@ -51,6 +51,12 @@ type groupRun struct {
 	// joined are the members that joined by Join, whose results are set: the caller of run
 	// notifies them (notifyJoined).
 	joined []*member
+	// readOutcomes is set once a try to record the group's ids found one that was not new:
+	// the group's later transactions read the outcome of each.
+	readOutcomes bool
+	// dedupSpans are the members' dedup spans of a try that found an id not new, ended by the
+	// record that reads the outcomes.
+	dedupSpans []func(error)
 }
 
 // run runs the group of members and hands every member its result: it sends each member that
@@ -190,6 +196,7 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 	}
 	tx, err := r.g.db.BeginTx(r.ctx, r.g.txOpts)
 	if err != nil {
+		r.endDedupSpans(err)
 		r.failAll(set, fmt.Errorf("%w: begin transaction: %w", middleware.ErrGroupAborted, err))
 		return settled
 	}
@@ -208,6 +215,14 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 	}
 
 	todo, refused, err := r.record(tx, set)
+	if errors.Is(err, errRecordAgain) {
+		if err := rollback(); err != nil {
+			r.endDedupSpans(err)
+			return abort(err)
+		}
+		r.readOutcomes = true
+		return r.attempt(set, savepoints)
+	}
 	if err != nil {
 		return abort(err)
 	}
@@ -390,6 +405,15 @@ func (r *groupRun) commit(tx middleware.Tx, set []*slot) step {
 	}
 	r.settleCopies(set)
 	return settled
+}
+
+// endDedupSpans ends the dedup spans left open by a try that found an id not new, when the
+// transaction that was to read the outcomes does not run.
+func (r *groupRun) endDedupSpans(err error) {
+	for _, end := range r.dedupSpans {
+		end(err)
+	}
+	r.dedupSpans = nil
 }
 
 // childSpans starts the child span name of each member of set whose delivery is traced, with
