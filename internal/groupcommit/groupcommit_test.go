@@ -988,6 +988,47 @@ func TestGroupCommit_AfterAFailureTheRestRunOnceMoreUnderSavepoints(t *testing.T
 	})
 }
 
+// Under savepoints, a member that loses a conflict with another transaction (here a
+// deadlock) must not leave the members before it holding their locks, which that transaction
+// may be waiting for: the transaction is rolled back, and the others run again in a new one.
+func TestGroupCommit_MemberLosingAConflictUnderSavepointsRollsBackTheWholeTransaction(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d testsvc.Database) {
+		f := newGroupFixture(t, d)
+		boom := errors.New("boom")
+		deadlock := fmt.Errorf("debit: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
+		var mu sync.Mutex
+		runs := map[string]int{}
+		p, ordered := f.orderedGroup(t, 4, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+			mu.Lock()
+			runs[m.ID]++
+			mu.Unlock()
+			if err := insertEffect(ctx, m); err != nil {
+				return err
+			}
+			switch m.ID {
+			case "bad":
+				return boom
+			case "victim":
+				return deadlock
+			}
+			return nil
+		}))
+		out := ordered(p, "ok-1", "bad", "victim", "ok-2")
+		require.NoError(t, out[0].err)
+		require.ErrorIs(t, out[1].err, boom)
+		require.ErrorIs(t, out[2].err, deadlock, "the member that lost has its own failure, to be retried")
+		require.NotErrorIs(t, out[2].err, middleware.ErrGroupAborted)
+		require.NoError(t, out[3].err)
+		require.Equal(t, int32(3), f.cdb.begins.Load(), "the optimistic run, the one under savepoints, and one after the conflict")
+		require.Equal(t, int32(1), f.cdb.commits.Load())
+		require.Equal(t, map[string]int{"ok-1": 3, "bad": 1, "victim": 1, "ok-2": 1}, runs)
+		for id, want := range map[string]int{"ok-1": 1, "ok-2": 1, "bad": 0, "victim": 0} {
+			require.Equal(t, want, f.effects(t, id), id)
+			require.Equal(t, want, f.recorded(t, id), id)
+		}
+	})
+}
+
 func TestGroupCommit_SeveralGroupsRunAtOnceUpToConcurrency(t *testing.T) {
 	// Not on SQLite, whose second writer waits for the first.
 	f := newGroupFixture(t, testsvc.Databases()[1])

@@ -250,7 +250,15 @@ func (r *groupRun) attempt(set []*slot, savepoints bool) step {
 				continue
 			}
 			if savepoints {
-				if err := r.runSaved(tx, s); err != nil {
+				if err := r.runSaved(tx, s); errors.Is(err, errConflict) {
+					// The transaction holds the locks of the members before s, which the
+					// transaction s lost to may be waiting for: let them go, and run the
+					// others again.
+					if err := rollback(); err != nil {
+						return abort(err)
+					}
+					return rerun
+				} else if err != nil {
 					return abort(err)
 				}
 				if !s.ok && r.g.positions != nil {
@@ -308,7 +316,8 @@ func (r *groupRun) runMember(tx middleware.Tx, s *slot) bool {
 }
 
 // runSaved runs s under its savepoint: a failure rolls back to it and forgets s's id, and the
-// others go on. It returns an error only when a statement of the group fails, which ends the
+// others go on. It returns errConflict when s lost to another transaction (a deadlock, a lock
+// wait timeout), and another error when a statement of the group fails, which ends the
 // transaction.
 func (r *groupRun) runSaved(tx middleware.Tx, s *slot) error {
 	if _, err := tx.ExecContext(r.ctx, "SAVEPOINT "+savepointName); err != nil {
@@ -316,6 +325,9 @@ func (r *groupRun) runSaved(tx middleware.Tx, s *slot) error {
 	}
 	if r.runMember(tx, s) && s.ok {
 		return nil
+	}
+	if s.res.panic == nil && sqldb.Classify(s.res.err) == sqldb.Conflict {
+		return errConflict
 	}
 	if _, err := tx.ExecContext(r.ctx, "ROLLBACK TO SAVEPOINT "+savepointName); err != nil {
 		return fmt.Errorf("roll back to savepoint after message %q failed: %w", s.m.msg.ID, err)
@@ -328,6 +340,12 @@ func (r *groupRun) runSaved(tx middleware.Tx, s *slot) error {
 	}
 	return nil
 }
+
+// errConflict says that a member failed with a conflict of transactions (sqldb.Conflict).
+// Rolling back to its savepoint would keep the locks of the members before it, which another
+// group may wait for while this one waits for that group's: each next member would be a
+// deadlock that the server takes a second to find.
+var errConflict = errors.New("a member lost a conflict with another transaction")
 
 // call runs the rest of the chain for s on tx, under s's own context, and catches a panic.
 func (r *groupRun) call(tx middleware.Tx, s *slot) (pe *processor.PanicError, err error) {
