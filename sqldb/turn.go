@@ -96,6 +96,12 @@ func (c *turnConn) Begin() (driver.Tx, error) {
 // short busy timeout fails with SQLITE_BUSY). A transaction that DB.BeginTxx begins has
 // waited already.
 func (c *turnConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if c.held {
+		// A transaction of this connection has not ended: database/sql has yet to roll back
+		// one whose context ended, and discards the connection when it has. Waiting for the
+		// turn, which that transaction holds, would wait for good.
+		return nil, driver.ErrBadConn
+	}
 	if g, ok := grantOf(ctx); ok {
 		c.held = g.held // DB.BeginTxx waited for the turn (writer.go)
 	} else {

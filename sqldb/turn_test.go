@@ -2,6 +2,7 @@ package sqldb_test
 
 import (
 	"context"
+	"database/sql/driver"
 	"path/filepath"
 	"testing"
 	"time"
@@ -93,4 +94,35 @@ func TestOpen_SQLiteDeferredTransactionsTakeNoTurns(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, sqldb.WriteTurnHeld(path))
 	require.NoError(t, tx.Rollback())
+}
+
+// database/sql rolls back a transaction whose context ended in a goroutine of its own, and
+// then discards its connection; on a *sql.Conn, the next BeginTx can come first. It must fail
+// with driver.ErrBadConn at once rather than wait for the turn that the unfinished
+// transaction holds, while holding the connection its rollback needs.
+func TestOpen_SQLiteBeginOnAConnectionWithAnUnfinishedTransactionFails(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "app.db")
+	db, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+
+	err = conn.Raw(func(dc any) error {
+		b := dc.(driver.ConnBeginTx)
+		first, err := b.BeginTx(ctx, driver.TxOptions{})
+		require.NoError(t, err)
+		require.True(t, sqldb.WriteTurnHeld(path))
+		begun := time.Now()
+		_, err = b.BeginTx(ctx, driver.TxOptions{})
+		require.ErrorIs(t, err, driver.ErrBadConn)
+		require.Less(t, time.Since(begun), time.Second, "the second BeginTx did not wait for the turn")
+		require.NoError(t, first.Rollback())
+		return nil
+	})
+	require.NoError(t, err)
+	require.False(t, sqldb.WriteTurnHeld(path), "the rollback gave the turn back")
 }
