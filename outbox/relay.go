@@ -179,6 +179,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		running.Go(func() { r.purgeLoop(helpers) })
 	}
 	registerLocal(r)
+	// A transaction that published before the relay could hear of it may commit after the
+	// subscription's first claim: chase it, as for a Publish the relay heard.
+	r.hear()
 	r.logger.Info("outbox relay starting", "batch_size", r.cfg.BatchSize)
 
 	loopDone := make(chan struct{})

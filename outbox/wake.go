@@ -163,12 +163,14 @@ type listener interface {
 	listen(ctx context.Context, db *sqldb.DB, ready, notified func()) error
 }
 
-// listen makes the relay hear of the Publishes notified on the outbox's channel, and wakes its
-// subscription once it starts listening (for the commits it could not hear before), until ctx
-// ends. When listening fails, it tries again after RetryInterval; the relay polls meanwhile.
+// listen makes the relay hear of the Publishes notified on the outbox's channel, until ctx
+// ends; once it starts listening it chases as for a Publish it heard, for the commits it could
+// not hear before: one of them may become visible to the relay's claims only a moment later,
+// when an older transaction on the server ends. When listening fails, it tries again after
+// RetryInterval; the relay polls meanwhile.
 func (r *Relay) listen(ctx context.Context, l listener) {
 	for {
-		err := l.listen(ctx, r.cfg.DB, r.src.wake, r.hear)
+		err := l.listen(ctx, r.cfg.DB, r.hear, r.hear)
 		if ctx.Err() != nil {
 			return
 		}
