@@ -322,6 +322,9 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 			c.outage.abandon() // the delivery ended first: it tells nothing
 		}
 	}
+	if st.AttemptOnNack && !outcome.Acks() {
+		c.recordGrouped(ctx, msg, md)
+	}
 	if !c.ackOnReceipt {
 		c.settle(ctx, msg, md, st, outcome)
 	}

@@ -33,7 +33,7 @@ import (
 // dead-letter or give up exactly as they would have.
 //
 // Only first deliveries take the lane. A redelivery may be one that killed its consumer, which
-// the router runs alone (isolate); it goes the usual way.
+// the router watches (isolate): it goes the usual way.
 
 // lane is the lane of one handler.
 type lane struct {

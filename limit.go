@@ -3,6 +3,7 @@ package onceflow
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -54,11 +55,18 @@ const (
 	heldAlone              // the lock, alone
 )
 
-// isolate takes the handler's isolation lock for a delivery: alone for a redelivery, when the
-// handler counts attempts, shared otherwise; none without a counter. A redelivery's attempt is
-// recorded once it holds the lock, before its processing begins. It returns how it holds the
-// lock (a function to release it would be an allocation per delivery), and the error of the
-// record when it is an outage: the delivery is then given back unprocessed.
+// isolate takes the handler's isolation lock for a delivery: shared for a first delivery and
+// for a message's first redelivery, alone for its later ones, when the handler counts
+// attempts; none without a counter. It records a redelivery before its processing begins: the
+// first as run with others (dedup.Counter.Grouped), whose attempt counts only if it is nacked
+// (delivery.State.AttemptOnNack), the later ones as attempts (dedup.Counter.Attempt). It
+// returns how it holds the lock (a function to release it would be an allocation per
+// delivery), and the error of a record when it is an outage: the delivery is then given back
+// unprocessed.
+//
+// A consumer's death sends back every message it held: their first redeliveries run in groups
+// as their first deliveries did, not one at a time. A message that kills its consumer kills it
+// again there, and runs alone from then on, where its deaths count.
 func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st *delivery.State) (held, error) {
 	switch {
 	case c.counter == nil || c.shared:
@@ -68,6 +76,21 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 		// outages: none of them can have killed its consumer.
 		c.isolation.RLock()
 		return heldShared, nil
+	}
+	// The record, not the delivery count, tells the first redelivery: a count may repeat
+	// (Kafka's, when a member dies before it records a hand-out).
+	grouped, err := c.counter.Grouped(ctx, c.name, counterID(md))
+	switch {
+	case err != nil && sqldb.IsOutage(err):
+		return heldNone, fmt.Errorf("record the redelivery: %w", err)
+	case err == nil && grouped == 1:
+		// The first delivery is taken to have begun, as is this one until it ends without an
+		// outcome.
+		st.Attempts, st.AttemptOnNack = 2, true
+		c.isolation.RLock()
+		return heldShared, nil
+	case err == nil:
+		st.Known = grouped + 1 // the first delivery, the one run with others, and those alone
 	}
 	c.isolation.Lock()
 	n, err := c.counter.Attempt(ctx, c.name, counterID(md))
@@ -81,10 +104,33 @@ func (c *consumer) isolate(ctx context.Context, md *messagedata.MessageData, st 
 		c.logger.Warn("cannot record the attempt; the delivery limit does not apply to this delivery", "message_id", md.ID, "error", err)
 		st.AttemptUnrecorded = true
 	} else {
-		st.Attempts = n + 1 // the first delivery is not recorded: it is taken to have begun
+		// The first delivery is not recorded: it is taken to have begun. The one run with
+		// others is recorded if it failed; if it ended without an outcome, it is not taken
+		// to have begun.
+		st.Attempts = n + 1
 	}
 	return heldAlone, nil
 }
+
+// recordGrouped records the attempt of a message's first redelivery, which ran with others
+// unrecorded (delivery.State.AttemptOnNack), as it is nacked: it began, and ended with an
+// outcome that brings it back (a failure, a panic, a lost acknowledgement), so its later
+// deliveries count it. One whose delivery ended first (its consumer stopped) is not counted.
+// A record that cannot be written only moves the limit a delivery later.
+func (c *consumer) recordGrouped(ctx context.Context, msg *message.Message, md *messagedata.MessageData) {
+	if msg.Context().Err() != nil || md.ID == "" {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	if _, err := c.counter.Attempt(rctx, c.name, counterID(md)); err != nil {
+		c.logger.Warn("cannot record the attempt; the delivery limit counts it a delivery later", "message_id", md.ID, "error", err)
+	}
+}
+
+// recordTimeout bounds a record the router writes after a delivery's processing, whose context
+// may have ended.
+const recordTimeout = 10 * time.Second
 
 // counterID is the id under which the delivery counter keeps md: its id, and for a replayed
 // dead letter (messagedata.HeaderReplayCount) its replay count too, so that a replay starts

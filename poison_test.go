@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,12 +100,14 @@ func TestDataError_IsDeadLetteredOnFirstSight(t *testing.T) {
 func TestCrashLoop_OnABrokerThatDoesNotCountIsEndedByTheDurableCount(t *testing.T) {
 	// A subscriber that says only whether a delivery is the first (a RabbitMQ classic queue):
 	// each delivery of the message ends with its consumer gone, so no outcome is ever known.
-	// The count in the database ends the loop.
+	// The count in the database ends the loop. The second delivery runs with the others, as
+	// any message a consumer held at its death does, and its death is not counted: the
+	// deliveries run alone from the third on are, after the first.
 	forEachDatabase(t, func(t *testing.T, d testsvc.Database) {
 		f := newFixture(t, d)
 		f.broker.CountDeliveries = false
 		var runs atomic.Int32
-		for round := 1; round <= 4; round++ {
+		for round := 1; round <= 5; round++ {
 			r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 50 * time.Millisecond})
 			require.NoError(t, err)
 			entered := make(chan struct{}, 1)
@@ -122,7 +125,7 @@ func TestCrashLoop_OnABrokerThatDoesNotCountIsEndedByTheDurableCount(t *testing.
 			if round == 1 {
 				f.publish(t, "killer", "x")
 			}
-			if round <= 3 {
+			if round <= 4 {
 				<-entered
 				require.NoError(t, stop())
 				continue
@@ -130,14 +133,126 @@ func TestCrashLoop_OnABrokerThatDoesNotCountIsEndedByTheDurableCount(t *testing.
 			f.waitAcks(t, "killer", 1)
 			require.NoError(t, stop())
 		}
-		require.Equal(t, int32(3), runs.Load(), "the fourth delivery is dead-lettered without running")
+		require.Equal(t, int32(4), runs.Load(), "the fifth delivery is dead-lettered without running")
 		dead := f.deadLetters()
 		require.Len(t, dead, 1)
 		require.Contains(t, dead[0].Metadata.Get(messagedata.HeaderDeadLetterReason), "delivery limit reached after 3 deliveries: the last one ended without an outcome")
-		var counted int
-		require.NoError(t, f.db.Get(&counted, f.db.Rebind(`SELECT deliveries FROM `+dedup.DefaultCounterTable+` WHERE message_id = ?`), "killer"))
-		require.Equal(t, 4, counted)
+		deliveries, attempts, grouped := f.counted(t, "killer")
+		require.Equal(t, 5, deliveries)
+		require.Equal(t, 3, attempts, "the third, fourth and fifth deliveries, run alone")
+		require.Equal(t, 4, grouped, "the second delivery ran with others, the later ones could not")
 	})
+}
+
+// counted returns the deliveries, the attempts and the grouped runs that the durable counter
+// holds for the message with id.
+func (f *fixture) counted(t *testing.T, id string) (deliveries, attempts, grouped int) {
+	t.Helper()
+	row := f.db.QueryRow(f.db.Rebind(`SELECT deliveries, attempts, grouped FROM `+dedup.DefaultCounterTable+` WHERE message_id = ?`), id)
+	require.NoError(t, row.Scan(&deliveries, &attempts, &grouped))
+	return deliveries, attempts, grouped
+}
+
+// window is how many messages the consumers of the window tests hold at once.
+const window = 8
+
+// windowIDs are the messages of the window tests.
+func windowIDs() []string {
+	ids := make([]string, window)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("window-%d", i)
+	}
+	return ids
+}
+
+// runWindow runs one consumer of f's window messages until it dies holding them (die), or
+// until it has acknowledged them all, and returns the sizes of the groups it processed. Its
+// groups hold up to the window, and wait up to wait for it to fill.
+func (f *fixture) runWindow(t *testing.T, wait time.Duration, die bool) []int {
+	t.Helper()
+	r, err := onceflow.NewRouter(onceflow.Config{DeadLetterPublisher: f.broker, PurgeInterval: -1, CloseTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var sizes []int
+	held := make(chan struct{}, 1)
+	require.NoError(t, r.AddHandler(onceflow.Handler{
+		Name: "effects", Topic: topic, Subscriber: f.broker.Subscriber(), DB: f.db, QoS: onceflow.ExactlyOnce,
+		DeadLetter:  middleware.DeadLetter{MaxDeliveries: 3},
+		Concurrency: 1,
+		GroupCommit: onceflow.GroupCommitConfig{MaxSize: window, MaxWait: wait},
+		BatchProcessor: processor.BatchFunc(func(ctx context.Context, msgs []*messagedata.MessageData) error {
+			mu.Lock()
+			sizes = append(sizes, len(msgs))
+			mu.Unlock()
+			if die {
+				held <- struct{}{}
+				<-ctx.Done() // the consumer "dies" with the group in hand
+				return ctx.Err()
+			}
+			return insertEffects(ctx, msgs)
+		}),
+	}))
+	stop := runRouter(t, r)
+	if die {
+		<-held
+	} else {
+		for _, id := range windowIDs() {
+			f.waitAcks(t, id, 1)
+		}
+	}
+	require.NoError(t, stop())
+	mu.Lock()
+	defer mu.Unlock()
+	return sizes
+}
+
+// newWindowFixture returns a fixture whose broker counts no deliveries (a RabbitMQ classic
+// queue: the router counts them) and lets a consumer hold the window, with the window's
+// messages published.
+func newWindowFixture(t *testing.T) *fixture {
+	f := newFixture(t, testsvc.Databases()[0])
+	f.broker.CountDeliveries = false
+	f.broker.Prefetch = window
+	for _, id := range windowIDs() {
+		f.publish(t, id, `{"amount": 1}`)
+	}
+	return f
+}
+
+func TestRedeliveriesAfterOneDeath_RunInGroupsAsTheirFirstDeliveriesDid(t *testing.T) {
+	// A consumer dies holding a window of messages: they all come back redelivered. Any of
+	// them may have killed it, none has killed two consumers: the next one runs them in a
+	// group, not one at a time, and records no attempt (none failed of its own).
+	f := newWindowFixture(t)
+	require.Equal(t, []int{window}, f.runWindow(t, 10*time.Second, true), "the consumer dies holding the window")
+	require.Equal(t, []int{window}, f.runWindow(t, 10*time.Second, false), "the redeliveries run in one group")
+	for _, id := range windowIDs() {
+		require.Equal(t, 1, countEffects(t, f.db, id), id)
+		deliveries, attempts, grouped := f.counted(t, id)
+		require.Equal(t, 2, deliveries, id)
+		require.Zero(t, attempts, id)
+		require.Equal(t, 1, grouped, id)
+	}
+	require.Empty(t, f.deadLetters())
+}
+
+func TestRedeliveriesAfterTwoDeaths_RunOneAtATimeAndCountOnlyTheirOwnAttempts(t *testing.T) {
+	// Two consumers die holding the same messages, the second with them in its group: from
+	// their third delivery on they run alone, so that the one that kills its consumer takes no
+	// other with it, and each records the attempt it runs alone. The deaths they did not run
+	// alone at are not counted against them: none is given up.
+	f := newWindowFixture(t)
+	require.Equal(t, []int{window}, f.runWindow(t, 10*time.Second, true), "the first consumer dies holding the window")
+	require.Equal(t, []int{window}, f.runWindow(t, 10*time.Second, true), "the second dies with it in one group")
+	require.Equal(t, slices.Repeat([]int{1}, window), f.runWindow(t, 0, false), "the third runs them one at a time")
+	for _, id := range windowIDs() {
+		require.Equal(t, 1, countEffects(t, f.db, id), id)
+		deliveries, attempts, grouped := f.counted(t, id)
+		require.Equal(t, 3, deliveries, id)
+		require.Equal(t, 1, attempts, id)
+		require.Equal(t, 2, grouped, id)
+	}
+	require.Empty(t, f.deadLetters())
 }
 
 func TestRedelivery_WaitsTheDelayOfItsDeliveryCount(t *testing.T) {
@@ -270,18 +385,20 @@ func TestDeadLetter_WhoseAckIsLostOnABrokerThatDoesNotCountIsNotPublishedAgain(t
 }
 
 func TestDeliveryWhoseAttemptCannotBeRecorded_IsNotGivenUpOnTheBrokersCount(t *testing.T) {
-	// The router records a redelivery's attempt before processing it, and gives a message up
-	// on the attempts, not on the broker's count, which includes deliveries that never began.
-	// When the attempt cannot be recorded (here the counter table lost its column; in
-	// production the database is unreachable), the limit does not apply to that delivery.
+	// The router records the attempt of a message's second redelivery and later ones before
+	// processing them, and gives a message up on the attempts, not on the broker's count,
+	// which includes deliveries that never began. When the attempt cannot be recorded (here
+	// the counter table lost its column; in production the database is unreachable), the
+	// limit does not apply to that delivery. (The first redelivery, run with others, is taken
+	// to have begun, as the first delivery is: a limit of 2 would give it up.)
 	f := newFixture(t, testsvc.Databases()[0]) // sqlite
 	var calls atomic.Int32
 	f.startRouter(t, onceflow.Handler{
 		QoS:        onceflow.ExactlyOnce,
-		DeadLetter: middleware.DeadLetter{MaxDeliveries: 2},
+		DeadLetter: middleware.DeadLetter{MaxDeliveries: 3},
 		Retry:      middleware.Retry{MaxAttempts: 1},
 		Processor: processor.Func(func(ctx context.Context, msg *messagedata.MessageData) error {
-			if calls.Add(1) < 4 {
+			if calls.Add(1) < 5 {
 				return errors.New("not yet")
 			}
 			return applyEffect(ctx, msg)
@@ -292,8 +409,8 @@ func TestDeliveryWhoseAttemptCannotBeRecorded_IsNotGivenUpOnTheBrokersCount(t *t
 
 	f.publish(t, "late", "x")
 	f.waitAcks(t, "late", 1)
-	require.Equal(t, int32(4), calls.Load(), "retried past the limit, whose count was unknown")
-	require.Equal(t, 3, f.broker.Nacks("late"))
+	require.Equal(t, int32(5), calls.Load(), "retried past the limit, whose count was unknown")
+	require.Equal(t, 4, f.broker.Nacks("late"))
 	require.Equal(t, 1, countEffects(t, f.db, "late"))
 	require.Empty(t, f.deadLetters())
 }

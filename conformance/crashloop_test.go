@@ -18,9 +18,10 @@ import (
 // acknowledgement. Where the broker counts deliveries (the SQL, SQLite and Redis queues, a
 // RabbitMQ quorum queue, mem) or the router counts them (a RabbitMQ classic queue), each of
 // those deliveries counts; an SQLite queue leases a consumer's messages together, so they come
-// back together. The router runs a redelivered message alone and counts the redeliveries whose
-// processing began: the crash-loop message reaches the delivery limit and is dead-lettered with
-// "delivery limit reached after 3 deliveries: the last one ended without an outcome", and each
+// back together. The router runs a message alone from its second redelivery and counts the
+// deliveries whose processing began (its first redelivery, run in a group, only if it fails): the
+// crash-loop message reaches the delivery limit and is dead-lettered with "delivery limit
+// reached after 3 deliveries: the last one ended without an outcome", and each
 // neighbour is processed once and never dead-lettered (one over the limit whose effect is
 // committed is acknowledged as a duplicate).
 func TestCrashLoopMessageTakesNoNeighbourWithIt(t *testing.T) {

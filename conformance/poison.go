@@ -72,15 +72,16 @@ var poisonTurns = make(chan struct{}, 2)
 // 40 and 80 ms and an ack timeout of at most 1 s. Each runs its consumers as child processes
 // (routers in this process, closed abruptly, where the test binary does not call ConsumerMain
 // or the broker is in-process), and a consumer that dies is started again at once, as a
-// supervisor would: two of them, or in CrashLoop one more than the delivery limit where the
+// supervisor would: two of them, or in CrashLoop two more than the delivery limit where the
 // broker hands a dead consumer's deliveries to the others at once
 // (Features.ReturnsOnDisconnect), so that the crash loop never has them all down.
 //
 // Every poison message must be dead-lettered exactly once, with its reason: the data error, the
 // malformed payload and the long id at the first delivery that reaches their processor, the
-// panic at the delivery limit, the crash loop at the delivery after it ("delivery limit
-// reached after 3 deliveries: the last one ended without an outcome"), after exactly 3
-// consumers died of it; the one exception, on a broker that cannot store a dead letter once
+// panic at the delivery limit, the crash loop once the deliveries it killed its consumer at
+// reach the limit ("delivery limit reached after 3 deliveries: the last one ended without an
+// outcome"), after exactly 4 consumers died of it (its first redelivery, run in a group with
+// other messages, is not counted against it); the one exception, on a broker that cannot store a dead letter once
 // per key (not Features.DeduplicatesDeadLetters), is a poison message whose consumer was killed
 // between its dead letter's publish and the router's record of it (see
 // TestDeadLetterIsPublishedOnceWhateverStepItsConsumerDiesAt), which the scenario logs.
@@ -92,7 +93,8 @@ var poisonTurns = make(chan struct{}, 2)
 // CrashLoop it is reported, not bounded: consumer deaths cost what the broker and the platform
 // make them cost (restarts, an SQLite file recovered after a writer died), not the router. The
 // good messages a dying consumer held come back after the broker's ack timeout (at once on
-// RabbitMQ), and must be applied within the delivery limit times it, plus a second.
+// RabbitMQ), and must be applied within the crash loop's deaths (one more than the delivery
+// limit) times it, plus a second.
 func testPoison(t *testing.T, f *fixture) {
 	select {
 	case poisonTurns <- struct{}{}:
@@ -165,7 +167,7 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	crashLoop := slices.ContainsFunc(poison, func(pm poisonMessage) bool { return pm.kind == "crash-loop" })
 	size := 2
 	if crashLoop && f.features.ReturnsOnDisconnect {
-		size = poisonMaxDeliveries + 1
+		size = poisonMaxDeliveries + 2
 	}
 	pools := []*pool{f.newPool(baseName, baseTopic, size), f.newPool(name, poisonTopic, size)}
 	for _, p := range pools {
@@ -320,7 +322,7 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 		switch pm.kind {
 		case "crash-loop":
 			require.Equal(t, [2]int{pm.deliveries + again, pm.deliveries - 1}, [2]int{c.Deliveries, c.Lost},
-				"%s: killed its consumer at each of %d deliveries, dead-lettered at the next (deliveries, lost: %+v)", pm.kind, poisonMaxDeliveries, c)
+				"%s: killed its consumer at each of %d deliveries, dead-lettered at the next (deliveries, lost: %+v)", pm.kind, pm.deliveries-1, c)
 			require.Zero(t, c.Nacks, pm.kind)
 		case "panic":
 			// Panicked at each delivery up to the limit, and was dead-lettered at the last, but
@@ -342,7 +344,7 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	}
 	wantDeaths := 0
 	if crashLoop {
-		wantDeaths = poisonMaxDeliveries
+		wantDeaths = poisonMaxDeliveries + 1 // the first redelivery's, in a group, is not counted
 	}
 	require.Equal(t, wantDeaths, pz.deaths(), "consumers killed by the crash loop")
 	require.Zero(t, base.deaths(), "consumers of the handler without poison that died")
@@ -359,7 +361,7 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	// Latency of the good messages, publish to commit, side by side. The crash loop's consumer
 	// takes the messages it holds with it when it dies: the broker delivers them again after
 	// its ack timeout, or at once where it sees the connection drop (ReturnsOnDisconnect); they
-	// must be applied within the delivery limit times the ack timeout, plus a second.
+	// must be applied within the crash loop's deaths times the ack timeout, plus a second.
 	baseLat := f.poisonLatencies(baseName, published[baseName], nil)
 	held := map[string]bool{}
 	for _, id := range good {
@@ -370,7 +372,7 @@ func (f *fixture) poisonPhase(t *testing.T, b *broker.Broker, dead *deadLetters,
 	poisonLat := f.poisonLatencies(name, published[name], func(id string) bool { return !held[id] })
 	allLat := f.poisonLatencies(name, published[name], nil)
 	heldLat := f.poisonLatencies(name, published[name], func(id string) bool { return held[id] })
-	horizon := poisonMaxDeliveries*(min(f.timings.AckTimeout, poisonAckTimeout)+f.features.Handover) + time.Second
+	horizon := (poisonMaxDeliveries+1)*(min(f.timings.AckTimeout, poisonAckTimeout)+f.features.Handover) + time.Second
 	for _, d := range heldLat {
 		require.Less(t, d, horizon, "a good message that a dead consumer held was applied later than its redelivery horizon")
 	}

@@ -43,8 +43,8 @@ func (f *fixture) poisonMessages() []poisonMessage {
 	limit := fmt.Sprintf("delivery limit reached after %d deliveries: ", poisonMaxDeliveries)
 	return []poisonMessage{
 		{kind: "crash-loop", id: f.id("crash"), payload: `{"amount":1,"crash":true}`, after: 10,
-			reason: limit + "the last one ended without an outcome", deliveries: poisonMaxDeliveries + 1,
-			header: []string{fmt.Sprint(poisonMaxDeliveries + 1)}},
+			reason: limit + "the last one ended without an outcome", deliveries: poisonMaxDeliveries + 2,
+			header: []string{fmt.Sprint(poisonMaxDeliveries + 2)}},
 		// Its last delivery may die with the crash loop's consumer, which takes the messages it
 		// holds with it: it is dead-lettered at the next one, for that.
 		{kind: "panic", id: f.id("panic"), payload: `{"amount":2,"panic":true}`, after: 20,

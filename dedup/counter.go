@@ -46,6 +46,8 @@ type Counter struct {
 	read      string // handler, message_id (MySQL)
 	attempt   string // handler, message_id, now
 	readTried string // handler, message_id (MySQL)
+	group     string // handler, message_id, now
+	readGroup string // handler, message_id (MySQL)
 	markDead  string // handler, message_id, now
 	readDead  string // handler, message_id
 	markDone  string // handler, message_id, now
@@ -76,25 +78,21 @@ func NewCounter(db *sqldb.DB, cfg CounterConfig) (*Counter, error) {
 		c.count = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, updated_at) VALUES ($1, $2, $3, $4)
 ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = GREATEST(c.deliveries + 1, EXCLUDED.deliveries), updated_at = EXCLUDED.updated_at
 RETURNING c.deliveries`
-		c.attempt = `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, attempts, updated_at) VALUES ($1, $2, 0, 1, $3)
-ON CONFLICT (handler, message_id) DO UPDATE SET attempts = c.attempts + 1, updated_at = EXCLUDED.updated_at
-RETURNING c.attempts`
+		c.attempt, c.group = pgBump(t, "attempts"), pgBump(t, "grouped")
 		c.purge = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE updated_at <= $1 LIMIT $2))`
 	case sqldb.SQLite:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?1, ?2, ?3, ?4)
 ON CONFLICT (handler, message_id) DO UPDATE SET deliveries = max(deliveries + 1, excluded.deliveries), updated_at = excluded.updated_at
 RETURNING deliveries`
-		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?1, ?2, 0, 1, ?3)
-ON CONFLICT (handler, message_id) DO UPDATE SET attempts = attempts + 1, updated_at = excluded.updated_at
-RETURNING attempts`
+		c.attempt, c.group = sqliteBump(t, "attempts"), sqliteBump(t, "grouped")
 		c.purge = `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE updated_at <= ?1 LIMIT ?2)`
 	case sqldb.MySQL:
 		c.count = `INSERT INTO ` + t + ` (handler, message_id, deliveries, updated_at) VALUES (?, ?, ?, ?)
 ON DUPLICATE KEY UPDATE deliveries = GREATEST(deliveries + 1, VALUES(deliveries)), updated_at = VALUES(updated_at)`
 		c.read = `SELECT deliveries FROM ` + t + ` WHERE handler = ? AND message_id = ?`
-		c.attempt = `INSERT INTO ` + t + ` (handler, message_id, deliveries, attempts, updated_at) VALUES (?, ?, 0, 1, ?)
-ON DUPLICATE KEY UPDATE attempts = attempts + 1, updated_at = VALUES(updated_at)`
+		c.attempt, c.group = mysqlBump(t, "attempts"), mysqlBump(t, "grouped")
 		c.readTried = `SELECT attempts FROM ` + t + ` WHERE handler = ? AND message_id = ?`
+		c.readGroup = `SELECT grouped FROM ` + t + ` WHERE handler = ? AND message_id = ?`
 		c.purge = `DELETE FROM ` + t + ` WHERE updated_at <= ? LIMIT ?`
 	default:
 		return nil, fmt.Errorf("dedup.NewCounter: db.Dialect: unsupported dialect %q (want postgres, mysql or sqlite)", db.Dialect)
@@ -120,11 +118,31 @@ ON CONFLICT (handler, message_id) DO UPDATE SET processed = 1, updated_at = EXCL
 	return c, nil
 }
 
+// pgBump, sqliteBump and mysqlBump return the statement that adds one to the column col of a
+// message's row in the counter table t, creating the row with 1 there; PostgreSQL's and
+// SQLite's return the new value.
+func pgBump(t, col string) string {
+	return `INSERT INTO ` + t + ` AS c (handler, message_id, deliveries, ` + col + `, updated_at) VALUES ($1, $2, 0, 1, $3)
+ON CONFLICT (handler, message_id) DO UPDATE SET ` + col + ` = c.` + col + ` + 1, updated_at = EXCLUDED.updated_at
+RETURNING c.` + col
+}
+
+func sqliteBump(t, col string) string {
+	return `INSERT INTO ` + t + ` (handler, message_id, deliveries, ` + col + `, updated_at) VALUES (?1, ?2, 0, 1, ?3)
+ON CONFLICT (handler, message_id) DO UPDATE SET ` + col + ` = ` + col + ` + 1, updated_at = excluded.updated_at
+RETURNING ` + col
+}
+
+func mysqlBump(t, col string) string {
+	return `INSERT INTO ` + t + ` (handler, message_id, deliveries, ` + col + `, updated_at) VALUES (?, ?, 0, 1, ?)
+ON DUPLICATE KEY UPDATE ` + col + ` = ` + col + ` + 1, updated_at = VALUES(updated_at)`
+}
+
 // Table returns the name of the counter's table.
 func (c *Counter) Table() string { return c.table }
 
-// Migrate creates the table if it does not exist, and adds the attempts, dead_lettered and
-// processed columns to a table created before they existed. It is idempotent.
+// Migrate creates the table if it does not exist, and adds the attempts, dead_lettered,
+// processed and grouped columns to a table created before they existed. It is idempotent.
 func (c *Counter) Migrate(ctx context.Context) error {
 	err := createSmallTable(ctx, c.db, c.table, func(idType string) string {
 		return `handler    ` + idType + ` NOT NULL,
@@ -133,13 +151,14 @@ func (c *Counter) Migrate(ctx context.Context) error {
 	attempts   INTEGER NOT NULL DEFAULT 0,
 	dead_lettered INTEGER NOT NULL DEFAULT 0,
 	processed  INTEGER NOT NULL DEFAULT 0,
+	grouped    INTEGER NOT NULL DEFAULT 0,
 	updated_at BIGINT NOT NULL,
 	PRIMARY KEY (handler, message_id)`
 	})
 	if err != nil {
 		return fmt.Errorf("dedup: migrate counter table %s: %w", c.table, err)
 	}
-	for _, col := range []string{"attempts", "dead_lettered", "processed"} {
+	for _, col := range []string{"attempts", "dead_lettered", "processed", "grouped"} {
 		if err := c.addColumn(ctx, col); err != nil {
 			return fmt.Errorf("dedup: migrate counter table %s: add column %s: %w", c.table, col, err)
 		}
@@ -223,28 +242,43 @@ func (c *Counter) Count(ctx context.Context, handler, id string, initial int) (i
 
 // Attempt records that a delivery of the message with id for handler begins its processing, and
 // returns how many of its deliveries have been recorded so: the router records the deliveries
-// that come after the first, so that a message whose processing kills its consumer is told
-// from the messages delivered with it, whose processing never began. The write is committed
-// when Attempt returns.
+// it runs alone, and a failed one it ran with others, so that a message whose processing kills
+// its consumer is told from the messages delivered with it, whose processing never began. The
+// write is committed when Attempt returns.
 func (c *Counter) Attempt(ctx context.Context, handler, id string) (int, error) {
+	return c.bump(ctx, c.attempt, c.readTried, "an attempt", handler, id)
+}
+
+// Grouped records a redelivery of the message with id for handler that may run with other
+// messages, and returns how many have been recorded so, this one included: the router runs the
+// first with others, and those after it alone (Attempt). The write is committed when it
+// returns.
+func (c *Counter) Grouped(ctx context.Context, handler, id string) (int, error) {
+	return c.bump(ctx, c.group, c.readGroup, "a grouped run", handler, id)
+}
+
+// bump records what (an attempt, a grouped run) of the message with id for handler with the
+// statement stmt, which adds one to a column of its row, and returns the column's new value:
+// from stmt itself, or read by read in the same transaction (MySQL).
+func (c *Counter) bump(ctx context.Context, stmt, read, what, handler, id string) (int, error) {
 	if err := checkKey(Key{Handler: handler, MessageID: id}); err != nil {
 		return 0, err
 	}
 	now := c.now().UnixMicro()
 	var n int
 	var err error
-	if c.readTried == "" {
-		err = c.db.QueryRowxContext(ctx, c.attempt, handler, id, now).Scan(&n)
+	if read == "" {
+		err = c.db.QueryRowxContext(ctx, stmt, handler, id, now).Scan(&n)
 	} else {
 		err = sqltx.Run(ctx, c.db, func(tx *sqlx.Tx) error {
-			if _, err := tx.ExecContext(ctx, c.attempt, handler, id, now); err != nil {
+			if _, err := tx.ExecContext(ctx, stmt, handler, id, now); err != nil {
 				return err
 			}
-			return tx.QueryRowxContext(ctx, c.readTried, handler, id).Scan(&n)
+			return tx.QueryRowxContext(ctx, read, handler, id).Scan(&n)
 		})
 	}
 	if err != nil {
-		return 0, fmt.Errorf("dedup: record an attempt of message %s in %s: %w", textcol.Quote(id), c.table, err)
+		return 0, fmt.Errorf("dedup: record %s of message %s in %s: %w", what, textcol.Quote(id), c.table, err)
 	}
 	return n, nil
 }

@@ -34,7 +34,7 @@ func forEachCounter(t *testing.T, test func(t *testing.T, ctx context.Context, c
 	}
 }
 
-func TestCounter_CountsDeliveriesAndAttemptsApart(t *testing.T) {
+func TestCounter_CountsDeliveriesAttemptsAndGroupedRunsApart(t *testing.T) {
 	forEachCounter(t, func(t *testing.T, ctx context.Context, c *dedup.Counter) {
 		n, err := c.Count(ctx, "billing", "m1", 2)
 		require.NoError(t, err)
@@ -59,6 +59,15 @@ func TestCounter_CountsDeliveriesAndAttemptsApart(t *testing.T) {
 		a, err = c.Attempt(ctx, "shipping", "m1")
 		require.NoError(t, err)
 		require.Equal(t, 1, a, "handlers count apart")
+
+		for want := 1; want <= 2; want++ {
+			g, err := c.Grouped(ctx, "billing", "m1")
+			require.NoError(t, err)
+			require.Equal(t, want, g, "grouped runs are counted apart from attempts")
+		}
+		a, err = c.Attempt(ctx, "billing", "m1")
+		require.NoError(t, err)
+		require.Equal(t, 3, a, "a grouped run is no attempt")
 	})
 }
 
@@ -94,6 +103,9 @@ func TestCounter_MigrateAddsAttemptsToAnOlderTable(t *testing.T) {
 			done, err := c.Processed(ctx, "billing", "m1")
 			require.NoError(t, err)
 			require.True(t, done)
+			g, err := c.Grouped(ctx, "billing", "m1")
+			require.NoError(t, err)
+			require.Equal(t, 1, g)
 		})
 	}
 }

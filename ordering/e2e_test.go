@@ -234,9 +234,10 @@ func TestInOrder_ShuffledDuplicatedMessagesThroughKilledConsumersAreAppliedInOrd
 	t.Run("postgres", func(t *testing.T) {
 		// RabbitMQ is the broker; the third consumer runs with group commit. The prefetch is
 		// RabbitMQ's default of 10, not the window of 128 per subscription that consumer would
-		// take: after each of the test's deaths every message the dead consumer held is a
-		// redelivery, run alone (docs/concepts.md#messages-that-cannot-succeed says what that
-		// costs); at 128 this run took 33 to 119 s, at 10 about 10.
+		// take: at 128 the dead consumers' windows come back as redeliveries after each of the
+		// test's deaths, and this run took 83 to 173 s on 2026-12-06 with a message's first
+		// redelivery run in its group (15 and 78 s in two runs when every redelivery ran
+		// alone), against 12 to 14 s at 10. Where the time goes at 128 is not known yet.
 		runE2E(t, testsvc.PostgresSchemaURL(t), testsvc.AMQPURL(t)+"?prefetch=10", 4, true)
 	})
 }

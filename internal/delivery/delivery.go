@@ -34,6 +34,15 @@ type State struct {
 	// not record this one (its database was unreachable): no count tells how many deliveries
 	// began, and the delivery limit does not apply to this delivery.
 	AttemptUnrecorded bool
+	// AttemptOnNack is set for a message's first redelivery, which the router runs with
+	// the others, its attempt not recorded before it begins: the router records the attempt
+	// when the delivery is nacked (it failed, panicked or lost its acknowledgement), so that
+	// the later deliveries count it. One that ends without an outcome (its consumer died or
+	// stopped) is not counted.
+	AttemptOnNack bool
+	// Known is how many deliveries of the message the router's records show, this one
+	// included, where it records them (from a message's second redelivery); 0 otherwise.
+	Known int
 	// Uncounted is how many deliveries of the message, among those that the broker (or the
 	// router's durable count) counts, the router gave back unprocessed during outages: the
 	// delivery limit does not count them.
@@ -81,9 +90,10 @@ type State struct {
 func (s *State) Attempt() int { return s.Retries + 1 }
 
 // Delivery is the delivery count its log lines and its dead letter report, given counted, the
-// broker's or the durable counter's (MessageData.Delivery): Attempts when more deliveries
-// began than counted says (a count lost with a consumer that died), counted otherwise.
-func (s *State) Delivery(counted int) int { return max(counted, s.Attempts) }
+// broker's or the durable counter's (MessageData.Delivery): the router's records (Attempts,
+// Known) when they show more deliveries than counted says (a count lost with a consumer that
+// died), counted otherwise.
+func (s *State) Delivery(counted int) int { return max(counted, s.Attempts, s.Known) }
 
 // Records are what the router keeps for a handler's built-in stages, beyond the chain: its
 // durable record of dead letters and of processed redeliveries (in the delivery counter) for
