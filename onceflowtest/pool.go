@@ -239,7 +239,7 @@ func (p *pool) pick(rng *rand.Rand) (int, bool) {
 }
 
 // kill sends SIGKILL to consumer id and waits for it to die.
-func (p *pool) kill(id int) {
+func (p *pool) kill(id int) (armed *crash) {
 	p.mu.Lock()
 	pr := p.procs[id]
 	delete(p.procs, id)
@@ -248,10 +248,11 @@ func (p *pool) kill(id int) {
 	}
 	p.mu.Unlock()
 	if pr == nil {
-		return
+		return nil
 	}
 	_ = pr.cmd.Process.Kill()
 	<-pr.done
+	return pr.crash
 }
 
 func (p *pool) since() string { return fmtAt(time.Since(p.started)) }

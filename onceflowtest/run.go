@@ -425,13 +425,17 @@ func (r *runner) loop(ctx context.Context, b *broker.Broker, px *proxies, dups [
 		deliveries := r.pool.deliveries()
 		progress := max(min(deliveries, cfg.Messages), distinct)
 		if id, ok := r.pool.pick(rng); ok && killsDone < cfg.Kills && progress >= cfg.Messages*(killsDone+1)/(cfg.Kills+1) {
-			// Kill a consumer at a random moment, and let its successor die at a crash point.
-			r.pool.kill(id)
+			// Kill a consumer at a random moment, and let its successor die at a crash point:
+			// the next in turn, or the one the killed consumer had not reached yet, so that
+			// a run whose kills come close together still reaches after-commit first.
+			c := r.pool.kill(id)
 			killsDone++
 			r.report.Kills++
 			lastFault = time.Now()
-			c := &crash{Point: CrashPoints[crashTurn%len(CrashPoints)], N: 1 + rng.IntN(5)}
-			crashTurn++
+			if c == nil || c.Point == DeadLetterPublish {
+				c = &crash{Point: CrashPoints[crashTurn%len(CrashPoints)], N: 1 + rng.IntN(5)}
+				crashTurn++
+			}
 			if err := r.pool.restart(ctx, id, c, &r.report); err != nil {
 				return err
 			}
