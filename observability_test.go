@@ -678,6 +678,12 @@ func TestLogs_CarryHandlerMessageIDAndAttemptAndNeverThePayload(t *testing.T) {
 		o.produce(t, id, `{"`+secret+`"}`)
 	}
 	o.waitDeliveries(t, 4) // flaky fails once, is nacked, and is delivered again
+	// The router logs a delivery's outcome after its acknowledgement: good and flaky processed,
+	// bad dead-lettered.
+	testsvc.Eventually(t, 5*time.Second, func() bool {
+		logs := o.logs.String()
+		return strings.Count(logs, `"msg":"message processed"`) == 2 && strings.Contains(logs, `"msg":"message dead-lettered"`)
+	}, "the outcomes of good, bad and flaky were not all logged")
 
 	var records []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(o.logs.String()), "\n") {
@@ -731,12 +737,15 @@ func TestLogsAndDeadLetter_SayTheSameDeliveryAndAttempt(t *testing.T) {
 	o.waitAcks(t, "stubborn", 1)
 	require.Equal(t, 1, o.broker.Nacks("stubborn"), "nacked at the first delivery, given up at the second")
 
+	// The router logs a delivery's outcome after its acknowledgement.
 	var logged map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(o.logs.String()), "\n") {
-		var rec map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
-		if rec["msg"] == "message dead-lettered" {
-			logged = rec
+	for deadline := time.Now().Add(5 * time.Second); logged == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, line := range strings.Split(strings.TrimSpace(o.logs.String()), "\n") {
+			var rec map[string]any
+			require.NoError(t, json.Unmarshal([]byte(line), &rec), line)
+			if rec["msg"] == "message dead-lettered" {
+				logged = rec
+			}
 		}
 	}
 	require.NotNil(t, logged, o.logs.String())

@@ -180,11 +180,21 @@ func (f *dlqFixture) waitApplied(want map[string]int) {
 // waitDeadLetters waits until n dead letters wait in the dead-letter topic.
 func (f *dlqFixture) waitDeadLetters(n int) {
 	f.t.Helper()
-	testsvc.Eventually(f.t, 30*time.Second, func() bool {
+	const wait = 30 * time.Second
+	for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
 		msgs, err := f.b.Peek(context.Background(), f.dlq, n+1)
 		require.NoError(f.t, err)
-		return len(msgs) == n
-	}, "%d dead letters never waited in %s", n, f.dlq)
+		if len(msgs) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			var why string
+			if strings.HasPrefix(f.url, "postgres") {
+				why = "; " + testsvc.PostgresOldTransactions(f.t, 5*time.Second)
+			}
+			f.t.Fatalf("after %s: %d dead letters never waited in %s (%d do)%s", wait, n, f.dlq, len(msgs), why)
+		}
+	}
 }
 
 // duplicates returns how many deliveries the handler acknowledged as duplicates.
@@ -447,6 +457,20 @@ func (l *letters) waiting(topic string) []string {
 	return out
 }
 
+// requireWaiting asserts that the messages waiting on topic are want, in order. On AMQP a
+// message that a command has just read comes back to its queue a moment after the command
+// closed its channel: the check polls until the list is want, for up to 10 s.
+func (l *letters) requireWaiting(topic string, want []string, msgAndArgs ...any) {
+	l.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	got := l.waiting(topic)
+	for !slices.Equal(got, want) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		got = l.waiting(topic)
+	}
+	require.Equal(l.t, want, got, msgAndArgs...)
+}
+
 // requireTerminalSafe checks that out holds nothing a terminal interprets but newlines, and
 // nothing text/tabwriter treats as a cell boundary or an escape.
 func requireTerminalSafe(t *testing.T, out string) {
@@ -565,8 +589,8 @@ func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
 				Error: "the dead letter carries no payload: " + list.DeadLetters[3].PayloadDropped}, rep.Failed[0])
 			require.Equal(t, []kept{{ID: "b", Topic: l.topic, Handler: "ledger", Reason: "permanent: payload is not JSON"}}, rep.Kept)
 			require.Empty(t, rep.NotFound)
-			require.Equal(t, []string{"b", dID}, l.waiting(l.dlq))
-			require.Equal(t, []string{"a", "c"}, l.waiting(l.topic), "replayed with their payloads")
+			l.requireWaiting(l.dlq, []string{"b", dID})
+			l.requireWaiting(l.topic, []string{"a", "c"}, "replayed with their payloads")
 
 			// The original id chooses d too; the text report says why it stays.
 			out, err := l.run("dlq", "replay", "--id", "d")
@@ -580,7 +604,7 @@ func TestDLQ_ReplayByReasonKeepsTheDeadLettersWithoutPayload(t *testing.T) {
 			rep, err = l.replayJSON("--reason", "permanent: payload is not JSON")
 			require.NoError(t, err)
 			require.Equal(t, "b", rep.Replayed[0].ID)
-			require.Equal(t, []string{dID}, l.waiting(l.dlq))
+			l.requireWaiting(l.dlq, []string{dID})
 		})
 	}
 }
@@ -625,7 +649,7 @@ func TestDLQ_DeleteRemovesExactlyTheChosenDeadLetters(t *testing.T) {
 				require.Regexp(t, `(?m)^  b  `+l.topic+`  handler ledger: permanent: payload is not JSON$`, out)
 				require.Contains(t, out, "Delete 1 dead letter in "+l.dlq+" for consumer group billing on "+l.b.String()+" for good? [y/N] ")
 				require.NotContains(t, out, "deleted")
-				require.Equal(t, all, l.waiting(l.dlq))
+				l.requireWaiting(l.dlq, all)
 			}
 
 			// Yes deletes it, and only it, and says so. (The answer is not echoed here: the
@@ -634,7 +658,7 @@ func TestDLQ_DeleteRemovesExactlyTheChosenDeadLetters(t *testing.T) {
 			require.NoError(t, err)
 			require.Regexp(t, `(?m)(^|\[y/N\] )deleted  b  `+l.topic+`  handler ledger: permanent: payload is not JSON$`, out)
 			require.Contains(t, out, "\ndeleted 1 dead letter, kept 4 in "+l.dlq+" for consumer group billing on "+l.b.String()+"\n")
-			require.Equal(t, []string{"a", "c", "d", "e"}, l.waiting(l.dlq))
+			l.requireWaiting(l.dlq, []string{"a", "c", "d", "e"})
 
 			// By reason, without asking.
 			out, err = run(t, deleteArgs("--reason", "test message", "--yes", "--json")...)
@@ -647,7 +671,7 @@ func TestDLQ_DeleteRemovesExactlyTheChosenDeadLetters(t *testing.T) {
 			}, rep.Deleted)
 			require.Equal(t, []string{"a", "c"}, []string{rep.Kept[0].ID, rep.Kept[1].ID})
 			require.Len(t, rep.Kept, 2)
-			require.Equal(t, []string{"a", "c"}, l.waiting(l.dlq))
+			l.requireWaiting(l.dlq, []string{"a", "c"})
 
 			// A dead letter that arrives while the operator reads the question is not deleted,
 			// though it matches: only those shown are.
@@ -659,7 +683,7 @@ func TestDLQ_DeleteRemovesExactlyTheChosenDeadLetters(t *testing.T) {
 			require.NoError(t, err)
 			require.Contains(t, out, "Delete 2 dead letters in ")
 			require.Contains(t, out, "\ndeleted 2 dead letters, kept 1 in ")
-			require.Equal(t, []string{"f"}, l.waiting(l.dlq))
+			l.requireWaiting(l.dlq, []string{"f"})
 
 			// Ids or a reason that match nothing delete nothing, and say so.
 			out, err = run(t, deleteArgs("--id", "nope", "--id", "f", "--yes")...)
@@ -819,7 +843,7 @@ func TestDLQ_ReplayAllGoesOnPastADeadLetterTheBrokerCannotTakeBack(t *testing.T)
 	require.Len(t, rep.Failed, 1)
 	require.Contains(t, rep.Failed[0].Error, "is 256 bytes, the AMQP message_id property allows 255")
 	require.Empty(t, rep.Kept)
-	require.Equal(t, want, l.waiting(l.topic), "the nine are back on their topic")
+	l.requireWaiting(l.topic, want, "the nine are back on their topic")
 	stays := l.waiting(l.dlq)
 	require.Equal(t, []string{rep.Failed[0].ID}, stays, "the one that failed waits")
 

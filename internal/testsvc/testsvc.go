@@ -153,6 +153,44 @@ func Postgres(t testing.TB) *sqldb.DB {
 	return db
 }
 
+// PostgresOldTransactions describes the transactions on the test PostgreSQL server that began
+// more than age ago, in every database, or says there are none. A PostgreSQL queue hands out no
+// message written after the oldest transaction still running on the server (broker/sqlqueue):
+// a test that waits in vain for a message names them in its failure.
+func PostgresOldTransactions(t testing.TB, age time.Duration) string {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqldb.Open(ctx, PostgresURL(t))
+	if err != nil {
+		return "PostgreSQL's transactions: " + err.Error()
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, `SELECT pid, datname, COALESCE(state, ''), COALESCE(application_name, ''),
+	round(extract(epoch FROM now() - xact_start)::numeric, 1)::text, left(query, 120)
+FROM pg_stat_activity WHERE xact_start < now() - make_interval(secs => $1) AND pid <> pg_backend_pid()
+ORDER BY xact_start`, age.Seconds())
+	if err != nil {
+		return "PostgreSQL's transactions: " + err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var pid int
+		var db, state, app, secs, query string
+		if err := rows.Scan(&pid, &db, &state, &app, &secs, &query); err != nil {
+			return "PostgreSQL's transactions: " + err.Error()
+		}
+		fmt.Fprintf(&b, "\n  pid %d, database %s, %s for %s s, application %q: %s", pid, db, state, secs, app, query)
+	}
+	if err := rows.Err(); err != nil {
+		return "PostgreSQL's transactions: " + err.Error()
+	}
+	if b.Len() == 0 {
+		return fmt.Sprintf("no transaction on PostgreSQL older than %s", age)
+	}
+	return fmt.Sprintf("transactions on PostgreSQL older than %s:%s", age, b.String())
+}
+
 // PostgresSchemaURL returns the URL of a fresh schema on the test PostgreSQL server, for tests
 // that open their own connections (several processes, the command-line tool); the schema is
 // dropped when the test ends.
