@@ -38,6 +38,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -339,10 +340,23 @@ func run(ctx context.Context, dir, dbURL string, accounts, per int, seed uint64,
 	if err != nil {
 		return s, err
 	}
+	// Each posting's transaction also counts the postings parked at that moment, waiting for
+	// an earlier one of their account: the most at once shows how far the shuffle ran ahead.
+	var maxParked atomic.Int64
+	observed := func(ctx context.Context, md *messagedata.MessageData, p Posting) error {
+		tx, _ := processor.TxFromContext(ctx)
+		var parked int64
+		if err := tx.GetContext(ctx, &parked, `SELECT COUNT(*) FROM onceflow_order_parked`); err != nil {
+			return err
+		}
+		for cur := maxParked.Load(); parked > cur && !maxParked.CompareAndSwap(cur, parked); cur = maxParked.Load() {
+		}
+		return apply(ctx, md, p)
+	}
 	if err := router.AddHandler(onceflow.Handler{
 		Name: "ledger", Topic: topic, Subscriber: sub, DB: db,
 		QoS:       onceflow.ExactlyOnceInOrder,
-		Processor: processor.JSON(apply),
+		Processor: processor.JSON(observed),
 	}); err != nil {
 		return s, err
 	}
@@ -360,10 +374,10 @@ func run(ctx context.Context, dir, dbURL string, accounts, per int, seed uint64,
 		if err := db.GetContext(ctx, &parked, `SELECT COUNT(*) FROM onceflow_order_parked`); err != nil {
 			return false, err
 		}
-		s.MaxParked = max(s.MaxParked, parked)
 		left, err := queue.Backlog(ctx, topic, consumerGroup)
 		return left == 0 && parked == 0, err
 	})
+	s.MaxParked = int(maxParked.Load())
 	stop()
 	if err := errors.Join(err, <-routerDone); err != nil {
 		return s, err
