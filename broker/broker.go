@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
 	"github.com/onceflow/onceflow/internal/urlparam"
@@ -193,30 +194,18 @@ type Broker struct {
 	opts     Options
 	be       *Backend
 	pub      *publisher
-
-	mu       sync.Mutex
-	closed   bool
-	subs     map[*subscriber]struct{}
-	inflight sync.WaitGroup // Publish calls in progress
+	// life holds the open Subscribers, and counts the Publish calls in progress.
+	life lifecycle.Set[*subscriber]
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Open connects to the broker that rawURL names and returns a Broker over it. The URL forms,
-// and the package that registers each scheme, which the program imports:
-//
-//	amqp://user:password@host:5672/vhost, amqps://...      RabbitMQ (broker/amqp)
-//	postgres://user:password@host:5432/db?sslmode=disable   a queue in PostgreSQL (broker/sqlqueue, and sqldb/postgres); also postgresql://
-//	mysql://user:password@host:3306/db                      a queue in MySQL or MariaDB (broker/sqlqueue, and sqldb/mysql); also mariadb://
-//	sqlite://path/queue.db, sqlite:///abs/path/queue.db     the embedded SQLite queue (broker/sqlitequeue); also sqlite3://
-//	nats://user:password@host:4222, nats://token@host:4222  NATS JetStream (broker/nats)
-//	redis://user:password@host:6379/0, rediss://...         Redis Streams (broker/redis)
-//	kafka://host:9092,host2:9092/                           Apache Kafka (broker/kafka)
-//	mem://name                                              in-process, for tests only (broker/mem)
-//
-// broker/all registers them all. A URL whose scheme is not registered fails with an error
-// that names the import.
+// Open connects to the broker that rawURL names and returns a Broker over it. rawURL has one
+// of the forms the package documentation lists, or an alias of its scheme (amqps, postgresql,
+// mariadb, sqlite3, rediss; sqlite:///abs/path/queue.db names an absolute path), and the
+// program imports the package that registers the scheme, or broker/all for every scheme: a
+// URL whose scheme is not registered fails with an error that names the import.
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
 // connect_timeout override the fields of opts. Each scheme takes a few more, its own and its
@@ -234,7 +223,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts, err = applyParams(opts, t.params, t.redacted)
+	opts, err = applyParams(opts, t.params, t.Redacted)
 	if err != nil {
 		return nil, err
 	}
@@ -242,38 +231,37 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	reg, err := lookup(t.scheme)
+	reg, err := lookup(t.Scheme)
 	if err == nil {
-		err = reg.table.Check(t.u.Query())
+		err = reg.table.Check(t.Parsed.Query())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("broker: URL %q: %w", t.redacted, err)
+		return nil, fmt.Errorf("broker: URL %q: %w", t.Redacted, err)
 	}
-	be, err := reg.open(ctx, Target{Scheme: t.scheme, URL: t.dsn, Parsed: t.u, Redacted: t.redacted}, opts)
+	be, err := reg.open(ctx, t.Target, opts)
 	if err == nil && (be == nil || be.Publisher == nil || be.NewSubscriber == nil) {
-		err = fmt.Errorf("the %s scheme opened no publisher or subscriber factory", t.scheme)
+		err = fmt.Errorf("the %s scheme opened no publisher or subscriber factory", t.Scheme)
 	}
-	if info, _ := schemeInfoOf(t.scheme); err == nil && (be.View != nil) != info.inspect {
-		err = fmt.Errorf("the %s scheme's view does not match what package broker says of it (inspect %v)", t.scheme, info.inspect)
+	if info, _ := schemeInfoOf(t.Scheme); err == nil && (be.View != nil) != info.inspect {
+		err = fmt.Errorf("the %s scheme's view does not match what package broker says of it (inspect %v)", t.Scheme, info.inspect)
 	}
 	var unknown *urlparam.UnknownError
 	if errors.As(err, &unknown) {
 		// A parameter of a database URL that sqldb.Open refused: list Open's too.
 		unknown = &urlparam.UnknownError{Param: unknown.Param, Table: unknown.Table.Under(commonParams), Cause: unknown.Cause}
-		unknown.Table.Scheme = t.scheme
-		return nil, redact.Error(fmt.Errorf("broker: URL %q: %w", t.redacted, unknown), t.secrets)
+		unknown.Table.Scheme = t.Scheme
+		return nil, redact.Error(fmt.Errorf("broker: URL %q: %w", t.Redacted, unknown), t.secrets)
 	}
 	if err != nil {
 		err = connect.Explain(ctx, opts.ConnectTimeout, err)
-		return nil, redact.Error(fmt.Errorf("broker: open %s: %w", t.redacted, err), t.secrets)
+		return nil, redact.Error(fmt.Errorf("broker: open %s: %w", t.Redacted, err), t.secrets)
 	}
 	b := &Broker{
-		scheme:   t.scheme,
-		redacted: t.redacted,
+		scheme:   t.Scheme,
+		redacted: t.Redacted,
 		secrets:  t.secrets,
 		opts:     opts,
 		be:       be,
-		subs:     map[*subscriber]struct{}{},
 	}
 	b.pub = &publisher{b: b}
 	return b, nil
@@ -314,31 +302,19 @@ func (b *Broker) Publisher() message.Publisher { return b.pub }
 // that another consumer holds does not hold Close up. Broker.Close closes the Subscribers that
 // are still open.
 func (b *Broker) Subscriber() (message.Subscriber, error) {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if b.life.Closed() {
 		return nil, ErrClosed
 	}
-	b.mu.Unlock()
 	up, err := b.be.NewSubscriber()
 	if err != nil {
 		return nil, redact.Error(fmt.Errorf("broker: new subscriber of %s: %w", b.redacted, err), b.secrets)
 	}
-	s := newSubscriber(b, up)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	s := &subscriber{b: b, up: up}
+	if !b.life.Add(s) {
 		_ = up.Close()
 		return nil, ErrClosed
 	}
-	b.subs[s] = struct{}{}
 	return s, nil
-}
-
-func (b *Broker) forget(s *subscriber) {
-	b.mu.Lock()
-	delete(b.subs, s)
-	b.mu.Unlock()
 }
 
 // checkTopic reports whether the scheme can carry topic.
@@ -356,19 +332,12 @@ func (b *Broker) checkTopic(topic string) error {
 // the publisher and the connection. It is idempotent and safe to call concurrently.
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
-		b.mu.Lock()
-		b.closed = true
-		subs := make([]*subscriber, 0, len(b.subs))
-		for s := range b.subs {
-			subs = append(subs, s)
-		}
-		b.mu.Unlock()
-
+		subs, _ := b.life.Close()
 		var errs []error
 		for _, s := range subs {
 			errs = append(errs, s.Close())
 		}
-		b.inflight.Wait()
+		b.life.Wait()
 		errs = append(errs, b.be.Publisher.Close())
 		if b.be.Close != nil {
 			errs = append(errs, b.be.Close())

@@ -25,8 +25,14 @@
 //   - a message is stored by the broker (durable, where the broker is) when Publish returns nil;
 //   - consumers of one consumer group compete: a message goes to one of them at a time, and
 //     each Subscribe call is one such consumer; every consumer group gets every message;
+//   - a subscription holds up to its prefetch of deliveries unsettled and hands them out
+//     without waiting for their acks. Each message's context carries a redelivery.Info and
+//     ends, with its cause (context.Cause), when the delivery does: at its ack or nack, or
+//     unsettled, when the broker gives the message to another consumer (its ack timeout
+//     passed, its connection was lost) or the subscription ends. An ack or nack given before
+//     then counts, also when the subscription sees it after;
 //   - a message is delivered until it is acknowledged: a nacked message is delivered again
-//     after Options.NackDelay, and the message a consumer held when it went away is delivered
+//     after the delay of redelivery.NackAfter, or Options.NackDelay, and the message a consumer held when it went away is delivered
 //     again to another consumer (at once where the broker notices, after Options.AckTimeout
 //     where it cannot);
 //   - delivery is at least once: a message acknowledged just before a crash may come again,

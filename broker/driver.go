@@ -13,15 +13,6 @@ import (
 	"github.com/onceflow/onceflow/internal/urlparam"
 )
 
-// Each scheme of Open lives in a package of its own (broker/amqp, broker/nats, broker/redis,
-// broker/sqlqueue, broker/sqlitequeue, broker/kafka, broker/mem), which registers it in its init through
-// Register, as a database/sql driver does: a program imports the schemes it opens, for example
-//
-//	import _ "github.com/onceflow/onceflow/broker/amqp"
-//
-// and links no other broker's client. broker/all imports every scheme, for programs that take
-// any URL.
-
 // OpenFunc opens the backend of one scheme: the connection, the shared publisher and a way to
 // make subscribers. Open calls it with the URL parsed and the options with the URL's parameters
 // applied and their defaults set (ConsumerGroup, Logger, NackDelay, which may be NoNackDelay,
@@ -36,9 +27,8 @@ type OpenFunc func(ctx context.Context, t Target, opts Options) (*Backend, error
 type Target struct {
 	// Scheme is the canonical scheme (amqp for amqps://, postgres for postgresql://, ...).
 	Scheme string
-	// URL is the URL without the query parameters that Open reads (group, prefetch,
-	// nack_delay, ack_timeout, poll_interval, connect_timeout): its query parameters are those
-	// the scheme registered (Params).
+	// URL is the URL without the query parameters that Open reads into Options: its query
+	// parameters are those the scheme registered (Params).
 	URL string
 	// Parsed is URL parsed; for sqlite, whose URL names a file, it may hold the scheme alone.
 	Parsed *url.URL
@@ -53,11 +43,9 @@ type Backend struct {
 	// when its Publish returns nil.
 	Publisher message.Publisher
 
-	// NewSubscriber makes an upstream subscriber: one consumer of the Broker's consumer group.
-	// Its subscriptions keep many deliveries in flight, delay the redelivery of a nacked
-	// message (NackDelay, or the delay of redelivery.NackAfter), give back what a closing
-	// consumer holds, and put a redelivery.Info in each message's context. Its Close may be
-	// called once: the Broker's subscriber makes it idempotent.
+	// NewSubscriber makes an upstream subscriber: one consumer of the Broker's consumer group,
+	// whose subscriptions keep the guarantees the package documentation lists. Its Close may
+	// be called once: the Broker's subscriber makes it idempotent.
 	NewSubscriber func() (message.Subscriber, error)
 
 	// CheckTopic, if not nil, rejects a topic the scheme cannot carry, with an error that
@@ -122,9 +110,9 @@ type Entry struct {
 // cancels the adapter's queries. Scheme packages give it to their adapters.
 const SubscriberCloseTimeout = 2 * time.Second
 
-// Params are the query parameters that a scheme takes beside those of every scheme (group,
-// prefetch, nack_delay, ack_timeout, poll_interval and connect_timeout). Open refuses any
-// other before it connects, with an error that names it and lists the known ones.
+// Params are the query parameters that a scheme takes beside those of every scheme, which Open
+// reads into Options. Open refuses any other before it connects, with an error that names it
+// and lists the known ones.
 type Params struct {
 	// Own are the scheme's own parameters, which its OpenFunc reads from Target.URL
 	// (amqp's queue_type, kafka's partitions).

@@ -15,18 +15,13 @@ import (
 // the group's other consumers until it is settled, and a nacked message comes back to it. Each
 // scheme has its own way (Backend.View), in its own package; docs/operations.md compares them.
 
-// noView returns the error of a scheme that cannot be inspected (schemeInfo.inspect).
-func noView(scheme string) error {
-	return fmt.Errorf("the %s scheme keeps no store to inspect: %w", scheme, errors.ErrUnsupported)
-}
-
 // openView opens a view of topic for the Broker's consumer group.
 func (b *Broker) openView(ctx context.Context, topic string) (View, error) {
 	if err := b.usableTopic(topic); err != nil {
 		return nil, err
 	}
 	if b.be.View == nil {
-		return nil, fmt.Errorf("broker: inspect topic %q: %w", topic, noView(b.scheme))
+		return nil, fmt.Errorf("broker: inspect topic %q: the %s scheme keeps no store to inspect: %w", topic, b.scheme, errors.ErrUnsupported)
 	}
 	v, err := b.be.View(ctx, topic)
 	if errors.Is(err, ErrNotFound) && !b.opts.ReportNotFound {
@@ -49,10 +44,7 @@ func (emptyView) Close() error                               { return nil }
 // usableTopic returns ErrClosed once the Broker is closed, and otherwise whether the scheme can
 // carry topic.
 func (b *Broker) usableTopic(topic string) error {
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if closed {
+	if b.life.Closed() {
 		return ErrClosed
 	}
 	return b.checkTopic(topic)
@@ -72,25 +64,9 @@ func (b *Broker) inspectErr(op, topic string, err error) error {
 // wrapping ErrNotFound (and a consumer group that does not exist, where the scheme can tell).
 //
 // The messages carry their UUID, metadata and payload as a subscriber of the group would
-// receive them. How each scheme reads them without consuming them:
-//
-//   - amqp: basic.get without acknowledgement on the group's queue <topic>.<group>, then the
-//     channel is closed, which puts every message back in its place (with the redelivered
-//     flag set);
-//   - postgres, mysql: sqlqueue's Waiting, a SELECT of the messages the group has leased
-//     (handed out and not acknowledged, or nacked and waiting for their delay), then of
-//     those past its cursor;
-//   - sqlite: sqlitequeue's Waiting: the messages the group has leased and those past its
-//     cursor;
-//   - nats: the stream's messages on the topic's subject past the ack floor of the group's
-//     durable consumer (the whole stream before the group has one);
-//   - redis: the group's pending entries and the entries past its last-delivered id (the whole
-//     stream before the group exists);
-//   - kafka: each partition from the group's committed offset (its start before the group has
-//     committed one) to its end, less the records the group's commit metadata says were acked
-//     past the committed offset (a record that a member acked is listed until the member
-//     commits it); the partitions merged oldest first, by record timestamp;
-//   - mem: not supported (the error wraps errors.ErrUnsupported).
+// receive them. Each scheme reads them without consuming them in its own way (its View),
+// which docs/operations.md compares; mem is not supported (the error wraps
+// errors.ErrUnsupported).
 //
 // Peek takes no lock: it never waits for the group's consumers, nor holds them up (on AMQP,
 // the messages it reads are unavailable to them for the moment of the read).
@@ -164,25 +140,13 @@ type Failure struct {
 // drop it as a duplicate of its first publish, and does drop a second move of the same message
 // within the duplicate window.
 //
-// What removing means depends on where the broker keeps a group's messages; it is the same for
-// Move and Delete:
-//
-//   - amqp: RabbitMQ has a queue per group: the message is acknowledged on <topic>.<group>, and
-//     stays in the queues of the other groups;
-//   - postgres, mysql: DELETE of its row and its leases, in one transaction;
-//   - sqlite: sqlitequeue's Delete: its row and its leases;
-//   - nats: JetStream's DeleteMsg on the stream;
-//   - redis: XACK for the group, then XDEL;
-//   - kafka: an ack in the group's commit: the record joins the acked spans of its partition's
-//     commit metadata, and the committed offset moves past it when nothing before it waits.
-//     Kafka takes a group's commits only from its members, so Move and Delete join the group,
-//     subscribed to topic alone, until they end (the group rebalances when they join and when
-//     they leave; its members that consume other topics keep their partitions), and fail,
-//     removing and publishing nothing, when a member of the group consumes topic itself;
-//   - mem: not supported (the error wraps errors.ErrUnsupported).
-//
-// Except on AMQP and Kafka, every group reads one log per topic, so other consumer groups of
-// topic no longer see a removed message either.
+// What removing means depends on where the broker keeps a group's messages, and is the same
+// for Move and Delete: docs/operations.md compares the schemes. On AMQP and Kafka the other
+// consumer groups of topic keep the message; on the other schemes every group reads one log
+// per topic, and no longer sees it either. Kafka takes a group's commits only from its
+// members, so Move and Delete join the group, subscribed to topic alone, until they end (the
+// group rebalances when they join and when they leave), and fail, removing and publishing
+// nothing, when a member of the group consumes topic itself. mem is not supported.
 //
 // The report lists what was moved, kept and failed. The error says why Move could not go
 // through: the topic could not be read, or ctx ended (the messages it did not reach are then
@@ -225,13 +189,8 @@ type DeleteReport struct {
 // true for, publishing nothing. The others stay as they were, in their place. Messages
 // published to topic while Delete runs are not looked at.
 //
-// Removing is what it is for Move, per scheme: an acknowledgement on the group's queue on AMQP
-// (the other groups' queues keep their copies), an ack in the group's commit on Kafka (the
-// other groups read the record still), a deletion from the topic's one log everywhere else
-// (the row and its leases in PostgreSQL, MySQL and SQLite, DeleteMsg on NATS, XACK and XDEL on
-// Redis), which other consumer groups no longer see either. mem is not supported (the error
-// wraps errors.ErrUnsupported). A message that is already gone when Delete removes it (another
-// Delete took it) counts as deleted.
+// Removing is what it is for Move, per scheme (see Move). A message that is already gone when
+// Delete removes it (another Delete took it) counts as deleted.
 //
 // A message whose removal fails goes in DeleteReport.Failed with why, and Delete goes on with
 // the next one. The error says why Delete could not go through: the topic could not be read,

@@ -19,14 +19,10 @@ var _ message.Publisher = (*publisher)(nil)
 // the upstream publisher.
 func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 	b := p.b
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if !b.life.Enter() {
 		return ErrClosed
 	}
-	b.inflight.Add(1)
-	b.mu.Unlock()
-	defer b.inflight.Done()
+	defer b.life.Leave()
 
 	if err := b.checkTopic(topic); err != nil {
 		return err

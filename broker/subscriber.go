@@ -4,22 +4,20 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/internal/redact"
 )
 
-// subscriber is the Subscriber a Broker hands out: the scheme's own subscriber, which keeps many
-// deliveries in flight, delays nacks and gives back what it holds when it closes (see
-// Backend.NewSubscriber), with the Broker's topic check, errors without the URL's password, and
-// a Close that is idempotent and safe to call concurrently.
+// subscriber is the Subscriber a Broker hands out: the scheme's own (Backend.NewSubscriber),
+// with the Broker's topic check, errors without the URL's password, and a Close that is
+// idempotent and safe to call concurrently.
 type subscriber struct {
-	b  *Broker
-	up message.Subscriber
-
-	mu     sync.Mutex
-	closed bool
+	b      *Broker
+	up     message.Subscriber
+	closed atomic.Bool // set when Close begins
 
 	closeOnce sync.Once
 	closeErr  error
@@ -43,10 +41,6 @@ func (s *subscriber) AcksInTransaction() bool {
 	return ok && a.AcksInTransaction()
 }
 
-func newSubscriber(b *Broker, up message.Subscriber) *subscriber {
-	return &subscriber{b: b, up: up}
-}
-
 // Subscribe starts one competing consumer of topic. The scheme's subscription is handed out as
 // it is: it ends when ctx ends or the Subscriber closes, and settles what it has handed out as
 // its package documents.
@@ -54,10 +48,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := s.b.checkTopic(topic); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	if s.closed.Load() {
 		return nil, ErrClosed
 	}
 	in, err := s.up.Subscribe(ctx, topic)
@@ -72,11 +63,9 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // return when the first one is done, with its result.
 func (s *subscriber) Close() error {
 	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
+		s.closed.Store(true)
 		err := s.up.Close()
-		s.b.forget(s)
+		s.b.life.Remove(s)
 		if err != nil {
 			s.closeErr = redact.Error(fmt.Errorf("broker: close subscriber of %s: %w", s.b.redacted, err), s.b.secrets)
 		}

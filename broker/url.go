@@ -118,16 +118,9 @@ var acceptedSchemes = func() string {
 	return "want " + strings.Join(all[:len(all)-1], ", ") + " or " + all[len(all)-1]
 }()
 
-// target is a parsed broker URL.
+// target is a parsed broker URL: the Target an OpenFunc gets, and what Open keeps to itself.
 type target struct {
-	// scheme is the canonical scheme (amqp, postgres, mysql, sqlite, nats, redis, kafka, mem).
-	scheme string
-	// dsn is the URL without onceflow's query parameters, for the driver.
-	dsn string
-	// u is dsn parsed.
-	u *url.URL
-	// redacted is the URL as given, without its password.
-	redacted string
+	Target
 	// secrets are the strings that must never appear in an error: passwords and tokens, as
 	// written in the URL and decoded.
 	secrets []string
@@ -185,9 +178,11 @@ func parseTarget(rawURL string) (*target, error) {
 		// url.Parse quotes the part it rejects, which may be the password: do not wrap it.
 		return nil, fmt.Errorf("broker: URL %q is malformed: check that special characters in the user name and password are percent-encoded", redacted)
 	}
-	t := &target{scheme: canonical, dsn: dsn, u: u, redacted: redacted, params: params}
-	t.secrets = redact.Secrets(rawURL)
-	return t, nil
+	return &target{
+		Target:  Target{Scheme: canonical, URL: dsn, Parsed: u, Redacted: redacted},
+		secrets: redact.Secrets(rawURL),
+		params:  params,
+	}, nil
 }
 
 // schemeForError returns s if it looks like a scheme name, so that an error does not echo the

@@ -14,9 +14,8 @@ type givenAck struct {
 	at  time.Time
 }
 
-// coalescer decides when the acks the consumer gives are sent, and as which frames. A single
-// ack costs RabbitMQ about as much CPU as the delivery it settles; a multiple ack settles a
-// whole run for the price of one. So:
+// coalescer decides when the acks the consumer gives are sent, and as which frames: a multiple
+// ack settles a whole run for the price of one (see the package documentation). So:
 //
 //   - a run of acked tags from the oldest unsettled delivery (the prefix) goes as one ack with
 //     multiple set, within delay of its oldest ack, or at once when it holds half the window;
@@ -29,9 +28,10 @@ type givenAck struct {
 //   - the prefix goes at once when the consumer says that it has settled a batch together
 //     (redelivery.Flush): a group of messages committed in one transaction is acked in one
 //     frame as soon as it is settled, and its deliveries leave the window for the next ones;
-//   - every ack goes at once when no delivery is open any more: nothing older can be acked.
-//     With deferIdle, the session decides when (idleFlush): a consumer that settles in its own
-//     goroutine may ack a delivery before the session has received the next one RabbitMQ sent.
+//   - every ack goes when no delivery is open any more: nothing older can be acked. The
+//     session decides when (idleFlush): a consumer settles in a goroutine other than the
+//     session's, and may ack a delivery before the session has received the next one RabbitMQ
+//     sent.
 //
 // It never sends an ack the consumer did not give: a multiple ack covers only acked or
 // already settled tags (window.take).
@@ -50,8 +50,6 @@ type coalescer struct {
 	// since (in a multiple ack) are skipped.
 	given []givenAck
 	head  int
-	// deferIdle: the acks that wait when no delivery is open go by idleFlush only.
-	deferIdle bool
 }
 
 // meanWeight is the weight of the newest sample in coalescer.mean: about the last 64 acks count.
@@ -60,9 +58,6 @@ const meanWeight = 64
 func newCoalescer(prefetch int, delay, hold time.Duration) *coalescer {
 	return &coalescer{delay: delay, hold: max(hold, delay), flushAt: max(1, (prefetch+1)/2)}
 }
-
-// deliver records the delivery of tag.
-func (c *coalescer) deliver(tag uint64) { c.win.add(tag) }
 
 // ack records the consumer's ack at now of tag, handed out took ago, and returns the frames to
 // send now.
@@ -75,36 +70,17 @@ func (c *coalescer) ack(tag uint64, now time.Time, took time.Duration) []ackFram
 	} else {
 		c.mean += (took - c.mean) / meanWeight
 	}
-	c.win.ack(tag)
+	c.win.set(tag, acked)
 	c.given = append(c.given, givenAck{tag: tag, at: now})
-	if !c.deferIdle && !c.win.busy() {
-		return c.flush()
-	}
-	if c.win.pending() >= c.flushAt && c.win.prefixLen() >= c.flushAt {
+	if c.win.nAcked >= c.flushAt && c.win.prefixLen() >= c.flushAt {
 		return c.take(false)
 	}
 	return nil
 }
 
-// holdNack records that the consumer nacked tag and the nack waits; settle that a nack of tag
-// was sent. Both return the frames to send now: all that wait when no delivery is open any
-// more.
-func (c *coalescer) holdNack(tag uint64) []ackFrame {
-	c.win.hold(tag)
-	return c.idle()
-}
-
-func (c *coalescer) settle(tag uint64) []ackFrame {
-	c.win.settle(tag)
-	return c.idle()
-}
-
-func (c *coalescer) idle() []ackFrame {
-	if c.deferIdle {
-		return nil
-	}
-	return c.idleFlush()
-}
+// nack records a nack of tag: held when the consumer nacked it and the nack waits, gone once
+// the nack was sent.
+func (c *coalescer) nack(tag uint64, s tagState) { c.win.set(tag, s) }
 
 // idleFlush returns every ack waiting when no delivery is open.
 func (c *coalescer) idleFlush() []ackFrame {
@@ -115,7 +91,7 @@ func (c *coalescer) idleFlush() []ackFrame {
 }
 
 // idleDue reports whether acks wait and no delivery is open: idleFlush would send them.
-func (c *coalescer) idleDue() bool { return c.win.pending() > 0 && !c.win.busy() }
+func (c *coalescer) idleDue() bool { return c.win.nAcked > 0 && c.win.nOpen == 0 }
 
 // outOfOrder returns how long an ack behind an unsettled delivery waits for it.
 func (c *coalescer) outOfOrder() time.Duration {
@@ -151,7 +127,7 @@ func (c *coalescer) expire(now time.Time) []ackFrame {
 	wait := c.outOfOrder()
 	for i := c.head; i < len(c.given) && !c.given[i].at.Add(wait).After(now); i++ {
 		if t := c.given[i].tag; c.win.state(t) == acked {
-			c.win.settle(t)
+			c.win.set(t, gone)
 			frames = append(frames, ackFrame{tag: t})
 		}
 	}
@@ -166,18 +142,8 @@ func (c *coalescer) flushPrefix() []ackFrame { return c.take(false) }
 // flush returns every ack waiting: the prefix as one frame, the others alone.
 func (c *coalescer) flush() []ackFrame { return c.take(true) }
 
-// pending returns how many acks wait.
-func (c *coalescer) pending() int { return c.win.pending() }
-
 func (c *coalescer) take(all bool) []ackFrame {
-	prefix, n, singles := c.win.take(all)
-	var frames []ackFrame
-	if prefix != 0 {
-		frames = append(frames, ackFrame{tag: prefix, multiple: n > 1})
-	}
-	for _, t := range singles {
-		frames = append(frames, ackFrame{tag: t})
-	}
+	frames := c.win.take(all)
 	c.skipSent()
 	return frames
 }

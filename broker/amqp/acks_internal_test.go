@@ -18,7 +18,7 @@ const (
 func coalesce(prefetch int, tags ...uint64) *coalescer {
 	c := newCoalescer(prefetch, testDelay, testHold)
 	for _, t := range tags {
-		c.deliver(t)
+		c.win.add(t)
 	}
 	return c
 }
@@ -58,7 +58,7 @@ func TestCoalescer_FlushSendsThePrefixAtOnce(t *testing.T) {
 		require.Empty(t, c.ack(tag, t0, time.Millisecond))
 	}
 	require.Equal(t, []ackFrame{multi(3)}, c.flushPrefix())
-	require.Equal(t, 1, c.pending(), "5 waits behind the open 4")
+	require.Equal(t, 1, c.win.nAcked, "5 waits behind the open 4")
 	require.Empty(t, c.flushPrefix(), "nothing at the front to send")
 	require.Empty(t, c.ack(4, t0, time.Millisecond))
 	require.Equal(t, []ackFrame{multi(5)}, c.flushPrefix())
@@ -77,7 +77,7 @@ func TestCoalescer_AcksOutOfOrderWaitForTheOlderDelivery(t *testing.T) {
 	due, _ = c.due()
 	require.Equal(t, at(testDelay), due, "the oldest ack waiting is older than the delay")
 	require.Equal(t, []ackFrame{multi(3)}, c.expire(at(5*time.Millisecond)), "three acks, one frame")
-	require.Equal(t, 0, c.pending())
+	require.Equal(t, 0, c.win.nAcked)
 }
 
 func TestCoalescer_AnAckBehindAStuckDeliveryGoesAloneAfterItsWait(t *testing.T) {
@@ -107,20 +107,25 @@ func TestCoalescer_TheWaitBehindAnOlderDeliveryIsBounded(t *testing.T) {
 
 func TestCoalescer_EveryAckGoesWhenNoDeliveryIsOpen(t *testing.T) {
 	c := coalesce(8, 1, 2, 3)
-	require.Empty(t, c.holdNack(1))
+	c.nack(1, held)
 	require.Empty(t, c.ack(3, t0, time.Millisecond))
-	require.Equal(t, []ackFrame{single(2), single(3)}, c.ack(2, t0, time.Millisecond),
+	require.False(t, c.idleDue(), "2 is open")
+	require.Empty(t, c.idleFlush())
+	require.Empty(t, c.ack(2, t0, time.Millisecond))
+	require.True(t, c.idleDue())
+	require.Equal(t, []ackFrame{single(2), single(3)}, c.idleFlush(),
 		"1 is held: nothing can be acked with multiple")
-	require.Empty(t, c.settle(1))
+	c.nack(1, gone)
 	require.Empty(t, c.win.states)
 }
 
 func TestCoalescer_ANackSentLetsTheAcksBehindItGoAsOne(t *testing.T) {
 	c := coalesce(8, 1, 2, 3, 4)
-	require.Empty(t, c.holdNack(1))
+	c.nack(1, held)
 	require.Empty(t, c.ack(2, t0, time.Millisecond))
 	require.Empty(t, c.ack(3, t0, time.Millisecond))
-	require.Empty(t, c.settle(1), "4 is open")
+	c.nack(1, gone)
+	require.Empty(t, c.idleFlush(), "4 is open")
 	due, _ := c.due()
 	require.Equal(t, at(testDelay), due)
 	require.Equal(t, []ackFrame{multi(3)}, c.expire(due))
@@ -140,7 +145,7 @@ func TestCoalescer_AnAckOfATagNotOpenIsIgnored(t *testing.T) {
 	require.Empty(t, c.ack(9, t0, time.Millisecond), "never delivered")
 	require.Empty(t, c.ack(1, t0, time.Millisecond))
 	require.Empty(t, c.ack(1, t0, time.Millisecond), "acked already")
-	require.Equal(t, 1, c.pending())
+	require.Equal(t, 1, c.win.nAcked)
 	require.Equal(t, []ackFrame{single(1)}, c.expire(at(testDelay)), "a run of one tag")
 }
 
@@ -157,7 +162,7 @@ func TestCoalescer_NeverSettlesATagTheConsumerDidNotAck(t *testing.T) {
 			now       = t0
 			next      = uint64(1)
 			open      = map[uint64]bool{} // delivered, not settled by the consumer
-			held      = map[uint64]bool{}
+			holding   = map[uint64]bool{}
 			ackedAt   = map[uint64]time.Time{} // acked by the consumer, not settled
 			unsettled = map[uint64]bool{}      // at RabbitMQ
 		)
@@ -183,7 +188,7 @@ func TestCoalescer_NeverSettlesATagTheConsumerDidNotAck(t *testing.T) {
 		for range 400 {
 			switch r := rng.IntN(10); {
 			case r < 3 && len(unsettled) < prefetch:
-				c.deliver(next)
+				c.win.add(next)
 				open[next], unsettled[next] = true, true
 				next++
 			case r < 7:
@@ -191,18 +196,21 @@ func TestCoalescer_NeverSettlesATagTheConsumerDidNotAck(t *testing.T) {
 					delete(open, tag)
 					ackedAt[tag] = now
 					apply(c.ack(tag, now, time.Duration(rng.IntN(20))*time.Millisecond))
+					apply(c.idleFlush()) // the session's fetch, when no delivery is open
 				}
 			case r < 8:
 				if tag, ok := pick(open); ok {
 					delete(open, tag)
-					held[tag] = true
-					apply(c.holdNack(tag))
+					holding[tag] = true
+					c.nack(tag, held)
+					apply(c.idleFlush())
 				}
 			case r < 9:
-				if tag, ok := pick(held); ok {
-					delete(held, tag)
+				if tag, ok := pick(holding); ok {
+					delete(holding, tag)
 					delete(unsettled, tag) // the nack is sent
-					apply(c.settle(tag))
+					c.nack(tag, gone)
+					apply(c.idleFlush())
 				}
 			default:
 				now = now.Add(time.Duration(rng.IntN(30)) * time.Millisecond)
@@ -216,6 +224,6 @@ func TestCoalescer_NeverSettlesATagTheConsumerDidNotAck(t *testing.T) {
 		}
 		apply(c.flush())
 		require.Empty(t, ackedAt, "seed %d: acks given and not sent", seed)
-		require.Equal(t, len(open)+len(held), len(unsettled), "seed %d", seed)
+		require.Equal(t, len(open)+len(holding), len(unsettled), "seed %d", seed)
 	}
 }

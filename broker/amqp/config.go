@@ -9,28 +9,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
-	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
-// Defaults of Config.
+// Defaults of Config: each is the value of the field of its name when that field is zero.
 const (
-	// DefaultPrefetch is how many deliveries a subscription holds unsettled when
-	// Config.Prefetch is zero.
-	DefaultPrefetch = 10
-	// DefaultAckDelay bounds how long an ack waits to be sent with others, when Config.AckDelay
-	// is zero.
-	DefaultAckDelay = 2 * time.Millisecond
-	// DefaultOutOfOrderAckDelay bounds how long an ack behind an older delivery waits for it,
-	// when Config.OutOfOrderAckDelay is zero.
+	DefaultPrefetch           = 10
+	DefaultAckDelay           = 2 * time.Millisecond
 	DefaultOutOfOrderAckDelay = 250 * time.Millisecond
-	// DefaultReconnectInitial is the first wait before reconnecting, when
-	// Config.ReconnectInitial is zero.
-	DefaultReconnectInitial = 100 * time.Millisecond
-	// DefaultReconnectMax bounds the wait between reconnection attempts, when
-	// Config.ReconnectMax is zero.
-	DefaultReconnectMax = 5 * time.Second
-	// DefaultCloseTimeout bounds Close when Config.CloseTimeout is zero.
-	DefaultCloseTimeout = 2 * time.Second
+	DefaultReconnectInitial   = 100 * time.Millisecond
+	DefaultReconnectMax       = 5 * time.Second
+	DefaultCloseTimeout       = 2 * time.Second
 )
 
 // maxPrefetch is the largest prefetch count AMQP can carry (a short integer).
@@ -67,13 +55,10 @@ type Config struct {
 	AckDelay time.Duration
 
 	// OutOfOrderAckDelay bounds how long an ack behind an older delivery that is still being
-	// processed, or held after a nack, waits for it. Deliveries processed concurrently finish
-	// in any order, and a basic.ack sent alone costs RabbitMQ about as much as the delivery it
-	// settles, so such an ack waits for the older delivery, to go with it in one multiple ack:
-	// for twice the mean time the subscription's deliveries take from hand-out to ack, at
-	// least AckDelay and at most OutOfOrderAckDelay; then it goes alone. Every ack goes at once
-	// when no delivery is being processed any more. At least AckDelay. Defaults to
-	// DefaultOutOfOrderAckDelay.
+	// processed, or held after a nack, waits for it, to go with it in one multiple ack: for
+	// twice the mean time from hand-out to ack, at least AckDelay and at most
+	// OutOfOrderAckDelay; then it goes alone. Every ack goes at once when no delivery is being
+	// processed any more. At least AckDelay. Defaults to DefaultOutOfOrderAckDelay.
 	OutOfOrderAckDelay time.Duration
 
 	// ReconnectInitial is the wait before the first attempt to reopen a lost channel or
@@ -101,8 +86,8 @@ var rules = inflight.Rules{
 	CloseTimeout: DefaultCloseTimeout,
 }
 
-func (c Config) settings() inflight.Settings {
-	return inflight.Settings{Prefetch: c.Prefetch, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+func (c *Config) fields() inflight.Fields {
+	return inflight.Fields{Prefetch: &c.Prefetch, NackDelay: &c.NackDelay, CloseTimeout: &c.CloseTimeout, Logger: &c.Logger, Log: &c.log}
 }
 
 // Validate reports the first invalid field, naming it. Zero values are valid where they select
@@ -114,23 +99,22 @@ func (c Config) Validate() error {
 	if err := c.Topology.Validate(); err != nil {
 		return err
 	}
-	return rules.Validate(c.settings(),
+	return rules.Validate(c.fields().Settings(),
 		inflight.Duration{Name: "AckDelay", Value: c.AckDelay},
 		inflight.Duration{Name: "OutOfOrderAckDelay", Value: c.OutOfOrderAckDelay},
 		inflight.Duration{Name: "ReconnectInitial", Value: c.ReconnectInitial},
 		inflight.Duration{Name: "ReconnectMax", Value: c.ReconnectMax})
 }
 
-// withDefaults returns c with every zero field that has a default set to it.
+// withDefaults returns c with every zero field that has a default set to it, but Prefetch:
+// each subscription takes its own window (rules.Window).
 func (c Config) withDefaults() Config {
-	st := rules.Apply(c.settings())
-	c.Prefetch, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.NackDelay, st.CloseTimeout, st.Logger
+	rules.Default(c.fields())
 	c.AckDelay = cmp.Or(c.AckDelay, DefaultAckDelay)
 	c.OutOfOrderAckDelay = cmp.Or(c.OutOfOrderAckDelay, DefaultOutOfOrderAckDelay)
 	c.OutOfOrderAckDelay = max(c.OutOfOrderAckDelay, c.AckDelay)
 	c.ReconnectInitial = cmp.Or(c.ReconnectInitial, DefaultReconnectInitial)
 	c.ReconnectMax = cmp.Or(c.ReconnectMax, DefaultReconnectMax)
 	c.ReconnectMax = max(c.ReconnectMax, c.ReconnectInitial)
-	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

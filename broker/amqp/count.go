@@ -1,53 +1,37 @@
 package amqp
 
 import (
-	amqp "github.com/rabbitmq/amqp091-go"
+	"reflect"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // This file reads a delivery's count from what RabbitMQ sends with it.
 
-// deliveryInfo returns what the broker says of d's deliveries: on a quorum queue, the count
+// deliveryCount returns what the broker says of d's deliveries: on a quorum queue, the count
 // from the header x-delivery-count, which RabbitMQ sets on every delivery after the first to
-// the number of earlier ones; on a classic queue, the redelivered flag.
-func deliveryInfo(d amqp.Delivery, quorum bool) redelivery.Info {
-	info := redelivery.Info{DelaysNacks: true}
+// the number of earlier ones; on a classic queue, count 0 and the redelivered flag.
+func deliveryCount(d amqp.Delivery, quorum bool) (count int, redelivered bool) {
 	if quorum {
-		if n, ok := deliveryCount(d.Headers[HeaderDeliveryCount]); ok {
-			info.Count = n + 1
-			return info
+		if n, ok := countHeader(d.Headers[HeaderDeliveryCount]); ok {
+			return n + 1, false
 		}
 		if !d.Redelivered {
-			info.Count = 1
-			return info
+			return 1, false
 		}
 	}
-	info.Redelivered = d.Redelivered
-	return info
+	return 0, d.Redelivered
 }
 
-// deliveryCount reads the x-delivery-count header, an integer that RabbitMQ sets (a string one
+// countHeader reads the x-delivery-count header, an integer that RabbitMQ sets (a string one
 // comes from a producer, and is not trusted).
-func deliveryCount(v any) (int, bool) {
+func countHeader(v any) (int, bool) {
 	var n int64
-	switch v := v.(type) {
-	case int64:
-		n = v
-	case int32:
-		n = int64(v)
-	case int16:
-		n = int64(v)
-	case int8:
-		n = int64(v)
-	case int:
-		n = int64(v)
-	case uint8:
-		n = int64(v)
-	case uint16:
-		n = int64(v)
-	case uint32:
-		n = int64(v)
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n = rv.Int()
+	case reflect.Uint8, reflect.Uint16, reflect.Uint32:
+		n = int64(rv.Uint())
 	default:
 		return 0, false
 	}

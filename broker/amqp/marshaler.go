@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
-	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -115,33 +114,22 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 // smallMetadata is how many entries an empty map takes before it grows (one group of Go's maps).
 const smallMetadata = 8
 
-// headerString renders an AMQP field value as a string.
+// headerString renders an AMQP field value as a string: byte arrays, timestamps and decimals
+// as jsonValue renders them, tables and arrays as JSON, numbers and booleans as fmt prints them
+// (a float in its shortest form).
 func headerString(v any) string {
-	switch v := v.(type) {
+	switch x := jsonValue(v).(type) {
 	case nil:
 		return ""
-	case string:
-		return v
-	case []byte:
-		return string(v)
-	case bool:
-		return strconv.FormatBool(v)
-	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64, uint:
-		return fmt.Sprint(v)
-	case float32:
-		return strconv.FormatFloat(float64(v), 'g', -1, 32)
-	case float64:
-		return strconv.FormatFloat(v, 'g', -1, 64)
-	case time.Time:
-		return v.UTC().Format(time.RFC3339Nano)
-	case amqp.Decimal:
-		return decimalString(v)
+	case map[string]any, []any:
+		b, err := json.Marshal(x)
+		if err != nil {
+			return fmt.Sprint(v)
+		}
+		return string(b)
+	default:
+		return fmt.Sprint(x)
 	}
-	b, err := json.Marshal(jsonValue(v))
-	if err != nil {
-		return fmt.Sprint(v)
-	}
-	return string(b)
 }
 
 // jsonValue prepares an AMQP field value for JSON: tables and arrays recursively, byte arrays

@@ -1,6 +1,7 @@
 package amqp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -9,8 +10,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 var consumerSeq atomic.Uint64
@@ -33,16 +32,18 @@ type session struct {
 	closed     <-chan *amqp.Error
 	quorum     bool
 
-	// failed is signalled when a settlement could not be sent: the subscription then loses
-	// the channel. idle is signalled when acks wait and no delivery is open, for a consumer
-	// that settles directly: the fetch sends them unless the next delivery is at hand.
-	failed, idle chan struct{}
+	// failed ends, with the first error of sending a settlement as its cause, when a
+	// settlement could not be sent (fail, mu held): the subscription then loses the channel.
+	failed context.Context
+	fail   context.CancelCauseFunc
+	// idle is signalled when acks wait and no delivery is open: the fetch sends them unless
+	// the next delivery is at hand.
+	idle chan struct{}
 	// done is closed when the session is over.
 	done chan struct{}
 
 	mu    sync.Mutex
 	over  bool
-	err   error // the first error of sending a settlement
 	acked *coalescer
 	// ackTimer sends the acks that waited their time, at ackDue (zero when it is stopped).
 	ackTimer *time.Timer
@@ -58,35 +59,13 @@ type endSettlement struct {
 	ack bool
 }
 
-func newSession(ch *amqp.Channel, a acker, consumer string, deliveries <-chan amqp.Delivery, closed <-chan *amqp.Error, cfg Config, direct bool) *session {
-	ss := &session{
-		ch:         ch,
-		acks:       a,
-		consumer:   consumer,
-		deliveries: deliveries,
-		closed:     closed,
-		quorum:     cfg.Topology.Queue.Type == Quorum,
-		failed:     make(chan struct{}, 1),
-		idle:       make(chan struct{}, 1),
-		done:       make(chan struct{}),
-		acked:      newCoalescer(cfg.Prefetch, cfg.AckDelay, cfg.OutOfOrderAckDelay),
-	}
-	// A consumer that settles in its own goroutine may ack a delivery before the fetch has
-	// taken the next one RabbitMQ sent: the fetch decides when acks go for want of an open
-	// delivery.
-	ss.acked.deferIdle = direct
-	ss.ackTimer = time.AfterFunc(time.Hour, ss.expire)
-	ss.ackTimer.Stop()
-	return ss
-}
-
 // deliver records the delivery of tag, and reports false when the session is over (RabbitMQ
 // gives the message back).
 func (ss *session) deliver(tag uint64) bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if !ss.over {
-		ss.acked.deliver(tag)
+		ss.acked.win.add(tag)
 	}
 	return !ss.over
 }
@@ -115,22 +94,6 @@ func (ss *session) stopLocked() bool {
 	return true
 }
 
-// fail records the first error of sending a settlement and signals failed. mu is held.
-func (ss *session) fail(err error) {
-	if ss.err != nil {
-		return
-	}
-	ss.err = err
-	inflight.Signal(ss.failed)
-}
-
-// failure returns the error that fail recorded.
-func (ss *session) failure() error {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.err
-}
-
 // expire sends the acks that have waited their time: the ack timer's function.
 func (ss *session) expire() {
 	ss.sendNow(func(c *coalescer) []ackFrame {
@@ -138,11 +101,6 @@ func (ss *session) expire() {
 		return c.expire(time.Now())
 	})
 }
-
-// flushPrefix sends the acks at the front of the window now: the consumer has settled a batch
-// together (redelivery.Flush), and their deliveries leave RabbitMQ's prefetch window at once,
-// instead of after AckDelay, for the next ones.
-func (ss *session) flushPrefix() { ss.sendNow((*coalescer).flushPrefix) }
 
 // sendNow sends the frames that take returns, unless the session is over.
 func (ss *session) sendNow(take func(*coalescer) []ackFrame) {
@@ -183,7 +141,8 @@ func (ss *session) nack(tag uint64) error {
 	if err := ss.acks.Nack(tag, false, true); err != nil {
 		return fmt.Errorf("nack delivery %d: %w", tag, err)
 	}
-	return ss.send(ss.acked.settle(tag))
+	ss.acked.nack(tag, gone)
+	return ss.send(nil)
 }
 
 // end ends the session as its subscription ends: it cancels the consumer, sends the

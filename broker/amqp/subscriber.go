@@ -16,7 +16,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
-	"github.com/onceflow/onceflow/broker/redelivery"
 )
 
 // Errors that end a delivery without an acknowledgement, as the cause of its context
@@ -45,24 +44,12 @@ type acker interface {
 	Nack(tag uint64, multiple, requeue bool) error
 }
 
-// Subscriber consumes RabbitMQ queues with many deliveries in flight. It implements watermill's
-// message.Subscriber; NewSubscriber makes one. It holds one AMQP connection, and one channel
-// per Subscribe call. It is safe for concurrent use.
-//
-// Each subscription hands its deliveries out as they arrive, up to Config.Prefetch unsettled,
-// without waiting for their acks; each message's context carries a redelivery.Info and is
-// cancelled when the message is settled, when its channel is lost (ErrConnectionLost), and
-// when the subscription ends (ErrClosed when the Subscriber closes). An ack settles that
-// delivery by its tag; acks are coalesced (see Config.AckDelay). A nack gives the message back
-// to RabbitMQ (requeue) after the delay the router asked for with redelivery.NackAfter, or
-// Config.NackDelay; meanwhile the message is held, and the others go on. A lost connection or
-// channel is reopened with backoff: the deliveries it carried are given back by RabbitMQ,
-// their contexts are cancelled, and their acks are dropped (never sent on another channel).
+// Subscriber consumes RabbitMQ queues with many deliveries in flight, as the package
+// documentation says. It implements watermill's message.Subscriber; NewSubscriber makes one.
+// It holds one AMQP connection, and one channel per Subscribe call. It is safe for concurrent
+// use.
 type Subscriber struct {
-	cfg Config
-	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
-	// consumer asks for (redelivery.WithWindow).
-	prefetch    int
+	cfg         Config
 	dialTimeout time.Duration
 	subs        *inflight.Group
 	// wrapAcker, when set (by tests before the first Subscribe), wraps each channel's acker.
@@ -71,9 +58,7 @@ type Subscriber struct {
 	// drops the connection without waiting for RabbitMQ.
 	dropped atomic.Bool
 
-	dialMu sync.Mutex // one dial at a time
-
-	mu   sync.Mutex
+	mu   sync.Mutex       // held through a dial: one dial at a time
 	conn *amqp.Connection // nil before the first dial and after Close
 }
 
@@ -85,7 +70,6 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	prefetch := cfg.Prefetch
 	cfg = cfg.withDefaults()
 	uri, err := amqp.ParseURI(cfg.URL)
 	if err != nil {
@@ -95,7 +79,7 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 		}
 		return nil, fmt.Errorf("broker/amqp: Config.URL: %w", err)
 	}
-	s := &Subscriber{cfg: cfg, prefetch: prefetch, dialTimeout: defaultDialTimeout, subs: inflight.NewGroup(ErrClosed)}
+	s := &Subscriber{cfg: cfg, dialTimeout: defaultDialTimeout, subs: inflight.NewGroup(ErrClosed)}
 	if uri.ConnectionTimeout > 0 {
 		s.dialTimeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
 	}
@@ -107,54 +91,38 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 }
 
 // connection returns the Subscriber's connection, dialing a new one when there is none or it
-// was lost.
+// was lost. Close takes the connection under mu once the Group is closed: a connection dialed
+// meanwhile is closed here.
 func (s *Subscriber) connection() (*amqp.Connection, error) {
-	s.dialMu.Lock()
-	defer s.dialMu.Unlock()
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := s.subs.Check(); err != nil {
-		s.mu.Unlock()
 		return nil, err
 	}
-	if c := s.conn; c != nil && !c.IsClosed() {
-		s.mu.Unlock()
-		return c, nil
+	if s.conn != nil && !s.conn.IsClosed() {
+		return s.conn, nil
 	}
-	s.mu.Unlock()
-
 	conn, err := s.dial()
 	if err != nil {
-		if s.subs.Check() != nil {
-			return nil, ErrClosed
-		}
+		return nil, s.subs.SetupError(err)
+	}
+	if err := s.subs.Check(); err != nil {
+		_ = conn.CloseDeadline(time.Now().Add(connCloseTimeout))
 		return nil, err
 	}
-	// Close takes the connection under mu once the Group is closed: checked under mu, the
-	// connection is either taken by Close or closed here.
-	s.mu.Lock()
-	closed := s.subs.Check() != nil
-	if !closed {
-		s.conn = conn
-	}
-	s.mu.Unlock()
-	if closed {
-		_ = conn.CloseDeadline(time.Now().Add(connCloseTimeout))
-		return nil, ErrClosed
-	}
+	s.conn = conn
 	return conn, nil
 }
 
 // dial connects to RabbitMQ. Close aborts a dial in progress, the AMQP handshake included.
 func (s *Subscriber) dial() (*amqp.Connection, error) {
-	var (
-		mu    sync.Mutex
-		stops []func() bool
-	)
+	stop := func() bool { return false }
 	props := amqp.NewConnectionProperties()
 	props["connection_name"] = "onceflow subscriber, group " + s.cfg.Topology.ConsumerGroup
 	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
 		Locale:     "en_US",
 		Properties: props,
+		// DialConfig calls Dial once, before it returns.
 		Dial: func(network, addr string) (net.Conn, error) {
 			ctx, cancel := context.WithTimeout(s.subs.Context(), s.dialTimeout)
 			defer cancel()
@@ -164,18 +132,11 @@ func (s *Subscriber) dial() (*amqp.Connection, error) {
 			}
 			// amqp091-go clears the deadline when the handshake is done.
 			_ = c.SetDeadline(time.Now().Add(s.dialTimeout))
-			stop := context.AfterFunc(s.subs.Context(), func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-			mu.Lock()
-			stops = append(stops, stop)
-			mu.Unlock()
+			stop = context.AfterFunc(s.subs.Context(), func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 			return c, nil
 		},
 	})
-	mu.Lock()
-	for _, stop := range stops {
-		stop()
-	}
-	mu.Unlock()
+	stop()
 	return conn, err
 }
 
@@ -183,14 +144,7 @@ func (s *Subscriber) dial() (*amqp.Connection, error) {
 // the topology, opens a channel with the prefetch, and consumes with manual acks. Errors of
 // that first attempt (a queue declared with other arguments, access refused) are returned;
 // later losses are repaired in the background. The returned channel is closed when ctx ends or
-// the Subscriber closes; then the acks given so far are sent, held nacks are given back at
-// once, and what was delivered and not settled is given back by closing the channel.
-//
-// A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
-// redelivery.Settle right after every Ack and Nack, as onceflow's router does: the delivery
-// then leaves the window, and its ack joins the coalesced acks, in that call, and the
-// subscription keeps no goroutine per delivery; redelivery.Flush sends the acks at the front
-// of the window at once.
+// the Subscriber closes, once the subscription has given back what it held, as Close does.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.cfg.Topology.CheckTopic(topic); err != nil {
 		return nil, err
@@ -205,27 +159,20 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s:        s,
 		topic:    topic,
 		queue:    s.cfg.Topology.QueueName(topic),
-		direct:   redelivery.SettlesDirectly(ctx),
-		prefetch: rules.Window(ctx, s.prefetch),
+		prefetch: rules.Window(ctx, s.cfg.Prefetch),
 	}
 	sub.log = s.cfg.log.With(watermill.LogFields{"queue": sub.queue})
 	ss, err := sub.open()
 	for wait, attempt := s.cfg.ReconnectInitial, 1; err != nil && transient(err) && attempt < subscribeAttempts; attempt++ {
 		if !sleep(wait, setup.Done()) {
-			err = ErrClosed
-			if s.subs.Check() == nil {
-				err = ctx.Err()
-			}
+			err = setup.Err()
 			break
 		}
 		wait = min(2*wait, s.cfg.ReconnectMax)
 		ss, err = sub.open()
 	}
 	if err != nil {
-		if errors.Is(err, ErrClosed) {
-			return nil, ErrClosed
-		}
-		return nil, fmt.Errorf("broker/amqp: subscribe to %q: %w", topic, err)
+		return nil, s.subs.SetupError(fmt.Errorf("broker/amqp: subscribe to %q: %w", topic, err))
 	}
 	sub.ss.Store(ss)
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
@@ -233,7 +180,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		NackDelay:    s.cfg.NackDelay,
 		HoldNacks:    true,
 		CloseTimeout: s.cfg.CloseTimeout,
-		ErrClosed:    ErrClosed,
 		Log:          sub.log,
 	})
 	out, err := sub.sub.Start(s.subs)
@@ -249,9 +195,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // Close ends the subscriptions: each stops taking messages, sends the acks given before, gives
 // back held and unsettled deliveries, and closes its channel; then Close closes the
 // connection. It returns within about Config.CloseTimeout plus a second even when RabbitMQ does
-// not answer: it then drops the connection, and RabbitMQ requeues what was unacked when it
-// notices. Close is idempotent; concurrent calls return when the first is done, with its
-// result.
+// not answer (Config.CloseTimeout says what then). Close is idempotent; concurrent calls
+// return when the first is done, with its result.
 func (s *Subscriber) Close() error {
 	if err := s.subs.Close(s.closeConnection); err != nil {
 		return fmt.Errorf("broker/amqp: close: %w", err)
@@ -293,11 +238,15 @@ const subscribeAttempts = 5
 // under it, or INTERNAL_ERROR, which RabbitMQ 3.10 answers (closing the connection) to some of
 // the consumers that come at once to a quorum queue declared a moment before.
 func transient(err error) bool {
-	if errors.Is(err, amqp.ErrClosed) {
-		return true
-	}
+	code := replyCode(err)
+	return errors.Is(err, amqp.ErrClosed) || code == amqp.InternalError || code == amqp.FrameError
+}
+
+// replyCode returns the reply code of RabbitMQ's error err (amqp.NotFound for a passive
+// declaration of something that does not exist), or 0.
+func replyCode(err error) int {
 	if e, ok := errors.AsType[*amqp.Error](err); ok {
-		return e.Code == amqp.InternalError || e.Code == amqp.FrameError
+		return e.Code
 	}
-	return false
+	return 0
 }

@@ -23,10 +23,9 @@ var errConsumerGone = errors.New("the consumer was cancelled or its channel clos
 // deliveries RabbitMQ pushes (basic.qos is the window), settles them with coalesced acks and
 // nacks on their channel (session), and opens a new channel when one is lost.
 type subscription struct {
-	s      *Subscriber
-	topic  string
-	queue  string
-	direct bool // the consumer settles directly (redelivery.WithDirectSettle)
+	s     *Subscriber
+	topic string
+	queue string
 	// prefetch is the subscription's window: Config.Prefetch, or when left unset the window
 	// its consumer asked for (inflight.Rules.Window).
 	prefetch int
@@ -70,13 +69,24 @@ func (sub *subscription) open() (*session, error) {
 	if err != nil {
 		return fail(fmt.Errorf("consume queue %q: %w", sub.queue, err))
 	}
-	var a acker = ch
-	if s.wrapAcker != nil {
-		a = s.wrapAcker(a)
+	ss := &session{
+		ch:         ch,
+		acks:       ch,
+		consumer:   consumer,
+		deliveries: deliveries,
+		closed:     closed,
+		quorum:     s.cfg.Topology.Queue.Type == Quorum,
+		idle:       make(chan struct{}, 1),
+		done:       make(chan struct{}),
+		acked:      newCoalescer(sub.prefetch, s.cfg.AckDelay, s.cfg.OutOfOrderAckDelay),
 	}
-	cfg := s.cfg
-	cfg.Prefetch = sub.prefetch
-	return newSession(ch, a, consumer, deliveries, closed, cfg, sub.direct), nil
+	if s.wrapAcker != nil {
+		ss.acks = s.wrapAcker(ss.acks)
+	}
+	ss.failed, ss.fail = context.WithCancelCause(context.Background())
+	ss.ackTimer = time.AfterFunc(time.Hour, ss.expire)
+	ss.ackTimer.Stop()
+	return ss, nil
 }
 
 // Fetch waits for the first delivery RabbitMQ pushes and takes those that are there after it,
@@ -90,45 +100,39 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 		}
 	}
 	for got := 0; got < n; {
-		if got > 0 {
-			select {
-			case d, ok := <-ss.deliveries:
-				if !sub.take(ss, d, ok) {
-					return nil
-				}
-				got++
-				continue
-			default:
-				return nil
-			}
-		}
+		var d amqp.Delivery
+		var ok bool
 		select {
-		case d, ok := <-ss.deliveries:
-			if !sub.take(ss, d, ok) {
+		case d, ok = <-ss.deliveries:
+		default:
+			if got > 0 {
 				return nil
 			}
-			got++
-		case <-ss.idle:
-			// The consumer settled every delivery it has. Sending the acks now takes a frame
-			// for the few acked so far, while RabbitMQ may have sent the next delivery
-			// already: take it first if it is there, and they go with the next ones. The
-			// goroutine of amqp091-go that passes the deliveries on may not be waiting to
-			// pass the next one yet: let it run first.
-			runtime.Gosched()
 			select {
-			case d, ok := <-ss.deliveries:
-				if !sub.take(ss, d, ok) {
-					return nil
+			case d, ok = <-ss.deliveries:
+			case <-ss.idle:
+				// The consumer settled every delivery it has. Sending the acks now takes a
+				// frame for the few acked so far, while RabbitMQ may have sent the next
+				// delivery already: take it first if it is there, and they go with the next
+				// ones. The goroutine of amqp091-go that passes the deliveries on may not be
+				// waiting to pass the next one yet: let it run first.
+				runtime.Gosched()
+				select {
+				case d, ok = <-ss.deliveries:
+				default:
+					ss.sendNow((*coalescer).idleFlush)
+					continue
 				}
-				got++
-			default:
-				ss.sendNow((*coalescer).idleFlush)
+			case <-ss.done:
+				return nil
+			case <-ctx.Done():
+				return nil
 			}
-		case <-ss.done:
-			return nil
-		case <-ctx.Done():
+		}
+		if !sub.take(ss, d, ok) {
 			return nil
 		}
+		got++
 	}
 	return nil
 }
@@ -144,8 +148,8 @@ func (sub *subscription) take(ss *session, d amqp.Delivery, ok bool) bool {
 	if !ss.deliver(d.DeliveryTag) {
 		return false // lost: RabbitMQ gives it back
 	}
-	info := deliveryInfo(d, ss.quorum)
-	x := sub.sub.Emit(inflight.Item[tag]{Data: tag{ss: ss, tag: d.DeliveryTag}, Msg: msg, Count: info.Count, Redelivered: info.Redelivered})
+	count, redelivered := deliveryCount(d, ss.quorum)
+	x := sub.sub.Emit(inflight.Item[tag]{Data: tag{ss: ss, tag: d.DeliveryTag}, Msg: msg, Count: count, Redelivered: redelivered})
 	if x != nil && ss.isOver() {
 		// Lost as it came: the end of the session's deliveries may have passed it by.
 		sub.sub.End(ErrConnectionLost, func(y *inflight.Delivery[tag]) bool { return y == x })
@@ -172,7 +176,8 @@ func (sub *subscription) Settle(d *inflight.Delivery[tag], o inflight.Outcome) {
 	var err error
 	switch {
 	case o.Held:
-		err = ss.send(ss.acked.holdNack(t))
+		ss.acked.nack(t, held)
+		err = ss.send(nil)
 	case o.Acked:
 		now := time.Now()
 		var took time.Duration
@@ -187,13 +192,14 @@ func (sub *subscription) Settle(d *inflight.Delivery[tag], o inflight.Outcome) {
 		ss.fail(err)
 		return
 	}
-	if ss.acked.deferIdle && ss.acked.idleDue() {
+	if ss.acked.idleDue() {
 		inflight.Signal(ss.idle)
 	}
 }
 
-// Flush sends the acks at the front of the window at once (redelivery.Flush).
-func (sub *subscription) Flush() { sub.ss.Load().flushPrefix() }
+// Flush sends the acks at the front of the window at once (redelivery.Flush): their
+// deliveries leave RabbitMQ's prefetch window now, instead of after AckDelay, for the next ones.
+func (sub *subscription) Flush() { sub.ss.Load().sendNow((*coalescer).flushPrefix) }
 
 // Close ends the last session (session.end), within ctx: when RabbitMQ does not answer, the
 // Subscriber's Close drops the connection.
@@ -223,8 +229,8 @@ func (sub *subscription) watch(ss *session) {
 			err = errors.New("channel closed")
 		}
 		sub.lose(ss, err)
-	case <-ss.failed:
-		sub.lose(ss, ss.failure())
+	case <-ss.failed.Done():
+		sub.lose(ss, context.Cause(ss.failed))
 	case <-ss.done:
 	case <-sub.sub.Stopping():
 	}

@@ -79,21 +79,18 @@ func (q Queue) Validate() error {
 
 // Args returns the queue arguments of q for queue.declare; nil when q sets none.
 func (q Queue) Args() amqp.Table {
-	var args amqp.Table
-	set := func(k string, v any) {
-		if args == nil {
-			args = amqp.Table{}
-		}
-		args[k] = v
-	}
+	args := amqp.Table{}
 	if q.Type != DefaultQueueType {
-		set("x-queue-type", string(q.Type))
+		args["x-queue-type"] = string(q.Type)
 	}
 	if q.DeliveryLimit > 0 {
-		set("x-delivery-limit", int64(q.DeliveryLimit))
+		args["x-delivery-limit"] = int64(q.DeliveryLimit)
 	}
 	if q.DeadLetterExchange != "" {
-		set("x-dead-letter-exchange", q.DeadLetterExchange)
+		args["x-dead-letter-exchange"] = q.DeadLetterExchange
+	}
+	if len(args) == 0 {
+		return nil
 	}
 	return args
 }

@@ -32,7 +32,7 @@ func newView(dsn, group string) func(context.Context, string) (broker.View, erro
 		ch, err := conn.Channel()
 		if err == nil {
 			// Passive: look, do not declare. A failed declaration closes the channel.
-			if _, err = ch.QueueDeclarePassive(v.queue, true, false, false, false, nil); isNotFound(err) {
+			if _, err = ch.QueueDeclarePassive(v.queue, true, false, false, false, nil); replyCode(err) == amqp.NotFound {
 				err = lookUpExchange(conn, topic, group)
 			} else if err != nil {
 				err = fmt.Errorf("look up queue %q: %w", v.queue, err)
@@ -56,20 +56,13 @@ func lookUpExchange(conn *amqp.Connection, topic, group string) error {
 	}
 	err = ch.ExchangeDeclarePassive(topic, amqp.ExchangeFanout, true, false, false, false, nil)
 	switch {
-	case isNotFound(err):
+	case replyCode(err) == amqp.NotFound:
 		return broker.NotFound("topic", topic)
 	case err != nil:
 		return fmt.Errorf("look up exchange %q: %w", topic, err)
 	}
 	_ = ch.Close()
 	return fmt.Errorf("%w (no queue %q)", broker.NotFound("consumer group", group), Topology{ConsumerGroup: group}.QueueName(topic))
-}
-
-// isNotFound reports RabbitMQ's answer to a passive declaration of something that does not
-// exist.
-func isNotFound(err error) bool {
-	var ae *amqp.Error
-	return errors.As(err, &ae) && ae.Code == amqp.NotFound
 }
 
 func (v *view) List(_ context.Context, limit int) ([]broker.Entry, error) {

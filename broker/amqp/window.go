@@ -77,15 +77,6 @@ func (w *window) set(tag uint64, s tagState) {
 	}
 }
 
-// ack records that the consumer acked tag.
-func (w *window) ack(tag uint64) { w.set(tag, acked) }
-
-// hold records that the consumer nacked tag and the nack waits.
-func (w *window) hold(tag uint64) { w.set(tag, held) }
-
-// settle records that an ack or nack of tag was sent.
-func (w *window) settle(tag uint64) { w.set(tag, gone) }
-
 // trim advances base over the gone tags at the front.
 func (w *window) trim() {
 	i := 0
@@ -106,58 +97,46 @@ func (w *window) trim() {
 // can go.
 func (w *window) prefixReady() bool { return len(w.states) > 0 && w.states[0] == acked }
 
-// prefixLen returns how many acked tags the run at the front of the window holds: those one
-// multiple ack would send now.
+// prefixLen returns how many acked tags the prefix holds: those one multiple ack would send
+// now.
 func (w *window) prefixLen() int {
-	n := 0
-	for _, s := range w.states {
-		switch s {
-		case acked:
-			n++
-		case gone:
-		default:
-			return n
-		}
-	}
+	_, n := w.prefix()
 	return n
 }
 
-// pending returns how many acks wait to be sent.
-func (w *window) pending() int { return w.nAcked }
-
-// busy reports whether a delivery is still open: handed out (or about to be) and not settled
-// by the consumer.
-func (w *window) busy() bool { return w.nOpen > 0 }
-
-// take returns the acks to send now, and records them as sent: prefix, when not zero, is the
-// last tag of the run of acked tags at the front of the window (prefixLen acks in it, sent as
-// one ack with multiple set when more than one); with all, singles are the other acked tags,
-// each to be sent alone.
-func (w *window) take(all bool) (prefix uint64, prefixLen int, singles []uint64) {
+// prefix returns the run of acked tags at the front of the window, which ends at an open or
+// held tag, or at the end: the index of its last acked tag, one ack of which settles it all,
+// and how many acked tags it holds.
+func (w *window) prefix() (last, n int) {
 	for i := 0; i < len(w.states) && (w.states[i] == acked || w.states[i] == gone); i++ {
 		if w.states[i] == acked {
-			prefix = w.base + uint64(i) + 1
-			prefixLen++
+			last, n = i, n+1
 		}
 	}
-	// The run ends at an open or held tag, or at the end; everything in it up to prefix is now
-	// settled.
-	if prefix != 0 {
-		for j := range prefix - w.base {
+	return last, n
+}
+
+// take returns the acks to send now, and records them as sent: the prefix as one frame (with
+// multiple set when it holds more than one), and, with all, each other acked tag alone.
+func (w *window) take(all bool) []ackFrame {
+	var frames []ackFrame
+	last, n := w.prefix()
+	if n > 0 {
+		frames = append(frames, ackFrame{tag: w.base + uint64(last) + 1, multiple: n > 1})
+		for j := range last + 1 {
 			w.states[j] = gone
 		}
-		w.nAcked -= prefixLen
+		w.nAcked -= n
 	}
 	if all && w.nAcked > 0 {
-		singles = make([]uint64, 0, w.nAcked)
 		for j, s := range w.states {
 			if s == acked {
-				singles = append(singles, w.base+uint64(j)+1)
+				frames = append(frames, ackFrame{tag: w.base + uint64(j) + 1})
 				w.states[j] = gone
 			}
 		}
 		w.nAcked = 0
 	}
 	w.trim()
-	return prefix, prefixLen, singles
+	return frames
 }

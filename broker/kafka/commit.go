@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -26,30 +29,44 @@ type groupOffset struct {
 // failure it falls back to what the client fetched when the partitions were assigned, without
 // metadata.
 func (sub *subscription) groupOffsets(ctx context.Context, ids []int32) map[int32]groupOffset {
-	out := map[int32]groupOffset{}
 	ctx, cancel := context.WithTimeout(ctx, commitTimeout)
 	defer cancel()
-	resp, err := sub.adm.FetchOffsetsForTopics(ctx, sub.s.cfg.ConsumerGroup, sub.topic)
-	if err == nil {
-		err = resp.Error()
-	}
+	out, err := fetchGroupOffsets(ctx, sub.adm, sub.s.cfg.ConsumerGroup, sub.topic, ids)
 	if err != nil {
 		sub.logger.Error("Cannot fetch the group's offsets: counting as redelivered only the record at each committed offset", err, nil)
+		out = map[int32]groupOffset{}
 		for p, eo := range sub.cl.CommittedOffsets()[sub.topic] {
 			out[p] = groupOffset{committed: eo.Offset}
 		}
-		return out
-	}
-	for _, id := range ids {
-		o, ok := resp.Lookup(sub.topic, id)
-		if !ok || o.At < 0 {
-			continue
-		}
-		g := groupOffset{committed: o.At}
-		g.md, _ = parseMetadata(o.Metadata)
-		out[id] = g
 	}
 	return out
+}
+
+// fetchGroupOffsets returns what group has committed for the partitions parts of topic: -1,
+// without metadata, for a partition without a commit.
+func fetchGroupOffsets(ctx context.Context, adm *kadm.Client, group, topic string, parts []int32) (map[int32]groupOffset, error) {
+	resp, err := adm.FetchOffsetsForTopics(ctx, group, topic)
+	if err == nil {
+		err = resp.Error()
+	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		// Some brokers (kfake) answer so for a group that has neither members nor commits;
+		// Kafka answers with no offsets.
+		resp, err = nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := map[int32]groupOffset{}
+	for _, p := range parts {
+		g := groupOffset{committed: -1}
+		if o, ok := resp.Lookup(topic, p); ok && o.At >= 0 {
+			g.committed = o.At
+			g.md, _ = parseMetadata(o.Metadata)
+		}
+		out[p] = g
+	}
+	return out, nil
 }
 
 // startOffsets is kgo's AdjustFetchOffsetsFn of a subscription whose consumer gave its
@@ -80,7 +97,6 @@ func (sub *subscription) startOffsets(ctx context.Context, offsets map[string]ma
 
 // commits commits the marks as they move, until the subscription begins to stop.
 func (sub *subscription) commits() {
-	defer sub.loops.Done()
 	for {
 		select {
 		case <-sub.commit:
@@ -88,7 +104,7 @@ func (sub *subscription) commits() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(sub.ctx, commitTimeout)
-		_, err := sub.commitMarks(ctx, nil, false)
+		err := sub.commitMarks(ctx)
 		cancel()
 		if err != nil && sub.ctx.Err() == nil {
 			sub.logger.Error("Offset commit failed; retrying", err, nil)
@@ -100,27 +116,19 @@ func (sub *subscription) commits() {
 	}
 }
 
-// commitMarks commits, for the partitions ids (all when ids is nil), the marks and the taken
-// offsets that moved, and hands out the records that the new taken offsets cover. With drop,
-// it then takes those partitions out of the books and returns them: the caller ends their
-// deliveries (drop).
-func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool) ([]*partition, error) {
+// commitMarks commits the marks and the taken offsets that moved, and hands out the records
+// that the new taken offsets cover.
+func (sub *subscription) commitMarks(ctx context.Context) error {
 	sub.commitMu.Lock()
 	defer sub.commitMu.Unlock()
+	return sub.commitLocked(ctx, nil)
+}
 
+// commitLocked is commitMarks for the partitions ids (all when ids is nil). sub.commitMu is
+// held.
+func (sub *subscription) commitLocked(ctx context.Context, ids []int32) error {
 	sub.mu.Lock()
-	var parts []*partition
-	if ids == nil {
-		for _, p := range sub.parts {
-			parts = append(parts, p)
-		}
-	} else {
-		for _, id := range ids {
-			if p := sub.parts[id]; p != nil {
-				parts = append(parts, p)
-			}
-		}
-	}
+	parts := sub.partsLocked(ids)
 	commits := map[int32]commit{}
 	for _, p := range parts {
 		c := commit{mark: p.mark(), md: groupMetadata{taken: max(p.want, p.unknownUntil, p.horizon)}, acks: p.acks}
@@ -130,60 +138,63 @@ func (sub *subscription) commitMarks(ctx context.Context, ids []int32, drop bool
 			commits[p.id] = c
 		}
 	}
+	topicID := sub.topicID
 	sub.mu.Unlock()
-
-	var err error
-	if len(commits) > 0 {
-		err = sub.commitOffsets(ctx, commits)
+	if len(commits) == 0 {
+		return nil
+	}
+	if err := commitAsMember(ctx, sub.cl, sub.s.cfg.ConsumerGroup, sub.topic, topicID, commits); err != nil {
+		return err
 	}
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
-	if err == nil {
-		queued := false
-		for _, p := range parts {
-			c, ok := commits[p.id]
-			if !ok || p.gone {
-				continue
-			}
-			p.committed = max(p.committed, c.mark.Offset)
-			p.horizon = max(p.horizon, c.md.taken)
-			if c.acks > p.ackCommitted {
-				sub.gate.acked(-(c.acks - p.ackCommitted))
-				p.ackCommitted = c.acks
-			}
-			for _, e := range p.entries {
-				if n, ok := c.md.counts[e.offset]; ok {
-					e.recorded = max(e.recorded, n)
-				}
-			}
-			if p.revoking {
-				continue
-			}
-			if c.md.taken > p.horizon-1 {
-				queued = true // the sender may wait for it
-			}
-			kept := p.pending[:0]
-			for _, d := range p.pending {
-				if p.ready(d.e) {
-					d.e.waiting = false
-					if sub.readyLocked(d) {
-						queued = true
-					}
-				} else {
-					kept = append(kept, d)
-				}
-			}
-			clear(p.pending[len(kept):])
-			p.pending = kept
+	queued := false
+	for _, p := range parts {
+		c, ok := commits[p.id]
+		if !ok || p.gone {
+			continue
 		}
-		if queued {
-			inflight.Signal(sub.wake)
+		p.committed = max(p.committed, c.mark.Offset)
+		p.horizon = max(p.horizon, c.md.taken)
+		p.ackCommitted = max(p.ackCommitted, c.acks)
+		for _, e := range p.entries {
+			if n, ok := c.md.counts[e.offset]; ok {
+				e.recorded = max(e.recorded, n)
+			}
+		}
+		if p.revoking {
+			continue
+		}
+		if c.md.taken > p.horizon-1 {
+			queued = true // the sender may wait for it
+		}
+		p.pending = slices.DeleteFunc(p.pending, func(d *delivery) bool {
+			if !p.ready(d.e) {
+				return false
+			}
+			d.e.waiting = false
+			queued = sub.readyLocked(d) || queued
+			return true
+		})
+	}
+	if queued || sub.gated {
+		sub.pumpLocked()
+	}
+	return nil
+}
+
+// partsLocked returns the partitions ids in the books (all when ids is nil). sub.mu is held.
+func (sub *subscription) partsLocked(ids []int32) []*partition {
+	if ids == nil {
+		return slices.Collect(maps.Values(sub.parts))
+	}
+	var parts []*partition
+	for _, id := range ids {
+		if p := sub.parts[id]; p != nil {
+			parts = append(parts, p)
 		}
 	}
-	if !drop {
-		return nil, err
-	}
-	return sub.dropLocked(parts), err
+	return parts
 }
 
 // commit is what one offset commit says of a partition.
@@ -191,16 +202,6 @@ type commit struct {
 	mark kgo.EpochOffset
 	md   groupMetadata
 	acks int // p.acks when it was made
-}
-
-// commitOffsets commits the marks of the subscription's topic, with their taken offsets as
-// metadata, in the member's current generation, and waits for the reply. A commit that the
-// group refuses (a rebalance is under way, the member left) changes nothing.
-func (sub *subscription) commitOffsets(ctx context.Context, commits map[int32]commit) error {
-	sub.mu.Lock()
-	topicID := sub.topicID
-	sub.mu.Unlock()
-	return commitAsMember(ctx, sub.cl, sub.s.cfg.ConsumerGroup, sub.topic, topicID, commits)
 }
 
 // commitAsMember commits, for group, the marks of topic's partitions with their metadata, as

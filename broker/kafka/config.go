@@ -10,22 +10,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
-	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
-// Defaults of Config.
+// Defaults of Config: each is the value of the field of its name when that field is zero.
 const (
-	// DefaultPrefetch is how many records a subscription holds unsettled when Config.Prefetch
-	// is zero: one PollRecords and one offset commit serve many of them.
-	DefaultPrefetch = 256
-	// DefaultAckTimeout is how long a delivery may stay unsettled before the subscription
-	// hands the record out again, when Config.AckTimeout is zero.
-	DefaultAckTimeout = 30 * time.Second
-	// DefaultRevokeTimeout is how long a revoke waits for the deliveries in flight to settle
-	// when Config.RevokeTimeout is zero.
+	DefaultPrefetch      = 256 // one PollRecords and one offset commit serve many records
+	DefaultAckTimeout    = 30 * time.Second
 	DefaultRevokeTimeout = 5 * time.Second
-	// DefaultCloseTimeout bounds the offset commits of Close when Config.CloseTimeout is zero.
-	DefaultCloseTimeout = 5 * time.Second
+	DefaultCloseTimeout  = 5 * time.Second
 )
 
 // maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine per unsettled delivery
@@ -109,8 +101,8 @@ var rules = inflight.Rules{
 	CloseTimeout: DefaultCloseTimeout,
 }
 
-func (c Config) settings() inflight.Settings {
-	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckTimeout, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+func (c *Config) fields() inflight.Fields {
+	return inflight.Fields{Prefetch: &c.Prefetch, AckTimeout: &c.AckTimeout, NackDelay: &c.NackDelay, CloseTimeout: &c.CloseTimeout, Logger: &c.Logger, Log: &c.log}
 }
 
 // Validate reports the first invalid field.
@@ -121,15 +113,15 @@ func (c Config) Validate() error {
 	case c.ConsumerGroup == "":
 		return errors.New("kafka: Config.ConsumerGroup is empty")
 	}
-	return rules.Validate(c.settings(),
+	return rules.Validate(c.fields().Settings(),
 		inflight.Duration{Name: "SessionTimeout", Value: c.SessionTimeout},
 		inflight.Duration{Name: "RevokeTimeout", Value: c.RevokeTimeout})
 }
 
+// withDefaults returns c with every zero field that has a default set to it, but Prefetch:
+// each subscription takes its own window (rules.Window).
 func (c Config) withDefaults() Config {
-	st := rules.Apply(c.settings())
-	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
+	rules.Default(c.fields())
 	c.RevokeTimeout = cmp.Or(c.RevokeTimeout, DefaultRevokeTimeout)
-	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

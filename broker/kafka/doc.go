@@ -5,43 +5,28 @@
 //
 //	import _ "github.com/onceflow/onceflow/broker/kafka"
 //
-// # Records
+// A message is one record (Record and Message say how each is made from the other). Topics are
+// created when a publisher or subscriber finds them missing (Topics).
 //
-// A message is one record (Record): the payload is the value, the metadata are headers, the
-// UUID is the header UUIDHeader ("_watermill_message_uuid", as watermill's other adapters
-// write it). The key is the message's ordering key (messagedata.HeaderKey) when it has one,
-// so that the records of a key go to one partition in order, and its UUID otherwise. A
-// record that has no UUIDHeader (written by another producer) is given the id
-// "topic/partition/offset", the same on every delivery (Message).
-//
-// # Consumer groups
+// # Consumer groups, acks and commits
 //
 // Each Subscribe call is one member of Config.ConsumerGroup, with a client of its own,
 // consuming one topic; the group's members share the topic's partitions, and every group gets
-// every record. A group without committed offsets starts at the first record of each
-// partition. Topics are created when a publisher or subscriber finds them missing (Topics).
+// every record. A subscription polls records ahead of their acknowledgements
+// (Config.Prefetch) and hands them out, from every partition it owns, as soon as the group's
+// metadata records them (see Delivery counts: one commit covers many). Kafka's commits are
+// positions, not acknowledgements of single records: the subscription commits, for each
+// partition, the offset of the first record not acked yet (or the offset after the last
+// record taken, when all are acked), as acks arrive, one commit at a time for all partitions.
+// A record acked behind one that is not stays uncommitted until that one is acked.
 //
-// # Delivery, acks and commits
-//
-// A subscription polls up to Config.Prefetch records ahead of their acknowledgements
-// (PollRecords; the subscriber is a source of onceflow's in-flight engine, which keeps that
-// window) and hands them out, from every partition it owns, as soon as the group's
-// metadata records them (see Delivery counts: one commit covers many). Kafka's
-// commits are positions, not acknowledgements of single records: the subscription commits,
-// for each partition, the offset of the first record not acked yet (or the offset after the
-// last record taken, when all are acked), as acks arrive, one commit at a time for all
-// partitions. A record acked behind one that is not stays uncommitted until that one is acked.
-//
-// A nacked record is handed out again by the same subscription after
-// redelivery.RequestedDelay, or Config.NackDelay, while the records behind it go on; it holds
-// back its partition's commits until it is acked. A delivery that stays unsettled for
-// Config.AckTimeout ends (ErrAckTimeout) and its record is handed out again. Records are
-// therefore not handed out in offset order once one is nacked: onceflow's ordered quality of
-// service orders by its own sequence numbers, not by the broker.
-//
-// Each message says where it sits (messagedata.Position): its partition, its offset, and the
-// last record before it in the partition not acked when it was handed out, which the consumer
-// must apply first.
+// A nacked record (Config.NackDelay), or one whose delivery outlived Config.AckTimeout, is
+// handed out again by the same subscription while the records behind it go on, and holds back
+// its partition's commits until it is acked. Records are therefore not handed out in offset
+// order once one is nacked: onceflow's ordered quality of service orders by its own sequence
+// numbers, not by the broker. Each message says where it sits (messagedata.Position): its
+// partition, its offset, and the last record before it in the partition not acked when it
+// was handed out, which the consumer must apply first.
 //
 // # In order, from the consumer's positions
 //
@@ -62,16 +47,16 @@
 //
 // # Delivery counts
 //
-// Each message's context carries a redelivery.Info with DelaysNacks set. Kafka keeps no
-// delivery count; the subscription counts the hand-outs of each record and, before it hands
-// one out, commits in the group's offset metadata (metadata.go) that the record was taken, for
-// a first delivery, or how many times it was handed out, for a redelivery. Count therefore goes
-// on across members, restarts and crashes: the next owner of a partition starts from the
-// committed count. A record that a member had taken but not recorded as handed out counts as
-// handed out once (it may have been waiting in the window): a count may be one too high, never
-// too low. The records a member before may have been delivering when it stopped are handed
-// out alone (see handOutGate). A group whose offsets another client committed has no such
-// metadata: the record at the committed offset counts as handed out once.
+// Kafka keeps no delivery count; the subscription counts the hand-outs of each record and,
+// before it hands one out, commits in the group's offset metadata (metadata.go) that the
+// record was taken, for a first delivery, or how many times it was handed out, for a
+// redelivery. The Count of each message's redelivery.Info therefore goes on across members,
+// restarts and crashes: the next owner of a partition starts from the committed count. A
+// record that a member had taken but not recorded as handed out counts as handed out once (it
+// may have been waiting in the window): a count may be one too high, never too low. The
+// records a member before may have been delivering when it stopped are handed out alone (see
+// pumpLocked). A group whose offsets another client committed has no such metadata: the record
+// at the committed offset counts as handed out once.
 //
 // The metadata also lists the records acked behind one that is not: the next owner does not
 // deliver them again.
@@ -79,13 +64,11 @@
 // # Rebalances and Close
 //
 // When the group takes partitions away from a member (a rebalance), the member stops handing
-// out their records (those its consumer has not taken yet go back at once), waits up to
-// Config.RevokeTimeout for the deliveries its consumer has, commits what is
-// acked of them, drops the rest from its books and ends their deliveries (ErrRevoked):
-// their new owner delivers them again from the committed offset, and onceflow's deduplication
-// absorbs what was processed twice. Acks given after that are ignored. A member whose
-// session expires loses its partitions without a commit. Close (or the end of a Subscribe
-// context) stops polling, waits for the deliveries handed out to end (an ack given before
-// counts), commits what is acked within Config.CloseTimeout, and leaves the group, so that
-// its partitions move at once.
+// out their records (those its consumer has not taken yet go back at once), waits for the
+// deliveries its consumer has (Config.RevokeTimeout), commits what is acked of them, and ends
+// the others (ErrRevoked): their new owner delivers them again from the committed offset, and
+// onceflow's deduplication absorbs what was processed twice. A member whose session expires
+// (Config.SessionTimeout) loses its partitions without a commit. Close (or the end of a
+// Subscribe context) stops polling, commits what is acked within Config.CloseTimeout, and
+// leaves the group, so that its partitions move at once.
 package kafka

@@ -45,34 +45,25 @@ func (md groupMetadata) encode() string {
 	var b strings.Builder
 	b.WriteString(metadataPrefix)
 	b.WriteString(strconv.FormatInt(md.taken, 10))
-	for i, s := range md.acked {
-		if i == maxSpans {
-			break
-		}
-		if i == 0 {
-			b.WriteString(" acked ")
-		} else {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(s.from, 10))
-		b.WriteByte('-')
-		b.WriteString(strconv.FormatInt(s.to, 10))
-	}
-	offsets := slices.Sorted(maps.Keys(md.counts))
-	for i, o := range offsets {
-		if i == maxSpans {
-			break
-		}
-		if i == 0 {
-			b.WriteString(" counts ")
-		} else {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(o, 10))
-		b.WriteByte(':')
-		b.WriteString(strconv.Itoa(md.counts[o]))
-	}
+	writeList(&b, " acked ", md.acked, func(s span) string {
+		return strconv.FormatInt(s.from, 10) + "-" + strconv.FormatInt(s.to, 10)
+	})
+	writeList(&b, " counts ", slices.Sorted(maps.Keys(md.counts)), func(o int64) string {
+		return strconv.FormatInt(o, 10) + ":" + strconv.Itoa(md.counts[o])
+	})
 	return b.String()
+}
+
+// writeList writes label and the first maxSpans of items, comma-separated, if there are any.
+func writeList[T any](b *strings.Builder, label string, items []T, format func(T) string) {
+	for i, it := range items[:min(len(items), maxSpans)] {
+		if i == 0 {
+			b.WriteString(label)
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(format(it))
+	}
 }
 
 // parseMetadata reads commit metadata that encode wrote; ok is false for any other (a group
@@ -89,36 +80,40 @@ func parseMetadata(s string) (md groupMetadata, ok bool) {
 		return groupMetadata{}, false
 	}
 	md.taken = n
-	for sp := range strings.SplitSeq(spans, ",") {
-		if sp == "" {
-			continue
-		}
-		a, b, found := strings.Cut(sp, "-")
-		from, err1 := strconv.ParseInt(a, 10, 64)
-		to, err2 := strconv.ParseInt(b, 10, 64)
-		if !found || err1 != nil || err2 != nil || from < 0 || to < from {
-			md.acked = nil // the spans are lost, not the rest
-			break
-		}
+	// A list that does not parse is lost, not the rest.
+	if !parseList(spans, "-", func(from, to int64) bool {
 		md.acked = append(md.acked, span{from, to})
+		return to >= from
+	}) {
+		md.acked = nil
 	}
-	for c := range strings.SplitSeq(counts, ",") {
-		if c == "" {
-			continue
-		}
-		a, b, found := strings.Cut(c, ":")
-		o, err1 := strconv.ParseInt(a, 10, 64)
-		k, err2 := strconv.Atoi(b)
-		if !found || err1 != nil || err2 != nil || o < 0 || k < 1 {
-			md.counts = nil
-			break
-		}
+	if !parseList(counts, ":", func(o, k int64) bool {
 		if md.counts == nil {
 			md.counts = map[int64]int{}
 		}
-		md.counts[o] = k
+		md.counts[o] = int(k)
+		return k >= 1
+	}) {
+		md.counts = nil
 	}
 	return md, true
+}
+
+// parseList calls add with the two non-negative integers of each comma-separated pair of s,
+// written a<sep>b, and reports false as soon as a pair does not parse or add refuses it.
+func parseList(s, sep string, add func(a, b int64) bool) bool {
+	for pair := range strings.SplitSeq(s, ",") {
+		if pair == "" {
+			continue
+		}
+		x, y, found := strings.Cut(pair, sep)
+		a, err1 := strconv.ParseInt(x, 10, 64)
+		b, err2 := strconv.ParseInt(y, 10, 64)
+		if !found || err1 != nil || err2 != nil || a < 0 || b < 0 || !add(a, b) {
+			return false
+		}
+	}
+	return true
 }
 
 // contains reports whether offset is in one of spans.

@@ -42,8 +42,7 @@ type partition struct {
 	committed int64 // the last mark committed, -1 for none
 	// kept counts the deliveries of the partition that hold a place of the window Fetch kept
 	// for them (delivery.kept), and live those emitted and not ended.
-	kept int
-	live map[*delivery]struct{}
+	kept, live int
 	// held are, in a subscription that hands out records in order, the hand-outs ready to
 	// queue that wait for the records before them to be acked, in offset order.
 	held []*delivery

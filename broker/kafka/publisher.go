@@ -4,11 +4,12 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 )
 
 // DefaultPublishTimeout bounds one Publish when PublisherConfig.PublishTimeout is zero.
@@ -37,9 +38,7 @@ type Publisher struct {
 	cl      *kgo.Client
 	topics  *Topics
 	timeout time.Duration
-
-	mu     sync.RWMutex
-	closed bool
+	life    lifecycle.Set[struct{}] // counts the Publish calls in progress
 }
 
 var _ message.Publisher = (*Publisher)(nil)
@@ -75,11 +74,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // brokers have them all, or with the first error. The records of one Publish are sent
 // together; records of one key keep their order.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.closed {
+	if !p.life.Enter() {
 		return ErrClosed
 	}
+	defer p.life.Leave()
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
 	if err := p.topics.Ensure(ctx, topic); err != nil {
@@ -94,10 +92,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 
 // Close waits for the Publish calls in progress and closes the client. It is idempotent.
 func (p *Publisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.closed {
-		p.closed = true
+	if _, first := p.life.Close(); first {
+		p.life.Wait()
 		p.cl.Close()
 	}
 	return nil

@@ -14,33 +14,37 @@ import (
 // This file handles the partitions a subscription loses: revoked ones stop handing out and
 // commit what is acked before their books are dropped; lost ones are dropped at once.
 
-// dropLocked takes parts out of the books, gives back the places of the window their records
-// held, and returns those it dropped; the caller then ends their deliveries (drop). sub.mu is
-// held.
-func (sub *subscription) dropLocked(parts []*partition) []*partition {
+// release gives up the partitions ids (all when ids is nil): with commit, it commits what is
+// acked of them first; then it takes them out of the books, gives back the places of the
+// window their records held, and ends their deliveries in flight (ErrRevoked): their next
+// owner delivers their records again.
+func (sub *subscription) release(ctx context.Context, ids []int32, commit bool) error {
+	sub.commitMu.Lock()
+	var err error
+	if commit {
+		err = sub.commitLocked(ctx, ids)
+	}
+	sub.mu.Lock()
 	var dropped []*partition
-	for _, p := range parts {
-		if p.gone {
-			continue
-		}
+	for _, p := range sub.partsLocked(ids) {
 		p.gone = true
 		sub.sub.Release(p.kept)
 		p.kept = 0
-		sub.gate.acked(-(p.acks - p.ackCommitted))
 		p.ackCommitted = p.acks
 		p.entries, p.pending, p.held = nil, nil, nil
 		delete(sub.parts, p.id)
 		dropped = append(dropped, p)
 	}
-	return dropped
-}
-
-// end ends the deliveries in flight of the partitions dropped (ErrRevoked): their new owner
-// delivers their records again. sub.mu is not held: the engine tells Settle.
-func (sub *subscription) end(dropped []*partition) {
+	if sub.gated {
+		sub.pumpLocked()
+	}
+	sub.mu.Unlock()
+	sub.commitMu.Unlock()
 	if len(dropped) > 0 {
+		// The engine tells Settle: sub.mu is not held.
 		sub.sub.End(ErrRevoked, func(d *inflight.Delivery[*delivery]) bool { return slices.Contains(dropped, d.Data.p) })
 	}
+	return err
 }
 
 // revoked is kgo's OnPartitionsRevoked: the group takes partitions away (a rebalance, or the
@@ -53,22 +57,13 @@ func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[stri
 	if len(ids) == 0 {
 		return
 	}
-	var (
-		revoking []*partition
-		drained  []chan struct{}
-	)
+	var drained []chan struct{}
 	sub.mu.Lock()
-	for _, id := range ids {
-		p := sub.parts[id]
-		if p == nil || p.gone {
-			continue
-		}
+	revoking := sub.partsLocked(ids)
+	for _, p := range revoking {
 		p.revoking = true
-		revoking = append(revoking, p)
-		if len(p.live) > 0 {
-			if p.drained == nil {
-				p.drained = make(chan struct{})
-			}
+		if p.live > 0 {
+			p.drained = make(chan struct{})
 			drained = append(drained, p.drained)
 		}
 	}
@@ -90,31 +85,16 @@ waiting:
 
 	ctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.CloseTimeout)
 	defer cancel()
-	dropped, err := sub.commitMarks(ctx, ids, true)
-	if err != nil {
+	if err := sub.release(ctx, ids, true); err != nil {
 		sub.logger.Error("Cannot commit the offsets of revoked partitions: their new owner delivers the acked records again", err, watermill.LogFields{"partitions": ids})
 	}
-	sub.end(dropped)
 }
 
 // lost is kgo's OnPartitionsLost: the member lost its partitions without a revoke (its
 // session expired); a commit would be refused. The books of those partitions are dropped.
 func (sub *subscription) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	ids := lost[sub.topic]
-	if len(ids) == 0 {
-		return
+	if ids := lost[sub.topic]; len(ids) > 0 {
+		_ = sub.release(context.Background(), ids, false)
+		sub.logger.Info("Partitions lost: their records are delivered again by their next owner", watermill.LogFields{"partitions": ids})
 	}
-	sub.commitMu.Lock()
-	sub.mu.Lock()
-	var parts []*partition
-	for _, id := range ids {
-		if p := sub.parts[id]; p != nil {
-			parts = append(parts, p)
-		}
-	}
-	dropped := sub.dropLocked(parts)
-	sub.mu.Unlock()
-	sub.commitMu.Unlock()
-	sub.end(dropped)
-	sub.logger.Info("Partitions lost: their records are delivered again by their next owner", watermill.LogFields{"partitions": ids})
 }

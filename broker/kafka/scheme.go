@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -66,15 +67,10 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		return nil, err
 	}
 	return &broker.Backend{
-		Publisher:  pub,
-		CheckTopic: checkTopic,
-		// The subscriber polls many records in flight per subscription, delays nacked records
-		// in process and commits, per partition, what is acked below the first record that is
-		// not.
+		Publisher:     pub,
+		CheckTopic:    checkTopic,
 		NewSubscriber: func() (message.Subscriber, error) { return NewSubscriber(cfg) },
-		// Peek reads the group's committed offsets and metadata; Move and Delete join the
-		// group to commit theirs (view.go).
-		View: newView(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, clientOpts...), o.AckTimeout, o.ConsumerGroup),
+		View:          newView(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, clientOpts...), o.AckTimeout, o.ConsumerGroup),
 	}, nil
 }
 
@@ -107,23 +103,17 @@ func parseURL(u *url.URL) ([]string, topicSettings, error) {
 	if len(seeds) == 0 {
 		return nil, ts, fmt.Errorf("kafka: the URL names no broker: want kafka://host:port[,host:port...]/")
 	}
+	// Open has refused every other query parameter.
 	for k, vs := range u.Query() {
 		v := vs[len(vs)-1]
-		switch k {
-		case paramPartitions:
-			n, err := strconv.ParseInt(v, 10, 32)
-			if err != nil || n < 1 {
-				return nil, ts, fmt.Errorf("kafka: query parameter %s=%q: want a positive integer", k, v)
-			}
+		n, err := strconv.ParseInt(v, 10, 32)
+		switch {
+		case err != nil || n < 1 || k == paramReplicationFactor && n > math.MaxInt16:
+			return nil, ts, fmt.Errorf("kafka: query parameter %s=%q: want a positive integer", k, v)
+		case k == paramPartitions:
 			ts.partitions = int32(n)
-		case paramReplicationFactor:
-			n, err := strconv.ParseInt(v, 10, 16)
-			if err != nil || n < 1 {
-				return nil, ts, fmt.Errorf("kafka: query parameter %s=%q: want a positive integer", k, v)
-			}
-			ts.replicationFactor = int16(n)
 		default:
-			return nil, ts, fmt.Errorf("kafka: unknown query parameter %q (want %s, %s, or those of every scheme)", k, paramPartitions, paramReplicationFactor)
+			ts.replicationFactor = int16(n)
 		}
 	}
 	return seeds, ts, nil

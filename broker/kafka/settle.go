@@ -3,8 +3,6 @@ package kafka
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
@@ -31,31 +29,16 @@ func (sub *subscription) Settle(x *inflight.Delivery[*delivery], o inflight.Outc
 		d.e.acked, d.e.rec = true, nil
 		p.popAcked()
 		p.acks++
-		sub.gate.acked(1)
 		inflight.Signal(sub.commit)
 		if sub.positions != nil && sub.releaseLocked(p) {
-			inflight.Signal(sub.wake)
+			sub.pumpLocked()
 		}
 		return
 	}
 	d.e.out = false
 	again := o.Cause == nil && o.Nacked && !o.Held || errors.Is(o.Cause, ErrAckTimeout)
-	if again && !sub.done && !p.revoking {
+	if again && !sub.sub.Stopped() && !p.revoking {
 		sub.enqueueLocked(p, d.e)
-	}
-}
-
-// unliveLocked takes d off its partition's deliveries in flight; sub.mu is held.
-func (sub *subscription) unliveLocked(d *delivery) {
-	p := d.p
-	if _, ok := p.live[d]; !ok {
-		return
-	}
-	delete(p.live, d)
-	sub.gate.leave(d.alone)
-	if len(p.live) == 0 && p.drained != nil {
-		close(p.drained)
-		p.drained = nil
 	}
 }
 
@@ -64,12 +47,9 @@ func (sub *subscription) unliveLocked(d *delivery) {
 // partitions move at once.
 func (sub *subscription) Close(ctx context.Context) error {
 	sub.loops.Wait()
-	if _, err := sub.commitMarks(ctx, nil, false); err != nil {
+	if err := sub.commitMarks(ctx); err != nil {
 		sub.logger.Error("Cannot commit the offsets of the acked records on close: the group delivers them again", err, nil)
 	}
-	sub.cl.Close()
-	sub.mu.Lock()
-	sub.dropLocked(slices.Collect(maps.Values(sub.parts)))
-	sub.mu.Unlock()
-	return nil
+	sub.cl.Close() // leaving the group revokes the partitions (revoked)
+	return sub.release(ctx, nil, false)
 }

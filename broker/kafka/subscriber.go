@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -32,18 +31,12 @@ var (
 	ErrAckTimeout = errors.New("kafka: AckTimeout passed: the record is delivered again")
 )
 
-// Subscriber is a watermill message.Subscriber on Kafka that keeps many records in flight:
-// each Subscribe call is one member of the consumer group, with a client of its own, that
-// polls up to Config.Prefetch records ahead of their acknowledgements and commits, for each
-// partition, the offset below which every record is acked. NewSubscriber makes one. A
-// Subscriber is safe for concurrent use.
+// Subscriber is a watermill message.Subscriber on Kafka that keeps many records in flight, as
+// the package documentation says. NewSubscriber makes one. A Subscriber is safe for concurrent
+// use.
 type Subscriber struct {
-	cfg Config
-	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
-	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
-	prefetch int
-	logger   watermill.LoggerAdapter
-	subs     *inflight.Group
+	cfg  Config
+	subs *inflight.Group
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -54,47 +47,22 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	prefetch := cfg.Prefetch
 	cfg = cfg.withDefaults()
-	return &Subscriber{
-		cfg:      cfg,
-		prefetch: prefetch,
-		logger:   cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
-		subs:     inflight.NewGroup(ErrClosed),
-	}, nil
+	return &Subscriber{cfg: cfg, subs: inflight.NewGroup(ErrClosed)}, nil
 }
 
 // Subscribe joins the consumer group as a new member that consumes topic, creating the topic
-// when it is missing, and hands out its records on the returned channel.
-//
-// Each message carries, in its context, a redelivery.Info (see the package documentation for
-// its Count) with DelaysNacks set. The context derives from ctx and is cancelled when the
-// delivery ends unsettled: its partition is revoked (ErrRevoked), its AckTimeout passes
-// (ErrAckTimeout), ctx ends or the Subscriber closes (ErrClosed); and after it is settled.
-//
-// Ack marks the record done; the subscription commits, per partition, the offset of the
-// first record not acked. Nack hands the record out again after redelivery.RequestedDelay, or
-// Config.NackDelay, without holding back the records behind it; it holds back the commits of
-// its partition until it is acked. When ctx ends or the Subscriber closes, the subscription
-// commits what is acked, leaves the group and closes the channel.
-//
-// When ctx carries the consumer's positions (redelivery.WithPositions), each partition the
-// member is assigned starts after the offset applied there, when the group's committed offset
-// is below it, and a partition's records are handed out in offset order, one at a time: the
-// next once the one before is acked, a nacked record again before the ones behind it; with
-// redelivery.WithPositionWindow, several at once, in offset order, a redelivery still once
-// every record before it is acked. When ctx says that the consumer settles each message itself
-// (redelivery.WithDirectSettle), the subscription books each ack or nack when the consumer
-// calls redelivery.Settle, instead of waiting on the message's channels in a goroutine per
-// delivery.
+// when it is missing, and hands out its records on the returned channel; the package
+// documentation says how acks, nacks and the consumer's positions (redelivery.WithPositions)
+// act. When ctx ends or the Subscriber closes, the subscription commits what is acked, leaves
+// the group and closes the channel. A message's context derives from ctx, and is cancelled
+// once its delivery is settled, or with the cause ErrRevoked, ErrAckTimeout or ErrClosed when
+// it ends first.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if topic == "" {
-		return nil, errors.New("kafka: subscribe: topic is empty")
-	}
-	if err := s.subs.Check(); err != nil {
+	if err := s.subs.Begin("kafka", topic); err != nil {
 		return nil, err
 	}
-	sub := newSubscription(s, topic, rules.Window(ctx, s.prefetch))
+	sub := newSubscription(s, topic, rules.Window(ctx, s.cfg.Prefetch))
 	// The engine is made first: the group's callbacks (revoked, lost) may come as soon as the
 	// client exists.
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
@@ -103,7 +71,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		NackDelay:    s.cfg.NackDelay,
 		HoldNacks:    true,
 		CloseTimeout: s.cfg.CloseTimeout,
-		ErrClosed:    ErrClosed,
 		ErrExpired:   ErrAckTimeout,
 		Log:          sub.logger,
 	})

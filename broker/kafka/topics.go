@@ -17,25 +17,20 @@ type Topics struct {
 	admin             *kadm.Client
 	partitions        int32
 	replicationFactor int16
-
-	mu    sync.Mutex
-	known map[string]bool
+	known             sync.Map // the topics known to exist, as keys
 }
 
 // NewTopics returns a Topics that creates topics through cl (which it does not close) with
 // partitions partitions and replicationFactor replicas; -1 for either selects the brokers'
 // default (num.partitions, default.replication.factor).
 func NewTopics(cl *kgo.Client, partitions int32, replicationFactor int16) *Topics {
-	return &Topics{admin: kadm.NewClient(cl), partitions: partitions, replicationFactor: replicationFactor, known: map[string]bool{}}
+	return &Topics{admin: kadm.NewClient(cl), partitions: partitions, replicationFactor: replicationFactor}
 }
 
 // Ensure creates topic when it does not exist. A topic that exists, whatever its partition
 // count, is left alone.
 func (t *Topics) Ensure(ctx context.Context, topic string) error {
-	t.mu.Lock()
-	known := t.known[topic]
-	t.mu.Unlock()
-	if known {
+	if _, known := t.known.Load(topic); known {
 		return nil
 	}
 	resp, err := t.admin.CreateTopic(ctx, t.partitions, t.replicationFactor, nil, topic)
@@ -45,8 +40,6 @@ func (t *Topics) Ensure(ctx context.Context, topic string) error {
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("kafka: create topic %q: %w", topic, err)
 	}
-	t.mu.Lock()
-	t.known[topic] = true
-	t.mu.Unlock()
+	t.known.Store(topic, true)
 	return nil
 }

@@ -75,7 +75,7 @@ type view struct {
 	// member is the view's member of the group, once Claim has joined it.
 	member   *kgo.Client
 	mu       sync.Mutex
-	assigned map[int32]bool // the partitions of the topic the group gives member
+	assigned map[int32]bool // whether the group gives member each partition of the topic
 }
 
 // newView opens views of topics for group. A topic that does not exist is an error wrapping
@@ -130,11 +130,7 @@ func (v *view) Claim(ctx context.Context) error {
 			v.mu.Lock()
 			defer v.mu.Unlock()
 			for _, p := range parts[v.topic] {
-				if add {
-					v.assigned[p] = true
-				} else {
-					delete(v.assigned, p)
-				}
+				v.assigned[p] = add
 			}
 		}
 	}
@@ -217,28 +213,9 @@ func (v *view) heldByOthers(ctx context.Context) []string {
 
 // offsets returns what the group has committed for the topic's partitions.
 func (v *view) offsets(ctx context.Context) (map[int32]groupOffset, error) {
-	resp, err := v.adm.FetchOffsetsForTopics(ctx, v.group, v.topic)
-	if err == nil {
-		err = resp.Error()
-	}
-	if errors.Is(err, kerr.GroupIDNotFound) {
-		// Some brokers (kfake) answer so for a group that has neither members nor commits;
-		// Kafka answers with no offsets.
-		resp, err = nil, nil
-	}
+	out, err := fetchGroupOffsets(ctx, v.adm, v.group, v.topic, v.parts)
 	if err != nil {
 		return nil, fmt.Errorf("fetch the offsets of consumer group %q: %w", v.group, err)
-	}
-	out := map[int32]groupOffset{}
-	for _, p := range v.parts {
-		g := groupOffset{committed: -1}
-		if o, ok := resp.Lookup(v.topic, p); ok && o.At >= 0 {
-			g.committed = o.At
-			if md, ok := parseMetadata(o.Metadata); ok {
-				g.md = md
-			}
-		}
-		out[p] = g
 	}
 	return out, nil
 }
@@ -365,7 +342,12 @@ func (v *view) Remove(ctx context.Context, e broker.Entry) error {
 	if err != nil || !changed {
 		return err
 	}
-	return v.commit(ctx, pos.partition, g)
+	// As the view's member of the group, in its generation.
+	c := commit{mark: kgo.EpochOffset{Epoch: -1, Offset: g.committed}, md: g.md}
+	if err := commitAsMember(ctx, v.member, v.group, v.topic, v.id, map[int32]commit{pos.partition: c}); err != nil {
+		return fmt.Errorf("commit partition %d of topic %q for consumer group %q: %w", pos.partition, v.topic, v.group, err)
+	}
+	return nil
 }
 
 // ack returns g, the group's commit of a partition whose log starts at start, with the record
@@ -406,15 +388,6 @@ func ack(g groupOffset, start, offset int64) (groupOffset, bool, error) {
 		}
 	}
 	return g, true, nil
-}
-
-// commit commits g for partition p as the view's member of the group, in its generation.
-func (v *view) commit(ctx context.Context, p int32, g groupOffset) error {
-	c := commit{mark: kgo.EpochOffset{Epoch: -1, Offset: g.committed}, md: g.md}
-	if err := commitAsMember(ctx, v.member, v.group, v.topic, v.id, map[int32]commit{p: c}); err != nil {
-		return fmt.Errorf("commit partition %d of topic %q for consumer group %q: %w", p, v.topic, v.group, err)
-	}
-	return nil
 }
 
 // Close leaves the group, if the view joined it, committing nothing more.

@@ -1,10 +1,7 @@
 // Package mem is an in-process broker for tests: topics, consumer groups, many deliveries in
 // flight per subscription, delivery counts and delayed redelivery, with nothing on disk. It
-// keeps the contract of onceflow's other subscribers (see package broker/redelivery), so that
-// tests of the router and of the conformance suite see a broker, not a stand-in: every message
-// of a topic goes to every consumer group, each once to one of the group's subscriptions at a
-// time; a nacked message comes back after its delay with its count up by one; a subscription
-// that ends gives back what it held.
+// gives the guarantees package broker lists for every scheme, so that tests of the router and
+// of the conformance suite see a broker, not a stand-in.
 //
 // Messages live as long as the Hub: a process that dies loses them, which is why it is for
 // tests only. Importing the package registers the mem:// scheme of broker.Open, whose Brokers
@@ -12,7 +9,6 @@
 package mem
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"sync"
@@ -61,23 +57,12 @@ type topic struct {
 type entry struct {
 	msg        *message.Message
 	deliveries int
-	visibleAt  time.Time
-	index      int // in the group's delayed heap
 }
 
-// group is one consumer group's view of a topic.
+// group is one consumer group's view of a topic. A nacked entry waits for its delay out of it.
 type group struct {
-	ready   []*entry
-	delayed delayedHeap
-	wake    chan struct{} // closed and replaced when an entry becomes ready
-}
-
-func newGroup(log []*message.Message) *group {
-	g := &group{wake: make(chan struct{})}
-	for _, m := range log {
-		g.ready = append(g.ready, &entry{msg: m})
-	}
-	return g
+	ready []*entry
+	wake  chan struct{} // closed and replaced when an entry becomes ready
 }
 
 func (g *group) signal() {
@@ -94,10 +79,8 @@ func (h *Hub) Publish(name string, msgs ...*message.Message) error {
 	}
 	t := h.topic(name)
 	for _, m := range msgs {
-		c := message.NewMessage(m.UUID, append([]byte(nil), m.Payload...))
-		for k, v := range m.Metadata {
-			c.Metadata[k] = v
-		}
+		c := m.Copy()
+		c.Payload = append([]byte(nil), m.Payload...)
 		t.log = append(t.log, c)
 		for _, g := range t.groups {
 			g.ready = append(g.ready, &entry{msg: c})
@@ -120,7 +103,11 @@ func (h *Hub) group(topicName, name string) *group {
 	t := h.topic(topicName)
 	g, ok := t.groups[name]
 	if !ok {
-		g = newGroup(t.log)
+		// A new group reads the topic from its start.
+		g = &group{wake: make(chan struct{})}
+		for _, m := range t.log {
+			g.ready = append(g.ready, &entry{msg: m})
+		}
 		t.groups[name] = g
 	}
 	return g
@@ -144,12 +131,9 @@ func (h *Hub) Close() error {
 
 // Subscriber is a consumer of a Hub in one consumer group.
 type Subscriber struct {
-	h   *Hub
-	cfg Config
-	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
-	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
-	prefetch int
-	subs     *inflight.Group
+	h    *Hub
+	cfg  Config
+	subs *inflight.Group
 }
 
 var _ message.Subscriber = (*Subscriber)(nil)
@@ -162,13 +146,10 @@ func NewSubscriber(h *Hub, cfg Config) (*Subscriber, error) {
 	if cfg.ConsumerGroup == "" {
 		return nil, errors.New("mem: Config.ConsumerGroup is empty")
 	}
-	settings := inflight.Settings{Prefetch: cfg.Prefetch, NackDelay: cfg.NackDelay}
-	if err := rules.Validate(settings); err != nil {
+	if err := rules.Validate(inflight.Settings{Prefetch: cfg.Prefetch, NackDelay: cfg.NackDelay}); err != nil {
 		return nil, err
 	}
-	prefetch := cfg.Prefetch
-	cfg.Prefetch = rules.Apply(settings).Prefetch
-	return &Subscriber{h: h, cfg: cfg, prefetch: prefetch, subs: inflight.NewGroup(ErrClosed)}, nil
+	return &Subscriber{h: h, cfg: cfg, subs: inflight.NewGroup(ErrClosed)}, nil
 }
 
 // Subscribe starts one competing consumer of topicName; see the package documentation.
@@ -178,19 +159,15 @@ func (s *Subscriber) Subscribe(ctx context.Context, topicName string) (<-chan *m
 	}
 	s.h.mu.Lock()
 	closed := s.h.closed
-	if !closed {
-		s.h.group(topicName, s.cfg.ConsumerGroup)
-	}
 	s.h.mu.Unlock()
 	if closed {
 		return nil, ErrClosed
 	}
 	src := &source{h: s.h, topic: topicName, group: s.cfg.ConsumerGroup}
 	src.sub = inflight.New(ctx, src, inflight.Options{
-		Prefetch:  rules.Window(ctx, s.prefetch),
+		Prefetch:  rules.Window(ctx, s.cfg.Prefetch),
 		NackDelay: s.cfg.NackDelay,
 		Eager:     true,
-		ErrClosed: ErrClosed,
 	})
 	return src.sub.Start(s.subs)
 }
@@ -209,15 +186,14 @@ type source struct {
 
 // Fetch delivers up to n ready entries of the group, or waits until one is ready.
 func (src *source) Fetch(ctx context.Context, n int) error {
+	h := src.h
 	for {
-		h := src.h
 		h.mu.Lock()
 		if h.closed {
 			h.mu.Unlock()
 			return ErrClosed
 		}
 		g := h.group(src.topic, src.group)
-		g.release(time.Now())
 		k := 0
 		for ; k < n && len(g.ready) > 0; k++ {
 			e := g.ready[0]
@@ -230,23 +206,12 @@ func (src *source) Fetch(ctx context.Context, n int) error {
 			g.ready = g.ready[1:]
 		}
 		wake := g.wake
-		next := time.Duration(-1)
-		if len(g.delayed) > 0 {
-			next = time.Until(g.delayed[0].visibleAt)
-		}
 		h.mu.Unlock()
 		if k > 0 {
 			return nil
 		}
-		var timer <-chan time.Time
-		if next >= 0 {
-			t := time.NewTimer(next)
-			defer t.Stop()
-			timer = t.C
-		}
 		select {
 		case <-wake:
-		case <-timer:
 		case <-ctx.Done():
 			return nil
 		}
@@ -256,49 +221,27 @@ func (src *source) Fetch(ctx context.Context, n int) error {
 // Settle puts a nacked entry back for its group after its delay, and an unsettled one given
 // back at once, its delivery not counted if the consumer never took it.
 func (src *source) Settle(d *inflight.Delivery[*entry], o inflight.Outcome) {
-	if o.Acked {
-		return
+	switch e := d.Data; {
+	case o.Acked:
+	case o.Delay > 0:
+		time.AfterFunc(o.Delay, func() { src.requeue(e, false) })
+	default:
+		src.requeue(e, !o.Nacked && !d.HandedOut())
 	}
+}
+
+// requeue makes e ready again for the group, uncounting its last delivery with uncount.
+func (src *source) requeue(e *entry, uncount bool) {
 	h := src.h
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	g := h.group(src.topic, src.group)
-	if !o.Nacked && !d.HandedOut() {
-		d.Data.deliveries--
+	if uncount {
+		e.deliveries--
 	}
-	g.requeue(d.Data, o.Delay)
+	g := h.group(src.topic, src.group)
+	g.ready = append(g.ready, e)
+	g.signal()
 }
 
 // Close has nothing to release: Settle gave everything back.
 func (*source) Close(context.Context) error { return nil }
-
-// requeue puts e back for the group, after delay.
-func (g *group) requeue(e *entry, delay time.Duration) {
-	if delay <= 0 {
-		g.ready = append(g.ready, e)
-	} else {
-		e.visibleAt = time.Now().Add(delay)
-		heap.Push(&g.delayed, e)
-	}
-	g.signal()
-}
-
-// release moves the delayed entries that are due to the ready list.
-func (g *group) release(now time.Time) {
-	for len(g.delayed) > 0 && !g.delayed[0].visibleAt.After(now) {
-		g.ready = append(g.ready, heap.Pop(&g.delayed).(*entry))
-	}
-}
-
-type delayedHeap []*entry
-
-func (q delayedHeap) Len() int           { return len(q) }
-func (q delayedHeap) Less(i, j int) bool { return q[i].visibleAt.Before(q[j].visibleAt) }
-func (q delayedHeap) Swap(i, j int)      { q[i], q[j] = q[j], q[i]; q[i].index = i; q[j].index = j }
-func (q *delayedHeap) Push(x any)        { e := x.(*entry); e.index = len(*q); *q = append(*q, e) }
-func (q *delayedHeap) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
-}

@@ -59,13 +59,20 @@ func receive(t *testing.T, ch <-chan *message.Message) *message.Message {
 	return testsvc.Receive(t, ch, 5*time.Second)
 }
 
-func TestSubscription_NackComesBackAfterTheRequestedDelayCountedAndDoesNotBlock(t *testing.T) {
-	h := mem.NewHub()
-	sub, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g", Prefetch: 2})
+// subscribe starts a subscription to topic "t" of a new Subscriber of h; the caller closes it.
+func subscribe(t *testing.T, h *mem.Hub, cfg mem.Config) (*mem.Subscriber, <-chan *message.Message) {
+	t.Helper()
+	sub, err := mem.NewSubscriber(h, cfg)
 	require.NoError(t, err)
-	defer sub.Close()
 	ch, err := sub.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
+	return sub, ch
+}
+
+func TestSubscription_NackComesBackAfterTheRequestedDelayCountedAndDoesNotBlock(t *testing.T) {
+	h := mem.NewHub()
+	sub, ch := subscribe(t, h, mem.Config{ConsumerGroup: "g", Prefetch: 2})
+	defer sub.Close()
 	publish(t, h, "t", "poison")
 	first := receive(t, ch)
 	info, ok := redelivery.FromContext(first.Context())
@@ -89,10 +96,7 @@ func TestSubscription_NackComesBackAfterTheRequestedDelayCountedAndDoesNotBlock(
 
 func TestSubscriber_CloseGivesBackWhatItHeldAndKeepsItsAcks(t *testing.T) {
 	h := mem.NewHub()
-	first, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g", Prefetch: 4})
-	require.NoError(t, err)
-	ch, err := first.Subscribe(context.Background(), "t")
-	require.NoError(t, err)
+	first, ch := subscribe(t, h, mem.Config{ConsumerGroup: "g", Prefetch: 4})
 	publish(t, h, "t", "a", "b", "c")
 	a, b := receive(t, ch), receive(t, ch)
 	_ = receive(t, ch)
@@ -100,11 +104,8 @@ func TestSubscriber_CloseGivesBackWhatItHeldAndKeepsItsAcks(t *testing.T) {
 	b.Nack()
 	require.NoError(t, first.Close())
 
-	second, err := mem.NewSubscriber(h, mem.Config{ConsumerGroup: "g"})
-	require.NoError(t, err)
+	second, ch2 := subscribe(t, h, mem.Config{ConsumerGroup: "g"})
 	defer second.Close()
-	ch2, err := second.Subscribe(context.Background(), "t")
-	require.NoError(t, err)
 	counts := map[string]int{}
 	for range 2 {
 		m := receive(t, ch2)
@@ -113,6 +114,24 @@ func TestSubscriber_CloseGivesBackWhatItHeldAndKeepsItsAcks(t *testing.T) {
 	}
 	testsvc.RequireOpenAndNothing(t, ch2, 50*time.Millisecond)
 	require.Equal(t, map[string]int{"b": 2, "c": 2}, counts, "the acked one is not back")
+}
+
+func TestSubscriber_CloseLeavesADelayedNackToItsDelay(t *testing.T) {
+	h := mem.NewHub()
+	first, ch := subscribe(t, h, mem.Config{ConsumerGroup: "g"})
+	publish(t, h, "t", "m")
+	start := time.Now()
+	require.True(t, redelivery.NackAfter(receive(t, ch), 300*time.Millisecond))
+	require.NoError(t, first.Close())
+
+	second, ch2 := subscribe(t, h, mem.Config{ConsumerGroup: "g"})
+	defer second.Close()
+	again := receive(t, ch2)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "the nack's delay outlives its subscription")
+	info, _ := redelivery.FromContext(again.Context())
+	require.Equal(t, "m", again.UUID)
+	require.Equal(t, 2, info.Count)
+	testsvc.RequireOpenAndNothing(t, ch2, 50*time.Millisecond)
 }
 
 func TestGroups_EachGetsEveryMessageAndItsConsumersCompete(t *testing.T) {

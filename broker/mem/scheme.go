@@ -65,10 +65,6 @@ func (h *namedHub) release() error {
 }
 
 // hubPublisher publishes to a hub; the Broker closes the hub, not the publisher.
-type hubPublisher struct{ hub *Hub }
-
-func (p hubPublisher) Publish(topic string, msgs ...*message.Message) error {
-	return p.hub.Publish(topic, msgs...)
-}
+type hubPublisher struct{ *Hub }
 
 func (hubPublisher) Close() error { return nil }

@@ -9,22 +9,17 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
-	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
-// Defaults of Config.
+// Defaults of Config: each is the value of the field of its name when that field is zero.
 const (
-	// DefaultPrefetch is how many deliveries a subscription holds unsettled when
-	// Config.Prefetch is zero. JetStream's AckWait runs for each of them from its delivery,
-	// also while it waits for its turn in the consumer: the window must drain well within
-	// AckWait, so it stays small; 64 is enough to keep the fetch round trips out of the way
-	// (one fetch per half window or less; or, after the consumer settled a batch together,
-	// redelivery.Flush, one for the room that batch freed).
-	DefaultPrefetch = 64
-	// DefaultAckWait is the AckWait of the consumers when Config.AckWait is zero.
-	DefaultAckWait = 30 * time.Second
-	// DefaultCloseTimeout bounds how long Close waits for the server to confirm that it has
-	// the acknowledgements, when Config.CloseTimeout is zero.
+	// DefaultPrefetch is small: JetStream's AckWait runs for each delivery from its delivery,
+	// also while it waits for its turn in the consumer, so the window must drain well within
+	// AckWait; 64 is enough to keep the fetch round trips out of the way (one fetch per half
+	// window or less; or, after the consumer settled a batch together, redelivery.Flush, one
+	// for the room that batch freed).
+	DefaultPrefetch     = 64
+	DefaultAckWait      = 30 * time.Second
 	DefaultCloseTimeout = 5 * time.Second
 )
 
@@ -81,8 +76,8 @@ var rules = inflight.Rules{
 	CloseTimeout:    DefaultCloseTimeout,
 }
 
-func (c Config) settings() inflight.Settings {
-	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckWait, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+func (c *Config) fields() inflight.Fields {
+	return inflight.Fields{Prefetch: &c.Prefetch, AckTimeout: &c.AckWait, NackDelay: &c.NackDelay, CloseTimeout: &c.CloseTimeout, Logger: &c.Logger, Log: &c.log}
 }
 
 // Validate reports the first invalid field. Zero values select the defaults, except for URL
@@ -94,12 +89,12 @@ func (c Config) Validate() error {
 	case c.ConsumerGroup == "":
 		return errors.New("nats: Config.ConsumerGroup is empty")
 	}
-	return rules.Validate(c.settings())
+	return rules.Validate(c.fields().Settings())
 }
 
+// withDefaults returns c with every zero field that has a default set to it, but Prefetch:
+// each subscription takes its own window (rules.Window).
 func (c Config) withDefaults() Config {
-	st := rules.Apply(c.settings())
-	c.Prefetch, c.AckWait, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
-	c.log = wmlog.Adapter(c.Logger)
+	rules.Default(c.fields())
 	return c
 }

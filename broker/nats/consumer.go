@@ -15,40 +15,29 @@ import (
 // consumerConfig is the configuration of the durable pull consumer of the subscriber's group on
 // topic, delivering from policy (and start, for jetstream.DeliverByStartSequencePolicy).
 func (s *Subscriber) consumerConfig(name, topic string, policy jetstream.DeliverPolicy, start uint64) jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
+	return s.withLimits(jetstream.ConsumerConfig{
 		Durable:       name,
 		FilterSubject: topic,
 		DeliverPolicy: policy,
 		OptStartSeq:   start,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       s.cfg.AckWait,
-		// No delivery limit at the server. onceflow's router counts deliveries (NumDelivered)
-		// and dead-letters a message at its handler's limit, with the reason. A server-side
-		// MaxDeliver would instead stop delivering the message silently: the handler would
-		// never see it again, and nothing would say why, which loses it.
-		MaxDeliver: -1,
-		// No limit on unacknowledged messages at the server: each subscription pulls no more
-		// than its free window (Config.Prefetch), so the group holds at most Prefetch per
-		// subscription, however many subscriptions there are in however many processes. A
-		// finite MaxAckPending would have to be the sum of those windows, which no subscriber
-		// knows.
-		MaxAckPending: -1,
-	}
+	})
 }
 
-// settings reports whether cfg already has what consumerConfig sets on every consumer, and
-// returns cfg with them set.
-func (s *Subscriber) settings(cfg jetstream.ConsumerConfig) (jetstream.ConsumerConfig, bool) {
-	want := cfg
-	want.AckWait = s.cfg.AckWait
-	want.MaxDeliver = -1
-	want.MaxAckPending = -1
+// withLimits returns cfg with the AckWait and the limits that the subscriber sets on every
+// consumer.
+func (s *Subscriber) withLimits(cfg jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+	cfg.AckWait = s.cfg.AckWait
+	// No delivery limit at the server (a message that reached it would no longer be delivered,
+	// silently, where the router dead-letters it with the reason), and no limit on pending
+	// acknowledgements (each subscription bounds its own; the group's sum no one knows), as
+	// the package documentation says.
+	cfg.MaxDeliver = -1
+	cfg.MaxAckPending = -1
 	// A BackOff would replace AckWait for redeliveries after a timeout: the deadline of a
 	// delivery's context would no longer match the server's.
-	want.BackOff = nil
-	same := cfg.AckWait == want.AckWait && cfg.MaxDeliver == want.MaxDeliver &&
-		cfg.MaxAckPending == want.MaxAckPending && len(cfg.BackOff) == 0
-	return want, same
+	cfg.BackOff = nil
+	return cfg
 }
 
 // createAttempts bounds how many times ensureConsumer tries to create a consumer that another
@@ -98,8 +87,9 @@ func (s *Subscriber) ensureConsumer(ctx context.Context, stream, topic string) (
 		if info.Config.AckPolicy != jetstream.AckExplicitPolicy {
 			return nil, fmt.Errorf("JetStream consumer %q of stream %q acknowledges with policy %s, not explicitly: onceflow did not create it; delete it, or use another consumer group", name, stream, info.Config.AckPolicy)
 		}
-		want, same := s.settings(info.Config)
-		if same {
+		want := s.withLimits(info.Config)
+		if want.AckWait == info.Config.AckWait && want.MaxDeliver == info.Config.MaxDeliver &&
+			want.MaxAckPending == info.Config.MaxAckPending && len(info.Config.BackOff) == 0 {
 			return c, nil
 		}
 		c, err = s.js.UpdateConsumer(ctx, stream, want)

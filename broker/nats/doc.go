@@ -27,13 +27,11 @@
 //
 // # Delivery
 //
-// A subscription asks the consumer for as many messages as its window (Config.Prefetch) has
-// room for, in batches, and hands each one out at once, without waiting for the
-// acknowledgements of the ones before. Each message's context carries a redelivery.Info: the
-// delivery count is JetStream's (NumDelivered, kept by the server, so it survives the death
-// of a consumer), and nacks are delayed (DelaysNacks). The context is cancelled when the
-// delivery ends unsettled: its AckWait passes (ErrAckWaitPassed), the connection is lost
-// (ErrConnectionLost), the subscription ends; and after it is settled.
+// A subscription pulls from the consumer as many messages as its window (Config.Prefetch) has
+// room for, in batches. The delivery count is JetStream's (NumDelivered, kept by the server,
+// so it survives the death of a consumer), and nacks are delayed (DelaysNacks). A delivery
+// ends, as package broker says, also when its AckWait passes (ErrAckWaitPassed) or its
+// connection is lost (ErrConnectionLost).
 //
 //   - Ack acknowledges that one message, asynchronously; Close waits for the server to confirm.
 //   - Nack makes JetStream deliver the message again, its count up by one, after
@@ -45,22 +43,13 @@
 //     unsettled at once (a nak), for another consumer of the group to take.
 //   - A consumer that dies leaves its deliveries to the others after AckWait.
 //
-// One timer per subscription ends the deliveries whose AckWait passes. Each delivery has a
-// watcher that waits for its ack or nack, unless the consumer settles each message itself
-// (redelivery.WithDirectSettle, as onceflow's router does): then the subscription learns of
-// each ack or nack from redelivery.Settle, in the consumer's goroutine.
-//
 // The connection reconnects by itself, for ever; the subscriptions go on when it is back.
 //
 // # NATS server 2.9
 //
 // The server here, NATS 2.9, mishandles a redelivery at a moment when all the pull requests
-// waiting at a consumer have lost their listener: the message comes again as a first delivery
-// and the message before it is delivered once more (nats-server #5305, fixed in 2.11). The
-// subscriber never leaves a request of its own in that state (see fetch); the requests of a
-// consumer that dies or loses its connection stay at the server until they expire, one second
-// at most, which the subscriber keeps short for that reason. The same server drops, without a
-// word, a request that expires at the moment a message comes for it (nats-server #3942, fixed
-// in a later release): a request that the server has not ended 100 ms after its expiry is
-// withdrawn, and the next one goes at once.
+// waiting at a consumer have lost their listener (nats-server #5305, fixed in 2.11), and drops
+// without a word a request that expires as a message comes for it (nats-server #3942): the
+// subscriber never leaves a request of its own in the first state, and withdraws a request
+// that the server has not ended 100 ms after its expiry (see fetch and withdraw).
 package nats

@@ -121,6 +121,18 @@ func (f *fetch) receive(m *nats.Msg) {
 	}
 }
 
+// each passes each message the request has received, and nobody has taken, to fn.
+func (f *fetch) each(fn func(*nats.Msg)) {
+	for {
+		select {
+		case m := <-f.msgs:
+			fn(m)
+		default:
+			return
+		}
+	}
+}
+
 // end marks the request ended, with err when it failed, and reports whether it was not ended
 // already.
 func (f *fetch) end(err error) bool {

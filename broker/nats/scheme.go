@@ -82,7 +82,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 			nc.Close()
 			return nil
 		},
-		View: newView(nc, js, o.ConsumerGroup),
+		View: newView(js, njs, o.ConsumerGroup),
 	}, nil
 }
 

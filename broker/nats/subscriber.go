@@ -34,15 +34,12 @@ var (
 // Config.Prefetch messages ahead of their acknowledgements. NewSubscriber makes one; it has a
 // connection of its own. A Subscriber is safe for concurrent use.
 type Subscriber struct {
-	cfg Config
-	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
-	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
-	prefetch int
-	logger   watermill.LoggerAdapter
-	nc       *nats.Conn
-	js       jetstream.JetStream
-	streams  *Streams
-	subs     *inflight.Group
+	cfg     Config
+	logger  watermill.LoggerAdapter
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	streams *Streams
+	subs    *inflight.Group
 
 	mu   sync.Mutex
 	link *link // the current connection to the server
@@ -57,20 +54,28 @@ type link struct {
 	lost chan struct{} // closed when the connection is lost
 }
 
+// isLost reports whether the connection is lost.
+func (l *link) isLost() bool {
+	select {
+	case <-l.lost:
+		return true
+	default:
+		return false
+	}
+}
+
 // NewSubscriber connects to the NATS server of cfg.URL and returns a Subscriber over that
 // connection. The connection reconnects by itself, for ever, until Close.
 func NewSubscriber(cfg Config) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	prefetch := cfg.Prefetch
 	cfg = cfg.withDefaults()
 	s := &Subscriber{
-		cfg:      cfg,
-		prefetch: prefetch,
-		logger:   cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
-		link:     &link{up: make(chan struct{}), lost: make(chan struct{})},
-		subs:     inflight.NewGroup(ErrClosed),
+		cfg:    cfg,
+		logger: cfg.log.With(watermill.LogFields{"consumer_group": cfg.ConsumerGroup}),
+		link:   &link{up: make(chan struct{}), lost: make(chan struct{})},
+		subs:   inflight.NewGroup(ErrClosed),
 	}
 	close(s.link.up)
 	opts := []nats.Option{nats.Name("onceflow subscriber " + cfg.ConsumerGroup), nats.MaxReconnects(-1)}
@@ -125,29 +130,11 @@ func (s *Subscriber) currentLink() *link {
 
 // Subscribe starts one competing consumer of topic in the subscriber's consumer group: it
 // creates the topic's stream when no stream captures the subject, creates or updates the
-// group's durable pull consumer (see ensureConsumer), and pulls from it.
-//
-// Each message on the returned channel carries, in its context, a redelivery.Info with Count
-// set to JetStream's delivery count (NumDelivered, which the server keeps: it survives the
-// death of a consumer) and DelaysNacks. The context derives from ctx and is cancelled when
-// the delivery ends unsettled: its AckWait passes (ErrAckWaitPassed), the connection is lost
-// (ErrConnectionLost), ctx ends or the Subscriber closes (ErrClosed); and after it is settled.
-//
-// Ack acknowledges the message (asynchronously: Close makes sure the server has them). Nack
-// makes JetStream deliver it again after redelivery.RequestedDelay, or Config.NackDelay when
-// the nack asked for none. When ctx ends or the Subscriber closes, the channel is closed and
-// the deliveries not settled yet are given back (nacked, for another consumer to take at once).
-//
-// A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
-// redelivery.Settle right after every Ack and Nack, as onceflow's router does: the ack or nack
-// then goes to the server from the consumer's goroutine, and the subscription keeps no
-// goroutine per delivery. Its window place comes back only with Settle (or when the delivery
-// ends); everything else above holds the same.
+// group's durable pull consumer (see ensureConsumer), and pulls from it. Its deliveries are
+// counted, settled and given back as the package documentation says; the channel is closed
+// when ctx ends or the Subscriber closes, after the deliveries not settled are given back.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if topic == "" {
-		return nil, errors.New("nats: subscribe: topic is empty")
-	}
-	if err := s.subs.Check(); err != nil {
+	if err := s.subs.Begin("nats", topic); err != nil {
 		return nil, err
 	}
 	setup, stop := s.subs.Setup(ctx)
@@ -171,12 +158,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		logger:  s.logger.With(watermill.LogFields{"topic": topic, "consumer": info.Name}),
 	}
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     rules.Window(ctx, s.prefetch),
+		Prefetch:     rules.Window(ctx, s.cfg.Prefetch),
 		NackDelay:    s.cfg.NackDelay,
 		FillWait:     fillWait,
 		Eager:        true,
 		CloseTimeout: s.cfg.CloseTimeout,
-		ErrClosed:    ErrClosed,
 		ErrExpired:   ErrAckWaitPassed,
 		Log:          sub.logger,
 	})

@@ -246,7 +246,9 @@ func TestSubscriber_SubscribeSetsAckWaitOnTheGroupsConsumer(t *testing.T) {
 		testsvc.RequireCause(t, m, natsbroker.ErrAckWaitPassed, 5*time.Second)
 		again := testsvc.Receive(t, ch, 5*time.Second) // not after a minute: the server's AckWait is the subscriber's
 		require.Equal(t, id, again.UUID)
-		require.GreaterOrEqual(t, testsvc.Info(t, again).Count, 3)
+		// Its count is not checked: NATS 2.9 reports 1 for a message redelivered after its
+		// consumer was updated, in about one run in eight (nats-server #5305). The counts of
+		// redeliveries are checked by TestSubscriber_ContextEndsWhenAckWaitPassesAndItsLateAckIsIgnored.
 		again.Ack()
 	})
 }

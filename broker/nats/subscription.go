@@ -64,13 +64,11 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 	case <-ctx.Done():
 		return nil
 	}
-	select {
-	case <-link.lost:
+	if link.isLost() {
 		// The connection was lost meanwhile: a request sent now would wait in the client's
 		// reconnect buffer, and reach the server with its inbox already dropped. Ask on the
 		// next connection.
 		return nil
-	default:
 	}
 	f, err := pull(sub.s.nc, sub.subject, n, pullExpires)
 	if err != nil {
@@ -110,14 +108,8 @@ func (sub *subscription) deliver(ctx context.Context, f *fetch, link *link) {
 		case m := <-f.msgs:
 			sub.handOut(m, link)
 		case <-f.done:
-			for {
-				select {
-				case m := <-f.msgs:
-					sub.handOut(m, link)
-				default:
-					return
-				}
-			}
+			f.each(func(m *nats.Msg) { sub.handOut(m, link) })
+			return
 		case <-link.lost:
 			// What the request brought and what it still would came on, or were asked for
 			// on, the lost connection: leave them to AckWait, like the deliveries in
@@ -147,18 +139,13 @@ func (sub *subscription) deliver(ctx context.Context, f *fetch, link *link) {
 func (sub *subscription) withdraw(f *fetch, link *link, keep bool) {
 	var held []*nats.Msg
 	take := func(f *fetch) {
-		for {
-			select {
-			case m := <-f.msgs:
-				if keep {
-					sub.handOut(m, link)
-				} else {
-					held = append(held, m)
-				}
-			default:
-				return
+		f.each(func(m *nats.Msg) {
+			if keep {
+				sub.handOut(m, link)
+			} else {
+				held = append(held, m)
 			}
-		}
+		})
 	}
 	defer func() {
 		for _, m := range held {
@@ -187,10 +174,7 @@ func (sub *subscription) withdraw(f *fetch, link *link, keep bool) {
 		return
 	default:
 	}
-	probe, err := pull(sub.s.nc, sub.subject, 1, probeExpires)
-	if err != nil {
-		probe = nil
-	}
+	probe, _ := pull(sub.s.nc, sub.subject, 1, probeExpires) // nil when it could not go
 	if f.drain(errWithdrawn) {
 		if !wait(f.closed) {
 			return
@@ -227,10 +211,8 @@ func (sub *subscription) handOut(m *nats.Msg, link *link) {
 		_ = m.Nak()
 		return
 	}
-	select {
-	case <-link.lost: // lost as it came: its deliveries may have ended before this one joined
+	if link.isLost() { // lost as it came: its deliveries may have ended before this one joined
 		sub.sub.End(ErrConnectionLost, func(x *inflight.Delivery[reply]) bool { return x == d })
-	default:
 	}
 }
 
@@ -255,12 +237,11 @@ func (sub *subscription) watchLinks() {
 // holds it); an ack given before is still sent, which can only spare a redelivery.
 func (sub *subscription) Settle(d *inflight.Delivery[reply], o inflight.Outcome) {
 	switch {
-	case o.Late:
 	case o.Acked:
 		sub.report(d, "ack", sub.s.nc.Publish(d.Data.jm.Reply, ackBody))
-	case o.Cause == nil || (sub.ends(o.Cause) && !sub.lost(d)):
+	case o.Cause == nil || (ends(o.Cause) && !d.Data.link.isLost()):
 		if o.Nacked {
-			sub.nak(d, o.Delay)
+			sub.report(d, "nak", d.Data.jm.NakWithDelay(o.Delay))
 		} else {
 			sub.report(d, "give back", d.Data.jm.Nak())
 		}
@@ -268,37 +249,18 @@ func (sub *subscription) Settle(d *inflight.Delivery[reply], o inflight.Outcome)
 }
 
 // ends reports whether cause ends the subscription, rather than the delivery alone.
-func (sub *subscription) ends(cause error) bool {
+func ends(cause error) bool {
 	return !errors.Is(cause, ErrAckWaitPassed) && !errors.Is(cause, ErrConnectionLost)
-}
-
-// lost reports whether the connection of d is lost.
-func (sub *subscription) lost(d *inflight.Delivery[reply]) bool {
-	select {
-	case <-d.Data.link.lost:
-		return true
-	default:
-		return false
-	}
 }
 
 // Close has nothing of its own to release: the Subscriber's Close makes sure the server has
 // the acknowledgements.
 func (*subscription) Close(context.Context) error { return nil }
 
-// ackBody is the body of an acknowledgement, on the delivery's reply subject.
+// ackBody is the body of an acknowledgement, on the delivery's reply subject. (nats.Msg.Ack
+// costs an allocation and a lock per ack for options and checks that the subscriber does not
+// need: it acks each delivery once, with a Publish of ackBody.)
 var ackBody = []byte("+ACK")
-
-// nak asks the server to deliver the message again after delay. (nats.Msg.Ack costs an
-// allocation and a lock per ack for options and checks that the subscriber does not need: it
-// acks each delivery once, with a Publish of ackBody.)
-func (sub *subscription) nak(d *inflight.Delivery[reply], delay time.Duration) {
-	if delay > 0 {
-		sub.report(d, "nak", d.Data.jm.NakWithDelay(delay))
-		return
-	}
-	sub.report(d, "nak", d.Data.jm.Nak())
-}
 
 // report logs a failure to settle: the server delivers the message again after AckWait.
 func (sub *subscription) report(d *inflight.Delivery[reply], what string, err error) {

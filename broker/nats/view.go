@@ -2,12 +2,12 @@ package nats
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/onceflow/onceflow/broker"
 )
@@ -20,8 +20,8 @@ import (
 // was still pending, which several consumers of the group can do) is listed until the floor
 // passes it: JetStream does not say which messages above the floor are acknowledged.
 type view struct {
-	nc     *nats.Conn
 	js     nats.JetStreamContext
+	msgs   jetstream.Stream
 	topic  string
 	stream string
 	start  uint64 // the first sequence that may wait for the group
@@ -30,9 +30,9 @@ type view struct {
 // newView opens views of the streams of topics. A topic that no stream captures is an error
 // wrapping broker.ErrNotFound; a group whose durable consumer does not exist reads the whole
 // stream, as its consumer will when it is created.
-func newView(nc *nats.Conn, js nats.JetStreamContext, group string) func(context.Context, string) (broker.View, error) {
+func newView(js nats.JetStreamContext, njs jetstream.JetStream, group string) func(context.Context, string) (broker.View, error) {
 	return func(ctx context.Context, topic string) (broker.View, error) {
-		v := &view{nc: nc, js: js, topic: topic}
+		v := &view{js: js, topic: topic}
 		stream, err := js.StreamNameBySubject(topic, nats.Context(ctx))
 		if err != nil {
 			if errors.Is(err, nats.ErrNoMatchingStream) || errors.Is(err, nats.ErrStreamNotFound) {
@@ -41,6 +41,9 @@ func newView(nc *nats.Conn, js nats.JetStreamContext, group string) func(context
 			return nil, fmt.Errorf("look up the JetStream stream of subject %q: %w", topic, err)
 		}
 		v.stream = stream
+		if v.msgs, err = njs.Stream(ctx, stream); err != nil {
+			return nil, fmt.Errorf("look up JetStream stream %q: %w", stream, err)
+		}
 		name := ConsumerName(group, topic)
 		info, err := js.ConsumerInfo(stream, name, nats.Context(ctx))
 		switch {
@@ -55,53 +58,19 @@ func newView(nc *nats.Conn, js nats.JetStreamContext, group string) func(context
 	}
 }
 
-// msgGetResponse is JetStream's answer to $JS.API.STREAM.MSG.GET.<stream>.
-type msgGetResponse struct {
-	Error *struct {
-		Code        int    `json:"code"`
-		ErrCode     int    `json:"err_code"`
-		Description string `json:"description"`
-	} `json:"error"`
-	Message *struct {
-		Subject  string `json:"subject"`
-		Sequence uint64 `json:"seq"`
-		Header   []byte `json:"hdrs"`
-		Data     []byte `json:"data"`
-	} `json:"message"`
-}
-
 func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
 	var out []broker.Entry
-	subject := "$JS.API.STREAM.MSG.GET." + v.stream
 	for seq := v.start; len(out) < limit; {
 		// The first message at or after seq on the topic's subject (the stream may capture
 		// others), skipping deleted ones.
-		req, _ := json.Marshal(map[string]any{"seq": seq, "next_by_subj": v.topic})
-		reply, err := v.nc.RequestWithContext(ctx, subject, req)
+		m, err := v.msgs.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(v.topic))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break // no message at or after seq
+		}
 		if err != nil {
 			return nil, fmt.Errorf("get message %d of stream %q: %w", seq, v.stream, err)
 		}
-		var resp msgGetResponse
-		if err := json.Unmarshal(reply.Data, &resp); err != nil {
-			return nil, fmt.Errorf("get message %d of stream %q: %w", seq, v.stream, err)
-		}
-		if resp.Error != nil {
-			if resp.Error.Code == 404 {
-				break // no message at or after seq
-			}
-			return nil, fmt.Errorf("get message %d of stream %q: %s (code %d)", seq, v.stream, resp.Error.Description, resp.Error.ErrCode)
-		}
-		m := resp.Message
-		if m == nil {
-			return nil, fmt.Errorf("get message %d of stream %q: empty answer", seq, v.stream)
-		}
-		nm := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}
-		if len(m.Header) > 0 {
-			if nm.Header, err = nats.DecodeHeadersMsg(m.Header); err != nil {
-				return nil, fmt.Errorf("message %d of stream %q: headers: %w", m.Sequence, v.stream, err)
-			}
-		}
-		msg := Unmarshal(nm) // never fails
+		msg := Unmarshal(&nats.Msg{Subject: m.Subject, Data: m.Data, Header: m.Header}) // never fails
 		out = append(out, broker.Entry{
 			Message:   msg,
 			Pos:       m.Sequence,

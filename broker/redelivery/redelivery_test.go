@@ -74,12 +74,12 @@ func TestInfo_First(t *testing.T) {
 func TestSettle_RunsTheSubscribersFunctionOnceAfterTheAck(t *testing.T) {
 	msg := message.NewMessage("1", nil)
 	var calls, acks int
-	msg.SetContext(redelivery.NewSettleContext(context.Background(), func() {
+	msg.SetContext(redelivery.NewDeliveryContext(context.Background(), redelivery.Info{}, func() {
 		calls++
 		if redelivery.Acked(msg) {
 			acks++
 		}
-	}))
+	}, nil))
 	msg.Ack()
 	redelivery.Settle(msg)
 	redelivery.Settle(msg)
@@ -90,7 +90,7 @@ func TestSettle_RunsTheSubscribersFunctionOnceAfterTheAck(t *testing.T) {
 func TestSettle_NackIsToldApartFromAck(t *testing.T) {
 	msg := message.NewMessage("1", nil)
 	acked := make(chan bool, 2)
-	msg.SetContext(redelivery.NewSettleContext(context.Background(), func() { acked <- redelivery.Acked(msg) }))
+	msg.SetContext(redelivery.NewDeliveryContext(context.Background(), redelivery.Info{}, func() { acked <- redelivery.Acked(msg) }, nil))
 	msg.Nack()
 	redelivery.Settle(msg)
 	require.False(t, <-acked)
@@ -107,7 +107,7 @@ func TestSettle_MessageWithoutSettleFunctionIsLeftAlone(t *testing.T) {
 func TestFlush_RunsTheSubscribersFlushEachCall(t *testing.T) {
 	msg := message.NewMessage("1", nil)
 	var settled, flushed int
-	msg.SetContext(redelivery.NewSettleFlushContext(context.Background(), func() { settled++ }, func() { flushed++ }))
+	msg.SetContext(redelivery.NewDeliveryContext(context.Background(), redelivery.Info{}, func() { settled++ }, func() { flushed++ }))
 	msg.Ack()
 	redelivery.Settle(msg)
 	redelivery.Flush(msg)
@@ -121,7 +121,7 @@ func TestFlush_MessageWithoutFlushFunctionIsLeftAlone(t *testing.T) {
 	redelivery.Flush(plain) // must not panic
 	var settled int
 	msg := message.NewMessage("2", nil)
-	msg.SetContext(redelivery.NewSettleContext(context.Background(), func() { settled++ }))
+	msg.SetContext(redelivery.NewDeliveryContext(context.Background(), redelivery.Info{}, func() { settled++ }, nil))
 	msg.Ack()
 	redelivery.Flush(msg)
 	require.Zero(t, settled, "Flush does not settle")
@@ -134,7 +134,7 @@ func TestWithDirectSettle(t *testing.T) {
 
 // A delivery context carries the Info, settles once, flushes on every call, keeps the values
 // and the cancellation of its parent, and NackAfter records its delay in it.
-func TestNewDeliveryContext_IsNewContextAndNewSettleFlushContextInOne(t *testing.T) {
+func TestNewDeliveryContext_CarriesInfoSettlesOnceAndFlushes(t *testing.T) {
 	type parentKey struct{}
 	parent, cancel := context.WithCancel(context.WithValue(context.Background(), parentKey{}, "p"))
 	info := redelivery.Info{Count: 3, DelaysNacks: true}
@@ -146,16 +146,7 @@ func TestNewDeliveryContext_IsNewContextAndNewSettleFlushContextInOne(t *testing
 	require.Equal(t, info, got)
 	require.Equal(t, "p", ctx.Value(parentKey{}))
 
-	msg := message.NewMessage("1", nil)
-	msg.SetContext(ctx)
-	require.True(t, redelivery.NackAfter(msg, time.Minute))
-	delay, ok := redelivery.RequestedDelay(msg.Context())
-	require.True(t, ok)
-	require.Equal(t, time.Minute, delay)
-	redelivery.Settle(msg)
-	redelivery.Settle(msg)
-	redelivery.Flush(msg)
-	redelivery.Flush(msg)
+	nackSettleAndFlushTwice(t, ctx)
 	require.Equal(t, 1, settled, "Settle runs once")
 	require.Equal(t, 2, flushed, "Flush runs on every call")
 
@@ -169,20 +160,82 @@ func TestNewDeliveryContext_IsNewContextAndNewSettleFlushContextInOne(t *testing
 	}
 }
 
-// One delivery context is one allocation; NewContext and NewSettleFlushContext make four.
+// One delivery context, its Info and its settle and flush functions, is one allocation.
 func TestNewDeliveryContext_AllocatesOnce(t *testing.T) {
 	parent := context.Background()
 	settled, flush := func() {}, func() {}
 	var sink context.Context
-	combined := testing.AllocsPerRun(100, func() {
+	allocs := testing.AllocsPerRun(100, func() {
 		sink = redelivery.NewDeliveryContext(parent, redelivery.Info{Count: 1}, settled, flush)
 	})
-	separate := testing.AllocsPerRun(100, func() {
-		sink = redelivery.NewSettleFlushContext(redelivery.NewContext(parent, redelivery.Info{Count: 1}), settled, flush)
-	})
 	_ = sink
-	require.Equal(t, 1.0, combined)
-	require.Equal(t, 4.0, separate)
+	require.Equal(t, 1.0, allocs)
+}
+
+// nackSettleAndFlushTwice nacks a message whose context is ctx with a delay of a minute, which
+// it must record, then settles it twice and flushes it twice.
+func nackSettleAndFlushTwice(t *testing.T, ctx context.Context) {
+	t.Helper()
+	msg := message.NewMessage("1", nil)
+	msg.SetContext(ctx)
+	require.True(t, redelivery.NackAfter(msg, time.Minute))
+	delay, ok := redelivery.RequestedDelay(msg.Context())
+	require.True(t, ok)
+	require.Equal(t, time.Minute, delay)
+	redelivery.Settle(msg)
+	redelivery.Settle(msg)
+	redelivery.Flush(msg)
+	redelivery.Flush(msg)
+}
+
+// valuesContext is a subscriber's own delivery context that keeps the Values in itself.
+type valuesContext struct {
+	context.Context
+	v                redelivery.Values
+	settled, flushed int
+}
+
+func (c *valuesContext) Value(k any) any {
+	if v, ok := c.v.Value(k); ok {
+		return v
+	}
+	return c.Context.Value(k)
+}
+
+func (c *valuesContext) Settled() { c.settled++ }
+func (c *valuesContext) Flush()   { c.flushed++ }
+
+// Values kept in a context of the subscriber's own do what NewDeliveryContext's do, with the
+// Settler's methods for the functions; without a Settler, Settle and Flush leave the message
+// alone; the zero Values carry nothing.
+func TestValues_CarryWhatNewDeliveryContextCarries(t *testing.T) {
+	info := redelivery.Info{Count: 2, DelaysNacks: true}
+	c := &valuesContext{Context: context.Background()}
+	c.v.Init(info, c)
+	got, ok := redelivery.FromContext(c)
+	require.True(t, ok)
+	require.Equal(t, info, got)
+	nackSettleAndFlushTwice(t, c)
+	require.Equal(t, 1, c.settled, "Settle runs once")
+	require.Equal(t, 2, c.flushed, "Flush runs on every call")
+
+	watched := &valuesContext{Context: context.Background()}
+	watched.v.Init(info, nil)
+	msg := message.NewMessage("2", nil)
+	msg.SetContext(watched)
+	msg.Ack()
+	redelivery.Settle(msg)
+	redelivery.Flush(msg)
+	got, ok = redelivery.FromContext(msg.Context())
+	require.True(t, ok)
+	require.Equal(t, info, got)
+	require.Zero(t, watched.settled+watched.flushed)
+
+	var zero redelivery.Values
+	_, ok = zero.Value(struct{}{})
+	require.False(t, ok)
+	_, ok = redelivery.FromContext(&valuesContext{Context: context.Background()})
+	require.False(t, ok, "the zero Values carry no Info")
 }
 
 // A subscriber whose prefetch was left to its default takes the consumer's window when it is
@@ -194,4 +247,15 @@ func TestWindowFrom_LargerWindowOfTheConsumerReplacesTheDefault(t *testing.T) {
 	require.Equal(t, 128, redelivery.WindowFrom(redelivery.WithWindow(bg, 128), 10, 0))
 	require.Equal(t, 100, redelivery.WindowFrom(redelivery.WithWindow(bg, 128), 10, 100), "bounded")
 	require.Equal(t, 10, redelivery.WindowFrom(redelivery.WithWindow(bg, 0), 10, 0), "0 asks for nothing")
+}
+
+// A delivery context without functions gives Settle and Flush nothing to run.
+func TestNewDeliveryContext_WithoutFunctionsSettlesAndFlushesNothing(t *testing.T) {
+	msg := message.NewMessage("m", nil)
+	msg.SetContext(redelivery.NewDeliveryContext(context.Background(), redelivery.Info{Count: 1}, nil, nil))
+	msg.Ack()
+	require.NotPanics(t, func() {
+		redelivery.Settle(msg)
+		redelivery.Flush(msg)
+	})
 }

@@ -13,8 +13,8 @@ import (
 // subscriber itself, by calling Settle right after every Ack, Nack or NackAfter of every
 // message it receives, says so on the context it subscribes with (WithDirectSettle). A
 // subscriber that sees it there (SettlesDirectly) may skip the wait: it gives each message a
-// function to run on Settle (NewSettleContext) and reads the message's Acked channel from it.
-// onceflow's router settles directly; any other consumer gets the watching subscriber.
+// Settler to run on Settle (NewDeliveryContext, Values) and reads the message's Acked channel
+// from it. onceflow's router settles directly; any other consumer gets the watching subscriber.
 
 type directSettleKey struct{}
 
@@ -32,66 +32,106 @@ func SettlesDirectly(ctx context.Context) bool {
 	return v
 }
 
-// settleKey carries the settle function of one message.
+// settleKey carries the settler of one message.
 type settleKey struct{}
 
-// settler runs a message's settle function once, and its flush function on Flush.
+// settler runs a message's Settler: Settled once, Flush on each Flush.
 type settler struct {
-	f     func()
-	flush func()
-	done  atomic.Bool
+	to   Settler
+	done atomic.Bool
 }
 
-// NewSettleContext returns a copy of ctx, the context of one delivered message, in which
-// Settle runs settled once, in the goroutine of the consumer that calls it, after the consumer
-// acked or nacked the message. settled tells the two apart with Acked.
-func NewSettleContext(ctx context.Context, settled func()) context.Context {
-	return context.WithValue(ctx, settleKey{}, &settler{f: settled})
-}
-
-// NewSettleFlushContext is NewSettleContext for a subscriber that acts on several settlements
-// together: it holds acknowledgements back to send several at once, or waits for more free
-// room before it asks the broker for more messages. In the returned context Flush runs flush,
-// in the goroutine of the consumer that calls it, which then sends the acknowledgements it
-// holds that may go now, and asks for the room that is free.
-func NewSettleFlushContext(ctx context.Context, settled, flush func()) context.Context {
-	return context.WithValue(ctx, settleKey{}, &settler{f: settled, flush: flush})
+// Settler is a subscriber's side of Settle and Flush for one delivered message (Values.Init).
+type Settler interface {
+	// Settled runs once, on the message's first Settle, in the goroutine of the consumer
+	// that acked or nacked it; it tells the two apart with Acked.
+	Settled()
+	// Flush runs on each Flush of the message, in the consumer's goroutine.
+	Flush()
 }
 
 // NewDeliveryContext returns a copy of ctx, the context of one delivered message, that carries
-// info, as NewContext does, and in which Settle runs settled and Flush runs flush, as in
-// NewSettleFlushContext (flush may be nil). It is the three in one value: a subscriber that
-// hands out many messages allocates it once for each, where the separate calls allocate four
-// times.
+// info, as NewContext does, and in which Settle runs settled once, in the goroutine of the
+// consumer that calls it after it acked or nacked the message, and Flush runs flush, in the
+// goroutine of the consumer that calls it (nil for nothing, either). It takes one allocation: a
+// subscriber whose deliveries' contexts are a type of its own keeps Values in it instead.
 func NewDeliveryContext(ctx context.Context, info Info, settled, flush func()) context.Context {
-	return &deliveryContext{Context: ctx, st: state{info: info}, s: settler{f: settled, flush: flush}}
+	c := &deliveryContext{Context: ctx, settled: settled, flush: flush}
+	c.v.Init(info, c)
+	return c
 }
 
-// deliveryContext carries the state of NewContext and the settler of NewSettleFlushContext.
+// deliveryContext carries the Values of NewDeliveryContext, and is their Settler.
 type deliveryContext struct {
 	context.Context
-	st state
-	s  settler
+	v              Values
+	settled, flush func()
 }
 
 func (c *deliveryContext) Value(k any) any {
-	switch k.(type) {
-	case key:
-		return &c.st
-	case settleKey:
-		return &c.s
+	if v, ok := c.v.Value(k); ok {
+		return v
 	}
 	return c.Context.Value(k)
 }
 
+func (c *deliveryContext) Settled() {
+	if c.settled != nil {
+		c.settled()
+	}
+}
+
+func (c *deliveryContext) Flush() {
+	if c.flush != nil {
+		c.flush()
+	}
+}
+
+// Values are what the context of one delivered message carries for this package, as
+// NewDeliveryContext makes it: the message's Info, the delay NackAfter asked for, and what
+// Settle and Flush run. A subscriber whose deliveries' contexts are a type of its own keeps
+// Values in it, so that each message's context takes one allocation: it calls Init once,
+// before it hands the message out, and its context's Value method answers with Value first.
+// The zero Values carry nothing.
+type Values struct {
+	st  state
+	s   settler
+	set bool
+}
+
+// Init makes v carry info, and, when s is not nil, makes Settle and Flush of the message run
+// s.Settled (once) and s.Flush. Without s, Settle and Flush do nothing: the subscriber
+// watches the message's Acked and Nacked channels itself.
+func (v *Values) Init(info Info, s Settler) {
+	v.st.info = info
+	v.s.to = s
+	v.set = true
+}
+
+// Value returns what a message's context carrying v holds under k, and reports whether k is
+// one of this package's keys that v answers.
+func (v *Values) Value(k any) (any, bool) {
+	switch k.(type) {
+	case key:
+		if v.set {
+			return &v.st, true
+		}
+	case settleKey:
+		if v.set && v.s.to != nil {
+			return &v.s, true
+		}
+	}
+	return nil, false
+}
+
 // Settle tells the subscriber of msg that the consumer has acked or nacked it, when the
-// subscriber asked to be told (NewSettleContext): its function runs now, once; later calls do
+// subscriber asked to be told (a Settler): its Settled runs now, once; later calls do
 // nothing. A consumer calls it after Ack, Nack or NackAfter, from the goroutine that settled
 // the message; for a message whose subscriber did not ask it does nothing.
 func Settle(msg *message.Message) {
 	s, ok := msg.Context().Value(settleKey{}).(*settler)
 	if ok && s.done.CompareAndSwap(false, true) {
-		s.f()
+		s.to.Settled()
 	}
 }
 
@@ -110,11 +150,11 @@ func Acked(msg *message.Message) bool {
 // messages before it settles others. A subscriber that holds acknowledgements back to send
 // them together sends what may go now instead of waiting for more, and one that waits for
 // more free room in its window before it asks the broker for messages asks for the room that
-// is free now (NewSettleFlushContext). onceflow's router calls it after the last
+// is free now (Settler.Flush). onceflow's router calls it after the last
 // acknowledgement of a group that committed in one transaction, so that the next groups fill.
 // For any other message it does nothing.
 func Flush(msg *message.Message) {
-	if s, ok := msg.Context().Value(settleKey{}).(*settler); ok && s.flush != nil {
-		s.flush()
+	if s, ok := msg.Context().Value(settleKey{}).(*settler); ok {
+		s.to.Flush()
 	}
 }

@@ -28,15 +28,13 @@ type claimPass struct {
 	busy   bool      // a step is running
 }
 
-func newClaimPass() *claimPass { return &claimPass{cursor: "0-0"} }
-
 // claimPass returns the claim pass of topic.
 func (s *Subscriber) claimPass(topic string) *claimPass {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := s.passes[topic]
 	if p == nil {
-		p = newClaimPass()
+		p = &claimPass{cursor: "0-0"}
 		s.passes[topic] = p
 	}
 	return p

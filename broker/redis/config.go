@@ -9,8 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/broker/internal/inflight"
-	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Config.
@@ -33,8 +33,9 @@ const (
 	DefaultCloseTimeout = 5 * time.Second
 )
 
-// NoNackDelay as Config.NackDelay delivers a nacked entry again at once.
-const NoNackDelay time.Duration = -1
+// NoNackDelay as Config.NackDelay delivers a nacked entry again at once. It is
+// broker.NoNackDelay.
+const NoNackDelay = broker.NoNackDelay
 
 // maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine per unsettled delivery
 // of a consumer that does not settle directly.
@@ -104,8 +105,8 @@ var rules = inflight.Rules{
 	CloseTimeout:  DefaultCloseTimeout,
 }
 
-func (c Config) settings() inflight.Settings {
-	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckTimeout, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+func (c *Config) fields() inflight.Fields {
+	return inflight.Fields{Prefetch: &c.Prefetch, AckTimeout: &c.AckTimeout, NackDelay: &c.NackDelay, CloseTimeout: &c.CloseTimeout, Logger: &c.Logger, Log: &c.log}
 }
 
 // Validate reports the first invalid field.
@@ -113,7 +114,7 @@ func (c Config) Validate() error {
 	if c.ConsumerGroup == "" {
 		return errors.New("redis: Config.ConsumerGroup is empty")
 	}
-	err := rules.Validate(c.settings(),
+	err := rules.Validate(c.fields().Settings(),
 		inflight.Duration{Name: "ClaimInterval", Value: c.ClaimInterval},
 		inflight.Duration{Name: "BlockTime", Value: c.BlockTime})
 	if err != nil {
@@ -126,14 +127,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// withDefaults returns c with every zero field set to its default.
+// withDefaults returns c with every zero field set to its default, but Prefetch: each
+// subscription takes its own window (rules.Window).
 func (c Config) withDefaults() Config {
-	st := rules.Apply(c.settings())
-	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
+	rules.Default(c.fields())
 	if c.ClaimInterval == 0 {
 		c.ClaimInterval = min(max(c.AckTimeout/10, 100*time.Millisecond), time.Second)
 	}
 	c.BlockTime = cmp.Or(c.BlockTime, DefaultBlockTime)
-	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

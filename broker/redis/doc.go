@@ -16,35 +16,24 @@
 // group gets every entry; within a group, an entry is pending for one consumer at a time. A
 // subscription:
 //
-//   - reads new entries with XREADGROUP COUNT <room> BLOCK once half its window is free (or
-//     20 ms after room came free, or at once when the consumer has settled a batch together,
-//     redelivery.Flush), keeping up to Config.Prefetch deliveries unsettled, handed out on its
-//     channel in stream order;
+//   - reads new entries with XREADGROUP COUNT <room> BLOCK as its window (Config.Prefetch) has
+//     room, and hands them out in stream order;
 //   - claims the group's entries that have been idle for Config.AckTimeout (XAUTOCLAIM, one
 //     pass over the pending entries list every Config.ClaimInterval, shared by the
 //     Subscriber's subscriptions to the stream): those of consumers that died, closed, or
 //     were nacked with a delay that has ended;
-//   - puts a redelivery.Info in each message's context: Count is the entry's delivery count
-//     from the group's pending entries list (1 for a new entry; each claim adds one), durable
-//     in Redis, so that it survives the death of any consumer; DelaysNacks is true;
-//   - cancels a delivery's context when it ends unsettled: AckTimeout passes (another
-//     consumer may claim the entry), the connection is lost, or the subscription ends; and
-//     after an ack or a nack.
-//
-// One timer per subscription ends the deliveries whose AckTimeout passes. Each delivery has a
-// goroutine that waits for its ack or nack, unless the consumer settles each message itself
-// (redelivery.WithDirectSettle, as onceflow's router does): then the subscription learns of
-// each ack or nack from redelivery.Settle, in the consumer's goroutine.
+//   - counts deliveries with the group's pending entries list (redelivery.Info.Count: 1 for a
+//     new entry, each claim adds one), durable in Redis, so that the count survives the death
+//     of any consumer; DelaysNacks is true;
+//   - ends a delivery, as package broker says, also when its AckTimeout passes (another
+//     consumer may claim the entry) or the connection is lost.
 //
 // # Ack
 //
 // An ack settles its entry by id (XACK), coalesced with the acks given within a few
-// milliseconds into one XACK; it leaves the window at once. An ack or nack given before a
-// delivery ends counts, also when the subscription sees it just after (Close never drops an
-// ack given before it). One given after the subscription has settled the ended delivery,
-// which it does at once, is dropped: the entry is delivered again, which onceflow's
-// deduplication absorbs, and an old delivery never settles a newer delivery of the same
-// entry by this subscription.
+// milliseconds into one XACK; it leaves the window at once. An ack given after its delivery
+// ended is dropped: the entry is delivered again, which onceflow's deduplication absorbs, and
+// an old delivery never settles a newer delivery of the same entry by this subscription.
 //
 // # Nack
 //

@@ -186,7 +186,8 @@ func (s *subscription) popDue(h *parkHeap, now time.Time, limit int) []*parked {
 	return due
 }
 
-// requeue puts back entries that popDue took and a failed command did not handle.
+// requeue puts back in their heaps the parked entries, still ours, that popDue took and a
+// failed command did not handle, or that a claim found not idle long enough yet.
 func (s *subscription) requeue(ps []*parked) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -284,12 +285,12 @@ func (s *subscription) claimParked(due []*parked) error {
 		Stream: s.topic, Group: s.group, Consumer: s.consumer,
 		MinIdle: ceilMs(s.cfg.AckTimeout), Messages: ids,
 	}).Result()
-	if err != nil && !isConnErr(err) && !redis.HasErrorPrefix(err, "NOGROUP") {
-		s.forget(due...)
-		return fmt.Errorf("XCLAIM of entries whose delay ended: %w", err)
-	}
 	if err != nil {
-		s.requeue(due)
+		if isConnErr(err) || redis.HasErrorPrefix(err, "NOGROUP") {
+			s.requeue(due) // tried again once Redis answers, or the group is back
+		} else {
+			s.forget(due...)
+		}
 		return fmt.Errorf("XCLAIM of entries whose delay ended: %w", err)
 	}
 	replied := time.Now()
@@ -337,12 +338,6 @@ func (s *subscription) recheck(ps []*parked) error {
 		}
 		s.forget(p)
 	}
-	s.mu.Lock()
-	for _, p := range wait {
-		if s.parked[p.id] == p && p.heap == nil {
-			s.push(p)
-		}
-	}
-	s.mu.Unlock()
+	s.requeue(wait)
 	return nil
 }

@@ -7,8 +7,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
 // This file keeps a subscription going through lost connections: it backs off, reconnects,
@@ -27,7 +25,7 @@ func (s *subscription) recoverFrom(err error, failures int) error {
 		// The stream or the group was deleted: its entries, and so the deliveries in flight,
 		// are gone. Start again on a new one.
 		s.cfg.log.Info("Redis stream or consumer group vanished; creating it again", s.fields.Add(watermill.LogFields{"err": err}))
-		s.endInflight(err)
+		s.sub.End(err, nil) // an ack or nack given before counts
 		if err := s.ensureGroup(s.opCtx); err != nil {
 			s.cfg.log.Error("Could not create the consumer group again", err, s.fields)
 			s.sub.Sleep(backoff(failures))
@@ -45,11 +43,7 @@ func (s *subscription) recoverFrom(err error, failures int) error {
 
 // backoff returns the wait after the n-th failure in a row: 50 ms doubling up to 1 s.
 func backoff(n int) time.Duration {
-	d := 50 * time.Millisecond
-	for i := 1; i < n && d < time.Second; i++ {
-		d *= 2
-	}
-	return min(d, time.Second)
+	return min(50*time.Millisecond<<min(max(n-1, 0), 5), time.Second)
 }
 
 // isConnErr reports whether err says that Redis could not be reached or did not answer, as
@@ -68,7 +62,7 @@ func isConnErr(err error) bool {
 // pending list while the reply was lost, and claims at once.
 func (s *subscription) reconnect(cause error) {
 	s.cfg.log.Error("Lost the connection to Redis; deliveries in flight are cancelled and given back once it is back", cause, s.fields)
-	s.endInflight(errConnLost)
+	s.sub.End(errConnLost, nil)
 	for n := 1; ; n++ {
 		if s.sub.Stopped() {
 			return
@@ -92,11 +86,6 @@ func (s *subscription) reconnect(cause error) {
 	}
 	s.pass.restart()
 	s.cfg.log.Info("Reconnected to Redis", s.fields)
-}
-
-// endInflight ends the deliveries in flight with cause (an ack or nack given before counts).
-func (s *subscription) endInflight(cause error) {
-	s.sub.End(cause, func(*inflight.Delivery[entryRef]) bool { return true })
 }
 
 // ensureGroup creates the consumer group, and the stream, unless they exist.

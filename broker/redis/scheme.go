@@ -60,14 +60,10 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 	// do not retry.
 	subOpts := *ropts
 	subOpts.MaxRetries = -1
-	nackDelay := o.NackDelay
-	if nackDelay == broker.NoNackDelay {
-		nackDelay = NoNackDelay
-	}
 	cfg := Config{
 		ConsumerGroup: o.ConsumerGroup,
 		Prefetch:      o.Prefetch,
-		NackDelay:     nackDelay,
+		NackDelay:     o.NackDelay, // NoNackDelay is broker.NoNackDelay
 		AckTimeout:    o.AckTimeout,
 		CloseTimeout:  broker.SubscriberCloseTimeout,
 		Logger:        o.Logger,

@@ -23,10 +23,7 @@ var ErrClosed = errors.New("redis: subscriber closed")
 type Subscriber struct {
 	client redis.UniversalClient
 	cfg    Config
-	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
-	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
-	prefetch int
-	subs     *inflight.Group
+	subs   *inflight.Group
 
 	mu     sync.Mutex
 	passes map[string]*claimPass // by stream
@@ -49,29 +46,16 @@ func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Subscriber{client: client, cfg: cfg.withDefaults(), prefetch: cfg.Prefetch, subs: inflight.NewGroup(ErrClosed), passes: map[string]*claimPass{}}, nil
+	return &Subscriber{client: client, cfg: cfg.withDefaults(), subs: inflight.NewGroup(ErrClosed), passes: map[string]*claimPass{}}, nil
 }
 
 // Subscribe starts one consumer of the stream topic in the configured consumer group, under a
 // consumer name of its own, creating the stream and the group when they do not exist. Its
 // channel delivers each entry of the stream to one consumer of the group at a time, with up to
 // Config.Prefetch deliveries unsettled, and is closed when ctx ends or the Subscriber closes.
-//
-// Each message's context derives from ctx, carries a redelivery.Info (the entry's delivery
-// count from the group's pending entries list, DelaysNacks true) and is cancelled when the
-// delivery ends without an ack: Config.AckTimeout passes, the connection is lost, or the
-// subscription ends. It is cancelled after an ack or a nack too.
-//
-// A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
-// redelivery.Settle right after every Ack and Nack, as onceflow's router does: the delivery then
-// leaves the window in the consumer's goroutine, and the subscription keeps no goroutine per
-// delivery. Its window place comes back, and its ack is queued for the XACK, only with Settle
-// (or when the delivery ends).
+// Its deliveries are counted, settled and given back as the package documentation says.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if topic == "" {
-		return nil, errors.New("redis: subscribe: topic is empty")
-	}
-	if err := s.subs.Check(); err != nil {
+	if err := s.subs.Begin("redis", topic); err != nil {
 		return nil, err
 	}
 	sub := newSubscription(s, topic, "onceflow-"+watermill.NewShortUUID())
@@ -81,31 +65,28 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		sub.opCancel()
 		return nil, fmt.Errorf("redis: subscribe to stream %q: create consumer group %q: %w", topic, s.cfg.ConsumerGroup, err)
 	}
+	sub.acks = sub.newAcks()
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     rules.Window(ctx, s.prefetch),
+		Prefetch:     rules.Window(ctx, s.cfg.Prefetch),
 		NackDelay:    s.cfg.NackDelay,
 		FillWait:     fillWait,
 		CloseTimeout: s.cfg.CloseTimeout,
-		ErrClosed:    ErrClosed,
 		ErrExpired:   context.DeadlineExceeded,
 		Log:          s.cfg.log.With(sub.fields),
 	})
 	out, err := sub.sub.Start(s.subs)
 	if err != nil {
+		_, _ = sub.acks.Close() // nothing was added
 		sub.opCancel()
 		return nil, err
 	}
 	s.cfg.log.Info("Subscribing to Redis stream", sub.fields)
-	go sub.flushAcks()
 	go sub.whenStopping()
 	return out, nil
 }
 
-// Close ends every subscription: it stops reading, sends every ack given before it (one XACK
-// per stream), makes the unsettled deliveries claimable by the group's other consumers at
-// once, and closes the channels. Nacked entries still waiting for their delay stay pending
-// and come back when it ends (see the package documentation for delays longer than
-// AckTimeout). Close returns within Config.CloseTimeout even if Redis is gone; it reports
-// acks it could not send. It is idempotent; concurrent calls all return when the first is
-// done, with its result.
+// Close ends every subscription, as the package documentation says, even if Redis is gone;
+// nacked entries still waiting for their delay stay pending and come back when it ends. It
+// reports the acks it could not send. It is idempotent; concurrent calls all return when the
+// first is done, with its result.
 func (s *Subscriber) Close() error { return s.subs.Close(nil) }

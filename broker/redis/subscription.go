@@ -20,7 +20,7 @@ import (
 //
 //   - reads new entries (XREADGROUP), claims idle ones (XAUTOCLAIM) and nacked ones whose
 //     delay has passed (XCLAIM), in Fetch, and recovers from lost connections there;
-//   - sends the acks given, coalesced into one XACK (flushAcks);
+//   - sends the acks given, coalesced into one XACK (acks);
 //   - parks a nacked entry for its delay by its idle time at the server (nack.go).
 type subscription struct {
 	owner    *Subscriber
@@ -37,13 +37,11 @@ type subscription struct {
 	opCtx    context.Context
 	opCancel context.CancelFunc
 
-	flushStop chan struct{} // closed when the acks are to be drained
-	flushDone chan struct{}
-	parks     sync.WaitGroup // the goroutines that park nacked entries
+	acks  *inflight.Writer[string] // the XACKs of the acks given
+	parks sync.WaitGroup           // the goroutines that park nacked entries
 
 	mu       sync.Mutex
 	inflight map[string]*inflight.Delivery[entryRef] // delivered and not settled, by entry id
-	acks     []string                                // acked, XACK not sent yet
 	acking   map[string]struct{}                     // acked, XACK not confirmed yet
 	parked   map[string]*parked                      // nacked, waiting for their delay
 	claims   parkHeap                                // parked entries to claim back when their delay ends
@@ -52,8 +50,6 @@ type subscription struct {
 	refreshes parkHeap
 	parkTimer *time.Timer
 	parkAt    time.Time // when parkTimer fires; zero when it is stopped
-
-	ackReady chan struct{} // an ack was given
 
 	// readID is the Redis client id of readConn, 0 when there is none: the end unblocks its
 	// XREADGROUP with CLIENT UNBLOCK.
@@ -91,20 +87,17 @@ var errConnLost = errors.New("redis: connection lost: the entry is given back on
 
 func newSubscription(owner *Subscriber, topic, consumer string) *subscription {
 	s := &subscription{
-		owner:     owner,
-		client:    owner.client,
-		cfg:       owner.cfg,
-		topic:     topic,
-		group:     owner.cfg.ConsumerGroup,
-		consumer:  consumer,
-		flushStop: make(chan struct{}),
-		flushDone: make(chan struct{}),
-		closed:    make(chan struct{}),
-		inflight:  map[string]*inflight.Delivery[entryRef]{},
-		acking:    map[string]struct{}{},
-		parked:    map[string]*parked{},
-		ackReady:  make(chan struct{}, 1),
-		pass:      owner.claimPass(topic),
+		owner:    owner,
+		client:   owner.client,
+		cfg:      owner.cfg,
+		topic:    topic,
+		group:    owner.cfg.ConsumerGroup,
+		consumer: consumer,
+		closed:   make(chan struct{}),
+		inflight: map[string]*inflight.Delivery[entryRef]{},
+		acking:   map[string]struct{}{},
+		parked:   map[string]*parked{},
+		pass:     owner.claimPass(topic),
 		fields: watermill.LogFields{
 			"provider": "redis", "topic": topic, "consumer_group": owner.cfg.ConsumerGroup, "consumer": consumer,
 		},
@@ -160,9 +153,6 @@ func (s *subscription) step(n int) error {
 // stays pending as it is, for the end or a reconnect to give back). An ack or nack of a
 // delivery superseded by a newer one of its entry counts for nothing.
 func (s *subscription) Settle(d *inflight.Delivery[entryRef], o inflight.Outcome) {
-	if o.Late {
-		return
-	}
 	id := d.Data.id
 	s.mu.Lock()
 	if s.inflight[id] == d {
@@ -174,10 +164,9 @@ func (s *subscription) Settle(d *inflight.Delivery[entryRef], o inflight.Outcome
 	}
 	switch {
 	case o.Acked:
-		s.acks = append(s.acks, id)
 		s.acking[id] = struct{}{}
 		s.mu.Unlock()
-		inflight.Signal(s.ackReady)
+		s.acks.Add(id)
 	case o.Nacked:
 		p := &parked{id: id, due: time.Now().Add(o.Delay), touchedAt: d.Data.replied, index: -1}
 		if old := s.parked[id]; old != nil {
@@ -203,18 +192,14 @@ func (s *subscription) Close(ctx context.Context) error {
 	defer s.opCancel()
 	stop := context.AfterFunc(ctx, s.opCancel)
 	defer stop()
-	waitUntil(waitGroupDone(&s.parks), ctx)
-	close(s.flushStop)
-	waitUntil(s.flushDone, ctx)
+	inflight.Wait(ctx, waitGroupDone(&s.parks))
+	unsent, _ := s.acks.Close()
 	s.parkTimer.Stop()
 
 	var err error
-	s.mu.Lock()
-	unsent := len(s.acks)
-	s.mu.Unlock()
-	if unsent > 0 {
+	if len(unsent) > 0 {
 		err = fmt.Errorf("redis: %d acks of stream %q (consumer group %q) were not sent before the close timeout (%s); those entries will be delivered again",
-			unsent, s.topic, s.group, s.cfg.CloseTimeout)
+			len(unsent), s.topic, s.group, s.cfg.CloseTimeout)
 	}
 	left, gbErr := s.giveBack(s.opCtx)
 	switch {
@@ -236,12 +221,4 @@ func waitGroupDone(wg *sync.WaitGroup) <-chan struct{} {
 		close(done)
 	}()
 	return done
-}
-
-// waitUntil waits for done until ctx ends.
-func waitUntil(done <-chan struct{}, ctx context.Context) {
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
 }

@@ -2,14 +2,13 @@ package sqlitequeue
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
@@ -119,12 +118,6 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// window returns the window of a subscription of q subscribed with ctx: Config.BatchSize, or
-// when it was left unset the larger of DefaultBatchSize and the window the consumer asks for
-// (redelivery.WithWindow), at most 10000.
-func (q *Queue) window(ctx context.Context) int {
-	if q.batchSize > 0 {
-		return q.batchSize
-	}
-	return redelivery.WindowFrom(ctx, DefaultBatchSize, maxBatchSize)
-}
+// rules give each subscription its window (inflight.Rules.Window): Config.BatchSize, or when
+// it was left unset the larger of DefaultBatchSize and the window the consumer asks for.
+var rules = inflight.Rules{Scheme: "sqlitequeue", Prefetch: DefaultBatchSize, MaxPrefetch: maxBatchSize}

@@ -18,16 +18,14 @@ import (
 // stored once. Each publish of a dead letter deletes the keys older than that.
 const DeadLetterKeysTable = dbqueue.DeadLetterKeysTable
 
-// deadLetterKeysSchema creates DeadLetterKeysTable.
-const deadLetterKeysSchema = `CREATE TABLE IF NOT EXISTS ` + DeadLetterKeysTable + ` (
+// deadLetterKeys are the statements of DeadLetterKeysTable.
+var deadLetterKeys = dbqueue.DeadLetterKeys{
+	Schema: `CREATE TABLE IF NOT EXISTS ` + DeadLetterKeysTable + ` (
 	topic           TEXT NOT NULL,
 	dead_letter_key TEXT NOT NULL,
 	published_at    INTEGER NOT NULL,
 	PRIMARY KEY (topic, dead_letter_key)
-) WITHOUT ROWID`
-
-// deadLetterKeys are the statements of DeadLetterKeysTable.
-var deadLetterKeys = dbqueue.DeadLetterKeys{
+) WITHOUT ROWID`,
 	Delete: `DELETE FROM ` + DeadLetterKeysTable + ` WHERE published_at < ?`,
 	Insert: `INSERT INTO ` + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)
 ON CONFLICT (topic, dead_letter_key) DO NOTHING`,
@@ -41,7 +39,7 @@ func (q *Queue) firstDeadLetters(ctx context.Context, tx *sql.Tx, topic string, 
 		return msgs, false, nil
 	}
 	if !q.keysCreated.Load() {
-		if _, err := tx.ExecContext(ctx, deadLetterKeysSchema); err != nil {
+		if _, err := tx.ExecContext(ctx, deadLetterKeys.Schema); err != nil {
 			return nil, true, fmt.Errorf("create table %s: %w", DeadLetterKeysTable, err)
 		}
 	}

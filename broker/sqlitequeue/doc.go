@@ -19,8 +19,8 @@
 // being a bitmap of the offsets of the run no longer held (acknowledged, nacked, deleted). The
 // leases table, "onceflow_leases_<topic>", has a row per message that a group holds outside a
 // claim row (nacked, given back, or delivered again after its claim expired): (consumer_group,
-// offset, deliveries, visible_at). Messages are not deleted when
-// they are consumed: Trim removes those every known consumer group has acknowledged. The file
+// offset, deliveries, visible_at). Messages are not deleted when they are consumed: Trim
+// removes those every known consumer group has acknowledged. The file
 // is opened through sqldb.Open: WAL journal, synchronous=FULL, a 30 s busy timeout and BEGIN
 // IMMEDIATE transactions. The subscriptions' claims and settlements commit with
 // synchronous=NORMAL, on a connection of their own: such a commit survives the death of the
@@ -30,49 +30,36 @@
 // broker is apart from a database.
 //
 // A dead letter (a message with the header messagedata.HeaderDeadLetterKey) is stored once
-// per topic and key within broker.DeadLetterKeyWindow: the publish records the key in DeadLetterKeysTable in its own
-// transaction and leaves out a dead letter whose key is there already, so that the dead letter
-// a consumer publishes again, after its predecessor died between the publish and the router's
-// record of it, is not a second copy.
+// per topic and key within broker.DeadLetterKeyWindow: the publish records the key in
+// DeadLetterKeysTable in its own transaction and leaves out a dead letter whose key is there
+// already, so that the dead letter a consumer publishes again, after its predecessor died
+// between the publish and the router's record of it, is not a second copy.
 //
 // # Delivery
 //
 // Every consumer group receives every message of a topic. A subscription keeps a window of
-// Config.BatchSize messages in flight. When half its window is free (or 20 ms after room
-// came free, or when all of it is, or when the consumer has settled a batch together,
-// redelivery.Flush) it claims messages in one short transaction: the group's
-// leases that are due, then the messages after the group's cursor, leased for
-// Config.AckDeadline by a claim row per 63 offsets, not a row per message. An acknowledgement
-// sets its offset's bit in the claim row, the acknowledgements of a claim row in one
-// statement, and a row all settled is deleted; an acknowledgement of a lease row deletes it. A
-// nack moves the message to a lease row (or moves its lease row's visible_at) to the end of
-// the nack's delay. When a claim row expires, the messages it still holds get lease rows, due,
-// with their delivery count of 1. Every
-// transaction of the file has its cost, so settlements wait to be committed together:
-// those that the subscriptions of a topic in one Queue give within 10 ms go in one
-// transaction, the next claim of any of them or a commit of their own (at once when the
-// subscription has nothing else in flight). No transaction, and no lock of the file, is held
-// while messages are processed. So:
+// Config.BatchSize messages in flight, and claims in one short transaction: the group's leases
+// that are due, then the messages after the group's cursor, leased for Config.AckDeadline by a
+// claim row per 63 offsets, not a row per message. Every transaction of the file has its cost,
+// so settlements wait to be committed together: those that the subscriptions of a topic in one
+// Queue give within 10 ms go in one transaction, the next claim of any of them or a commit of
+// their own (at once when the subscription has nothing else in flight). No transaction, and no
+// lock of the file, is held while messages are processed. So:
 //
 //   - consumers of one group, in one process or several, never hold the same message at the
 //     same time, unless a lease expires while its consumer still works on the message;
-//   - a nacked message is delivered again, with its delivery count up by one, after the delay
-//     the router asked for (redelivery.NackAfter) or else after Config.ResendInterval; the
-//     messages behind it go on being delivered meanwhile;
-//   - a message neither acked nor nacked within Config.AckDeadline has its context cancelled
-//     and is delivered again. A consumer that dies (even by SIGKILL) leaves its messages to
-//     the others once their leases expire, and since the delivery count is in the leases table,
-//     a message that kills its consumer every time reaches the router's delivery limit;
-//   - Close commits the acknowledgements given before it and gives back the leases of the
-//     messages not settled, at once;
+//   - a nacked message is delivered again after its delay (Config.ResendInterval), the
+//     messages behind it meanwhile; one not settled within Config.AckDeadline is delivered
+//     again, and so are those of a consumer that died (even by SIGKILL) once their leases
+//     expire. Each time its count, each message's redelivery.Info.Count, goes up by one: it is
+//     in the leases table, so a message that kills its consumer every time reaches the
+//     router's delivery limit;
+//   - Close (or the end of the subscription's context) commits the acknowledgements given
+//     before it and gives back the other leases at once;
+//   - a subscription hands out new messages in offset order; a nacked or redelivered message
+//     comes back after the ones behind it;
 //   - delivery is at-least-once: an acknowledgement given just before its consumer dies may
 //     not have been committed. onceflow's deduplication makes the processing exactly-once.
-//
-// Each delivered message's context carries a redelivery.Info: Count is the number of times
-// the group has been handed the message (1 the first time), DelaysNacks is true. A consumer
-// that subscribes with redelivery.WithDirectSettle (onceflow's router does) tells the
-// subscription of each ack and nack by redelivery.Settle; for any other consumer, the
-// subscription waits on each message's Acked and Nacked channels, a goroutine per message.
 //
 // # Concurrency
 //
@@ -86,12 +73,8 @@
 // A file written before the queue had leases is consumed as it is: a group's acknowledged
 // offset becomes its cursor, and the leases table is created at the first subscription; so is
 // the claims table in a file written before the queue had claims, whose lease rows are
-// consumed as they are. Stop
-// every process of the file that runs the earlier version before consumers of the new one
-// start: the earlier subscriber knows nothing of leases.
-//
-// The earlier subscriber held a transaction while handlers ran, and wrote a message published
-// with a delivered message's context in that transaction, so that it committed with the
-// acknowledgement. There is no such transaction any more: Publish stores every message at once
-// in a transaction of its own, whatever its context, and ErrDeliveryEnded is gone.
+// consumed as they are. Stop every process of the file that runs the earlier version before
+// consumers of the new one start: the earlier subscriber knows nothing of leases, and held a
+// transaction while handlers ran, in which a message published with a delivered message's
+// context was written; Publish now stores every message at once, whatever its context.
 package sqlitequeue

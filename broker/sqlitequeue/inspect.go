@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
@@ -33,28 +34,19 @@ type Record struct {
 
 // Topics returns the topics that have tables in the queue file, sorted.
 func (q *Queue) Topics(ctx context.Context) ([]string, error) {
-	if q.isClosed() {
+	if q.life.Closed() {
 		return nil, ErrClosed
 	}
-	rows, err := q.db.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'table'`)
-	if err != nil {
+	var names, topics []string
+	if err := q.db.SelectContext(ctx, &names, `SELECT name FROM sqlite_schema WHERE type = 'table'`); err != nil {
 		return nil, fmt.Errorf("sqlitequeue: list topics: %w", err)
 	}
-	defer func() { _ = rows.Close() }()
-	var topics []string
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, fmt.Errorf("sqlitequeue: list topics: %w", err)
-		}
+	for _, name := range names {
 		if suffix, ok := strings.CutPrefix(name, queuetable.MessagesPrefix); ok {
 			topics = append(topics, queuetable.TopicOfSuffix(suffix))
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sqlitequeue: list topics: %w", err)
-	}
-	sort.Strings(topics)
+	slices.Sort(topics)
 	return topics, nil
 }
 
@@ -121,34 +113,26 @@ func (q *Queue) list(ctx context.Context, topic, group string, waiting bool, aft
 		where = `"offset" > max(?, ` + from + `) AND (` + w + `)`
 		args = append(append(args, fargs...), wargs...)
 	}
-	rows, err := q.db.QueryContext(ctx, `SELECT "offset", uuid, payload, metadata, created_at FROM `+
+	type stored struct {
+		offset            int64
+		uuid, createdAt   string
+		payload, metadata []byte
+	}
+	result, err := q.db.QueryContext(ctx, `SELECT "offset", uuid, payload, metadata, created_at FROM `+
 		quote(MessagesTable(topic))+` WHERE `+where+` ORDER BY "offset" LIMIT ?`, append(args, limit)...)
+	rows, err := dbqueue.Rows(result, err, func(s *stored) []any { return []any{&s.offset, &s.uuid, &s.payload, &s.metadata, &s.createdAt} })
 	if err != nil {
 		return nil, fmt.Errorf("sqlitequeue: list topic %q: %w", topic, err)
 	}
-	defer func() { _ = rows.Close() }()
-	var out []Record
-	for rows.Next() {
-		var (
-			r         Record
-			uuid      string
-			payload   []byte
-			metadata  sql.NullString
-			createdAt string
-		)
-		if err := rows.Scan(&r.Offset, &uuid, &payload, &metadata, &createdAt); err != nil {
-			return nil, fmt.Errorf("sqlitequeue: list topic %q: %w", topic, err)
+	out := make([]Record, len(rows))
+	for i, s := range rows {
+		out[i].Offset = s.offset
+		if out[i].Message, err = queuetable.NewMessage(s.uuid, s.payload, s.metadata); err != nil {
+			return nil, fmt.Errorf("sqlitequeue: topic %q, offset %d: %w", topic, s.offset, err)
 		}
-		if r.Message, err = newMessage(uuid, payload, metadata); err != nil {
-			return nil, fmt.Errorf("sqlitequeue: topic %q, offset %d: %w", topic, r.Offset, err)
+		if out[i].CreatedAt, err = time.Parse(time.RFC3339Nano, s.createdAt); err != nil {
+			return nil, fmt.Errorf("sqlitequeue: topic %q, offset %d: created_at %q: %w", topic, s.offset, s.createdAt, err)
 		}
-		if r.CreatedAt, err = time.Parse(time.RFC3339Nano, createdAt); err != nil {
-			return nil, fmt.Errorf("sqlitequeue: topic %q, offset %d: created_at %q: %w", topic, r.Offset, createdAt, err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("sqlitequeue: list topic %q: %w", topic, err)
 	}
 	return out, nil
 }
@@ -185,24 +169,17 @@ WHERE first_offset BETWEEN ?1 - `+strconv.Itoa(queuetable.MaxClaimSpan-1)+` AND 
 	return n == 1, nil
 }
 
-// trimBatch bounds the rows one Trim transaction deletes, so that the write lock is held
-// briefly.
-const trimBatch = 1000
-
 // Trim deletes the messages of topic that every consumer group known to the topic (every group
-// that has subscribed to it) has acknowledged, and returns how many it deleted: the messages at
-// or below every group's cursor that no group has leased. It deletes nothing from a topic no
-// group has subscribed to. A consumer group that subscribes for the first time after a Trim
-// does not see the deleted messages. A topic that has no tables is an error wrapping
-// broker.ErrNotFound.
+// that has subscribed to it) has acknowledged, in transactions of at most dbqueue.TrimBatch
+// rows, and returns how many it deleted: the messages at or below every group's cursor that no
+// group has leased. It deletes nothing from a topic no group has subscribed to. A consumer group
+// that subscribes for the first time after a Trim does not see the deleted messages. A topic
+// that has no tables is an error wrapping broker.ErrNotFound.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	if err := CheckTopic(topic); err != nil {
 		return 0, err
 	}
-	t, err := q.inspectTables(ctx, topic)
-	if err == nil && !t.exist() {
-		err = broker.NotFound("topic", topic)
-	}
+	t, err := q.existingTables(ctx, topic)
 	if err != nil {
 		return 0, err
 	}
@@ -216,24 +193,32 @@ func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	SELECT "offset" FROM ` + quote(MessagesTable(topic)) + `
 	WHERE "offset" <= (SELECT min(offset_acked) FROM ` + quote(OffsetsTable(topic)) + `)` + leased + `
 	ORDER BY "offset" LIMIT ?)`
-	var total int64
-	for {
-		var n int64
-		err := q.write(ctx, func(tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, del, trimBatch)
+	total, err := dbqueue.Trim(ctx, func(ctx context.Context, limit int) (n int64, err error) {
+		err = q.write(ctx, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, del, limit)
 			if err != nil {
 				return err
 			}
 			n, err = res.RowsAffected()
 			return err
 		})
-		if err != nil {
-			return total, fmt.Errorf("sqlitequeue: trim topic %q: %w", topic, err)
-		}
-		total += n
-		if n < trimBatch {
-			return total, nil
-		}
+		return n, err
+	})
+	if err != nil {
+		return total, fmt.Errorf("sqlitequeue: trim topic %q: %w", topic, err)
+	}
+	return total, nil
+}
+
+// view returns the broker.View of topic for group: Waiting and Delete.
+func (q *Queue) view(topic, group string) broker.View {
+	return dbqueue.View[Record]{
+		Waiting: func(ctx context.Context, limit int) ([]Record, error) { return q.Waiting(ctx, topic, group, 0, limit) },
+		Message: func(r Record) *message.Message { return r.Message },
+		Delete: func(ctx context.Context, r Record) error {
+			_, err := q.Delete(ctx, topic, r.Offset)
+			return err
+		},
 	}
 }
 
@@ -282,7 +267,7 @@ func (t topicTables) waitingFrom(topic, group string) (string, []any) {
 
 // topicTables returns which of topic's tables exist. An invalid topic name is an error.
 func (q *Queue) topicTables(ctx context.Context, topic string) (topicTables, error) {
-	if q.isClosed() {
+	if q.life.Closed() {
 		return topicTables{}, ErrClosed
 	}
 	if err := CheckTopic(topic); err != nil {
@@ -291,30 +276,12 @@ func (q *Queue) topicTables(ctx context.Context, topic string) (topicTables, err
 	if _, ok := q.initialized.Load(topic); ok {
 		return topicTables{true, true, true, true}, nil
 	}
-	rows, err := q.db.QueryContext(ctx, `SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN (?, ?, ?, ?)`,
-		MessagesTable(topic), OffsetsTable(topic), LeasesTable(topic), queuetable.ClaimsTable(topic))
-	if err != nil {
-		return topicTables{}, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
-	}
-	defer func() { _ = rows.Close() }()
 	var t topicTables
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return topicTables{}, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
-		}
-		switch name {
-		case MessagesTable(topic):
-			t.messages = true
-		case OffsetsTable(topic):
-			t.offsets = true
-		case LeasesTable(topic):
-			t.leases = true
-		case queuetable.ClaimsTable(topic):
-			t.claims = true
-		}
-	}
-	if err := rows.Err(); err != nil {
+	names := []any{MessagesTable(topic), OffsetsTable(topic), LeasesTable(topic), queuetable.ClaimsTable(topic)}
+	err := q.db.QueryRowContext(ctx, `SELECT coalesce(max(name = ?1), 0), coalesce(max(name = ?2), 0),
+	coalesce(max(name = ?3), 0), coalesce(max(name = ?4), 0)
+FROM sqlite_schema WHERE type = 'table' AND name IN (?1, ?2, ?3, ?4)`, names...).Scan(&t.messages, &t.offsets, &t.leases, &t.claims)
+	if err != nil {
 		return topicTables{}, fmt.Errorf("sqlitequeue: look up topic %q: %w", topic, err)
 	}
 	return t, nil
@@ -326,6 +293,16 @@ func (q *Queue) inspectTables(ctx context.Context, topic string) (topicTables, e
 	t, err := q.topicTables(ctx, topic)
 	if err == nil && t.messages != t.offsets {
 		err = fmt.Errorf("sqlitequeue: topic %q has only one of its tables %s and %s; subscribe to it to create the other", topic, MessagesTable(topic), OffsetsTable(topic))
+	}
+	return t, err
+}
+
+// existingTables is inspectTables for a topic that must exist: one without tables is an error
+// wrapping broker.ErrNotFound.
+func (q *Queue) existingTables(ctx context.Context, topic string) (topicTables, error) {
+	t, err := q.inspectTables(ctx, topic)
+	if err == nil && !t.exist() {
+		err = broker.NotFound("topic", topic)
 	}
 	return t, err
 }

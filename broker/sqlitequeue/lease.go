@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
@@ -45,6 +46,7 @@ type leases struct {
 	expireClaims, leaseClaimed, ackClaimed, takeClaimed, giveBack, sweepClaims *sql.Stmt
 	// acks[i] deletes ackSizes[i] leases named by (offset, deliveries) in one statement.
 	acks [len(ackSizes)]*sql.Stmt
+	all  []*sql.Stmt // every statement prepared, for close
 }
 
 // ackSizes are the numbers of leases that the prepared deletes of acknowledgements take, largest
@@ -77,10 +79,11 @@ func prepareLeases(ctx context.Context, db *sql.DB, topic, group string) (*lease
 	messages, offsets, table := quote(MessagesTable(topic)), quote(OffsetsTable(topic)), quote(LeasesTable(topic))
 	claims := quote(queuetable.ClaimsTable(topic))
 	l := &leases{group: group, table: table, claims: claims}
-	for _, st := range []struct {
+	type statement struct {
 		stmt  **sql.Stmt
 		query string
-	}{
+	}
+	stmts := []statement{
 		{&l.anyDue, `SELECT EXISTS (SELECT 1 FROM ` + table + ` WHERE consumer_group = ?1 AND visible_at <= ?2)
 	OR EXISTS (SELECT 1 FROM ` + claims + ` WHERE consumer_group = ?1 AND visible_at <= ?2)
 	OR EXISTS (SELECT 1 FROM ` + messages + ` WHERE "offset" > COALESCE((SELECT offset_acked FROM ` + offsets + ` WHERE consumer_group = ?1), 0))`},
@@ -119,36 +122,28 @@ ON CONFLICT (consumer_group, "offset") DO NOTHING`},
 		// Takes one offset out of a claim that still holds it; the caller then gives it a lease row.
 		{&l.takeClaimed, `UPDATE ` + claims + ` SET settled = settled | ?1
 WHERE consumer_group = ?2 AND first_offset = ?3 AND visible_at = ?4 AND (settled & ?1) = 0`},
-		{&l.giveBack, `INSERT INTO ` + table + ` (consumer_group, "offset", deliveries, visible_at) VALUES (?, ?, ?, ?)
-ON CONFLICT (consumer_group, "offset") DO NOTHING`},
 		{&l.sweepClaims, `DELETE FROM ` + claims + ` WHERE consumer_group = ? AND settled = (((1 << (last_offset - first_offset)) - 1) << 1) | 1`},
-	} {
+	}
+	for i, n := range ackSizes {
+		stmts = append(stmts, statement{&l.acks[i], ackManyQuery(table, n)})
+	}
+	for _, st := range stmts {
 		stmt, err := db.PrepareContext(ctx, st.query)
 		if err != nil {
 			l.close()
 			return nil, fmt.Errorf("prepare the statements of the leases table %s: %w", table, err)
 		}
 		*st.stmt = stmt
+		l.all = append(l.all, stmt)
 	}
-	for i, n := range ackSizes {
-		stmt, err := db.PrepareContext(ctx, ackManyQuery(table, n))
-		if err != nil {
-			l.close()
-			return nil, fmt.Errorf("prepare the statements of the leases table %s: %w", table, err)
-		}
-		l.acks[i] = stmt
-	}
+	l.giveBack = l.insert // a lease row of its own for an offset taken out of its claim
 	return l, nil
 }
 
 // close releases the prepared statements.
 func (l *leases) close() {
-	for _, st := range append([]*sql.Stmt{l.anyDue, l.selectDue, l.renew, l.orphan, l.cursor, l.selectNew, l.selectNewLeased,
-		l.insert, l.insertClaim, l.advance, l.ack, l.release, l.expireClaims, l.leaseClaimed, l.ackClaimed, l.takeClaimed,
-		l.giveBack, l.sweepClaims}, l.acks[:]...) {
-		if st != nil {
-			_ = st.Close()
-		}
+	for _, st := range l.all {
+		_ = st.Close()
 	}
 }
 
@@ -179,7 +174,7 @@ type claimedRow struct {
 	claim      claimRef // the claim row that holds the lease; zero for a lease row
 	uuid       string
 	payload    []byte
-	metadata   sql.NullString
+	metadata   []byte
 }
 
 // anyToClaim reports whether the group has a lease due at now or a message after its cursor.
@@ -215,41 +210,27 @@ func (l *leases) claimDue(ctx context.Context, tx *sql.Tx, now, until time.Time,
 	if err := l.expire(ctx, tx, now); err != nil {
 		return nil, err
 	}
-	rows, err := tx.StmtContext(ctx, l.selectDue).QueryContext(ctx, l.group, unixMilli(now), room)
+	type dueRow struct {
+		claimedRow
+		found sql.NullString // the uuid; NULL when the message was deleted: the lease is deleted too
+	}
+	result, err := tx.StmtContext(ctx, l.selectDue).QueryContext(ctx, l.group, unixMilli(now), room)
+	rows, err := dbqueue.Rows(result, err, func(r *dueRow) []any {
+		return []any{&r.offset, &r.deliveries, &r.found, &r.payload, &r.metadata}
+	})
 	if err != nil {
 		return nil, err
 	}
-	var (
-		due     []claimedRow
-		orphans []int64
-	)
-	for rows.Next() {
-		var (
-			r    claimedRow
-			uuid sql.NullString
-		)
-		if err := rows.Scan(&r.offset, &r.deliveries, &uuid, &r.payload, &r.metadata); err != nil {
-			_ = rows.Close()
-			return nil, err
-		}
-		if !uuid.Valid {
-			orphans = append(orphans, r.offset)
+	var due []claimedRow
+	for _, r := range rows {
+		if !r.found.Valid {
+			if _, err := tx.StmtContext(ctx, l.orphan).ExecContext(ctx, l.group, r.offset); err != nil {
+				return nil, err
+			}
 			continue
 		}
-		r.uuid = uuid.String
-		r.deliveries++
-		due = append(due, r)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, err
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	for _, off := range orphans {
-		if _, err := tx.StmtContext(ctx, l.orphan).ExecContext(ctx, l.group, off); err != nil {
-			return nil, err
-		}
+		r.uuid, r.deliveries = r.found.String, r.deliveries+1
+		due = append(due, r.claimedRow)
 	}
 	if len(due) > 0 {
 		renew := tx.StmtContext(ctx, l.renew)
@@ -265,24 +246,10 @@ func (l *leases) claimDue(ctx context.Context, tx *sql.Tx, now, until time.Time,
 // expire deletes the group's claim rows whose visible_at has passed at now, and gives each
 // offset they still held a lease row, due, handed out once.
 func (l *leases) expire(ctx context.Context, tx *sql.Tx, now time.Time) error {
-	rows, err := tx.StmtContext(ctx, l.expireClaims).QueryContext(ctx, l.group, unixMilli(now))
-	if err != nil {
-		return err
-	}
 	type expired struct{ first, last, at, settled int64 }
-	var list []expired
-	for rows.Next() {
-		var e expired
-		if err := rows.Scan(&e.first, &e.last, &e.at, &e.settled); err != nil {
-			_ = rows.Close()
-			return err
-		}
-		list = append(list, e)
-	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	if err := rows.Err(); err != nil {
+	result, err := tx.StmtContext(ctx, l.expireClaims).QueryContext(ctx, l.group, unixMilli(now))
+	list, err := dbqueue.Rows(result, err, func(e *expired) []any { return []any{&e.first, &e.last, &e.at, &e.settled} })
+	if err != nil {
 		return err
 	}
 	for _, e := range list {
@@ -301,31 +268,16 @@ func (l *leases) claimNew(ctx context.Context, tx *sql.Tx, until time.Time, room
 	// A lease above the cursor (moved back by hand): the messages after the cursor are looked
 	// up one by one, and each gets a lease row.
 	movedBack := highest > cursor
-	var (
-		rows *sql.Rows
-		err  error
-	)
+	query, args := l.selectNew, []any{cursor, room}
 	if movedBack {
-		rows, err = tx.StmtContext(ctx, l.selectNewLeased).QueryContext(ctx, l.group, cursor, room)
-	} else {
-		rows, err = tx.StmtContext(ctx, l.selectNew).QueryContext(ctx, cursor, room)
+		query, args = l.selectNewLeased, []any{l.group, cursor, room}
 	}
+	result, err := tx.StmtContext(ctx, query).QueryContext(ctx, args...)
+	fresh, err := dbqueue.Rows(result, err, func(r *claimedRow) []any {
+		r.deliveries = 1
+		return []any{&r.offset, &r.uuid, &r.payload, &r.metadata}
+	})
 	if err != nil {
-		return nil, err
-	}
-	var fresh []claimedRow
-	for rows.Next() {
-		r := claimedRow{deliveries: 1}
-		if err := rows.Scan(&r.offset, &r.uuid, &r.payload, &r.metadata); err != nil {
-			_ = rows.Close()
-			return nil, err
-		}
-		fresh = append(fresh, r)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, err
-	}
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	if len(fresh) == 0 {

@@ -12,19 +12,15 @@ import (
 // The subscriptions' transactions (claims of messages, settlements of their leases) are most of
 // the queue file's commits: with synchronous=FULL each one waits for the disk (an fsync of the
 // WAL), which kept a draining consumer waiting rather than working. They run on a connection of
-// their own, with synchronous=NORMAL. In WAL mode such a commit is written to the WAL before it
-// returns, so it survives the death of the process (SIGKILL included) exactly as a FULL one
-// does; only a power loss or a crash of the operating system may take back the last of them.
-// The WAL is synced in order, so that never takes back a publish, which still commits with FULL,
-// nor anything committed before a publish. What it can take back is a claim or a settlement, and
-// both only make messages come again: an unrecorded claim is claimed again, an unrecorded
-// acknowledgement leaves its message to be delivered again, as when a consumer dies before its
-// acknowledgement is committed. Delivery stays at-least-once, and onceflow's deduplication keeps
-// the processing exactly-once. A queue file whose URL asks for another synchronous than FULL
-// keeps it for these transactions too.
+// their own, with synchronous=NORMAL: in WAL mode such a commit survives the death of the
+// process (SIGKILL included) as a FULL one does, and what a power loss or a crash of the
+// operating system may take back (the last claims and settlements, never a publish nor what
+// was committed before one: the WAL is synced in order) only makes messages come again, as when
+// a consumer dies before its acknowledgement is committed. A queue file whose URL asks for
+// another synchronous than FULL keeps it for these transactions too.
 
-// leaseConn is the connection of a Queue's claims and settlements. It is used in the file's
-// turn to write only, so by one transaction at a time; the mutex only guards it against Close.
+// leaseConn is the connection of a Queue's claims and settlements. Its mutex keeps it to one
+// transaction at a time, and guards it against Close.
 type leaseConn struct {
 	mu      sync.Mutex
 	conn    *sql.Conn // nil before the first transaction and after a broken one
@@ -54,7 +50,11 @@ func (c *leaseConn) run(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) err
 		c.conn, c.lowered = conn, lowered
 	}
 	err := runInTx(ctx, c.conn, fn)
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+	// A transaction whose context ended may still be rolled back by database/sql, in a
+	// goroutine of its own, which then closes the connection: the next transaction must not
+	// begin on it meanwhile (its BEGIN would wait for the file's turn, which that transaction
+	// holds, while holding the connection that the rollback needs).
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || (err != nil && ctx.Err() != nil) {
 		discard(c.conn)
 		c.conn = nil
 		return err

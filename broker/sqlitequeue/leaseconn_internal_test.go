@@ -42,15 +42,16 @@ func TestLeaseConn_ClaimsRelaxSynchronousAndPublishesKeepFull(t *testing.T) {
 	require.NoError(t, err)
 	m := <-msgs
 	require.Equal(t, "m", m.UUID)
+	// Checked while the subscription runs: its end may drop the connection (leaseConn.run).
+	q.leases.mu.Lock()
+	require.NotNil(t, q.leases.conn, "the claim took the lease connection")
+	require.Equal(t, 1, synchronousOf(t, q.leases.conn), "NORMAL on the lease connection")
+	q.leases.mu.Unlock()
 	m.Ack()
 	cancel()
 	for range msgs { // ends once the acknowledgement is committed
 	}
 
-	q.leases.mu.Lock()
-	require.NotNil(t, q.leases.conn, "the claim took the lease connection")
-	require.Equal(t, 1, synchronousOf(t, q.leases.conn), "NORMAL on the lease connection")
-	q.leases.mu.Unlock()
 	backlog, err := q.Backlog(ctx, "t", "g")
 	require.NoError(t, err)
 	require.Zero(t, backlog, "the acknowledgement is committed")

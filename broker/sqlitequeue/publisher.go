@@ -4,20 +4,17 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
 // publisher is the Queue's message.Publisher.
 type publisher struct {
-	q *Queue
-
-	mu       sync.Mutex
-	closed   bool
-	inflight sync.WaitGroup
+	q    *Queue
+	life lifecycle.Set[struct{}] // counts the Publish calls in progress
 }
 
 var _ message.Publisher = (*publisher)(nil)
@@ -26,23 +23,15 @@ var _ message.Publisher = (*publisher)(nil)
 // it has committed. The messages' contexts play no part: a message published with the context
 // of a delivered message is stored at once, like any other.
 //
-// A dead letter (a message with the header messagedata.HeaderDeadLetterKey) is stored once per
-// topic and key within broker.DeadLetterKeyWindow: one whose key the topic has stored within
-// it is left out, and Publish returns
-// nil as for a message stored, so the dead letter that a consumer publishes again after its
-// predecessor died between the publish and the router's record of it is not a second copy. The
-// keys are kept in the table DeadLetterKeysTable, in the same transaction as the messages.
+// A dead letter whose key the topic has stored within broker.DeadLetterKeyWindow is left out
+// (see the package documentation), and Publish returns nil as for a message stored.
 func (p *publisher) Publish(topic string, messages ...*message.Message) error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	if !p.life.Enter() {
 		return ErrClosed
 	}
-	p.inflight.Add(1)
-	p.mu.Unlock()
-	defer p.inflight.Done()
+	defer p.life.Leave()
 
-	if p.q.isClosed() {
+	if p.q.life.Closed() {
 		return ErrClosed
 	}
 	if err := CheckTopic(topic); err != nil {
@@ -76,7 +65,7 @@ func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 		p.q.keysCreated.Store(true)
 	}
 	p.q.tablesCreated(topic)
-	p.q.store.published(topic)
+	p.q.wakes.Wake(topic)
 	return nil
 }
 
@@ -98,9 +87,7 @@ func (p *publisher) insertRows(ctx context.Context, tx *sql.Tx, topic string, ms
 // Close makes further Publish calls fail with ErrClosed and waits for the calls in progress.
 // It does not close the Queue.
 func (p *publisher) Close() error {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	p.inflight.Wait()
+	p.life.Close()
+	p.life.Wait()
 	return nil
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
+	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
@@ -33,9 +35,9 @@ type Queue struct {
 	// batchSize is Config.BatchSize as given: 0 lets each subscription take the window its
 	// consumer asks for (redelivery.WithWindow).
 	batchSize int
-	store     *store
 	schema    SchemaAdapter
-	offsets   OffsetsAdapter
+	// wakes are the wake-ups of the subscriptions over the file in this process (wakesOf).
+	wakes *dbqueue.Wakes
 
 	// initialized holds the topics whose tables this Queue has created or found.
 	initialized sync.Map
@@ -45,19 +47,15 @@ type Queue struct {
 	pools sync.Map
 	// leases is the connection of the subscriptions' claims and settlements.
 	leases leaseConn
-
-	mu     sync.Mutex
-	closed bool
-	subs   map[*subscriber]struct{}
+	// life holds the open Subscribers until Close.
+	life lifecycle.Set[*subscriber]
 }
 
 // Open opens, creating it if missing, the queue file that url names and returns a Queue over
 // it. url is "sqlite://path/queue.db", "sqlite:///absolute/path/queue.db" or a bare file path;
 // query parameters of a sqlite:// URL are passed to the driver as sqldb.Open describes. The
-// directory must exist. The file is opened with sqldb.Open: WAL journal, synchronous=FULL, a
-// busy timeout of 30 s and BEGIN IMMEDIATE transactions. The subscriptions' claims and
-// settlements commit with synchronous=NORMAL, on a connection of their own (see the package
-// documentation).
+// directory must exist. The file is opened with sqldb.Open, with the settings the package
+// documentation lists.
 //
 // The program links the SQLite driver by importing github.com/onceflow/onceflow/sqldb/sqlite
 // (or broker/all); without it Open fails with an error that names the import.
@@ -155,15 +153,13 @@ func New(db *sqldb.DB, cfg Config) (*Queue, error) {
 	}
 	batchSize := cfg.BatchSize
 	cfg = cfg.withDefaults()
-	q := &Queue{
+	return &Queue{
 		db:        db,
 		cfg:       cfg,
 		batchSize: batchSize,
-		store:     openStore(db.Path),
+		wakes:     wakesOf(db.Path),
 		schema:    SchemaAdapter{BatchSize: cfg.BatchSize},
-		subs:      map[*subscriber]struct{}{},
-	}
-	return q, nil
+	}, nil
 }
 
 // DB returns the queue's database.
@@ -182,83 +178,29 @@ func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 
 // Subscriber returns a new Subscriber of the queue in the configured consumer group. Each call
 // of its Subscribe is one competing consumer of the topic. Closing the Subscriber ends its
-// subscriptions, not the Queue; Close of the Queue closes it too.
-//
-// A subscription keeps up to Config.BatchSize messages delivered and not yet settled (its
-// window). It claims them, once half the window is free (or 20 ms after room came free, or at
-// once when the consumer has settled a batch together, redelivery.Flush), in a short
-// transaction: first the
-// group's leases that are due (of
-// nacked messages whose delay has passed, of deliveries whose lease expired), then the messages
-// after the group's cursor, each getting a lease of Config.AckDeadline; it holds no
-// transaction, and no lock of the file, while the messages are processed. So:
-//
-//   - consumers of one group, in one process or several, never hold the same message at the
-//     same time, unless a lease expired while its consumer was still processing the message;
-//   - an acknowledgement deletes the message's lease. The acknowledgements (and nacks) that
-//     the subscriptions of a topic give within 10 ms are committed together, in one
-//     transaction; Close commits those given before it;
-//   - a nacked message may be delivered again, to any consumer of the group, after the delay
-//     the nack asked for (redelivery.NackAfter) or else after Config.ResendInterval, while the
-//     messages behind it go on being delivered;
-//   - a message neither acknowledged nor nacked within Config.AckDeadline has its context
-//     cancelled and may be delivered again; so are, once their leases expire, the messages of
-//     a consumer that died, even by SIGKILL;
-//   - every delivered message's context carries a redelivery.Info whose Count is the number
-//     of times the group has been handed the message, this time included, kept in the leases
-//     table: it survives the death of consumers. DelaysNacks is true;
-//   - Close (or the end of the subscription's context) cancels the contexts of the messages
-//     delivered and not settled and gives them back at once, for the next consumer of the
-//     group.
-//
-// A subscription hands out new messages in offset order; a nacked or redelivered message comes
-// back after the ones behind it. Delivery is at-least-once; onceflow's deduplication makes the
-// processing exactly-once.
+// subscriptions, not the Queue; Close of the Queue closes it too. Its subscriptions deliver as
+// the package documentation says (Delivery).
 func (q *Queue) Subscriber() (message.Subscriber, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	s := newSubscriber(q)
+	if !q.life.Add(s) {
 		return nil, ErrClosed
 	}
-	s := newSubscriber(q)
-	q.subs[s] = struct{}{}
 	return s, nil
-}
-
-func (q *Queue) forget(s *subscriber) {
-	q.mu.Lock()
-	delete(q.subs, s)
-	q.mu.Unlock()
-}
-
-func (q *Queue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
 }
 
 // Close closes the queue's subscribers, waiting for their subscriptions to end, and then the
 // database if Open opened it. Publishers of a closed queue fail with ErrClosed. Close is
 // idempotent.
 func (q *Queue) Close() error {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
+	subs, first := q.life.Close()
+	if !first {
 		return nil
 	}
-	q.closed = true
-	subs := make([]*subscriber, 0, len(q.subs))
-	for s := range q.subs {
-		subs = append(subs, s)
-	}
-	q.mu.Unlock()
-
 	var errs []error
 	for _, s := range subs {
 		errs = append(errs, s.Close())
 	}
 	q.leases.close()
-	closeStore(q.store)
 	if q.ownDB {
 		errs = append(errs, q.db.Close())
 	}
@@ -286,7 +228,7 @@ func (q *Queue) CreateTables(ctx context.Context, topic string) error {
 // call Wake when messages reach the topic's tables by other means, such as a transaction of
 // the application that writes them (onceflow's outbox). A Wake with nothing to claim costs
 // each woken subscription one look, which takes no lock.
-func (q *Queue) Wake(topic string) { q.store.published(topic) }
+func (q *Queue) Wake(topic string) { q.wakes.Wake(topic) }
 
 // createTables creates topic's tables in tx unless this Queue has seen them before. It does
 // not remember them: tx may roll back. Callers call tablesCreated after a commit.
@@ -295,7 +237,7 @@ func (q *Queue) createTables(ctx context.Context, tx *sql.Tx, topic string) erro
 		return nil
 	}
 	var queries []string
-	for _, query := range append(q.schema.SchemaInitializingQueries(topic), q.offsets.SchemaInitializingQueries(topic)...) {
+	for _, query := range append(q.schema.SchemaInitializingQueries(topic), OffsetsAdapter{}.SchemaInitializingQueries(topic)...) {
 		queries = append(queries, query.Query)
 	}
 	for _, query := range append(queries, queuetable.LeasesSchema(topic)...) {
@@ -341,6 +283,17 @@ func (q *Queue) prepareTopic(ctx context.Context, topic, group string) error {
 	}
 	q.tablesCreated(topic)
 	return nil
+}
+
+// write runs fn in a transaction of the queue file, in this process's turn (sqldb.Open's).
+func (q *Queue) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return runInTx(ctx, rawDB(q.db), fn)
+}
+
+// writeLeases runs fn, a claim or a settlement of leases, in a transaction of the queue file
+// on the Queue's lease connection (synchronous=NORMAL, see leaseConn), in this process's turn.
+func (q *Queue) writeLeases(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return q.leases.run(ctx, rawDB(q.db), fn)
 }
 
 // beginner is a pool (*sql.DB) or one connection of it (*sql.Conn).

@@ -1,17 +1,8 @@
 package sqlitequeue
 
-import (
-	"database/sql"
+import "github.com/onceflow/onceflow/internal/queuetable"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/onceflow/onceflow/internal/queuetable"
-)
-
-// The tables of the queue are internal/queuetable's, which the outbox on SQLite writes too:
-// each topic has a messages table "onceflow_queue_<topic>", an offsets table
-// "onceflow_offsets_<topic>" and a leases table "onceflow_leases_<topic>", with each
-// upper-case letter X of the topic written "^x" (SQLite table names ignore case).
+// The tables of the queue are internal/queuetable's, which the outbox on SQLite writes too.
 
 // ErrInvalidTopic reports a topic name the queue cannot store.
 var ErrInvalidTopic = queuetable.ErrInvalidTopic
@@ -46,7 +37,3 @@ type SchemaAdapter = queuetable.SchemaAdapter
 type OffsetsAdapter = queuetable.OffsetsAdapter
 
 func quote(name string) string { return queuetable.Quote(name) }
-
-func newMessage(uuid string, payload []byte, metadata sql.NullString) (*message.Message, error) {
-	return queuetable.NewMessage(uuid, payload, metadata)
-}

@@ -43,14 +43,10 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		View: func(ctx context.Context, topic string) (broker.View, error) {
 			// A group that has not subscribed has no row of its own: only the topic can be
 			// looked up.
-			t, err := q.inspectTables(ctx, topic)
-			if err == nil && !t.exist() {
-				err = broker.NotFound("topic", topic)
-			}
-			if err != nil {
+			if _, err := q.existingTables(ctx, topic); err != nil {
 				return nil, err
 			}
-			return &view{q: q, group: o.ConsumerGroup, topic: topic}, nil
+			return q.view(topic, o.ConsumerGroup), nil
 		},
 	}, nil
 }

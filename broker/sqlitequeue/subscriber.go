@@ -25,10 +25,10 @@ func newSubscriber(q *Queue) *subscriber {
 	return &subscriber{q: q, subs: inflight.NewGroup(ErrClosed)}
 }
 
-// Subscribe starts one consumer of topic and returns its messages. See Queue.Subscriber for
-// the delivery guarantees. The channel is closed when ctx is done or the subscriber closes,
-// once the subscription has committed the acknowledgements given before and given back the
-// messages it held.
+// Subscribe starts one consumer of topic and returns its messages, as the package
+// documentation says (Delivery). The channel is closed when ctx is done or the subscriber
+// closes, once the subscription has committed the acknowledgements given before and given back
+// the messages it held.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := CheckTopic(topic); err != nil {
 		return nil, err
@@ -45,11 +45,10 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	sub := newSubscription(s.q, topic, l)
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:     s.q.window(ctx),
+		Prefetch:     rules.Window(ctx, s.q.batchSize),
 		NackDelay:    s.q.cfg.ResendInterval,
 		FillWait:     fillWait,
 		CloseTimeout: closeWait,
-		ErrClosed:    ErrClosed,
 		ErrExpired:   errLeasePassed,
 		Log:          sub.logger,
 	})
@@ -79,7 +78,7 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 // every call returns when the subscriptions have ended.
 func (s *subscriber) Close() error {
 	return s.subs.Close(func() error {
-		s.q.forget(s)
+		s.q.life.Remove(s)
 		return nil
 	})
 }

@@ -325,20 +325,14 @@ func TestClose_BoundedWhenTheFileStaysLocked(t *testing.T) {
 	require.NoError(t, err)
 	m := testsvc.Receive(t, msgs, 5*time.Second)
 
-	locker, err := sqldb.Open(ctx, "sqlite://"+path)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, locker.Close()) }()
-	tx, err := locker.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock
-	require.NoError(t, err)
-	_, err = tx.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES ('locker', NULL, '{}')`)
-	require.NoError(t, err)
+	unlock := lockFile(t, path)
 
 	require.True(t, m.Ack())
 	start := time.Now()
 	require.NoError(t, sub.Close())
 	took := time.Since(start)
 	require.Less(t, took, 8*time.Second)
-	require.NoError(t, tx.Rollback())
+	unlock()
 	t.Logf("Close took %s with the file locked", took)
 
 	// Another process (another Queue over the file) gets the message again. (A later
@@ -364,6 +358,21 @@ const (
 )`
 )
 
+// lockFile holds the write lock of the queue file at path, from a pool of its own, in a
+// transaction that has written to topic "t", until the function it returns rolls it back.
+func lockFile(t *testing.T, path string) (unlock func()) {
+	t.Helper()
+	ctx := context.Background()
+	locker, err := sqldb.Open(ctx, "sqlite://"+path)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, locker.Close()) })
+	tx, err := locker.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock
+	require.NoError(t, err)
+	_, err = tx.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES ('locker', NULL, '{}')`)
+	require.NoError(t, err)
+	return func() { require.NoError(t, tx.Rollback()) }
+}
+
 // oldQueueFile returns a queue file with the tables oldMessagesTable and oldOffsetsTable,
 // written by the statements stmts.
 func oldQueueFile(t *testing.T, stmts ...string) string {
@@ -384,7 +393,6 @@ func oldQueueFile(t *testing.T, stmts ...string) string {
 // group's acknowledged offset in its offsets row) is consumed from that offset on.
 func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	// The tables as the queue created them before it had leases, and what its publisher and
 	// subscriber wrote: five messages, of which group "g" acknowledged the first two.
 	path := oldQueueFile(t,
@@ -393,27 +401,8 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
 		`INSERT INTO "onceflow_offsets_orders" (consumer_group, offset_acked) VALUES ('g', 2)`,
 	)
 
-	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
-	n, err := q.Backlog(ctx, "orders", "g")
-	require.NoError(t, err)
-	require.EqualValues(t, 3, n, "before any subscription, with no leases table")
-	require.Equal(t, []string{"o-3", "o-4", "o-5"}, uuidsOf(mustWaiting(t, q, "orders", "g")))
-
-	msgs := subscribe(t, q, ctx, "orders")
-	for _, want := range []string{"o-3", "o-4", "o-5"} {
-		m := testsvc.Receive(t, msgs, 5*time.Second)
-		require.Equal(t, want, m.UUID)
-		require.Equal(t, 1, deliveryCount(t, m))
-		if want == "o-3" {
-			require.Equal(t, "v", m.Metadata.Get("k"))
-		}
-		require.True(t, m.Ack())
-	}
-	testsvc.RequireNothing(t, msgs, 200*time.Millisecond)
-	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "orders", "g") }, "backlog of g")
-	trimmed, err := q.Trim(ctx, "orders")
-	require.NoError(t, err)
-	require.EqualValues(t, 5, trimmed)
+	got := requireOldFileConsumed(t, path, "with no leases table", []delivered{{"o-3", 1}, {"o-4", 1}, {"o-5", 1}}, 5)
+	require.Equal(t, "v", got[0].Metadata.Get("k"))
 }
 
 // A queue file written before the queue had claims (a lease row per message held, no claims
@@ -421,7 +410,6 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeLeases(t *testing.T) {
 // after the cursor, and the claims table is created at the first subscription.
 func TestSubscriber_ConsumesAFileOfTheQueueBeforeClaims(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	path := oldQueueFile(t,
 		`CREATE TABLE "onceflow_leases_orders" (
 	consumer_group TEXT    NOT NULL,
@@ -438,27 +426,48 @@ func TestSubscriber_ConsumesAFileOfTheQueueBeforeClaims(t *testing.T) {
 		`INSERT INTO "onceflow_leases_orders" (consumer_group, "offset", deliveries, visible_at) VALUES ('g', 2, 1, 0)`,
 	)
 
+	requireOldFileConsumed(t, path, "with no claims table", []delivered{{"o-2", 2}, {"o-3", 1}, {"o-4", 1}}, 4)
+}
+
+// delivered is a message as a subscription delivers it: its UUID and delivery count.
+type delivered struct {
+	uuid  string
+	count int
+}
+
+// requireOldFileConsumed opens the queue file at path for consumer group "g" and requires that
+// the messages of topic "orders" waiting for the group are want, in order, before any
+// subscription (note says which table the file lacks) and as a subscription delivers and acks
+// them; then that nothing more comes, and that Trim deletes trimmed messages. It returns the
+// messages delivered.
+func requireOldFileConsumed(t *testing.T, path, note string, want []delivered, trimmed int64) []*message.Message {
+	t.Helper()
+	ctx := context.Background()
 	q := openQueue(t, path, sqlitequeue.Config{ConsumerGroup: "g"})
 	n, err := q.Backlog(ctx, "orders", "g")
 	require.NoError(t, err)
-	require.EqualValues(t, 3, n, "before any subscription, with no claims table")
-	require.Equal(t, []string{"o-2", "o-3", "o-4"}, uuidsOf(mustWaiting(t, q, "orders", "g")))
+	require.EqualValues(t, len(want), n, "before any subscription, "+note)
+	var uuids []string
+	for _, w := range want {
+		uuids = append(uuids, w.uuid)
+	}
+	require.Equal(t, uuids, uuidsOf(mustWaiting(t, q, "orders", "g")))
 
 	msgs := subscribe(t, q, ctx, "orders")
-	for _, want := range []struct {
-		uuid  string
-		count int
-	}{{"o-2", 2}, {"o-3", 1}, {"o-4", 1}} {
+	var got []*message.Message
+	for _, w := range want {
 		m := testsvc.Receive(t, msgs, 5*time.Second)
-		require.Equal(t, want.uuid, m.UUID)
-		require.Equal(t, want.count, deliveryCount(t, m), want.uuid)
+		require.Equal(t, w.uuid, m.UUID)
+		require.Equal(t, w.count, deliveryCount(t, m), w.uuid)
 		require.True(t, m.Ack())
+		got = append(got, m)
 	}
 	testsvc.RequireNothing(t, msgs, 200*time.Millisecond)
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "orders", "g") }, "backlog of g")
-	trimmed, err := q.Trim(ctx, "orders")
+	n, err = q.Trim(ctx, "orders")
 	require.NoError(t, err)
-	require.EqualValues(t, 4, trimmed)
+	require.EqualValues(t, trimmed, n)
+	return got
 }
 
 // Rows that another producer wrote with metadata the queue's publisher would not write are
@@ -501,19 +510,13 @@ func TestSubscriber_GoesOnAfterFailedQueries(t *testing.T) {
 	first := testsvc.Receive(t, msgs, 5*time.Second)
 	require.Equal(t, ids[0], first.UUID)
 
-	locker, err := sqldb.Open(ctx, "sqlite://"+path)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, locker.Close()) }()
-	tx, err := locker.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock
-	require.NoError(t, err)
-	_, err = tx.ExecContext(ctx, `INSERT INTO "onceflow_queue_t" (uuid, payload, metadata) VALUES ('locker', NULL, '{}')`)
-	require.NoError(t, err)
+	unlock := lockFile(t, path)
 	require.True(t, first.Ack())
 	testsvc.RequireNothing(t, msgs, 500*time.Millisecond) // the settle-and-claim fails meanwhile
 	n, err := q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, n, "the acknowledgement is not committed yet")
-	require.NoError(t, tx.Rollback())
+	unlock()
 
 	for _, want := range ids[1:] {
 		m := testsvc.Receive(t, msgs, 5*time.Second)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/broker/internal/inflight"
+	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -92,7 +93,7 @@ func newSubscription(q *Queue, topic string, l *leases) *subscription {
 func (s *subscription) Fetch(ctx context.Context, n int) error {
 	for {
 		// Taken before the round, so that a publish during the round is not missed.
-		woken := s.q.store.woken(s.topic)
+		woken := s.q.wakes.Woken(s.topic)
 		s.claiming.Store(true)
 		got, err := s.round(ctx, n)
 		s.claiming.Store(false)
@@ -140,7 +141,7 @@ func (s *subscription) round(ctx context.Context, room int) (int, error) {
 	s.filled = len(rows) == room
 	until := claimed.Add(s.q.cfg.AckDeadline)
 	for _, r := range rows {
-		msg, err := newMessage(r.uuid, r.payload, r.metadata)
+		msg, err := queuetable.NewMessage(r.uuid, r.payload, r.metadata)
 		if err != nil {
 			s.logger.Error("Message with unreadable metadata; delivering it without", err, watermill.LogFields{"offset": r.offset, "msg_uuid": r.uuid})
 		}

@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
-	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
 // Defaults of Config.
@@ -101,8 +100,8 @@ var rules = inflight.Rules{
 	CloseTimeout: DefaultCloseTimeout,
 }
 
-func (c Config) settings() inflight.Settings {
-	return inflight.Settings{Prefetch: c.Prefetch, AckTimeout: c.AckTimeout, NackDelay: c.NackDelay, CloseTimeout: c.CloseTimeout, Logger: c.Logger}
+func (c *Config) fields() inflight.Fields {
+	return inflight.Fields{Prefetch: &c.Prefetch, AckTimeout: &c.AckTimeout, NackDelay: &c.NackDelay, CloseTimeout: &c.CloseTimeout, Logger: &c.Logger, Log: &c.log}
 }
 
 // Validate reports the first invalid field. Zero values are valid: they select the defaults.
@@ -110,32 +109,19 @@ func (c Config) Validate() error {
 	if len(c.ConsumerGroup) > 255 {
 		return fmt.Errorf("sqlqueue: Config.ConsumerGroup: %d bytes is longer than 255 (the consumer_group column)", len(c.ConsumerGroup))
 	}
-	if err := rules.Validate(c.settings()); err != nil {
-		return err
-	}
-	for _, d := range []struct {
-		name  string
-		value time.Duration
-	}{
-		{"PollInterval", c.PollInterval},
-		{"RetryInterval", c.RetryInterval},
-		{"GapWait", c.GapWait},
-	} {
-		if d.value < 0 {
-			return fmt.Errorf("sqlqueue: Config.%s: %s is negative (0 selects the default)", d.name, d.value)
-		}
-	}
-	return nil
+	return rules.Validate(c.fields().Settings(),
+		inflight.Duration{Name: "PollInterval", Value: c.PollInterval},
+		inflight.Duration{Name: "RetryInterval", Value: c.RetryInterval},
+		inflight.Duration{Name: "GapWait", Value: c.GapWait})
 }
 
-// withDefaults returns c with every zero field that has a default set to it.
+// withDefaults returns c with every zero field that has a default set to it, but Prefetch:
+// each subscription takes its own window (rules.Window).
 func (c Config) withDefaults() Config {
 	c.ConsumerGroup = cmp.Or(c.ConsumerGroup, DefaultConsumerGroup)
-	st := rules.Apply(c.settings())
-	c.Prefetch, c.AckTimeout, c.NackDelay, c.CloseTimeout, c.Logger = st.Prefetch, st.AckTimeout, st.NackDelay, st.CloseTimeout, st.Logger
+	rules.Default(c.fields())
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
 	c.GapWait = cmp.Or(c.GapWait, DefaultGapWait)
-	c.log = wmlog.Adapter(c.Logger)
 	return c
 }

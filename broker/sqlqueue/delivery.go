@@ -22,9 +22,9 @@ var errLeasePassed = fmt.Errorf("sqlqueue: the lease passed: %w", context.Deadli
 func (sub *subscription) Settle(d *inflight.Delivery[leaseRef], o inflight.Outcome) {
 	switch {
 	case o.Acked:
-		sub.s.settler.ack(sub.topic, d.Data)
+		sub.ack(d.Data)
 	case o.Nacked:
-		sub.s.settler.update(sub.topic, leaseUpdate{leaseRef: d.Data, delay: o.Delay})
+		sub.update(leaseUpdate{leaseRef: d.Data, delay: o.Delay})
 	default:
 		handed := d.HandedOut()
 		if handed && errors.Is(o.Cause, errLeasePassed) {
@@ -34,8 +34,18 @@ func (sub *subscription) Settle(d *inflight.Delivery[leaseRef], o inflight.Outco
 		if !handed {
 			u.delta = -1
 		}
-		sub.s.settler.update(sub.topic, u)
+		sub.update(u)
 	}
+}
+
+// ack queues the deletion of lease r for the Subscriber's settler.
+func (sub *subscription) ack(r leaseRef) {
+	sub.s.settler.Add(settlement{topic: sub.topic, ack: true, leaseUpdate: leaseUpdate{leaseRef: r}})
+}
+
+// update queues the lease change u for the Subscriber's settler.
+func (sub *subscription) update(u leaseUpdate) {
+	sub.s.settler.Add(settlement{topic: sub.topic, leaseUpdate: u})
 }
 
 // Context gives each delivery the redelivery.TxAck of its lease: it deletes the lease in the

@@ -31,39 +31,25 @@
 //
 // # Delivery
 //
-// Each Subscribe call is one consumer of the topic in the Queue's consumer group. It claims
-// messages in short transactions, never holding one while handlers run, and hands them out
-// without waiting for their acknowledgements, up to Config.Prefetch unsettled at a time:
+// Each Subscribe call is one consumer of the topic in the Queue's consumer group, which keeps
+// up to Config.Prefetch deliveries unsettled. It claims in short transactions, never holding
+// one while handlers run: first due leases (nacked messages whose delay has passed, leases that
+// expired), oldest first, their deliveries count one higher; then new messages after the
+// cursor, in the order they became safe to read (see below), each leased with deliveries = 1 as
+// the cursor moves past it. Claims lock with FOR UPDATE SKIP LOCKED: consumers of one group
+// never wait for each other, and never hold the same message at once while its lease
+// (Config.AckTimeout) runs. The deliveries count is each message's redelivery.Info.Count; it is
+// in the database, so a message that kills its consumer every time reaches the router's
+// delivery limit.
 //
-//   - first due leases (nacked messages whose delay has passed, leases that expired), oldest
-//     first: their deliveries count goes up by one and their lease runs for Config.AckTimeout;
-//   - then new messages after the cursor, in the order they became safe to read (see below):
-//     each gets a lease with deliveries = 1, and the cursor moves past them.
+// An ack deletes the lease (the acks of a few milliseconds go in one statement); a nack makes
+// it visible again after its delay (Config.NackDelay), to any consumer of the group; a lease
+// that passes unsettled, a consumer's that died (SIGKILL included), makes the message due.
+// Close gives the unsettled leases back at once (Subscriber.Close). An idle subscription looks
+// for new messages every Config.PollInterval, or at once after Queue.Wake.
 //
-// Claims lock with FOR UPDATE SKIP LOCKED: consumers of one group never wait for each other,
-// and never hold the same message at once while its lease runs. Every message's context
-// carries a redelivery.Info whose Count is the deliveries count of its lease: it is in the
-// database, so it survives a consumer that dies, and a message that kills its consumer every
-// time reaches the router's delivery limit.
-//
-//   - Ack deletes the lease. The acknowledgements given within a few milliseconds of each
-//     other are written in one statement; an acknowledgement is durable when it commits.
-//   - Nack makes the lease visible again after redelivery.RequestedDelay, or Config.NackDelay
-//     when the router asked for none. The messages behind it keep flowing; the nacked one comes
-//     back, to any consumer of the group, with its count one higher.
-//   - A delivery not settled within its lease has its context cancelled, and the message is
-//     claimed again. That is also what happens to the deliveries of a consumer that died,
-//     SIGKILL included: they come back after AckTimeout.
-//   - Close writes the acknowledgements and nacks given before it, and gives back the
-//     unsettled leases at once.
-//
-// An idle subscription looks for new messages every Config.PollInterval; Queue.Wake makes it
-// look at once, for a caller that learns of a commit sooner (a PostgreSQL notification).
-//
-// Delivery is at least once: a message whose acknowledgement was not written before its lease
-// passed, or before its consumer died, comes again, and onceflow's deduplication absorbs it.
-// Messages are handed out in offset order but settle in any order, so a redelivered message
-// can come after later ones.
+// Delivery is at least once, and messages settle in any order, so a redelivered message can
+// come after later ones; onceflow's deduplication absorbs the repeats.
 //
 // # Visibility order
 //

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker"
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
 // Waiting is a message that waits for the Queue's consumer group: leased (handed out and not
@@ -32,13 +33,14 @@ type Waiting struct {
 // lock, so it neither waits for the group's consumers nor holds them up. A topic whose tables
 // do not exist has no waiting messages.
 func (q *Queue) Waiting(ctx context.Context, topic string, limit int) ([]Waiting, error) {
-	if err := CheckTopic(topic); err != nil {
-		return nil, fmt.Errorf("sqlqueue: %w", err)
-	}
 	if limit <= 0 {
 		return nil, fmt.Errorf("sqlqueue: list topic %q: limit %d is not positive", topic, limit)
 	}
-	rows, err := q.d.waiting(ctx, q.db, topic, q.cfg.ConsumerGroup, limit)
+	have, err := q.tables(ctx, topic)
+	if err != nil || !have.messages {
+		return nil, err
+	}
+	rows, err := q.d.waiting(ctx, q.db, topic, q.cfg.ConsumerGroup, have, limit)
 	if err != nil {
 		return nil, fmt.Errorf("sqlqueue: list topic %q: %w", topic, err)
 	}
@@ -60,59 +62,82 @@ func (q *Queue) Waiting(ctx context.Context, topic string, limit int) ([]Waiting
 // receives the message afterwards; a consumer that holds it has its acknowledgement come to
 // nothing. Removing a message that is gone already does nothing.
 func (q *Queue) Remove(ctx context.Context, topic string, w Waiting) error {
-	if err := CheckTopic(topic); err != nil {
-		return fmt.Errorf("sqlqueue: %w", err)
+	have, err := q.tables(ctx, topic)
+	if err != nil {
+		return err
 	}
-	if err := q.d.remove(ctx, q.db, topic, row{offset: w.Offset, txID: w.TransactionID}); err != nil {
+	if err := q.d.remove(ctx, q.db, topic, have, row{offset: w.Offset, txID: w.TransactionID}); err != nil {
 		return fmt.Errorf("sqlqueue: delete the message at offset %d from topic %q: %w", w.Offset, topic, err)
 	}
 	return nil
 }
 
-// lookUp returns an error wrapping broker.ErrNotFound when topic has no tables, or, with
-// group, when the Queue's consumer group has no cursor row in them: EnsureTopic, which every
-// publisher of a Broker runs before its first publish of a topic, creates both.
-func (q *Queue) lookUp(ctx context.Context, topic string, group bool) error {
+// tables returns which tables of topic exist.
+func (q *Queue) tables(ctx context.Context, topic string) (tableSet, error) {
 	if err := CheckTopic(topic); err != nil {
-		return fmt.Errorf("sqlqueue: %w", err)
+		return tableSet{}, fmt.Errorf("sqlqueue: %w", err)
 	}
-	topicOK, groupOK, err := q.d.exists(ctx, q.db, topic, q.cfg.ConsumerGroup)
-	switch {
-	case err != nil:
-		return fmt.Errorf("sqlqueue: look up topic %q: %w", topic, err)
-	case !topicOK:
-		return broker.NotFound("topic", topic)
-	case group && !groupOK:
-		return broker.NotFound("consumer group", q.cfg.ConsumerGroup)
+	have, err := q.d.existing(ctx, q.db, topic)
+	if err != nil {
+		return have, fmt.Errorf("sqlqueue: look up topic %q: %w", topic, err)
 	}
-	return nil
+	return have, nil
 }
 
-// trimBatch bounds the messages one statement of Trim deletes, so that each holds its locks
-// briefly.
-const trimBatch = 1000
+// lookUp returns which tables of topic exist, or an error wrapping broker.ErrNotFound when
+// topic has no messages table, or, with group, when the Queue's consumer group has no cursor
+// row: EnsureTopic, which every publisher of a Broker runs before its first publish of a
+// topic, creates both.
+func (q *Queue) lookUp(ctx context.Context, topic string, group bool) (tableSet, error) {
+	have, err := q.tables(ctx, topic)
+	if err != nil {
+		return have, err
+	}
+	if !have.messages {
+		return have, broker.NotFound("topic", topic)
+	}
+	if group {
+		known := false
+		if have.offsets {
+			known, err = q.d.hasGroup(ctx, q.db, topic, q.cfg.ConsumerGroup)
+		}
+		switch {
+		case err != nil:
+			return have, fmt.Errorf("sqlqueue: look up topic %q: %w", topic, err)
+		case !known:
+			return have, broker.NotFound("consumer group", q.cfg.ConsumerGroup)
+		}
+	}
+	return have, nil
+}
 
 // Trim deletes the messages of topic that every consumer group known to the topic (every group
-// that has subscribed to it) has acknowledged, in statements of at most 1,000 rows, and returns
-// how many it deleted: the messages at or below every group's cursor that no group has leased.
-// It deletes nothing from a topic no group has subscribed to. On MySQL and MariaDB the message
-// at the highest offset stays, so that the next offsets follow it whatever the server version.
-// A consumer group that subscribes for the first time after a Trim does not see the deleted
-// messages. A topic that has no tables is an error wrapping broker.ErrNotFound. Run it from one
-// process at a time, as often as the messages table should shrink.
+// that has subscribed to it) has acknowledged, in statements of at most dbqueue.TrimBatch rows,
+// and returns how many it deleted: the messages at or below every group's cursor that no group
+// has leased. It deletes nothing from a topic no group has subscribed to. On MySQL and MariaDB
+// the message at the highest offset stays, so that the next offsets follow it whatever the
+// server version. A consumer group that subscribes for the first time after a Trim does not see
+// the deleted messages. A topic that has no tables is an error wrapping broker.ErrNotFound. Run
+// it from one process at a time, as often as the messages table should shrink.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
-	if err := q.lookUp(ctx, topic, false); err != nil {
-		return 0, err
+	have, err := q.lookUp(ctx, topic, false)
+	if err != nil || !have.offsets {
+		return 0, err // no group has subscribed
 	}
-	var total int64
-	for {
-		n, err := q.d.trim(ctx, q.db, topic, trimBatch)
-		if err != nil {
-			return total, fmt.Errorf("sqlqueue: trim topic %q: %w", topic, err)
-		}
-		total += n
-		if n < trimBatch {
-			return total, nil
-		}
+	total, err := dbqueue.Trim(ctx, func(ctx context.Context, limit int) (int64, error) {
+		return q.d.trim(ctx, q.db, topic, have, limit)
+	})
+	if err != nil {
+		return total, fmt.Errorf("sqlqueue: trim topic %q: %w", topic, err)
+	}
+	return total, nil
+}
+
+// view returns the broker.View of topic: Waiting and Remove.
+func (q *Queue) view(topic string) broker.View {
+	return dbqueue.View[Waiting]{
+		Waiting: func(ctx context.Context, limit int) ([]Waiting, error) { return q.Waiting(ctx, topic, limit) },
+		Message: func(w Waiting) *message.Message { return w.Message },
+		Delete:  func(ctx context.Context, w Waiting) error { return q.Remove(ctx, topic, w) },
 	}
 }

@@ -69,18 +69,15 @@ func (m mysql) schema(topic string) []string {
 		)`)
 }
 
-func (mysql) keysSchema() string {
-	return "CREATE TABLE IF NOT EXISTS " + DeadLetterKeysTable + ` (
+// keys' Insert leaves an existing row as it is, which MySQL reports as 0 rows affected.
+func (mysql) keys() dbqueue.DeadLetterKeys {
+	return dbqueue.DeadLetterKeys{
+		Schema: "CREATE TABLE IF NOT EXISTS " + DeadLetterKeysTable + ` (
 			topic           VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
 			dead_letter_key VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
 			published_at    BIGINT NOT NULL,
 			PRIMARY KEY (topic, dead_letter_key)
-		) ENGINE=InnoDB`
-}
-
-// keys' Insert leaves an existing row as it is, which MySQL reports as 0 rows affected.
-func (mysql) keys() dbqueue.DeadLetterKeys {
-	return dbqueue.DeadLetterKeys{
+		) ENGINE=InnoDB`,
 		Delete: "DELETE FROM " + DeadLetterKeysTable + " WHERE published_at < ?",
 		Insert: "INSERT INTO " + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES (?, ?, ?)
 ON DUPLICATE KEY UPDATE topic = topic`,
@@ -89,12 +86,10 @@ ON DUPLICATE KEY UPDATE topic = topic`,
 
 func (m mysql) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {
 	// Look before writing: an upsert of the row would wait for a consumer that holds it.
-	t := m.tables(topic)
-	var n int
-	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+t.offsets+" WHERE consumer_group = ?", group).Scan(&n); err != nil || n > 0 {
+	if known, err := m.hasGroup(ctx, db, topic, group); err != nil || known {
 		return err
 	}
-	_, err := db.ExecContext(ctx, "INSERT INTO "+t.offsets+" (consumer_group, offset_acked, offset_consumed) VALUES (?, 0, 0) "+
+	_, err := db.ExecContext(ctx, "INSERT INTO "+m.tables(topic).offsets+" (consumer_group, offset_acked, offset_consumed) VALUES (?, 0, 0) "+
 		"ON DUPLICATE KEY UPDATE consumer_group = consumer_group", group)
 	return err
 }
@@ -117,10 +112,7 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 	err := inTx(ctx, db, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, "SELECT `offset`, deliveries FROM "+t.leases+
 			" WHERE consumer_group = ? AND visible_at <= "+myNow+" ORDER BY visible_at LIMIT ? FOR UPDATE SKIP LOCKED", group, n)
-		if err != nil {
-			return err
-		}
-		due, err := scanRows(rows, true, func(r *row) []any { return []any{&r.offset, &r.deliveries} })
+		due, err := dbqueue.Rows(rows, err, func(r *row) []any { return []any{&r.offset, &r.deliveries} })
 		if err != nil || len(due) == 0 {
 			return err
 		}
@@ -130,14 +122,11 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 		}
 		in := marks(len(due))
 		if _, err := tx.ExecContext(ctx, "UPDATE "+t.leases+" SET deliveries = deliveries + 1, visible_at = "+myNow+" + INTERVAL ? MICROSECOND"+
-			" WHERE consumer_group = ? AND `offset` IN "+in, append([]any{micros(lease), group}, offsets...)...); err != nil {
+			" WHERE consumer_group = ? AND `offset` IN "+in, append([]any{lease.Microseconds(), group}, offsets...)...); err != nil {
 			return err
 		}
 		rows, err = tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.messages+" WHERE `offset` IN "+in, offsets...)
-		if err != nil {
-			return err
-		}
-		found, err := scanRows(rows, true, func(r *row) []any { return []any{&r.offset, &r.uuid, &r.payload, &r.metadata} })
+		found, err := dbqueue.Rows(rows, err, func(r *row) []any { return []any{&r.offset, &r.uuid, &r.payload, &r.metadata} })
 		if err != nil {
 			return err
 		}
@@ -148,7 +137,7 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 		for _, d := range due {
 			r, ok := byOffset[d.offset]
 			if !ok {
-				r = row{offset: d.offset, leased: true, orphan: true}
+				r = row{offset: d.offset, orphan: true}
 			}
 			r.deliveries = d.deliveries + 1
 			out = append(out, r)
@@ -180,11 +169,8 @@ func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n 
 		// gap is passed once the message after it is gapWait old (see Config.GapWait).
 		rows, err := tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata`, "+
 			"`created_at` <= NOW(6) - INTERVAL ? MICROSECOND FROM "+t.messages+
-			" WHERE `offset` > ? ORDER BY `offset` LIMIT ? LOCK IN SHARE MODE", micros(m.gapWait), cursor, n)
-		if err != nil {
-			return err
-		}
-		batch, err := scanRows(rows, true, func(r *row) []any {
+			" WHERE `offset` > ? ORDER BY `offset` LIMIT ? LOCK IN SHARE MODE", m.gapWait.Microseconds(), cursor, n)
+		batch, err := dbqueue.Rows(rows, err, func(r *row) []any {
 			r.deliveries = 1
 			return []any{&r.offset, &r.uuid, &r.payload, &r.metadata, &r.settled}
 		})
@@ -199,7 +185,7 @@ func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n 
 		args := make([]any, 0, 3*len(batch))
 		for i, r := range batch {
 			values[i] = "(?, ?, 1, " + myNow + " + INTERVAL ? MICROSECOND)"
-			args = append(args, group, r.offset, micros(lease))
+			args = append(args, group, r.offset, lease.Microseconds())
 		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO "+t.leases+" (consumer_group, `offset`, deliveries, visible_at) VALUES "+
 			strings.Join(values, ", "), args...); err != nil {
@@ -248,7 +234,7 @@ func (m mysql) settle(ctx context.Context, db *sql.DB, topic, group string, b *b
 		for i, u := range b.updates {
 			refs[i] = u.leaseRef
 			delay.WriteString(" WHEN `offset` = ? AND deliveries = ? THEN ?")
-			delayArgs = append(delayArgs, u.offset, u.deliveries, micros(u.delay))
+			delayArgs = append(delayArgs, u.offset, u.deliveries, u.delay.Microseconds())
 			delta.WriteString(" WHEN `offset` = ? AND deliveries = ? THEN ?")
 			deltaArgs = append(deltaArgs, u.offset, u.deliveries, u.delta)
 		}
@@ -272,67 +258,43 @@ func (m mysql) settle(ctx context.Context, db *sql.DB, topic, group string, b *b
 	})
 }
 
-func (m mysql) waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error) {
-	t, n := m.tables(topic), m.names(topic)
-	have, err := m.existing(ctx, db, topic)
-	if err != nil {
-		return nil, err
-	}
-	if !have[n.Messages] {
-		return nil, nil
-	}
+func (m mysql) waiting(ctx context.Context, db *sql.DB, topic, group string, have tableSet, limit int) ([]row, error) {
+	t := m.tables(topic)
 	cursor := "0"
-	if have[n.Offsets] {
+	if have.offsets {
 		cursor = "COALESCE((SELECT offset_acked FROM " + t.offsets + " WHERE consumer_group = ?), 0)"
 	}
 	// Leases are at or below the cursor: ordering the union by offset lists them first.
 	query := "SELECT `offset`, 0 AS deliveries, 0 AS leased, `uuid`, `payload`, `metadata` FROM " + t.messages + " WHERE `offset` > " + cursor
 	var args []any
-	if have[n.Offsets] {
+	if have.offsets {
 		args = append(args, group)
 	}
-	if have[n.Leases] {
+	if have.leases {
 		query += " UNION ALL SELECT m.`offset`, l.deliveries, 1, m.`uuid`, m.`payload`, m.`metadata` FROM " + t.leases + " l JOIN " +
 			t.messages + " m ON m.`offset` = l.`offset` WHERE l.consumer_group = ?"
 		args = append(args, group)
 	}
 	rows, err := db.QueryContext(ctx, "SELECT * FROM ("+query+") AS waiting ORDER BY `offset` LIMIT ?", append(args, limit)...)
-	if err != nil {
-		return nil, err
-	}
-	return scanRows(rows, false, func(r *row) []any {
+	return dbqueue.Rows(rows, err, func(r *row) []any {
 		return []any{&r.offset, &r.deliveries, &r.leased, &r.uuid, &r.payload, &r.metadata}
 	})
 }
 
 // existing returns which of the topic's tables exist.
-func (m mysql) existing(ctx context.Context, db *sql.DB, topic string) (map[string]bool, error) {
+func (m mysql) existing(ctx context.Context, db *sql.DB, topic string) (have tableSet, err error) {
 	n := m.names(topic)
-	rows, err := db.QueryContext(ctx, "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?)",
-		n.Messages, n.Offsets, n.Leases)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = rows.Close() }()
-	have := map[string]bool{}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, err
-		}
-		have[name] = true
-	}
-	return have, rows.Err()
+	// BINARY: the names are compared byte for byte, as the server's file names are.
+	exists := "EXISTS (SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND BINARY table_name = ?)"
+	err = db.QueryRowContext(ctx, "SELECT "+exists+", "+exists+", "+exists, n.Messages, n.Offsets, n.Leases).
+		Scan(&have.messages, &have.offsets, &have.leases)
+	return have, err
 }
 
-func (m mysql) remove(ctx context.Context, db *sql.DB, topic string, r row) error {
+func (m mysql) remove(ctx context.Context, db *sql.DB, topic string, have tableSet, r row) error {
 	t := m.tables(topic)
-	have, err := m.existing(ctx, db, topic)
-	if err != nil {
-		return err
-	}
 	return inTx(ctx, db, func(tx *sql.Tx) error {
-		if have[m.names(topic).Leases] {
+		if have.leases {
 			// The message goes for every group: its leases go with it.
 			if _, err := tx.ExecContext(ctx, "DELETE FROM "+t.leases+" WHERE `offset` = ?", r.offset); err != nil {
 				return err
@@ -368,23 +330,14 @@ func sortByOffset(rows []row) []row {
 	return rows
 }
 
-func (m mysql) exists(ctx context.Context, db *sql.DB, topic, group string) (bool, bool, error) {
-	t, n := m.tables(topic), m.names(topic)
-	have, err := m.existing(ctx, db, topic)
-	if err != nil || !have[n.Messages] || !have[n.Offsets] {
-		return have[n.Messages], false, err
-	}
-	var known int
-	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+t.offsets+" WHERE consumer_group = ?", group).Scan(&known)
-	return true, known > 0, err
+func (m mysql) hasGroup(ctx context.Context, db *sql.DB, topic, group string) (bool, error) {
+	var n int
+	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+m.tables(topic).offsets+" WHERE consumer_group = ?", group).Scan(&n)
+	return n > 0, err
 }
 
-func (m mysql) trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error) {
-	t, n := m.tables(topic), m.names(topic)
-	have, err := m.existing(ctx, db, topic)
-	if err != nil || !have[n.Messages] || !have[n.Offsets] {
-		return 0, err
-	}
+func (m mysql) trim(ctx context.Context, db *sql.DB, topic string, have tableSet, limit int) (int64, error) {
+	t := m.tables(topic)
 	// The message at the highest offset stays: MySQL 5.7 takes the next AUTO_INCREMENT value
 	// from the highest row at a restart, and an empty table would hand out offsets below the
 	// cursors again.
@@ -393,7 +346,7 @@ func (m mysql) trim(ctx context.Context, db *sql.DB, topic string, limit int) (i
 		return 0, err
 	}
 	leased := ""
-	if have[n.Leases] {
+	if have.leases {
 		leased = " AND `offset` NOT IN (SELECT `offset` FROM " + t.leases + ")"
 	}
 	// A claim moves the group's cursor and leases what it passes in one transaction.

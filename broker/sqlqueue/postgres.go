@@ -3,7 +3,6 @@ package sqlqueue
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -75,17 +74,14 @@ func (p postgres) schema(topic string) []string {
 	)
 }
 
-func (postgres) keysSchema() string {
-	return `CREATE TABLE IF NOT EXISTS ` + DeadLetterKeysTable + ` (
+func (postgres) keys() dbqueue.DeadLetterKeys {
+	return dbqueue.DeadLetterKeys{
+		Schema: `CREATE TABLE IF NOT EXISTS ` + DeadLetterKeysTable + ` (
 			topic           VARCHAR(255) NOT NULL,
 			dead_letter_key VARCHAR(64) NOT NULL,
 			published_at    BIGINT NOT NULL,
 			PRIMARY KEY (topic, dead_letter_key)
-		)`
-}
-
-func (postgres) keys() dbqueue.DeadLetterKeys {
-	return dbqueue.DeadLetterKeys{
+		)`,
 		Delete: `DELETE FROM ` + DeadLetterKeysTable + ` WHERE published_at < $1`,
 		Insert: `INSERT INTO ` + DeadLetterKeysTable + ` (topic, dead_letter_key, published_at) VALUES ($1, $2, $3)
 ON CONFLICT (topic, dead_letter_key) DO NOTHING`,
@@ -137,11 +133,8 @@ func (p postgres) claimDue(ctx context.Context, db *sql.DB, topic, group string,
 		)
 		SELECT c."offset", c.transaction_id::text::bigint, c.deliveries, m.uuid IS NULL, COALESCE(m.uuid, ''), m.payload, m.metadata
 		FROM claimed c LEFT JOIN `+t.messages+` m ON m.transaction_id = c.transaction_id AND m."offset" = c."offset"
-		ORDER BY c.transaction_id, c."offset"`, group, n, micros(lease))
-	if err != nil {
-		return nil, err
-	}
-	return scanRows(rows, true, func(r *row) []any {
+		ORDER BY c.transaction_id, c."offset"`, group, n, lease.Microseconds())
+	return dbqueue.Rows(rows, err, func(r *row) []any {
 		return []any{&r.offset, &r.txID, &r.deliveries, &r.orphan, &r.uuid, &r.payload, &r.metadata}
 	})
 }
@@ -171,11 +164,8 @@ func (p postgres) claimNew(ctx context.Context, db *sql.DB, topic, group string,
 			WHERE consumer_group = $1
 		)
 		SELECT "offset", transaction_id::text::bigint, uuid, payload, metadata FROM batch ORDER BY transaction_id, "offset"`,
-		group, n, micros(lease))
-	if err != nil {
-		return nil, err
-	}
-	return scanRows(rows, true, func(r *row) []any {
+		group, n, lease.Microseconds())
+	return dbqueue.Rows(rows, err, func(r *row) []any {
 		r.deliveries = 1
 		return []any{&r.offset, &r.txID, &r.uuid, &r.payload, &r.metadata}
 	})
@@ -192,7 +182,7 @@ func (p postgres) settle(ctx context.Context, db *sql.DB, topic, group string, b
 	for _, u := range b.updates {
 		updOff = append(updOff, u.offset)
 		updDlv = append(updDlv, int32(u.deliveries))
-		updDelay = append(updDelay, micros(u.delay))
+		updDelay = append(updDelay, u.delay.Microseconds())
 		updDelta = append(updDelta, int32(u.delta))
 	}
 	// One statement, one commit. A settlement matches its lease only while the deliveries
@@ -216,27 +206,19 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error) {
+func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, have tableSet, limit int) ([]row, error) {
 	t := p.tables(topic)
-	var haveMessages, haveOffsets, haveLeases bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
-		t.messages, t.offsets, t.leases).Scan(&haveMessages, &haveOffsets, &haveLeases); err != nil {
-		return nil, err
-	}
-	if !haveMessages {
-		return nil, nil
-	}
 	// Without the group's row, its cursor is the start. Leases are at or below the cursor:
 	// ordering the union by (transaction_id, offset) lists them first.
 	cursor := `g AS (SELECT '0'::xid8 AS tx, 0::bigint AS off, $1::text AS unused_group)`
-	if haveOffsets {
+	if have.offsets {
 		cursor = `g AS (SELECT
 			COALESCE((SELECT last_processed_transaction_id FROM ` + t.offsets + ` WHERE consumer_group = $1), '0') AS tx,
 			COALESCE((SELECT offset_acked FROM ` + t.offsets + ` WHERE consumer_group = $1), 0) AS off)`
 	}
 	query := `SELECT m."offset", m.transaction_id, 0, false, m.uuid, m.payload, m.metadata FROM ` + t.messages + ` m
 		WHERE (m.transaction_id, m."offset") > ((SELECT tx FROM g), (SELECT off FROM g))`
-	if haveLeases {
+	if have.leases {
 		query += `
 		UNION ALL
 		SELECT m."offset", m.transaction_id, l.deliveries, true, m.uuid, m.payload, m.metadata
@@ -247,22 +229,15 @@ func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, 
 		SELECT "offset", transaction_id::text::bigint, deliveries, leased, uuid, payload, metadata
 		FROM (`+query+`) AS waiting("offset", transaction_id, deliveries, leased, uuid, payload, metadata)
 		ORDER BY transaction_id, "offset" LIMIT $2`, group, limit)
-	if err != nil {
-		return nil, err
-	}
-	return scanRows(rows, false, func(r *row) []any {
+	return dbqueue.Rows(rows, err, func(r *row) []any {
 		return []any{&r.offset, &r.txID, &r.deliveries, &r.leased, &r.uuid, &r.payload, &r.metadata}
 	})
 }
 
-func (p postgres) remove(ctx context.Context, db *sql.DB, topic string, r row) error {
+func (p postgres) remove(ctx context.Context, db *sql.DB, topic string, have tableSet, r row) error {
 	t := p.tables(topic)
-	var haveLeases bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.leases).Scan(&haveLeases); err != nil {
-		return err
-	}
 	query := `DELETE FROM ` + t.messages + ` WHERE transaction_id = $1::text::xid8 AND "offset" = $2`
-	if haveLeases {
+	if have.leases {
 		// The message goes for every group: its leases go with it.
 		query = `WITH leases AS (DELETE FROM ` + t.leases + ` WHERE "offset" = $2 AND transaction_id = $1::text::xid8) ` + query
 	}
@@ -270,45 +245,23 @@ func (p postgres) remove(ctx context.Context, db *sql.DB, topic string, r row) e
 	return err
 }
 
-// scanRows reads every row of rows with the destinations that dest returns for each, and
-// closes rows. With leased, every row is a lease.
-func scanRows(rows *sql.Rows, leased bool, dest func(*row) []any) ([]row, error) {
-	defer func() { _ = rows.Close() }()
-	var out []row
-	for rows.Next() {
-		r := row{leased: leased}
-		if err := rows.Scan(dest(&r)...); err != nil {
-			return nil, fmt.Errorf("read message row: %w", err)
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
+// existing returns which of the topic's tables exist.
+func (p postgres) existing(ctx context.Context, db *sql.DB, topic string) (have tableSet, err error) {
+	t := p.tables(topic)
+	err = db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
+		t.messages, t.offsets, t.leases).Scan(&have.messages, &have.offsets, &have.leases)
+	return have, err
 }
 
-func (p postgres) exists(ctx context.Context, db *sql.DB, topic, group string) (bool, bool, error) {
-	t := p.tables(topic)
-	var haveMessages, haveOffsets bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
-		t.messages, t.offsets).Scan(&haveMessages, &haveOffsets); err != nil || !haveMessages || !haveOffsets {
-		return haveMessages, false, err
-	}
-	var known bool
-	err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+t.offsets+` WHERE consumer_group = $1)`, group).Scan(&known)
-	return true, known, err
+func (p postgres) hasGroup(ctx context.Context, db *sql.DB, topic, group string) (known bool, err error) {
+	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+p.tables(topic).offsets+` WHERE consumer_group = $1)`, group).Scan(&known)
+	return known, err
 }
 
-func (p postgres) trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error) {
+func (p postgres) trim(ctx context.Context, db *sql.DB, topic string, have tableSet, limit int) (int64, error) {
 	t := p.tables(topic)
-	var haveMessages, haveOffsets, haveLeases bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
-		t.messages, t.offsets, t.leases).Scan(&haveMessages, &haveOffsets, &haveLeases); err != nil {
-		return 0, err
-	}
-	if !haveMessages || !haveOffsets {
-		return 0, nil
-	}
 	leased := ``
-	if haveLeases {
+	if have.leases {
 		leased = `
 			AND NOT EXISTS (SELECT 1 FROM ` + t.leases + ` l WHERE l.transaction_id = m.transaction_id AND l."offset" = m."offset")`
 	}

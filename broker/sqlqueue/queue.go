@@ -108,9 +108,6 @@ type Queue struct {
 	db  *sql.DB
 	d   dialect
 	cfg Config
-	// prefetch is Config.Prefetch as given: 0 lets each subscription take the window its
-	// consumer asks for (redelivery.WithWindow, inflight.Rules.Window).
-	prefetch int
 
 	mu    sync.Mutex
 	ready map[string]bool // topics whose tables and group row exist
@@ -131,7 +128,7 @@ func New(db *sql.DB, d sqldb.Dialect, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	q := &Queue{db: db, cfg: cfg.withDefaults(), prefetch: cfg.Prefetch, ready: map[string]bool{}}
+	q := &Queue{db: db, cfg: cfg.withDefaults(), ready: map[string]bool{}}
 	names := q.cfg.Tables
 	if names == nil {
 		names = DefaultTables
@@ -214,7 +211,7 @@ func (q *Queue) createKeysTable(ctx context.Context) error {
 		return nil
 	}
 	err := createRetrying(func() error {
-		_, err := q.db.ExecContext(ctx, q.d.keysSchema())
+		_, err := q.db.ExecContext(ctx, q.d.keys().Schema)
 		return err
 	})
 	q.keysReady = err == nil
@@ -276,9 +273,6 @@ func (q *Queue) checkTopic(topic string) error {
 // "Visibility order" in the package documentation): the next poll, or a later Wake, claims it.
 func (q *Queue) Wake(topic string) { q.wakes.Wake(topic) }
 
-// woken returns a channel that the next Wake of topic closes.
-func (q *Queue) woken(topic string) <-chan struct{} { return q.wakes.Woken(topic) }
-
 func (q *Queue) createTables(ctx context.Context, topic string) error {
 	for _, stmt := range q.d.schema(topic) {
 		if _, err := q.db.ExecContext(ctx, stmt); err != nil {
@@ -296,8 +290,6 @@ type dialect interface {
 	messagesSchema() wsql.SchemaAdapter
 	// schema returns the statements that create the topic's tables, each harmless to repeat.
 	schema(topic string) []string
-	// keysSchema creates DeadLetterKeysTable, harmless to repeat.
-	keysSchema() string
 	// keys are the statements of DeadLetterKeysTable.
 	keys() dbqueue.DeadLetterKeys
 	// addGroup creates the group's cursor row at the start of the topic when it has none.
@@ -315,22 +307,27 @@ type dialect interface {
 	claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error)
 	// settle writes a batch of acknowledgements and lease changes of the group, atomically.
 	settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error
-	// exists reports whether topic's messages table exists, and whether group has its cursor
-	// row in the topic's offsets table.
-	exists(ctx context.Context, db *sql.DB, topic, group string) (topicOK, groupOK bool, err error)
+	// existing returns which of the topic's tables exist. The inspection below reads the
+	// tables that have, which the topic's messages table is among.
+	existing(ctx context.Context, db *sql.DB, topic string) (tableSet, error)
+	// hasGroup reports whether group has its cursor row in the topic's offsets table.
+	hasGroup(ctx context.Context, db *sql.DB, topic, group string) (bool, error)
 	// waiting lists up to limit messages waiting for the group: leased or after its cursor,
-	// in the order the group receives them. Missing tables mean no messages.
-	waiting(ctx context.Context, db *sql.DB, topic, group string, limit int) ([]row, error)
+	// in the order the group receives them.
+	waiting(ctx context.Context, db *sql.DB, topic, group string, have tableSet, limit int) ([]row, error)
 	// remove deletes a message that waiting returned, with its leases in every group.
-	remove(ctx context.Context, db *sql.DB, topic string, r row) error
+	remove(ctx context.Context, db *sql.DB, topic string, have tableSet, r row) error
 	// trim deletes up to limit of the messages that every group of the topic has
 	// acknowledged (at or below every cursor, leased by none), oldest first, and returns how
-	// many. Missing tables, or no group, mean nothing to delete.
-	trim(ctx context.Context, db *sql.DB, topic string, limit int) (int64, error)
+	// many; have has the offsets table.
+	trim(ctx context.Context, db *sql.DB, topic string, have tableSet, limit int) (int64, error)
 	// ackInTx is the statement that deletes a lease of the group (its parameters: group,
 	// offset, deliveries) only while its deliveries count is the given one.
 	ackInTx(topic string) string
 }
+
+// tableSet says which of a topic's tables exist.
+type tableSet struct{ messages, offsets, leases bool }
 
 // row is a message as a claim or a listing reads it.
 type row struct {
@@ -338,7 +335,8 @@ type row struct {
 	// txID is the PostgreSQL transaction id (xid8) that wrote the message; 0 on MySQL.
 	txID       int64
 	deliveries int
-	leased     bool
+	// leased marks, in a listing, a message that the group has leased.
+	leased bool
 	// orphan marks a lease whose message row is gone (removed while leased).
 	orphan            bool
 	uuid              string
@@ -369,9 +367,6 @@ type batch struct {
 	acks    []leaseRef
 	updates []leaseUpdate
 }
-
-// micros returns d in whole microseconds, the unit of the lease arithmetic in SQL.
-func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // inTx runs f in a read-committed transaction and commits it, or rolls it back when f fails
 // or panics.

@@ -70,10 +70,10 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		Trim:          q.Trim,
 		Close:         db.Close,
 		View: func(ctx context.Context, topic string) (broker.View, error) {
-			if err := q.lookUp(ctx, topic, true); err != nil {
+			if _, err := q.lookUp(ctx, topic, true); err != nil {
 				return nil, err
 			}
-			return &view{q: q, topic: topic}, nil
+			return q.view(topic), nil
 		},
 	}, nil
 }

@@ -19,11 +19,10 @@ import (
 type Subscriber struct {
 	q       *Queue
 	log     watermill.LoggerAdapter
-	settler *settler
+	settler *inflight.Writer[settlement]
 	subs    *inflight.Group
 
-	// writeCtx bounds the writing of settlements; Close cancels it when its time is up.
-	writeCtx    context.Context
+	// writeCancel ends the writing of settlements: Close calls it when its time is up.
 	writeCancel context.CancelFunc
 }
 
@@ -40,16 +39,13 @@ func (s *Subscriber) AcksInTransaction() bool { return true }
 // Subscriber returns a new consumer of the Queue's consumer group. Close it when done.
 func (q *Queue) Subscriber() *Subscriber {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Subscriber{
+	return &Subscriber{
 		q:           q,
 		log:         q.cfg.log.With(watermill.LogFields{"consumer_group": q.cfg.ConsumerGroup}),
-		settler:     newSettler(q),
+		settler:     newSettler(ctx, q),
 		subs:        inflight.NewGroup(ErrClosed),
-		writeCtx:    ctx,
 		writeCancel: cancel,
 	}
-	go s.settler.run(ctx)
-	return s
 }
 
 // SubscribeInitialize creates the tables of topic and the group's cursor row, as Subscribe
@@ -58,21 +54,11 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	return s.q.EnsureTopic(context.Background(), topic)
 }
 
-// Subscribe starts one competing consumer of topic in the Queue's consumer group, after
-// creating the topic's tables if they are missing. The returned channel hands out up to
-// Config.Prefetch unsettled deliveries at a time; it is closed when ctx ends or the Subscriber
-// closes, after the deliveries still unsettled are given back.
-//
-// Each message's context derives from ctx and carries a redelivery.Info: Count is the
-// message's delivery count, kept in its lease row (1 on a first delivery), and DelaysNacks is
-// true. The context is cancelled when the lease passes (Config.AckTimeout after the claim)
-// unsettled, when ctx ends, when the Subscriber closes, and after the message is settled;
-// context.Cause says which (context.DeadlineExceeded for the lease, ErrClosed for Close).
-//
-// A consumer that subscribes with redelivery.WithDirectSettle(ctx) promises to call
-// redelivery.Settle right after every Ack and Nack, as onceflow's router does: the delivery
-// then leaves the window in the consumer's goroutine, and the subscription keeps no goroutine
-// per delivery.
+// Subscribe starts one competing consumer of topic in the Queue's consumer group, as the
+// package documentation says (Delivery), after creating the topic's tables if they are
+// missing. The returned channel is closed when ctx ends or the Subscriber closes, after the
+// deliveries still unsettled are given back. A delivery's context is cancelled with
+// context.DeadlineExceeded when its lease passes, with ErrClosed at Close.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.subs.Check(); err != nil {
 		return nil, err
@@ -88,8 +74,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		log:     s.log.With(watermill.LogFields{"topic": topic}),
 		ackStmt: s.q.d.ackInTx(topic),
 	}
+	sub.outage = inflight.Outage{Log: sub.log, What: "claiming messages"}
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
-		Prefetch:  rules.Window(ctx, s.q.prefetch),
+		Prefetch:  rules.Window(ctx, s.q.cfg.Prefetch),
 		NackDelay: cfg.NackDelay,
 		LateAcks:  true,
 		// A claim costs a commit whether it takes one message or many: while deliveries are
@@ -97,7 +84,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		// free.
 		FillWait:     cfg.PollInterval,
 		CloseTimeout: cfg.CloseTimeout,
-		ErrClosed:    ErrClosed,
 		ErrExpired:   errLeasePassed,
 		Log:          sub.log,
 	})
@@ -117,10 +103,18 @@ func (s *Subscriber) Close() error {
 	defer timeUp.Stop()
 	return s.subs.Close(func() error {
 		defer s.writeCancel()
-		if err := s.settler.seal(); err != nil {
-			return fmt.Errorf("sqlqueue: close subscriber of consumer group %q: %w", s.q.cfg.ConsumerGroup, err)
+		left, err := s.settler.Close()
+		if err == nil {
+			return nil
 		}
-		return nil
+		acks := 0
+		for _, st := range left {
+			if st.ack {
+				acks++
+			}
+		}
+		return fmt.Errorf("sqlqueue: close subscriber of consumer group %q: acknowledgements: %d, lease changes: %d not written (their messages are delivered again when the leases expire): %w",
+			s.q.cfg.ConsumerGroup, acks, len(left)-acks, err)
 	})
 }
 
@@ -140,8 +134,8 @@ type subscription struct {
 	//
 	// busy: the last round claimed messages, so the next claims at once, without probing.
 	busy bool
-	// failures counts the claims that failed in a row.
-	failures int
+	// outage is the run of claims that failed in a row.
+	outage inflight.Outage
 	// dueAt is when due leases were last looked for. A busy subscription looks for them once
 	// per PollInterval, so that a backlog of new messages costs one claim per batch.
 	dueAt time.Time
@@ -155,7 +149,7 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 	cfg := sub.q.cfg
 	for {
 		// Taken before the claim, so that a Wake during the claim is not missed.
-		woken := sub.q.woken(sub.topic)
+		woken := sub.q.wakes.Woken(sub.topic)
 		got, err := sub.claim(ctx, n)
 		if ctx.Err() != nil {
 			return nil
@@ -170,31 +164,18 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 			continue
 		case err != nil:
 			sub.busy = false
-			sub.failures++
 			woken = nil // after a failure, wait out the interval
 			wait = cfg.RetryInterval
-			if sub.failures == 1 { // one line per failure, not per attempt
-				sub.log.Error("claiming messages failed; trying again until it succeeds", err, watermill.LogFields{"wait_time": wait})
-			} else {
-				sub.log.Debug("claiming messages failed again", watermill.LogFields{"err": err.Error(), "failures": sub.failures})
-			}
+			sub.outage.Failed(err, wait)
 		case got > 0:
-			sub.recovered()
+			sub.outage.Ended()
 			sub.busy = true
 			return nil
 		default:
-			sub.recovered()
+			sub.outage.Ended()
 			sub.busy = false
 		}
 		dbqueue.Wait(ctx, wait, woken)
-	}
-}
-
-// recovered ends a run of failed claims, saying so once.
-func (sub *subscription) recovered() {
-	if sub.failures > 0 {
-		sub.log.Info("claiming messages again", watermill.LogFields{"failures": sub.failures})
-		sub.failures = 0
 	}
 }
 
@@ -245,12 +226,12 @@ func (sub *subscription) emit(rows []row, deadline time.Time) {
 	for _, r := range rows {
 		ref := leaseRef{offset: r.offset, deliveries: r.deliveries}
 		if r.orphan {
-			sub.s.settler.ack(sub.topic, ref)
+			sub.ack(ref)
 			continue
 		}
 		it := inflight.Item[leaseRef]{Data: ref, Msg: newMessage(r.uuid, r.payload, r.metadata), Count: r.deliveries, Deadline: deadline}
 		if sub.sub.Emit(it) == nil {
-			sub.s.settler.update(sub.topic, leaseUpdate{leaseRef: ref, delta: -1})
+			sub.update(leaseUpdate{leaseRef: ref, delta: -1})
 		}
 	}
 }

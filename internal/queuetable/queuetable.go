@@ -5,6 +5,7 @@
 package queuetable
 
 import (
+	"bytes"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -267,16 +268,12 @@ func (s SchemaAdapter) SelectQuery(topic, consumerGroup string, offsetsAdapter w
 // UnmarshalMessage turns a row of SelectQuery into a message.
 func (s SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
 	var r wsql.Row
-	var metadata sql.NullString
-	if err := row.Scan(&r.Offset, &r.UUID, &r.Payload, &metadata); err != nil {
+	if err := row.Scan(&r.Offset, &r.UUID, &r.Payload, &r.Metadata); err != nil {
 		return wsql.Row{}, fmt.Errorf("sqlitequeue: scan message row: %w", err)
 	}
-	msg, err := NewMessage(string(r.UUID), r.Payload, metadata)
+	msg, err := NewMessage(string(r.UUID), r.Payload, r.Metadata)
 	if err != nil {
 		return wsql.Row{}, fmt.Errorf("sqlitequeue: message at offset %d: %w", r.Offset, err)
-	}
-	if metadata.Valid {
-		r.Metadata = []byte(metadata.String)
 	}
 	r.Msg = msg
 	return r, nil
@@ -286,20 +283,27 @@ func (s SchemaAdapter) UnmarshalMessage(row wsql.Scanner) (wsql.Row, error) {
 // serializable, and the queue's transactions begin with BEGIN IMMEDIATE.
 func (s SchemaAdapter) SubscribeIsolationLevel() sql.IsolationLevel { return sql.LevelDefault }
 
-// NewMessage makes the message of a stored row. Its error reports metadata that is not a JSON
-// object; a value that is not a string (written by a producer other than the queue's Publisher)
-// is kept as its JSON text.
-func NewMessage(uuid string, payload []byte, metadata sql.NullString) (*message.Message, error) {
+// NewMessage makes the message of a stored row whose metadata column (nil for NULL) is a JSON
+// object of strings, as watermill-sql's publishers and the queue's write it; the SQL queue
+// (broker/sqlqueue) reads its rows with it too. A value that is not a string (written by
+// another producer) is kept as its JSON text, null as "". Its error reports metadata that is
+// not a JSON object; the message then has no metadata.
+func NewMessage(uuid string, payload, metadata []byte) (*message.Message, error) {
 	msg := message.NewMessage(uuid, payload)
-	if !metadata.Valid || metadata.String == "" {
+	if trimmed := bytes.TrimSpace(metadata); len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		return msg, nil
 	}
+	// The usual column, an object of strings, in one pass.
+	if json.Unmarshal(metadata, &msg.Metadata) == nil {
+		return msg, nil
+	}
+	clear(msg.Metadata)
 	var fields map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(metadata.String), &fields); err != nil {
-		return msg, fmt.Errorf("metadata %q is not a JSON object: %w", truncate(metadata.String, 80), err)
+	if err := json.Unmarshal(metadata, &fields); err != nil {
+		return msg, fmt.Errorf("metadata %q is not a JSON object: %w", truncate(string(metadata), 80), err)
 	}
 	for k, raw := range fields {
-		var v string
+		var v string // null leaves it empty
 		if err := json.Unmarshal(raw, &v); err != nil {
 			v = string(raw)
 		}

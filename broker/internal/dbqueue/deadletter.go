@@ -20,6 +20,8 @@ const DeadLetterKeysTable = "onceflow_dead_letter_keys"
 
 // DeadLetterKeys are the statements of DeadLetterKeysTable in one SQL dialect.
 type DeadLetterKeys struct {
+	// Schema creates the table, harmless to repeat.
+	Schema string
 	// Delete deletes the keys published before its one parameter, in Unix milliseconds.
 	Delete string
 	// Insert records a key (parameters: topic, key, published_at in Unix milliseconds), and

@@ -1,7 +1,6 @@
 package inflight
 
 import (
-	"context"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -39,7 +38,7 @@ type Outcome struct {
 	Delay time.Duration
 	// Cause is nil when the consumer settled the delivery. Otherwise the delivery ended
 	// first, and Cause says why: Options.ErrExpired (its deadline passed), the cause the
-	// subscription stopped with (Options.ErrClosed when the Group closed, the cause of the
+	// subscription stopped with (the Group's ErrClosed when it closed, the cause of the
 	// Subscribe context when it ended), or the cause a source gave to End (a lost
 	// connection).
 	Cause error
@@ -50,8 +49,9 @@ type Outcome struct {
 	HandedOut time.Time
 	// Held is set, with Options.HoldNacks, for a nack whose hold begins (Delay is the whole
 	// of it): the delivery has left the window and its context has ended, and the source
-	// learns how it ends when the hold does, by a second Settle. A source whose books count
-	// the deliveries in flight takes it out of them here.
+	// learns how it ends when the hold does, by a second Settle (Delay 0; or, when the
+	// subscription ends first, the delay left and a Cause). A source whose books count the
+	// deliveries in flight takes it out of them here.
 	Held bool
 }
 
@@ -76,8 +76,10 @@ type Delivery[T any] struct {
 	Data T
 	Msg  *message.Message
 
-	sub    *Subscription[T]
-	cancel context.CancelCauseFunc
+	sub *Subscription[T]
+	// ctx is the context of the message (the one Emit gives it, unless a Contexter's values
+	// wrap it).
+	ctx deliveryContext[T]
 	// Under sub.mu: its state, whether the consumer has taken it, and when while it was
 	// queued or out (takenAt is not written after the delivery ends), its place in the list
 	// of the deliveries in flight (prev, next), ordered by deadline, and, held, when its nack
@@ -99,9 +101,6 @@ func (d *Delivery[T]) HandedOut() bool {
 	defer d.sub.mu.Unlock()
 	return d.handed
 }
-
-// settled is the delivery's function for redelivery.Settle.
-func (d *Delivery[T]) settled() { d.sub.settle(d, redelivery.Acked(d.Msg)) }
 
 // given returns what the consumer has done with the delivery so far, without waiting.
 func (d *Delivery[T]) given() (acked, nacked bool) {

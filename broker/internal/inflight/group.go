@@ -3,7 +3,10 @@ package inflight
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+
+	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 )
 
 // stopper is a Subscription of any source.
@@ -18,10 +21,7 @@ type Group struct {
 	errClosed error
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
-
-	mu     sync.Mutex
-	closed bool
-	subs   map[stopper]struct{}
+	subs      lifecycle.Set[stopper]
 
 	closeOnce sync.Once
 	closeErr  error
@@ -29,7 +29,7 @@ type Group struct {
 
 // NewGroup returns an open Group whose Subscriber's error for "closed" is errClosed.
 func NewGroup(errClosed error) *Group {
-	g := &Group{errClosed: errClosed, subs: map[stopper]struct{}{}}
+	g := &Group{errClosed: errClosed}
 	g.ctx, g.cancel = context.WithCancelCause(context.Background())
 	return g
 }
@@ -59,30 +59,21 @@ func (g *Group) SetupError(err error) error {
 	return err
 }
 
+// Begin returns why a Subscribe to topic cannot begin, nil when it can: an empty topic, in
+// an error that names scheme, or else ErrClosed when the Group is closed.
+func (g *Group) Begin(scheme, topic string) error {
+	if topic == "" {
+		return fmt.Errorf("%s: subscribe: topic is empty", scheme)
+	}
+	return g.Check()
+}
+
 // Check returns ErrClosed when the Group is closed.
 func (g *Group) Check() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
+	if g.subs.Closed() {
 		return g.errClosed
 	}
 	return nil
-}
-
-func (g *Group) add(s stopper) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
-		return g.errClosed
-	}
-	g.subs[s] = struct{}{}
-	return nil
-}
-
-func (g *Group) remove(s stopper) {
-	g.mu.Lock()
-	delete(g.subs, s)
-	g.mu.Unlock()
 }
 
 // Close stops every subscription at once, with the cause ErrClosed, waits until they have
@@ -91,13 +82,7 @@ func (g *Group) remove(s stopper) {
 // first is done, with its result.
 func (g *Group) Close(after func() error) error {
 	g.closeOnce.Do(func() {
-		g.mu.Lock()
-		g.closed = true
-		subs := make([]stopper, 0, len(g.subs))
-		for s := range g.subs {
-			subs = append(subs, s)
-		}
-		g.mu.Unlock()
+		subs, _ := g.subs.Close()
 		g.cancel(g.errClosed)
 		errs := make([]error, len(subs)+1)
 		var wg sync.WaitGroup

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -42,6 +44,7 @@ type source struct {
 	mu      sync.Mutex
 	fetches []int               // the n of each Fetch
 	taken   map[int][]time.Time // the Outcome.HandedOut of each Settle, by message
+	emitted int                 // the messages Emit made deliveries of
 }
 
 func newSource(buffer int) *source {
@@ -78,8 +81,18 @@ func (src *source) Fetch(ctx context.Context, n int) error {
 		if src.sub.Emit(it) == nil {
 			return nil
 		}
+		src.mu.Lock()
+		src.emitted++
+		src.mu.Unlock()
 	}
 	return nil
+}
+
+// emittedCount returns how many messages Emit made deliveries of so far.
+func (src *source) emittedCount() int {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	return src.emitted
 }
 
 // Settle records the settlement; its Outcome.HandedOut goes to taken, apart.
@@ -139,7 +152,7 @@ func startAs(t *testing.T, g *inflight.Group, src *source, as inflight.Source[in
 	if opt.CloseTimeout == 0 {
 		opt.CloseTimeout = 5 * time.Second
 	}
-	opt.ErrClosed, opt.ErrExpired = errClosed, errExpired
+	opt.ErrExpired = errExpired
 	src.sub = inflight.New(ctx, as, opt)
 	ch, err := src.sub.Start(g)
 	require.NoError(t, err)
@@ -457,7 +470,7 @@ func TestHold_TheEndWaitsForAHoldThatIsBeginning(t *testing.T) {
 	src.put(1, 1)
 	g := inflight.NewGroup(errClosed)
 	ctx := redelivery.WithDirectSettle(context.Background())
-	src.sub = inflight.New[int](ctx, src, inflight.Options{Prefetch: 1, HoldNacks: true, NackDelay: time.Hour, CloseTimeout: 5 * time.Second, ErrClosed: errClosed})
+	src.sub = inflight.New[int](ctx, src, inflight.Options{Prefetch: 1, HoldNacks: true, NackDelay: time.Hour, CloseTimeout: 5 * time.Second})
 	ch, err := src.sub.Start(g)
 	require.NoError(t, err)
 	go nack(receive(t, ch))
@@ -606,6 +619,27 @@ func TestStop_GivesBackWhatItHoldsWithWhatTheConsumerGaveThenClosesTheChannel(t 
 	})
 }
 
+// The end of a subscription reports the ack it reads from a message once: the consumer's
+// settlement that follows is not a late ack, even for a source that asks for those.
+func TestStop_ReportsAnAckItReadsOnceEvenWithLateAcks(t *testing.T) {
+	modes(t, func(t *testing.T, direct bool) {
+		src := newSource(8)
+		src.put(1, 1)
+		g := inflight.NewGroup(errClosed)
+		ch, cancel := start(t, g, src, direct, inflight.Options{LateAcks: true})
+		defer cancel()
+		one := receive(t, ch)
+		one.Ack() // acked, not settled yet
+		require.NoError(t, g.Close(nil))
+		s := settlement(t, src)
+		require.Equal(t, 1, s.n)
+		require.True(t, s.o.Acked, "%+v", s.o)
+		require.False(t, s.o.Late, "%+v", s.o)
+		redelivery.Settle(one)
+		noSettlement(t, src, 50*time.Millisecond)
+	})
+}
+
 func TestStop_AMessageNeverHandedOutSaysSo(t *testing.T) {
 	src := newSource(8)
 	src.put(1, 2)
@@ -613,11 +647,13 @@ func TestStop_AMessageNeverHandedOutSaysSo(t *testing.T) {
 	var mu sync.Mutex
 	wrapped := &handOutSource{source: src, handed: func(b bool) { mu.Lock(); handed = append(handed, b); mu.Unlock() }}
 	ctx, cancel := context.WithCancel(redelivery.WithDirectSettle(context.Background()))
-	src.sub = inflight.New[int](ctx, wrapped, inflight.Options{Prefetch: 2, CloseTimeout: time.Second, ErrClosed: errClosed})
+	src.sub = inflight.New[int](ctx, wrapped, inflight.Options{Prefetch: 2, CloseTimeout: time.Second})
 	ch, err := src.sub.Start(nil)
 	require.NoError(t, err)
 	receive(t, ch)
-	require.Eventually(t, func() bool { return len(src.ready) == 0 }, 5*time.Second, time.Millisecond)
+	// Both are deliveries before the end: a message that Emit refuses once the subscription
+	// stops is the source's to give back, and never reaches Settle.
+	require.Eventually(t, func() bool { return src.emittedCount() == 2 }, 5*time.Second, time.Millisecond)
 	cancel()
 	<-src.closed // not reading meanwhile: the second stays unhanded
 	_, ok := <-ch
@@ -701,7 +737,7 @@ type failingClose struct{ *source }
 
 func (f *failingClose) Close(context.Context) error { return errors.New("unsent acks") }
 
-func TestRules_ValidateNamesTheFieldAndApplySetsTheDefaults(t *testing.T) {
+func TestRules_ValidateNamesTheField(t *testing.T) {
 	r := inflight.Rules{Scheme: "x", Prefetch: 10, MaxPrefetch: 100, AckTimeout: time.Minute, AckTimeoutField: "AckWait",
 		MinAckTimeout: 10 * time.Millisecond, NackDelay: time.Second, NoNackDelay: true, CloseTimeout: 5 * time.Second}
 	for _, c := range []struct {
@@ -722,16 +758,36 @@ func TestRules_ValidateNamesTheFieldAndApplySetsTheDefaults(t *testing.T) {
 		"x: Config.ClaimInterval: -1ns is negative (0 selects the default)")
 	require.EqualError(t, r.Validate(inflight.Settings{Prefetch: -1}, inflight.Duration{Name: "BlockTime", Value: -1}),
 		"x: Config.Prefetch: -1 is outside 1..100 (0 selects the default)", "the common settings first")
-	got := r.Apply(inflight.Settings{NackDelay: -1})
-	require.NotNil(t, got.Logger)
-	got.Logger = nil
-	require.Equal(t, inflight.Settings{Prefetch: 10, AckTimeout: time.Minute, CloseTimeout: 5 * time.Second}, got)
-	require.Equal(t, time.Second, r.Apply(inflight.Settings{}).NackDelay)
 
 	plain := inflight.Rules{Scheme: "y"}
 	require.EqualError(t, plain.Validate(inflight.Settings{NackDelay: -1}), "y: Config.NackDelay: -1ns is negative (0 redelivers at once)")
 	require.EqualError(t, plain.Validate(inflight.Settings{Prefetch: -1}), "y: Config.Prefetch: -1 is negative (0 selects the default)")
 	require.NoError(t, plain.Validate(inflight.Settings{AckTimeout: -1}), "a scheme without deadlines does not read AckTimeout")
+}
+
+func TestRules_DefaultSetsTheFieldsButPrefetch(t *testing.T) {
+	r := inflight.Rules{Scheme: "x", Prefetch: 10, AckTimeout: time.Minute, NackDelay: time.Second, NoNackDelay: true, CloseTimeout: 5 * time.Second}
+	var (
+		prefetch           int
+		ack, nack, closing time.Duration = 0, -1, 0
+		logger             *slog.Logger
+		log                watermill.LoggerAdapter
+	)
+	f := inflight.Fields{Prefetch: &prefetch, AckTimeout: &ack, NackDelay: &nack, CloseTimeout: &closing, Logger: &logger, Log: &log}
+	require.Equal(t, inflight.Settings{NackDelay: -1}, f.Settings())
+	r.Default(f)
+	require.Equal(t, []time.Duration{time.Minute, 0, 5 * time.Second}, []time.Duration{ack, nack, closing})
+	require.Zero(t, prefetch, "each subscription takes its own Window")
+	require.NotNil(t, logger)
+	require.Equal(t, watermill.NopLogger{}, log, "a discarding logger logs nothing at no cost")
+
+	nack = 0
+	r.Default(f)
+	require.Equal(t, time.Second, nack, "0 selects the default")
+
+	nack = 0
+	inflight.Rules{Scheme: "y"}.Default(inflight.Fields{Prefetch: &prefetch, NackDelay: &nack, CloseTimeout: &closing, Logger: &logger, Log: &log})
+	require.Zero(t, nack, "a scheme without deadlines has no AckTimeout field to set")
 }
 
 // keeper keeps every place of its first fetch, for messages it emits later from elsewhere;
@@ -786,4 +842,14 @@ func TestKeep_PlacesKeptAfterAFetchAreTakenByLaterEmitsUntilReleased(t *testing.
 	src.next <- struct{}{}
 	require.Eventually(t, func() bool { return len(src.fetchSizes()) == 3 }, 5*time.Second, time.Millisecond)
 	require.Equal(t, []int{4, 1, 3}, src.fetchSizes())
+}
+
+func TestGroup_BeginRefusesAnEmptyTopicThenAClosedGroup(t *testing.T) {
+	t.Parallel()
+	g := inflight.NewGroup(errClosed)
+	require.NoError(t, g.Begin("x", "t"))
+	require.EqualError(t, g.Begin("x", ""), "x: subscribe: topic is empty")
+	require.NoError(t, g.Close(nil))
+	require.EqualError(t, g.Begin("x", ""), "x: subscribe: topic is empty", "the topic first")
+	require.ErrorIs(t, g.Begin("x", "t"), errClosed)
 }

@@ -1,10 +1,13 @@
 package inflight
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/wmlog"
@@ -57,18 +60,6 @@ type Duration struct {
 // Validate reports the first field of s that the scheme refuses, or else the first of more
 // that is negative, naming it.
 func (r Rules) Validate(s Settings, more ...Duration) error {
-	if err := r.validate(s); err != nil {
-		return err
-	}
-	for _, d := range more {
-		if d.Value < 0 {
-			return fmt.Errorf("%s: Config.%s: %s is negative (0 selects the default)", r.Scheme, d.Name, d.Value)
-		}
-	}
-	return nil
-}
-
-func (r Rules) validate(s Settings) error {
 	if s.Prefetch < 0 || r.MaxPrefetch > 0 && s.Prefetch > r.MaxPrefetch {
 		if r.MaxPrefetch > 0 {
 			return fmt.Errorf("%s: Config.Prefetch: %d is outside 1..%d (0 selects the default)", r.Scheme, s.Prefetch, r.MaxPrefetch)
@@ -84,44 +75,20 @@ func (r Rules) validate(s Settings) error {
 	case s.CloseTimeout < 0:
 		return fmt.Errorf("%s: Config.CloseTimeout: %s is negative (0 selects the default)", r.Scheme, s.CloseTimeout)
 	}
-	if r.AckTimeout == 0 {
-		return nil
-	}
-	field := r.AckTimeoutField
-	if field == "" {
-		field = "AckTimeout"
-	}
+	field := cmp.Or(r.AckTimeoutField, "AckTimeout")
 	switch {
+	case r.AckTimeout == 0: // the scheme's deliveries have no deadline: not read
 	case s.AckTimeout < 0:
 		return fmt.Errorf("%s: Config.%s: %s is negative (0 selects the default)", r.Scheme, field, s.AckTimeout)
 	case s.AckTimeout > 0 && s.AckTimeout < r.MinAckTimeout:
 		return fmt.Errorf("%s: Config.%s: %s is shorter than %s", r.Scheme, field, s.AckTimeout, r.MinAckTimeout)
 	}
+	for _, d := range more {
+		if d.Value < 0 {
+			return fmt.Errorf("%s: Config.%s: %s is negative (0 selects the default)", r.Scheme, d.Name, d.Value)
+		}
+	}
 	return nil
-}
-
-// Apply returns s with every zero field set to the scheme's default, and NackDelay set to
-// the delay it stands for.
-func (r Rules) Apply(s Settings) Settings {
-	if s.Prefetch == 0 {
-		s.Prefetch = r.Prefetch
-	}
-	switch {
-	case r.NoNackDelay && s.NackDelay == -1:
-		s.NackDelay = 0
-	case s.NackDelay == 0:
-		s.NackDelay = r.NackDelay
-	}
-	if s.AckTimeout == 0 {
-		s.AckTimeout = r.AckTimeout
-	}
-	if s.CloseTimeout == 0 {
-		s.CloseTimeout = r.CloseTimeout
-	}
-	if s.Logger == nil {
-		s.Logger = wmlog.Discard()
-	}
-	return s
 }
 
 // Window returns the window of one subscription whose Config's prefetch is prefetch (0 when
@@ -133,4 +100,40 @@ func (r Rules) Window(ctx context.Context, prefetch int) int {
 		return prefetch
 	}
 	return redelivery.WindowFrom(ctx, r.Prefetch, r.MaxPrefetch)
+}
+
+// Fields point at the fields of a scheme's Config that hold its Settings, and at the
+// watermill adapter of its Logger. AckTimeout may be nil when the Rules have no AckTimeout.
+type Fields struct {
+	Prefetch                            *int
+	AckTimeout, NackDelay, CloseTimeout *time.Duration
+	Logger                              **slog.Logger
+	Log                                 *watermill.LoggerAdapter
+}
+
+// Settings returns the Settings that f points at.
+func (f Fields) Settings() Settings {
+	s := Settings{Prefetch: *f.Prefetch, NackDelay: *f.NackDelay, CloseTimeout: *f.CloseTimeout, Logger: *f.Logger}
+	if f.AckTimeout != nil {
+		s.AckTimeout = *f.AckTimeout
+	}
+	return s
+}
+
+// Default sets every zero field that f points at but Prefetch (each subscription takes its
+// own Window) to the scheme's default, NackDelay to the delay it stands for, and Log to the
+// adapter of the Logger.
+func (r Rules) Default(f Fields) {
+	switch {
+	case r.NoNackDelay && *f.NackDelay == -1:
+		*f.NackDelay = 0
+	case *f.NackDelay == 0:
+		*f.NackDelay = r.NackDelay
+	}
+	if f.AckTimeout != nil {
+		*f.AckTimeout = cmp.Or(*f.AckTimeout, r.AckTimeout)
+	}
+	*f.CloseTimeout = cmp.Or(*f.CloseTimeout, r.CloseTimeout)
+	*f.Logger = cmp.Or(*f.Logger, wmlog.Discard())
+	*f.Log = wmlog.Adapter(*f.Logger)
 }

@@ -15,19 +15,15 @@ import (
 // Source is the broker side of one subscription; see the package documentation for who
 // calls what, from which goroutine.
 type Source[T any] interface {
-	// Fetch takes up to n messages from the broker and gives each to the subscription's Emit
-	// as it comes. It returns when its request is over, and at once when ctx ends (the
-	// subscription stops). It handles the broker's transient failures itself (waiting as
-	// long as they last, as long as ctx lasts); an error it returns ends the subscription.
+	// Fetch takes up to n messages from the broker and gives each to Emit as it comes; an
+	// error it returns ends the subscription.
 	Fetch(ctx context.Context, n int) error
 	// Settle tells the broker how a delivery ended (Outcome), once per delivery, and once
-	// more for a late ack (Options.LateAcks) or before the end of a held nack, as its hold
-	// begins (Outcome.Held, Options.HoldNacks). It may run in the consumer's goroutine: it
-	// must not wait for the broker (a write to a buffer is fine).
+	// more for a late ack (Options.LateAcks) or as a held nack's hold begins (Outcome.Held).
+	// It must not wait for the broker.
 	Settle(d *Delivery[T], o Outcome)
-	// Close sends what Settle left to send (coalesced acks), gives back to the broker what
-	// the subscription holds, and releases the source, within ctx. The subscription's
-	// channel is closed after it returns. Its error is the subscription's.
+	// Close sends what Settle left to send, gives back what the subscription holds, and
+	// releases the source, within ctx. Its error is the subscription's.
 	Close(ctx context.Context) error
 }
 
@@ -68,17 +64,14 @@ type Options struct {
 	// CloseTimeout bounds the end of the subscription: waiting for Fetch to return, and
 	// Source.Close.
 	CloseTimeout time.Duration
-	// ErrClosed is the cause of the deliveries' contexts when the Group closes; ErrExpired
-	// when their deadline passes.
-	ErrClosed, ErrExpired error
+	// ErrExpired is the cause of a delivery's context when its deadline passes.
+	ErrExpired error
 	// Log receives the subscription's logs.
 	Log watermill.LoggerAdapter
 }
 
-// Subscription is the engine of one Subscribe call: the window of deliveries, their hand-out
-// in the order they were emitted, their deadlines under one timer, their settlement (directly
-// in the consumer's goroutine, or watched), held nacks, and the give-back when the
-// subscription ends. New makes one; Start starts it.
+// Subscription is the engine of one Subscribe call, as the package documentation says. New
+// makes one; Start starts it.
 type Subscription[T any] struct {
 	src  Source[T]
 	cx   Contexter[T] // src, when it is one
@@ -137,9 +130,6 @@ func New[T any](ctx context.Context, src Source[T], opt Options) *Subscription[T
 	if opt.Log == nil {
 		opt.Log = watermill.NopLogger{}
 	}
-	if opt.ErrClosed == nil {
-		opt.ErrClosed = context.Canceled
-	}
 	if opt.ErrExpired == nil {
 		opt.ErrExpired = context.DeadlineExceeded
 	}
@@ -179,8 +169,8 @@ func New[T any](ctx context.Context, src Source[T], opt Options) *Subscription[T
 // the Group's ErrClosed when g is closed; the source is then the caller's to release.
 func (s *Subscription[T]) Start(g *Group) (<-chan *message.Message, error) {
 	if g != nil {
-		if err := g.add(s); err != nil {
-			return nil, err
+		if !g.subs.Add(s) {
+			return nil, g.errClosed
 		}
 		s.group = g
 	}
@@ -192,14 +182,6 @@ func (s *Subscription[T]) Start(g *Group) (<-chan *message.Message, error) {
 
 // Stopping returns a channel that is closed when the subscription begins to stop.
 func (s *Subscription[T]) Stopping() <-chan struct{} { return s.stopping }
-
-// signal wakes the goroutine that waits on c, if any; signals do not pile up.
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
-}
 
 // run fetches while the window has room, until the subscription stops.
 func (s *Subscription[T]) run() {
@@ -215,7 +197,7 @@ func (s *Subscription[T]) run() {
 		got := s.fetched
 		s.reserved, s.fetched = 0, 0
 		s.mu.Unlock()
-		signal(s.room)
+		Signal(s.room)
 		if err != nil && s.fetchCtx.Err() == nil {
 			s.log.Error("Subscription ends: fetching failed", err, nil)
 			go s.stop(err)
@@ -271,7 +253,7 @@ func (s *Subscription[T]) Hurry() {
 	s.mu.Lock()
 	s.hurried = true
 	s.mu.Unlock()
-	signal(s.room)
+	Signal(s.room)
 }
 
 // Keep keeps k of the places reserved for the fetch in progress after it returns, for
@@ -292,33 +274,33 @@ func (s *Subscription[T]) Release(k int) {
 	s.mu.Lock()
 	s.kept -= min(k, s.kept)
 	s.mu.Unlock()
-	signal(s.room)
+	Signal(s.room)
 }
 
 // Emit makes it a delivery, queued for its hand-out after those emitted before, and returns
 // it. It takes a place kept (it.Kept), or else one reserved for the fetch in progress if one is
 // left, and a new place otherwise (the window may then hold more than Prefetch for a moment).
 // It returns nil once the subscription is stopping: the message is then the source's to give
-// back. Emit may be called from any goroutine.
+// back (or to leave to the broker's own deadline). Emit never blocks, and may be called from
+// any goroutine.
 func (s *Subscription[T]) Emit(it Item[T]) *Delivery[T] {
 	d := &Delivery[T]{Data: it.Data, Msg: it.Msg, sub: s, deadline: it.Deadline, index: -1}
-	var ctx context.Context
-	ctx, d.cancel = context.WithCancelCause(s.base)
+	d.ctx.base, d.ctx.d = s.base, d
+	var settler redelivery.Settler
+	if s.direct {
+		settler = &d.ctx
+	}
+	d.ctx.vals.Init(redelivery.Info{Count: it.Count, Redelivered: it.Redelivered, DelaysNacks: true}, settler)
+	var ctx context.Context = &d.ctx
 	if s.cx != nil {
 		ctx = s.cx.Context(ctx, d)
-	}
-	info := redelivery.Info{Count: it.Count, Redelivered: it.Redelivered, DelaysNacks: true}
-	if s.direct {
-		ctx = redelivery.NewDeliveryContext(ctx, info, d.settled, s.flush)
-	} else {
-		ctx = redelivery.NewContext(ctx, info)
 	}
 	d.Msg.SetContext(ctx)
 
 	s.mu.Lock()
 	if s.ending {
 		s.mu.Unlock()
-		d.cancel(context.Canceled)
+		d.ctx.end(context.Canceled)
 		return nil
 	}
 	switch {
@@ -339,7 +321,7 @@ func (s *Subscription[T]) Emit(it Item[T]) *Delivery[T] {
 	}
 	s.queue = append(s.queue, d)
 	s.mu.Unlock()
-	signal(s.queuedSig)
+	Signal(s.queuedSig)
 	return d
 }
 
@@ -400,7 +382,7 @@ func (s *Subscription[T]) handOut(d *Delivery[T]) bool {
 			st := d.state
 			s.mu.Unlock()
 			if st != queued {
-				signal(s.endedSig) // for the next one, if it ended too
+				Signal(s.endedSig) // for the next one, if it ended too
 				return true
 			}
 		case <-s.stopping:
@@ -443,14 +425,16 @@ func (s *Subscription[T]) watch(d *Delivery[T], gen chan struct{}) {
 func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 	s.mu.Lock()
 	switch st := d.state; {
+	case s.ending:
+		// The end reads the ack or nack from the message of each delivery it ends (tell): one
+		// it has ended already must not be reported again as a late ack.
+		s.mu.Unlock()
+		return
 	case st == ended || st == held:
 		s.mu.Unlock()
 		if acked && s.opt.LateAcks && st == ended {
 			s.src.Settle(d, Outcome{Acked: true, Late: true, HandedOut: d.takenAt})
 		}
-		return
-	case s.ending:
-		s.mu.Unlock()
 		return
 	}
 	d.handed = true
@@ -469,8 +453,8 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 			d.due = time.Now().Add(o.Delay)
 			s.holding.Add(1)
 			s.mu.Unlock()
-			d.cancel(nil)
-			signal(s.room)
+			d.ctx.end(nil)
+			Signal(s.room)
 			o.Held = true
 			s.src.Settle(d, o)
 			s.mu.Lock()
@@ -484,16 +468,17 @@ func (s *Subscription[T]) settle(d *Delivery[T], acked bool) {
 	d.state = ended
 	s.mu.Unlock()
 	s.src.Settle(d, o)
-	d.cancel(nil)
-	signal(s.room)
+	d.ctx.end(nil)
+	Signal(s.room)
 }
 
-// End ends the deliveries in flight for which match reports true, as their broker dropped
-// them (a lost connection, a revoked partition), held nacks included (not one whose hold is
-// beginning, whose Settle with Outcome.Held is running: it ends with its hold): the source
-// learns each with the ack or nack given before and cause, by Settle, in the goroutine that
-// calls End, which must therefore not hold the locks that Settle takes. It returns how many
-// it ended.
+// End ends the deliveries in flight for which match reports true (every one when match is
+// nil), as their broker dropped them (a lost connection, a revoked partition), held nacks
+// included (not one whose hold is beginning, whose Settle with Outcome.Held is running: it
+// ends with its hold, and its source, which knows that its broker dropped it, sends nothing):
+// the source learns each with the ack or nack given before and cause, by Settle, in the
+// goroutine that calls End, which must therefore not hold the locks that Settle takes. A
+// queued one is not handed out. It returns how many it ended.
 func (s *Subscription[T]) End(cause error, match func(*Delivery[T]) bool) int {
 	return s.end(cause, match, false)
 }
@@ -515,7 +500,7 @@ func (s *Subscription[T]) end(cause error, match func(*Delivery[T]) bool, queued
 	var ends []*Delivery[T]
 	for d := s.head; d != nil; {
 		next := d.next
-		if (!queuedOnly || d.state == queued) && match(d) {
+		if (!queuedOnly || d.state == queued) && (match == nil || match(d)) {
 			s.unlink(d)
 			s.live--
 			d.state = ended
@@ -524,27 +509,21 @@ func (s *Subscription[T]) end(cause error, match func(*Delivery[T]) bool, queued
 		d = next
 	}
 	if !queuedOnly {
-		ends = s.endHeldLocked(ends, match)
+		for i := 0; i < len(s.held); {
+			d := s.held[i]
+			if match == nil || match(d) {
+				heap.Remove(&s.held, i)
+				d.state = ended
+				ends = append(ends, d)
+				continue
+			}
+			i++
+		}
+		s.arm()
 	}
 	s.mu.Unlock()
 	s.tell(ends, cause)
 	return len(ends)
-}
-
-// endHeldLocked ends the held nacks that match matches, appending them to ends. mu is held.
-func (s *Subscription[T]) endHeldLocked(ends []*Delivery[T], match func(*Delivery[T]) bool) []*Delivery[T] {
-	for i := 0; i < len(s.held); {
-		d := s.held[i]
-		if match == nil || match(d) {
-			heap.Remove(&s.held, i)
-			d.state = ended
-			ends = append(ends, d)
-			continue
-		}
-		i++
-	}
-	s.arm()
-	return ends
 }
 
 // tell ends the contexts of the deliveries that ended with cause, tells the source how, and
@@ -562,12 +541,12 @@ func (s *Subscription[T]) tell(ends []*Delivery[T], cause error) {
 			}
 			o.Cause = cause
 		}
-		d.cancel(cause)
+		d.ctx.end(cause)
 		s.src.Settle(d, o)
 	}
 	if len(ends) > 0 {
-		signal(s.endedSig)
-		signal(s.room)
+		Signal(s.endedSig)
+		Signal(s.room)
 		if !s.direct {
 			s.mu.Lock()
 			close(s.endGen)
@@ -674,7 +653,8 @@ func (s *Subscription[T]) stop(cause error) error {
 		if cause == nil {
 			cause = context.Canceled
 		}
-		deadline := time.Now().Add(s.opt.CloseTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), s.opt.CloseTimeout)
+		defer cancel()
 		s.mu.Lock()
 		s.ending = true
 		var inflight []*Delivery[T]
@@ -688,48 +668,23 @@ func (s *Subscription[T]) stop(cause error) error {
 			s.unwatch()
 		}
 		for _, d := range inflight {
-			d.cancel(cause)
+			d.ctx.end(cause)
 		}
 		<-s.pumpDone
-		waitUntil(s.runDone, deadline)
+		Wait(ctx, s.runDone)
 		s.holding.Wait()
-
-		s.mu.Lock()
-		var ends []*Delivery[T]
-		for d := s.head; d != nil; d = s.head {
-			s.unlink(d)
-			s.live--
-			d.state = ended
-			ends = append(ends, d)
-		}
-		ends = s.endHeldLocked(ends, nil)
-		s.timer.Stop()
-		s.armed = time.Time{}
-		s.mu.Unlock()
-		s.tell(ends, cause)
+		s.end(cause, nil, false) // every delivery and held nack; the timer stops with the last
 		s.watchers.Wait()
 
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		s.stopErr = s.src.Close(ctx)
-		cancel()
 		if s.group != nil {
-			s.group.remove(s)
+			s.group.subs.Remove(s)
 		}
 		close(s.out)
 		close(s.stopped)
 	})
 	<-s.stopped
 	return s.stopErr
-}
-
-// waitUntil waits for done until deadline.
-func waitUntil(done <-chan struct{}, deadline time.Time) {
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-	}
 }
 
 // Sleep waits d, and reports false when the subscription begins to stop first: for a source's

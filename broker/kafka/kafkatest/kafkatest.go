@@ -24,18 +24,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// Defaults of Config.
+// Defaults of Config: each is the value of the field of its name when that field is zero.
 const (
-	// DefaultBrokers is the number of brokers of a cluster when Config.Brokers is zero.
-	DefaultBrokers = 3
-	// DefaultPartitions is the partition count of the topics created without one (by the
-	// broker/kafka publisher and subscribers, unless the URL sets partitions), when
-	// Config.Partitions is zero.
-	DefaultPartitions = 4
-	// DefaultMinSessionTimeout is the shortest group session timeout the cluster accepts, when
-	// Config.MinSessionTimeout is zero: far below Kafka's 6 s, so that a test can set a short
-	// ack_timeout (the kafka:// scheme's session timeout) and see the partitions of a member
-	// that died move in about a second.
+	DefaultBrokers           = 3
+	DefaultPartitions        = 4
 	DefaultMinSessionTimeout = 100 * time.Millisecond
 )
 
@@ -44,11 +36,14 @@ type Config struct {
 	// Brokers is the number of brokers, each on a loopback port of its own. Defaults to
 	// DefaultBrokers.
 	Brokers int
-	// Partitions is the partition count of the topics created without one. Defaults to
+	// Partitions is the partition count of the topics created without one (by the
+	// broker/kafka publisher and subscribers, unless the URL sets partitions). Defaults to
 	// DefaultPartitions.
 	Partitions int
 	// MinSessionTimeout is the shortest group session timeout the cluster accepts (Kafka's
-	// group.min.session.timeout.ms). Defaults to DefaultMinSessionTimeout.
+	// group.min.session.timeout.ms). Defaults to DefaultMinSessionTimeout: far below Kafka's
+	// 6 s, so that a test can set a short ack_timeout (the kafka:// scheme's session timeout)
+	// and see the partitions of a member that died move in about a second.
 	MinSessionTimeout time.Duration
 }
 
