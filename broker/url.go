@@ -44,44 +44,22 @@ type schemeInfo struct {
 	system string
 	// pkg is the package that registers the scheme.
 	pkg string
-
-	// What the scheme does, as the package documentation lists it (doc.go; a test checks it
-	// against these fields):
-	//
-	// inspect says that Peek, Move and Delete work;
+	// inspect says that Peek, Move and Delete work (the scheme has a Backend.View), as the
+	// package documentation's table lists it.
 	inspect bool
-	// nackDelay says what keeps a nacked message until its delay has passed;
-	nackDelay string
-	// count says who counts a message's deliveries;
-	count string
-	// order says what applies the messages of one key in order.
-	order string
 }
 
 // schemes lists the schemes of Open, in the order its errors list them.
 var schemes = []schemeInfo{
-	{name: "amqp", aliases: []string{"amqps"}, system: "rabbitmq", pkg: "github.com/onceflow/onceflow/broker/amqp",
-		inspect: true, nackDelay: "subscriber", count: "quorum queue's, else router's", order: inOrder},
-	{name: "postgres", aliases: []string{"postgresql"}, system: "postgresql", pkg: "github.com/onceflow/onceflow/broker/sqlqueue",
-		inspect: true, nackDelay: "database", count: "lease's", order: inOrder},
-	{name: "mysql", aliases: []string{"mariadb"}, system: "mysql", pkg: "github.com/onceflow/onceflow/broker/sqlqueue",
-		inspect: true, nackDelay: "database", count: "lease's", order: inOrder},
-	{name: "sqlite", aliases: []string{"sqlite3"}, system: "sqlite", pkg: "github.com/onceflow/onceflow/broker/sqlitequeue",
-		inspect: true, nackDelay: "queue file", count: "lease's", order: inOrder},
-	{name: "nats", system: "nats", pkg: "github.com/onceflow/onceflow/broker/nats",
-		inspect: true, nackDelay: "JetStream", count: "JetStream's", order: inOrder},
-	{name: "redis", aliases: []string{"rediss"}, system: "redis", pkg: "github.com/onceflow/onceflow/broker/redis",
-		inspect: true, nackDelay: "Redis", count: "pending entry's", order: inOrder},
-	{name: "kafka", system: "kafka", pkg: "github.com/onceflow/onceflow/broker/kafka",
-		inspect: true, nackDelay: "subscriber", count: "commit metadata", order: "partition's (DedupByOffset), " + inOrder},
-	{name: "mem", system: "mem", pkg: "github.com/onceflow/onceflow/broker/mem",
-		nackDelay: "subscriber", count: "in memory", order: inOrder},
+	{name: "amqp", aliases: []string{"amqps"}, system: "rabbitmq", pkg: "github.com/onceflow/onceflow/broker/amqp", inspect: true},
+	{name: "postgres", aliases: []string{"postgresql"}, system: "postgresql", pkg: "github.com/onceflow/onceflow/broker/sqlqueue", inspect: true},
+	{name: "mysql", aliases: []string{"mariadb"}, system: "mysql", pkg: "github.com/onceflow/onceflow/broker/sqlqueue", inspect: true},
+	{name: "sqlite", aliases: []string{"sqlite3"}, system: "sqlite", pkg: "github.com/onceflow/onceflow/broker/sqlitequeue", inspect: true},
+	{name: "nats", system: "nats", pkg: "github.com/onceflow/onceflow/broker/nats", inspect: true},
+	{name: "redis", aliases: []string{"rediss"}, system: "redis", pkg: "github.com/onceflow/onceflow/broker/redis", inspect: true},
+	{name: "kafka", system: "kafka", pkg: "github.com/onceflow/onceflow/broker/kafka", inspect: true},
+	{name: "mem", system: "mem", pkg: "github.com/onceflow/onceflow/broker/mem"},
 }
-
-// inOrder is what keeps the messages of a key in order on every scheme: the per-key sequence
-// numbers of the QoS ExactlyOnceInOrder. No broker hands out a key's messages in order once
-// many deliveries are in flight.
-const inOrder = "ExactlyOnceInOrder"
 
 // allPackage registers every scheme.
 const allPackage = "github.com/onceflow/onceflow/broker/all"
