@@ -49,24 +49,19 @@ func (m mysql) messagesSchema() wsql.SchemaAdapter {
 	}
 }
 
-func (m mysql) schema(topic string) []string {
-	t := m.tables(topic)
-	var out []string
-	for _, q := range m.messagesSchema().SchemaInitializingQueries(topic) {
-		out = append(out, q.Query)
-	}
-	offsets := wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return t.offsets }}
-	for _, q := range offsets.SchemaInitializingQueries(topic) {
-		out = append(out, q.Query)
-	}
-	return append(out, "CREATE TABLE IF NOT EXISTS "+t.leases+` (
+func (m mysql) offsetsSchema(topic string) wsql.OffsetsAdapter {
+	return wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return m.tables(topic).offsets }}
+}
+
+func (m mysql) leasesSchema(topic string) []wsql.Query {
+	return []wsql.Query{{Query: "CREATE TABLE IF NOT EXISTS " + m.tables(topic).leases + ` (
 			consumer_group VARCHAR(255) NOT NULL,
-			`+"`offset`"+` BIGINT NOT NULL,
+			` + "`offset`" + ` BIGINT NOT NULL,
 			deliveries INT NOT NULL,
 			visible_at DATETIME(6) NOT NULL,
-			PRIMARY KEY (consumer_group, `+"`offset`"+`),
+			PRIMARY KEY (consumer_group, ` + "`offset`" + `),
 			KEY due (consumer_group, visible_at)
-		)`)
+		)`}}
 }
 
 // keys' Insert leaves an existing row as it is, which MySQL reports as 0 rows affected.

@@ -52,26 +52,22 @@ func (p postgres) messagesSchema() wsql.SchemaAdapter {
 	}
 }
 
-func (p postgres) schema(topic string) []string {
+func (p postgres) offsetsSchema(topic string) wsql.OffsetsAdapter {
+	return wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return p.tables(topic).offsets }}
+}
+
+func (p postgres) leasesSchema(topic string) []wsql.Query {
 	t := p.tables(topic)
-	var out []string
-	for _, q := range p.messagesSchema().SchemaInitializingQueries(topic) {
-		out = append(out, q.Query)
-	}
-	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return t.offsets }}
-	for _, q := range offsets.SchemaInitializingQueries(topic) {
-		out = append(out, q.Query)
-	}
-	return append(out, `CREATE TABLE IF NOT EXISTS `+t.leases+` (
+	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + t.leases + ` (
 			consumer_group VARCHAR(255) NOT NULL,
 			"offset" BIGINT NOT NULL,
 			transaction_id xid8 NOT NULL,
 			deliveries INTEGER NOT NULL,
 			visible_at TIMESTAMPTZ NOT NULL,
 			PRIMARY KEY (consumer_group, "offset")
-		)`,
-		`CREATE INDEX IF NOT EXISTS `+t.dueIndex+` ON `+t.leases+` (consumer_group, visible_at)`,
-	)
+		)`},
+		{Query: `CREATE INDEX IF NOT EXISTS ` + t.dueIndex + ` ON ` + t.leases + ` (consumer_group, visible_at)`},
+	}
 }
 
 func (postgres) keys() dbqueue.DeadLetterKeys {

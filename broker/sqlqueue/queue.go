@@ -273,9 +273,13 @@ func (q *Queue) checkTopic(topic string) error {
 // "Visibility order" in the package documentation): the next poll, or a later Wake, claims it.
 func (q *Queue) Wake(topic string) { q.wakes.Wake(topic) }
 
+// createTables creates the topic's tables as watermill-sql's schema and offsets adapter of
+// the dialect create them, then the lease table, each statement harmless to repeat.
 func (q *Queue) createTables(ctx context.Context, topic string) error {
-	for _, stmt := range q.d.schema(topic) {
-		if _, err := q.db.ExecContext(ctx, stmt); err != nil {
+	stmts := q.d.messagesSchema().SchemaInitializingQueries(topic)
+	stmts = append(stmts, q.d.offsetsSchema(topic).SchemaInitializingQueries(topic)...)
+	for _, stmt := range append(stmts, q.d.leasesSchema(topic)...) {
+		if _, err := q.db.ExecContext(ctx, stmt.Query); err != nil {
 			return err
 		}
 	}
@@ -288,8 +292,10 @@ func (q *Queue) createTables(ctx context.Context, topic string) error {
 type dialect interface {
 	// messagesSchema is watermill-sql's schema of the messages tables.
 	messagesSchema() wsql.SchemaAdapter
-	// schema returns the statements that create the topic's tables, each harmless to repeat.
-	schema(topic string) []string
+	// offsetsSchema is watermill-sql's offsets adapter of the topic's offsets table.
+	offsetsSchema(topic string) wsql.OffsetsAdapter
+	// leasesSchema returns the statements that create the topic's lease table.
+	leasesSchema(topic string) []wsql.Query
 	// keys are the statements of DeadLetterKeysTable.
 	keys() dbqueue.DeadLetterKeys
 	// addGroup creates the group's cursor row at the start of the topic when it has none.
