@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/redact"
@@ -157,23 +158,14 @@ func (o Options) Validate() error {
 			return fmt.Errorf("broker: Options.ConsumerGroup: %q contains a space or control character", o.ConsumerGroup)
 		}
 	}
-	if o.Prefetch < 0 {
-		return fmt.Errorf("broker: Options.Prefetch: %d is negative (0 selects the default)", o.Prefetch)
-	}
-	if o.NackDelay < 0 && o.NackDelay != NoNackDelay {
-		return fmt.Errorf("broker: Options.NackDelay: %s is negative (0 selects the default, NoNackDelay disables the delay)", o.NackDelay)
-	}
-	if o.AckTimeout < 0 {
-		return fmt.Errorf("broker: Options.AckTimeout: %s is negative (0 selects the default)", o.AckTimeout)
-	}
-	if o.PollInterval < 0 {
-		return fmt.Errorf("broker: Options.PollInterval: %s is negative (0 selects the default)", o.PollInterval)
-	}
-	if o.ConnectTimeout < 0 {
-		return fmt.Errorf("broker: Options.ConnectTimeout: %s is negative (0 selects the default)", o.ConnectTimeout)
-	}
-	return nil
+	return rules.Validate(inflight.Settings{Prefetch: o.Prefetch, NackDelay: o.NackDelay, AckTimeout: o.AckTimeout},
+		inflight.Duration{Name: "PollInterval", Value: o.PollInterval},
+		inflight.Duration{Name: "ConnectTimeout", Value: o.ConnectTimeout})
 }
+
+// rules read Options as the schemes' rules read their Configs: a negative value is refused,
+// NoNackDelay excepted.
+var rules = inflight.Rules{Scheme: "broker", Struct: "Options", AckTimeout: DefaultAckTimeout, NoNackDelay: true}
 
 // withDefaults fills the fields that have the same default for every scheme.
 func (o Options) withDefaults() Options {

@@ -129,10 +129,11 @@ func TestOptions_Validate(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, broker.Options{}.Validate())
 	require.NoError(t, broker.Options{NackDelay: broker.NoNackDelay}.Validate())
-	require.ErrorContains(t, broker.Options{Prefetch: -1}.Validate(), "Options.Prefetch")
-	require.ErrorContains(t, broker.Options{NackDelay: -time.Second}.Validate(), "Options.NackDelay")
-	require.ErrorContains(t, broker.Options{AckTimeout: -time.Second}.Validate(), "Options.AckTimeout")
-	require.ErrorContains(t, broker.Options{PollInterval: -time.Second}.Validate(), "Options.PollInterval")
+	require.EqualError(t, broker.Options{Prefetch: -1}.Validate(), "broker: Options.Prefetch: -1 is negative (0 selects the default)")
+	require.EqualError(t, broker.Options{NackDelay: -time.Second}.Validate(),
+		"broker: Options.NackDelay: -1s is negative (0 selects the default, NoNackDelay disables the delay)")
+	require.EqualError(t, broker.Options{AckTimeout: -time.Second}.Validate(), "broker: Options.AckTimeout: -1s is negative (0 selects the default)")
+	require.EqualError(t, broker.Options{PollInterval: -time.Second}.Validate(), "broker: Options.PollInterval: -1s is negative (0 selects the default)")
 	require.ErrorContains(t, broker.Options{ConsumerGroup: "a\tb"}.Validate(), "Options.ConsumerGroup")
 	require.ErrorContains(t, broker.Options{ConsumerGroup: strings.Repeat("g", 201)}.Validate(), "Options.ConsumerGroup")
 }

@@ -27,8 +27,9 @@ type Settings struct {
 // Rules say how one scheme reads its Settings: the defaults that a zero value selects, the
 // bounds, and the names the fields have in its Config, for the errors.
 type Rules struct {
-	// Scheme prefixes every error: "redis" gives "redis: Config.Prefetch: ...".
-	Scheme string
+	// Scheme prefixes every error, and Struct (Config when empty) names the fields' struct:
+	// "redis" gives "redis: Config.Prefetch: ...".
+	Scheme, Struct string
 
 	// Prefetch is the default window; MaxPrefetch, when not zero, bounds it.
 	Prefetch, MaxPrefetch int
@@ -60,32 +61,33 @@ type Duration struct {
 // Validate reports the first field of s that the scheme refuses, or else the first of more
 // that is negative, naming it.
 func (r Rules) Validate(s Settings, more ...Duration) error {
+	prefix := r.Scheme + ": " + cmp.Or(r.Struct, "Config") + "."
 	if s.Prefetch < 0 || r.MaxPrefetch > 0 && s.Prefetch > r.MaxPrefetch {
 		if r.MaxPrefetch > 0 {
-			return fmt.Errorf("%s: Config.Prefetch: %d is outside 1..%d (0 selects the default)", r.Scheme, s.Prefetch, r.MaxPrefetch)
+			return fmt.Errorf("%sPrefetch: %d is outside 1..%d (0 selects the default)", prefix, s.Prefetch, r.MaxPrefetch)
 		}
-		return fmt.Errorf("%s: Config.Prefetch: %d is negative (0 selects the default)", r.Scheme, s.Prefetch)
+		return fmt.Errorf("%sPrefetch: %d is negative (0 selects the default)", prefix, s.Prefetch)
 	}
 	switch {
 	case s.NackDelay < 0 && !(r.NoNackDelay && s.NackDelay == -1):
 		if r.NoNackDelay {
-			return fmt.Errorf("%s: Config.NackDelay: %s is negative (0 selects the default, NoNackDelay disables the delay)", r.Scheme, s.NackDelay)
+			return fmt.Errorf("%sNackDelay: %s is negative (0 selects the default, NoNackDelay disables the delay)", prefix, s.NackDelay)
 		}
-		return fmt.Errorf("%s: Config.NackDelay: %s is negative (0 redelivers at once)", r.Scheme, s.NackDelay)
+		return fmt.Errorf("%sNackDelay: %s is negative (0 redelivers at once)", prefix, s.NackDelay)
 	case s.CloseTimeout < 0:
-		return fmt.Errorf("%s: Config.CloseTimeout: %s is negative (0 selects the default)", r.Scheme, s.CloseTimeout)
+		return fmt.Errorf("%sCloseTimeout: %s is negative (0 selects the default)", prefix, s.CloseTimeout)
 	}
-	field := cmp.Or(r.AckTimeoutField, "AckTimeout")
+	ackTimeout := prefix + cmp.Or(r.AckTimeoutField, "AckTimeout")
 	switch {
 	case r.AckTimeout == 0: // the scheme's deliveries have no deadline: not read
 	case s.AckTimeout < 0:
-		return fmt.Errorf("%s: Config.%s: %s is negative (0 selects the default)", r.Scheme, field, s.AckTimeout)
+		return fmt.Errorf("%s: %s is negative (0 selects the default)", ackTimeout, s.AckTimeout)
 	case s.AckTimeout > 0 && s.AckTimeout < r.MinAckTimeout:
-		return fmt.Errorf("%s: Config.%s: %s is shorter than %s", r.Scheme, field, s.AckTimeout, r.MinAckTimeout)
+		return fmt.Errorf("%s: %s is shorter than %s", ackTimeout, s.AckTimeout, r.MinAckTimeout)
 	}
 	for _, d := range more {
 		if d.Value < 0 {
-			return fmt.Errorf("%s: Config.%s: %s is negative (0 selects the default)", r.Scheme, d.Name, d.Value)
+			return fmt.Errorf("%s%s: %s is negative (0 selects the default)", prefix, d.Name, d.Value)
 		}
 	}
 	return nil
