@@ -13,15 +13,14 @@ import (
 	"github.com/onceflow/onceflow/internal/wmlog"
 )
 
-// Settings are the settings that every subscriber's Config has, under the names of Rules:
-// how many deliveries a subscription holds, how long one may stay unsettled, how long a nack
-// waits, how long Close may take, and where the logs go.
+// Settings are the settings that every subscriber's Config has, under the names of Rules, as
+// Rules.Validate checks them: how many deliveries a subscription holds, how long one may stay
+// unsettled, how long a nack waits, and how long Close may take.
 type Settings struct {
 	Prefetch     int
 	AckTimeout   time.Duration
 	NackDelay    time.Duration
 	CloseTimeout time.Duration
-	Logger       *slog.Logger
 }
 
 // Rules say how one scheme reads its Settings: the defaults that a zero value selects, the
@@ -115,7 +114,7 @@ type Fields struct {
 
 // Settings returns the Settings that f points at.
 func (f Fields) Settings() Settings {
-	s := Settings{Prefetch: *f.Prefetch, NackDelay: *f.NackDelay, CloseTimeout: *f.CloseTimeout, Logger: *f.Logger}
+	s := Settings{Prefetch: *f.Prefetch, NackDelay: *f.NackDelay, CloseTimeout: *f.CloseTimeout}
 	if f.AckTimeout != nil {
 		s.AckTimeout = *f.AckTimeout
 	}
