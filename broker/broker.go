@@ -201,13 +201,11 @@ type Broker struct {
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
 // connect_timeout override the fields of opts. Each scheme takes a few more, its own and its
-// client's, which its package registers (Params): for amqp, queue_type, delivery_limit and
-// dead_letter_exchange set the arguments of the queues (broker/amqp's ParseQueueParams), and
-// amqp091-go's go to it; the URL of a queue in a database is sqldb.Open's, parameters included.
-// Open refuses any other parameter before it connects, with an error that names it and lists
-// those the scheme takes, and a value it cannot read, naming the parameter. Open checks that
-// the broker answers (database ping, connection, JetStream enabled) before it returns, within
-// opts.ConnectTimeout for each connect.
+// client's, which its package registers (Params) and docs/brokers.md lists; those of a
+// database URL are sqldb.Open's. Open refuses any other parameter before it connects, with an
+// error that names it and lists those the scheme takes, and a value it cannot read, naming the
+// parameter. Open checks that the broker answers (database ping, connection, JetStream
+// enabled) before it returns, within opts.ConnectTimeout for each connect.
 //
 // Errors and String name the host and never contain a password or token of the URL.
 func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
