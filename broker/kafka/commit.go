@@ -97,18 +97,19 @@ func (sub *subscription) startOffsets(ctx context.Context, offsets map[string]ma
 
 // commits commits the marks as they move, until the subscription begins to stop.
 func (sub *subscription) commits() {
+	stop := sub.sub.Context()
 	for {
 		select {
 		case <-sub.commit:
-		case <-sub.ctx.Done():
+		case <-stop.Done():
 			return
 		}
-		ctx, cancel := context.WithTimeout(sub.ctx, commitTimeout)
+		ctx, cancel := context.WithTimeout(stop, commitTimeout)
 		err := sub.commitMarks(ctx)
 		cancel()
-		if err != nil && sub.ctx.Err() == nil {
+		if err != nil && stop.Err() == nil {
 			sub.logger.Error("Offset commit failed; retrying", err, nil)
-			if !inflight.Pause(sub.ctx.Done(), retryPause) {
+			if !inflight.Pause(stop.Done(), retryPause) {
 				return
 			}
 			inflight.Signal(sub.commit)

@@ -93,7 +93,7 @@ const aloneWait = time.Second
 // what they have in flight when such a record kills the process comes back with it.
 func (sub *subscription) pumpLocked() {
 	sub.gated = false
-	for len(sub.queue) > 0 && sub.ctx.Err() == nil {
+	for len(sub.queue) > 0 && !sub.sub.Stopped() {
 		d := sub.queue[0]
 		switch {
 		case d.p.gone || d.p.revoking:

@@ -78,7 +78,7 @@ waiting:
 		case <-ch:
 		case <-wait.C:
 			break waiting
-		case <-sub.ctx.Done():
+		case <-sub.sub.Stopping():
 			break waiting // the subscription ends: its deliveries end with it
 		}
 	}

@@ -101,13 +101,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		sub.cancel()
 		return nil, fmt.Errorf("kafka: subscribe to %q: %w", topic, err)
 	}
 	sub.cl, sub.adm = cl, kadm.NewClient(cl)
 	fail := func(err error) (<-chan *message.Message, error) {
 		cl.Close()
-		sub.cancel()
 		return nil, err
 	}
 	topics := s.cfg.Topics
@@ -119,9 +117,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := topics.Ensure(setup, topic); err != nil {
 		return fail(s.subs.SetupError(fmt.Errorf("kafka: subscribe to %q: %w", topic, err)))
 	}
-	// The hand-out and the commits start first: a subscription whose context has ended
-	// already stops as soon as it starts, and its Close waits for them.
-	sub.start()
+	// The commits start first: a subscription whose context has ended already stops as soon
+	// as it starts, and its Close waits for them. They stop with it, or at once if it does not
+	// start.
+	sub.loops.Go(sub.commits)
 	out, err := sub.sub.Start(s.subs)
 	if err != nil {
 		return fail(err)

@@ -48,12 +48,7 @@ type subscription struct {
 	adm      *kadm.Client
 	logger   watermill.LoggerAdapter
 	sub      *inflight.Subscription[*delivery]
-
-	// ctx ends when the subscription begins to stop: the hand-out, the commits and the wait
-	// for a revoke stop.
-	ctx    context.Context
-	cancel context.CancelFunc
-	loops  sync.WaitGroup // commits
+	loops    sync.WaitGroup // commits, until the subscription begins to stop (sub.Context)
 
 	// positions are the consumer's applied offsets, when it gave them on the Subscribe
 	// context (redelivery.WithPositions): the subscription then hands out each partition's
@@ -106,7 +101,6 @@ func newSubscription(s *Subscriber, topic string, prefetch int) *subscription {
 		commit:   make(chan struct{}, 1),
 		parts:    map[int32]*partition{},
 	}
-	sub.ctx, sub.cancel = context.WithCancel(context.Background())
 	sub.late = time.AfterFunc(aloneWait, func() {
 		sub.mu.Lock()
 		defer sub.mu.Unlock()
@@ -116,19 +110,6 @@ func newSubscription(s *Subscriber, topic string, prefetch int) *subscription {
 	})
 	sub.late.Stop()
 	return sub
-}
-
-// start starts the commits, until the subscription begins to stop (or cancel is called: it
-// did not start).
-func (sub *subscription) start() {
-	sub.loops.Go(sub.commits)
-	go func() {
-		select {
-		case <-sub.sub.Stopping():
-		case <-sub.ctx.Done():
-		}
-		sub.cancel()
-	}()
 }
 
 // Fetch polls up to n records and takes them into the books, keeping a place of the window

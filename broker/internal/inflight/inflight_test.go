@@ -700,6 +700,23 @@ func TestStop_AFetchErrorEndsTheSubscription(t *testing.T) {
 	closedWithin(t, ch)
 }
 
+func TestContext_EndsWithTheCauseWhenTheSubscriptionStopsOrCannotStart(t *testing.T) {
+	g := inflight.NewGroup(errClosed)
+	src := newSource(8)
+	ch, cancel := start(t, g, src, true, inflight.Options{})
+	defer cancel()
+	require.NoError(t, src.sub.Context().Err(), "running")
+	require.NoError(t, g.Close(nil))
+	closedWithin(t, ch)
+	require.ErrorIs(t, context.Cause(src.sub.Context()), errClosed)
+
+	other := newSource(1)
+	other.sub = inflight.New[int](context.Background(), other, inflight.Options{Prefetch: 1})
+	_, err := other.sub.Start(g)
+	require.ErrorIs(t, err, errClosed)
+	require.ErrorIs(t, context.Cause(other.sub.Context()), errClosed, "a subscription that did not start")
+}
+
 func TestGroup_CloseIsIdempotentAndRefusesNewSubscriptions(t *testing.T) {
 	g := inflight.NewGroup(errClosed)
 	src := newSource(8)

@@ -170,6 +170,7 @@ func New[T any](ctx context.Context, src Source[T], opt Options) *Subscription[T
 func (s *Subscription[T]) Start(g *Group) (<-chan *message.Message, error) {
 	if g != nil {
 		if !g.subs.Add(s) {
+			s.fetchCancel(g.errClosed)
 			return nil, g.errClosed
 		}
 		s.group = g

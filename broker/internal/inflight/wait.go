@@ -47,6 +47,11 @@ func (s *Subscription[T]) Stopped() bool {
 	}
 }
 
+// Context returns a context that ends, with the subscription's cause, when the subscription
+// begins to stop (or when Start fails): the context of Fetch, and of a source's own goroutines
+// and requests.
+func (s *Subscription[T]) Context() context.Context { return s.fetchCtx }
+
 // Outage logs a run of failures of one operation in a row as one: the first at error level,
 // the others at debug level, and its end. Log nil logs nothing. What names the operation
 // ("claiming messages"). The zero failures count is no outage.
