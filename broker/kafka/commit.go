@@ -55,7 +55,7 @@ func fetchGroupOffsets(ctx context.Context, adm *kadm.Client, group, topic strin
 		resp, err = nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fetch the offsets of consumer group %q: %w", group, err)
 	}
 	out := map[int32]groupOffset{}
 	for _, p := range parts {

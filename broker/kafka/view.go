@@ -211,15 +211,6 @@ func (v *view) heldByOthers(ctx context.Context) []string {
 	return held
 }
 
-// offsets returns what the group has committed for the topic's partitions.
-func (v *view) offsets(ctx context.Context) (map[int32]groupOffset, error) {
-	out, err := fetchGroupOffsets(ctx, v.adm, v.group, v.topic, v.parts)
-	if err != nil {
-		return nil, fmt.Errorf("fetch the offsets of consumer group %q: %w", v.group, err)
-	}
-	return out, nil
-}
-
 // List reads each partition from the group's committed offset (its start when the group has
 // committed none) to its end when List starts, skipping the records acked past the committed
 // offset, and returns up to limit records, oldest first: the partitions' records merged by
@@ -239,7 +230,7 @@ func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list the end offsets of topic %q: %w", v.topic, err)
 	}
-	committed, err := v.offsets(ctx)
+	committed, err := fetchGroupOffsets(ctx, v.adm, v.group, v.topic, v.parts)
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +325,7 @@ func (v *view) Remove(ctx context.Context, e broker.Entry) error {
 	if v.member == nil {
 		return errors.New("the view has not joined the consumer group (Claim)")
 	}
-	committed, err := v.offsets(ctx)
+	committed, err := fetchGroupOffsets(ctx, v.adm, v.group, v.topic, v.parts)
 	if err != nil {
 		return err
 	}
