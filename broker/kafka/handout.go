@@ -61,16 +61,6 @@ func (sub *subscription) releaseLocked(p *partition) bool {
 	return grew
 }
 
-// enqueueLocked queues the next hand-out of e, or has it wait for the next commit; sub.mu is
-// held.
-func (sub *subscription) enqueueLocked(p *partition, e *entry) {
-	if _, queued := sub.queueLocked(p, e); queued {
-		sub.pumpLocked()
-	} else {
-		inflight.Signal(sub.commit)
-	}
-}
-
 // aloneWait bounds every wait at the gate of pumpLocked.
 const aloneWait = time.Second
 

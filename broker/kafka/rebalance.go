@@ -30,7 +30,6 @@ func (sub *subscription) release(ctx context.Context, ids []int32, commit bool) 
 		p.gone = true
 		sub.sub.Release(p.kept)
 		p.kept = 0
-		p.ackCommitted = p.acks
 		p.entries, p.pending, p.held = nil, nil, nil
 		delete(sub.parts, p.id)
 		dropped = append(dropped, p)

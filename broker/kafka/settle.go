@@ -37,8 +37,13 @@ func (sub *subscription) Settle(x *inflight.Delivery[*delivery], o inflight.Outc
 	}
 	d.e.out = false
 	again := o.Cause == nil && o.Nacked && !o.Held || errors.Is(o.Cause, ErrAckTimeout)
-	if again && !sub.sub.Stopped() && !p.revoking {
-		sub.enqueueLocked(p, d.e)
+	if !again || sub.sub.Stopped() || p.revoking {
+		return
+	}
+	if _, queued := sub.queueLocked(p, d.e); queued {
+		sub.pumpLocked()
+	} else {
+		inflight.Signal(sub.commit) // it waits for the commit that records it
 	}
 }
 
