@@ -47,14 +47,14 @@ func (sub *subscription) Settle(x *inflight.Delivery[*delivery], o inflight.Outc
 	}
 }
 
-// Close runs once the engine has told every delivery how it ended: it waits for the hand-out
-// and the commits to stop, commits what is acked, and leaves the group, so that its
-// partitions move at once.
+// Close runs once the engine has told every delivery how it ended: it waits for the commits
+// to stop, commits what is acked and drops the books (release), and leaves the group, so that
+// its partitions move at once.
 func (sub *subscription) Close(ctx context.Context) error {
 	sub.loops.Wait()
-	if err := sub.commitMarks(ctx); err != nil {
+	if err := sub.release(ctx, nil, true); err != nil {
 		sub.logger.Error("Cannot commit the offsets of the acked records on close: the group delivers them again", err, nil)
 	}
-	sub.cl.Close() // leaving the group revokes the partitions (revoked)
-	return sub.release(ctx, nil, false)
+	sub.cl.Close() // leaving the group revokes the partitions, which are out of the books
+	return nil
 }
