@@ -3,7 +3,6 @@ package kafka
 import (
 	"context"
 	"slices"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -69,18 +68,12 @@ func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[stri
 	sub.mu.Unlock()
 	// What the consumer has not taken yet is not handed out: the wait is for what it has.
 	sub.sub.Withdraw(ErrRevoked, func(d *inflight.Delivery[*delivery]) bool { return slices.Contains(revoking, d.Data.p) })
-	wait := time.NewTimer(sub.s.cfg.RevokeTimeout)
-	defer wait.Stop()
-waiting:
+	// Until RevokeTimeout passes, or the subscription ends: its deliveries end with it.
+	wait, cancel := context.WithTimeout(sub.sub.Context(), sub.s.cfg.RevokeTimeout)
 	for _, ch := range drained {
-		select {
-		case <-ch:
-		case <-wait.C:
-			break waiting
-		case <-sub.sub.Stopping():
-			break waiting // the subscription ends: its deliveries end with it
-		}
+		inflight.Wait(wait, ch)
 	}
+	cancel()
 
 	ctx, cancel := context.WithTimeout(context.Background(), sub.s.cfg.CloseTimeout)
 	defer cancel()
