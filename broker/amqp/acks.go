@@ -14,24 +14,16 @@ type givenAck struct {
 	at  time.Time
 }
 
-// coalescer decides when the acks the consumer gives are sent, and as which frames: a multiple
-// ack settles a whole run for the price of one (see the package documentation). So:
-//
-//   - a run of acked tags from the oldest unsettled delivery (the prefix) goes as one ack with
-//     multiple set, within delay of its oldest ack, or at once when it holds half the window;
-//   - an ack behind a delivery still being processed, or held after a nack, waits for that
-//     delivery, so that both go in the prefix; it goes alone when it has waited for
-//     outOfOrder(): twice the mean time from hand-out to ack, at least delay, at most hold. A
-//     delivery that is late compared to its neighbours (processed concurrently, they finish in
-//     any order) is normally acked within that time; one that is stuck (retried, held after a
-//     nack) does not keep the acks behind it waiting longer;
-//   - the prefix goes at once when the consumer says that it has settled a batch together
-//     (redelivery.Flush): a group of messages committed in one transaction is acked in one
-//     frame as soon as it is settled, and its deliveries leave the window for the next ones;
-//   - every ack goes when no delivery is open any more: nothing older can be acked. The
-//     session decides when (idleFlush): a consumer settles in a goroutine other than the
-//     session's, and may ack a delivery before the session has received the next one RabbitMQ
-//     sent.
+// coalescer decides when the acks the consumer gives are sent, and as which frames, by the
+// rules of Config.AckDelay (delay) and Config.OutOfOrderAckDelay (hold): a multiple ack settles
+// a whole run for the price of one, the prefix (the run of acked tags from the oldest
+// unsettled delivery). An ack behind an unsettled delivery waits for it as long as outOfOrder
+// says: a delivery that is late compared to its neighbours (processed concurrently, they
+// finish in any order) is normally acked within that time; one that is stuck (retried, held
+// after a nack) does not keep the acks behind it waiting longer. The session decides when the
+// acks go for want of an open delivery (idleFlush): a consumer settles in a goroutine other
+// than the session's, and may ack a delivery before the session has received the next one
+// RabbitMQ sent.
 //
 // It never sends an ack the consumer did not give: a multiple ack covers only acked or
 // already settled tags (window.take).
