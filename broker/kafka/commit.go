@@ -105,7 +105,9 @@ func (sub *subscription) commits() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(stop, commitTimeout)
-		err := sub.commitMarks(ctx)
+		sub.commitMu.Lock()
+		err := sub.commitLocked(ctx, nil)
+		sub.commitMu.Unlock()
 		cancel()
 		if err != nil && stop.Err() == nil {
 			sub.logger.Error("Offset commit failed; retrying", err, nil)
@@ -117,16 +119,9 @@ func (sub *subscription) commits() {
 	}
 }
 
-// commitMarks commits the marks and the taken offsets that moved, and hands out the records
-// that the new taken offsets cover.
-func (sub *subscription) commitMarks(ctx context.Context) error {
-	sub.commitMu.Lock()
-	defer sub.commitMu.Unlock()
-	return sub.commitLocked(ctx, nil)
-}
-
-// commitLocked is commitMarks for the partitions ids (all when ids is nil). sub.commitMu is
-// held.
+// commitLocked commits the marks and the taken offsets that moved of the partitions ids (all
+// when ids is nil), and hands out the records that the new taken offsets cover. sub.commitMu
+// is held.
 func (sub *subscription) commitLocked(ctx context.Context, ids []int32) error {
 	sub.mu.Lock()
 	parts := sub.partsLocked(ids)
