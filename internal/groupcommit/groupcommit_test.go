@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -954,24 +955,47 @@ func TestGroupCommit_HappyPathSetsNoSavepoint(t *testing.T) {
 	})
 }
 
+// effectThenFail is a processor that writes each message's effect and then returns fail(id),
+// and a function that returns how many times it ran for each id.
+func effectThenFail(fail func(id string) error) (processor.Processor, func() map[string]int) {
+	var mu sync.Mutex
+	runs := map[string]int{}
+	p := processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
+		mu.Lock()
+		runs[m.ID]++
+		mu.Unlock()
+		if err := insertEffect(ctx, m); err != nil {
+			return err
+		}
+		return fail(m.ID)
+	})
+	return p, func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(runs)
+	}
+}
+
+// requireApplied asserts how many effects and recorded ids each message has.
+func (f *groupFixture) requireApplied(t *testing.T, want map[string]int) {
+	t.Helper()
+	for id, n := range want {
+		require.Equal(t, n, f.effects(t, id), id)
+		require.Equal(t, n, f.recorded(t, id), id)
+	}
+}
+
 func TestGroupCommit_AfterAFailureTheRestRunOnceMoreUnderSavepoints(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d testsvc.Database) {
 		f := newGroupFixture(t, d)
 		boom := errors.New("boom")
-		var mu sync.Mutex
-		runs := map[string]int{}
-		p, ordered := f.orderedGroup(t, 4, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
-			mu.Lock()
-			runs[m.ID]++
-			mu.Unlock()
-			if err := insertEffect(ctx, m); err != nil {
-				return err
-			}
-			if strings.HasPrefix(m.ID, "bad") {
+		proc, runs := effectThenFail(func(id string) error {
+			if strings.HasPrefix(id, "bad") {
 				return boom
 			}
 			return nil
-		}))
+		})
+		p, ordered := f.orderedGroup(t, 4, proc)
 		out := ordered(p, "ok-1", "bad-1", "ok-2", "bad-2")
 		require.NoError(t, out[0].err)
 		require.ErrorIs(t, out[1].err, boom)
@@ -980,11 +1004,8 @@ func TestGroupCommit_AfterAFailureTheRestRunOnceMoreUnderSavepoints(t *testing.T
 		require.Equal(t, int32(2), f.cdb.begins.Load(), "the optimistic run, then one with savepoints")
 		require.Equal(t, int32(1), f.cdb.commits.Load())
 		require.Equal(t, int32(3), f.cdb.savepoints.Load(), "one per member of the second run")
-		require.Equal(t, map[string]int{"ok-1": 2, "bad-1": 1, "ok-2": 1, "bad-2": 1}, runs)
-		for id, want := range map[string]int{"ok-1": 1, "ok-2": 1, "bad-1": 0, "bad-2": 0} {
-			require.Equal(t, want, f.effects(t, id), id)
-			require.Equal(t, want, f.recorded(t, id), id)
-		}
+		require.Equal(t, map[string]int{"ok-1": 2, "bad-1": 1, "ok-2": 1, "bad-2": 1}, runs())
+		f.requireApplied(t, map[string]int{"ok-1": 1, "ok-2": 1, "bad-1": 0, "bad-2": 0})
 	})
 }
 
@@ -996,23 +1017,10 @@ func TestGroupCommit_MemberLosingAConflictUnderSavepointsRollsBackTheWholeTransa
 		f := newGroupFixture(t, d)
 		boom := errors.New("boom")
 		deadlock := fmt.Errorf("debit: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
-		var mu sync.Mutex
-		runs := map[string]int{}
-		p, ordered := f.orderedGroup(t, 4, processor.Func(func(ctx context.Context, m *messagedata.MessageData) error {
-			mu.Lock()
-			runs[m.ID]++
-			mu.Unlock()
-			if err := insertEffect(ctx, m); err != nil {
-				return err
-			}
-			switch m.ID {
-			case "bad":
-				return boom
-			case "victim":
-				return deadlock
-			}
-			return nil
-		}))
+		proc, runs := effectThenFail(func(id string) error {
+			return map[string]error{"bad": boom, "victim": deadlock}[id]
+		})
+		p, ordered := f.orderedGroup(t, 4, proc)
 		out := ordered(p, "ok-1", "bad", "victim", "ok-2")
 		require.NoError(t, out[0].err)
 		require.ErrorIs(t, out[1].err, boom)
@@ -1021,11 +1029,8 @@ func TestGroupCommit_MemberLosingAConflictUnderSavepointsRollsBackTheWholeTransa
 		require.NoError(t, out[3].err)
 		require.Equal(t, int32(3), f.cdb.begins.Load(), "the optimistic run, the one under savepoints, and one after the conflict")
 		require.Equal(t, int32(1), f.cdb.commits.Load())
-		require.Equal(t, map[string]int{"ok-1": 3, "bad": 1, "victim": 1, "ok-2": 1}, runs)
-		for id, want := range map[string]int{"ok-1": 1, "ok-2": 1, "bad": 0, "victim": 0} {
-			require.Equal(t, want, f.effects(t, id), id)
-			require.Equal(t, want, f.recorded(t, id), id)
-		}
+		require.Equal(t, map[string]int{"ok-1": 3, "bad": 1, "victim": 1, "ok-2": 1}, runs())
+		f.requireApplied(t, map[string]int{"ok-1": 1, "ok-2": 1, "bad": 0, "victim": 0})
 	})
 }
 
