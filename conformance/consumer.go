@@ -91,6 +91,9 @@ func runConsumer(raw string) error {
 		return err
 	}
 	db.SetMaxOpenConns(3)
+	if err := warm(db, 3); err != nil {
+		return err
+	}
 	var b *broker.Broker
 	err = retryConnect(func() (err error) {
 		b, err = broker.Open(ctx, spec.BrokerURL, brokerOptions(spec.Timings))
