@@ -450,12 +450,13 @@ func (e *Entry) setWAL(a, b walStats, msgs int) {
 	e.WALBytesPerMsg = perMsg(b.bytes-a.bytes, msgs, 1)
 }
 
-// perMsg returns d per message of msgs, truncated to 1/scale; 0 without messages.
-func perMsg(d int64, msgs int, scale float64) float64 {
+// perMsg returns d per message of msgs, truncated to 1/scale; 0 without messages. It divides
+// in integers, so an exact quotient such as 226/200 stays 1.13 rather than 1.1299.
+func perMsg(d int64, msgs int, scale int64) float64 {
 	if msgs <= 0 {
 		return 0
 	}
-	return float64(int(float64(d)/float64(msgs)*scale)) / scale
+	return float64(d*scale/int64(msgs)) / float64(scale)
 }
 
 // readRSS returns VmRSS and VmHWM of process pid, in KiB.

@@ -89,6 +89,12 @@ func TestRun_EmbeddedSmoke(t *testing.T) {
 	require.True(t, strings.HasPrefix(strings.TrimSpace(string(svg)), "<?xml"), "an SVG file")
 }
 
+func TestPerMsg_TruncatesAnExactQuotientToItself(t *testing.T) {
+	require.Equal(t, 1.13, perMsg(226, 200, 10000)) // in floats, 226/200*10000 is 11299.99...
+	require.Equal(t, 0.999, perMsg(9999, 10000, 1000))
+	require.Equal(t, 0.0, perMsg(5, 0, 1000))
+}
+
 func TestMedians_TakesTheMiddleRoundAndSkipsFailures(t *testing.T) {
 	es := []Entry{
 		{Name: "a", MsgsPerS: 300, Round: 1},
