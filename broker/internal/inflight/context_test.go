@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
@@ -119,4 +120,21 @@ func TestDeliveryContext_ErrIsSetOnceDoneIsClosed(t *testing.T) {
 		c.end(nil)
 		require.ErrorIs(t, <-seen, context.Canceled)
 	}
+}
+
+type subscribeKey struct{}
+
+type missingKey struct{}
+
+// A delivery's context looks up what it does not carry in its Subscribe context, without an
+// allocation per lookup, and does not end with that context.
+func TestDeliveryContext_LooksUpTheSubscribeContextWithoutAllocating(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), subscribeKey{}, "sub"))
+	s := New[int](ctx, nil, Options{Prefetch: 1})
+	c := s.Emit(Item[int]{Msg: message.NewMessage("1", nil)}).Msg.Context()
+	require.Equal(t, "sub", c.Value(subscribeKey{}))
+	require.Zero(t, testing.AllocsPerRun(100, func() { _ = c.Value(missingKey{}) }))
+	cancel(errors.New("the subscription stops"))
+	require.NoError(t, c.Err())
+	require.NoError(t, context.Cause(c))
 }

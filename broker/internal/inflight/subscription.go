@@ -138,7 +138,7 @@ func New[T any](ctx context.Context, src Source[T], opt Options) *Subscription[T
 		opt:       opt,
 		log:       opt.Log,
 		ctx:       ctx,
-		base:      context.WithoutCancel(ctx),
+		base:      detach(ctx),
 		direct:    redelivery.SettlesDirectly(ctx),
 		out:       make(chan *message.Message),
 		queuedSig: make(chan struct{}, 1),
@@ -164,6 +164,16 @@ func New[T any](ctx context.Context, src Source[T], opt Options) *Subscription[T
 	s.timer.Stop()
 	return s
 }
+
+// detach returns ctx without its cancellation, as context.WithoutCancel does, under a value
+// context of its own. Every value a delivery's context does not carry is looked up in it: a
+// lookup that begins at the context of WithoutCancel boxes that context (an allocation per
+// lookup), one that begins at a value context above it walks through it without.
+func detach(ctx context.Context) context.Context {
+	return context.WithValue(context.WithoutCancel(ctx), detachedKey{}, nil)
+}
+
+type detachedKey struct{}
 
 // Start starts the subscription in g (nil for none) and returns its channel. It fails with
 // the Group's ErrClosed when g is closed; the source is then the caller's to release.
