@@ -118,6 +118,9 @@ const smallMetadata = 8
 // as jsonValue renders them, tables and arrays as JSON, numbers and booleans as fmt prints them
 // (a float in its shortest form).
 func headerString(v any) string {
+	if s, ok := v.(string); ok {
+		return s // most headers: fmt would copy it
+	}
 	switch x := jsonValue(v).(type) {
 	case nil:
 		return ""

@@ -88,3 +88,18 @@ func TestMarshaler_RoundTrip(t *testing.T) {
 	_, has := p.Headers["_watermill_message_uuid"]
 	require.False(t, has)
 }
+
+// A string header costs no allocation of its own: the headers of most deliveries are strings.
+func TestMarshaler_UnmarshalTakesStringHeadersAsTheyAre(t *testing.T) {
+	bare := amqp091.Delivery{MessageId: "id-1", Body: []byte("x")}
+	withHeaders := bare
+	withHeaders.Headers = amqp091.Table{amqp.HeaderMessageUUID: "id-1", "a": "value-a", "b": "value-b", "c": "value-c"}
+	m, err := amqp.Marshaler{}.Unmarshal(withHeaders)
+	require.NoError(t, err)
+	require.Equal(t, "id-1", m.UUID)
+	require.Equal(t, "value-c", m.Metadata.Get("c"))
+	allocs := func(d amqp091.Delivery) float64 {
+		return testing.AllocsPerRun(100, func() { _, _ = amqp.Marshaler{}.Unmarshal(d) })
+	}
+	require.Equal(t, allocs(bare), allocs(withHeaders))
+}
