@@ -290,7 +290,7 @@ func (c *consumer) handle(msg *message.Message) {
 			err = c.process(ctx, md, st)
 		default:
 			if md.Delivery, err = c.deliveries(ctx, msg, md); err == nil {
-				st.Uncounted = c.outage.uncountedOf(counterID(md))
+				st.Uncounted = c.outage.uncountedOf(md)
 				err = c.process(ctx, md, st)
 			}
 		}
@@ -314,7 +314,7 @@ func (c *consumer) finish(ctx context.Context, msg *message.Message, md *message
 			return
 		}
 		if outcome.Acks() {
-			c.outage.forget(counterID(md))
+			c.outage.forget(md)
 		}
 		if msg.Context().Err() == nil {
 			c.outage.ok()

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
 	"github.com/onceflow/onceflow/sqldb"
 )
@@ -153,10 +154,14 @@ func (o *outage) wakeLocked() {
 	o.wake = make(chan struct{})
 }
 
-// uncountedOf returns how many deliveries of the message with id were given back during
-// outages: deliveries the delivery limit does not count.
-func (o *outage) uncountedOf(id string) int {
-	if o.uncounted.Load() == 0 || id == "" {
+// uncountedOf returns how many deliveries of md were given back during outages: deliveries
+// the delivery limit does not count. Its id (counterID) is looked up only when there are some.
+func (o *outage) uncountedOf(md *messagedata.MessageData) int {
+	if o.uncounted.Load() == 0 {
+		return 0
+	}
+	id := counterID(md)
+	if id == "" {
 		return 0
 	}
 	o.mu.Lock()
@@ -164,9 +169,14 @@ func (o *outage) uncountedOf(id string) int {
 	return o.given[id]
 }
 
-// forget drops the given-back deliveries of the message with id, which was acknowledged.
-func (o *outage) forget(id string) {
-	if o.uncounted.Load() == 0 || id == "" {
+// forget drops the given-back deliveries of md, which was acknowledged. Its id (counterID) is
+// looked up only when there are some: an acknowledgement without an outage costs nothing here.
+func (o *outage) forget(md *messagedata.MessageData) {
+	if o.uncounted.Load() == 0 {
+		return
+	}
+	id := counterID(md)
+	if id == "" {
 		return
 	}
 	o.mu.Lock()
