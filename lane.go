@@ -4,7 +4,6 @@ import (
 	"context"
 	"runtime/debug"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -51,8 +50,6 @@ type lane struct {
 	joiner groupcommit.Joiner
 	// rest is the chain without its observers, for a delivery whose result asks for it.
 	rest processor.Processor
-	// deliveries recycles the lane's per-delivery state.
-	deliveries sync.Pool
 }
 
 // newLane returns the lane of a handler h whose chain is links around inner, or nil when its
@@ -94,22 +91,25 @@ func newLane(h Handler, links []link, inner processor.Processor) *lane {
 	return nil
 }
 
-// laneDelivery is one delivery in the lane.
+// laneDelivery is one delivery in the lane, made with its context (delivery.StartWith). It
+// receives the result of its first attempt (groupcommit.Joined).
 type laneDelivery struct {
 	c   *consumer
 	l   *lane
 	msg *message.Message
 	md  *messagedata.MessageData
 	st  *delivery.State
-	// ctx is the delivery's context; begun are the contexts the observers' Begin returned.
-	ctx   context.Context
-	begun []context.Context
+	// ctx is the delivery's context; begun are the contexts the observers' Begin returned, in
+	// begunIn when there are few.
+	ctx     context.Context
+	begun   []context.Context
+	begunIn [2]context.Context
 	// cancel ends the attempt's timeout; nil without one.
 	cancel context.CancelFunc
 	// shared: the delivery holds the handler's isolation lock, shared.
 	shared bool
-	// joined is the delivery's Join callback: joinedResult, bound once per recycled value.
-	joined func(error)
+	// slot is the delivery's place in its group.
+	slot groupcommit.Slot
 }
 
 // take runs msg, which has entered the gate and holds a slot, through the lane when it is a
@@ -127,19 +127,19 @@ func (l *lane) take(c *consumer, msg *message.Message, sub int) bool {
 		return false
 	}
 	crashpoint.Reach(crashpoint.Received, md.ID)
-	ctx, st := delivery.Start(msg.Context(), c.name, time.Now())
+	ctx, st, d := delivery.StartWith[laneDelivery](msg.Context(), c.name, time.Now())
 	st.Records = c.records
 	st.GivesBackOutages = c.outage != nil
 	md.Delivery, _ = c.deliveries(ctx, msg, md) // a first delivery: its count needs no counter
 	if l.firstAttempt {
 		md.Attempt = 1
 	}
-	d, _ := l.deliveries.Get().(*laneDelivery)
-	if d == nil {
-		d = &laneDelivery{l: l, begun: make([]context.Context, len(l.observers))}
-		d.joined = d.joinedResult
+	d.c, d.l, d.msg, d.md, d.st, d.ctx = c, l, msg, md, st, ctx
+	if n := len(l.observers); n <= len(d.begunIn) {
+		d.begun = d.begunIn[:n]
+	} else {
+		d.begun = make([]context.Context, n)
 	}
-	d.c, d.msg, d.md, d.st, d.ctx = c, msg, md, st, ctx
 	if c.counter != nil && !c.shared {
 		c.isolation.RLock() // as isolate takes it for a first delivery
 		d.shared = true
@@ -155,14 +155,14 @@ func (l *lane) take(c *consumer, msg *message.Message, sub int) bool {
 	if l.bySubscription {
 		group = sub + 1
 	}
-	l.joiner.Join(ctx, md, group, d.joined)
+	l.joiner.Join(ctx, md, group, &d.slot, d)
 	return true
 }
 
-// joinedResult receives the result of the delivery's first attempt, in the goroutine of the
-// group that ran it: a commit or a duplicate ends the delivery here, anything else sends it
-// through the rest of the chain.
-func (d *laneDelivery) joinedResult(err error) {
+// Joined receives the result of the delivery's first attempt, in the goroutine of the group
+// that ran it: a commit or a duplicate ends the delivery here, anything else sends it through
+// the rest of the chain.
+func (d *laneDelivery) Joined(err error) {
 	if d.cancel != nil {
 		d.cancel()
 		d.cancel = nil
@@ -196,8 +196,7 @@ func (d *laneDelivery) runRest(err error) (result error) {
 	return d.l.rest.Process(ctx, d.md)
 }
 
-// end ends the observers of the delivery whose chain returned err, acks or nacks it, and
-// recycles d.
+// end ends the observers of the delivery whose chain returned err, and acks or nacks it.
 func (d *laneDelivery) end(err error) {
 	c := d.c
 	if d.shared {
@@ -209,7 +208,4 @@ func (d *laneDelivery) end(err error) {
 	<-c.slots // the next delivery may start while this one is settled
 	c.finish(d.ctx, d.msg, d.md, d.st, err)
 	c.router.gate.leave()
-	clear(d.begun)
-	d.c, d.msg, d.md, d.st, d.ctx, d.shared = nil, nil, nil, nil, nil, false
-	d.l.deliveries.Put(d)
 }

@@ -137,6 +137,19 @@ func Start(ctx context.Context, handler string, received time.Time) (context.Con
 	return c, &c.st
 }
 
+// StartWith is Start for a caller that keeps state of its own for each delivery, an E: the
+// context, the State and a zero E, which it returns too, take one allocation.
+func StartWith[E any](ctx context.Context, handler string, received time.Time) (context.Context, *State, *E) {
+	c := &stateContextWith[E]{stateContext: stateContext{Context: ctx, st: State{Handler: handler, Received: received}}}
+	return &c.stateContext, &c.st, &c.extra
+}
+
+// stateContextWith is a stateContext with a caller's state beside it (StartWith).
+type stateContextWith[E any] struct {
+	stateContext
+	extra E
+}
+
 // stateContext is a context carrying a State, which it holds itself. The context package treats
 // it as its parent (Deadline, Done, Err and every other value are the parent's): a context
 // derived from it with a cancel registers with the parent's, as it would through WithValue.

@@ -47,6 +47,25 @@ func TestStart_AllocatesOnce(t *testing.T) {
 	require.Equal(t, 1.0, allocs)
 }
 
+// StartWith gives the caller's state of the delivery with its context and State, in the one
+// allocation, and the context carries the State as Start's does, transaction included.
+func TestStartWith_AllocatesOnceForTheCallersStateToo(t *testing.T) {
+	type extra struct{ n int }
+	ctx, st, e := delivery.StartWith[extra](context.Background(), "h", time.Time{})
+	require.Same(t, st, delivery.From(ctx))
+	require.Equal(t, "h", st.Handler)
+	require.Zero(t, *e)
+	txCtx, txSt := delivery.WithTx(ctx, "tx")
+	require.Same(t, st, txSt)
+	require.Equal(t, "tx", txctx.Tx(txCtx))
+	txSt.EndTx()
+	parent := context.Background()
+	allocs := testing.AllocsPerRun(100, func() {
+		sink, _, e = delivery.StartWith[extra](parent, "h", time.Time{}) // kept, as the router keeps them
+	})
+	require.Equal(t, 1.0, allocs)
+}
+
 // The router's delivery takes the consumer span, once; a delivery whose span ends in the chain,
 // or none, does not.
 func TestHandOverSpan_OnlyToTheRouterOnce(t *testing.T) {

@@ -1365,7 +1365,7 @@ func TestGroupCommit_JoinedLaneRunsOneGroupAtATimeAndTheNextCollects(t *testing.
 	require.True(t, ok, "GroupCommit's processor is a Joiner")
 	results := make(chan error, 10)
 	join := func(lane int, id string) {
-		j.Join(context.Background(), msg(id), lane, func(err error) { results <- err })
+		j.Join(context.Background(), msg(id), lane, nil, groupcommit.JoinedFunc(func(err error) { results <- err }))
 	}
 
 	join(1, "a1") // lane 1's first group starts at once, alone
@@ -1418,7 +1418,7 @@ func TestGroupCommit_JoinedGroupMarksItsLastSettledMember(t *testing.T) {
 	results := make(chan result, 10)
 	join := func(id string) {
 		ctx, st := delivery.Start(context.Background(), "h", time.Now())
-		j.Join(ctx, msg(id), 1, func(err error) { results <- result{id, err, st} })
+		j.Join(ctx, msg(id), 1, &groupcommit.Slot{}, groupcommit.JoinedFunc(func(err error) { results <- result{id, err, st} }))
 	}
 
 	join("a1") // a group of its own, held

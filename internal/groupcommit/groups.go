@@ -83,13 +83,21 @@ type member struct {
 	res     memberResult // set once, before the value on done
 	// done receives one value once res is set; it has room for it, so that the group never
 	// blocks on a member. A member that joined by Join has notify instead, which the group
-	// calls with the result.
+	// hands the result.
 	done   chan struct{}
-	notify func(error)
+	notify Joined
 	// lane is the lane the member joined by Join; 0 for the shared one, and for one that came
 	// by Process.
 	lane int
+	// kept: the member is the Slot of its caller, not the pool's.
+	kept bool
 }
+
+// Slot is the place in a group of a message that joins it by Join, kept by the caller (in its
+// own state of the delivery), so that joining takes no member from the pool, which the
+// collector empties. A slot holds one message, from Join until its result; the zero value is
+// ready.
+type Slot struct{ m member }
 
 // members recycles the members that have taken their result: a member and its channel would
 // be two allocations per message. A member that left its group is not recycled: the group may
@@ -116,7 +124,7 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 		}
 		return err
 	}
-	m, err := g.member(ctx, msg)
+	m, err := g.member(ctx, msg, nil)
 	if err != nil {
 		return err
 	}
@@ -139,7 +147,7 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 }
 
 // Join hands msg to a group directly, without a goroutine waiting for it: it returns at once,
-// and done is called once with msg's result, from the goroutine of the group that ran it, after
+// and done gets msg's result once (Joined), from the goroutine of the group that ran it, after
 // the outcome of its transaction is known. The result is what Process would return: nil once
 // committed, an error wrapping processor.ErrDuplicate for a duplicate, the message's own error,
 // or a *processor.PanicError for a panic, which done gets as its error (Join re-raises
@@ -154,12 +162,14 @@ func (g *grouper) process(ctx context.Context, msg *messagedata.MessageData) err
 // message joined with it and every message that comes by Process, without the limit.
 // (GroupOffsets groups by partition whatever the lane.)
 //
+// slot, when not nil, is the message's place in its group (Slot); nil takes one from a pool.
+//
 // A message Join refuses before it joins a group (it has no id, or no position, or its context
 // has ended) gets its result at once, in the caller's goroutine.
-func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, lane int, done func(error)) {
-	m, err := g.member(ctx, msg)
+func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, lane int, slot *Slot, done Joined) {
+	m, err := g.member(ctx, msg, slot)
 	if err != nil {
-		done(err)
+		done.Joined(err)
 		return
 	}
 	m.lane = max(lane, 0)
@@ -171,9 +181,10 @@ func (g *grouper) Join(ctx context.Context, msg *messagedata.MessageData, lane i
 	g.join(m)
 }
 
-// member returns the member of msg, or the error that refuses msg before it joins a group: it
-// has no id (GroupCommit) or no position (GroupOffsets), or ctx has ended.
-func (g *grouper) member(ctx context.Context, msg *messagedata.MessageData) (*member, error) {
+// member returns the member of msg, slot's or else one of the pool, or the error that refuses
+// msg before it joins a group: it has no id (GroupCommit) or no position (GroupOffsets), or ctx
+// has ended.
+func (g *grouper) member(ctx context.Context, msg *messagedata.MessageData, slot *Slot) (*member, error) {
 	key, err := g.keyOf(msg)
 	if err != nil {
 		return nil, err
@@ -187,7 +198,13 @@ func (g *grouper) member(ctx context.Context, msg *messagedata.MessageData) (*me
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("group commit: %w", err)
 	}
-	m := members.Get().(*member)
+	var m *member
+	if slot != nil {
+		m = &slot.m
+		m.kept = true
+	} else {
+		m = members.Get().(*member)
+	}
 	m.ctx, m.msg, m.key, m.pos = ctx, msg, key, pos
 	return m, nil
 }
@@ -216,14 +233,17 @@ func (m *member) notifyResult() {
 	case !r.committedAt.IsZero():
 		delivery.MarkCommitted(ctx, r.committedAt)
 	}
-	notify(err)
+	notify.Joined(err)
 }
 
-// recycle clears m and puts it back in the pool.
+// recycle clears m and puts it back in the pool, or leaves it to its slot's keeper.
 func (m *member) recycle() {
-	m.ctx, m.msg, m.key, m.pos, m.carried, m.res, m.notify, m.lane = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}, nil, 0
+	kept := m.kept
+	m.ctx, m.msg, m.key, m.pos, m.carried, m.res, m.notify, m.lane, m.kept = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}, nil, 0, false
 	m.state.Store(memberWaiting)
-	members.Put(m)
+	if !kept {
+		members.Put(m)
+	}
 }
 
 // settle returns the member's result, which it has received, in its own goroutine, and
@@ -456,8 +476,21 @@ func (g *grouper) leave(m *member) {
 // dead-letter, recover), with AfterJoin, so that they act on that result as on any attempt's.
 type Joiner interface {
 	processor.Processor
-	Join(ctx context.Context, msg *messagedata.MessageData, lane int, done func(error))
+	Join(ctx context.Context, msg *messagedata.MessageData, lane int, slot *Slot, done Joined)
 }
+
+// Joined receives the result of a message that joined a group by Joiner.Join. (An interface,
+// not a function: a consumer's state of the delivery receives it without a function value
+// made for each.)
+type Joined interface {
+	Joined(err error)
+}
+
+// JoinedFunc makes a function a Joined.
+type JoinedFunc func(err error)
+
+// Joined calls f.
+func (f JoinedFunc) Joined(err error) { f(err) }
 
 var _ Joiner = (*grouper)(nil)
 
