@@ -307,7 +307,9 @@ func (s *natsSender) send(ctx context.Context, msgs []*message.Message) error {
 			return err
 		}
 		nm.Header.Set(nats.MsgIdHdr, msgID)
-		f, err := s.js.PublishMsgAsync(nm)
+		// On a loaded machine the server's acks lag: wait for room rather than fail the cell
+		// after the default 200 ms.
+		f, err := s.js.PublishMsgAsync(nm, jetstream.WithStallWait(natsStallWait))
 		if err != nil {
 			return err
 		}
@@ -315,6 +317,9 @@ func (s *natsSender) send(ctx context.Context, msgs []*message.Message) error {
 	}
 	return nil
 }
+
+// natsStallWait bounds how long a publish waits for room among the publishes not yet acked.
+const natsStallWait = 30 * time.Second
 
 func (s *natsSender) wait(ctx context.Context) error {
 	select {
