@@ -25,7 +25,7 @@ type lease struct {
 func (s *subscription) Settle(d *inflight.Delivery[lease], o inflight.Outcome) {
 	s.live.Add(-1)
 	now := time.Now()
-	st := settlement{offset: d.Data.offset, deliveries: d.Data.deliveries, claim: d.Data.claim}
+	st := settlement{offset: d.Data.offset, deliveries: d.Data.deliveries, claim: d.Data.claim, from: s}
 	switch {
 	case o.Acked:
 		st.ack = true

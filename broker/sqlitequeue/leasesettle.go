@@ -22,6 +22,7 @@ type settlement struct {
 	// undeliver gives back a lease whose message was never handed to the consumer: the
 	// claim's count is taken back.
 	undeliver bool
+	from      *subscription // that gave it, which waits for it at Close
 }
 
 // settle applies settlements. A settlement whose lease is gone (acknowledged, expired and

@@ -11,15 +11,17 @@ import (
 // WAL, and a router's subscriptions of one topic (Handler.Concurrency of them) then share them.
 type settlements struct {
 	mu    sync.Mutex
-	idle  sync.Cond // signalled when no transaction has settlements taken
+	ended sync.Cond // signalled when a transaction with settlements taken ends
 	list  []settlement
 	since time.Time // when the oldest of list was added
 	taken int       // transactions in progress with settlements taken from list
+	// owed counts, per subscription, the settlements it gave that are not committed.
+	owed map[*subscription]int
 }
 
 func newSettlements() *settlements {
-	p := &settlements{}
-	p.idle.L = &p.mu
+	p := &settlements{owed: map[*subscription]int{}}
+	p.ended.L = &p.mu
 	return p
 }
 
@@ -39,6 +41,7 @@ func (p *settlements) add(s settlement, now time.Time) {
 		p.since = now
 	}
 	p.list = append(p.list, s)
+	p.owed[s.from]++
 	p.mu.Unlock()
 }
 
@@ -76,23 +79,31 @@ func (p *settlements) take() []settlement {
 func (p *settlements) done(list []settlement, failed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if failed && len(list) > 0 {
+	switch {
+	case failed && len(list) > 0:
 		if len(p.list) == 0 {
 			p.since = time.Now()
 		}
 		p.list = append(list, p.list...)
+	case !failed:
+		for _, s := range list {
+			if p.owed[s.from]--; p.owed[s.from] == 0 {
+				delete(p.owed, s.from)
+			}
+		}
 	}
 	p.taken--
-	if p.taken == 0 {
-		p.idle.Broadcast()
-	}
+	p.ended.Broadcast()
 }
 
-// wait waits until no transaction has settlements taken: those it did not commit wait again.
-func (p *settlements) wait() {
+// wait waits until the settlements that from gave are committed, or wait in list for a
+// transaction (no transaction in progress has any taken), and returns how many are not
+// committed.
+func (p *settlements) wait(from *subscription) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.taken > 0 {
-		p.idle.Wait()
+	for p.owed[from] > 0 && p.taken > 0 {
+		p.ended.Wait()
 	}
+	return p.owed[from]
 }

@@ -33,23 +33,36 @@ func TestSettlements_ATransactionTakesEveryoneSettlementsAndGivesThemBackWhenItF
 	require.False(t, ok)
 }
 
-func TestSettlements_WaitReturnsOnceNoTransactionHoldsAny(t *testing.T) {
+// A closing subscription waits for its settlements that another's transaction took, also one
+// that took them after it looked, and learns how many it must commit itself.
+func TestSettlements_WaitReturnsOnceTheSubscriptionsOwnAreCommittedOrWaitAgain(t *testing.T) {
 	p := newSettlements()
-	p.add(settlement{offset: 1, ack: true}, time.Now())
-	taken := p.take()
-	waited := make(chan struct{})
-	go func() {
-		p.wait()
-		close(waited)
-	}()
-	select {
-	case <-waited:
-		t.Fatal("wait returned while a transaction holds settlements")
-	case <-time.After(50 * time.Millisecond):
+	a, b := &subscription{}, &subscription{}
+	p.add(settlement{offset: 1, ack: true, from: a}, time.Now())
+	require.Equal(t, 1, p.wait(a), "no transaction took it: a commits it")
+
+	waitA := func() <-chan int {
+		left := make(chan int, 1)
+		go func() { left <- p.wait(a) }()
+		select {
+		case <-left:
+			t.Fatal("wait returned while a transaction holds a's settlement")
+		case <-time.After(50 * time.Millisecond):
+		}
+		return left
 	}
+	taken := p.take() // b's transaction, after a looked
+	p.add(settlement{offset: 2, ack: true, from: b}, time.Now())
+	left := waitA()
 	p.done(taken, true)
-	<-waited
-	require.Equal(t, 1, p.len(), "not committed: it waits for the closing subscription")
+	require.Equal(t, 1, <-left, "b's transaction failed: a's settlement waits again, for a")
+
+	taken = p.take()
+	left = waitA()
+	p.done(taken, false)
+	require.Zero(t, <-left)
+	require.Zero(t, p.wait(b))
+	require.Zero(t, p.len())
 }
 
 func offsets(list []settlement) []int64 {

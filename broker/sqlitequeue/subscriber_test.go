@@ -526,3 +526,57 @@ func TestSubscriber_GoesOnAfterFailedQueries(t *testing.T) {
 	}
 	eventuallyEqual(t, 0, func() (int64, error) { return q.Backlog(ctx, "t", sqlitequeue.DefaultConsumerGroup) }, "backlog")
 }
+
+// The subscriptions of a topic in one Queue commit their settlements together. One of them
+// that ends while the others go on closes its channel only once the acknowledgements given to
+// it are committed, also when a transaction of another took them.
+func TestSubscriber_OneOfATopicsSubscriptionsEndsWithItsAcksCommitted(t *testing.T) {
+	t.Parallel()
+	const rounds, window = 30, 4
+	ctx := context.Background()
+	q := setup(t, sqlitequeue.Config{ConsumerGroup: "g", BatchSize: window})
+	others, stop := context.WithCancel(ctx)
+	defer stop()
+	for range 3 {
+		msgs := subscribe(t, q, others, "t")
+		go func() {
+			for m := range msgs {
+				m.Ack()
+			}
+		}()
+	}
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		pub := q.Publisher()
+		defer func() { _ = pub.Close() }()
+		for others.Err() == nil {
+			if err := pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)); err != nil {
+				t.Errorf("publish: %v", err)
+				return
+			}
+		}
+	}()
+	defer func() { <-published }()
+	defer stop()
+
+	for round := range rounds {
+		subCtx, cancel := context.WithCancel(ctx)
+		msgs := subscribe(t, q, subCtx, "t")
+		// The last one held keeps the subscription from committing the acks by itself at once.
+		held := testsvc.ReceiveN(t, msgs, window, 5*time.Second)
+		acked := map[string]bool{}
+		for _, m := range held[:window-1] {
+			require.True(t, m.Ack())
+			acked[m.UUID] = true
+		}
+		cancel()
+		for range msgs { // given back
+		}
+		waiting, err := q.Waiting(ctx, "t", "g", 0, 100000)
+		require.NoError(t, err)
+		for _, w := range waiting {
+			require.False(t, acked[w.Message.UUID], "round %d: message %s acked before its subscription ended is still leased", round, w.Message.UUID)
+		}
+	}
+}

@@ -151,7 +151,7 @@ func (s *subscription) round(ctx context.Context, room int) (int, error) {
 			// The subscription stops: give the claim back, for Close to commit.
 			s.live.Add(-1)
 			now := time.Now()
-			s.pending.add(settlement{offset: l.offset, deliveries: l.deliveries, claim: l.claim, visibleAt: now, undeliver: true}, now)
+			s.pending.add(settlement{offset: l.offset, deliveries: l.deliveries, claim: l.claim, visibleAt: now, undeliver: true, from: s}, now)
 		}
 	}
 	return len(rows), nil
@@ -225,15 +225,14 @@ func (s *subscription) Close(ctx context.Context) error {
 	defer s.leases.close()
 	s.opCancel()
 	<-s.commitsDone
-	// The acknowledgements given to this subscription may be in another's transaction: once
-	// it has ended, they are committed or wait again.
-	s.pending.wait()
-	if s.pending.len() == 0 {
-		return nil
-	}
-	if err := s.commit(ctx, nil); err != nil {
-		s.logger.Error("Cannot settle the leases of a closing subscription; the unsettled ones are delivered again when they expire", err,
-			watermill.LogFields{"leases": s.pending.len()})
+	// The settlements given to this subscription may be in another's transaction: it waits
+	// for that one, and commits those still waiting itself.
+	for left := s.pending.wait(s); left > 0; left = s.pending.wait(s) {
+		if err := s.commit(ctx, nil); err != nil {
+			s.logger.Error("Cannot settle the leases of a closing subscription; the unsettled ones are delivered again when they expire", err,
+				watermill.LogFields{"leases": left})
+			return nil
+		}
 	}
 	return nil
 }
