@@ -82,27 +82,10 @@ func (c Config) Validate() error {
 	if len(c.ConsumerGroup) > 255 {
 		return fmt.Errorf("sqlitequeue: Config.ConsumerGroup: %d bytes is longer than 255", len(c.ConsumerGroup))
 	}
-	if c.BatchSize < 0 || c.BatchSize > maxBatchSize {
-		return fmt.Errorf("sqlitequeue: Config.BatchSize: %d is outside 1..%d (0 selects the default)", c.BatchSize, maxBatchSize)
-	}
-	for _, d := range []struct {
-		name  string
-		value time.Duration
-		min   time.Duration
-	}{
-		{"PollInterval", c.PollInterval, 0},
-		{"ResendInterval", c.ResendInterval, minLease},
-		{"RetryInterval", c.RetryInterval, 0},
-		{"AckDeadline", c.AckDeadline, minLease},
-	} {
-		if d.value < 0 {
-			return fmt.Errorf("sqlitequeue: Config.%s: %s is negative (0 selects the default)", d.name, d.value)
-		}
-		if d.value != 0 && d.value < d.min {
-			return fmt.Errorf("sqlitequeue: Config.%s: %s is shorter than %s (0 selects the default)", d.name, d.value, d.min)
-		}
-	}
-	return nil
+	return rules.Validate(inflight.Settings{Prefetch: c.BatchSize, AckTimeout: c.AckDeadline},
+		inflight.Duration{Name: "PollInterval", Value: c.PollInterval},
+		inflight.Duration{Name: "ResendInterval", Value: c.ResendInterval, Min: minLease},
+		inflight.Duration{Name: "RetryInterval", Value: c.RetryInterval})
 }
 
 // withDefaults returns c with every zero field set to its default.
@@ -118,6 +101,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// rules give each subscription its window (inflight.Rules.Window): Config.BatchSize, or when
-// it was left unset the larger of DefaultBatchSize and the window the consumer asks for.
-var rules = inflight.Rules{Scheme: "sqlitequeue", Prefetch: DefaultBatchSize, MaxPrefetch: maxBatchSize}
+// rules check Config's bounds and give each subscription its window (inflight.Rules.Window):
+// Config.BatchSize, or when it was left unset the larger of DefaultBatchSize and the window the
+// consumer asks for.
+var rules = inflight.Rules{
+	Scheme: "sqlitequeue", Prefetch: DefaultBatchSize, MaxPrefetch: maxBatchSize, PrefetchField: "BatchSize",
+	AckTimeout: DefaultAckDeadline, AckTimeoutField: "AckDeadline", MinAckTimeout: minLease,
+}

@@ -776,9 +776,13 @@ func TestRules_ValidateNamesTheField(t *testing.T) {
 	require.EqualError(t, r.Validate(inflight.Settings{Prefetch: -1}, inflight.Duration{Name: "BlockTime", Value: -1}),
 		"x: Config.Prefetch: -1 is outside 1..100 (0 selects the default)", "the common settings first")
 
-	plain := inflight.Rules{Scheme: "y"}
+	require.EqualError(t, r.Validate(inflight.Settings{}, inflight.Duration{Name: "Resend", Value: time.Microsecond, Min: time.Millisecond}),
+		"x: Config.Resend: 1µs is shorter than 1ms (0 selects the default)")
+	require.NoError(t, r.Validate(inflight.Settings{}, inflight.Duration{Name: "Resend", Min: time.Millisecond}))
+
+	plain := inflight.Rules{Scheme: "y", PrefetchField: "BatchSize"}
 	require.EqualError(t, plain.Validate(inflight.Settings{NackDelay: -1}), "y: Config.NackDelay: -1ns is negative (0 redelivers at once)")
-	require.EqualError(t, plain.Validate(inflight.Settings{Prefetch: -1}), "y: Config.Prefetch: -1 is negative (0 selects the default)")
+	require.EqualError(t, plain.Validate(inflight.Settings{Prefetch: -1}), "y: Config.BatchSize: -1 is negative (0 selects the default)")
 	require.NoError(t, plain.Validate(inflight.Settings{AckTimeout: -1}), "a scheme without deadlines does not read AckTimeout")
 }
 

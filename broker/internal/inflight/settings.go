@@ -30,8 +30,10 @@ type Rules struct {
 	// "redis" gives "redis: Config.Prefetch: ...".
 	Scheme, Struct string
 
-	// Prefetch is the default window; MaxPrefetch, when not zero, bounds it.
+	// Prefetch is the default window; MaxPrefetch, when not zero, bounds it. PrefetchField
+	// names the field in the Config ("Prefetch" when empty).
 	Prefetch, MaxPrefetch int
+	PrefetchField         string
 
 	// AckTimeout is the default of Settings.AckTimeout; zero for a scheme whose deliveries
 	// have no deadline (Settings.AckTimeout is then not read). AckTimeoutField names the
@@ -51,10 +53,10 @@ type Rules struct {
 }
 
 // Duration is a duration field of a scheme's Config beside its Settings, whose zero selects
-// a default: Rules.Validate refuses it negative.
+// a default: Rules.Validate refuses it negative, or not zero and shorter than Min.
 type Duration struct {
-	Name  string
-	Value time.Duration
+	Name       string
+	Value, Min time.Duration
 }
 
 // Validate reports the first field of s that the scheme refuses, or else the first of more
@@ -62,10 +64,11 @@ type Duration struct {
 func (r Rules) Validate(s Settings, more ...Duration) error {
 	prefix := r.Scheme + ": " + cmp.Or(r.Struct, "Config") + "."
 	if s.Prefetch < 0 || r.MaxPrefetch > 0 && s.Prefetch > r.MaxPrefetch {
+		prefetch := prefix + cmp.Or(r.PrefetchField, "Prefetch")
 		if r.MaxPrefetch > 0 {
-			return fmt.Errorf("%sPrefetch: %d is outside 1..%d (0 selects the default)", prefix, s.Prefetch, r.MaxPrefetch)
+			return fmt.Errorf("%s: %d is outside 1..%d (0 selects the default)", prefetch, s.Prefetch, r.MaxPrefetch)
 		}
-		return fmt.Errorf("%sPrefetch: %d is negative (0 selects the default)", prefix, s.Prefetch)
+		return fmt.Errorf("%s: %d is negative (0 selects the default)", prefetch, s.Prefetch)
 	}
 	switch {
 	case s.NackDelay < 0 && !(r.NoNackDelay && s.NackDelay == -1):
@@ -85,8 +88,11 @@ func (r Rules) Validate(s Settings, more ...Duration) error {
 		return fmt.Errorf("%s: %s is shorter than %s", ackTimeout, s.AckTimeout, r.MinAckTimeout)
 	}
 	for _, d := range more {
-		if d.Value < 0 {
+		switch {
+		case d.Value < 0:
 			return fmt.Errorf("%s%s: %s is negative (0 selects the default)", prefix, d.Name, d.Value)
+		case d.Value > 0 && d.Value < d.Min:
+			return fmt.Errorf("%s%s: %s is shorter than %s (0 selects the default)", prefix, d.Name, d.Value, d.Min)
 		}
 	}
 	return nil
