@@ -12,10 +12,8 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-// DeadLetterKeysTable is the table of the queue file that keeps the key
-// (messagedata.HeaderDeadLetterKey) of every dead letter stored within the last
-// broker.DeadLetterKeyWindow, per topic, so that a dead letter published again within it is
-// stored once. Each publish of a dead letter deletes the keys older than that.
+// DeadLetterKeysTable keeps, per topic, the key (messagedata.HeaderDeadLetterKey) of every dead
+// letter stored within broker.DeadLetterKeyWindow (see the package documentation).
 const DeadLetterKeysTable = dbqueue.DeadLetterKeysTable
 
 // deadLetterKeys are the statements of DeadLetterKeysTable.

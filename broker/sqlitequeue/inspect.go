@@ -147,11 +147,7 @@ func (q *Queue) Delete(ctx context.Context, topic string, offset int64) (bool, e
 	}
 	var n int64
 	err = q.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM `+quote(MessagesTable(topic))+` WHERE "offset" = ?`, offset)
-		if err != nil {
-			return err
-		}
-		if n, err = res.RowsAffected(); err != nil {
+		if n, err = dbqueue.Affected(tx.ExecContext(ctx, `DELETE FROM `+quote(MessagesTable(topic))+` WHERE "offset" = ?`, offset)); err != nil {
 			return err
 		}
 		if t.leases {
@@ -176,9 +172,6 @@ WHERE first_offset BETWEEN ?1 - `+strconv.Itoa(queuetable.MaxClaimSpan-1)+` AND 
 // that subscribes for the first time after a Trim does not see the deleted messages. A topic
 // that has no tables is an error wrapping broker.ErrNotFound.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
-	if err := CheckTopic(topic); err != nil {
-		return 0, err
-	}
 	t, err := q.existingTables(ctx, topic)
 	if err != nil {
 		return 0, err
@@ -193,21 +186,13 @@ func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	SELECT "offset" FROM ` + quote(MessagesTable(topic)) + `
 	WHERE "offset" <= (SELECT min(offset_acked) FROM ` + quote(OffsetsTable(topic)) + `)` + leased + `
 	ORDER BY "offset" LIMIT ?)`
-	total, err := dbqueue.Trim(ctx, func(ctx context.Context, limit int) (n int64, err error) {
+	return dbqueue.Trim(ctx, "sqlitequeue", topic, func(ctx context.Context, limit int) (n int64, err error) {
 		err = q.write(ctx, func(tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, del, limit)
-			if err != nil {
-				return err
-			}
-			n, err = res.RowsAffected()
+			n, err = dbqueue.Affected(tx.ExecContext(ctx, del, limit))
 			return err
 		})
 		return n, err
 	})
-	if err != nil {
-		return total, fmt.Errorf("sqlitequeue: trim topic %q: %w", topic, err)
-	}
-	return total, nil
 }
 
 // view returns the broker.View of topic for group: Waiting and Delete.

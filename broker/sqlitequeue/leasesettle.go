@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
 // This file writes settlements to the leases and claim rows: an ack deletes its lease row or
@@ -47,13 +49,11 @@ func (l *leases) settle(ctx context.Context, tx *sql.Tx, settlements []settlemen
 	if len(order) > 0 {
 		ackClaimed := tx.StmtContext(ctx, l.ackClaimed)
 		for _, c := range order {
-			res, err := ackClaimed.ExecContext(ctx, claimed[c], l.group, c.first, c.at)
+			n, err := dbqueue.Affected(ackClaimed.ExecContext(ctx, claimed[c], l.group, c.first, c.at))
 			if err != nil {
 				return fmt.Errorf("acknowledge offsets of the claim from %d: %w", c.first, err)
 			}
-			if n, err := res.RowsAffected(); err != nil {
-				return err
-			} else if n == 0 {
+			if n == 0 {
 				// The claim expired: its offsets went to lease rows, handed out once.
 				acks = appendClaimed(acks, settlements, c)
 			}
@@ -109,11 +109,8 @@ func appendClaimed(acks, settlements []settlement, c claimRef) []settlement {
 // gives it a lease row visible from s.visibleAt, handed out 1-back times; it reports false
 // when the claim no longer holds it (expired, or the message deleted).
 func (l *leases) releaseClaimed(ctx context.Context, tx *sql.Tx, s settlement, back int) (bool, error) {
-	res, err := tx.StmtContext(ctx, l.takeClaimed).ExecContext(ctx, int64(1)<<(s.offset-s.claim.first), l.group, s.claim.first, s.claim.at)
-	if err != nil {
-		return false, err
-	}
-	if n, err := res.RowsAffected(); err != nil || n == 0 {
+	n, err := dbqueue.Affected(tx.StmtContext(ctx, l.takeClaimed).ExecContext(ctx, int64(1)<<(s.offset-s.claim.first), l.group, s.claim.first, s.claim.at))
+	if err != nil || n == 0 {
 		return false, err
 	}
 	_, err = tx.StmtContext(ctx, l.giveBack).ExecContext(ctx, l.group, s.offset, s.deliveries-back, unixMilliCeil(s.visibleAt))

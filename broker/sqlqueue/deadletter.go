@@ -11,19 +11,16 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-// DeadLetterKeysTable is the table, beside the queue's topics, that keeps the key
-// (messagedata.HeaderDeadLetterKey) of every dead letter stored within the last
-// broker.DeadLetterKeyWindow, per topic, so that a dead letter published again within it is
-// stored once. The first publish of a dead letter creates it; each deletes the keys older than
-// the window.
+// DeadLetterKeysTable keeps, per topic, the key (messagedata.HeaderDeadLetterKey) of every dead
+// letter stored within broker.DeadLetterKeyWindow. The first publish of a dead letter creates it.
 const DeadLetterKeysTable = dbqueue.DeadLetterKeysTable
 
-// publisher is the postgres:// and mysql:// schemes' Publisher: watermill-sql's, and for a
-// publish with dead letters, one transaction that records their keys and leaves out each dead
-// letter whose key the topic has stored within broker.DeadLetterKeyWindow, returning nil as for
-// one stored. The dead
-// letter that a consumer publishes again, after its predecessor died between the publish and
-// the router's record of it, is then not a second copy.
+// publisher is the postgres:// and mysql:// schemes' Publisher, behind the Broker's, which
+// refuses nil messages: watermill-sql's, and for a publish with dead letters, one transaction
+// that records their keys and leaves out each dead letter whose key the topic has stored within
+// broker.DeadLetterKeyWindow, returning nil as for one stored. The dead letter that a consumer
+// publishes again, after its predecessor died between the publish and the router's record of
+// it, is then not a second copy.
 type publisher struct {
 	message.Publisher
 	q *Queue
@@ -31,7 +28,7 @@ type publisher struct {
 
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
-		if m != nil && m.Metadata.Get(messagedata.HeaderDeadLetterKey) != "" {
+		if m.Metadata.Get(messagedata.HeaderDeadLetterKey) != "" {
 			return p.q.publishOnce(context.Background(), topic, msgs)
 		}
 	}
@@ -43,11 +40,6 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 func (q *Queue) publishOnce(ctx context.Context, topic string, msgs []*message.Message) error {
 	if err := q.createKeysTable(ctx); err != nil {
 		return fmt.Errorf("sqlqueue: create table %s: %w", DeadLetterKeysTable, err)
-	}
-	for i, m := range msgs {
-		if m == nil {
-			return fmt.Errorf("sqlqueue: publish %d messages to topic %q: message %d of %d is nil", len(msgs), topic, i, len(msgs))
-		}
 	}
 	err := inTx(ctx, q.db, func(tx *sql.Tx) error {
 		kept, err := q.d.keys().First(ctx, tx, topic, msgs)

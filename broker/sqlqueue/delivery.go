@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/broker/redelivery"
 )
@@ -55,11 +56,7 @@ func (sub *subscription) update(u leaseUpdate) {
 func (sub *subscription) Context(ctx context.Context, d *inflight.Delivery[leaseRef]) context.Context {
 	ref := d.Data
 	return redelivery.WithTxAck(ctx, func(ctx context.Context, tx redelivery.Execer) (bool, error) {
-		r, err := tx.ExecContext(ctx, sub.ackStmt, sub.q.cfg.ConsumerGroup, ref.offset, ref.deliveries)
-		if err != nil {
-			return false, fmt.Errorf("sqlqueue: acknowledge offset %d of %s in the transaction: %w", ref.offset, sub.topic, err)
-		}
-		n, err := r.RowsAffected()
+		n, err := dbqueue.Affected(tx.ExecContext(ctx, sub.ackStmt, sub.q.cfg.ConsumerGroup, ref.offset, ref.deliveries))
 		if err != nil {
 			return false, fmt.Errorf("sqlqueue: acknowledge offset %d of %s in the transaction: %w", ref.offset, sub.topic, err)
 		}

@@ -124,13 +124,9 @@ func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	if err != nil || !have.offsets {
 		return 0, err // no group has subscribed
 	}
-	total, err := dbqueue.Trim(ctx, func(ctx context.Context, limit int) (int64, error) {
+	return dbqueue.Trim(ctx, "sqlqueue", topic, func(ctx context.Context, limit int) (int64, error) {
 		return q.d.trim(ctx, q.db, topic, have, limit)
 	})
-	if err != nil {
-		return total, fmt.Errorf("sqlqueue: trim topic %q: %w", topic, err)
-	}
-	return total, nil
 }
 
 // view returns the broker.View of topic: Waiting and Remove.

@@ -345,10 +345,6 @@ func (m mysql) trim(ctx context.Context, db *sql.DB, topic string, have tableSet
 		leased = " AND `offset` NOT IN (SELECT `offset` FROM " + t.leases + ")"
 	}
 	// A claim moves the group's cursor and leases what it passes in one transaction.
-	res, err := db.ExecContext(ctx, "DELETE FROM "+t.messages+" WHERE `offset` < ? AND `offset` <= (SELECT MIN(COALESCE(offset_acked, 0)) FROM "+
-		t.offsets+")"+leased+" ORDER BY `offset` LIMIT ?", last.Int64, limit)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	return dbqueue.Affected(db.ExecContext(ctx, "DELETE FROM "+t.messages+" WHERE `offset` < ? AND `offset` <= (SELECT MIN(COALESCE(offset_acked, 0)) FROM "+
+		t.offsets+")"+leased+" ORDER BY `offset` LIMIT ?", last.Int64, limit))
 }

@@ -265,7 +265,7 @@ func (p postgres) trim(ctx context.Context, db *sql.DB, topic string, have table
 	// is of a transaction that had ended, and every group has claimed it. A claim moves a
 	// cursor and leases what it passes in one statement, so a message below the cursor that
 	// this statement reads is either leased here or settled.
-	res, err := db.ExecContext(ctx, `WITH low AS (
+	return dbqueue.Affected(db.ExecContext(ctx, `WITH low AS (
 			SELECT last_processed_transaction_id AS tx, COALESCE(offset_acked, 0) AS off FROM `+t.offsets+`
 			ORDER BY 1, 2 LIMIT 1
 		), batch AS (
@@ -273,9 +273,5 @@ func (p postgres) trim(ctx context.Context, db *sql.DB, topic string, have table
 			WHERE (m.transaction_id, m."offset") <= (low.tx, low.off)`+leased+`
 			ORDER BY m.transaction_id, m."offset" LIMIT $1
 		)
-		DELETE FROM `+t.messages+` m USING batch b WHERE m.transaction_id = b.transaction_id AND m."offset" = b."offset"`, limit)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+		DELETE FROM `+t.messages+` m USING batch b WHERE m.transaction_id = b.transaction_id AND m."offset" = b."offset"`, limit))
 }

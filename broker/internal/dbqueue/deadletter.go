@@ -44,11 +44,7 @@ func (k DeadLetterKeys) First(ctx context.Context, tx *sql.Tx, topic string, msg
 			kept = append(kept, m)
 			continue
 		}
-		res, err := tx.ExecContext(ctx, k.Insert, topic, key, now.UnixMilli())
-		var n int64
-		if err == nil {
-			n, err = res.RowsAffected()
-		}
+		n, err := Affected(tx.ExecContext(ctx, k.Insert, topic, key, now.UnixMilli()))
 		if err != nil {
 			return nil, fmt.Errorf("record dead-letter key %q of message %q: %w", key, m.UUID, err)
 		}

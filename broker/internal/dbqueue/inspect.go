@@ -2,6 +2,7 @@ package dbqueue
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -44,15 +45,19 @@ func (View[P]) Close() error { return nil }
 // locks briefly.
 const TrimBatch = 1000
 
-// Trim runs trim, which deletes up to TrimBatch acknowledged messages of a topic, oldest
-// first, until it deletes fewer, and returns how many they deleted in all.
-func Trim(ctx context.Context, trim func(ctx context.Context, limit int) (int64, error)) (int64, error) {
+// Trim runs trim, which deletes up to TrimBatch acknowledged messages of topic, oldest first,
+// until it deletes fewer, and returns how many they deleted in all. Its error names scheme and
+// topic.
+func Trim(ctx context.Context, scheme, topic string, trim func(ctx context.Context, limit int) (int64, error)) (int64, error) {
 	var total int64
 	for {
 		n, err := trim(ctx, TrimBatch)
 		total += n
-		if err != nil || n < TrimBatch {
-			return total, err
+		if err != nil {
+			return total, fmt.Errorf("%s: trim topic %q: %w", scheme, topic, err)
+		}
+		if n < TrimBatch {
+			return total, nil
 		}
 	}
 }

@@ -22,3 +22,11 @@ func Rows[T any](rows *sql.Rows, err error, dest func(*T) []any) ([]T, error) {
 	}
 	return out, rows.Err()
 }
+
+// Affected returns how many rows a statement, which ExecContext returned with err, affected.
+func Affected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
