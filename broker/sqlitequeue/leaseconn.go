@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
 // The subscriptions' transactions (claims of messages, settlements of their leases) are most of
@@ -49,7 +51,7 @@ func (c *leaseConn) run(ctx context.Context, db *sql.DB, fn func(tx *sql.Tx) err
 		}
 		c.conn, c.lowered = conn, lowered
 	}
-	err := runInTx(ctx, c.conn, fn)
+	err := dbqueue.InTx(ctx, c.conn, nil, fn)
 	// A transaction whose context ended may still be rolled back by database/sql, in a
 	// goroutine of its own, which then closes the connection: the next transaction must not
 	// begin on it meanwhile (its BEGIN would wait for the file's turn, which that transaction

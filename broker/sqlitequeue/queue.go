@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 	"github.com/onceflow/onceflow/internal/queuetable"
-	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -287,35 +286,13 @@ func (q *Queue) prepareTopic(ctx context.Context, topic, group string) error {
 
 // write runs fn in a transaction of the queue file, in this process's turn (sqldb.Open's).
 func (q *Queue) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	return runInTx(ctx, rawDB(q.db), fn)
+	return dbqueue.InTx(ctx, rawDB(q.db), nil, fn)
 }
 
 // writeLeases runs fn, a claim or a settlement of leases, in a transaction of the queue file
 // on the Queue's lease connection (synchronous=NORMAL, see leaseConn), in this process's turn.
 func (q *Queue) writeLeases(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return q.leases.run(ctx, rawDB(q.db), fn)
-}
-
-// beginner is a pool (*sql.DB) or one connection of it (*sql.Conn).
-type beginner interface {
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
-}
-
-// runInTx runs fn in a transaction of db, committing when fn returns nil and rolling back
-// otherwise, or on a panic; a failed rollback is joined to fn's error. The error of a failed
-// BEGIN or COMMIT says which.
-func runInTx(ctx context.Context, db beginner, fn func(tx *sql.Tx) error) error {
-	err := sqltx.Do(ctx, func(ctx context.Context) (*sql.Tx, error) {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return nil, fmt.Errorf("begin: %w", err)
-		}
-		return tx, nil
-	}, fn)
-	if ce, ok := err.(*sqltx.CommitError); ok {
-		return fmt.Errorf("commit: %w", ce.Err)
-	}
-	return err
 }
 
 // rawDB returns the database/sql pool under db.

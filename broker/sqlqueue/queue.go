@@ -14,7 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker/internal/dbqueue"
-	"github.com/onceflow/onceflow/internal/sqltx"
 	"github.com/onceflow/onceflow/sqldb"
 )
 
@@ -374,10 +373,7 @@ type batch struct {
 	updates []leaseUpdate
 }
 
-// inTx runs f in a read-committed transaction and commits it, or rolls it back when f fails
-// or panics.
+// inTx runs f in a read-committed transaction, as dbqueue.InTx.
 func inTx(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) error) error {
-	return sqltx.Do(ctx, func(ctx context.Context) (*sql.Tx, error) {
-		return db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	}, f)
+	return dbqueue.InTx(ctx, db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, f)
 }
