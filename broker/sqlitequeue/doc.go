@@ -37,29 +37,21 @@
 //
 // # Delivery
 //
-// Every consumer group receives every message of a topic. A subscription keeps a window of
+// A subscription delivers as package broker says of every scheme. It keeps a window of
 // Config.BatchSize messages in flight, and claims in one short transaction: the group's leases
-// that are due, then the messages after the group's cursor, leased for Config.AckDeadline by a
-// claim row per 63 offsets, not a row per message. Every transaction of the file has its cost,
-// so settlements wait to be committed together: those that the subscriptions of a topic in one
-// Queue give within 10 ms go in one transaction, the next claim of any of them or a commit of
-// their own (at once when the subscription has nothing else in flight). No transaction, and no
-// lock of the file, is held while messages are processed. So:
+// that are due, then the messages after the group's cursor in offset order, leased for
+// Config.AckDeadline by a claim row per 63 offsets, not a row per message. Every transaction of
+// the file has its cost, so settlements wait to be committed together: those that the
+// subscriptions of a topic in one Queue give within 10 ms go in one transaction, the next claim
+// of any of them or a commit of their own (at once when the subscription has nothing else in
+// flight). No transaction, and no lock of the file, is held while messages are processed.
 //
-//   - consumers of one group, in one process or several, never hold the same message at the
-//     same time, unless a lease expires while its consumer still works on the message;
-//   - a nacked message is delivered again after its delay (Config.ResendInterval), the
-//     messages behind it meanwhile; one not settled within Config.AckDeadline is delivered
-//     again, and so are those of a consumer that died (even by SIGKILL) once their leases
-//     expire. Each time its count, each message's redelivery.Info.Count, goes up by one: it is
-//     in the leases table, so a message that kills its consumer every time reaches the
-//     router's delivery limit;
-//   - Close (or the end of the subscription's context) commits the acknowledgements given
-//     before it and gives back the other leases at once;
-//   - a subscription hands out new messages in offset order; a nacked or redelivered message
-//     comes back after the ones behind it;
-//   - delivery is at-least-once: an acknowledgement given just before its consumer dies may
-//     not have been committed. onceflow's deduplication makes the processing exactly-once.
+// A nack makes its message due after its delay (Config.ResendInterval by default), and a lease
+// that passes, a consumer's that died (even by SIGKILL) included, at once: it comes after the
+// messages behind it, its count (redelivery.Info.Count) one higher. The count is in the leases
+// table, so a message that kills its consumer every time reaches the router's delivery limit.
+// Close, or the end of the subscription's context, commits the acknowledgements given before
+// it and gives back the other leases at once.
 //
 // # Concurrency
 //

@@ -169,10 +169,7 @@ func (q *Queue) Config() Config { return q.cfg }
 
 // Publisher returns a new Publisher of the queue. Publishers are cheap; give each user (each
 // router handler, which closes its publisher when it stops) one of its own. Closing a
-// Publisher does not close the Queue.
-//
-// A message is stored when Publish returns nil: its row is committed with synchronous=FULL.
-// The messages of one Publish call are committed together, in their order.
+// Publisher does not close the Queue. Publish commits with synchronous=FULL.
 func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 
 // Subscriber returns a new Subscriber of the queue in the configured consumer group. Each call

@@ -32,11 +32,8 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 		return nil, err
 	}
 	return &broker.Backend{
-		Publisher:  q.Publisher(),
-		CheckTopic: CheckTopic,
-		// The queue keeps a window of Prefetch leased messages per subscription, delays a
-		// nacked message by its lease (NackAfter's delay, else NackDelay), counts deliveries in
-		// the leases table and gives back what a closing consumer holds.
+		Publisher:     q.Publisher(),
+		CheckTopic:    CheckTopic,
 		NewSubscriber: q.Subscriber,
 		Trim:          q.Trim,
 		Close:         q.Close,

@@ -31,25 +31,21 @@
 //
 // # Delivery
 //
-// Each Subscribe call is one consumer of the topic in the Queue's consumer group, which keeps
-// up to Config.Prefetch deliveries unsettled. It claims in short transactions, never holding
-// one while handlers run: first due leases (nacked messages whose delay has passed, leases that
-// expired), oldest first, their deliveries count one higher; then new messages after the
-// cursor, in the order they became safe to read (see below), each leased with deliveries = 1 as
-// the cursor moves past it. Claims lock with FOR UPDATE SKIP LOCKED: consumers of one group
-// never wait for each other, and never hold the same message at once while its lease
-// (Config.AckTimeout) runs. The deliveries count is each message's redelivery.Info.Count; it is
-// in the database, so a message that kills its consumer every time reaches the router's
-// delivery limit.
+// A subscription delivers as package broker says of every scheme, with up to Config.Prefetch
+// deliveries unsettled. It claims in short transactions, never holding one while handlers run:
+// first due leases (nacked messages whose delay has passed, leases that expired), oldest first,
+// their deliveries count one higher; then new messages after the cursor, in the order they
+// became safe to read (see below), each leased with deliveries = 1 as the cursor moves past
+// it. Claims lock with FOR UPDATE SKIP LOCKED: consumers of one group never wait for each
+// other, and never hold the same message at once while its lease (Config.AckTimeout) runs.
+// The deliveries count is each message's redelivery.Info.Count; it is in the database, so a
+// message that kills its consumer every time reaches the router's delivery limit.
 //
 // An ack deletes the lease (the acks of a few milliseconds go in one statement); a nack makes
 // it visible again after its delay (Config.NackDelay), to any consumer of the group; a lease
 // that passes unsettled, a consumer's that died (SIGKILL included), makes the message due.
 // Close gives the unsettled leases back at once (Subscriber.Close). An idle subscription looks
 // for new messages every Config.PollInterval, or at once after Queue.Wake.
-//
-// Delivery is at least once, and messages settle in any order, so a redelivered message can
-// come after later ones; onceflow's deduplication absorbs the repeats.
 //
 // # Visibility order
 //
@@ -60,10 +56,4 @@
 // open anywhere on the server holds new messages back until it ends. On MySQL and MariaDB a
 // claim reads with a locking read, which waits for a lower offset whose transaction is still
 // open.
-//
-// # Inspection
-//
-// Queue.Waiting lists the messages that wait for the group, leased ones first, then those
-// after the cursor, and Queue.Remove deletes one with its leases (onceflow dlq list and
-// replay).
 package sqlqueue

@@ -14,18 +14,13 @@ import (
 	"github.com/onceflow/onceflow/sqldb"
 )
 
-// The queue is broker.Open's postgres:// and mysql:// schemes. It opens its database with
-// sqldb.Open, which needs the dialect's driver: a program that opens a postgres:// broker
-// imports sqldb/postgres too, one that opens a mysql:// broker sqldb/mysql.
 func init() {
 	broker.Register("postgres", openScheme, broker.Params{Database: true})
 	broker.Register("mysql", openScheme, broker.Params{Database: true})
 }
 
-// openScheme opens the queue in a PostgreSQL or MySQL/MariaDB database: watermill-sql's
-// publisher and tables, and the queue's subscriber, which keeps Prefetch deliveries in flight
-// per subscription with a lease each, delays nacked messages (visible_at) and counts deliveries
-// in the lease table. Every connect of the database's pool is bounded by opts.ConnectTimeout
+// openScheme opens the queue in a PostgreSQL or MySQL/MariaDB database: broker.Open's postgres://
+// and mysql:// schemes. Every connect of the database's pool is bounded by opts.ConnectTimeout
 // (sqldb's connect_timeout).
 func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	db, err := sqldb.Open(ctx, withConnectTimeout(t.URL, o))
