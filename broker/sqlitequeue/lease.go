@@ -17,26 +17,14 @@ import (
 // statements are prepared once, when the subscription starts.
 //
 // The group's row in the offsets table is its cursor: every offset at or below it is
-// acknowledged (never had a lease, or had its lease deleted) or leased. A lease is held in one
-// of two forms:
-//
-//   - A claim row (consumer_group, first_offset, last_offset, visible_at, settled) of the
-//     claims table: messages claimed in one go for the first time, after the cursor, up to
-//     queuetable.MaxClaimSpan offsets per row. Each offset of the row whose bit in settled is
-//     clear is leased, handed out once, until visible_at. An acknowledgement sets its bit; the
-//     row is deleted once every bit is set. A nack (or a lease given back) sets the bit and
-//     moves the offset to a lease row. When visible_at passes, the offsets still held move to
-//     lease rows, due, with a delivery count of 1. (consumer_group, first_offset, visible_at)
-//     names a claim: visible_at never changes, so a settlement of an earlier claim does
-//     nothing to a later one.
-//   - A lease row (consumer_group, offset, deliveries, visible_at) of the leases table: the
-//     message at offset was handed out deliveries times, and may be claimed again from
-//     visible_at on, in Unix milliseconds. Each claim raises deliveries by one, so that
-//     (offset, deliveries) names one lease: a settlement names the lease it settles and does
-//     nothing to a later one.
-//
-// Draining a backlog, a claim of a window of messages thus writes a row per 63 messages, and
-// their acknowledgements update that row, instead of a row inserted and deleted per message.
+// acknowledged or leased, by a claim row or a lease row (queuetable.LeasesSchema). An
+// acknowledgement sets the offset's bit in its claim row, which is deleted once every bit is
+// set; a nack, or a lease given back, sets the bit and moves the offset to a lease row; when
+// a claim's visible_at passes, the offsets it still held move to lease rows, due, handed out
+// once. (consumer_group, first_offset, visible_at) names a claim, whose visible_at never
+// changes, and (offset, deliveries) a lease row, whose deliveries each claim raises: a
+// settlement does nothing to a later claim or lease. Draining a backlog thus writes a row per
+// 63 messages, not a row inserted and deleted per message.
 type leases struct {
 	group  string
 	table  string // quoted name of the leases table

@@ -70,12 +70,9 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 	return s.q.prepareTopic(context.Background(), topic, s.q.cfg.ConsumerGroup)
 }
 
-// Close ends the subscriber's subscriptions and waits for them: each cancels the contexts of
-// the messages it delivered and that are not settled, commits the acknowledgements and nacks
-// given before, and gives the other messages back at once to the consumer group. That takes a
-// few milliseconds, and at most about 5 s when another process keeps the queue file locked
-// (the leases then expire by themselves). Close is idempotent and safe to call concurrently;
-// every call returns when the subscriptions have ended.
+// Close ends the subscriber's subscriptions and waits for them, as the package documentation
+// says (Delivery): a few milliseconds, and at most about 5 s when another process keeps the
+// queue file locked (the leases then expire by themselves).
 func (s *subscriber) Close() error {
 	return s.subs.Close(func() error {
 		s.q.life.Remove(s)

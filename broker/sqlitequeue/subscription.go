@@ -33,15 +33,8 @@ const closeWait = 5 * time.Second
 
 // subscription is one consumer of a topic in the queue's consumer group, the queue's side of
 // one Subscribe call (an inflight.Source): the engine keeps the window, hands the messages out
-// and learns their settlements; the subscription
-//
-//   - claims messages in short transactions that also commit the settlements waiting (Fetch);
-//   - turns each end of a delivery into a settlement of its lease, to be committed by the next
-//     transaction of any of the topic's subscriptions in the Queue (Settle, in delivery.go);
-//   - commits the settlements itself when no claim has within settleWait, or at once when it
-//     has nothing else in flight (commits);
-//   - at its end, commits what waits, the give-backs of the engine's last settlements
-//     included, in one transaction (Close).
+// and learns their settlements; the subscription claims (Fetch), turns each settlement into
+// one of its lease (Settle, in delivery.go) and commits them with the topic's others (commit).
 type subscription struct {
 	q       *Queue
 	topic   string

@@ -97,11 +97,9 @@ func CheckTopic(topic string) error {
 	return nil
 }
 
-// Queue is the message queue that a PostgreSQL or MySQL/MariaDB database holds, as one
-// consumer group sees it: watermill-sql's messages and offsets tables of each topic, and
-// beside them a lease table, "onceflow_leases_<topic>", with one row per message the group
-// has handed out and not yet acknowledged. It makes the group's Subscribers and the
-// watermill-sql Publisher that writes the same tables, and lists and removes waiting
+// Queue is the message queue that a PostgreSQL or MySQL/MariaDB database holds (see Tables in
+// the package documentation), as one consumer group sees it. It makes the group's Subscribers
+// and the watermill-sql Publisher that writes the same tables, and lists and removes waiting
 // messages. A Queue is safe for concurrent use; it does not own the database pool.
 type Queue struct {
 	db  *sql.DB
