@@ -30,9 +30,6 @@ func newSubscriber(q *Queue) *subscriber {
 // closes, once the subscription has committed the acknowledgements given before and given back
 // the messages it held.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if err := CheckTopic(topic); err != nil {
-		return nil, err
-	}
 	if err := s.subs.Check(); err != nil {
 		return nil, err
 	}
@@ -64,9 +61,6 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // SubscribeInitialize creates topic's tables and records the consumer group.
 func (s *subscriber) SubscribeInitialize(topic string) error {
-	if err := CheckTopic(topic); err != nil {
-		return err
-	}
 	return s.q.prepareTopic(context.Background(), topic, s.q.cfg.ConsumerGroup)
 }
 
