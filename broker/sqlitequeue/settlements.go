@@ -96,9 +96,8 @@ func (p *settlements) done(list []settlement, failed bool) {
 	p.ended.Broadcast()
 }
 
-// wait waits until the settlements that from gave are committed, or wait in list for a
-// transaction (no transaction in progress has any taken), and returns how many are not
-// committed.
+// wait returns how many of the settlements that from gave are not committed, once no
+// transaction in progress holds any of them: 0, or those that wait for the next transaction.
 func (p *settlements) wait(from *subscription) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
