@@ -46,20 +46,8 @@ var ackSizes = [...]int{64, 8}
 // deliveries. The offsets are an IN list, so that SQLite finds each lease by its primary key
 // (a row-value IN over (offset, deliveries) would scan the group's leases).
 func ackManyQuery(table string, n int) string {
-	var b strings.Builder
-	b.WriteString(`DELETE FROM ` + table + ` WHERE consumer_group = ? AND "offset" IN (`)
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("?")
-	}
-	b.WriteString(`) AND deliveries = CASE "offset"`)
-	for range n {
-		b.WriteString(" WHEN ? THEN ?")
-	}
-	b.WriteString(" END")
-	return b.String()
+	return `DELETE FROM ` + table + ` WHERE consumer_group = ? AND "offset" IN ` + dbqueue.Marks(n) +
+		` AND deliveries = CASE "offset"` + strings.Repeat(" WHEN ? THEN ?", n) + " END"
 }
 
 // prepareLeases prepares the statements of group's leases on topic, whose tables must exist.

@@ -115,7 +115,7 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 		for i, r := range due {
 			offsets[i] = r.offset
 		}
-		in := marks(len(due))
+		in := dbqueue.Marks(len(due))
 		if _, err := tx.ExecContext(ctx, "UPDATE "+t.leases+" SET deliveries = deliveries + 1, visible_at = "+myNow+" + INTERVAL ? MICROSECOND"+
 			" WHERE consumer_group = ? AND `offset` IN "+in, append([]any{lease.Microseconds(), group}, offsets...)...); err != nil {
 			return err
@@ -211,7 +211,7 @@ func (m mysql) settle(ctx context.Context, db *sql.DB, topic, group string, b *b
 			offsets[i] = r.offset
 			pairs = append(pairs, r.offset, r.deliveries)
 		}
-		return "consumer_group = ? AND `offset` IN " + marks(len(refs)) +
+		return "consumer_group = ? AND `offset` IN " + dbqueue.Marks(len(refs)) +
 				" AND (`offset`, deliveries) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?), ", len(refs)), ", ") + ")",
 			append(append([]any{group}, offsets...), pairs...)
 	}
@@ -312,11 +312,6 @@ func consecutive(batch []row, cursor int64) []row {
 		next = r.offset + 1
 	}
 	return batch
-}
-
-// marks returns "(?, ?, ...)" with n placeholders.
-func marks(n int) string {
-	return "(" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
 }
 
 // sortByOffset sorts rows by offset, in place, and returns them.

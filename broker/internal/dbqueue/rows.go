@@ -3,6 +3,7 @@ package dbqueue
 import (
 	"database/sql"
 	"fmt"
+	"strings"
 )
 
 // Rows reads every row of a query's result, which QueryContext returned with err, into a T
@@ -21,6 +22,11 @@ func Rows[T any](rows *sql.Rows, err error, dest func(*T) []any) ([]T, error) {
 		out = append(out, v)
 	}
 	return out, rows.Err()
+}
+
+// Marks returns "(?, ?, ...)" with n placeholders, an IN list.
+func Marks(n int) string {
+	return "(" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
 }
 
 // Affected returns how many rows a statement, which ExecContext returned with err, affected.
