@@ -137,6 +137,9 @@ func TestSubscriber_CloseGivesBackUnsettledDeliveriesAtOnce(t *testing.T) {
 		// are claimed.
 		first, second := receive(t, chA), receive(t, chA)
 		require.Equal(t, ids[:2], []string{first.UUID, second.UUID})
+		// A PostgreSQL claim passes no message newer than the oldest transaction running in
+		// the cluster, which another test may hold open: B subscribes once A has all four.
+		require.Eventually(t, func() bool { return e.leases(tp) == len(ids) }, receiveWithin, 10*time.Millisecond)
 		_, chB := e.subscribe(q, tp)
 		testsvc.RequireNothing(t, chB, 300*time.Millisecond)
 
