@@ -110,8 +110,9 @@ func (s *suite) brokerURL(st setup, dir string) string {
 
 // meter counts the effects committed and marks the commits that end the warm-up and the run;
 // in the steady state it records the latency from publish to commit of each message sent after
-// the warm-up. Every consumer tells it after its commits: the expert and the watermill baseline
-// after their own COMMIT, onceflow through its Metrics interceptor (commits).
+// the warm-up. Every consumer tells it after each commit, of a batch or a message as it
+// commits them: the expert and the watermill baseline after their own COMMIT, onceflow through
+// its instruments (commits).
 type meter struct {
 	warm, target int64
 	n            atomic.Int64 // effects committed
@@ -120,6 +121,8 @@ type meter struct {
 	// groups as onceflow's group-size histogram records them; processed, onceflow's messages
 	// processed, each in a transaction of its own where no group ran (transactions).
 	txns, groups, processed atomic.Int64
+	// byGroup: onceflow's effects are counted by group (commits).
+	byGroup atomic.Bool
 	// In the reruns scenario, calls counts the processor's runs, one per message it is given,
 	// and faults chooses the messages that fail; faults is nil elsewhere.
 	calls          atomic.Int64
@@ -158,6 +161,17 @@ func (m *meter) committed(fresh []inMsg, settled int) {
 	}
 	m.add(now, len(fresh))
 	m.settled.Add(int64(settled))
+}
+
+// committedGroup records the commit of one group of onceflow's, which committed the effects of
+// n messages.
+func (m *meter) committedGroup(n int) {
+	if !m.byGroup.Load() {
+		m.byGroup.Store(true)
+	}
+	m.groups.Add(1)
+	m.add(time.Now(), n)
+	m.settled.Add(int64(n))
 }
 
 // committedOne records the commit of one message's effect; sent is its headerSent value.
@@ -216,17 +230,19 @@ func (m *meter) latencies() []float64 {
 }
 
 // commits is the MeterProvider of the router of an onceflow cell: it tells the cell's meter
-// about each message that the Metrics interceptor counts as processed. That interceptor sits
-// outside the transaction in the canonical chain and counts a message when the chain returns,
-// which is after the commit of the transaction that applied it (for group commit, after its
-// group's commit): the bench sees the commits without changing the handler's chain and without
-// a goroutine per message. It counts the transactions too: each one the router records in the
-// group-size histogram, or, where no group ran (the library's choice for the default variant),
-// one per processed message. Every other instrument is a no-op, as with the global provider the
-// router uses by default. A chain without the Metrics interceptor, or a renamed instrument,
-// makes the cell time out rather than measure something else. sent is set when the messages
-// carry their publish time in their context (sentRelay): elsewhere the counter does not look
-// for it, which would walk the whole context chain of each message.
+// about each transaction that commits, as the expert tells it about each batch. With group
+// commit that is each record of the group-size histogram, which the router makes after a
+// group's commit with the number of messages it committed; where no group ran (the library's
+// choice for the default variant), each message that the Metrics interceptor counts as
+// processed, when the chain returns after its transaction's commit. The bench sees the commits
+// without changing the handler's chain and without a goroutine per message. Every other
+// instrument is a no-op, as with the global provider the router uses by default. A chain
+// without the Metrics interceptor, or a renamed instrument, makes the cell time out rather than
+// measure something else. sent is set when the messages carry their publish time in their
+// context (sentRelay), in the steady state, whose latency is per message: each message is then
+// counted on its own, by the Metrics interceptor, and the groups only as transactions.
+// Elsewhere the counter does not look for it, which would walk the whole context chain of each
+// message.
 type commits struct {
 	noop.MeterProvider
 	m    *meter
@@ -252,18 +268,26 @@ func (cm commitsMeter) Int64Counter(name string, _ ...metric.Int64CounterOption)
 
 func (cm commitsMeter) Int64Histogram(name string, _ ...metric.Int64HistogramOption) (metric.Int64Histogram, error) {
 	if name == telemetry.MetricGroupSize {
-		return groupTxns{m: cm.m}, nil
+		return groupTxns{m: cm.m, sent: cm.sent}, nil
 	}
 	return noop.Int64Histogram{}, nil
 }
 
-// groupTxns counts the transactions of a group-commit chain, one record each.
+// groupTxns counts the transactions of a group-commit chain, one record each, and, unless
+// sent, the effects each committed.
 type groupTxns struct {
 	noop.Int64Histogram
-	m *meter
+	m    *meter
+	sent bool
 }
 
-func (g groupTxns) Record(context.Context, int64, ...metric.RecordOption) { g.m.groups.Add(1) }
+func (g groupTxns) Record(_ context.Context, n int64, _ ...metric.RecordOption) {
+	if g.sent {
+		g.m.groups.Add(1)
+		return
+	}
+	g.m.committedGroup(int(n))
+}
 
 type commitsCounter struct {
 	noop.Int64Counter
@@ -280,6 +304,9 @@ func (c commitsCounter) Add(ctx context.Context, incr int64, opts ...metric.AddO
 	if outcome.AsString() != string(processor.Processed) {
 		c.m.settled.Add(incr) // a duplicate, or a failure that is not committed
 		return
+	}
+	if !c.sent && c.m.byGroup.Load() {
+		return // counted with its group's commit
 	}
 	var sent string
 	if c.sent {
