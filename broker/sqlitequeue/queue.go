@@ -169,7 +169,8 @@ func (q *Queue) Config() Config { return q.cfg }
 
 // Publisher returns a new Publisher of the queue. Publishers are cheap; give each user (each
 // router handler, which closes its publisher when it stops) one of its own. Closing a
-// Publisher does not close the Queue. Publish commits with synchronous=FULL.
+// Publisher does not close the Queue. Publish commits the messages of one call together, in
+// their order, with synchronous=FULL.
 func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 
 // Subscriber returns a new Subscriber of the queue in the configured consumer group. Each call
