@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/dedup"
+	"github.com/onceflow/onceflow/internal/groupcommit"
 	"github.com/onceflow/onceflow/internal/testsvc"
 	"github.com/onceflow/onceflow/messagedata"
 	"github.com/onceflow/onceflow/middleware"
@@ -110,4 +111,61 @@ func checkApplied(b *testing.B, db *sqldb.DB, n int) {
 	var rows int
 	require.NoError(b, db.Get(&rows, `SELECT COUNT(*) FROM bench_effects`))
 	require.Equal(b, n, rows)
+}
+
+// BenchmarkGroupCommit_Batch runs full groups of a batch processor that writes nothing, on
+// each database: the messages join one lane 64 at a time, as a busy subscription's do, into a
+// group that waits until it is full, and each group's transaction records their ids and
+// commits. It measures the group's own cost per message on the client (testsvc.Cost: the
+// process's CPU time, user and system, and its allocations).
+func BenchmarkGroupCommit_Batch(b *testing.B) {
+	const size = 64
+	for _, d := range testsvc.Databases() {
+		b.Run(d.Name, func(b *testing.B) {
+			db := d.Open(b)
+			store, err := dedup.New(db, dedup.Config{})
+			require.NoError(b, err)
+			require.NoError(b, store.Migrate(context.Background()))
+			var processed atomic.Int64
+			mw, err := newGroupCommit(middleware.Pool(db), store, "bench", batch(processor.BatchFunc(func(_ context.Context, msgs []*messagedata.MessageData) error {
+				processed.Add(int64(len(msgs)))
+				return nil
+			})), func(c *groupcommit.Config) { c.MaxWait = 100 * time.Millisecond })
+			require.NoError(b, err)
+			j := mw(nil).(groupcommit.Joiner)
+			msgs := make([]*messagedata.MessageData, b.N)
+			for i := range msgs {
+				msgs[i] = &messagedata.MessageData{ID: fmt.Sprintf("%08x-4c1d-9e3a-%012d", i*2654435761%(1<<32), i), Topic: "bench", Attempt: 1, Delivery: 1}
+			}
+			slots := make([]groupcommit.Slot, size)
+			var failures atomic.Int64
+			var wg sync.WaitGroup
+			done := groupcommit.JoinedFunc(func(err error) {
+				if err != nil {
+					failures.Add(1)
+				}
+				wg.Done()
+			})
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			var cost testsvc.Cost
+			cost.Start()
+			for i := 0; i < b.N; i += size {
+				n := min(size, b.N-i)
+				wg.Add(n)
+				for k := range n {
+					slots[k] = groupcommit.Slot{}
+					j.Join(context.Background(), msgs[i+k], 1, &slots[k], done)
+				}
+				wg.Wait()
+			}
+			cost.Stop()
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+			cost.Report(b, b.N)
+			require.Zero(b, failures.Load())
+			require.Equal(b, int64(b.N), processed.Load())
+		})
+	}
 }
