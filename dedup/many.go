@@ -36,12 +36,12 @@ func (s *SQLStore) RecordMany(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 // internal id.
 //
 // It runs one statement per 1000 distinct keys, never one statement per key, and leaves tx
-// usable: on PostgreSQL an INSERT over three arrays (one statement text for every batch size)
-// that returns only the duplicates and renewals; elsewhere a multi-row INSERT (on MariaDB 10.5
-// and later returning every row; on MySQL, which lacks INSERT ... RETURNING, followed by at most
-// one SELECT of the rows it wrote; on SQLite preceded by one read of the largest rowid, which
-// tells a renewed row from a new one). Keys are written in a fixed order, so that
-// concurrent batches sharing keys wait for each other rather than deadlock; a deadlock or
+// usable: on PostgreSQL an INSERT over arrays of the keys (one statement text for every batch
+// size) that returns only the duplicates and renewals; elsewhere a multi-row INSERT (on
+// MariaDB 10.5 and later returning every row; on MySQL, which lacks INSERT ... RETURNING,
+// followed by at most one SELECT of the rows it wrote; on SQLite preceded by one read of the
+// largest rowid, which tells a renewed row from a new one). Keys are written in a fixed order,
+// so that concurrent batches sharing keys wait for each other rather than deadlock; a deadlock or
 // serialization failure that happens all the same is retryable (sqldb.Conflict). An invalid key
 // anywhere in keys fails the whole call before any statement runs; the error names its
 // position.

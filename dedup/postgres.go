@@ -23,9 +23,11 @@ type postgres struct {
 	exceptions, fresh keysStatement
 }
 
-// keysStatement is a statement over a batch of keys, in two texts: over three arrays, and over
-// the handler and two arrays when the keys share their handler, as a group's keys do.
-type keysStatement struct{ all, oneHandler string }
+// keysStatement is a statement over a batch of keys, in three texts: over three arrays; over
+// the handler and two arrays when the keys share their handler, as a group's keys do; and over
+// the handler and the ids alone when, besides, no key has a timestamp, as a group's keys have
+// none unless the handler keys by timestamp.
+type keysStatement struct{ all, oneHandler, idsOnly string }
 
 // pgLockKey is an advisory lock key for purpose ($1) on table ($2) in the current schema: the
 // first 64 bits of an MD5, so that stores of the same table name in two schemas of one database
@@ -66,8 +68,13 @@ WHERE ins.renewed IS NOT FALSE`
 	SELECT $3::text AS handler, message_id, message_ts, i
 	FROM unnest($4::text[], $5::bigint[]) WITH ORDINALITY AS k(message_id, message_ts, i)
 )`
-	p.exceptions = keysStatement{all: keys + insert, oneHandler: keysOneHandler + insert}
-	p.fresh = keysStatement{all: keys + fresh, oneHandler: keysOneHandler + fresh}
+	// The same when, besides, no key has a timestamp: the ids alone.
+	keysIDsOnly := `WITH k AS (
+	SELECT $3::text AS handler, message_id, 0::bigint AS message_ts, i
+	FROM unnest($4::text[]) WITH ORDINALITY AS k(message_id, i)
+)`
+	p.exceptions = keysStatement{all: keys + insert, oneHandler: keysOneHandler + insert, idsOnly: keysIDsOnly + insert}
+	p.fresh = keysStatement{all: keys + fresh, oneHandler: keysOneHandler + fresh, idsOnly: keysIDsOnly + fresh}
 	return queries{
 		// The upsert's outcome is the count of rows of the SELECT around it: 0 for a duplicate,
 		// 1 for a new key, 2 for a renewed one. Run as an Exec, which reads no rows, it goes
@@ -110,13 +117,22 @@ func (p *postgres) recordOne(ctx context.Context, tx sqlx.ExtContext, key Key, i
 }
 
 // over returns the text of st for keys, and its arguments: created, expires, then the keys as
-// three arrays, or as the handler and two arrays when they share their handler.
+// three arrays, or as the handler and two arrays when they share their handler, or as the
+// handler and the ids when, besides, none has a timestamp.
 func (st keysStatement) over(keys []Key, created, expires int64) (string, []any) {
-	ids, stamps := make([]string, len(keys)), make([]int64, len(keys))
-	oneHandler := true
+	ids := make([]string, len(keys))
+	oneHandler, stamped := true, false
 	for i, k := range keys {
-		ids[i], stamps[i] = k.MessageID, k.Timestamp
+		ids[i] = k.MessageID
 		oneHandler = oneHandler && k.Handler == keys[0].Handler
+		stamped = stamped || k.Timestamp != 0
+	}
+	if oneHandler && !stamped {
+		return st.idsOnly, []any{created, expires, keys[0].Handler, ids}
+	}
+	stamps := make([]int64, len(keys))
+	for i, k := range keys {
+		stamps[i] = k.Timestamp
 	}
 	if oneHandler {
 		return st.oneHandler, []any{created, expires, keys[0].Handler, ids, stamps}
