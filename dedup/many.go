@@ -86,9 +86,9 @@ func (s *SQLStore) recordKeys(ctx context.Context, tx sqlx.ExtContext, keys []Ke
 	}
 	slices.SortFunc(order, func(a, b int) int { return cmp.Or(compareKeys(keys[a], keys[b]), cmp.Compare(a, b)) })
 	distinct := make([]Key, 0, len(keys))
-	at := make([]int, 0, len(keys)) // the position in keys of each distinct key
-	for j, i := range order {
-		if j > 0 && keys[order[j-1]] == keys[i] {
+	at := order[:0] // the position in keys of each distinct key, written over order as it is read
+	for _, i := range order {
+		if len(at) > 0 && keys[at[len(at)-1]] == keys[i] {
 			continue
 		}
 		distinct = append(distinct, keys[i])
