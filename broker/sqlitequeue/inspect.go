@@ -63,20 +63,14 @@ func (q *Queue) Backlog(ctx context.Context, topic, consumerGroup string) (int64
 	return q.count(ctx, topic, consumerGroup, true)
 }
 
-func (q *Queue) count(ctx context.Context, topic, group string, backlog bool) (int64, error) {
+func (q *Queue) count(ctx context.Context, topic, group string, waiting bool) (int64, error) {
 	t, err := q.inspectTables(ctx, topic)
 	if err != nil || !t.exist() {
 		return 0, err
 	}
-	query := `SELECT count(*) FROM ` + quote(MessagesTable(topic))
-	var args []any
-	if backlog {
-		where, wargs := t.waiting(topic, group)
-		query += ` WHERE ` + where
-		args = wargs
-	}
 	var n int64
-	if err := q.db.QueryRowContext(ctx, query, args...).Scan(&n); err != nil {
+	query := `SELECT count(*) FROM ` + quote(MessagesTable(topic)) + ` WHERE ` + t.where(topic, waiting)
+	if err := q.db.QueryRowContext(ctx, query, group, 0).Scan(&n); err != nil {
 		return 0, fmt.Errorf("sqlitequeue: count messages of topic %q: %w", topic, err)
 	}
 	return n, nil
@@ -105,21 +99,13 @@ func (q *Queue) list(ctx context.Context, topic, group string, waiting bool, aft
 	if err != nil || !t.exist() {
 		return nil, err
 	}
-	where, args := `"offset" > ?`, []any{after}
-	if waiting {
-		// Start the scan at the group's first waiting message, not at the topic's first.
-		from, fargs := t.waitingFrom(topic, group)
-		w, wargs := t.waiting(topic, group)
-		where = `"offset" > max(?, ` + from + `) AND (` + w + `)`
-		args = append(append(args, fargs...), wargs...)
-	}
 	type stored struct {
 		offset            int64
 		uuid, createdAt   string
 		payload, metadata []byte
 	}
 	result, err := q.db.QueryContext(ctx, `SELECT "offset", uuid, payload, metadata, created_at FROM `+
-		quote(MessagesTable(topic))+` WHERE `+where+` ORDER BY "offset" LIMIT ?`, append(args, limit)...)
+		quote(MessagesTable(topic))+` WHERE `+t.where(topic, waiting)+` ORDER BY "offset" LIMIT ?3`, group, after, limit)
 	rows, err := dbqueue.Rows(result, err, func(s *stored) []any { return []any{&s.offset, &s.uuid, &s.payload, &s.metadata, &s.createdAt} })
 	if err != nil {
 		return nil, fmt.Errorf("sqlitequeue: list topic %q: %w", topic, err)
@@ -220,34 +206,26 @@ func (t topicTables) exist() bool { return t.messages && t.offsets }
 // all reports whether every table of the topic exists.
 func (t topicTables) all() bool { return t.messages && t.offsets && t.leases && t.claims }
 
-// waiting returns the condition on the messages table of topic that selects the messages
-// waiting for group: leased, or after its cursor.
-func (t topicTables) waiting(topic, group string) (string, []any) {
-	cond := `"offset" > COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?), 0)`
-	args := []any{group}
+// where returns the condition on topic's messages table that selects the messages after
+// offset ?2, with waiting only those that wait for consumer group ?1: leased, or after its
+// cursor. The scan then starts below the group's first lease, not at the topic's first message.
+func (t topicTables) where(topic string, waiting bool) string {
+	if !waiting {
+		return `"offset" > ?2`
+	}
+	cursor := `COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?1), 0)`
+	below := func(table, offset string) string {
+		return `, COALESCE((SELECT min(` + offset + `) FROM ` + quote(table) + ` WHERE consumer_group = ?1) - 1, ` + cursor + `)`
+	}
+	from, leased := cursor, ``
 	if t.all() {
-		cond += ` OR ` + queuetable.Leased(topic, quote(MessagesTable(topic))+`."offset"`, `?`)
-		args = append(args, group, group)
+		from = `min(` + cursor + below(LeasesTable(topic), `"offset"`) + below(queuetable.ClaimsTable(topic), `first_offset`) + `)`
+		leased = ` OR ` + queuetable.Leased(topic, quote(MessagesTable(topic))+`."offset"`, `?1`)
 	} else if t.leases {
-		cond += ` OR "offset" IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?)`
-		args = append(args, group)
+		from = `min(` + cursor + below(LeasesTable(topic), `"offset"`) + `)`
+		leased = ` OR "offset" IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?1)`
 	}
-	return cond, args
-}
-
-// waitingFrom returns an expression for an offset below every message waiting for group: its
-// cursor, or less than its lowest lease.
-func (t topicTables) waitingFrom(topic, group string) (string, []any) {
-	cursor := `COALESCE((SELECT offset_acked FROM ` + quote(OffsetsTable(topic)) + ` WHERE consumer_group = ?), 0)`
-	if !t.leases {
-		return cursor, []any{group}
-	}
-	lowest := `COALESCE((SELECT min("offset") FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?) - 1, ` + cursor + `)`
-	if !t.claims {
-		return `min(` + cursor + `, ` + lowest + `)`, []any{group, group, group}
-	}
-	return `min(` + cursor + `, ` + lowest + `, COALESCE((SELECT min(first_offset) FROM ` + quote(queuetable.ClaimsTable(topic)) + ` WHERE consumer_group = ?) - 1, ` + cursor + `))`,
-		[]any{group, group, group, group, group}
+	return `"offset" > max(?2, ` + from + `) AND ("offset" > ` + cursor + leased + `)`
 }
 
 // topicTables returns which of topic's tables exist. An invalid topic name is an error.
