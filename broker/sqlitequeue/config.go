@@ -39,14 +39,10 @@ type Config struct {
 	// subscription at a time. At most 255 bytes. Defaults to "default".
 	ConsumerGroup string
 
-	// BatchSize is the window of each subscription: how many messages it keeps delivered and
-	// not yet settled (acknowledged or nacked), each under a lease of its own. A subscription
-	// claims messages whenever its window has room, and never holds a transaction while they
-	// are processed. A larger window lets more messages be processed at once (a watermill
-	// router runs each delivered message in a goroutine of its own); the messages of a
-	// consumer that dies wait for their leases to expire. 1 to 10000. Defaults to 16, or to
-	// the window the consumer asks for when it subscribes (redelivery.WithWindow: onceflow's
-	// router asks for what its handler can take at once) when that is larger.
+	// BatchSize is the window of each subscription: how many messages it holds delivered and
+	// not yet settled at most, each under a lease; the messages of a consumer that dies wait
+	// for their leases to expire. 1 to 10000. Defaults to 16, or to the window the consumer
+	// asks for (redelivery.WithWindow) when that is larger.
 	BatchSize int
 
 	// PollInterval is how long an idle subscription waits before it looks for messages again.
@@ -64,11 +60,10 @@ type Config struct {
 	// database, which is retried after PollInterval). Defaults to 1 s.
 	RetryInterval time.Duration
 
-	// AckDeadline is the lease: how long a delivered message may stay neither acknowledged
-	// nor nacked. When it passes, the delivered message's context is cancelled and the message
-	// may be claimed again, by any consumer of the group, with its delivery count one higher.
-	// It is also how long the messages of a consumer that died wait before they are delivered
-	// again. At least 1 ms. Defaults to 30 s.
+	// AckDeadline is the lease: how long a delivered message may stay unsettled, or the
+	// messages of a consumer that died wait. When it passes, the delivery's context is
+	// cancelled and the message may be claimed again, by any consumer of the group, with its
+	// delivery count one higher. At least 1 ms. Defaults to 30 s.
 	AckDeadline time.Duration
 
 	// Logger receives the subscribers' logs. Defaults to no logging.
@@ -101,9 +96,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// rules check Config's bounds and give each subscription its window (inflight.Rules.Window):
-// Config.BatchSize, or when it was left unset the larger of DefaultBatchSize and the window the
-// consumer asks for.
+// rules check Config's bounds and give each subscription its window (Config.BatchSize).
 var rules = inflight.Rules{
 	Scheme: "sqlitequeue", Prefetch: DefaultBatchSize, MaxPrefetch: maxBatchSize, PrefetchField: "BatchSize",
 	AckTimeout: DefaultAckDeadline, AckTimeoutField: "AckDeadline", MinAckTimeout: minLease,

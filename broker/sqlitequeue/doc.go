@@ -11,47 +11,40 @@
 // The package links no driver itself, so that the outbox, which reads its SQLite tables with
 // this package's code, adds no SQLite driver to a program on PostgreSQL or MySQL.
 //
-// Each topic has four tables. The messages table, "onceflow_queue_<topic>", gives every
-// message an increasing offset. The offsets table, "onceflow_offsets_<topic>", has a cursor
-// per consumer group: every message at or below it has been claimed by the group. The claims
-// table, "onceflow_claims_<topic>", has a row per run of up to 63 new messages that a group
-// claimed in one go: (consumer_group, first_offset, last_offset, visible_at, settled), settled
-// being a bitmap of the offsets of the run no longer held (acknowledged, nacked, deleted). The
-// leases table, "onceflow_leases_<topic>", has a row per message that a group holds outside a
-// claim row (nacked, given back, or delivered again after its claim expired): (consumer_group,
-// offset, deliveries, visible_at). Messages are not deleted when they are consumed: Trim
-// removes those every known consumer group has acknowledged. The file
-// is opened through sqldb.Open: WAL journal, synchronous=FULL, a 30 s busy timeout and BEGIN
-// IMMEDIATE transactions. The subscriptions' claims and settlements commit with
-// synchronous=NORMAL, on a connection of their own: such a commit survives the death of the
-// process, and only a power loss or a crash of the operating system can take one back, which
-// makes messages come again (never lost: publishes commit with FULL, and the WAL is synced in
-// order). Keep the queue in a file of its own, apart from the application database, as a
-// broker is apart from a database.
+// Each topic has four tables: the messages table "onceflow_queue_<topic>", an increasing
+// offset per message; the offsets table "onceflow_offsets_<topic>", a cursor per consumer
+// group, at or below which the group has claimed every message; the claims table
+// "onceflow_claims_<topic>", a row per run of up to 63 new messages a group claimed in one go;
+// and the leases table "onceflow_leases_<topic>", a row per message a group holds outside a
+// claim (nacked, given back, or claimed again). Messages are not deleted when they are
+// consumed: Trim removes those every known consumer group has acknowledged. The file is opened
+// through sqldb.Open: WAL journal, synchronous=FULL, a 30 s busy timeout and BEGIN IMMEDIATE
+// transactions. The subscriptions' claims and settlements commit with synchronous=NORMAL, on a
+// connection of their own: such a commit survives the death of the process, and only a power
+// loss or a crash of the operating system can take one back, which makes messages come again
+// (never lost: publishes commit with FULL, and the WAL is synced in order). Keep the queue in
+// a file of its own, apart from the application database, as a broker is apart from a
+// database.
 //
 // A dead letter (a message with the header messagedata.HeaderDeadLetterKey) is stored once
 // per topic and key within broker.DeadLetterKeyWindow: the publish records the key in
-// DeadLetterKeysTable in its own transaction and leaves out a dead letter whose key is there
-// already, so that the dead letter a consumer publishes again, after its predecessor died
-// between the publish and the router's record of it, is not a second copy.
+// DeadLetterKeysTable in its own transaction and leaves out a dead letter whose key is there.
 //
 // # Delivery
 //
-// A subscription delivers as package broker says of every scheme. It keeps a window of
-// Config.BatchSize messages in flight, and claims in one short transaction: the group's leases
-// that are due, then the messages after the group's cursor in offset order, leased for
-// Config.AckDeadline by a claim row per 63 offsets, not a row per message. Every transaction of
-// the file has its cost, so settlements wait to be committed together: those that the
-// subscriptions of a topic in one Queue give within 10 ms go in one transaction, the next claim
-// of any of them or a commit of their own (at once when the subscription has nothing else in
-// flight). No transaction, and no lock of the file, is held while messages are processed.
+// A subscription delivers as package broker says of every scheme, with up to Config.BatchSize
+// messages in flight. It claims in one short transaction: the group's leases that are due, then
+// the messages after the group's cursor in offset order, leased for Config.AckDeadline by a
+// claim row per 63 offsets, not a row per message. Every transaction of the file has its cost,
+// so the settlements that the subscriptions of a topic in one Queue give within 10 ms go in one
+// transaction, the next claim of any of them or a commit of their own (at once when the
+// subscription has nothing else in flight). No transaction, and no lock of the file, is held
+// while messages are processed.
 //
 // A nack makes its message due after its delay (Config.ResendInterval by default), and a lease
-// that passes, a consumer's that died (even by SIGKILL) included, at once: it comes after the
-// messages behind it, its count (redelivery.Info.Count) one higher. The count is in the leases
-// table, so a message that kills its consumer every time reaches the router's delivery limit.
-// Close, or the end of the subscription's context, commits the acknowledgements given before
-// it and gives back the other leases at once.
+// that passes, a dead consumer's included, at once: it comes after the messages behind it, its
+// count (redelivery.Info.Count) one higher. The count is in the leases table, so a message that
+// kills its consumer every time reaches the router's delivery limit.
 //
 // # Concurrency
 //

@@ -11,20 +11,16 @@ import (
 	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
-// leases is the SQL of one consumer group's leases on one topic: claiming messages, settling
-// them, and looking whether there is anything to claim. Every statement runs in a transaction
-// of the caller's, in the file's turn to write, except anyToClaim, which only reads. The
-// statements are prepared once, when the subscription starts.
+// leases is the SQL of one consumer group's leases on one topic (queuetable.LeasesSchema),
+// prepared when the subscription starts. Every statement runs in a transaction of the
+// caller's, in the file's turn to write, except anyToClaim, which only reads.
 //
-// The group's row in the offsets table is its cursor: every offset at or below it is
-// acknowledged or leased, by a claim row or a lease row (queuetable.LeasesSchema). An
-// acknowledgement sets the offset's bit in its claim row, which is deleted once every bit is
-// set; a nack, or a lease given back, sets the bit and moves the offset to a lease row; when
+// An acknowledgement sets the offset's bit in its claim row, which is deleted once every bit
+// is set; a nack, or a lease given back, sets the bit and moves the offset to a lease row; when
 // a claim's visible_at passes, the offsets it still held move to lease rows, due, handed out
 // once. (consumer_group, first_offset, visible_at) names a claim, whose visible_at never
 // changes, and (offset, deliveries) a lease row, whose deliveries each claim raises: a
-// settlement does nothing to a later claim or lease. Draining a backlog thus writes a row per
-// 63 messages, not a row inserted and deleted per message.
+// settlement does nothing to a later claim or lease.
 type leases struct {
 	group  string
 	table  string // quoted name of the leases table
@@ -123,9 +119,6 @@ func (l *leases) close() {
 	}
 }
 
-// unixMilli returns t in Unix milliseconds, rounded down.
-func unixMilli(t time.Time) int64 { return t.UnixMilli() }
-
 // unixMilliCeil returns t in Unix milliseconds, rounded up: a lease visible from it is not
 // visible before t.
 func unixMilliCeil(t time.Time) int64 {
@@ -157,7 +150,7 @@ type claimedRow struct {
 // It reads without a transaction, so it never waits for writers.
 func (l *leases) anyToClaim(ctx context.Context, now time.Time) (bool, error) {
 	var found bool
-	if err := l.anyDue.QueryRowContext(ctx, l.group, unixMilli(now)).Scan(&found); err != nil {
+	if err := l.anyDue.QueryRowContext(ctx, l.group, now.UnixMilli()).Scan(&found); err != nil {
 		return false, fmt.Errorf("look for messages to claim: %w", err)
 	}
 	return found, nil
@@ -190,7 +183,7 @@ func (l *leases) claimDue(ctx context.Context, tx *sql.Tx, now, until time.Time,
 		claimedRow
 		found sql.NullString // the uuid; NULL when the message was deleted: the lease is deleted too
 	}
-	result, err := tx.StmtContext(ctx, l.selectDue).QueryContext(ctx, l.group, unixMilli(now), room)
+	result, err := tx.StmtContext(ctx, l.selectDue).QueryContext(ctx, l.group, now.UnixMilli(), room)
 	rows, err := dbqueue.Rows(result, err, func(r *dueRow) []any {
 		return []any{&r.offset, &r.deliveries, &r.found, &r.payload, &r.metadata}
 	})
@@ -223,7 +216,7 @@ func (l *leases) claimDue(ctx context.Context, tx *sql.Tx, now, until time.Time,
 // offset they still held a lease row, due, handed out once.
 func (l *leases) expire(ctx context.Context, tx *sql.Tx, now time.Time) error {
 	type expired struct{ first, last, at, settled int64 }
-	result, err := tx.StmtContext(ctx, l.expireClaims).QueryContext(ctx, l.group, unixMilli(now))
+	result, err := tx.StmtContext(ctx, l.expireClaims).QueryContext(ctx, l.group, now.UnixMilli())
 	list, err := dbqueue.Rows(result, err, func(e *expired) []any { return []any{&e.first, &e.last, &e.at, &e.settled} })
 	if err != nil {
 		return err

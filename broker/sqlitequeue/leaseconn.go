@@ -11,18 +11,11 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
-// The subscriptions' transactions (claims of messages, settlements of their leases) are most of
-// the queue file's commits: with synchronous=FULL each one waits for the disk (an fsync of the
-// WAL), which kept a draining consumer waiting rather than working. They run on a connection of
-// their own, with synchronous=NORMAL: in WAL mode such a commit survives the death of the
-// process (SIGKILL included) as a FULL one does, and what a power loss or a crash of the
-// operating system may take back (the last claims and settlements, never a publish nor what
-// was committed before one: the WAL is synced in order) only makes messages come again, as when
-// a consumer dies before its acknowledgement is committed. A queue file whose URL asks for
-// another synchronous than FULL keeps it for these transactions too.
-
-// leaseConn is the connection of a Queue's claims and settlements. Its mutex keeps it to one
-// transaction at a time, and guards it against Close.
+// leaseConn is the connection of a Queue's claims and settlements, most of the file's commits,
+// which with synchronous=FULL would each wait for an fsync of the WAL: it runs them with
+// synchronous=NORMAL (the package documentation says what that risks), or with the URL's
+// synchronous when it is not FULL. Its mutex keeps it to one transaction at a time, and guards
+// it against Close.
 type leaseConn struct {
 	mu      sync.Mutex
 	conn    *sql.Conn // nil before the first transaction and after a broken one

@@ -9,10 +9,6 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/dbqueue"
 )
 
-// This file writes settlements to the leases and claim rows: an ack deletes its lease row or
-// sets its bit in a claim row, a nack or a lease given back moves the message out of its claim
-// row to a lease row of its own (settlements.go collects what the next transaction writes).
-
 // settlement is what becomes of one lease: deleted (acknowledged), or made visible again
 // from visibleAt (nacked, given back).
 type settlement struct {

@@ -52,14 +52,9 @@ type Queue struct {
 
 // Open opens, creating it if missing, the queue file that url names and returns a Queue over
 // it. url is "sqlite://path/queue.db", "sqlite:///absolute/path/queue.db" or a bare file path;
-// query parameters of a sqlite:// URL are passed to the driver as sqldb.Open describes. The
-// directory must exist. The file is opened with sqldb.Open, with the settings the package
-// documentation lists.
-//
-// The program links the SQLite driver by importing github.com/onceflow/onceflow/sqldb/sqlite
-// (or broker/all); without it Open fails with an error that names the import.
-//
-// The Queue owns the connection pool: Close closes it.
+// query parameters of a sqlite:// URL are passed to sqldb.Open. The directory must exist.
+// Without the SQLite driver's import (package documentation) Open fails with an error that
+// names it. The Queue owns the connection pool: Close closes it.
 func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -75,8 +70,7 @@ func Open(ctx context.Context, url string, cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlitequeue: %w", err)
 	}
-	// Subscriptions and publishers each take a connection for a short transaction at a time;
-	// keep a few idle so that each one does not reopen one.
+	// A few idle connections, for the short transactions of subscriptions and publishers.
 	db.SetMaxIdleConns(8)
 	q, err := New(db, cfg)
 	if err != nil {
@@ -135,11 +129,8 @@ func parseURL(url string) (string, string, error) {
 
 // New returns a Queue over db, an SQLite database that must have been opened with sqldb.Open
 // (or with the same settings: above all BEGIN IMMEDIATE transactions, without which consumers
-// of one group are not kept apart and claims fail under concurrent publishing). Use a file of
-// its own for the queue, apart from the application database, as a broker is apart from a
-// database.
-//
-// The Queue does not own db: Close leaves it open.
+// of one group are not kept apart and claims fail under concurrent publishing). The Queue does
+// not own db: Close leaves it open.
 func New(db *sqldb.DB, cfg Config) (*Queue, error) {
 	if db == nil {
 		return nil, errors.New("sqlitequeue.New: db is nil")
@@ -173,10 +164,9 @@ func (q *Queue) Config() Config { return q.cfg }
 // their order, with synchronous=FULL.
 func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 
-// Subscriber returns a new Subscriber of the queue in the configured consumer group. Each call
-// of its Subscribe is one competing consumer of the topic. Closing the Subscriber ends its
-// subscriptions, not the Queue; Close of the Queue closes it too. Its subscriptions deliver as
-// the package documentation says (Delivery).
+// Subscriber returns a new Subscriber of the queue in the configured consumer group, whose
+// subscriptions deliver as the package documentation says (Delivery). Closing it ends its
+// subscriptions, not the Queue; Close of the Queue closes it too.
 func (q *Queue) Subscriber() (message.Subscriber, error) {
 	s := newSubscriber(q)
 	if !q.life.Add(s) {
@@ -221,10 +211,9 @@ func (q *Queue) CreateTables(ctx context.Context, topic string) error {
 }
 
 // Wake makes this process's idle subscriptions of topic, over the queue's file, look for
-// messages at once rather than at their next poll. A Publisher of the queue does that itself;
-// call Wake when messages reach the topic's tables by other means, such as a transaction of
-// the application that writes them (onceflow's outbox). A Wake with nothing to claim costs
-// each woken subscription one look, which takes no lock.
+// messages at once rather than at their next poll, as a Publisher of the queue does: for
+// messages written by other means, such as onceflow's outbox. A Wake with nothing to claim
+// costs each woken subscription one look, which takes no lock.
 func (q *Queue) Wake(topic string) { q.wakes.Wake(topic) }
 
 // createTables creates topic's tables in tx unless this Queue has seen them before. It does
