@@ -17,44 +17,36 @@ import (
 // mysql is the queue in MySQL or MariaDB: watermill-sql's DefaultMySQLSchema, whose offsets are
 // AUTO_INCREMENT, and the group's cursor is offset_acked.
 //
-// AUTO_INCREMENT values are taken before commit, so a transaction can commit a lower offset
-// after another has committed a higher one. A claim therefore reads the messages after the
-// cursor with a locking read (LOCK IN SHARE MODE): a row that a running transaction inserted is
-// waited for, not skipped, as watermill-sql's SERIALIZABLE subscribe does. Claims run at READ
-// COMMITTED, where InnoDB locks the rows it reads and not the gaps between them, so publishers
-// are never held up by a claim. FOR UPDATE SKIP LOCKED needs MySQL 8.0 or MariaDB 10.6.
+// A claim reads the messages after the cursor with a locking read (LOCK IN SHARE MODE), as
+// watermill-sql's SERIALIZABLE subscribe does (see Visibility order in the package
+// documentation). Claims run at READ COMMITTED, where InnoDB locks the rows it reads and not the
+// gaps between them, so publishers are never held up by a claim. FOR UPDATE SKIP LOCKED needs
+// MySQL 8.0 or MariaDB 10.6.
 type mysql struct {
 	names func(topic string) Tables
 	// gapWait is Config.GapWait.
 	gapWait time.Duration
 }
 
-// myTables are the quoted names of a topic's tables.
-type myTables struct{ messages, offsets, leases string }
-
-func (m mysql) tables(topic string) myTables {
-	q := func(name string) string { return "`" + name + "`" }
-	n := m.names(topic)
-	return myTables{messages: q(n.Messages), offsets: q(n.Offsets), leases: q(n.Leases)}
-}
+func (m mysql) tables(topic string) Tables { return m.names(topic).quoted("`") }
 
 func (m mysql) ackInTx(topic string) string {
-	return "DELETE FROM " + m.tables(topic).leases + " WHERE consumer_group = ? AND `offset` = ? AND deliveries = ?"
+	return "DELETE FROM " + m.tables(topic).Leases + " WHERE consumer_group = ? AND `offset` = ? AND deliveries = ?"
 }
 
 func (m mysql) messagesSchema() wsql.SchemaAdapter {
 	return wsql.DefaultMySQLSchema{
-		GenerateMessagesTableName: func(topic string) string { return m.tables(topic).messages },
+		GenerateMessagesTableName: func(topic string) string { return m.tables(topic).Messages },
 		GeneratePayloadType:       func(string) string { return "LONGBLOB" },
 	}
 }
 
 func (m mysql) offsetsSchema(topic string) wsql.OffsetsAdapter {
-	return wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return m.tables(topic).offsets }}
+	return wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return m.tables(topic).Offsets }}
 }
 
 func (m mysql) leasesSchema(topic string) []wsql.Query {
-	return []wsql.Query{{Query: "CREATE TABLE IF NOT EXISTS " + m.tables(topic).leases + ` (
+	return []wsql.Query{{Query: "CREATE TABLE IF NOT EXISTS " + m.tables(topic).Leases + ` (
 			consumer_group VARCHAR(255) NOT NULL,
 			` + "`offset`" + ` BIGINT NOT NULL,
 			deliveries INT NOT NULL,
@@ -84,7 +76,7 @@ func (m mysql) addGroup(ctx context.Context, db *sql.DB, topic, group string) er
 	if known, err := m.hasGroup(ctx, db, topic, group); err != nil || known {
 		return err
 	}
-	_, err := db.ExecContext(ctx, "INSERT INTO "+m.tables(topic).offsets+" (consumer_group, offset_acked, offset_consumed) VALUES (?, 0, 0) "+
+	_, err := db.ExecContext(ctx, "INSERT INTO "+m.tables(topic).Offsets+" (consumer_group, offset_acked, offset_consumed) VALUES (?, 0, 0) "+
 		"ON DUPLICATE KEY UPDATE consumer_group = consumer_group", group)
 	return err
 }
@@ -95,8 +87,8 @@ const myNow = "UTC_TIMESTAMP(6)"
 func (m mysql) probe(ctx context.Context, db *sql.DB, topic, group string) (due, fresh bool, err error) {
 	t := m.tables(topic)
 	err = db.QueryRowContext(ctx, "SELECT "+
-		"EXISTS (SELECT 1 FROM "+t.leases+" WHERE consumer_group = ? AND visible_at <= "+myNow+"), "+
-		"EXISTS (SELECT 1 FROM "+t.messages+" WHERE `offset` > COALESCE((SELECT offset_acked FROM "+t.offsets+" WHERE consumer_group = ?), 0))",
+		"EXISTS (SELECT 1 FROM "+t.Leases+" WHERE consumer_group = ? AND visible_at <= "+myNow+"), "+
+		"EXISTS (SELECT 1 FROM "+t.Messages+" WHERE `offset` > COALESCE((SELECT offset_acked FROM "+t.Offsets+" WHERE consumer_group = ?), 0))",
 		group, group).Scan(&due, &fresh)
 	return due, fresh, err
 }
@@ -105,7 +97,7 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 	t := m.tables(topic)
 	var out []row
 	err := inTx(ctx, db, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, "SELECT `offset`, deliveries FROM "+t.leases+
+		rows, err := tx.QueryContext(ctx, "SELECT `offset`, deliveries FROM "+t.Leases+
 			" WHERE consumer_group = ? AND visible_at <= "+myNow+" ORDER BY visible_at LIMIT ? FOR UPDATE SKIP LOCKED", group, n)
 		due, err := dbqueue.Rows(rows, err, func(r *row) []any { return []any{&r.offset, &r.deliveries} })
 		if err != nil || len(due) == 0 {
@@ -116,11 +108,11 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 			offsets[i] = r.offset
 		}
 		in := dbqueue.Marks(len(due))
-		if _, err := tx.ExecContext(ctx, "UPDATE "+t.leases+" SET deliveries = deliveries + 1, visible_at = "+myNow+" + INTERVAL ? MICROSECOND"+
+		if _, err := tx.ExecContext(ctx, "UPDATE "+t.Leases+" SET deliveries = deliveries + 1, visible_at = "+myNow+" + INTERVAL ? MICROSECOND"+
 			" WHERE consumer_group = ? AND `offset` IN "+in, append([]any{lease.Microseconds(), group}, offsets...)...); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.messages+" WHERE `offset` IN "+in, offsets...)
+		rows, err = tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.Messages+" WHERE `offset` IN "+in, offsets...)
 		found, err := dbqueue.Rows(rows, err, func(r *row) []any { return []any{&r.offset, &r.uuid, &r.payload, &r.metadata} })
 		if err != nil {
 			return err
@@ -151,19 +143,17 @@ func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n 
 		// The group's cursor row serialises its claims; a consumer that finds it locked leaves
 		// new messages to the one that holds it this round, rather than wait.
 		var cursor int64
-		switch err := tx.QueryRowContext(ctx, "SELECT COALESCE(offset_acked, 0) FROM "+t.offsets+
+		switch err := tx.QueryRowContext(ctx, "SELECT COALESCE(offset_acked, 0) FROM "+t.Offsets+
 			" WHERE consumer_group = ? FOR UPDATE SKIP LOCKED", group).Scan(&cursor); {
 		case errors.Is(err, sql.ErrNoRows):
 			return nil
 		case err != nil:
 			return err
 		}
-		// The locking read waits for a lower offset that a running transaction inserted, so
-		// that the cursor never passes a message that commits later. An offset allocated and
-		// not yet written is not there to wait for: only consecutive offsets are taken, and a
-		// gap is passed once the message after it is gapWait old (see Config.GapWait).
+		// The locking read waits for a lower offset that a running transaction inserted; an
+		// offset allocated and not yet written is a gap (Config.GapWait).
 		rows, err := tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata`, "+
-			"`created_at` <= NOW(6) - INTERVAL ? MICROSECOND FROM "+t.messages+
+			"`created_at` <= NOW(6) - INTERVAL ? MICROSECOND FROM "+t.Messages+
 			" WHERE `offset` > ? ORDER BY `offset` LIMIT ? LOCK IN SHARE MODE", m.gapWait.Microseconds(), cursor, n)
 		batch, err := dbqueue.Rows(rows, err, func(r *row) []any {
 			r.deliveries = 1
@@ -182,12 +172,12 @@ func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n 
 			values[i] = "(?, ?, 1, " + myNow + " + INTERVAL ? MICROSECOND)"
 			args = append(args, group, r.offset, lease.Microseconds())
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO "+t.leases+" (consumer_group, `offset`, deliveries, visible_at) VALUES "+
+		if _, err := tx.ExecContext(ctx, "INSERT INTO "+t.Leases+" (consumer_group, `offset`, deliveries, visible_at) VALUES "+
 			strings.Join(values, ", "), args...); err != nil {
 			return err
 		}
 		last := batch[len(batch)-1].offset
-		if _, err := tx.ExecContext(ctx, "UPDATE "+t.offsets+" SET offset_acked = ?, offset_consumed = ? WHERE consumer_group = ?",
+		if _, err := tx.ExecContext(ctx, "UPDATE "+t.Offsets+" SET offset_acked = ?, offset_consumed = ? WHERE consumer_group = ?",
 			last, last, group); err != nil {
 			return err
 		}
@@ -219,24 +209,22 @@ func (m mysql) settle(ctx context.Context, db *sql.DB, topic, group string, b *b
 	var args [][]any
 	if len(b.acks) > 0 {
 		where, a := match(b.acks)
-		stmts = append(stmts, "DELETE FROM "+t.leases+" WHERE "+where)
+		stmts = append(stmts, "DELETE FROM "+t.Leases+" WHERE "+where)
 		args = append(args, a)
 	}
 	if len(b.updates) > 0 {
 		refs := make([]leaseRef, len(b.updates))
-		var delay, delta strings.Builder
 		var delayArgs, deltaArgs []any
 		for i, u := range b.updates {
 			refs[i] = u.leaseRef
-			delay.WriteString(" WHEN `offset` = ? AND deliveries = ? THEN ?")
 			delayArgs = append(delayArgs, u.offset, u.deliveries, u.delay.Microseconds())
-			delta.WriteString(" WHEN `offset` = ? AND deliveries = ? THEN ?")
 			deltaArgs = append(deltaArgs, u.offset, u.deliveries, u.delta)
 		}
+		when := strings.Repeat(" WHEN `offset` = ? AND deliveries = ? THEN ?", len(refs))
 		where, a := match(refs)
 		// MySQL assigns left to right: visible_at is computed before deliveries changes.
-		stmts = append(stmts, "UPDATE "+t.leases+" SET visible_at = "+myNow+" + INTERVAL (CASE"+delay.String()+" ELSE 0 END) MICROSECOND,"+
-			" deliveries = deliveries + (CASE"+delta.String()+" ELSE 0 END) WHERE "+where)
+		stmts = append(stmts, "UPDATE "+t.Leases+" SET visible_at = "+myNow+" + INTERVAL (CASE"+when+" ELSE 0 END) MICROSECOND,"+
+			" deliveries = deliveries + (CASE"+when+" ELSE 0 END) WHERE "+where)
 		args = append(args, append(append(delayArgs, deltaArgs...), a...))
 	}
 	if len(stmts) == 1 {
@@ -257,17 +245,17 @@ func (m mysql) waiting(ctx context.Context, db *sql.DB, topic, group string, hav
 	t := m.tables(topic)
 	cursor := "0"
 	if have.offsets {
-		cursor = "COALESCE((SELECT offset_acked FROM " + t.offsets + " WHERE consumer_group = ?), 0)"
+		cursor = "COALESCE((SELECT offset_acked FROM " + t.Offsets + " WHERE consumer_group = ?), 0)"
 	}
 	// Leases are at or below the cursor: ordering the union by offset lists them first.
-	query := "SELECT `offset`, 0 AS deliveries, 0 AS leased, `uuid`, `payload`, `metadata` FROM " + t.messages + " WHERE `offset` > " + cursor
+	query := "SELECT `offset`, 0 AS deliveries, 0 AS leased, `uuid`, `payload`, `metadata` FROM " + t.Messages + " WHERE `offset` > " + cursor
 	var args []any
 	if have.offsets {
 		args = append(args, group)
 	}
 	if have.leases {
-		query += " UNION ALL SELECT m.`offset`, l.deliveries, 1, m.`uuid`, m.`payload`, m.`metadata` FROM " + t.leases + " l JOIN " +
-			t.messages + " m ON m.`offset` = l.`offset` WHERE l.consumer_group = ?"
+		query += " UNION ALL SELECT m.`offset`, l.deliveries, 1, m.`uuid`, m.`payload`, m.`metadata` FROM " + t.Leases + " l JOIN " +
+			t.Messages + " m ON m.`offset` = l.`offset` WHERE l.consumer_group = ?"
 		args = append(args, group)
 	}
 	rows, err := db.QueryContext(ctx, "SELECT * FROM ("+query+") AS waiting ORDER BY `offset` LIMIT ?", append(args, limit)...)
@@ -291,18 +279,18 @@ func (m mysql) remove(ctx context.Context, db *sql.DB, topic string, have tableS
 	return inTx(ctx, db, func(tx *sql.Tx) error {
 		if have.leases {
 			// The message goes for every group: its leases go with it.
-			if _, err := tx.ExecContext(ctx, "DELETE FROM "+t.leases+" WHERE `offset` = ?", r.offset); err != nil {
+			if _, err := tx.ExecContext(ctx, "DELETE FROM "+t.Leases+" WHERE `offset` = ?", r.offset); err != nil {
 				return err
 			}
 		}
-		_, err := tx.ExecContext(ctx, "DELETE FROM "+t.messages+" WHERE `offset` = ?", r.offset)
+		_, err := tx.ExecContext(ctx, "DELETE FROM "+t.Messages+" WHERE `offset` = ?", r.offset)
 		return err
 	})
 }
 
 // consecutive returns the rows of batch (in offset order) that follow cursor without a gap,
-// except a gap before a settled row: one old enough that the missing offsets will not appear
-// any more. (created_at is compared in the session's time zone, as a TIMESTAMP column is.)
+// except a gap before a settled row. (created_at is compared in the session's time zone, as a
+// TIMESTAMP column is.)
 func consecutive(batch []row, cursor int64) []row {
 	next := cursor + 1
 	for i, r := range batch {
@@ -322,7 +310,7 @@ func sortByOffset(rows []row) []row {
 
 func (m mysql) hasGroup(ctx context.Context, db *sql.DB, topic, group string) (bool, error) {
 	var n int
-	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+m.tables(topic).offsets+" WHERE consumer_group = ?", group).Scan(&n)
+	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+m.tables(topic).Offsets+" WHERE consumer_group = ?", group).Scan(&n)
 	return n > 0, err
 }
 
@@ -332,14 +320,14 @@ func (m mysql) trim(ctx context.Context, db *sql.DB, topic string, have tableSet
 	// from the highest row at a restart, and an empty table would hand out offsets below the
 	// cursors again.
 	var last sql.NullInt64
-	if err := db.QueryRowContext(ctx, "SELECT MAX(`offset`) FROM "+t.messages).Scan(&last); err != nil || !last.Valid {
+	if err := db.QueryRowContext(ctx, "SELECT MAX(`offset`) FROM "+t.Messages).Scan(&last); err != nil || !last.Valid {
 		return 0, err
 	}
 	leased := ""
 	if have.leases {
-		leased = " AND `offset` NOT IN (SELECT `offset` FROM " + t.leases + ")"
+		leased = " AND `offset` NOT IN (SELECT `offset` FROM " + t.Leases + ")"
 	}
 	// A claim moves the group's cursor and leases what it passes in one transaction.
-	return dbqueue.Affected(db.ExecContext(ctx, "DELETE FROM "+t.messages+" WHERE `offset` < ? AND `offset` <= (SELECT MIN(COALESCE(offset_acked, 0)) FROM "+
-		t.offsets+")"+leased+" ORDER BY `offset` LIMIT ?", last.Int64, limit))
+	return dbqueue.Affected(db.ExecContext(ctx, "DELETE FROM "+t.Messages+" WHERE `offset` < ? AND `offset` <= (SELECT MIN(COALESCE(offset_acked, 0)) FROM "+
+		t.Offsets+")"+leased+" ORDER BY `offset` LIMIT ?", last.Int64, limit))
 }

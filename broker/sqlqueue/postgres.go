@@ -15,13 +15,9 @@ import (
 // message row carries the id of the transaction that wrote it (xid8), and the group's cursor is
 // the pair (last_processed_transaction_id, offset_acked).
 //
-// Offsets (BIGSERIAL) are taken before commit, so a transaction can commit a lower offset after
-// another has committed a higher one. A claim therefore reads only rows of transactions older
-// than the oldest one still running (pg_snapshot_xmin of the current snapshot): every
-// transaction below that bound has ended, and none that commits later can write a row below
-// the cursor. It reads them in (transaction_id, offset) order, the order in which they become
-// safe to read. This is the rule of watermill-sql's SelectQuery; the price is that a
-// long-running transaction anywhere on the server holds back new messages until it ends.
+// A claim reads only rows of transactions below pg_snapshot_xmin of the current snapshot, all
+// ended, in (transaction_id, offset) order, as watermill-sql's SelectQuery does (see Visibility
+// order in the package documentation).
 //
 // Claims and settlements are single statements, each its own transaction, at the server's
 // default isolation, read committed. Under a stricter default (default_transaction_isolation)
@@ -31,34 +27,27 @@ type postgres struct {
 	names func(topic string) Tables
 }
 
-// pgTables are the quoted names of a topic's tables.
-type pgTables struct{ messages, offsets, leases, dueIndex string }
-
-func (p postgres) tables(topic string) pgTables {
-	q := func(name string) string { return `"` + name + `"` }
-	n := p.names(topic)
-	return pgTables{messages: q(n.Messages), offsets: q(n.Offsets), leases: q(n.Leases), dueIndex: q(n.DueIndex)}
-}
+func (p postgres) tables(topic string) Tables { return p.names(topic).quoted(`"`) }
 
 func (p postgres) ackInTx(topic string) string {
-	return `DELETE FROM ` + p.tables(topic).leases + ` WHERE consumer_group = $1 AND "offset" = $2 AND deliveries = $3`
+	return `DELETE FROM ` + p.tables(topic).Leases + ` WHERE consumer_group = $1 AND "offset" = $2 AND deliveries = $3`
 }
 
 func (p postgres) messagesSchema() wsql.SchemaAdapter {
 	// The default payload type, JSON, refuses payloads that are not JSON.
 	return wsql.DefaultPostgreSQLSchema{
-		GenerateMessagesTableName: func(topic string) string { return p.tables(topic).messages },
+		GenerateMessagesTableName: func(topic string) string { return p.tables(topic).Messages },
 		GeneratePayloadType:       func(string) string { return "BYTEA" },
 	}
 }
 
 func (p postgres) offsetsSchema(topic string) wsql.OffsetsAdapter {
-	return wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return p.tables(topic).offsets }}
+	return wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return p.tables(topic).Offsets }}
 }
 
 func (p postgres) leasesSchema(topic string) []wsql.Query {
 	t := p.tables(topic)
-	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + t.leases + ` (
+	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + t.Leases + ` (
 			consumer_group VARCHAR(255) NOT NULL,
 			"offset" BIGINT NOT NULL,
 			transaction_id xid8 NOT NULL,
@@ -66,7 +55,7 @@ func (p postgres) leasesSchema(topic string) []wsql.Query {
 			visible_at TIMESTAMPTZ NOT NULL,
 			PRIMARY KEY (consumer_group, "offset")
 		)`},
-		{Query: `CREATE INDEX IF NOT EXISTS ` + t.dueIndex + ` ON ` + t.leases + ` (consumer_group, visible_at)`},
+		{Query: `CREATE INDEX IF NOT EXISTS ` + t.DueIndex + ` ON ` + t.Leases + ` (consumer_group, visible_at)`},
 	}
 }
 
@@ -86,7 +75,7 @@ ON CONFLICT (topic, dead_letter_key) DO NOTHING`,
 
 func (p postgres) addGroup(ctx context.Context, db *sql.DB, topic, group string) error {
 	// ON CONFLICT DO NOTHING does not wait for a consumer that holds the row locked.
-	_, err := db.ExecContext(ctx, `INSERT INTO `+p.tables(topic).offsets+
+	_, err := db.ExecContext(ctx, `INSERT INTO `+p.tables(topic).Offsets+
 		` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`, group)
 	return err
 }
@@ -106,10 +95,10 @@ func pgCursor(offsets string) string {
 
 func (p postgres) probe(ctx context.Context, db *sql.DB, topic, group string) (due, fresh bool, err error) {
 	t := p.tables(topic)
-	err = db.QueryRowContext(ctx, `WITH `+pgCursor(t.offsets)+`
+	err = db.QueryRowContext(ctx, `WITH `+pgCursor(t.Offsets)+`
 		SELECT
-			EXISTS (SELECT 1 FROM `+t.leases+` WHERE consumer_group = $1 AND visible_at <= now()),
-			EXISTS (SELECT 1 FROM `+t.messages+` m WHERE `+pgAfterCursor+`)`, group).Scan(&due, &fresh)
+			EXISTS (SELECT 1 FROM `+t.Leases+` WHERE consumer_group = $1 AND visible_at <= now()),
+			EXISTS (SELECT 1 FROM `+t.Messages+` m WHERE `+pgAfterCursor+`)`, group).Scan(&due, &fresh)
 	return due, fresh, err
 }
 
@@ -118,17 +107,17 @@ func (p postgres) claimDue(ctx context.Context, db *sql.DB, topic, group string,
 	// One statement: the lock of SKIP LOCKED lasts until it commits, and a lease it claims
 	// is no longer due for the next one.
 	rows, err := db.QueryContext(ctx, `WITH due AS MATERIALIZED (
-			SELECT "offset" FROM `+t.leases+`
+			SELECT "offset" FROM `+t.Leases+`
 			WHERE consumer_group = $1 AND visible_at <= now()
 			ORDER BY visible_at LIMIT $2
 			FOR UPDATE SKIP LOCKED
 		), claimed AS (
-			UPDATE `+t.leases+` l SET deliveries = l.deliveries + 1, visible_at = now() + $3::bigint * interval '1 microsecond'
+			UPDATE `+t.Leases+` l SET deliveries = l.deliveries + 1, visible_at = now() + $3::bigint * interval '1 microsecond'
 			FROM due WHERE l.consumer_group = $1 AND l."offset" = due."offset"
 			RETURNING l."offset", l.transaction_id, l.deliveries
 		)
 		SELECT c."offset", c.transaction_id::text::bigint, c.deliveries, m.uuid IS NULL, COALESCE(m.uuid, ''), m.payload, m.metadata
-		FROM claimed c LEFT JOIN `+t.messages+` m ON m.transaction_id = c.transaction_id AND m."offset" = c."offset"
+		FROM claimed c LEFT JOIN `+t.Messages+` m ON m.transaction_id = c.transaction_id AND m."offset" = c."offset"
 		ORDER BY c.transaction_id, c."offset"`, group, n, lease.Microseconds())
 	return dbqueue.Rows(rows, err, func(r *row) []any {
 		return []any{&r.offset, &r.txID, &r.deliveries, &r.orphan, &r.uuid, &r.payload, &r.metadata}
@@ -144,18 +133,18 @@ func (p postgres) claimNew(ctx context.Context, db *sql.DB, topic, group string,
 	// after that cursor of transactions that had ended when the snapshot was taken: all of
 	// them are visible, and none was claimed by the change.
 	rows, err := db.QueryContext(ctx, `WITH g AS MATERIALIZED (
-			SELECT COALESCE(offset_acked, 0) AS off, last_processed_transaction_id AS tx FROM `+t.offsets+`
+			SELECT COALESCE(offset_acked, 0) AS off, last_processed_transaction_id AS tx FROM `+t.Offsets+`
 			WHERE consumer_group = $1
 			FOR UPDATE SKIP LOCKED
 		), batch AS MATERIALIZED (
-			SELECT m."offset", m.transaction_id, m.uuid, m.payload, m.metadata FROM `+t.messages+` m
+			SELECT m."offset", m.transaction_id, m.uuid, m.payload, m.metadata FROM `+t.Messages+` m
 			WHERE `+pgAfterCursor+`
 			ORDER BY m.transaction_id, m."offset" LIMIT $2
 		), leased AS (
-			INSERT INTO `+t.leases+` (consumer_group, "offset", transaction_id, deliveries, visible_at)
+			INSERT INTO `+t.Leases+` (consumer_group, "offset", transaction_id, deliveries, visible_at)
 			SELECT $1, "offset", transaction_id, 1, now() + $3::bigint * interval '1 microsecond' FROM batch
 		), moved AS (
-			UPDATE `+t.offsets+` SET offset_acked = last."offset", last_processed_transaction_id = last.transaction_id
+			UPDATE `+t.Offsets+` SET offset_acked = last."offset", last_processed_transaction_id = last.transaction_id
 			FROM (SELECT "offset", transaction_id FROM batch ORDER BY transaction_id DESC, "offset" DESC LIMIT 1) AS last
 			WHERE consumer_group = $1
 		)
@@ -184,10 +173,10 @@ func (p postgres) settle(ctx context.Context, db *sql.DB, topic, group string, b
 	// One statement, one commit. A settlement matches its lease only while the deliveries
 	// count is the one its delivery had.
 	_, err := db.ExecContext(ctx, `WITH acked AS (
-			DELETE FROM `+t.leases+` l USING unnest($2::bigint[], $3::int[]) AS a(o, d)
+			DELETE FROM `+t.Leases+` l USING unnest($2::bigint[], $3::int[]) AS a(o, d)
 			WHERE l.consumer_group = $1 AND l."offset" = a.o AND l.deliveries = a.d
 		)
-		UPDATE `+t.leases+` l SET visible_at = now() + u.us * interval '1 microsecond', deliveries = l.deliveries + u.dd
+		UPDATE `+t.Leases+` l SET visible_at = now() + u.us * interval '1 microsecond', deliveries = l.deliveries + u.dd
 		FROM unnest($4::bigint[], $5::int[], $6::bigint[], $7::int[]) AS u(o, d, us, dd)
 		WHERE l.consumer_group = $1 AND l."offset" = u.o AND l.deliveries = u.d`,
 		group, nonNil(ackOff), nonNil(ackDlv), nonNil(updOff), nonNil(updDlv), nonNil(updDelay), nonNil(updDelta))
@@ -209,16 +198,16 @@ func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, 
 	cursor := `g AS (SELECT '0'::xid8 AS tx, 0::bigint AS off, $1::text AS unused_group)`
 	if have.offsets {
 		cursor = `g AS (SELECT
-			COALESCE((SELECT last_processed_transaction_id FROM ` + t.offsets + ` WHERE consumer_group = $1), '0') AS tx,
-			COALESCE((SELECT offset_acked FROM ` + t.offsets + ` WHERE consumer_group = $1), 0) AS off)`
+			COALESCE((SELECT last_processed_transaction_id FROM ` + t.Offsets + ` WHERE consumer_group = $1), '0') AS tx,
+			COALESCE((SELECT offset_acked FROM ` + t.Offsets + ` WHERE consumer_group = $1), 0) AS off)`
 	}
-	query := `SELECT m."offset", m.transaction_id, 0, false, m.uuid, m.payload, m.metadata FROM ` + t.messages + ` m
+	query := `SELECT m."offset", m.transaction_id, 0, false, m.uuid, m.payload, m.metadata FROM ` + t.Messages + ` m
 		WHERE (m.transaction_id, m."offset") > ((SELECT tx FROM g), (SELECT off FROM g))`
 	if have.leases {
 		query += `
 		UNION ALL
 		SELECT m."offset", m.transaction_id, l.deliveries, true, m.uuid, m.payload, m.metadata
-		FROM ` + t.leases + ` l JOIN ` + t.messages + ` m ON m.transaction_id = l.transaction_id AND m."offset" = l."offset"
+		FROM ` + t.Leases + ` l JOIN ` + t.Messages + ` m ON m.transaction_id = l.transaction_id AND m."offset" = l."offset"
 		WHERE l.consumer_group = $1`
 	}
 	rows, err := db.QueryContext(ctx, `WITH `+cursor+`
@@ -232,10 +221,10 @@ func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, 
 
 func (p postgres) remove(ctx context.Context, db *sql.DB, topic string, have tableSet, r row) error {
 	t := p.tables(topic)
-	query := `DELETE FROM ` + t.messages + ` WHERE transaction_id = $1::text::xid8 AND "offset" = $2`
+	query := `DELETE FROM ` + t.Messages + ` WHERE transaction_id = $1::text::xid8 AND "offset" = $2`
 	if have.leases {
 		// The message goes for every group: its leases go with it.
-		query = `WITH leases AS (DELETE FROM ` + t.leases + ` WHERE "offset" = $2 AND transaction_id = $1::text::xid8) ` + query
+		query = `WITH leases AS (DELETE FROM ` + t.Leases + ` WHERE "offset" = $2 AND transaction_id = $1::text::xid8) ` + query
 	}
 	_, err := db.ExecContext(ctx, query, strconv.FormatInt(r.txID, 10), r.offset)
 	return err
@@ -245,12 +234,12 @@ func (p postgres) remove(ctx context.Context, db *sql.DB, topic string, have tab
 func (p postgres) existing(ctx context.Context, db *sql.DB, topic string) (have tableSet, err error) {
 	t := p.tables(topic)
 	err = db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
-		t.messages, t.offsets, t.leases).Scan(&have.messages, &have.offsets, &have.leases)
+		t.Messages, t.Offsets, t.Leases).Scan(&have.messages, &have.offsets, &have.leases)
 	return have, err
 }
 
 func (p postgres) hasGroup(ctx context.Context, db *sql.DB, topic, group string) (known bool, err error) {
-	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+p.tables(topic).offsets+` WHERE consumer_group = $1)`, group).Scan(&known)
+	err = db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+p.tables(topic).Offsets+` WHERE consumer_group = $1)`, group).Scan(&known)
 	return known, err
 }
 
@@ -259,19 +248,19 @@ func (p postgres) trim(ctx context.Context, db *sql.DB, topic string, have table
 	leased := ``
 	if have.leases {
 		leased = `
-			AND NOT EXISTS (SELECT 1 FROM ` + t.leases + ` l WHERE l.transaction_id = m.transaction_id AND l."offset" = m."offset")`
+			AND NOT EXISTS (SELECT 1 FROM ` + t.Leases + ` l WHERE l.transaction_id = m.transaction_id AND l."offset" = m."offset")`
 	}
 	// The lowest cursor of the groups, in the order they read: every message at or below it
 	// is of a transaction that had ended, and every group has claimed it. A claim moves a
 	// cursor and leases what it passes in one statement, so a message below the cursor that
 	// this statement reads is either leased here or settled.
 	return dbqueue.Affected(db.ExecContext(ctx, `WITH low AS (
-			SELECT last_processed_transaction_id AS tx, COALESCE(offset_acked, 0) AS off FROM `+t.offsets+`
+			SELECT last_processed_transaction_id AS tx, COALESCE(offset_acked, 0) AS off FROM `+t.Offsets+`
 			ORDER BY 1, 2 LIMIT 1
 		), batch AS (
-			SELECT m.transaction_id, m."offset" FROM `+t.messages+` m, low
+			SELECT m.transaction_id, m."offset" FROM `+t.Messages+` m, low
 			WHERE (m.transaction_id, m."offset") <= (low.tx, low.off)`+leased+`
 			ORDER BY m.transaction_id, m."offset" LIMIT $1
 		)
-		DELETE FROM `+t.messages+` m USING batch b WHERE m.transaction_id = b.transaction_id AND m."offset" = b."offset"`, limit))
+		DELETE FROM `+t.Messages+` m USING batch b WHERE m.transaction_id = b.transaction_id AND m."offset" = b."offset"`, limit))
 }

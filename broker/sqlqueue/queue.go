@@ -20,14 +20,12 @@ import (
 // ErrClosed is returned by a closed Subscriber.
 var ErrClosed = errors.New("sqlqueue: subscriber closed")
 
-// Table name prefixes. The messages and offsets tables are watermill-sql's; the lease table's
-// prefix cannot collide with theirs, which all begin with "watermill_".
+// Name prefixes of DefaultTables. The messages and offsets tables are watermill-sql's; the
+// lease table's prefix cannot collide with theirs, which all begin with "watermill_".
 const (
 	messagesPrefix = "watermill_"
 	offsetsPrefix  = "watermill_offsets_"
 	leasesPrefix   = "onceflow_leases_"
-	// dueIndexPrefix names the PostgreSQL index of due leases, an identifier of the schema as
-	// tables are. MySQL names indexes per table.
 	dueIndexPrefix = "onceflow_due_"
 )
 
@@ -70,6 +68,11 @@ func DefaultTables(topic string) Tables {
 		Leases:   leasesPrefix + topic,
 		DueIndex: dueIndexPrefix + topic,
 	}
+}
+
+// quoted returns t with each name between q, the dialect's identifier quote.
+func (t Tables) quoted(q string) Tables {
+	return Tables{Messages: q + t.Messages + q, Offsets: q + t.Offsets + q, Leases: q + t.Leases + q, DueIndex: q + t.DueIndex + q}
 }
 
 // check reports the first name of t that cannot name a table: empty, longer than 63 bytes,
@@ -163,15 +166,12 @@ func (q *Queue) NewPublisher() (message.Publisher, error) {
 // per Queue and topic. Tables of an existing topic are left as they are: the group's
 // acknowledged offset becomes its cursor, with no leases.
 func (q *Queue) EnsureTopic(ctx context.Context, topic string) error {
-	if err := q.checkTopic(topic); err != nil {
-		return err
-	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.ready[topic] {
 		return nil
 	}
-	if err := q.createTablesRetrying(ctx, topic); err != nil {
+	if err := q.CreateTables(ctx, topic); err != nil {
 		return err
 	}
 	if err := q.d.addGroup(ctx, q.db, topic, q.cfg.ConsumerGroup); err != nil {
@@ -188,11 +188,20 @@ func (q *Queue) CreateTables(ctx context.Context, topic string) error {
 	if err := q.checkTopic(topic); err != nil {
 		return err
 	}
-	return q.createTablesRetrying(ctx, topic)
-}
-
-func (q *Queue) createTablesRetrying(ctx context.Context, topic string) error {
-	if err := createRetrying(func() error { return q.createTables(ctx, topic) }); err != nil {
+	// The tables as watermill-sql's schema and offsets adapter of the dialect create them,
+	// then the lease table.
+	stmts := q.d.messagesSchema().SchemaInitializingQueries(topic)
+	stmts = append(stmts, q.d.offsetsSchema(topic).SchemaInitializingQueries(topic)...)
+	stmts = append(stmts, q.d.leasesSchema(topic)...)
+	err := createRetrying(func() error {
+		for _, stmt := range stmts {
+			if _, err := q.db.ExecContext(ctx, stmt.Query); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
 	}
 	return nil
@@ -261,27 +270,13 @@ func (q *Queue) checkTopic(topic string) error {
 	return nil
 }
 
-// Wake makes the subscriptions of topic that this Queue's Subscribers run, and that are idle,
-// look for messages at once rather than at their next poll. Call it when something outside
-// the Queue learns that messages were committed to the topic: a PostgreSQL notification sent
-// at the commit, a writer of the same process. A Wake with nothing to claim costs each woken
-// subscription one look. On PostgreSQL a message committed while an older transaction is still
-// open anywhere on the server is not there for a Wake until that transaction ends (see
-// "Visibility order" in the package documentation): the next poll, or a later Wake, claims it.
+// Wake makes the idle subscriptions of topic that this Queue's Subscribers run look for
+// messages at once rather than at their next poll. Call it when something outside the Queue
+// learns that messages were committed to the topic: a PostgreSQL notification sent at the
+// commit, a writer of the same process. A Wake with nothing to claim costs each woken
+// subscription one look; a message held back (Visibility order in the package documentation)
+// waits for the next poll or Wake.
 func (q *Queue) Wake(topic string) { q.wakes.Wake(topic) }
-
-// createTables creates the topic's tables as watermill-sql's schema and offsets adapter of
-// the dialect create them, then the lease table, each statement harmless to repeat.
-func (q *Queue) createTables(ctx context.Context, topic string) error {
-	stmts := q.d.messagesSchema().SchemaInitializingQueries(topic)
-	stmts = append(stmts, q.d.offsetsSchema(topic).SchemaInitializingQueries(topic)...)
-	for _, stmt := range append(stmts, q.d.leasesSchema(topic)...) {
-		if _, err := q.db.ExecContext(ctx, stmt.Query); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // dialect is the SQL of one database family over one topic's tables, named by Config.Tables.
 // Topics are checked by Queue.checkTopic before they reach it: their table names contain no
