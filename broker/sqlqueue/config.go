@@ -33,13 +33,11 @@ type Config struct {
 	// time. Defaults to DefaultConsumerGroup.
 	ConsumerGroup string
 
-	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
-	// nacked, lease not expired) at most: it claims that many messages without waiting for
-	// their acknowledgements. While deliveries are in flight it claims again once half the
-	// window is free, or PollInterval after room came free, or at once when the consumer has
-	// settled a batch together (redelivery.Flush). Defaults to DefaultPrefetch, or to the
-	// window the consumer asks for when it subscribes (redelivery.WithWindow) when that is
-	// larger; at most MaxPrefetch.
+	// Prefetch is how many deliveries each subscription holds unsettled at most, claimed
+	// without waiting for their acknowledgements; it claims again once half of them are
+	// settled, or PollInterval after the first is. Defaults to DefaultPrefetch, or to the
+	// window the consumer asks for (redelivery.WithWindow) when that is larger; at most
+	// MaxPrefetch.
 	Prefetch int
 
 	// AckTimeout is the length of a lease: a delivery neither acked nor nacked within it has
@@ -63,19 +61,15 @@ type Config struct {
 	// failure) is retried after PollInterval. Defaults to DefaultRetryInterval.
 	RetryInterval time.Duration
 
-	// CloseTimeout bounds Subscriber.Close: the time it has to stop its subscriptions, write
-	// the acknowledgements given before it and give back the unsettled leases. What is not
-	// written by then waits for its lease to expire. Defaults to DefaultCloseTimeout.
+	// CloseTimeout bounds Subscriber.Close. Defaults to DefaultCloseTimeout.
 	CloseTimeout time.Duration
 
 	// GapWait is, on MySQL and MariaDB, how long a missing offset holds back the messages
-	// after it. An AUTO_INCREMENT offset is allocated before its row is written, so a message
-	// can appear after a higher one; a claim hands out only consecutive offsets after the
-	// cursor, and passes a gap once the message after it is GapWait old: the offset then
-	// belongs to a publish that rolled back (or a message that was removed). Only messages
-	// behind such a gap wait. Defaults to DefaultGapWait. The table's created_at keeps whole
-	// seconds, so a gap is passed up to a second before GapWait is up: keep it above a
-	// second. Unused on PostgreSQL, which orders by transaction instead.
+	// after it: an AUTO_INCREMENT offset is allocated before its row is written, so a claim
+	// takes only consecutive offsets after the cursor, and passes a gap once the message after
+	// it is GapWait old (the gap is then a publish that rolled back, or a removed message).
+	// created_at keeps whole seconds: keep it above a second. Defaults to DefaultGapWait.
+	// Unused on PostgreSQL.
 	GapWait time.Duration
 
 	// Logger receives the subscribers' logs. Defaults to no logging.

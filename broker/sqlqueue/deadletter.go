@@ -11,16 +11,13 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-// DeadLetterKeysTable keeps, per topic, the key (messagedata.HeaderDeadLetterKey) of every dead
-// letter stored within broker.DeadLetterKeyWindow. The first publish of a dead letter creates it.
+// DeadLetterKeysTable keeps the dead-letter keys of every topic (see
+// broker.DeadLetterKeyWindow). The first publish of a dead letter creates it.
 const DeadLetterKeysTable = dbqueue.DeadLetterKeysTable
 
 // publisher is the postgres:// and mysql:// schemes' Publisher, behind the Broker's, which
-// refuses nil messages: watermill-sql's, and for a publish with dead letters, one transaction
-// that records their keys and leaves out each dead letter whose key the topic has stored within
-// broker.DeadLetterKeyWindow, returning nil as for one stored. The dead letter that a consumer
-// publishes again, after its predecessor died between the publish and the router's record of
-// it, is then not a second copy.
+// refuses nil messages: watermill-sql's, and for a publish with dead letters publishOnce, which
+// stores each once per key and broker.DeadLetterKeyWindow.
 type publisher struct {
 	message.Publisher
 	q *Queue

@@ -14,12 +14,11 @@ import (
 // next claim of any subscription of the group takes it. It is a context.DeadlineExceeded.
 var errLeasePassed = fmt.Errorf("sqlqueue: the lease passed: %w", context.DeadlineExceeded)
 
-// Settle hands the end of a delivery to the settler: an ack deletes the lease, also one given
-// after the lease passed (nobody may have claimed the message since: the lease then still
-// names this delivery); a nack makes it visible again after its delay. A delivery that ended
-// unsettled is given back, visible again at once, when the subscription stops, or when its
-// lease passed before the consumer took it; one never handed out gets its count back. A lease
-// that passed after the hand-out is left as it is: the message is due already.
+// Settle hands the end of a delivery to the settler: an ack deletes the lease, also a late one
+// (the lease then still names this delivery if nobody claimed the message since); a nack
+// makes it visible after its delay; a delivery that ended unsettled is given back, its count
+// taken back if it was never handed out, unless its lease passed after the hand-out: the
+// message is due already.
 func (sub *subscription) Settle(d *inflight.Delivery[leaseRef], o inflight.Outcome) {
 	switch {
 	case o.Acked:

@@ -42,18 +42,16 @@
 // message that kills its consumer every time reaches the router's delivery limit.
 //
 // An ack deletes the lease (the acks of a few milliseconds go in one statement); a nack makes
-// it visible again after its delay (Config.NackDelay), to any consumer of the group; a lease
-// that passes unsettled, a consumer's that died (SIGKILL included), makes the message due.
-// Close gives the unsettled leases back at once (Subscriber.Close). An idle subscription looks
-// for new messages every Config.PollInterval, or at once after Queue.Wake.
+// it due after its delay (Config.NackDelay), and so does a lease that passes unsettled, a dead
+// consumer's included. An idle subscription looks for new messages every Config.PollInterval,
+// or at once after Queue.Wake.
 //
 // # Visibility order
 //
 // Offsets are taken before commit, so a transaction can commit a lower offset after another
 // committed a higher one; the cursor must never pass a message that commits later. On
 // PostgreSQL a claim reads only rows of transactions older than the oldest one running on the
-// server, in (transaction_id, offset) order, as watermill-sql does: a transaction that stays
-// open anywhere on the server holds new messages back until it ends. On MySQL and MariaDB a
-// claim reads with a locking read, which waits for a lower offset whose transaction is still
-// open.
+// server, in (transaction_id, offset) order: a transaction that stays open anywhere on the
+// server holds new messages back until it ends. On MySQL and MariaDB a claim reads with a
+// locking read, which waits for a lower offset whose transaction is still open.
 package sqlqueue

@@ -56,9 +56,8 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 
 // Subscribe starts one competing consumer of topic in the Queue's consumer group, as the
 // package documentation says (Delivery), after creating the topic's tables if they are
-// missing. The returned channel is closed when ctx ends or the Subscriber closes, after the
-// deliveries still unsettled are given back. A delivery's context is cancelled with
-// context.DeadlineExceeded when its lease passes, with ErrClosed at Close.
+// missing. A delivery's context is cancelled with context.DeadlineExceeded when its lease
+// passes, with ErrClosed at Close.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.subs.Check(); err != nil {
 		return nil, err
@@ -79,9 +78,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		Prefetch:  rules.Window(ctx, s.q.cfg.Prefetch),
 		NackDelay: cfg.NackDelay,
 		LateAcks:  true,
-		// A claim costs a commit whether it takes one message or many: while deliveries are
-		// in flight, claim once half the window is free, or PollInterval after room came
-		// free.
+		// A claim costs a commit however many messages it takes.
 		FillWait:     cfg.PollInterval,
 		CloseTimeout: cfg.CloseTimeout,
 		ErrExpired:   errLeasePassed,
@@ -90,14 +87,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return sub.sub.Start(s.subs)
 }
 
-// Close stops the Subscriber's subscriptions from claiming, gives back the leases of the
-// deliveries that are unsettled (visible again at once, to any consumer of the group), writes
-// every acknowledgement and nack given before, cancels the deliveries' contexts, and closes the
-// subscriptions' channels. It returns within Config.CloseTimeout even when the database does
-// not answer; then it reports the acknowledgements it could not write, whose messages are
-// delivered again when their leases expire. Acknowledgements given after Close are not
-// written. Close is idempotent; concurrent calls all return when the first is done, with its
-// result.
+// Close ends the Subscriber's subscriptions: it gives back the leases of the unsettled
+// deliveries (visible again at once) and writes every acknowledgement and nack given before,
+// within Config.CloseTimeout even when the database does not answer; then it reports the
+// acknowledgements it could not write, whose messages are delivered again when their leases
+// expire. Close is idempotent; concurrent calls all return the first one's result.
 func (s *Subscriber) Close() error {
 	timeUp := time.AfterFunc(s.q.cfg.CloseTimeout, s.writeCancel)
 	defer timeUp.Stop()
@@ -118,9 +112,8 @@ func (s *Subscriber) Close() error {
 	})
 }
 
-// subscription is one Subscribe call, the queue's side of it (an inflight.Source): it claims
-// leases into the engine's window (Fetch) and hands their settlements to the Subscriber's
-// settler (Settle, in delivery.go).
+// subscription is the inflight.Source of one Subscribe call: it claims leases (Fetch) and
+// hands their settlements to the Subscriber's settler (Settle, in delivery.go).
 type subscription struct {
 	s     *Subscriber
 	q     *Queue
