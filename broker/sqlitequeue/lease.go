@@ -26,8 +26,8 @@ type leases struct {
 	table  string // quoted name of the leases table
 	claims string // quoted name of the claims table
 
-	anyDue, selectDue, renew, orphan, cursor, selectNew, selectNewLeased, insert, insertClaim, advance, ack, release,
-	expireClaims, leaseClaimed, ackClaimed, takeClaimed, giveBack, sweepClaims *sql.Stmt
+	anyDue, selectDue, renew, orphan, cursor, selectNew, selectNewLeased, insert, insertClaim, advance, release,
+	expireClaims, leaseClaimed, ackClaimed, takeClaimed, sweepClaims *sql.Stmt
 	// acks[i] deletes ackSizes[i] leases named by (offset, deliveries) in one statement.
 	acks [len(ackSizes)]*sql.Stmt
 	all  []*sql.Stmt // every statement prepared, for close
@@ -35,7 +35,7 @@ type leases struct {
 
 // ackSizes are the numbers of leases that the prepared deletes of acknowledgements take, largest
 // first: a batch of acknowledgements goes in few statements, each prepared once.
-var ackSizes = [...]int{64, 8}
+var ackSizes = [...]int{64, 8, 1}
 
 // ackManyQuery returns the delete of n leases of a group, named by (offset, deliveries), n
 // distinct offsets: its arguments are the group, the n offsets, then each offset with its
@@ -80,7 +80,6 @@ ON CONFLICT (consumer_group, "offset") DO NOTHING`},
 		{&l.insertClaim, `INSERT INTO ` + claims + ` (consumer_group, first_offset, last_offset, visible_at, settled) VALUES (?, ?, ?, ?, ?)`},
 		{&l.advance, `INSERT INTO ` + offsets + ` (consumer_group, offset_acked) VALUES (?, ?)
 ON CONFLICT (consumer_group) DO UPDATE SET offset_acked = max(offset_acked, excluded.offset_acked)`},
-		{&l.ack, `DELETE FROM ` + table + ` WHERE consumer_group = ? AND "offset" = ? AND deliveries = ?`},
 		{&l.release, `UPDATE ` + table + ` SET visible_at = ?, deliveries = deliveries - ?
 WHERE consumer_group = ? AND "offset" = ? AND deliveries = ?`},
 		{&l.expireClaims, `DELETE FROM ` + claims + ` WHERE consumer_group = ? AND visible_at <= ?
@@ -108,7 +107,6 @@ WHERE consumer_group = ?2 AND first_offset = ?3 AND visible_at = ?4 AND (settled
 		*st.stmt = stmt
 		l.all = append(l.all, stmt)
 	}
-	l.giveBack = l.insert // a lease row of its own for an offset taken out of its claim
 	return l, nil
 }
 

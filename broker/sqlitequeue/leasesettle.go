@@ -109,13 +109,13 @@ func (l *leases) releaseClaimed(ctx context.Context, tx *sql.Tx, s settlement, b
 	if err != nil || n == 0 {
 		return false, err
 	}
-	_, err = tx.StmtContext(ctx, l.giveBack).ExecContext(ctx, l.group, s.offset, s.deliveries-back, unixMilliCeil(s.visibleAt))
+	_, err = tx.StmtContext(ctx, l.insert).ExecContext(ctx, l.group, s.offset, s.deliveries-back, unixMilliCeil(s.visibleAt))
 	return true, err
 }
 
-// deleteAcked deletes the leases of acknowledgements: runs of the prepared sizes, one
-// statement each, and the rest one by one (so are the acknowledgements of a second lease of
-// an offset, whose first lease is acknowledged in the same batch).
+// deleteAcked deletes the leases of acknowledgements in runs of the prepared sizes, one
+// statement each, of distinct offsets: the acknowledgements of a second lease of an offset,
+// whose first lease is acknowledged in the same batch, go in the next round.
 func (l *leases) deleteAcked(ctx context.Context, tx *sql.Tx, acks []settlement) error {
 	seen := make(map[int64]bool, len(acks))
 	var again []settlement
@@ -144,20 +144,13 @@ func (l *leases) deleteAcked(ctx context.Context, tx *sql.Tx, acks []settlement)
 				args = append(args, s.offset, s.deliveries)
 			}
 			if _, err := stmt.ExecContext(ctx, args...); err != nil {
-				return fmt.Errorf("acknowledge %d offsets from %d: %w", n, acks[0].offset, err)
+				return fmt.Errorf("acknowledge %d leases from offset %d: %w", n, acks[0].offset, err)
 			}
 			acks = acks[n:]
 		}
 	}
-	acks = append(acks, again...)
-	if len(acks) == 0 {
+	if len(again) == 0 {
 		return nil
 	}
-	ack := tx.StmtContext(ctx, l.ack)
-	for _, s := range acks {
-		if _, err := ack.ExecContext(ctx, l.group, s.offset, s.deliveries); err != nil {
-			return fmt.Errorf("acknowledge offset %d: %w", s.offset, err)
-		}
-	}
-	return nil
+	return l.deleteAcked(ctx, tx, again)
 }
