@@ -17,11 +17,9 @@ type lease struct {
 }
 
 // Settle turns the end of a delivery into the settlement of its lease, for the next
-// transaction to commit: deleted when acked, visible again after the nack's delay when
-// nacked, visible again at once (given back) when it ended unsettled because the subscription
-// stops or because its lease passed before the consumer took it; a message never handed out
-// gets its count back. A lease that passed after the hand-out is left as it is: the message
-// may be claimed again already.
+// transaction to commit: deleted when acked, visible after the nack's delay when nacked, given
+// back otherwise, its count taken back if it was never handed out, unless its lease passed
+// after the hand-out: the message may be claimed again already.
 func (s *subscription) Settle(d *inflight.Delivery[lease], o inflight.Outcome) {
 	s.live.Add(-1)
 	now := time.Now()

@@ -17,13 +17,11 @@ import (
 )
 
 // settleWait bounds how long an acknowledgement or nack waits to be committed with the ones
-// that follow it, of its subscription and of the topic's others. It is not waited for when
-// the subscription has nothing else in flight. Acknowledged messages leave the window at
-// once: the wait holds up no claim.
+// that follow it, of the topic's subscriptions (see commits). Acknowledged messages leave the
+// window at once: the wait holds up no claim.
 const settleWait = 10 * time.Millisecond
 
-// fillWait bounds how long room in a subscription's window waits to grow to half the window
-// before messages are claimed anyway.
+// fillWait is the subscriptions' inflight.Options.FillWait.
 const fillWait = 20 * time.Millisecond
 
 // closeWait bounds the end of a subscription: the end of its claim in progress, and its last
@@ -31,10 +29,9 @@ const fillWait = 20 * time.Millisecond
 // stays locked for longer, the leases expire by themselves.
 const closeWait = 5 * time.Second
 
-// subscription is one consumer of a topic in the queue's consumer group, the queue's side of
-// one Subscribe call (an inflight.Source): the engine keeps the window, hands the messages out
-// and learns their settlements; the subscription claims (Fetch), turns each settlement into
-// one of its lease (Settle, in delivery.go) and commits them with the topic's others (commit).
+// subscription is the inflight.Source of one Subscribe call: it claims (Fetch), turns each
+// settlement into one of its lease (Settle, in delivery.go) and commits them with the topic's
+// others (commit).
 type subscription struct {
 	q       *Queue
 	topic   string
@@ -79,10 +76,9 @@ func newSubscription(q *Queue, topic string, l *leases) *subscription {
 	return s
 }
 
-// Fetch claims up to n messages and emits them, committing the settlements that wait in the
-// same transaction. With nothing to claim it looks again after PollInterval, or at once when
-// messages are published to the topic, and after a failure after a backoff, until it has
-// claimed something or ctx ends.
+// Fetch claims up to n messages and emits them (round). With nothing to claim it looks again
+// after PollInterval or at a Wake, and after a failure after a backoff, until it has claimed
+// something or ctx ends.
 func (s *subscription) Fetch(ctx context.Context, n int) error {
 	for {
 		// Taken before the round, so that a publish during the round is not missed.
