@@ -41,19 +41,18 @@ func (m mysql) messagesSchema() wsql.SchemaAdapter {
 	}
 }
 
-func (m mysql) offsetsSchema(topic string) wsql.OffsetsAdapter {
-	return wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return m.tables(topic).Offsets }}
-}
-
-func (m mysql) leasesSchema(topic string) []wsql.Query {
-	return []wsql.Query{{Query: "CREATE TABLE IF NOT EXISTS " + m.tables(topic).Leases + ` (
+func (m mysql) schema(topic string) []wsql.Query {
+	t := m.tables(topic)
+	offsets := wsql.DefaultMySQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return t.Offsets }}
+	stmts := append(m.messagesSchema().SchemaInitializingQueries(topic), offsets.SchemaInitializingQueries(topic)...)
+	return append(stmts, wsql.Query{Query: "CREATE TABLE IF NOT EXISTS " + t.Leases + ` (
 			consumer_group VARCHAR(255) NOT NULL,
 			` + "`offset`" + ` BIGINT NOT NULL,
 			deliveries INT NOT NULL,
 			visible_at DATETIME(6) NOT NULL,
 			PRIMARY KEY (consumer_group, ` + "`offset`" + `),
 			KEY due (consumer_group, visible_at)
-		)`}}
+		)`})
 }
 
 // keys' Insert leaves an existing row as it is, which MySQL reports as 0 rows affected.
@@ -134,7 +133,8 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 	if err != nil {
 		return nil, err
 	}
-	return sortByOffset(out), nil
+	slices.SortFunc(out, func(a, b row) int { return cmp.Compare(a.offset, b.offset) })
+	return out, nil
 }
 
 func (m mysql) claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) (out []row, err error) {
@@ -300,12 +300,6 @@ func consecutive(batch []row, cursor int64) []row {
 		next = r.offset + 1
 	}
 	return batch
-}
-
-// sortByOffset sorts rows by offset, in place, and returns them.
-func sortByOffset(rows []row) []row {
-	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.offset, b.offset) })
-	return rows
 }
 
 func (m mysql) hasGroup(ctx context.Context, db *sql.DB, topic, group string) (bool, error) {

@@ -41,13 +41,11 @@ func (p postgres) messagesSchema() wsql.SchemaAdapter {
 	}
 }
 
-func (p postgres) offsetsSchema(topic string) wsql.OffsetsAdapter {
-	return wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return p.tables(topic).Offsets }}
-}
-
-func (p postgres) leasesSchema(topic string) []wsql.Query {
+func (p postgres) schema(topic string) []wsql.Query {
 	t := p.tables(topic)
-	return []wsql.Query{{Query: `CREATE TABLE IF NOT EXISTS ` + t.Leases + ` (
+	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(string) string { return t.Offsets }}
+	stmts := append(p.messagesSchema().SchemaInitializingQueries(topic), offsets.SchemaInitializingQueries(topic)...)
+	return append(stmts, wsql.Query{Query: `CREATE TABLE IF NOT EXISTS ` + t.Leases + ` (
 			consumer_group VARCHAR(255) NOT NULL,
 			"offset" BIGINT NOT NULL,
 			transaction_id xid8 NOT NULL,
@@ -55,8 +53,7 @@ func (p postgres) leasesSchema(topic string) []wsql.Query {
 			visible_at TIMESTAMPTZ NOT NULL,
 			PRIMARY KEY (consumer_group, "offset")
 		)`},
-		{Query: `CREATE INDEX IF NOT EXISTS ` + t.DueIndex + ` ON ` + t.Leases + ` (consumer_group, visible_at)`},
-	}
+		wsql.Query{Query: `CREATE INDEX IF NOT EXISTS ` + t.DueIndex + ` ON ` + t.Leases + ` (consumer_group, visible_at)`})
 }
 
 func (postgres) keys() dbqueue.DeadLetterKeys {

@@ -44,17 +44,13 @@ const maxIdentifier = 63
 
 // Tables names the tables of one topic, unquoted.
 type Tables struct {
-	// Messages is the messages table, laid out as watermill-sql's schema of the dialect lays
-	// it out: an increasing offset, uuid, payload, metadata (and on PostgreSQL the id of the
-	// writing transaction).
+	// Messages is the messages table, laid out as watermill-sql's of the dialect.
 	Messages string
-	// Offsets has one row per consumer group, its cursor, laid out as watermill-sql's offsets
-	// adapter of the dialect lays it out.
+	// Offsets is the offsets table, a cursor per consumer group, as watermill-sql's.
 	Offsets string
 	// Leases has one row per message a group has handed out and not acknowledged.
 	Leases string
-	// DueIndex names the PostgreSQL index of due leases, an identifier of the schema as tables
-	// are. MySQL names indexes per table and does not use it.
+	// DueIndex names the PostgreSQL index of due leases; MySQL does not use it.
 	DueIndex string
 }
 
@@ -188,20 +184,7 @@ func (q *Queue) CreateTables(ctx context.Context, topic string) error {
 	if err := q.checkTopic(topic); err != nil {
 		return err
 	}
-	// The tables as watermill-sql's schema and offsets adapter of the dialect create them,
-	// then the lease table.
-	stmts := q.d.messagesSchema().SchemaInitializingQueries(topic)
-	stmts = append(stmts, q.d.offsetsSchema(topic).SchemaInitializingQueries(topic)...)
-	stmts = append(stmts, q.d.leasesSchema(topic)...)
-	err := createRetrying(func() error {
-		for _, stmt := range stmts {
-			if _, err := q.db.ExecContext(ctx, stmt.Query); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := q.create(ctx, q.d.schema(topic)...); err != nil {
 		return fmt.Errorf("sqlqueue: create tables of topic %q: %w", topic, err)
 	}
 	return nil
@@ -216,22 +199,23 @@ func (q *Queue) createKeysTable(ctx context.Context) error {
 	if q.keysReady {
 		return nil
 	}
-	err := createRetrying(func() error {
-		_, err := q.db.ExecContext(ctx, q.d.keys().Schema)
-		return err
-	})
+	err := q.create(ctx, wsql.Query{Query: q.d.keys().Schema})
 	q.keysReady = err == nil
 	return err
 }
 
-// createRetrying runs create, a sequence of CREATE ... IF NOT EXISTS statements, again while it
-// fails because another process created the same objects at the same moment.
-func createRetrying(create func() error) error {
+// create runs stmts, CREATE ... IF NOT EXISTS statements, again while they fail because another
+// process created the same objects at the same moment: on PostgreSQL two concurrent CREATEs of
+// one table can fail with a unique violation or an object that already exists.
+func (q *Queue) create(ctx context.Context, stmts ...wsql.Query) error {
 	var err error
 	for attempt := 0; attempt < 5; attempt++ {
-		// Two concurrent CREATE TABLE IF NOT EXISTS of one table can fail on PostgreSQL with a
-		// unique violation or an object that already exists: the other one won, run again.
-		if err = create(); err == nil {
+		for _, stmt := range stmts {
+			if _, err = q.db.ExecContext(ctx, stmt.Query); err != nil {
+				break
+			}
+		}
+		if err == nil {
 			return nil
 		}
 		if c := sqldb.Classify(err); c != sqldb.UniqueViolation && c != sqldb.Conflict && !alreadyExists(err) {
@@ -284,10 +268,10 @@ func (q *Queue) Wake(topic string) { q.wakes.Wake(topic) }
 type dialect interface {
 	// messagesSchema is watermill-sql's schema of the messages tables.
 	messagesSchema() wsql.SchemaAdapter
-	// offsetsSchema is watermill-sql's offsets adapter of the topic's offsets table.
-	offsetsSchema(topic string) wsql.OffsetsAdapter
-	// leasesSchema returns the statements that create the topic's lease table.
-	leasesSchema(topic string) []wsql.Query
+	// schema returns the statements that create the topic's tables: the messages and offsets
+	// tables as watermill-sql's schema and offsets adapter of the dialect create them, then
+	// the lease table.
+	schema(topic string) []wsql.Query
 	// keys are the statements of DeadLetterKeysTable.
 	keys() dbqueue.DeadLetterKeys
 	// addGroup creates the group's cursor row at the start of the topic when it has none.
