@@ -37,8 +37,7 @@
 // their deliveries count one higher; then new messages after the cursor, in the order they
 // became safe to read (see below), each leased with deliveries = 1 as the cursor moves past
 // it. Claims lock with FOR UPDATE SKIP LOCKED: consumers of one group never wait for each
-// other, and never hold the same message at once while its lease (Config.AckTimeout) runs.
-// The deliveries count is each message's redelivery.Info.Count; it is in the database, so a
+// other. The deliveries count is each message's redelivery.Info.Count; it is in the database, so a
 // message that kills its consumer every time reaches the router's delivery limit.
 //
 // An ack deletes the lease (the acks of a few milliseconds go in one statement); a nack makes

@@ -111,14 +111,11 @@ func (q *Queue) lookUp(ctx context.Context, topic string, group bool) (tableSet,
 	return have, nil
 }
 
-// Trim deletes the messages of topic that every consumer group known to the topic (every group
-// that has subscribed to it) has acknowledged, in statements of at most dbqueue.TrimBatch rows,
-// and returns how many it deleted: the messages at or below every group's cursor that no group
-// has leased. It deletes nothing from a topic no group has subscribed to. On MySQL and MariaDB
-// the message at the highest offset stays, so that the next offsets follow it whatever the
-// server version. A consumer group that subscribes for the first time after a Trim does not see
-// the deleted messages. A topic that has no tables is an error wrapping broker.ErrNotFound. Run
-// it from one process at a time, as often as the messages table should shrink.
+// Trim is broker.Broker.Trim of topic: it deletes, in statements of at most dbqueue.TrimBatch
+// rows, the messages at or below the cursor of every group that has subscribed to topic and
+// leased by none, nothing when no group has, and returns how many. On MySQL and MariaDB the
+// message at the highest offset stays, so that the next offsets follow it whatever the server
+// version. A topic that has no tables is an error wrapping broker.ErrNotFound.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	have, err := q.lookUp(ctx, topic, false)
 	if err != nil || !have.offsets {
