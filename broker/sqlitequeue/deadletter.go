@@ -30,17 +30,14 @@ ON CONFLICT (topic, dead_letter_key) DO NOTHING`,
 }
 
 // firstDeadLetters returns msgs without the dead letters whose key topic has stored before,
-// and records the keys of those it keeps, in tx: the messages without a key, and the first
-// dead letter of each key. It returns msgs itself, and keyed false, when none has a key.
-func (q *Queue) firstDeadLetters(ctx context.Context, tx *sql.Tx, topic string, msgs []*message.Message) (kept []*message.Message, keyed bool, err error) {
+// and records the keys of those it keeps, in tx (dbqueue.DeadLetterKeys.First), creating
+// DeadLetterKeysTable if it is missing. It returns msgs itself when none has a key.
+func firstDeadLetters(ctx context.Context, tx *sql.Tx, topic string, msgs []*message.Message) ([]*message.Message, error) {
 	if !slices.ContainsFunc(msgs, func(m *message.Message) bool { return m.Metadata.Get(messagedata.HeaderDeadLetterKey) != "" }) {
-		return msgs, false, nil
+		return msgs, nil
 	}
-	if !q.keysCreated.Load() {
-		if _, err := tx.ExecContext(ctx, deadLetterKeys.Schema); err != nil {
-			return nil, true, fmt.Errorf("create table %s: %w", DeadLetterKeysTable, err)
-		}
+	if _, err := tx.ExecContext(ctx, deadLetterKeys.Schema); err != nil {
+		return nil, fmt.Errorf("create table %s: %w", DeadLetterKeysTable, err)
 	}
-	kept, err = deadLetterKeys.First(ctx, tx, topic, msgs)
-	return kept, true, err
+	return deadLetterKeys.First(ctx, tx, topic, msgs)
 }

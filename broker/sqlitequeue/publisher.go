@@ -46,23 +46,18 @@ func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 		return nil
 	}
 	ctx := context.Background()
-	keyed := false
 	err := p.q.write(ctx, func(tx *sql.Tx) error {
 		if err := p.q.createTables(ctx, tx, topic); err != nil {
 			return err
 		}
-		msgs, k, err := p.q.firstDeadLetters(ctx, tx, topic, messages)
+		msgs, err := firstDeadLetters(ctx, tx, topic, messages)
 		if err != nil {
 			return err
 		}
-		keyed = k
 		return p.insertRows(ctx, tx, topic, msgs)
 	})
 	if err != nil {
 		return fmt.Errorf("sqlitequeue: publish %d messages to topic %q: %w", len(messages), topic, err)
-	}
-	if keyed {
-		p.q.keysCreated.Store(true)
 	}
 	p.q.tablesCreated(topic)
 	p.q.wakes.Wake(topic)

@@ -11,11 +11,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker/internal/dbqueue"
+	"github.com/onceflow/onceflow/broker/internal/inflight"
 	"github.com/onceflow/onceflow/broker/internal/lifecycle"
 	"github.com/onceflow/onceflow/internal/queuetable"
 	"github.com/onceflow/onceflow/sqldb"
@@ -40,8 +40,6 @@ type Queue struct {
 
 	// initialized holds the topics whose tables this Queue has created or found.
 	initialized sync.Map
-	// keysCreated is set once this Queue has created or found DeadLetterKeysTable.
-	keysCreated atomic.Bool
 	// pools holds the settlements of each topic's subscriptions (*settlements).
 	pools sync.Map
 	// leases is the connection of the subscriptions' claims and settlements.
@@ -168,7 +166,7 @@ func (q *Queue) Publisher() message.Publisher { return &publisher{q: q} }
 // subscriptions deliver as the package documentation says (Delivery). Closing it ends its
 // subscriptions, not the Queue; Close of the Queue closes it too.
 func (q *Queue) Subscriber() (message.Subscriber, error) {
-	s := newSubscriber(q)
+	s := &subscriber{q: q, subs: inflight.NewGroup(ErrClosed)}
 	if !q.life.Add(s) {
 		return nil, ErrClosed
 	}

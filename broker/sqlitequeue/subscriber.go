@@ -21,10 +21,6 @@ var (
 	_ message.SubscribeInitializer = (*subscriber)(nil)
 )
 
-func newSubscriber(q *Queue) *subscriber {
-	return &subscriber{q: q, subs: inflight.NewGroup(ErrClosed)}
-}
-
 // Subscribe starts one consumer of topic and returns its messages, as the package
 // documentation says (Delivery). The channel is closed when ctx is done or the subscriber
 // closes, once the subscription has committed the acknowledgements given before and given back
