@@ -113,14 +113,13 @@ func (s *subscription) round(ctx context.Context, room int) (int, error) {
 			return 0, err
 		}
 	}
-	var (
-		rows    []claimedRow
-		claimed time.Time
-	)
+	var rows []claimedRow
+	var until time.Time
 	err := s.commit(ctx, func(tx *sql.Tx) error {
-		claimed = time.Now()
+		now := time.Now()
+		until = now.Add(s.q.cfg.AckDeadline)
 		var err error
-		rows, err = s.leases.claim(ctx, tx, claimed, claimed.Add(s.q.cfg.AckDeadline), room)
+		rows, err = s.leases.claim(ctx, tx, now, until, room)
 		return err
 	})
 	if err != nil {
@@ -128,7 +127,6 @@ func (s *subscription) round(ctx context.Context, room int) (int, error) {
 		return 0, err
 	}
 	s.filled = len(rows) == room
-	until := claimed.Add(s.q.cfg.AckDeadline)
 	for _, r := range rows {
 		msg, err := queuetable.NewMessage(r.uuid, r.payload, r.metadata)
 		if err != nil {
