@@ -59,7 +59,5 @@
 // offset becomes its cursor, and the leases table is created at the first subscription; so is
 // the claims table in a file written before the queue had claims, whose lease rows are
 // consumed as they are. Stop every process of the file that runs the earlier version before
-// consumers of the new one start: the earlier subscriber knows nothing of leases, and held a
-// transaction while handlers ran, in which a message published with a delivered message's
-// context was written; Publish now stores every message at once, whatever its context.
+// consumers of the new one start: the earlier subscriber knows nothing of leases.
 package sqlitequeue

@@ -151,12 +151,10 @@ WHERE first_offset BETWEEN ?1 - `+strconv.Itoa(queuetable.MaxClaimSpan-1)+` AND 
 	return n == 1, nil
 }
 
-// Trim deletes the messages of topic that every consumer group known to the topic (every group
-// that has subscribed to it) has acknowledged, in transactions of at most dbqueue.TrimBatch
-// rows, and returns how many it deleted: the messages at or below every group's cursor that no
-// group has leased. It deletes nothing from a topic no group has subscribed to. A consumer group
-// that subscribes for the first time after a Trim does not see the deleted messages. A topic
-// that has no tables is an error wrapping broker.ErrNotFound.
+// Trim is broker.Broker.Trim of topic: it deletes, in transactions of at most dbqueue.TrimBatch
+// rows, the messages at or below the cursor of every group that has subscribed to topic and
+// leased by none, nothing when no group has, and returns how many. A topic that has no tables
+// is an error wrapping broker.ErrNotFound.
 func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	t, err := q.existingTables(ctx, topic)
 	if err != nil {

@@ -12,10 +12,8 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-// DeadLetterKeysTable is the table, beside a queue's topics, that keeps the key
-// (messagedata.HeaderDeadLetterKey) of every dead letter stored within the last
-// broker.DeadLetterKeyWindow, per topic, so that a dead letter published again within it is
-// stored once.
+// DeadLetterKeysTable is the table, beside a queue's topics, that keeps per topic the key of
+// every dead letter stored within broker.DeadLetterKeyWindow, which says why.
 const DeadLetterKeysTable = "onceflow_dead_letter_keys"
 
 // DeadLetterKeys are the statements of DeadLetterKeysTable in one SQL dialect.
@@ -29,9 +27,8 @@ type DeadLetterKeys struct {
 	Insert string
 }
 
-// First returns msgs without the dead letters whose key topic has stored within
-// broker.DeadLetterKeyWindow: the messages without a key, and the first dead letter of each
-// key, whose keys it records, in tx. It deletes the keys older than the window first.
+// First returns msgs without the dead letters whose key topic has stored within the window,
+// and records the keys of those it keeps, in tx, after deleting the keys older than the window.
 func (k DeadLetterKeys) First(ctx context.Context, tx *sql.Tx, topic string, msgs []*message.Message) ([]*message.Message, error) {
 	now := time.Now()
 	if _, err := tx.ExecContext(ctx, k.Delete, now.Add(-broker.DeadLetterKeyWindow).UnixMilli()); err != nil {
