@@ -1,11 +1,9 @@
 package sqlqueue
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
-	"slices"
 	"strings"
 	"time"
 
@@ -96,44 +94,31 @@ func (m mysql) claimDue(ctx context.Context, db *sql.DB, topic, group string, n 
 	t := m.tables(topic)
 	var out []row
 	err := inTx(ctx, db, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, "SELECT `offset`, deliveries FROM "+t.Leases+
+		rows, err := tx.QueryContext(ctx, "SELECT `offset` FROM "+t.Leases+
 			" WHERE consumer_group = ? AND visible_at <= "+myNow+" ORDER BY visible_at LIMIT ? FOR UPDATE SKIP LOCKED", group, n)
-		due, err := dbqueue.Rows(rows, err, func(r *row) []any { return []any{&r.offset, &r.deliveries} })
+		due, err := dbqueue.Rows(rows, err, func(offset *int64) []any { return []any{offset} })
 		if err != nil || len(due) == 0 {
 			return err
 		}
-		offsets := make([]any, len(due))
-		for i, r := range due {
-			offsets[i] = r.offset
+		args := []any{lease.Microseconds(), group}
+		for _, offset := range due {
+			args = append(args, offset)
 		}
 		in := dbqueue.Marks(len(due))
 		if _, err := tx.ExecContext(ctx, "UPDATE "+t.Leases+" SET deliveries = deliveries + 1, visible_at = "+myNow+" + INTERVAL ? MICROSECOND"+
-			" WHERE consumer_group = ? AND `offset` IN "+in, append([]any{lease.Microseconds(), group}, offsets...)...); err != nil {
+			" WHERE consumer_group = ? AND `offset` IN "+in, args...); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, "SELECT `offset`, `uuid`, `payload`, `metadata` FROM "+t.Messages+" WHERE `offset` IN "+in, offsets...)
-		found, err := dbqueue.Rows(rows, err, func(r *row) []any { return []any{&r.offset, &r.uuid, &r.payload, &r.metadata} })
-		if err != nil {
-			return err
-		}
-		byOffset := make(map[int64]row, len(found))
-		for _, r := range found {
-			byOffset[r.offset] = r
-		}
-		for _, d := range due {
-			r, ok := byOffset[d.offset]
-			if !ok {
-				r = row{offset: d.offset, orphan: true}
-			}
-			r.deliveries = d.deliveries + 1
-			out = append(out, r)
-		}
-		return nil
+		rows, err = tx.QueryContext(ctx, "SELECT l.`offset`, l.deliveries, m.`uuid` IS NULL, COALESCE(m.`uuid`, ''), m.`payload`, m.`metadata` FROM "+
+			t.Leases+" l LEFT JOIN "+t.Messages+" m ON m.`offset` = l.`offset` WHERE l.consumer_group = ? AND l.`offset` IN "+in+" ORDER BY l.`offset`", args[1:]...)
+		out, err = dbqueue.Rows(rows, err, func(r *row) []any {
+			return []any{&r.offset, &r.deliveries, &r.orphan, &r.uuid, &r.payload, &r.metadata}
+		})
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b row) int { return cmp.Compare(a.offset, b.offset) })
 	return out, nil
 }
 
