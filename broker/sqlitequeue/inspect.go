@@ -137,7 +137,7 @@ func (q *Queue) Delete(ctx context.Context, topic string, offset int64) (bool, e
 			return err
 		}
 		if t.leases {
-			_, err = tx.ExecContext(ctx, `DELETE FROM `+quote(LeasesTable(topic))+` WHERE "offset" = ?`, offset)
+			_, err = tx.ExecContext(ctx, `DELETE FROM `+quote(queuetable.LeasesTable(topic))+` WHERE "offset" = ?`, offset)
 		}
 		if err == nil && t.claims {
 			_, err = tx.ExecContext(ctx, `UPDATE `+quote(queuetable.ClaimsTable(topic))+` SET settled = settled | (1 << (?1 - first_offset))
@@ -164,7 +164,7 @@ func (q *Queue) Trim(ctx context.Context, topic string) (int64, error) {
 	if t.all() {
 		leased = ` AND NOT ` + queuetable.Leased(topic, `"offset"`, ``)
 	} else if t.leases {
-		leased = ` AND "offset" NOT IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + `)`
+		leased = ` AND "offset" NOT IN (SELECT "offset" FROM ` + quote(queuetable.LeasesTable(topic)) + `)`
 	}
 	del := `DELETE FROM ` + quote(MessagesTable(topic)) + ` WHERE "offset" IN (
 	SELECT "offset" FROM ` + quote(MessagesTable(topic)) + `
@@ -217,11 +217,11 @@ func (t topicTables) where(topic string, waiting bool) string {
 	}
 	from, leased := cursor, ``
 	if t.all() {
-		from = `min(` + cursor + below(LeasesTable(topic), `"offset"`) + below(queuetable.ClaimsTable(topic), `first_offset`) + `)`
+		from = `min(` + cursor + below(queuetable.LeasesTable(topic), `"offset"`) + below(queuetable.ClaimsTable(topic), `first_offset`) + `)`
 		leased = ` OR ` + queuetable.Leased(topic, quote(MessagesTable(topic))+`."offset"`, `?1`)
 	} else if t.leases {
-		from = `min(` + cursor + below(LeasesTable(topic), `"offset"`) + `)`
-		leased = ` OR "offset" IN (SELECT "offset" FROM ` + quote(LeasesTable(topic)) + ` WHERE consumer_group = ?1)`
+		from = `min(` + cursor + below(queuetable.LeasesTable(topic), `"offset"`) + `)`
+		leased = ` OR "offset" IN (SELECT "offset" FROM ` + quote(queuetable.LeasesTable(topic)) + ` WHERE consumer_group = ?1)`
 	}
 	return `"offset" > max(?2, ` + from + `) AND ("offset" > ` + cursor + leased + `)`
 }
@@ -238,7 +238,7 @@ func (q *Queue) topicTables(ctx context.Context, topic string) (topicTables, err
 		return topicTables{true, true, true, true}, nil
 	}
 	var t topicTables
-	names := []any{MessagesTable(topic), OffsetsTable(topic), LeasesTable(topic), queuetable.ClaimsTable(topic)}
+	names := []any{MessagesTable(topic), OffsetsTable(topic), queuetable.LeasesTable(topic), queuetable.ClaimsTable(topic)}
 	err := q.db.QueryRowContext(ctx, `SELECT coalesce(max(name = ?1), 0), coalesce(max(name = ?2), 0),
 	coalesce(max(name = ?3), 0), coalesce(max(name = ?4), 0)
 FROM sqlite_schema WHERE type = 'table' AND name IN (?1, ?2, ?3, ?4)`, names...).Scan(&t.messages, &t.offsets, &t.leases, &t.claims)

@@ -48,7 +48,7 @@ func ackManyQuery(table string, n int) string {
 
 // prepareLeases prepares the statements of group's leases on topic, whose tables must exist.
 func prepareLeases(ctx context.Context, db *sql.DB, topic, group string) (*leases, error) {
-	messages, offsets, table := quote(MessagesTable(topic)), quote(OffsetsTable(topic)), quote(LeasesTable(topic))
+	messages, offsets, table := quote(MessagesTable(topic)), quote(OffsetsTable(topic)), quote(queuetable.LeasesTable(topic))
 	claims := quote(queuetable.ClaimsTable(topic))
 	l := &leases{group: group, table: table, claims: claims}
 	type statement struct {

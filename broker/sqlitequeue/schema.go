@@ -19,10 +19,6 @@ func MessagesTable(topic string) string { return queuetable.MessagesTable(topic)
 // topic, spelled as in MessagesTable.
 func OffsetsTable(topic string) string { return queuetable.OffsetsTable(topic) }
 
-// LeasesTable returns the unquoted name of topic's leases table: "onceflow_leases_" and the
-// topic, spelled as in MessagesTable.
-func LeasesTable(topic string) string { return queuetable.LeasesTable(topic) }
-
 // SchemaAdapter is the watermill-sql SchemaAdapter of the queue's messages tables, for
 // watermill-sql subscribers over tables of this form (onceflow's outbox relay on SQLite keeps
 // its outbox so). The queue's Publisher writes through its InsertQuery; its Subscriber reads
