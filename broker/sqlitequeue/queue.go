@@ -274,11 +274,5 @@ func (q *Queue) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return dbqueue.InTx(ctx, rawDB(q.db), nil, fn)
 }
 
-// writeLeases runs fn, a claim or a settlement of leases, in a transaction of the queue file
-// on the Queue's lease connection (synchronous=NORMAL, see leaseConn), in this process's turn.
-func (q *Queue) writeLeases(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	return q.leases.run(ctx, rawDB(q.db), fn)
-}
-
 // rawDB returns the database/sql pool under db.
 func rawDB(db *sqldb.DB) *sql.DB { return db.DB.DB }

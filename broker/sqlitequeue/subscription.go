@@ -151,7 +151,7 @@ func (s *subscription) commit(ctx context.Context, claim func(tx *sql.Tx) error)
 		settle []settlement
 		took   bool
 	)
-	err := s.q.writeLeases(ctx, func(tx *sql.Tx) error {
+	err := s.q.leases.run(ctx, rawDB(s.q.db), func(tx *sql.Tx) error {
 		// Taken in the file's turn, so that they are committed (or given back) before any
 		// other transaction of the file looks for them.
 		s.gave.Store(false)
