@@ -34,9 +34,8 @@ const minLease = time.Millisecond
 
 // Config configures a Queue. The zero value is valid: every field has a default.
 type Config struct {
-	// ConsumerGroup names the consumer group of the subscribers the queue makes. Every consumer
-	// group receives every message of a topic; within a group, each message is leased to one
-	// subscription at a time. At most 255 bytes. Defaults to "default".
+	// ConsumerGroup names the consumer group (package broker) of the subscribers the queue
+	// makes. At most 255 bytes. Defaults to "default".
 	ConsumerGroup string
 
 	// BatchSize is the window of each subscription: how many messages it holds delivered and
@@ -50,10 +49,8 @@ type Config struct {
 	// once. Defaults to 20 ms.
 	PollInterval time.Duration
 
-	// ResendInterval is the default nack delay: a nacked message may be delivered again this
-	// long after the nack, unless the nack asked for another delay
-	// (redelivery.NackAfter). The messages behind it are delivered meanwhile. At least 1 ms.
-	// Defaults to 50 ms.
+	// ResendInterval is the delay of a nack that asks for none (redelivery.NackAfter); the
+	// messages behind it are delivered meanwhile. At least 1 ms. Defaults to 50 ms.
 	ResendInterval time.Duration
 
 	// RetryInterval is how long a subscription waits after a failed query (other than a busy

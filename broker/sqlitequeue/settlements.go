@@ -45,8 +45,7 @@ func (p *settlements) add(s settlement, now time.Time) {
 	p.mu.Unlock()
 }
 
-// len returns how many settlements wait to be committed, those of transactions in progress
-// left out.
+// len returns how many settlements wait, those taken by transactions in progress left out.
 func (p *settlements) len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -22,9 +22,8 @@ var (
 )
 
 // Subscribe starts one consumer of topic and returns its messages, as the package
-// documentation says (Delivery). The channel is closed when ctx is done or the subscriber
-// closes, once the subscription has committed the acknowledgements given before and given back
-// the messages it held.
+// documentation says (Delivery); the channel is closed when ctx is done or the subscriber
+// closes, once the subscription's settlements and give-backs are committed.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.subs.Check(); err != nil {
 		return nil, err

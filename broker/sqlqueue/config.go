@@ -28,9 +28,8 @@ const MaxPrefetch = 10000
 
 // Config configures a Queue. The zero value is valid: every field has a default.
 type Config struct {
-	// ConsumerGroup names the consumer group of the Queue's subscribers. Every group receives
-	// every message of a topic; within a group a message is leased to one subscription at a
-	// time. Defaults to DefaultConsumerGroup.
+	// ConsumerGroup names the consumer group (package broker) of the Queue's subscribers.
+	// Defaults to DefaultConsumerGroup.
 	ConsumerGroup string
 
 	// Prefetch is how many deliveries each subscription holds unsettled at most, claimed

@@ -57,10 +57,9 @@ func (q *Queue) Waiting(ctx context.Context, topic string, limit int) ([]Waiting
 	return out, nil
 }
 
-// Remove deletes the message w, which Waiting returned, from topic: its row and its leases,
-// in one transaction. The topic is one log that every consumer group reads, so no group
-// receives the message afterwards; a consumer that holds it has its acknowledgement come to
-// nothing. Removing a message that is gone already does nothing.
+// Remove deletes the message w, which Waiting returned, from topic for every consumer group:
+// its row and its leases, in one transaction; a consumer that holds it has its acknowledgement
+// come to nothing. Removing a message that is gone already does nothing.
 func (q *Queue) Remove(ctx context.Context, topic string, w Waiting) error {
 	have, err := q.tables(ctx, topic)
 	if err != nil {
