@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/onceflow/onceflow/broker/internal/inflight"
@@ -35,7 +36,16 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		return nil, fmt.Errorf("sqlitequeue: subscribe to topic %q: %w", topic, err)
 	}
-	sub := newSubscription(s.q, topic, l)
+	sub := &subscription{
+		q:           s.q,
+		topic:       topic,
+		leases:      l,
+		logger:      s.q.cfg.log.With(watermill.LogFields{"topic": topic, "consumer_group": s.q.cfg.ConsumerGroup}),
+		pending:     s.q.settlements(topic),
+		kick:        make(chan struct{}, 1),
+		commitsDone: make(chan struct{}),
+	}
+	sub.opCtx, sub.opCancel = context.WithCancel(context.Background())
 	sub.sub = inflight.New(ctx, sub, inflight.Options{
 		Prefetch:     rules.Window(ctx, s.q.batchSize),
 		NackDelay:    s.q.cfg.ResendInterval,

@@ -62,20 +62,6 @@ type subscription struct {
 // again, by any consumer of the group. It is a context.DeadlineExceeded.
 var errLeasePassed = fmt.Errorf("sqlitequeue: the lease passed (Config.AckDeadline): %w", context.DeadlineExceeded)
 
-func newSubscription(q *Queue, topic string, l *leases) *subscription {
-	s := &subscription{
-		q:           q,
-		topic:       topic,
-		leases:      l,
-		logger:      q.cfg.log.With(watermill.LogFields{"topic": topic, "consumer_group": q.cfg.ConsumerGroup}),
-		pending:     q.settlements(topic),
-		kick:        make(chan struct{}, 1),
-		commitsDone: make(chan struct{}),
-	}
-	s.opCtx, s.opCancel = context.WithCancel(context.Background())
-	return s
-}
-
 // Fetch claims up to n messages and emits them (round). With nothing to claim it looks again
 // after PollInterval or at a Wake, and after a failure after a backoff, until it has claimed
 // something or ctx ends.
