@@ -16,10 +16,9 @@ import (
 	"github.com/onceflow/onceflow/internal/queuetable"
 )
 
-// The inspection methods read without taking the write lock, so they never wait for writers
-// and see the last committed state. A message that a consumer group has leased (delivered, or
-// nacked and waiting for its delay, and not acknowledged) counts as waiting for the group,
-// like one after the group's cursor.
+// The inspection methods read the last committed state (see Concurrency in the package
+// documentation). A message that a consumer group has leased (delivered, or nacked and waiting
+// for its delay) counts as waiting for the group, like one after the group's cursor.
 
 // Record is a message stored in the queue, with its place in the topic.
 type Record struct {
@@ -83,10 +82,8 @@ func (q *Queue) List(ctx context.Context, topic string, after int64, limit int) 
 }
 
 // Waiting returns up to limit of the messages of topic that wait for consumerGroup, with
-// offsets greater than after, in offset order: the messages the group has leased (being
-// processed, or nacked and waiting for their delay) and those after its cursor. These are the
-// messages Backlog counts. Pass 0 to start at the beginning and the last returned Offset to
-// page on.
+// offsets greater than after, in offset order: those Backlog counts. Pass 0 to start at the
+// beginning and the last returned Offset to page on.
 func (q *Queue) Waiting(ctx context.Context, topic, consumerGroup string, after int64, limit int) ([]Record, error) {
 	return q.list(ctx, topic, consumerGroup, true, after, limit)
 }
