@@ -51,7 +51,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 	}
 	return &broker.Backend{
 		Publisher:  &publisher{Publisher: pub, q: q},
-		CheckTopic: checkTopic,
+		CheckTopic: q.checkTopic,
 		CheckMessage: func(m *message.Message) error {
 			if len(m.UUID) > MaxUUID {
 				return fmt.Errorf("UUID %q is %d bytes; the SQL queue's uuid column holds %d", m.UUID, len(m.UUID), MaxUUID)
@@ -81,11 +81,4 @@ func withConnectTimeout(dsn string, o broker.Options) string {
 		sep = "&"
 	}
 	return dsn + sep + connect.Param + "=" + url.QueryEscape(o.ConnectTimeout.String())
-}
-
-func checkTopic(topic string) error {
-	if err := CheckTopic(topic); err != nil {
-		return fmt.Errorf("broker: %w", err)
-	}
-	return nil
 }
