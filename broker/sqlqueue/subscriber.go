@@ -123,9 +123,8 @@ type subscription struct {
 	// ackStmt is the statement of each delivery's redelivery.TxAck.
 	ackStmt string
 
-	// Fetch's own state, between its calls.
-	//
-	// busy: the last round claimed messages, so the next claims at once, without probing.
+	// busy (Fetch's own, as are outage and dueAt): the last round claimed messages, so the
+	// next claims at once, without probing.
 	busy bool
 	// outage is the run of claims that failed in a row.
 	outage inflight.Outage
@@ -147,28 +146,23 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		wait := cfg.PollInterval
+		sub.busy = err == nil && got > 0
 		switch {
 		case err != nil && sqldb.Classify(err) == sqldb.Conflict:
 			// Another consumer claimed the same rows: claim again at once; what it took is
 			// not there any more.
-			sub.busy = false
 			sub.log.Debug("claim conflicted with another consumer; claiming again", watermill.LogFields{"err": err.Error()})
-			continue
 		case err != nil:
-			sub.busy = false
-			woken = nil // after a failure, wait out the interval
-			wait = cfg.RetryInterval
-			sub.outage.Failed(err, wait)
+			// After a failure, wait out the interval, Wake or not.
+			sub.outage.Failed(err, cfg.RetryInterval)
+			dbqueue.Wait(ctx, cfg.RetryInterval, nil)
 		case got > 0:
 			sub.outage.Ended()
-			sub.busy = true
 			return nil
 		default:
 			sub.outage.Ended()
-			sub.busy = false
+			dbqueue.Wait(ctx, cfg.PollInterval, woken)
 		}
-		dbqueue.Wait(ctx, wait, woken)
 	}
 }
 
