@@ -85,14 +85,11 @@ func (p postgres) addGroup(ctx context.Context, db *sql.DB, topic, group string)
 const pgAfterCursor = `(m.transaction_id, m."offset") > ((SELECT tx FROM g), (SELECT off FROM g))
 		AND m.transaction_id < pg_snapshot_xmin(pg_current_snapshot())`
 
-// pgCursor is the CTE g: the group's cursor.
-func pgCursor(offsets string) string {
-	return `g AS (SELECT COALESCE(offset_acked, 0) AS off, last_processed_transaction_id AS tx FROM ` + offsets + ` WHERE consumer_group = $1)`
-}
-
 func (p postgres) probe(ctx context.Context, db *sql.DB, topic, group string) (due, fresh bool, err error) {
 	t := p.tables(topic)
-	err = db.QueryRowContext(ctx, `WITH `+pgCursor(t.Offsets)+`
+	err = db.QueryRowContext(ctx, `WITH g AS (
+			SELECT COALESCE(offset_acked, 0) AS off, last_processed_transaction_id AS tx FROM `+t.Offsets+` WHERE consumer_group = $1
+		)
 		SELECT
 			EXISTS (SELECT 1 FROM `+t.Leases+` WHERE consumer_group = $1 AND visible_at <= now()),
 			EXISTS (SELECT 1 FROM `+t.Messages+` m WHERE `+pgAfterCursor+`)`, group).Scan(&due, &fresh)
@@ -155,8 +152,9 @@ func (p postgres) claimNew(ctx context.Context, db *sql.DB, topic, group string,
 
 func (p postgres) settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error {
 	t := p.tables(topic)
-	var ackOff, updOff, updDelay []int64
-	var ackDlv, updDlv, updDelta []int32
+	// Empty, not nil: the driver would send nil as NULL.
+	ackOff, updOff, updDelay := []int64{}, []int64{}, []int64{}
+	ackDlv, updDlv, updDelta := []int32{}, []int32{}, []int32{}
 	for _, a := range b.acks {
 		ackOff = append(ackOff, a.offset)
 		ackDlv = append(ackDlv, int32(a.deliveries))
@@ -176,16 +174,8 @@ func (p postgres) settle(ctx context.Context, db *sql.DB, topic, group string, b
 		UPDATE `+t.Leases+` l SET visible_at = now() + u.us * interval '1 microsecond', deliveries = l.deliveries + u.dd
 		FROM unnest($4::bigint[], $5::int[], $6::bigint[], $7::int[]) AS u(o, d, us, dd)
 		WHERE l.consumer_group = $1 AND l."offset" = u.o AND l.deliveries = u.d`,
-		group, nonNil(ackOff), nonNil(ackDlv), nonNil(updOff), nonNil(updDlv), nonNil(updDelay), nonNil(updDelta))
+		group, ackOff, ackDlv, updOff, updDlv, updDelay, updDelta)
 	return err
-}
-
-// nonNil returns s, or an empty slice for nil, which the driver would send as NULL.
-func nonNil[T any](s []T) []T {
-	if s == nil {
-		return []T{}
-	}
-	return s
 }
 
 func (p postgres) waiting(ctx context.Context, db *sql.DB, topic, group string, have tableSet, limit int) ([]row, error) {
@@ -220,14 +210,12 @@ func (p postgres) remove(ctx context.Context, db *sql.DB, topic string, have tab
 	t := p.tables(topic)
 	query := `DELETE FROM ` + t.Messages + ` WHERE transaction_id = $1::text::xid8 AND "offset" = $2`
 	if have.leases {
-		// The message goes for every group: its leases go with it.
 		query = `WITH leases AS (DELETE FROM ` + t.Leases + ` WHERE "offset" = $2 AND transaction_id = $1::text::xid8) ` + query
 	}
 	_, err := db.ExecContext(ctx, query, strconv.FormatInt(r.txID, 10), r.offset)
 	return err
 }
 
-// existing returns which of the topic's tables exist.
 func (p postgres) existing(ctx context.Context, db *sql.DB, topic string) (have tableSet, err error) {
 	t := p.tables(topic)
 	err = db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL`,
