@@ -48,10 +48,9 @@ func (sub *subscription) update(u leaseUpdate) {
 	sub.s.settler.Add(settlement{topic: sub.topic, leaseUpdate: u})
 }
 
-// Context gives each delivery the redelivery.TxAck of its lease: it deletes the lease in the
-// caller's transaction, while the lease is the one this delivery holds (no consumer has
-// claimed the message since). The acknowledgement the router gives after the commit then
-// finds no lease, and changes nothing.
+// Context gives each delivery the redelivery.TxAck of its lease, which deletes the lease in the
+// caller's transaction while it is this delivery's; the router's acknowledgement after the
+// commit then finds no lease, and changes nothing.
 func (sub *subscription) Context(ctx context.Context, d *inflight.Delivery[leaseRef]) context.Context {
 	ref := d.Data
 	return redelivery.WithTxAck(ctx, func(ctx context.Context, tx redelivery.Execer) (bool, error) {

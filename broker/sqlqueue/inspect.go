@@ -85,8 +85,7 @@ func (q *Queue) tables(ctx context.Context, topic string) (tableSet, error) {
 
 // lookUp returns which tables of topic exist, or an error wrapping broker.ErrNotFound when
 // topic has no messages table, or, with group, when the Queue's consumer group has no cursor
-// row: EnsureTopic, which every publisher of a Broker runs before its first publish of a
-// topic, creates both.
+// row (a Broker's publisher creates both before its first publish, by EnsureTopic).
 func (q *Queue) lookUp(ctx context.Context, topic string, group bool) (tableSet, error) {
 	have, err := q.tables(ctx, topic)
 	if err != nil {

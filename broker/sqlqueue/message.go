@@ -11,9 +11,8 @@ import (
 // message is delivered all the same.
 const HeaderMetadata = "sql_metadata"
 
-// newMessage makes the message of a row, as queuetable.NewMessage reads the rows of
-// watermill-sql's publisher. It never fails: a metadata column that is not a JSON object goes
-// whole to HeaderMetadata.
+// newMessage makes the message of a row as queuetable.NewMessage does, and never fails
+// (HeaderMetadata).
 func newMessage(uuid string, payload, metadata []byte) *message.Message {
 	m, err := queuetable.NewMessage(uuid, payload, metadata)
 	if err != nil {

@@ -249,7 +249,6 @@ func (m mysql) waiting(ctx context.Context, db *sql.DB, topic, group string, hav
 	})
 }
 
-// existing returns which of the topic's tables exist.
 func (m mysql) existing(ctx context.Context, db *sql.DB, topic string) (have tableSet, err error) {
 	n := m.names(topic)
 	// BINARY: the names are compared byte for byte, as the server's file names are.
@@ -263,7 +262,6 @@ func (m mysql) remove(ctx context.Context, db *sql.DB, topic string, have tableS
 	t := m.tables(topic)
 	return inTx(ctx, db, func(tx *sql.Tx) error {
 		if have.leases {
-			// The message goes for every group: its leases go with it.
 			if _, err := tx.ExecContext(ctx, "DELETE FROM "+t.Leases+" WHERE `offset` = ?", r.offset); err != nil {
 				return err
 			}

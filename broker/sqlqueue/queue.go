@@ -54,9 +54,8 @@ type Tables struct {
 	DueIndex string
 }
 
-// DefaultTables returns the tables of topic by the queue's default names, watermill-sql's
-// for the messages and offsets: "watermill_<topic>", "watermill_offsets_<topic>",
-// "onceflow_leases_<topic>" and the index "onceflow_due_<topic>".
+// DefaultTables returns the tables of topic by the names the package documentation gives
+// (Tables), and the index "onceflow_due_<topic>".
 func DefaultTables(topic string) Tables {
 	return Tables{
 		Messages: messagesPrefix + topic,
@@ -159,8 +158,7 @@ func (q *Queue) NewPublisher() (message.Publisher, error) {
 
 // EnsureTopic creates the tables of topic that do not exist (messages and offsets as
 // watermill-sql creates them, and the lease table) and the consumer group's cursor row, once
-// per Queue and topic. Tables of an existing topic are left as they are: the group's
-// acknowledged offset becomes its cursor, with no leases.
+// per Queue and topic; tables that exist are left as they are.
 func (q *Queue) EnsureTopic(ctx context.Context, topic string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -289,8 +287,7 @@ type dialect interface {
 	claimNew(ctx context.Context, db *sql.DB, topic, group string, n int, lease time.Duration) ([]row, error)
 	// settle writes a batch of acknowledgements and lease changes of the group, atomically.
 	settle(ctx context.Context, db *sql.DB, topic, group string, b *batch) error
-	// existing returns which of the topic's tables exist. The inspection below reads the
-	// tables that have, which the topic's messages table is among.
+	// existing returns which of the topic's tables exist, for the methods below.
 	existing(ctx context.Context, db *sql.DB, topic string) (tableSet, error)
 	// hasGroup reports whether group has its cursor row in the topic's offsets table.
 	hasGroup(ctx context.Context, db *sql.DB, topic, group string) (bool, error)
@@ -299,9 +296,8 @@ type dialect interface {
 	waiting(ctx context.Context, db *sql.DB, topic, group string, have tableSet, limit int) ([]row, error)
 	// remove deletes a message that waiting returned, with its leases in every group.
 	remove(ctx context.Context, db *sql.DB, topic string, have tableSet, r row) error
-	// trim deletes up to limit of the messages that every group of the topic has
-	// acknowledged (at or below every cursor, leased by none), oldest first, and returns how
-	// many; have has the offsets table.
+	// trim deletes up to limit of the messages that Queue.Trim deletes, oldest first, and
+	// returns how many; have has the offsets table.
 	trim(ctx context.Context, db *sql.DB, topic string, have tableSet, limit int) (int64, error)
 	// ackInTx is the statement that deletes a lease of the group (its parameters: group,
 	// offset, deliveries) only while its deliveries count is the given one.
