@@ -51,18 +51,14 @@ var ErrClosed = errors.New("broker: closed")
 
 // ErrNotFound is wrapped by the error of Peek, Move, Delete and Trim, on a Broker opened with
 // Options.ReportNotFound, for a topic, or a consumer group of a topic, that does not exist on
-// the broker: the error names which (NotFound), so that a command given a mistyped name says
-// so instead of finding nothing. Without ReportNotFound they find no messages there.
+// the broker; the error names which (NotFound).
 //
 // Every scheme but mem reports a topic that does not exist: no exchange (amqp), no tables
 // (postgres, mysql, sqlite), no stream that captures its subject (nats), no stream (redis), no
-// topic (kafka). A consumer group is reported where the broker keeps it apart from its
-// reading, and the publisher of a dead letter creates it: amqp (no queue <topic>.<group>) and
-// postgres and mysql (no cursor row of the group). sqlite, nats, redis and kafka cannot tell a
-// group that does not exist from one that has not consumed the topic yet, which reads the
-// whole topic: there a mistyped group lists every message of the topic. A topic that was
-// created and then emptied exists, on every scheme: nothing waits there, and it is not
-// reported.
+// topic (kafka). Only amqp (no queue <topic>.<group>), postgres and mysql (no cursor row of
+// the group) report a consumer group; on sqlite, nats, redis and kafka a group that does not
+// exist reads like one that has not consumed the topic yet: every message of the topic waits
+// for it. A topic that was created and then emptied exists, on every scheme.
 var ErrNotFound = errors.New("does not exist")
 
 // NotFound returns an error wrapping ErrNotFound that says which kind of thing, "topic" or
@@ -71,10 +67,8 @@ func NotFound(kind, name string) error {
 	return fmt.Errorf("%s %q %w", kind, name, ErrNotFound)
 }
 
-// Options configure a Broker. The zero value is valid: every field has a default. Query
-// parameters of the URL given to Open override the fields: group, prefetch, nack_delay,
-// ack_timeout, poll_interval and connect_timeout. docs/brokers.md says what each means for
-// each scheme.
+// Options configure a Broker. The zero value is valid: every field has a default. The URL
+// parameter a field names overrides it; docs/brokers.md says what each means for each scheme.
 type Options struct {
 	// ConsumerGroup names the consumers of the Broker's Subscribers. Consumers of one group
 	// compete: each message goes to one of them. Every group gets every message of a topic
@@ -84,20 +78,13 @@ type Options struct {
 	// Logger receives the logs of the underlying watermill adapters. Defaults to no logging.
 	Logger *slog.Logger
 
-	// Prefetch is how many messages the broker hands out ahead of their acknowledgements:
-	// the channel prefetch (QoS) of each AMQP subscription, the window of unsettled
-	// deliveries of each NATS subscription (JetStream's AckWait runs for each from its
-	// delivery, also while it waits for its turn in the consumer), the unsettled deliveries
-	// (leases) each PostgreSQL or MySQL subscription holds at most, the window of leased
-	// messages of each SQLite subscription, the unsettled deliveries of each Redis
-	// subscription (its XREADGROUP COUNT), the window of each mem subscription. URL parameter:
-	// prefetch. Defaults to DefaultPrefetch for AMQP and SQL, to nats.DefaultPrefetch
-	// (package broker/nats) for NATS, to sqlitequeue.DefaultBatchSize for SQLite, to
-	// redis.DefaultPrefetch (package broker/redis) for Redis, to kafka.DefaultPrefetch (package
-	// broker/kafka) for Kafka and to mem.DefaultPrefetch for mem; each subscription takes
-	// more when its consumer asks for more when it subscribes (redelivery.WithWindow:
-	// onceflow's router asks for what its handler can take at once, Handler.Concurrency). A
-	// prefetch set here or in the URL is kept as it is.
+	// Prefetch is how many deliveries each subscription holds unacknowledged at most: the
+	// channel QoS on AMQP, the leases on SQL and SQLite, the window on NATS, Redis, Kafka and
+	// mem. URL parameter: prefetch. Defaults to DefaultPrefetch for AMQP and SQL, and to the
+	// scheme package's own elsewhere (nats.DefaultPrefetch, sqlitequeue.DefaultBatchSize,
+	// redis.DefaultPrefetch, kafka.DefaultPrefetch, mem.DefaultPrefetch), raised to the window
+	// a consumer asks for when it subscribes (redelivery.WithWindow: onceflow's router asks
+	// for Handler.Concurrency). A prefetch set here or in the URL is kept as it is.
 	Prefetch int
 
 	// NackDelay is how long a nacked message waits before it is delivered again, so that a
@@ -110,13 +97,12 @@ type Options struct {
 	// pending-entry idle time before re-claim, the lease of a PostgreSQL, MySQL or SQLite
 	// delivery; on Kafka, the session timeout of each member of the group, and the time after
 	// which a member hands an unsettled record out again. It bounds how long the messages of
-	// a consumer that died stay unavailable, and
-	// it must exceed the longest processing time, retries included, or a slow message is
-	// processed twice (deduplication absorbs that, at a cost). Where the adapter enforces it
-	// (NATS, Redis, SQL, SQLite) the delivered message's context is cancelled when it passes,
-	// so that the processing of a message that will be delivered again is abandoned. AMQP and mem ignore
-	// it: RabbitMQ gives the messages of a consumer back when its connection closes, mem when
-	// its Subscriber closes. URL parameter: ack_timeout. Defaults to DefaultAckTimeout.
+	// a consumer that died stay unavailable, and must exceed the longest processing time,
+	// retries included, or a slow message is processed twice (deduplication absorbs that, at
+	// a cost). Where the adapter enforces it, the message's context is cancelled when it
+	// passes. AMQP and mem ignore it: RabbitMQ gives the messages of a consumer back when its
+	// connection closes, mem when its Subscriber closes. URL parameter: ack_timeout. Defaults
+	// to DefaultAckTimeout.
 	AckTimeout time.Duration
 
 	// PollInterval is how long an idle SQL or SQLite consumer waits before looking for new
@@ -125,13 +111,11 @@ type Options struct {
 	PollInterval time.Duration
 
 	// ConnectTimeout bounds each connect to the broker, from the TCP dial to the end of the
-	// TLS and protocol handshakes and the authentication, and the check Open makes that the
-	// broker answers: the AMQP dial and handshake, the NATS connect and the JetStream check,
-	// the Redis ping, the PostgreSQL and MySQL connects (sqldb's connect_timeout), the Kafka
-	// dials and metadata request. It applies
-	// to the connects that Subscribers and reconnections make later too. sqlite and mem have
-	// no connect and ignore it. URL parameter: connect_timeout, a Go duration or whole seconds.
-	// Defaults to DefaultConnectTimeout.
+	// TLS and protocol handshakes and the authentication (sqldb's connect_timeout for
+	// PostgreSQL and MySQL), and the check Open makes that the broker answers (the JetStream
+	// check, the Redis ping, the Kafka metadata request); also the connects of Subscribers and
+	// reconnections. sqlite and mem have no connect and ignore it. URL parameter:
+	// connect_timeout, a Go duration or whole seconds. Defaults to DefaultConnectTimeout.
 	ConnectTimeout time.Duration
 
 	// MustExist makes Open fail, instead of creating it, when the broker is a file that does
@@ -142,9 +126,8 @@ type Options struct {
 
 	// ReportNotFound makes Peek, Move, Delete and Trim fail with an error wrapping ErrNotFound
 	// on a topic, or a consumer group, that does not exist, where they otherwise find no
-	// messages in it (a topic is created by its first publish: a dead-letter topic, by the
-	// first dead letter). Commands given a topic or a group by an operator set it, so that a
-	// mistyped name is reported rather than read as empty.
+	// messages in it (a dead-letter topic exists from its first dead letter). Commands given
+	// a name by an operator set it, so that a mistyped name is reported, not read as empty.
 	ReportNotFound bool
 }
 

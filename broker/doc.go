@@ -32,9 +32,9 @@
 //     passed, its connection was lost) or the subscription ends. An ack or nack given before
 //     then counts, also when the subscription sees it after;
 //   - a message is delivered until it is acknowledged: a nacked message is delivered again
-//     after the delay of redelivery.NackAfter, or Options.NackDelay, and the message a consumer held when it went away is delivered
-//     again to another consumer (at once where the broker notices, after Options.AckTimeout
-//     where it cannot);
+//     after the delay of redelivery.NackAfter, or Options.NackDelay, and the message a
+//     consumer held when it went away is delivered again to another consumer (at once where
+//     the broker notices, after Options.AckTimeout where it cannot);
 //   - delivery is at least once: a message acknowledged just before a crash may come again,
 //     which onceflow's deduplication absorbs;
 //   - the message's UUID, metadata and payload arrive as published. Messages from producers
@@ -59,20 +59,8 @@
 //	kafka     yes                 subscriber  commit metadata                partition's (DedupByOffset), ExactlyOnceInOrder
 //	mem       no                  subscriber  in memory                      ExactlyOnceInOrder
 //
-// The Publisher is shared and its Close does nothing; Broker.Close closes everything. The
-// Subscribers' Close is idempotent and safe to call concurrently, as the router needs.
-//
-// Broker.Peek lists the messages that wait for the consumer group on a topic without consuming
-// them, and Broker.Move publishes chosen ones elsewhere and removes them for the group, leaving
-// the rest in place (the onceflow command's dlq list and dlq replay); Broker.Delete removes
-// chosen ones. On Kafka, whose topics are append-only logs, removing a record acks it in the
-// group's commit, and Move and Delete join the group while they run.
-//
-// Every connect to a broker, and the check that it answers, is bounded by Options.ConnectTimeout
-// (URL parameter connect_timeout), 10 s by default.
-//
-// The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
-// connect_timeout override Options; each scheme takes a few more of its own and of its client
-// (Params), and Open refuses any other, naming it. docs/brokers.md describes each scheme: its
-// URL and parameters, topology, and what it does on nack and when a consumer dies.
+// Broker.Peek, Move, Delete and Trim read and maintain the messages that wait on a topic,
+// beside the Subscribers (the onceflow command's dlq list and dlq replay). Open lists the
+// URL's query parameters; docs/brokers.md describes each scheme: its URL and parameters,
+// topology, and what it does on nack and when a consumer dies.
 package broker

@@ -15,12 +15,10 @@ import (
 
 // OpenFunc opens the backend of one scheme: the connection, the shared publisher and a way to
 // make subscribers. Open calls it with the URL parsed and the options with the URL's parameters
-// applied and their defaults set (ConsumerGroup, Logger, NackDelay, which may be NoNackDelay,
-// AckTimeout, ConnectTimeout); Prefetch and PollInterval are zero where the scheme's own
-// default applies.
-//
-// It checks that the broker answers before it returns, bounding each connect and that check by
-// opts.ConnectTimeout. ctx is Open's: it may end the wait, and the backend must not keep it.
+// applied and the defaults every scheme shares set (NackDelay may be NoNackDelay); Prefetch
+// and PollInterval are zero where the scheme's own default applies. It checks that the broker
+// answers before it returns, within opts.ConnectTimeout for each connect and that check. ctx
+// is Open's: it may end the wait, and the backend must not keep it.
 type OpenFunc func(ctx context.Context, t Target, opts Options) (*Backend, error)
 
 // Target is a broker URL, parsed, as an OpenFunc gets it.
@@ -60,12 +58,11 @@ type Backend struct {
 	PreparePublish func(topic string) error
 
 	// View, if not nil, opens a look at a topic's messages that wait for the consumer group,
-	// for Peek, Move and Delete. Nil for a scheme that cannot be inspected.
+	// for Peek, Move and Delete.
 	View func(ctx context.Context, topic string) (View, error)
 
-	// Trim, if not nil, deletes the messages of a topic that every consumer group of the
-	// topic has acknowledged, and returns how many: for a scheme that keeps them after their
-	// acknowledgement (the SQL and SQLite queues). Nil for one that deletes them itself.
+	// Trim, if not nil, is Broker.Trim for a scheme that keeps acknowledged messages (the SQL
+	// and SQLite queues).
 	Trim func(ctx context.Context, topic string) (int64, error)
 
 	// Close, if not nil, releases what the publisher and the subscribers share, after both
@@ -86,9 +83,8 @@ type View interface {
 }
 
 // Claimer is a View that must take hold of the consumer group's share of the topic before it
-// can Remove anything (Kafka's, which joins the group: only a member of a group may commit
-// its offsets while the group has members). Move and Delete call Claim once, before List, and
-// publish or remove nothing when it fails; Peek does not call it and never removes.
+// can Remove anything (Kafka's joins the group). Move and Delete call Claim once, before List,
+// and publish or remove nothing when it fails; Peek does not call it.
 type Claimer interface {
 	Claim(ctx context.Context) error
 }

@@ -26,9 +26,7 @@ const (
 
 // DeadLetterKeyWindow is how long the brokers that store a dead letter once per key
 // (messagedata.HeaderDeadLetterKey: the SQLite, PostgreSQL and MySQL queues) remember a key: a
-// dead letter published again within it is left out, one published later is stored. The
-// consumer that publishes a dead letter again after its predecessor died before recording it
-// does so at the message's next delivery, within the ack timeout; a message sent again by its
-// producer under the same id, an hour or more after its first dead letter, gets a dead letter
-// of its own. NATS has its stream's duplicate window instead (2 minutes by default).
+// dead letter published again within it (by the consumer after one that died before recording
+// it, at the message's next delivery) is left out; one published later (a message sent again
+// by its producer an hour after) is stored. NATS has its stream's duplicate window instead.
 const DeadLetterKeyWindow = time.Hour

@@ -55,21 +55,16 @@ func (b *Broker) inspectErr(op, topic string, err error) error {
 }
 
 // Peek returns up to limit of the messages of topic that wait for the Broker's consumer group,
-// oldest first, in the order the group would receive them, without consuming them: the next
-// Peek, and the group's consumers, find them as before. Waiting means published and not yet
-// acknowledged by the group; a message that a consumer of the group holds unacknowledged is
-// waiting too, except on AMQP, where RabbitMQ hides it until it is given back. A topic that
-// the group has consumed entirely has no waiting messages; so has one that does not exist,
-// unless the Broker was opened with Options.ReportNotFound, which makes that an error
-// wrapping ErrNotFound (and a consumer group that does not exist, where the scheme can tell).
+// oldest first, in the order the group would receive them, as a subscriber of the group would
+// receive them, without consuming them. Waiting means published and not yet acknowledged by
+// the group: a message that a consumer holds unacknowledged waits too, except on AMQP, where
+// RabbitMQ hides it until it is given back. A topic that does not exist has no waiting
+// messages, unless Options.ReportNotFound makes that an error (ErrNotFound).
 //
-// The messages carry their UUID, metadata and payload as a subscriber of the group would
-// receive them. Each scheme reads them without consuming them in its own way (its View),
-// which docs/operations.md compares; mem is not supported (the error wraps
-// errors.ErrUnsupported).
-//
-// Peek takes no lock: it never waits for the group's consumers, nor holds them up (on AMQP,
-// the messages it reads are unavailable to them for the moment of the read).
+// Each scheme reads in its own way (its View), which docs/operations.md compares; mem is not
+// supported (the error wraps errors.ErrUnsupported). Peek takes no lock: it never waits for
+// the group's consumers, nor holds them up (on AMQP, the messages it reads are unavailable to
+// them for the moment of the read).
 func (b *Broker) Peek(ctx context.Context, topic string, limit int) ([]*message.Message, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("broker: peek topic %q: limit %d is not positive", topic, limit)
@@ -128,29 +123,25 @@ type Failure struct {
 // group, oldest first (those Peek returns), and asks pick about each one. A message that pick
 // moves is published with the Broker's Publisher and, once Publish has returned nil, removed
 // from topic. A message whose publish or removal fails goes in MoveReport.Failed with why, and
-// Move goes on with the next one: a message the destination refuses (an id or a header it
-// cannot carry) holds up none of the others. The other messages stay as they were, in their
-// place: Move does not republish them. Messages published to topic while Move runs wait for
-// the next Move, so that a moved message that comes straight back is not moved in a circle.
+// Move goes on with the next one. The other messages stay in their place. Messages published
+// to topic while Move runs wait for the next Move, so that none is moved in a circle.
 //
 // A crash (or an error) between the publish and the removal leaves the message in topic as
-// well as published: it is moved again by the next Move, a duplicate that deduplication
-// absorbs. It is never lost. On NATS, the moved message is published with a Nats-Msg-Id of its
-// own (HeaderNATSMsgID), derived from its place in topic's stream, so that JetStream does not
-// drop it as a duplicate of its first publish, and does drop a second move of the same message
-// within the duplicate window.
+// well as published: the next Move moves it again, a duplicate that deduplication absorbs. On
+// NATS, the moved message is published with a Nats-Msg-Id of its own (HeaderNATSMsgID),
+// derived from its place in topic's stream, so that JetStream does not drop it as a duplicate
+// of its first publish, and does drop a second move of it within the duplicate window.
 //
-// What removing means depends on where the broker keeps a group's messages, and is the same
-// for Move and Delete: docs/operations.md compares the schemes. On AMQP and Kafka the other
-// consumer groups of topic keep the message; on the other schemes every group reads one log
-// per topic, and no longer sees it either. Kafka takes a group's commits only from its
-// members, so Move and Delete join the group, subscribed to topic alone, until they end (the
-// group rebalances when they join and when they leave), and fail, removing and publishing
-// nothing, when a member of the group consumes topic itself. mem is not supported.
+// Removing, the same for Move and Delete, depends on where the broker keeps a group's
+// messages (docs/operations.md compares the schemes): on AMQP and Kafka the other consumer
+// groups of topic keep the message; on the other schemes every group reads one log per topic,
+// and no longer sees it either. Kafka takes a group's commits only from its members, so Move
+// and Delete join the group, subscribed to topic alone, until they end (the group rebalances
+// when they join and when they leave), and fail, removing and publishing nothing, when a
+// member of the group consumes topic itself. mem is not supported.
 //
-// The report lists what was moved, kept and failed. The error says why Move could not go
-// through: the topic could not be read, or ctx ended (the messages it did not reach are then
-// kept); the failures of single messages are in the report, not in the error.
+// The error says why Move could not go through: the topic could not be read, or ctx ended
+// (the messages it did not reach are then kept); single messages' failures are in the report.
 func (b *Broker) Move(ctx context.Context, topic string, limit int, pick MoveFunc) (MoveReport, error) {
 	var rep MoveReport
 	kept, failed, err := b.each(ctx, "move from", topic, limit, pick != nil, func(v View, e Entry) (bool, error) {
@@ -185,17 +176,10 @@ type DeleteReport struct {
 }
 
 // Delete goes through up to limit of the messages of topic that wait for the Broker's consumer
-// group, oldest first (those Peek returns), and removes for good each one that pick returns
-// true for, publishing nothing. The others stay as they were, in their place. Messages
-// published to topic while Delete runs are not looked at.
-//
-// Removing is what it is for Move, per scheme (see Move). A message that is already gone when
-// Delete removes it (another Delete took it) counts as deleted.
-//
-// A message whose removal fails goes in DeleteReport.Failed with why, and Delete goes on with
-// the next one. The error says why Delete could not go through: the topic could not be read,
-// or ctx ended (the messages it did not reach are then kept); the failures of single messages
-// are in the report, not in the error.
+// group, oldest first (those Peek returns), and removes for good, as Move does, each one that
+// pick returns true for, publishing nothing; the others, and those published while it runs,
+// stay in their place. A message already gone (another Delete took it) counts as deleted. A message whose removal fails goes in
+// DeleteReport.Failed with why, and Delete goes on with the next one. The error is as Move's.
 func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick DeleteFunc) (DeleteReport, error) {
 	var rep DeleteReport
 	kept, failed, err := b.each(ctx, "delete from", topic, limit, pick != nil, func(v View, e Entry) (bool, error) {
@@ -216,11 +200,11 @@ func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick Delet
 }
 
 // each lists up to limit of the messages of topic that wait for the group and runs step on
-// each, in order, in one view, which it claims first when it is a Claimer. step reports whether it took the message out of topic; the
-// messages it did not take are returned as kept, those it failed on as failed. A failure of
-// one message does not stop each; the end of ctx does, and the messages after it are kept.
-// The error is each's own: a limit that is not positive, no pick (picked false), a view that
-// cannot be read or closed, or the end of ctx.
+// each, in order, in one view, which it claims first when it is a Claimer. step reports
+// whether it took the message out of topic; those it did not take are kept, those it failed
+// on failed. The end of ctx stops each, and the messages after it are kept. The error is
+// each's own: a limit that is not positive, no pick, a view that cannot be read or closed, or
+// the end of ctx.
 func (b *Broker) each(ctx context.Context, op, topic string, limit int, picked bool, step func(v View, e Entry) (took bool, err error)) (kept []*message.Message, failed []Failure, err error) {
 	if limit <= 0 {
 		return nil, nil, fmt.Errorf("broker: %s topic %q: limit %d is not positive", op, topic, limit)
