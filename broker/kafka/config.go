@@ -55,19 +55,16 @@ type Config struct {
 	AckTimeout time.Duration
 
 	// SessionTimeout is the group session timeout of each member: a member that the group
-	// coordinator has not heard from for that long (it died, or lost its connection) loses
-	// its partitions, and another member delivers their unacked records again. The brokers
-	// bound it (group.min.session.timeout.ms, 6 s by default, and
-	// group.max.session.timeout.ms). The members heartbeat every tenth of it, 3 s at most.
+	// coordinator has not heard from for that long loses its partitions to the others. The
+	// brokers bound it (group.min.session.timeout.ms, 6 s by default, and
+	// group.max.session.timeout.ms). Members heartbeat every tenth of it, 3 s at most.
 	// Defaults to kgo's default, 45 s.
 	SessionTimeout time.Duration
 
 	// RevokeTimeout is how long a member whose partitions the group takes away waits for
-	// their deliveries in flight to be acked or nacked before it commits and lets them go;
-	// the deliveries still unsettled then end (ErrRevoked) and their records go to the new
-	// owner. The group's rebalance waits for it. The subscription sets the group's rebalance
-	// timeout (how long the group waits for its members to rejoin) to what a revoke can take:
-	// RevokeTimeout + 10 s for a commit in flight + CloseTimeout + 5 s, 25 s with the
+	// their deliveries in flight to settle before it commits and lets them go; those still
+	// unsettled end (ErrRevoked). The group's rebalance waits for it: its rebalance timeout
+	// is RevokeTimeout + 10 s for a commit in flight + CloseTimeout + 5 s, 25 s with the
 	// defaults (kgo.RebalanceTimeout in ClientOptions overrides it). Defaults to
 	// DefaultRevokeTimeout.
 	RevokeTimeout time.Duration

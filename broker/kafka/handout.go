@@ -70,17 +70,13 @@ const aloneWait = time.Second
 // waited at the gate, or aloneWait passed. sub.mu is held.
 //
 // A record that a member before may have been delivering when it stopped (unknownCount) is
-// handed out alone: once no delivery of the subscription is in flight and every ack given is
-// committed (so that what was done before it is not done again if it kills the process), and
-// with nothing else handed out until its delivery ends. A message that kills its consumer
-// then takes no other record with it, and the records around it are not counted with it
-// towards their delivery limits. Such records are few: those a member was delivering, or had
-// taken to deliver next, when it died or when its revoke stopped waiting.
-//
-// No wait at this gate lasts longer than aloneWait: a slow delivery in flight, or a slow
-// record handed out alone, holds the others back that long at most, and the isolation is
-// then given up for that hand-out. The other subscriptions of the process are not held back:
-// what they have in flight when such a record kills the process comes back with it.
+// handed out alone: once nothing of the subscription is in flight and every ack given is
+// committed, and with nothing else handed out until its delivery ends. A message that kills
+// its consumer then takes no other record with it, nor counts towards their delivery limits.
+// Such records are few: those a member was delivering, or had taken to deliver next, when it
+// died or when its revoke stopped waiting. No wait at this gate lasts longer than aloneWait:
+// then the isolation is given up for that hand-out. Other subscriptions of the process are
+// not held back.
 func (sub *subscription) pumpLocked() {
 	sub.gated = false
 	for len(sub.queue) > 0 && !sub.sub.Stopped() {

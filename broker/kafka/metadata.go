@@ -8,21 +8,18 @@ import (
 )
 
 // A member of onceflow's consumer groups commits, with each partition's offset, metadata that
-// says what the offset alone cannot:
+// says what the offset alone cannot (the package documentation's Delivery counts):
 //
 //	onceflow taken <offset> [acked <from>-<to>,...] [counts <offset>:<n>,...]
 //
-// taken is the offset after the last record the member may have handed out: a member that
-// takes the partition over counts the records below it as handed out once. counts are the
-// records not acked that were handed out n times (n >= 2), the last perhaps in progress: the
-// next member goes on from n. A member commits both before the hand-outs they cover. The
-// acked spans are the records at or after the committed offset that are acked already,
-// behind one that is not (Kafka commits a position; these were processed and committed in
-// the database, their acknowledgements given): a member that takes the partition over does
-// not deliver them again. At most maxSpans are kept (Kafka keeps 4096 bytes of metadata by
-// default); the records of the spans left out are delivered again, which deduplication
-// absorbs, and so are maxSpans counts, the lowest offsets first; a record whose count is left
-// out counts as handed out once.
+// taken is the offset after the last record the member may have handed out: the next member
+// counts the records below it as handed out once. counts are the records not acked that were
+// handed out n times (n >= 2), the last perhaps in progress. A member commits both before the
+// hand-outs they cover. The acked spans are the records at or after the committed offset that
+// are acked, behind one that is not. At most maxSpans spans and maxSpans counts, the lowest
+// offsets first, are kept (Kafka keeps 4096 bytes of metadata by default): the records of the
+// spans left out are delivered again, which deduplication absorbs, and a record whose count is
+// left out counts as handed out once.
 
 // metadataPrefix starts the commit metadata of onceflow's members.
 const metadataPrefix = "onceflow taken "

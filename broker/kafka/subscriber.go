@@ -52,12 +52,10 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 }
 
 // Subscribe joins the consumer group as a new member that consumes topic, creating the topic
-// when it is missing, and hands out its records on the returned channel; the package
-// documentation says how acks, nacks and the consumer's positions (redelivery.WithPositions)
-// act. When ctx ends or the Subscriber closes, the subscription commits what is acked, leaves
-// the group and closes the channel. A message's context derives from ctx, and is cancelled
-// once its delivery is settled, or with the cause ErrRevoked, ErrAckTimeout or ErrClosed when
-// it ends first.
+// when it is missing, and hands out its records on the returned channel, as the package
+// documentation says. When ctx ends or the Subscriber closes, the subscription commits what is
+// acked, leaves the group and closes the channel. A message's context ends with its delivery,
+// with the cause ErrRevoked, ErrAckTimeout or ErrClosed when it is not settled.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.subs.Begin("kafka", topic); err != nil {
 		return nil, err
@@ -78,10 +76,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if st := s.cfg.SessionTimeout; st > 0 {
 		opts = append(opts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(st/10, 3*time.Second)))
 	}
-	// The group waits this long for its members to rejoin at a rebalance: as long as a
-	// member's revoke can take (revoked), and not kgo's 60 s. A member that neither rejoins
-	// nor lets its session lapse (kfake keeps a member that heartbeats but does not rejoin)
-	// holds every member of the group still until then.
+	// As long as a revoke can take (Config.RevokeTimeout), not kgo's 60 s: a member that
+	// neither rejoins nor lets its session lapse (kfake keeps one that heartbeats but does not
+	// rejoin) holds every member of the group still until then.
 	opts = append(opts, kgo.RebalanceTimeout(s.cfg.RevokeTimeout+commitTimeout+s.cfg.CloseTimeout+rebalanceSlack))
 	opts = append(opts, s.cfg.ClientOptions...)
 	opts = append(opts,
@@ -117,9 +114,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := topics.Ensure(setup, topic); err != nil {
 		return fail(s.subs.SetupError(fmt.Errorf("kafka: subscribe to %q: %w", topic, err)))
 	}
-	// The commits start first: a subscription whose context has ended already stops as soon
-	// as it starts, and its Close waits for them. They stop with it, or at once if it does not
-	// start.
+	// The commits start first: a subscription whose context has ended stops as soon as it
+	// starts, and its Close waits for them.
 	sub.loops.Go(sub.commits)
 	out, err := sub.sub.Start(s.subs)
 	if err != nil {

@@ -30,14 +30,11 @@ const (
 // subscription is the Kafka side of one Subscribe call (an inflight.Source): one member of the
 // consumer group, which polls records while the engine's window has room (Fetch), books them
 // per partition, hands them out in an order of its own (handout.go), and commits the acked
-// prefix of each partition (commits). The engine (sub) keeps the window, the deliveries' contexts,
-// AckTimeout, direct or watched settlement and the nack holds.
+// prefix of each partition (commits).
 //
-// The books: for each partition it owns, the records taken from the polls and not yet below
-// the commit mark, in offset order (entries). An entry leaves the books when it and every
-// entry before it are acked; the commit mark is then the offset of the first entry left, or
-// the offset after the last record taken. A nacked entry stays in the books (holding back the
-// mark) and is queued again after its delay, while the entries behind it go on.
+// The books: for each partition it owns, the records taken and not yet below the commit mark,
+// in offset order (partition.entries). An entry leaves them when it and every entry before it
+// are acked; a nacked entry stays (holding back the mark) and is queued again after its delay.
 type subscription struct {
 	s     *Subscriber
 	topic string
@@ -50,12 +47,10 @@ type subscription struct {
 	sub      *inflight.Subscription[*delivery]
 	loops    sync.WaitGroup // commits, until the subscription begins to stop (sub.Context)
 
-	// positions are the consumer's applied offsets, when it gave them on the Subscribe
-	// context (redelivery.WithPositions): the subscription then hands out each partition's
-	// records in order, one at a time (see readyLocked), and starts each partition it is
-	// assigned after the offset applied there (startOffsets). With window
-	// (redelivery.WithPositionWindow), several of a partition's records are handed out at
-	// once, still in order (see releaseLocked).
+	// positions are the consumer's applied offsets (redelivery.WithPositions): each
+	// partition's records are then handed out in order (readyLocked), several at once with
+	// window (redelivery.WithPositionWindow, releaseLocked), and each partition starts after
+	// the offset applied there (startOffsets).
 	positions redelivery.Positions
 	window    bool
 

@@ -17,25 +17,20 @@ import (
 	"github.com/onceflow/onceflow/broker"
 )
 
-// A Kafka topic is an append-only log: a record cannot be taken out of it. What waits for a
-// consumer group is what the group has not acknowledged: the records from its committed offset
-// on, less those that its commit metadata (metadata.go) says were acked past that offset. So a
-// view reads a topic for a group from the group's committed offsets, skipping the acked spans,
-// and takes a record out for the group by acking it the way a member does: it adds the record
-// to the acked spans of its partition's commit, and moves the committed offset past it when it
-// is the first record not acked. Nothing else is consumed, and other groups are not touched.
+// A Kafka topic is an append-only log: what waits for a consumer group is what the group has
+// not acked, the records from its committed offset on less those its commit metadata
+// (metadata.go) says were acked past it. A view reads a topic from the group's committed
+// offsets, skipping the acked spans, and takes a record out for the group by acking it as a
+// member does: the record joins its partition's acked spans, and the committed offset moves
+// past it when it is the first record not acked. Other groups are not touched.
 //
-// Kafka accepts a group's offset commits only from its members while it has any, so the view
-// joins the group (Claim) before it lists what it will take out: a member of the group
-// subscribed to the topic alone. With the cooperative-sticky assignment of onceflow's
-// subscribers, the members that consume other topics keep their partitions; the group
-// rebalances once when the view joins and once when it leaves. Claim waits until the group
-// gives the view every partition of the topic, and fails if a member that consumes the topic
-// holds on to some: taking a record out of a partition that a live member owns would race
-// with that member's own commits. Once the view owns the partitions, no other member commits
-// them (the group fences the commits of an older generation), and the member that takes them
-// over when the view leaves reads the view's commit and does not deliver the records taken
-// out.
+// Kafka takes a group's commits only from its members while it has any, so the view joins the
+// group (Claim) as a member subscribed to the topic alone (with kgo's cooperative-sticky
+// assignment, the members that consume other topics keep their partitions), and waits until
+// it owns every partition of the topic: taking a record out of a partition that a live member
+// owns would race with that member's commits. Once the view owns them, the group fences the
+// commits of older generations, and the member that takes them over when the view leaves
+// reads the view's commit.
 
 // claimTimeout bounds how long Claim waits for the group to give the view the topic's
 // partitions, when the context has no earlier deadline: the group's rebalance waits for its
