@@ -64,7 +64,10 @@ func (c *coalescer) ack(tag uint64, now time.Time, took time.Duration) []ackFram
 	}
 	c.win.set(tag, acked)
 	c.given = append(c.given, givenAck{tag: tag, at: now})
-	if c.win.nAcked >= c.flushAt && c.win.prefixLen() >= c.flushAt {
+	if c.win.nAcked < c.flushAt {
+		return nil
+	}
+	if _, n := c.win.prefix(); n >= c.flushAt {
 		return c.take(false)
 	}
 	return nil

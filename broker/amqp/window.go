@@ -97,13 +97,6 @@ func (w *window) trim() {
 // can go.
 func (w *window) prefixReady() bool { return len(w.states) > 0 && w.states[0] == acked }
 
-// prefixLen returns how many acked tags the prefix holds: those one multiple ack would send
-// now.
-func (w *window) prefixLen() int {
-	_, n := w.prefix()
-	return n
-}
-
 // prefix returns the run of acked tags at the front of the window, which ends at an open or
 // held tag, or at the end: the index of its last acked tag, one ack of which settles it all,
 // and how many acked tags it holds.
