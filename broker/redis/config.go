@@ -13,23 +13,15 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
-// Defaults of Config.
+// Defaults of Config: each is the value of the field of its name when that field is zero.
 const (
-	// DefaultPrefetch is how many unsettled deliveries a subscription holds when
-	// Config.Prefetch is zero: enough that one XREADGROUP and one XACK serve many messages, few
+	// DefaultPrefetch is enough that one XREADGROUP and one XACK serve many messages, few
 	// enough that the entries a dead consumer strands for AckTimeout stay few, and that the
 	// consumers of a group share a backlog.
-	DefaultPrefetch = 100
-	// DefaultNackDelay is how long a nacked entry waits before it is delivered again when
-	// Config.NackDelay is zero.
-	DefaultNackDelay = time.Second
-	// DefaultAckTimeout is how long a delivery may stay unsettled before the entry may be
-	// claimed by another consumer, when Config.AckTimeout is zero.
-	DefaultAckTimeout = 30 * time.Second
-	// DefaultBlockTime is how long one XREADGROUP waits for new entries when Config.BlockTime
-	// is zero.
-	DefaultBlockTime = 100 * time.Millisecond
-	// DefaultCloseTimeout bounds Close when Config.CloseTimeout is zero.
+	DefaultPrefetch     = 100
+	DefaultNackDelay    = time.Second
+	DefaultAckTimeout   = 30 * time.Second
+	DefaultBlockTime    = 100 * time.Millisecond
 	DefaultCloseTimeout = 5 * time.Second
 )
 
@@ -50,9 +42,8 @@ type Config struct {
 	ConsumerGroup string
 
 	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
-	// nacked) at most. It reads new entries once half the window is free (or 20 ms after room
-	// came free, or at once when the consumer has settled a batch together, redelivery.Flush),
-	// with XREADGROUP COUNT <room left>, so that one read brings many. A nacked
+	// nacked) at most; it reads with XREADGROUP COUNT <room left> once half the window is free
+	// (sooner after 20 ms, or a redelivery.Flush), so that one read brings many. A nacked
 	// delivery leaves the window at once, whatever its delay. Defaults to DefaultPrefetch, or
 	// to the window the consumer asks for when it subscribes (redelivery.WithWindow) when
 	// that is larger.

@@ -10,20 +10,13 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
-// A nacked entry stays in the consumer's pending entries list. Redis has no visibility time
-// per entry, but it keeps each pending entry's idle time, and claims (XAUTOCLAIM, XCLAIM with
-// a minimum idle time) take only entries idle for AckTimeout. So a nack with delay d sets the
-// entry's idle time to AckTimeout - d (XCLAIM to itself with IDLE and JUSTID, which leaves
-// the delivery count alone): the entry becomes claimable d later, by any consumer of the
-// group, the nacking one included, whose claim counts a new delivery. The state is in Redis:
-// the entry comes back even if the consumer dies. The nacking consumer also claims the entry
-// itself when d has passed (claims), so that it comes back on time without waiting for a
-// claim pass.
-//
-// Redis caps the idle time it sets at the current time, so a delay longer than AckTimeout
-// cannot be set at once: the consumer sets the idle time to 0 and pushes it back every
-// AckTimeout/2 (refreshes) until the rest of the delay is shorter than AckTimeout. If the
-// consumer dies or closes meanwhile, the entry comes back within AckTimeout: sooner than asked.
+// A nacked entry stays in the consumer's pending entries list, its delay kept as its idle
+// time (the package documentation's Nack): a nack with delay d sets the idle time to
+// AckTimeout - d (XCLAIM to itself with IDLE and JUSTID, which leaves the delivery count
+// alone), so that claims, which take only entries idle for AckTimeout, take it d later; the
+// nacking consumer claims it itself then (claims), without waiting for a claim pass. Redis
+// caps the idle time it sets at the current time: a delay longer than AckTimeout sets it to 0
+// and pushes it back every AckTimeout/2 (refreshes) until the rest is shorter.
 //
 // Every XCLAIM of an entry that should be ours carries a minimum idle time (guard) just below
 // the idle time it must have if nobody claimed it since we last did: if another consumer took
