@@ -28,10 +28,8 @@ func (s *Subscriber) consumerConfig(name, topic string, policy jetstream.Deliver
 // consumer.
 func (s *Subscriber) withLimits(cfg jetstream.ConsumerConfig) jetstream.ConsumerConfig {
 	cfg.AckWait = s.cfg.AckWait
-	// No delivery limit at the server (a message that reached it would no longer be delivered,
-	// silently, where the router dead-letters it with the reason), and no limit on pending
-	// acknowledgements (each subscription bounds its own; the group's sum no one knows), as
-	// the package documentation says.
+	// No delivery limit and no limit on pending acknowledgements: the package documentation
+	// says why.
 	cfg.MaxDeliver = -1
 	cfg.MaxAckPending = -1
 	// A BackOff would replace AckWait for redeliveries after a timeout: the deadline of a
@@ -63,10 +61,8 @@ func (s *Subscriber) ensureConsumer(ctx context.Context, stream, topic string) (
 				continue // another subscriber created it in the meantime: look again
 			}
 			if errors.Is(err, jetstream.ErrConsumerCreate) && attempt < createAttempts {
-				// The server answers "invalid stream" to a consumer of a stream it is still
-				// creating: it lists a new stream, and answers a create of the same stream
-				// with success, before the stream's storage is ready. Subscribers of a new
-				// topic that start together meet that window.
+				// The server lists a new stream, and answers its create with success, before
+				// the stream's storage is ready; a consumer meanwhile gets "invalid stream".
 				if inflight.Pause(ctx.Done(), time.Duration(attempt)*createRetryStep) {
 					continue
 				}
@@ -100,19 +96,13 @@ func (s *Subscriber) ensureConsumer(ctx context.Context, stream, topic string) (
 	}
 }
 
-// replacePushConsumer replaces the push consumer that info describes by a pull consumer of the
-// same name. JetStream cannot turn one into the other, and the NATS server keeps consumers
-// across restarts, so a group that consumed with onceflow's earlier subscriber (watermill-nats,
-// push) still has one.
-//
-// The pull consumer starts right after the push consumer's ack floor: every message that was
-// not acknowledged is delivered again, nothing is lost. Messages acknowledged out of order
-// above the floor are delivered again too (deduplication absorbs them), and delivery counts
-// start again from 1.
-//
-// While a subscriber still receives from the push consumer (an older process of the group),
-// replacing it would take its messages away in the middle of their processing: the
-// subscription fails instead, with an error that says what to do.
+// replacePushConsumer replaces the push consumer that info describes, left by onceflow's
+// earlier watermill-nats subscriber (JetStream cannot turn one into the other, and keeps
+// consumers across restarts), by a pull consumer of the same name. It starts right after the
+// push consumer's ack floor: nothing is lost; messages acknowledged out of order above the
+// floor come again (deduplication absorbs them), and delivery counts start again from 1.
+// While a subscriber still receives from the push consumer, replacing it would take its
+// messages away mid-processing: the subscription fails instead, saying what to do.
 func (s *Subscriber) replacePushConsumer(ctx context.Context, stream, topic string, info *jetstream.ConsumerInfo) (jetstream.Consumer, error) {
 	name := info.Name
 	if info.PushBound {

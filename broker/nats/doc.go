@@ -16,14 +16,11 @@
 // (MaxDeliver -1: onceflow's router counts deliveries and dead-letters a message at its limit,
 // with the reason; a server-side limit would stop delivering it silently) and no limit on
 // pending acknowledgements (MaxAckPending -1: each subscription bounds its own). Subscribe
-// creates it when there is none; it delivers the whole stream. Subscribers of a new topic that
-// start together may find the server still creating its stream, which then refuses the
-// consumer ("invalid stream"): Subscribe tries again, up to five times within half a second,
-// before it fails with that error. Each Subscribe call is one
-// puller on it: subscriptions of a group, in any number of processes, compete for its
-// messages. A push consumer of that name, left by onceflow's earlier watermill-nats
-// subscriber, is replaced by a pull consumer that starts right after its ack floor; while a
-// subscriber still receives from the push consumer, Subscribe fails and says what to do.
+// creates it when there is none, delivering the whole stream; it tries again for half a
+// second while the server refuses it as it creates a new topic's stream ("invalid stream").
+// Each Subscribe call is one puller on it: subscriptions of a group, in any number of
+// processes, compete for its messages. A push consumer of that name, left by onceflow's
+// earlier watermill-nats subscriber, is replaced by a pull consumer (replacePushConsumer).
 //
 // # Delivery
 //
@@ -47,9 +44,6 @@
 //
 // # NATS server 2.9
 //
-// The server here, NATS 2.9, mishandles a redelivery at a moment when all the pull requests
-// waiting at a consumer have lost their listener (nats-server #5305, fixed in 2.11), and drops
-// without a word a request that expires as a message comes for it (nats-server #3942): the
-// subscriber never leaves a request of its own in the first state, and withdraws a request
-// that the server has not ended 100 ms after its expiry (see fetch and withdraw).
+// The subscriber works around two bugs of NATS server 2.9 in pull requests (nats-server #5305
+// and #3942): fetch and deliver say how.
 package nats

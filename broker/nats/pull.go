@@ -44,17 +44,15 @@ type pullRequest struct {
 }
 
 // fetch is one pull request in progress, on an inbox of its own, so that the subscription can
-// stop listening to it: the server gives a waiting request nothing once no one listens on its
-// inbox (jetstream.Consumer.Fetch has no way to stop: the request of a subscription that
-// stopped would take messages, those it gives back among them, until it expires).
+// stop listening to it (jetstream.Consumer.Fetch cannot stop: the request of a subscription
+// that stopped would take messages, those it gives back among them, until it expires).
 //
-// A request that no one listens to any more is a hazard while it waits at the server: NATS
-// server 2.9 mishandles a redelivery at a moment when every pull request waiting at a
-// consumer is expired or without a listener. It rolls the consumer back by one message: the
-// redelivered message comes again as a first delivery, its delivery count back at 1, and the
-// message before it is delivered a second time, perhaps while a consumer holds it
-// (nats-server #5305, fixed in 2.11). The server removes such a request when it expires, or
-// when it passes over it to find a live one; so requests are short (pullExpires), and a
+// A request that no one listens to is a hazard while it waits at the server: NATS server 2.9,
+// at a redelivery while every pull request waiting at a consumer is expired or without a
+// listener, rolls the consumer back by one message: the redelivered message comes again with
+// its delivery count back at 1, and the one before it a second time, perhaps while a consumer
+// holds it (nats-server #5305, fixed in 2.11). The server removes such a request when it
+// expires, or passes over it to find a live one; so requests are short (pullExpires), and a
 // subscription that stops listening sends a probe behind it (see withdraw).
 type fetch struct {
 	batch  int

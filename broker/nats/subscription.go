@@ -127,15 +127,13 @@ func (sub *subscription) deliver(ctx context.Context, f *fetch, link *link) {
 	}
 }
 
-// withdraw ends a request that may still be waiting at the server, in a way that leaves the
-// server no moment when it could redeliver a message while the request lies there without a
-// listener (see fetch). A probe, a request for one message that expires at once, goes to the
-// server first, to wait behind the request. Then the request is drained: the subscription
-// stops listening once the server has taken note, and takes what the request brought up to
-// then. The server passes over the dropped request to reach the probe, or removes both when
-// the probe expires. What the requests brought is handed out (keep), or, for a subscription
-// that ends, given back once the probe has ended too, and the subscription's deliveries after
-// it.
+// withdraw ends a request that may still be waiting at the server, leaving the server no
+// moment when the request lies there without a listener (see fetch): a probe, a request for
+// one message that expires at once, goes first, to wait behind it; then the request is
+// drained (the subscription stops listening once the server has taken note). The server
+// passes over the dropped request to reach the probe, or removes both when the probe expires.
+// What the requests brought is handed out (keep), or, for a subscription that ends, given
+// back once the probe has ended too.
 func (sub *subscription) withdraw(f *fetch, link *link, keep bool) {
 	var held []*nats.Msg
 	take := func(f *fetch) {
@@ -230,11 +228,10 @@ func (sub *subscription) watchLinks() {
 	}
 }
 
-// Settle tells the server how a delivery ended: the ack or nack the consumer gave, or, for a
-// delivery of a subscription that ended, a nak that gives the message back. A delivery whose
-// AckWait passed or whose connection was lost is left to the server, which delivers it again
-// (a nack sent then might make it deliver the message a second time while another consumer
-// holds it); an ack given before is still sent, which can only spare a redelivery.
+// Settle tells the server how a delivery ended: the ack or nack the consumer gave, or a nak
+// that gives back the message of a subscription that ended. A delivery whose AckWait passed or
+// whose connection was lost is left to the server (a nack then might make it deliver the
+// message twice at once); an ack given before is still sent: it can only spare a redelivery.
 func (sub *subscription) Settle(d *inflight.Delivery[reply], o inflight.Outcome) {
 	switch {
 	case o.Acked:
