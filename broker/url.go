@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
 	"slices"
@@ -191,26 +192,20 @@ func applyParams(opts Options, params url.Values, redacted string) (Options, err
 				return opts, bad(k, v, "a non-negative integer (0 selects the default)")
 			}
 			opts.Prefetch = n
-		case paramNackDelay, paramAckTimeout, paramPollInterval:
+		case paramNackDelay:
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
 				return opts, bad(k, v, "a non-negative Go duration such as 250ms or 2s")
 			}
-			switch k {
-			case paramNackDelay:
-				if d == 0 {
-					d = NoNackDelay
-				}
-				opts.NackDelay = d
-			case paramAckTimeout:
-				if d == 0 {
-					return opts, bad(k, v, "a positive Go duration such as 30s")
-				}
+			opts.NackDelay = cmp.Or(d, NoNackDelay)
+		case paramAckTimeout, paramPollInterval:
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return opts, bad(k, v, "a positive Go duration such as 50ms or 30s")
+			}
+			if k == paramAckTimeout {
 				opts.AckTimeout = d
-			case paramPollInterval:
-				if d == 0 {
-					return opts, bad(k, v, "a positive Go duration such as 50ms")
-				}
+			} else {
 				opts.PollInterval = d
 			}
 		case paramConnectTimeout:
