@@ -179,18 +179,15 @@ type Broker struct {
 // Open connects to the broker that rawURL names and returns a Broker over it. rawURL has one
 // of the forms the package documentation lists, or an alias of its scheme (amqps, postgresql,
 // mariadb, sqlite3, rediss; sqlite:///abs/path/queue.db names an absolute path), and the
-// program imports the package that registers the scheme, or broker/all for every scheme: a
-// URL whose scheme is not registered fails with an error that names the import.
+// program imports the package that registers the scheme, or broker/all: the error of a scheme
+// not registered names the import.
 //
 // The query parameters group, prefetch, nack_delay, ack_timeout, poll_interval and
-// connect_timeout override the fields of opts. Each scheme takes a few more, its own and its
-// client's, which its package registers (Params) and docs/brokers.md lists; those of a
-// database URL are sqldb.Open's. Open refuses any other parameter before it connects, with an
-// error that names it and lists those the scheme takes, and a value it cannot read, naming the
-// parameter. Open checks that the broker answers (database ping, connection, JetStream
-// enabled) before it returns, within opts.ConnectTimeout for each connect.
-//
-// Errors and String name the host and never contain a password or token of the URL.
+// connect_timeout override the fields of opts. Each scheme takes a few more, which its package
+// registers (Params) and docs/brokers.md lists; those of a database URL are sqldb.Open's. Open
+// refuses any other parameter, and a value it cannot read, before it connects, naming it. It
+// checks that the broker answers before it returns, within opts.ConnectTimeout for each
+// connect. Errors and String never contain a password or token of the URL.
 func Open(ctx context.Context, rawURL string, opts Options) (*Broker, error) {
 	t, err := parseTarget(rawURL)
 	if err != nil {
@@ -259,21 +256,18 @@ func (b *Broker) MessagingSystem() string {
 	return info.system
 }
 
-// Publisher returns the Broker's publisher. It is shared and safe for concurrent use. A
-// message is stored by the broker when Publish returns nil (publisher confirms for AMQP, a
-// JetStream acknowledgement for NATS, a committed row for SQL and SQLite). Its Close does
-// nothing, so that a watermill router that closes the publishers of its handlers does not
-// close it: Broker.Close does. Publish on a closed Broker returns ErrClosed.
+// Publisher returns the Broker's publisher, shared and safe for concurrent use. A message is
+// stored by the broker when Publish returns nil. Its Close does nothing, so that a watermill
+// router that closes the publishers of its handlers does not close it: Broker.Close does.
+// Publish on a closed Broker returns ErrClosed.
 func (b *Broker) Publisher() message.Publisher { return b.pub }
 
-// Subscriber returns a new consumer in the Broker's consumer group. Each Subscribe call on it
-// is one competing consumer of the topic: a message goes to one subscription of the group at a
-// time. Closing the Subscriber ends its subscriptions; messages they held unacknowledged are
-// delivered again, to another consumer of the group. Close is idempotent and safe to call
-// concurrently; it lets the adapter stop on its own (commit the offsets acked so far) for up
-// to SubscriberCloseTimeout, then cancels its queries, so that a consumer waiting for a lock
-// that another consumer holds does not hold Close up. Broker.Close closes the Subscribers that
-// are still open.
+// Subscriber returns a new consumer in the Broker's consumer group: each Subscribe call on it
+// is one competing consumer of the topic. Closing the Subscriber ends its subscriptions;
+// messages they held unacknowledged are delivered again. Close is idempotent and safe to call
+// concurrently; it lets the adapter stop on its own for up to SubscriberCloseTimeout, then
+// cancels its queries, so that a consumer waiting for another's lock does not hold Close up.
+// Broker.Close closes the Subscribers that are still open.
 func (b *Broker) Subscriber() (message.Subscriber, error) {
 	if b.life.Closed() {
 		return nil, ErrClosed
