@@ -71,9 +71,8 @@ func fetchGroupOffsets(ctx context.Context, adm *kadm.Client, group, topic strin
 
 // startOffsets is kgo's AdjustFetchOffsetsFn of a subscription whose consumer gave its
 // positions: each partition assigned starts after the offset the consumer applied last there,
-// when the group's committed offset is below it, so that the records at or below it are not
-// fetched again. When the positions cannot be read, the partitions start at the committed
-// offsets: the consumer's duplicate detection absorbs what it applied already.
+// when the group's committed offset is below it. When the positions cannot be read, the
+// partitions start at the committed offsets: the consumer's duplicate detection absorbs that.
 func (sub *subscription) startOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	parts := offsets[sub.topic]
 	if len(parts) == 0 {

@@ -39,11 +39,9 @@ func Record(topic string, msg *message.Message) *kgo.Record {
 }
 
 // Message converts a Kafka record to a watermill message, and never fails. The UUID is the
-// header UUIDHeader. A record without one (written by another producer) that carries
-// messagedata.HeaderID ("onceflow_id") gets an empty UUID, so that onceflow's converter takes
-// the id from that header; one with neither gets "topic/partition/offset" (RecordID), which
-// names the record, so that every delivery of it has the same id. The other headers become
-// the metadata; of two headers with one name, the last wins.
+// header UUIDHeader. A record of another producer without it gets an empty UUID if it carries
+// messagedata.HeaderID, for onceflow's converter to take, and otherwise RecordID, the same for
+// every delivery. The other headers become the metadata; of two with one name, the last wins.
 func Message(r *kgo.Record) *message.Message {
 	id := ""
 	md := make(message.Metadata, len(r.Headers))

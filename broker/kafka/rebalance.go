@@ -46,10 +46,7 @@ func (sub *subscription) release(ctx context.Context, ids []int32, commit bool) 
 }
 
 // revoked is kgo's OnPartitionsRevoked: the group takes partitions away (a rebalance, or the
-// member leaving). It stops handing out their records (it withdraws those its consumer has not
-// taken yet), waits up to Config.RevokeTimeout for the deliveries the consumer has to settle,
-// commits what is acked and drops the rest from the books, for their new owner to deliver
-// again.
+// member leaving). It does what the package documentation's Rebalances says.
 func (sub *subscription) revoked(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	ids := lost[sub.topic]
 	if len(ids) == 0 {

@@ -11,11 +11,10 @@ import (
 // subscription.
 
 // Settle books how a delivery ended. An ack marks its entry acked: the partition's commit mark
-// may move, and in order the next record may go out. A nack is taken out of the deliveries in
-// flight as its hold begins (Outcome.Held), and queued again when the hold ends; a delivery
-// whose AckTimeout passed is queued again at once. A delivery that ended with the
-// subscription, or with its partition, leaves its entry unacked: the partition's next owner,
-// or the next member, delivers it again.
+// may move, and in order the next record may go out. A nack leaves the deliveries in flight as
+// its hold begins (Outcome.Held), and is queued again when the hold ends; a delivery whose
+// AckTimeout passed is queued again at once. One that ended with the subscription, or with its
+// partition, leaves its entry unacked, for the next owner.
 func (sub *subscription) Settle(x *inflight.Delivery[*delivery], o inflight.Outcome) {
 	d := x.Data
 	p := d.p

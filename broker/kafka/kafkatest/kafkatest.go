@@ -1,17 +1,13 @@
 // Package kafkatest runs an in-process Kafka cluster on loopback, so that the tests of a
-// handler that consumes from or publishes to a kafka:// broker need no Kafka server: the
-// cluster is franz-go's kfake, which speaks the Kafka protocol over TCP to the real client
-// (consumer groups, offsets and their metadata, idempotent produce, topic creation) and keeps
-// the records in memory.
+// handler that uses a kafka:// broker need no Kafka server: franz-go's kfake, which speaks the
+// Kafka protocol over TCP to the real client and keeps the records in memory. Package
+// broker/kafka does not import it.
 //
 //	c := kafkatest.New(t) // closed when the test ends
 //	b, err := broker.Open(ctx, c.URL(""), broker.Options{})
 //
 // kfake is not Kafka: a test that passes against it has not run against a real cluster. Its
 // methods, which Cluster has, inject faults (ControlKey answers or drops a kind of request).
-//
-// A program links this package, and kfake, only when it imports it: package broker/kafka does
-// not.
 package kafkatest
 
 import (
@@ -41,9 +37,9 @@ type Config struct {
 	// DefaultPartitions.
 	Partitions int
 	// MinSessionTimeout is the shortest group session timeout the cluster accepts (Kafka's
-	// group.min.session.timeout.ms). Defaults to DefaultMinSessionTimeout: far below Kafka's
-	// 6 s, so that a test can set a short ack_timeout (the kafka:// scheme's session timeout)
-	// and see the partitions of a member that died move in about a second.
+	// group.min.session.timeout.ms, 6 s). Defaults to DefaultMinSessionTimeout, so that a test
+	// with a short ack_timeout (the kafka:// session timeout) sees a dead member's partitions
+	// move in about a second.
 	MinSessionTimeout time.Duration
 }
 
