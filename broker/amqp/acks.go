@@ -16,19 +16,12 @@ type givenAck struct {
 
 // coalescer decides when the acks the consumer gives are sent, and as which frames, by the
 // rules of Config.AckDelay (delay) and Config.OutOfOrderAckDelay (hold): a multiple ack settles
-// a whole run for the price of one, the prefix (the run of acked tags from the oldest
-// unsettled delivery). An ack behind an unsettled delivery waits for it as long as outOfOrder
-// says: a delivery that is late compared to its neighbours (processed concurrently, they
-// finish in any order) is normally acked within that time; one that is stuck (retried, held
-// after a nack) does not keep the acks behind it waiting longer. The session decides when the
-// acks go for want of an open delivery (idleFlush): a consumer settles in a goroutine other
-// than the session's, and may ack a delivery before the session has received the next one
-// RabbitMQ sent.
-//
-// It never sends an ack the consumer did not give: a multiple ack covers only acked or
-// already settled tags (window.take).
-//
-// A coalescer is not safe for concurrent use; the session's mutex guards it.
+// the prefix (the run of acked tags from the oldest unsettled delivery) for the price of one.
+// A delivery late compared to its neighbours is normally acked within outOfOrder; one that is
+// stuck (retried, held after a nack) does not keep the acks behind it waiting longer. The
+// session decides when the acks go for want of an open delivery (idleFlush): the consumer may
+// ack a delivery before the session has received the next one RabbitMQ sent. It never sends an
+// ack the consumer did not give (window.take). The session's mutex guards it.
 type coalescer struct {
 	win window
 	// delay bounds the wait of a prefix ack, hold the wait of an ack behind an unsettled

@@ -24,11 +24,10 @@
 //     consumer whose channel or connection closed, a consumer process killed), durably;
 //   - on a classic queue, Count is 0 and Redelivered is RabbitMQ's redelivered flag.
 //
-// An ack settles the delivery by its tag. Acks are coalesced, because a basic.ack sent alone
-// costs RabbitMQ about as much CPU as the delivery it settles: a run of acks goes as one
-// basic.ack with multiple set (Config.AckDelay, Config.OutOfOrderAckDelay, redelivery.Flush).
-// RabbitMQ cannot delay a redelivery: a nacked message is held for its delay (Config.NackDelay)
-// and then given back with basic.nack(requeue), while the messages behind it go on.
+// Acks are coalesced into basic.acks with multiple set (Config.AckDelay), because a basic.ack
+// sent alone costs RabbitMQ about as much CPU as the delivery it settles. RabbitMQ cannot delay
+// a redelivery: a nacked message is held for its delay (Config.NackDelay) and then given back
+// with basic.nack(requeue), while the messages behind it go on.
 //
 // When the connection or the channel is lost, the subscription reopens it
 // (Config.ReconnectInitial) and goes on; its deliveries in flight end (ErrConnectionLost), and

@@ -87,8 +87,7 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		id = headerString(v)
 	}
 	msg := message.NewMessage(id, d.Body)
-	// The message's own empty map takes a few headers without growing; a map made for more
-	// saves growing it several times.
+	// The message's own empty map takes a few headers; a map made for more saves growing it.
 	md := msg.Metadata
 	if n := len(d.Headers) + 3; n > smallMetadata {
 		md = make(message.Metadata, n)
@@ -114,9 +113,8 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 // smallMetadata is how many entries an empty map takes before it grows (one group of Go's maps).
 const smallMetadata = 8
 
-// headerString renders an AMQP field value as a string: byte arrays, timestamps and decimals
-// as jsonValue renders them, tables and arrays as JSON, numbers and booleans as fmt prints them
-// (a float in its shortest form).
+// headerString renders an AMQP field value as a string, as Marshaler says (fmt prints a float
+// in its shortest form).
 func headerString(v any) string {
 	if s, ok := v.(string); ok {
 		return s // most headers: fmt would copy it
@@ -135,8 +133,7 @@ func headerString(v any) string {
 	}
 }
 
-// jsonValue prepares an AMQP field value for JSON: tables and arrays recursively, byte arrays
-// as text, timestamps in RFC 3339, decimals as numbers in text.
+// jsonValue prepares an AMQP field value for JSON, tables and arrays recursively.
 func jsonValue(v any) any {
 	switch v := v.(type) {
 	case amqp.Table:

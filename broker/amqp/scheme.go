@@ -33,11 +33,9 @@ var clientParams = []string{
 // milliseconds.
 const paramConnectionTimeout = "connection_timeout"
 
-// openScheme publishes with watermill-amqp's publisher and consumes with this package's Subscriber,
-// both over Topology: a fanout exchange per topic and a queue per consumer group, declared with
-// the queue parameters of the URL (queue_type, delivery_limit, dead_letter_exchange), which
-// are not passed on to the driver. Every dial, the publisher's, the Subscribers' and their
-// reconnections', and Peek's, is bounded by opts.ConnectTimeout, handshake included.
+// openScheme publishes with watermill-amqp's publisher and consumes with this package's
+// Subscriber, both over Topology, with the queue parameters of the URL (ParseQueueParams).
+// Every dial, handshake included, is bounded by opts.ConnectTimeout.
 func openScheme(_ context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	dsn, queue, err := ParseQueueParams(t.URL)
 	if err == nil {

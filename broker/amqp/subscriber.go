@@ -143,8 +143,7 @@ func (s *Subscriber) dial() (*amqp.Connection, error) {
 // Subscribe starts one competing consumer of topic's queue in the consumer group: it declares
 // the topology, opens a channel with the prefetch, and consumes with manual acks. Errors of
 // that first attempt (a queue declared with other arguments, access refused) are returned;
-// later losses are repaired in the background. The returned channel is closed when ctx ends or
-// the Subscriber closes, once the subscription has given back what it held, as Close does.
+// later losses are repaired in the background. When ctx ends, it ends as Close ends it.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.cfg.Topology.CheckTopic(topic); err != nil {
 		return nil, err
@@ -193,10 +192,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 }
 
 // Close ends the subscriptions: each stops taking messages, sends the acks given before, gives
-// back held and unsettled deliveries, and closes its channel; then Close closes the
-// connection. It returns within about Config.CloseTimeout plus a second even when RabbitMQ does
-// not answer (Config.CloseTimeout says what then). Close is idempotent; concurrent calls
-// return when the first is done, with its result.
+// back held and unsettled deliveries, and closes its AMQP channel; then Close closes the
+// connection, within about Config.CloseTimeout plus a second even when RabbitMQ does not
+// answer. Close is idempotent; concurrent calls return when the first is done, with its result.
 func (s *Subscriber) Close() error {
 	if err := s.subs.Close(s.closeConnection); err != nil {
 		return fmt.Errorf("broker/amqp: close: %w", err)

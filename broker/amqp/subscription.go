@@ -18,10 +18,9 @@ import (
 var errConsumerGone = errors.New("the consumer was cancelled or its channel closed")
 
 // subscription is the RabbitMQ side of one Subscribe call (an inflight.Source), a consumer of
-// one queue that outlives the channels it consumes on: the engine (sub) keeps the window,
-// hands the deliveries out and learns their settlements; the subscription takes the
-// deliveries RabbitMQ pushes (basic.qos is the window), settles them with coalesced acks and
-// nacks on their channel (session), and opens a new channel when one is lost.
+// one queue that outlives the channels it consumes on: it takes the deliveries RabbitMQ pushes
+// (basic.qos is the window), settles them with coalesced acks and nacks on their channel
+// (session), and opens a new channel when one is lost.
 type subscription struct {
 	s     *Subscriber
 	topic string
@@ -111,11 +110,9 @@ func (sub *subscription) Fetch(ctx context.Context, n int) error {
 			select {
 			case d, ok = <-ss.deliveries:
 			case <-ss.idle:
-				// The consumer settled every delivery it has. Sending the acks now takes a
-				// frame for the few acked so far, while RabbitMQ may have sent the next
-				// delivery already: take it first if it is there, and they go with the next
-				// ones. The goroutine of amqp091-go that passes the deliveries on may not be
-				// waiting to pass the next one yet: let it run first.
+				// The consumer settled every delivery it has. RabbitMQ may have sent the
+				// next already: take it first if it is there (let amqp091-go's goroutine
+				// pass it on), and the acks go with the next ones, in fewer frames.
 				runtime.Gosched()
 				select {
 				case d, ok = <-ss.deliveries:

@@ -149,10 +149,8 @@ func ParseQueueParams(rawURL string) (string, Queue, error) {
 
 // Topology is how topics map to RabbitMQ: each topic is a durable fanout exchange named after
 // it, and each consumer group has a durable queue "<topic>.<group>" bound to it, declared with
-// the arguments of Queue. Publishers declare it too (Topology is watermill-amqp's
-// TopologyBuilder of NewPublisher), so that a message published before any consumer of the group
-// has subscribed waits in the group's queue instead of being dropped by an exchange with no
-// queue bound.
+// the arguments of Queue. Publishers declare it too (it is NewPublisher's TopologyBuilder), so
+// that a message published before the group's first subscription waits in the group's queue.
 type Topology struct {
 	// ConsumerGroup names the queue of each topic. Required.
 	ConsumerGroup string

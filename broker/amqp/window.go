@@ -18,9 +18,8 @@ const (
 // says how to send the acks the consumer gave in as few frames as possible. Tags on a channel
 // are 1, 2, 3, ... in delivery order (the channel has one consumer and no basic.get). An ack
 // with multiple set settles every unacked tag up to its own, so it may only cover a run of
-// tags that are all acked (or already settled): never an open or held one.
-//
-// A window is not safe for concurrent use; the session's mutex guards it.
+// tags that are all acked (or already settled): never an open or held one. The session's mutex
+// guards it.
 type window struct {
 	// base is the highest tag below which every tag is gone.
 	base uint64
