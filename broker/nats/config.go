@@ -13,11 +13,9 @@ import (
 
 // Defaults of Config: each is the value of the field of its name when that field is zero.
 const (
-	// DefaultPrefetch is small: JetStream's AckWait runs for each delivery from its delivery,
-	// also while it waits for its turn in the consumer, so the window must drain well within
-	// AckWait; 64 is enough to keep the fetch round trips out of the way (one fetch per half
-	// window or less; or, after the consumer settled a batch together, redelivery.Flush, one
-	// for the room that batch freed).
+	// DefaultPrefetch is small: JetStream's AckWait runs from each delivery, also while it
+	// waits for its turn in the consumer, so the window must drain well within AckWait; 64
+	// keeps the fetch round trips (one per half window, or per redelivery.Flush) out of the way.
 	DefaultPrefetch     = 64
 	DefaultAckWait      = 30 * time.Second
 	DefaultCloseTimeout = 5 * time.Second

@@ -19,9 +19,8 @@ import (
 func init() { broker.Register("nats", openScheme, broker.Params{}) }
 
 // openScheme publishes with watermill-nats's publisher, with Nats-Msg-Id set as msgID says,
-// and subscribes with this package's Subscriber. The connects, the publisher's and the
-// Subscribers', their INFO, CONNECT and PING exchange included, and the check that JetStream
-// is enabled are bounded by opts.ConnectTimeout.
+// and subscribes with this package's Subscriber. Every connect (INFO, CONNECT and PING
+// included) and the check that JetStream is enabled are bounded by opts.ConnectTimeout.
 func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	nc, err := nats.Connect(t.URL, nats.Name("onceflow publisher"), nats.Timeout(o.ConnectTimeout))
 	if err != nil {
@@ -40,10 +39,8 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 	pub, err := wnats.NewPublisherWithNatsConn(nc, wnats.PublisherPublishConfig{
 		Marshaler:         marshaler{},
 		SubjectCalculator: wnats.DefaultSubjectCalculator,
-		// marshaler sets Nats-Msg-Id (the message UUID, or broker.HeaderNATSMsgID): JetStream
-		// drops a second publish of the same message within the stream's duplicate window, so
-		// a publisher that retries does not duplicate. TrackMsgId would overwrite it with the
-		// UUID.
+		// marshaler sets Nats-Msg-Id (msgID), so that JetStream drops a retried publish
+		// within the stream's duplicate window; TrackMsgId would overwrite it with the UUID.
 		JetStream: wnats.JetStreamConfig{TrackMsgId: false},
 	}, wmlog.Adapter(o.Logger))
 	if err != nil {
@@ -98,13 +95,11 @@ func checkTopic(topic string) error {
 	return nil
 }
 
-// msgID returns the Nats-Msg-Id of msg: broker.HeaderNATSMsgID when set; for a dead letter, its
-// key (messagedata.HeaderDeadLetterKey: the handler, the message id and its replay count), so
-// that JetStream drops, within the duplicate window, the dead letter that a consumer publishes
-// again after its predecessor died before recording it, while a message dead-lettered again
-// after a replay, whose key differs, is kept; for a dead letter without a key (published by an
-// earlier version), its UUID with the handler and the time it was dead-lettered; otherwise the
-// UUID.
+// msgID returns the Nats-Msg-Id of msg: broker.HeaderNATSMsgID when set; for a dead letter,
+// its key (messagedata.HeaderDeadLetterKey), so that JetStream drops the dead letter that a
+// consumer publishes again after its predecessor died before recording it, and keeps one of a
+// replay, whose key differs; for a dead letter without a key (an earlier version's), its UUID
+// with the handler and the time it was dead-lettered; otherwise the UUID.
 func msgID(msg *message.Message) string {
 	if id := msg.Metadata.Get(broker.HeaderNATSMsgID); id != "" {
 		return id

@@ -130,9 +130,8 @@ func (s *Subscriber) currentLink() *link {
 
 // Subscribe starts one competing consumer of topic in the subscriber's consumer group: it
 // creates the topic's stream when no stream captures the subject, creates or updates the
-// group's durable pull consumer (see ensureConsumer), and pulls from it. Its deliveries are
-// counted, settled and given back as the package documentation says; the channel is closed
-// when ctx ends or the Subscriber closes, after the deliveries not settled are given back.
+// group's durable pull consumer (ensureConsumer), and pulls from it, as the package
+// documentation says, until ctx ends or the Subscriber closes.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.subs.Begin("nats", topic); err != nil {
 		return nil, err
@@ -174,12 +173,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
-// Close stops every subscription from pulling, gives back the deliveries that are not settled
-// (nacks them, so that they do not wait for AckWait), waits up to Config.CloseTimeout for the
-// server to confirm the acknowledgements and nacks given before, closes the connection and
-// the subscriptions' channels. It is idempotent and safe to call concurrently: every call
-// returns when the first one is done, with its result. The error says when the server could
-// not confirm (it delivers again what it did not get, after AckWait).
+// Close stops every subscription, gives back (naks) the deliveries not settled, waits up to
+// Config.CloseTimeout for the server to confirm the acknowledgements and nacks given before,
+// and closes the connection and the channels. It is idempotent and safe to call concurrently,
+// every call returning the first one's result, which says when the server could not confirm
+// (it delivers again what it did not get, after AckWait).
 func (s *Subscriber) Close() error {
 	return s.subs.Close(func() error {
 		var err error

@@ -26,11 +26,9 @@ var clientParams = []string{
 }
 
 // openScheme publishes with watermill-redisstream's publisher and subscribes with this
-// package's Subscriber, which keeps many deliveries in flight per subscription, delays nacked
-// entries in Redis (their idle time), and gives back at once what a closing consumer holds.
-// Open's ping, the connect and handshake (HELLO, AUTH) included, is bounded by
-// opts.ConnectTimeout, and so is the dial of every connection of the clients, unless the URL
-// sets dial_timeout; the handshakes of later connections are bounded by ReadTimeout.
+// package's Subscriber. Open's ping, the connect and handshake (HELLO, AUTH) included, is
+// bounded by opts.ConnectTimeout, and so is the dial of every connection of the clients,
+// unless the URL sets dial_timeout; the handshakes of later connections by ReadTimeout.
 func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	ropts, err := redis.ParseURL(t.URL)
 	if err != nil {

@@ -50,10 +50,8 @@ func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error
 }
 
 // Subscribe starts one consumer of the stream topic in the configured consumer group, under a
-// consumer name of its own, creating the stream and the group when they do not exist. Its
-// channel delivers each entry of the stream to one consumer of the group at a time, with up to
-// Config.Prefetch deliveries unsettled, and is closed when ctx ends or the Subscriber closes.
-// Its deliveries are counted, settled and given back as the package documentation says.
+// consumer name of its own, creating the stream and the group when they do not exist, and
+// delivers as the package documentation says until ctx ends or the Subscriber closes.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if err := s.subs.Begin("redis", topic); err != nil {
 		return nil, err
