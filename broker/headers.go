@@ -7,7 +7,6 @@ import "time"
 const (
 	// HeaderAMQPRedelivered is set to "true" on a message that RabbitMQ delivered with its
 	// redelivered flag: it was delivered before, to this or another consumer, and not acked.
-	// broker/amqp calls it HeaderRedelivered.
 	HeaderAMQPRedelivered = "amqp_redelivered"
 
 	// HeaderNATSMsgID, set on a message published to a NATS broker, is the Nats-Msg-Id the
@@ -19,8 +18,7 @@ const (
 	HeaderNATSMsgID = "onceflow_nats_msg_id"
 
 	// HeaderRedisMetadata carries the raw "metadata" field of a Redis stream entry that did not
-	// decode as watermill metadata (an entry written by another producer). broker/redis calls
-	// it HeaderMetadata.
+	// decode as watermill metadata (an entry written by another producer).
 	HeaderRedisMetadata = "redis_metadata"
 )
 

@@ -13,11 +13,6 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-// HeaderRedelivered is set to "true" on a message that RabbitMQ delivered with its redelivered
-// flag: it was delivered before, to this or another consumer, and not acked. It is
-// broker.HeaderAMQPRedelivered.
-const HeaderRedelivered = broker.HeaderAMQPRedelivered
-
 // HeaderMessageUUID is the header that carries a watermill message's UUID, as watermill-amqp
 // names it.
 const HeaderMessageUUID = "_watermill_message_uuid"
@@ -52,7 +47,7 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	headers := make(amqp.Table, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
 		switch k {
-		case messagedata.HeaderAMQPMessageID, HeaderRedelivered, HeaderDeliveryCount:
+		case messagedata.HeaderAMQPMessageID, broker.HeaderAMQPRedelivered, HeaderDeliveryCount:
 			// Properties of a delivery, not headers of the message.
 			continue
 		}
@@ -105,7 +100,7 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		md[messagedata.HeaderTimestamp] = d.Timestamp.UTC().Format(time.RFC3339Nano)
 	}
 	if d.Redelivered {
-		md[HeaderRedelivered] = "true"
+		md[broker.HeaderAMQPRedelivered] = "true"
 	}
 	return msg, nil
 }

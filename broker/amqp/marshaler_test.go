@@ -8,6 +8,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/messagedata"
 )
@@ -24,14 +25,14 @@ func TestMarshaler_LeavesOutTheHeadersOfADelivery(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, "3", in.Metadata.Get(amqp.HeaderDeliveryCount))
-	require.Equal(t, "true", in.Metadata.Get(amqp.HeaderRedelivered))
+	require.Equal(t, "true", in.Metadata.Get(broker.HeaderAMQPRedelivered))
 
 	out := message.NewMessage(in.UUID, in.Payload)
 	out.Metadata = in.Metadata
 	p, err := amqp.Marshaler{}.Marshal(out)
 	require.NoError(t, err)
 	require.Equal(t, amqp091.Table{"k": "v", amqp.HeaderMessageUUID: "id-1"}, p.Headers)
-	for _, k := range []string{amqp.HeaderDeliveryCount, amqp.HeaderRedelivered, messagedata.HeaderAMQPMessageID} {
+	for _, k := range []string{amqp.HeaderDeliveryCount, broker.HeaderAMQPRedelivered, messagedata.HeaderAMQPMessageID} {
 		_, has := p.Headers[k]
 		require.False(t, has, k)
 	}
@@ -59,7 +60,7 @@ func TestMarshaler_UnmarshalNeverFails(t *testing.T) {
 	require.Equal(t, "0.25", m.Metadata.Get("float32"))
 	require.Equal(t, "7", m.Metadata.Get("uint"))
 	require.Equal(t, "[NaN]", m.Metadata.Get("nan"))
-	require.Equal(t, "true", m.Metadata.Get(amqp.HeaderRedelivered))
+	require.Equal(t, "true", m.Metadata.Get(broker.HeaderAMQPRedelivered))
 	_, has := m.Metadata[messagedata.HeaderTimestamp]
 	require.False(t, has, "no timestamp property, no timestamp header")
 }

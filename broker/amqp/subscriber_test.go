@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/broker/redelivery"
 	"github.com/onceflow/onceflow/internal/testsvc"
@@ -91,7 +92,7 @@ func TestSubscriber_NackAfterComesBackNoSoonerAndCounted(t *testing.T) {
 		require.Equal(t, first.UUID, again.UUID)
 		require.Equal(t, string(first.Payload), string(again.Payload))
 		requireAgain(t, f.topology.Queue.Type, again)
-		require.Equal(t, "true", again.Metadata.Get(amqp.HeaderRedelivered))
+		require.Equal(t, "true", again.Metadata.Get(broker.HeaderAMQPRedelivered))
 		ack(again)
 		f.eventuallyReady(0)
 	})

@@ -9,7 +9,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
@@ -24,10 +23,6 @@ const (
 	DefaultBlockTime    = 100 * time.Millisecond
 	DefaultCloseTimeout = 5 * time.Second
 )
-
-// NoNackDelay as Config.NackDelay delivers a nacked entry again at once. It is
-// broker.NoNackDelay.
-const NoNackDelay = broker.NoNackDelay
 
 // maxPrefetch bounds Config.Prefetch: a subscription keeps a goroutine per unsettled delivery
 // of a consumer that does not settle directly.
@@ -50,8 +45,8 @@ type Config struct {
 	Prefetch int
 
 	// NackDelay is how long a nacked entry waits before it is delivered again, unless the
-	// consumer asked for another delay with redelivery.NackAfter. NoNackDelay redelivers at
-	// once. Defaults to DefaultNackDelay.
+	// consumer asked for another delay with redelivery.NackAfter. broker.NoNackDelay
+	// redelivers at once. Defaults to DefaultNackDelay.
 	NackDelay time.Duration
 
 	// AckTimeout is how long a delivery may stay unsettled. When it passes, the delivery's

@@ -17,10 +17,6 @@ const (
 	fieldPayload  = "payload"
 )
 
-// HeaderMetadata carries the raw "metadata" field of a stream entry that did not decode as
-// watermill metadata (an entry written by another producer). It is broker.HeaderRedisMetadata.
-const HeaderMetadata = broker.HeaderRedisMetadata
-
 // Marshaller converts between watermill messages and stream entries in
 // watermill-redisstream's format: the UUID in the field "_watermill_message_uuid", the
 // metadata msgpack-encoded in "metadata", the payload in "payload". Its Unmarshal never
@@ -39,7 +35,7 @@ func (Marshaller) Marshal(topic string, msg *message.Message) (map[string]any, e
 // Unmarshal converts the fields of a stream entry to a watermill message. An entry without a
 // UUID field gets an empty UUID; fields other than the UUID, metadata and payload (written by
 // another producer) become metadata; metadata that does not decode is kept in the header
-// HeaderMetadata. It never returns an error.
+// broker.HeaderRedisMetadata. It never returns an error.
 func (Marshaller) Unmarshal(values map[string]any) (*message.Message, error) {
 	msg := message.NewMessage("", nil)
 	md := msg.Metadata
@@ -60,7 +56,7 @@ func (Marshaller) Unmarshal(values map[string]any) (*message.Message, error) {
 			}
 			decoded := message.Metadata{}
 			if err := msgpack.Unmarshal([]byte(s), &decoded); err != nil {
-				md[HeaderMetadata] = s
+				md[broker.HeaderRedisMetadata] = s
 				continue
 			}
 			for mk, mv := range decoded {

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker"
 	redissub "github.com/onceflow/onceflow/broker/redis"
 )
 
@@ -42,7 +43,7 @@ func TestMarshaller_UnmarshalNeverFails(t *testing.T) {
 	require.Empty(t, m.UUID, "no uuid field: empty UUID, not an error")
 	require.Equal(t, "p", string(m.Payload))
 	require.Equal(t, "ext-1", m.Metadata.Get("onceflow_id"), "fields of other producers become metadata")
-	require.Equal(t, "not msgpack \xc1", m.Metadata.Get(redissub.HeaderMetadata))
+	require.Equal(t, "not msgpack \xc1", m.Metadata.Get(broker.HeaderRedisMetadata))
 
 	m, err = redissub.Marshaller{}.Unmarshal(map[string]any{})
 	require.NoError(t, err)

@@ -61,7 +61,7 @@ func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker
 	cfg := Config{
 		ConsumerGroup: o.ConsumerGroup,
 		Prefetch:      o.Prefetch,
-		NackDelay:     o.NackDelay, // NoNackDelay is broker.NoNackDelay
+		NackDelay:     o.NackDelay, // NoNackDelay as it is
 		AckTimeout:    o.AckTimeout,
 		CloseTimeout:  broker.SubscriberCloseTimeout,
 		Logger:        o.Logger,

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/broker/redelivery"
 	redissub "github.com/onceflow/onceflow/broker/redis"
 	"github.com/onceflow/onceflow/internal/testsvc"
@@ -479,5 +480,5 @@ func TestConfig_Validate(t *testing.T) {
 	} {
 		require.ErrorContains(t, tc.cfg.Validate(), tc.want)
 	}
-	require.NoError(t, redissub.Config{ConsumerGroup: "g", NackDelay: redissub.NoNackDelay}.Validate())
+	require.NoError(t, redissub.Config{ConsumerGroup: "g", NackDelay: broker.NoNackDelay}.Validate())
 }
