@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	wamqp "github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/messagedata"
 )
 
@@ -61,7 +61,7 @@ func AMQPProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
 func AMQPUUIDProducer(t testing.TB, brokerURL, topic, id string, payload []byte) {
 	t.Helper()
 	amqpPublish(t, brokerURL, topic, amqp.Publishing{
-		Headers:      amqp.Table{wamqp.HeaderMessageUUID: id},
+		Headers:      amqp.Table{wamqp.DefaultMessageUUIDHeaderKey: id},
 		DeliveryMode: amqp.Persistent,
 		Body:         payload,
 	})

@@ -6,16 +6,13 @@ import (
 	"math/big"
 	"time"
 
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/onceflow/onceflow/broker"
 	"github.com/onceflow/onceflow/messagedata"
 )
-
-// HeaderMessageUUID is the header that carries a watermill message's UUID, as watermill-amqp
-// names it.
-const HeaderMessageUUID = "_watermill_message_uuid"
 
 // HeaderDeliveryCount is the header in which a quorum queue tells how many times it delivered
 // a message before without an ack; RabbitMQ sets it, publishers do not.
@@ -58,7 +55,7 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		id = msg.Metadata.Get(messagedata.HeaderAMQPMessageID)
 	}
 	if msg.UUID != "" {
-		headers[HeaderMessageUUID] = msg.UUID
+		headers[wamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
 	}
 	if len(id) > 255 {
 		return amqp.Publishing{}, fmt.Errorf("message id %q is %d bytes, the AMQP message_id property allows 255", id, len(id))
@@ -78,7 +75,7 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 // Unmarshal converts an AMQP delivery to a watermill message. It never returns an error.
 func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	var id string
-	if v, ok := d.Headers[HeaderMessageUUID]; ok {
+	if v, ok := d.Headers[wamqp.DefaultMessageUUIDHeaderKey]; ok {
 		id = headerString(v)
 	}
 	msg := message.NewMessage(id, d.Body)
@@ -89,7 +86,7 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		msg.Metadata = md
 	}
 	for k, v := range d.Headers {
-		if k != HeaderMessageUUID {
+		if k != wamqp.DefaultMessageUUIDHeaderKey {
 			md[k] = headerString(v)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -19,7 +20,7 @@ import (
 func TestMarshaler_LeavesOutTheHeadersOfADelivery(t *testing.T) {
 	t.Parallel()
 	in, err := amqp.Marshaler{}.Unmarshal(amqp091.Delivery{
-		Headers:     amqp091.Table{"x-delivery-count": int64(3), "k": "v", amqp.HeaderMessageUUID: "id-1"},
+		Headers:     amqp091.Table{"x-delivery-count": int64(3), "k": "v", wamqp.DefaultMessageUUIDHeaderKey: "id-1"},
 		MessageId:   "id-1",
 		Redelivered: true,
 	})
@@ -31,7 +32,7 @@ func TestMarshaler_LeavesOutTheHeadersOfADelivery(t *testing.T) {
 	out.Metadata = in.Metadata
 	p, err := amqp.Marshaler{}.Marshal(out)
 	require.NoError(t, err)
-	require.Equal(t, amqp091.Table{"k": "v", amqp.HeaderMessageUUID: "id-1"}, p.Headers)
+	require.Equal(t, amqp091.Table{"k": "v", wamqp.DefaultMessageUUIDHeaderKey: "id-1"}, p.Headers)
 	for _, k := range []string{amqp.HeaderDeliveryCount, broker.HeaderAMQPRedelivered, messagedata.HeaderAMQPMessageID} {
 		_, has := p.Headers[k]
 		require.False(t, has, k)
@@ -94,7 +95,7 @@ func TestMarshaler_RoundTrip(t *testing.T) {
 func TestMarshaler_UnmarshalTakesStringHeadersAsTheyAre(t *testing.T) {
 	bare := amqp091.Delivery{MessageId: "id-1", Body: []byte("x")}
 	withHeaders := bare
-	withHeaders.Headers = amqp091.Table{amqp.HeaderMessageUUID: "id-1", "a": "value-a", "b": "value-b", "c": "value-c"}
+	withHeaders.Headers = amqp091.Table{wamqp.DefaultMessageUUIDHeaderKey: "id-1", "a": "value-a", "b": "value-b", "c": "value-c"}
 	m, err := amqp.Marshaler{}.Unmarshal(withHeaders)
 	require.NoError(t, err)
 	require.Equal(t, "id-1", m.UUID)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -68,7 +69,7 @@ func TestSubscriber_ReplacesTheGroupsPushConsumerAfterItsAckFloor(t *testing.T) 
 		for i := range 3 {
 			m, err := old.NextMsg(within)
 			require.NoError(t, err)
-			require.Equal(t, ids[i], m.Header.Get(natsbroker.UUIDHeader))
+			require.Equal(t, ids[i], m.Header.Get(wnats.WatermillUUIDHdr))
 			if i < 2 {
 				require.NoError(t, m.AckSync())
 			}
