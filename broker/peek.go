@@ -178,8 +178,9 @@ type DeleteReport struct {
 // Delete goes through up to limit of the messages of topic that wait for the Broker's consumer
 // group, oldest first (those Peek returns), and removes for good, as Move does, each one that
 // pick returns true for, publishing nothing; the others, and those published while it runs,
-// stay in their place. A message already gone (another Delete took it) counts as deleted. A message whose removal fails goes in
-// DeleteReport.Failed with why, and Delete goes on with the next one. The error is as Move's.
+// stay in their place. A message already gone (another Delete took it) counts as deleted. A
+// message whose removal fails goes in DeleteReport.Failed with why, and Delete goes on with
+// the next one. The error is as Move's.
 func (b *Broker) Delete(ctx context.Context, topic string, limit int, pick DeleteFunc) (DeleteReport, error) {
 	var rep DeleteReport
 	kept, failed, err := b.each(ctx, "delete from", topic, limit, pick != nil, func(v View, e Entry) (bool, error) {
