@@ -10,11 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Claims: XCLAIM and XAUTOCLAIM increment the delivery count of each entry they take (unless
-// JUSTID is given), and reset its idle time; new entries (XREADGROUP >) have count 1. A
-// claimed entry's count is read from the pending entries list (XPENDING) right after the claim,
-// while the entry is ours and nobody else can claim it: it is the broker's count, never a
-// guess, and it survives the death of any consumer.
+// XCLAIM and XAUTOCLAIM add one to the delivery count of each entry they take (unless JUSTID
+// is given) and reset its idle time. A claimed entry's count is read from the pending entries
+// list (XPENDING) right after the claim, while nobody else can claim it.
 
 // claimPass is the walk over a stream's pending entries list that claims the entries idle
 // for AckTimeout, shared by the subscriptions of one Subscriber to the stream: they are
@@ -185,12 +183,10 @@ func (s *subscription) giveBack(ctx context.Context) (int, error) {
 	}
 }
 
-// Consumers of closed or dead subscriptions stay in the group. A subscription deletes its
-// own consumer when it closes with nothing pending, and every reapInterval deletes those
-// that have nothing pending and have not been seen for reapIdle: their next read, if they
-// are alive after all, creates them again. The check and the deletion are one script, so
-// that no entry is delivered to a consumer between the two (XGROUP DELCONSUMER drops the
-// consumer's pending entries from the group).
+// Consumers of closed or dead subscriptions stay in the group until deleted (the package
+// documentation says when; a live one's next read creates it again). The check and the
+// deletion are one script, so that no entry is delivered to a consumer between the two (XGROUP
+// DELCONSUMER drops the consumer's pending entries from the group).
 const (
 	reapInterval = 10 * time.Minute
 	reapIdle     = 10 * time.Minute

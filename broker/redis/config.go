@@ -50,17 +50,14 @@ type Config struct {
 	NackDelay time.Duration
 
 	// AckTimeout is how long a delivery may stay unsettled. When it passes, the delivery's
-	// context is cancelled, and the entry, idle in the group's pending entries list for that
-	// long, may be claimed by any consumer of the group: the entries of a consumer that died
-	// come back after it. It must exceed the longest processing time. Defaults to
-	// DefaultAckTimeout.
+	// context is cancelled, and the entry, idle that long, may be claimed by any consumer of
+	// the group. It must exceed the longest processing time. Defaults to DefaultAckTimeout.
 	AckTimeout time.Duration
 
-	// ClaimInterval is how often the entries that have been idle for AckTimeout (left by
-	// consumers that died or closed, or nacked by one whose delay has passed) are claimed: one
-	// pass over the group's pending entries list per stream and Subscriber, whichever of its
-	// subscriptions has room doing each step. Defaults to a tenth of AckTimeout, between 100 ms
-	// and 1 s.
+	// ClaimInterval is how often the entries that have been idle for AckTimeout are claimed:
+	// one pass over the group's pending entries list per stream and Subscriber, whichever of
+	// its subscriptions has room doing each step. Defaults to a tenth of AckTimeout, between
+	// 100 ms and 1 s.
 	ClaimInterval time.Duration
 
 	// BlockTime is how long one XREADGROUP waits for new entries. It bounds how long Close

@@ -32,10 +32,10 @@
 //
 // A nacked entry leaves the window at once, and is delivered again, its count up by one, no
 // sooner than redelivery.RequestedDelay, or else Config.NackDelay. The delay is kept in Redis
-// as the entry's idle time, so a nacked entry comes back on time also when its consumer dies;
-// but Redis cannot set an idle time ahead of the clock, so a delay longer than AckTimeout is
-// kept by the consumer while it lives, and if it dies or closes first, the entry comes back
-// within AckTimeout, sooner than asked.
+// as the entry's idle time, so a nacked entry comes back on time also when its consumer dies
+// or closes; but Redis cannot set an idle time ahead of the clock, so a delay longer than
+// AckTimeout is kept by the consumer while it lives, and if it dies or closes first, the entry
+// comes back within AckTimeout, sooner than asked.
 //
 // # Close, lost connections, dead consumers
 //

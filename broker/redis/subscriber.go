@@ -83,8 +83,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
-// Close ends every subscription, as the package documentation says, even if Redis is gone;
-// nacked entries still waiting for their delay stay pending and come back when it ends. It
-// reports the acks it could not send. It is idempotent; concurrent calls all return when the
-// first is done, with its result.
+// Close ends every subscription, as the package documentation says, even if Redis is gone,
+// and reports the acks it could not send. It is idempotent; concurrent calls all return when
+// the first is done, with its result.
 func (s *Subscriber) Close() error { return s.subs.Close(nil) }

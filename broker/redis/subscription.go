@@ -15,13 +15,10 @@ import (
 )
 
 // subscription is one consumer of one stream, the Redis side of one Subscribe call (an
-// inflight.Source): the engine (sub) keeps the window, hands the deliveries out and learns
-// their settlements; the subscription
-//
-//   - reads new entries (XREADGROUP), claims idle ones (XAUTOCLAIM) and nacked ones whose
-//     delay has passed (XCLAIM), in Fetch, and recovers from lost connections there;
-//   - sends the acks given, coalesced into one XACK (acks);
-//   - parks a nacked entry for its delay by its idle time at the server (nack.go).
+// inflight.Source): in Fetch, it reads new entries (XREADGROUP), claims idle ones (XAUTOCLAIM)
+// and nacked ones whose delay has passed (XCLAIM), and recovers from lost connections; it
+// sends the acks given in coalesced XACKs (acks), and parks a nacked entry for its delay by
+// its idle time at the server (nack.go).
 type subscription struct {
 	owner    *Subscriber
 	client   redis.UniversalClient
