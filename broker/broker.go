@@ -93,16 +93,13 @@ type Options struct {
 	NackDelay time.Duration
 
 	// AckTimeout is how long a delivered message may stay neither acked nor nacked before the
-	// broker delivers it again, to another consumer when there is one: NATS AckWait, Redis
-	// pending-entry idle time before re-claim, the lease of a PostgreSQL, MySQL or SQLite
-	// delivery; on Kafka, the session timeout of each member of the group, and the time after
-	// which a member hands an unsettled record out again. It bounds how long the messages of
-	// a consumer that died stay unavailable, and must exceed the longest processing time,
-	// retries included, or a slow message is processed twice (deduplication absorbs that, at
-	// a cost). Where the adapter enforces it, the message's context is cancelled when it
-	// passes. AMQP and mem ignore it: RabbitMQ gives the messages of a consumer back when its
-	// connection closes, mem when its Subscriber closes. URL parameter: ack_timeout. Defaults
-	// to DefaultAckTimeout.
+	// broker delivers it again, to another consumer when there is one, and its context is
+	// cancelled: NATS AckWait, the Redis idle time before a claim, the lease of an SQL or
+	// SQLite delivery, Kafka's session timeout and hand-out deadline. It bounds how long a dead
+	// consumer's messages wait, and must exceed the longest processing time, retries included,
+	// or a slow message is processed twice (deduplication absorbs that, at a cost). AMQP and
+	// mem ignore it: RabbitMQ gives a consumer's messages back when its connection closes, mem
+	// when its Subscriber closes. URL parameter: ack_timeout. Defaults to DefaultAckTimeout.
 	AckTimeout time.Duration
 
 	// PollInterval is how long an idle SQL or SQLite consumer waits before looking for new
@@ -118,10 +115,9 @@ type Options struct {
 	// connect_timeout, a Go duration or whole seconds. Defaults to DefaultConnectTimeout.
 	ConnectTimeout time.Duration
 
-	// MustExist makes Open fail, instead of creating it, when the broker is a file that does
-	// not exist: a sqlite:// queue, with an error that errors.Is counts as fs.ErrNotExist.
-	// Commands that read or maintain a queue set it, so that a mistyped path is reported
-	// rather than opened as a new empty queue. Opening a server broker creates nothing.
+	// MustExist makes Open fail, with an error that errors.Is counts as fs.ErrNotExist,
+	// instead of creating it, when the broker is a file that does not exist (sqlite://), so
+	// that a command given a mistyped path reports it. Opening a server broker creates nothing.
 	MustExist bool
 
 	// ReportNotFound makes Peek, Move, Delete and Trim fail with an error wrapping ErrNotFound

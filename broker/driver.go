@@ -118,8 +118,7 @@ type Params struct {
 	Client     []string
 	ClientName string
 	// Database says that Target.URL is a database URL, which the OpenFunc opens with
-	// sqldb.Open: its query parameters are sqldb.Open's, which sqldb.Open checks. Open lists
-	// its own parameters in the error of an unknown one.
+	// sqldb.Open, which checks its query parameters.
 	Database bool
 }
 
