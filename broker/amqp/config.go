@@ -35,11 +35,9 @@ type Config struct {
 	Topology Topology
 
 	// Prefetch is the channel prefetch (basic.qos) of each subscription: how many deliveries
-	// RabbitMQ hands it before their acks. All of them are handed out at once, so up to
-	// Prefetch messages are in processing, or held after a nack, at a time. At most 65535.
-	// Defaults to DefaultPrefetch, or to the window the consumer asks for when it subscribes
-	// (redelivery.WithWindow: onceflow's router asks for what its handler can take at once)
-	// when that is larger.
+	// RabbitMQ hands it before their acks, all handed out at once. At most 65535. Defaults to
+	// DefaultPrefetch, or to the window the consumer asks for when it subscribes
+	// (redelivery.WithWindow) when that is larger.
 	Prefetch int
 
 	// NackDelay is how long a nacked message is held before it is given back to RabbitMQ, when
@@ -50,15 +48,13 @@ type Config struct {
 	// AckDelay bounds how long an ack waits to be sent together with others when it can go
 	// now: a run of acks contiguous from the oldest unsettled delivery goes as one basic.ack
 	// with multiple set, within AckDelay of its oldest ack, or at once when it holds half the
-	// prefetch window or the consumer flushes a batch it settled (redelivery.Flush). Defaults to
-	// DefaultAckDelay.
+	// window or at a redelivery.Flush. Defaults to DefaultAckDelay.
 	AckDelay time.Duration
 
-	// OutOfOrderAckDelay bounds how long an ack behind an older delivery that is still being
-	// processed, or held after a nack, waits for it, to go with it in one multiple ack: for
-	// twice the mean time from hand-out to ack, at least AckDelay and at most
-	// OutOfOrderAckDelay; then it goes alone. Every ack goes at once when no delivery is being
-	// processed any more. At least AckDelay. Defaults to DefaultOutOfOrderAckDelay.
+	// OutOfOrderAckDelay bounds how long an ack behind an older delivery still being
+	// processed, or held after a nack, waits for it, to go with it in one multiple ack: twice
+	// the mean time from hand-out to ack, between AckDelay and OutOfOrderAckDelay, or until no
+	// delivery is being processed. At least AckDelay. Defaults to DefaultOutOfOrderAckDelay.
 	OutOfOrderAckDelay time.Duration
 
 	// ReconnectInitial is the wait before the first attempt to reopen a lost channel or

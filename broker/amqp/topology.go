@@ -44,11 +44,9 @@ type Queue struct {
 
 	// DeliveryLimit, when positive, is RabbitMQ's x-delivery-limit (quorum queues only):
 	// RabbitMQ drops a message, or dead-letters it to DeadLetterExchange, once it has been
-	// returned DeliveryLimit times (nacked, or held by a consumer that went away), so that it
-	// is delivered at most DeliveryLimit+1 times. onceflow's router enforces a delivery limit of
-	// its own and dead-letters with a reason; this one is a backstop and must be above the
-	// router's, or RabbitMQ removes a failing message before the router can dead-letter it.
-	// Zero sets no limit.
+	// returned DeliveryLimit times (nacked, or held by a consumer that went away). It is a
+	// backstop: it must be above the router's own delivery limit, or RabbitMQ removes a
+	// failing message before the router can dead-letter it with the reason. Zero sets none.
 	DeliveryLimit int
 
 	// DeadLetterExchange, when not empty, is RabbitMQ's x-dead-letter-exchange: where RabbitMQ
