@@ -1,11 +1,9 @@
 // Package mem is an in-process broker for tests: topics, consumer groups, many deliveries in
-// flight per subscription, delivery counts and delayed redelivery, with nothing on disk. It
-// gives the guarantees package broker lists for every scheme, so that tests of the router and
-// of the conformance suite see a broker, not a stand-in.
-//
-// Messages live as long as the Hub: a process that dies loses them, which is why it is for
-// tests only. Importing the package registers the mem:// scheme of broker.Open, whose Brokers
-// share the Hub of their URL's name.
+// flight per subscription, delivery counts and delayed redelivery. It gives the guarantees
+// package broker lists for every scheme, so that tests of the router and of the conformance
+// suite see a broker, not a stand-in; but its messages live as long as the Hub, in memory.
+// Importing the package registers the mem:// scheme of broker.Open, whose Brokers share the
+// Hub of their URL's name.
 package mem
 
 import (

@@ -47,10 +47,9 @@ const (
 )
 
 // ensureConsumer returns the durable pull consumer of the subscriber's group on topic, in
-// stream, creating it when there is none (it delivers the whole stream), and updating its
-// AckWait and limits to the subscriber's when they differ (the last subscriber to subscribe
-// sets them). A push consumer of that name, which onceflow's earlier watermill-nats subscriber
-// created, is replaced by a pull consumer, as replacePushConsumer says.
+// stream, creating it when there is none, or replacing a push consumer (replacePushConsumer),
+// and updating its AckWait and limits to the subscriber's when they differ (the last
+// subscriber to subscribe sets them).
 func (s *Subscriber) ensureConsumer(ctx context.Context, stream, topic string) (jetstream.Consumer, error) {
 	name := ConsumerName(s.cfg.ConsumerGroup, topic)
 	for attempt := 1; ; attempt++ {

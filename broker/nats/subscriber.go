@@ -30,9 +30,8 @@ var (
 )
 
 // Subscriber is a watermill message.Subscriber on NATS JetStream that keeps many deliveries in
-// flight: each subscription pulls from its consumer group's durable consumer up to
-// Config.Prefetch messages ahead of their acknowledgements. NewSubscriber makes one; it has a
-// connection of its own. A Subscriber is safe for concurrent use.
+// flight, as the package documentation says. NewSubscriber makes one, with a connection of its
+// own. A Subscriber is safe for concurrent use.
 type Subscriber struct {
 	cfg     Config
 	logger  watermill.LoggerAdapter

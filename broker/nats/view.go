@@ -13,12 +13,10 @@ import (
 )
 
 // view reads the stream that stores a topic by sequence, past the ack floor of the group's
-// durable consumer, through JetStream's message-get API: the messages stay in the stream and
-// the consumer is not touched. Remove deletes a message from the stream (DeleteMsg).
-//
-// A message above the ack floor that the group acknowledged out of order (while an older one
-// was still pending, which several consumers of the group can do) is listed until the floor
-// passes it: JetStream does not say which messages above the floor are acknowledged.
+// durable consumer, through JetStream's message-get API, without touching the consumer.
+// Remove deletes a message from the stream (DeleteMsg). A message that the group acknowledged
+// above the ack floor (out of order) is listed until the floor passes it: JetStream does not
+// say which messages above the floor are acknowledged.
 type view struct {
 	js     nats.JetStreamContext
 	msgs   jetstream.Stream
