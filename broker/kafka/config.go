@@ -36,10 +36,9 @@ type Config struct {
 	ConsumerGroup string
 
 	// Prefetch is how many records each subscription holds unsettled (handed out or waiting
-	// to be, neither acked nor nacked) at most: it polls with PollRecords(room left). A nacked
-	// record leaves the window while it waits for its redelivery. Defaults to DefaultPrefetch,
-	// or to the window the consumer asks for when it subscribes (redelivery.WithWindow) when
-	// that is larger.
+	// to be) at most: it polls with PollRecords(room left). A nacked record leaves the window
+	// while it waits. Defaults to DefaultPrefetch, or to the window the consumer asks for when
+	// it subscribes (redelivery.WithWindow) when that is larger.
 	Prefetch int
 
 	// NackDelay is how long a nacked record waits before it is handed out again, unless the
@@ -47,10 +46,9 @@ type Config struct {
 	// once.
 	NackDelay time.Duration
 
-	// AckTimeout is how long a delivery may stay unsettled. When it passes, the delivery's
-	// context is cancelled (ErrAckTimeout), its ack or nack is ignored, and the record is
-	// handed out again, its delivery count up by one. Kafka itself has no such timeout: an
-	// unsettled record holds back the commits of its partition. Defaults to
+	// AckTimeout is how long a delivery may stay unsettled. When it passes, the delivery ends
+	// (ErrAckTimeout) and the record is handed out again. Kafka itself has no such timeout:
+	// an unsettled record holds back the commits of its partition. Defaults to
 	// DefaultAckTimeout.
 	AckTimeout time.Duration
 

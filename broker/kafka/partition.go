@@ -22,10 +22,9 @@ type partition struct {
 	// unknownUntil is the offset below which a record taken may have been delivered by a
 	// member that owned the partition before: see take.
 	unknownUntil int64
-	// horizon is the taken offset that the group has in its committed metadata: the first
-	// deliveries of the records below it may be handed out. want is the taken offset the
-	// sender asks the next commit for. pending are the redeliveries waiting for a commit to
-	// record them (see ready).
+	// horizon is the taken offset in the group's committed metadata (the records below it may
+	// be handed out first), want the one the next commit is to record; pending are the
+	// redeliveries waiting for a commit to record them (see ready).
 	horizon int64
 	want    int64
 	pending []*delivery

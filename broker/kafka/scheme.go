@@ -27,10 +27,9 @@ const (
 	paramReplicationFactor = "replication_factor"
 )
 
-// openScheme publishes with this package's Publisher and subscribes with its Subscriber, each
-// on clients of their own. The URL is kafka://host:port[,host:port...][/]: the seed brokers.
-// The dial of every connection is bounded by opts.ConnectTimeout, and so is the check that
-// the brokers answer (a metadata request).
+// openScheme publishes with this package's Publisher and subscribes with its Subscriber. The
+// URL names the seed brokers. Every dial, and the metadata request that checks the brokers
+// answer, is bounded by opts.ConnectTimeout.
 func openScheme(ctx context.Context, t broker.Target, o broker.Options) (*broker.Backend, error) {
 	seeds, topics, err := parseURL(t.Parsed)
 	if err != nil {

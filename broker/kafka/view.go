@@ -32,9 +32,8 @@ import (
 // commits of older generations, and the member that takes them over when the view leaves
 // reads the view's commit.
 
-// claimTimeout bounds how long Claim waits for the group to give the view the topic's
-// partitions, when the context has no earlier deadline: the group's rebalance waits for its
-// members to rejoin, up to the rebalance timeout of onceflow's subscribers (25 s by default).
+// claimTimeout bounds how long Claim waits for the topic's partitions, when the context has
+// no earlier deadline: more than the rebalance timeout of onceflow's subscribers (25 s).
 const claimTimeout = time.Minute
 
 // viewRebalanceTimeout is the rebalance timeout of the view's member: it consumes nothing and
@@ -75,8 +74,7 @@ type view struct {
 
 // newView opens views of topics for group. A topic that does not exist is an error wrapping
 // broker.ErrNotFound; a group that has not committed offsets for the topic reads it from its
-// start, as its members will (so a group that does not exist is not told from one that has not
-// read the topic yet).
+// start, as its members will.
 func newView(opts []kgo.Opt, session time.Duration, group string) func(context.Context, string) (broker.View, error) {
 	return func(ctx context.Context, topic string) (broker.View, error) {
 		cl, err := kgo.NewClient(opts...)
