@@ -7,17 +7,15 @@
 //
 // # Topology
 //
-// Publisher and Subscriber declare the same topology (Topology): a fanout exchange per topic,
-// and a queue per consumer group bound to it, so that a message published before the group's
-// first subscription waits in the group's queue. The queue arguments (Queue) come from the URL
-// parameters queue_type, delivery_limit and dead_letter_exchange (ParseQueueParams); every
-// process of a group must use the same ones.
+// Publisher and Subscriber declare the same Topology: a fanout exchange per topic, and a queue
+// per consumer group bound to it, with the queue arguments (Queue) of the URL parameters
+// queue_type, delivery_limit and dead_letter_exchange (ParseQueueParams); every process of a
+// group must use the same ones.
 //
 // # Delivery
 //
 // Each Subscribe call is one consumer of the group's queue, on a channel of its own with
-// basic.qos Config.Prefetch; the deliveries are handed out as they arrive, without waiting for
-// the acks of those before. Each message's context carries a redelivery.Info:
+// basic.qos Config.Prefetch. Each message's context carries a redelivery.Info:
 //
 //   - on a quorum queue, Count is the delivery count: 1 on a first delivery, and
 //     x-delivery-count+1 after, as RabbitMQ counts every return of the message (a nack, a

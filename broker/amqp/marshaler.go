@@ -24,18 +24,16 @@ const HeaderDeliveryCount = "x-delivery-count"
 // Marshal stores the metadata as string headers, the message UUID in the header
 // "_watermill_message_uuid" and in the AMQP message_id property, the onceflow_timestamp header
 // (when it parses as RFC 3339) in the timestamp property, and makes the message persistent. It
-// leaves out the headers that describe a delivery rather than the message (amqp_message_id,
-// amqp_redelivered, x-delivery-count), so that a message published again from a delivered one
-// does not carry a stale delivery count.
+// leaves out the headers of a delivery (amqp_message_id, amqp_redelivered, x-delivery-count),
+// so that a message published again from a delivered one carries no stale delivery count.
 //
-// Unmarshal never fails, so that no delivery is nacked forever for its headers, as happens
-// with watermill-amqp's default marshaler on a header that is not a string (RabbitMQ's x-death,
-// numbers and booleans set by other producers). It turns every header into a string: numbers,
-// booleans and decimals in their usual text form, timestamps in RFC 3339 with nanoseconds,
-// byte arrays as text, tables and arrays (x-death) as JSON. The UUID comes from the header
-// "_watermill_message_uuid" and is empty without it; the AMQP message_id property goes to the
-// header amqp_message_id (messagedata.HeaderAMQPMessageID), the timestamp property to
-// onceflow_timestamp unless that header is set, and the redelivered flag to amqp_redelivered.
+// Unmarshal never fails, so that no delivery is nacked forever for a header that is not a
+// string (RabbitMQ's x-death, another producer's numbers), as with watermill-amqp's default
+// marshaler: numbers, booleans and decimals become their usual text, timestamps RFC 3339 with
+// nanoseconds, byte arrays text, tables and arrays JSON. The UUID comes from the header
+// "_watermill_message_uuid"; the message_id property goes to the header amqp_message_id
+// (messagedata.HeaderAMQPMessageID), the timestamp property to onceflow_timestamp unless that
+// header is set, and the redelivered flag to amqp_redelivered.
 type Marshaler struct{}
 
 // Marshal converts msg to an AMQP publishing. It fails only on a message id longer than the

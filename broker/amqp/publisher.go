@@ -15,11 +15,10 @@ const publishChannels = 8
 
 var _ wamqp.Marshaler = Marshaler{}
 
-// NewPublisher returns a publisher for the RabbitMQ server at url (without the
-// queue parameters, see ParseQueueParams), publishing with Marshaler to the exchange named
-// after each topic and declaring topology's exchange, queue and binding before the first
-// message of each topic. A message is stored by RabbitMQ when Publish returns nil (publisher
-// confirms); it is persistent. The publisher reconnects by itself.
+// NewPublisher returns a publisher for the RabbitMQ server at url (without the queue
+// parameters, see ParseQueueParams), publishing with Marshaler to the exchange named after
+// each topic, declared with topology before its first message. A message is stored by
+// RabbitMQ when Publish returns nil (publisher confirms). The publisher reconnects by itself.
 func NewPublisher(url string, topology Topology, logger *slog.Logger) (message.Publisher, error) {
 	if err := topology.Validate(); err != nil {
 		return nil, err
