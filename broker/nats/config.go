@@ -28,10 +28,9 @@ type Config struct {
 	// credentials included. Required.
 	URL string
 
-	// ConnectOptions are passed to nats.Connect before the subscriber's own: a connection
-	// name ("onceflow subscriber <group>", which they may replace), reconnecting for ever,
-	// and the handlers that tell the subscriber about a lost connection (which they must not
-	// replace).
+	// ConnectOptions are passed to nats.Connect after a connection name ("onceflow subscriber
+	// <group>") and reconnecting for ever, which they may replace, and before the handlers of
+	// a lost connection, which they must not replace.
 	ConnectOptions []nats.Option
 
 	// ConsumerGroup names the durable consumer that the subscriptions pull from, with the
@@ -39,10 +38,9 @@ type Config struct {
 	// gets every message. Required.
 	ConsumerGroup string
 
-	// Prefetch is how many deliveries each subscription holds unsettled (neither acked nor
-	// nacked, their AckWait not passed) at most. Defaults to DefaultPrefetch, or to the
-	// window the consumer asks for when it subscribes (redelivery.WithWindow) when that is
-	// larger.
+	// Prefetch is how many deliveries each subscription holds unsettled at most. Defaults to
+	// DefaultPrefetch, or to the window the consumer asks for when it subscribes
+	// (redelivery.WithWindow) when that is larger.
 	Prefetch int
 
 	// AckWait is how long a delivery may stay unsettled before JetStream delivers the message

@@ -1,11 +1,7 @@
 // Package redis is a watermill message.Subscriber on Redis Streams that keeps many deliveries
-// in flight per subscription, built on go-redis. It reads the stream entry format of
-// watermill-redisstream (the UUID in "_watermill_message_uuid", msgpack metadata in
-// "metadata", the payload in "payload"), so that watermill-redisstream's publisher and the
-// streams it wrote keep working; Marshaller is that format, with an Unmarshal that never fails.
-// It registers the redis:// and rediss:// schemes of broker.Open, which publish with
-// watermill-redisstream's publisher and subscribe with this Subscriber, when a program imports
-// it:
+// in flight per subscription, built on go-redis. It reads the stream entries of
+// watermill-redisstream (Marshaller), whose publisher the redis:// and rediss:// schemes of
+// broker.Open use; the package registers them when a program imports it:
 //
 //	import _ "github.com/onceflow/onceflow/broker/redis"
 //

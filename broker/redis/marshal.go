@@ -20,8 +20,7 @@ const (
 // Marshaller converts between watermill messages and stream entries in
 // watermill-redisstream's format: the UUID in the field "_watermill_message_uuid", the
 // metadata msgpack-encoded in "metadata", the payload in "payload". Its Unmarshal never
-// fails, so that an entry of another producer is delivered (and can be dead-lettered) instead
-// of ending a subscription.
+// fails, so that an entry of another producer is delivered (and can be dead-lettered).
 type Marshaller struct{}
 
 var _ redisstream.MarshallerUnmarshaller = Marshaller{}

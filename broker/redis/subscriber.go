@@ -34,11 +34,10 @@ type Subscriber struct {
 
 var _ message.Subscriber = (*Subscriber)(nil)
 
-// NewSubscriber returns a Subscriber that reads with client. The Subscriber does not close
-// client. Give it a client whose commands are not retried (redis.Options.MaxRetries -1): a
-// subscription notices a lost connection by the failure of a command, and an XREADGROUP sent
-// again after its reply was lost leaves the entries of the first one pending until AckTimeout
-// instead of giving them back at once.
+// NewSubscriber returns a Subscriber that reads with client, which it does not close. Give it
+// a client whose commands are not retried (redis.Options.MaxRetries -1): an XREADGROUP sent
+// again after its reply was lost leaves the entries of the first one pending until AckTimeout,
+// instead of giving them back at once after the failed command tells of the lost connection.
 func NewSubscriber(client redis.UniversalClient, cfg Config) (*Subscriber, error) {
 	if client == nil {
 		return nil, errors.New("redis: NewSubscriber: client is nil")
