@@ -19,7 +19,7 @@ type view struct {
 	group    string
 	topic    string
 	hasGroup bool   // the group exists
-	last     string // the group's last-delivered id
+	last     string // the group's last-delivered id; 0-0, before every entry, without a group
 }
 
 // newView opens views of the streams of topics. A topic without its stream is an error
@@ -27,7 +27,7 @@ type view struct {
 // as it will when it is created.
 func newView(client *redis.Client, group string) func(context.Context, string) (broker.View, error) {
 	return func(ctx context.Context, topic string) (broker.View, error) {
-		v := &view{client: client, group: group, topic: topic}
+		v := &view{client: client, group: group, topic: topic, last: "0-0"}
 		n, err := client.Exists(ctx, topic).Result()
 		if err != nil {
 			return nil, fmt.Errorf("look up stream %q: %w", topic, err)
@@ -49,27 +49,22 @@ func newView(client *redis.Client, group string) func(context.Context, string) (
 }
 
 func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
-	if !v.hasGroup {
-		msgs, err := v.client.XRangeN(ctx, v.topic, "-", "+", int64(limit)).Result()
-		if err != nil {
-			return nil, fmt.Errorf("read stream %q: %w", v.topic, err)
-		}
-		return entries(msgs), nil
-	}
 	// Pending entries all come before the last-delivered id, new ones after it.
-	pending, err := v.client.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: v.topic, Group: v.group, Start: "-", End: "+", Count: int64(limit),
-	}).Result()
-	if err != nil {
-		return nil, fmt.Errorf("read the pending entries of group %q on stream %q: %w", v.group, v.topic, err)
-	}
 	var msgs []redis.XMessage
-	for _, p := range pending {
-		got, err := v.client.XRange(ctx, v.topic, p.ID, p.ID).Result()
+	if v.hasGroup {
+		pending, err := v.client.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: v.topic, Group: v.group, Start: "-", End: "+", Count: int64(limit),
+		}).Result()
 		if err != nil {
-			return nil, fmt.Errorf("read entry %s of stream %q: %w", p.ID, v.topic, err)
+			return nil, fmt.Errorf("read the pending entries of group %q on stream %q: %w", v.group, v.topic, err)
 		}
-		msgs = append(msgs, got...) // none for an entry deleted while pending
+		for _, p := range pending {
+			got, err := v.client.XRange(ctx, v.topic, p.ID, p.ID).Result()
+			if err != nil {
+				return nil, fmt.Errorf("read entry %s of stream %q: %w", p.ID, v.topic, err)
+			}
+			msgs = append(msgs, got...) // none for an entry deleted while pending
+		}
 	}
 	if len(msgs) < limit {
 		newer, err := v.client.XRangeN(ctx, v.topic, "("+v.last, "+", int64(limit-len(msgs))).Result()
@@ -78,16 +73,12 @@ func (v *view) List(ctx context.Context, limit int) ([]broker.Entry, error) {
 		}
 		msgs = append(msgs, newer...)
 	}
-	return entries(msgs), nil
-}
-
-func entries(msgs []redis.XMessage) []broker.Entry {
 	out := make([]broker.Entry, len(msgs))
 	for i, m := range msgs {
 		msg, _ := Marshaller{}.Unmarshal(m.Values) // never fails
 		out[i] = broker.Entry{Message: msg, Pos: m.ID}
 	}
-	return out
+	return out, nil
 }
 
 func (v *view) Remove(ctx context.Context, e broker.Entry) error {
