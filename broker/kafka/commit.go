@@ -15,9 +15,8 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
-// This file commits a subscription's progress to the group: each partition's mark, with the
-// taken offsets as commit metadata, and reads back what the group committed, including where a
-// member starts each partition it is assigned.
+// This file commits a subscription's progress to the group (commits), and reads back what the
+// group committed, also where a member starts each partition it is assigned (startOffsets).
 
 // groupOffset is what the group has committed for a partition.
 type groupOffset struct {

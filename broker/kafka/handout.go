@@ -9,9 +9,7 @@ import (
 	"github.com/onceflow/onceflow/messagedata"
 )
 
-// This file hands out a subscription's records: in the order of its queue, each once the
-// group's metadata records its hand-out, one at a time in order for a consumer with
-// positions, and alone when a member before may have been delivering it.
+// This file hands out a subscription's records, in the order of its queue (pumpLocked).
 
 // queueLocked makes the next hand-out of e and queues it if the group's metadata covers it
 // (ready), or otherwise puts it with the deliveries that wait for the next commit; it reports
@@ -41,10 +39,9 @@ func (sub *subscription) readyLocked(d *delivery) bool {
 }
 
 // releaseLocked queues the hand-outs held for p whose turn it is, and reports whether the
-// queue grew. One at a time, that is the hand-out of p's first record not acked: every other
-// record of p is either acked, or behind it, so at most one record of p is queued or handed
-// out at once. With a window, it is each held hand-out in order as long as p.inOrder allows
-// it. sub.mu is held.
+// queue grew: one at a time, the hand-out of p's first record not acked, so that at most one
+// record of p is out at once; with a window, each held hand-out in order while p.inOrder
+// allows it. sub.mu is held.
 func (sub *subscription) releaseLocked(p *partition) bool {
 	grew := false
 	for len(p.held) > 0 && len(p.entries) > 0 {

@@ -7,11 +7,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// This file holds the books of one partition: its records taken, the order in which they may
-// be handed out, the previous unacked offset of each, and the mark below which every record
-// is acked.
-
-// partition is the books of one partition the subscription owns.
+// partition is the books of one partition the subscription owns: its records taken, the order
+// in which they may be handed out, and the mark below which every record is acked.
 type partition struct {
 	id   int32
 	gone bool // revoked or lost: its deliveries are void

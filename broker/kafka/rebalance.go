@@ -10,8 +10,7 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
-// This file handles the partitions a subscription loses: revoked ones stop handing out and
-// commit what is acked before their books are dropped; lost ones are dropped at once.
+// This file handles the partitions a subscription loses, revoked (revoked) or lost (lost).
 
 // release gives up the partitions ids (all when ids is nil): with commit, it commits what is
 // acked of them first; then it takes them out of the books, gives back the places of the

@@ -38,8 +38,7 @@ const (
 type subscription struct {
 	s     *Subscriber
 	topic string
-	// prefetch is the subscription's window: Config.Prefetch, or when left unset the window
-	// its consumer asked for (inflight.Rules.Window).
+	// prefetch is the subscription's window (Config.Prefetch, or inflight.Rules.Window).
 	prefetch int
 	cl       *kgo.Client
 	adm      *kadm.Client
