@@ -6,8 +6,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// This file reads a delivery's count from what RabbitMQ sends with it.
-
 // deliveryCount returns what the broker says of d's deliveries: on a quorum queue, the count
 // from the header x-delivery-count, which RabbitMQ sets on every delivery after the first to
 // the number of earlier ones; on a classic queue, count 0 and the redelivered flag.

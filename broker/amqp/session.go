@@ -20,10 +20,9 @@ func consumerTag() string {
 }
 
 // session is a subscription's life on one AMQP channel: the deliveries of its consumer, and
-// the frames that settle them. Its state (the coalescer's window of tags, the ack timer) is
-// guarded by mu, and acks and nacks are sent only under mu, so that the frames go in the order
-// the window decides. A session is over when its channel is lost or the subscription ends:
-// nothing is sent on it after, since tags belong to their channel.
+// the frames that settle them, sent only under mu, in the order the window decides. A session
+// is over when its channel is lost or the subscription ends: nothing is sent on it after,
+// since tags belong to their channel.
 type session struct {
 	ch         *amqp.Channel
 	acks       acker
@@ -145,10 +144,9 @@ func (ss *session) nack(tag uint64) error {
 	return ss.send(nil)
 }
 
-// end ends the session as its subscription ends: it cancels the consumer, sends the
-// settlements given back at the end and every ack waiting, and closes the channel, which gives
-// back what was not settled and what RabbitMQ sent ahead. A session lost before has nothing to
-// send.
+// end ends the session as its subscription ends, unless it was lost before: it cancels the
+// consumer, sends the settlements of the end and every ack waiting, and closes the channel,
+// which gives back what was not settled and what RabbitMQ sent ahead.
 func (ss *session) end() error {
 	if ss.isOver() {
 		return nil

@@ -25,8 +25,7 @@ type subscription struct {
 	s     *Subscriber
 	topic string
 	queue string
-	// prefetch is the subscription's window: Config.Prefetch, or when left unset the window
-	// its consumer asked for (inflight.Rules.Window).
+	// prefetch is the subscription's window (Config.Prefetch, or inflight.Rules.Window).
 	prefetch int
 	log      watermill.LoggerAdapter
 	sub      *inflight.Subscription[tag]
