@@ -12,14 +12,14 @@ import (
 
 // Timings of the pull requests.
 const (
-	// pullExpires is how long one pull request waits at the server for messages. A request
-	// cannot be enlarged, so an idle subscription asks for its free window again this often;
-	// and a request whose client died stays at the server as long (see fetch).
+	// pullExpires is how long one pull request waits at the server for messages: how often an
+	// idle subscription asks for its free window again (a request cannot be enlarged), and
+	// how long the request of a client that died stays there (see fetch).
 	pullExpires = time.Second
 	// probeExpires is how long the probe of a subscription that stops waits (see withdraw).
 	probeExpires = 20 * time.Millisecond
-	// pullLate is how long after pullExpires the subscription waits for the server to say
-	// that the request expired, before it takes the request for dropped and withdraws it.
+	// pullLate is how long after pullExpires a request the server has not ended is taken for
+	// dropped, and withdrawn.
 	pullLate = 100 * time.Millisecond
 	// pullGrace bounds every wait for the server's word on a request (its expiry, the drain
 	// of its inbox) before the subscription takes the request, or the connection, for lost.

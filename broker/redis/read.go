@@ -11,8 +11,7 @@ import (
 	"github.com/onceflow/onceflow/broker/internal/inflight"
 )
 
-// This file reads a subscription's entries from the stream (XREADGROUP), as the window has
-// room, registers them as deliveries and hands them out in order.
+// This file reads a subscription's new entries from the stream (XREADGROUP) and delivers them.
 
 // fillWait bounds how long room in the window waits to grow to half the window before new
 // entries are read anyway.

@@ -9,8 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// This file keeps a subscription going through lost connections: it backs off, reconnects,
-// ends the deliveries of a dead connection, and creates the consumer group again if it went.
+// This file keeps a subscription going through failures and lost connections (recoverFrom).
 
 // recoverFrom handles an error of Fetch, and returns an error only when the subscription
 // must end.
