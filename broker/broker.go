@@ -70,9 +70,8 @@ func NotFound(kind, name string) error {
 // Options configure a Broker. The zero value is valid: every field has a default. The URL
 // parameter a field names overrides it; docs/brokers.md says what each means for each scheme.
 type Options struct {
-	// ConsumerGroup names the consumers of the Broker's Subscribers. Consumers of one group
-	// compete: each message goes to one of them. Every group gets every message of a topic
-	// (fan-out between groups). URL parameter: group. Defaults to "onceflow".
+	// ConsumerGroup names the consumer group of the Broker's Subscribers, whose consumers
+	// compete, as the package documentation says. URL parameter: group. Defaults to "onceflow".
 	ConsumerGroup string
 
 	// Logger receives the logs of the underlying watermill adapters. Defaults to no logging.
