@@ -22,12 +22,10 @@ var (
 	// subscription gives back.
 	ErrClosed = errors.New("kafka: closed")
 	// ErrRevoked is the cause of the context of a delivery whose partition the group gave to
-	// another member: that member delivers the record again, and an ack or nack of this
-	// delivery is ignored.
+	// another member, which delivers the record again; its ack or nack is ignored.
 	ErrRevoked = errors.New("kafka: partition revoked: another member of the group delivers the record again")
 	// ErrAckTimeout is the cause of the context of a delivery that stayed unsettled for
-	// Config.AckTimeout: the subscription hands the record out again, and an ack or nack of
-	// this delivery is ignored.
+	// Config.AckTimeout: the record is handed out again; its ack or nack is ignored.
 	ErrAckTimeout = errors.New("kafka: AckTimeout passed: the record is delivered again")
 )
 

@@ -13,8 +13,7 @@ import (
 )
 
 // fillWait is how long free room in the window waits to grow to half the window before it is
-// asked for anyway, so that a busy subscription fetches in batches without starving a slow
-// one.
+// asked for anyway: a busy subscription fetches in batches, a slow one is not starved.
 const fillWait = 5 * time.Millisecond
 
 // Timings of the fetch loop.

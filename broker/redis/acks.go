@@ -9,9 +9,8 @@ import (
 )
 
 // Acks are coalesced: the first ack of a batch waits ackLinger for others, then one XACK
-// carries them all (at most maxAckBatch ids). Acks given while an XACK is on its way go in
-// the next one. An ack leaves the window when it is given, so the wait never holds the
-// window up.
+// carries them all (at most maxAckBatch ids); acks given meanwhile go in the next one. An ack
+// leaves the window when it is given, so the wait never holds the window up.
 const (
 	ackLinger   = 2 * time.Millisecond
 	maxAckBatch = 1000
