@@ -20,7 +20,8 @@
 // second while the server refuses it as it creates a new topic's stream ("invalid stream").
 // Each Subscribe call is one puller on it: subscriptions of a group, in any number of
 // processes, compete for its messages. A push consumer of that name, left by onceflow's
-// earlier watermill-nats subscriber, is replaced by a pull consumer (replacePushConsumer).
+// earlier watermill-nats subscriber, is replaced by a pull consumer that starts right after
+// its ack floor; while a subscriber still receives from it, Subscribe fails, saying what to do.
 //
 // # Delivery
 //
@@ -44,6 +45,6 @@
 //
 // # NATS server 2.9
 //
-// The subscriber works around two bugs of NATS server 2.9 in pull requests (nats-server #5305
-// and #3942): fetch and deliver say how.
+// The subscriber works around two bugs of NATS server 2.9 in pull requests (nats-server #5305,
+// fixed in 2.11, and #3942).
 package nats
