@@ -22,8 +22,10 @@ type fact struct {
 // faultsMet are the faults a message met, as its events show them.
 type faultsMet struct {
 	received, injected, crashedBefore bool
-	// acked counts its deliveries that were acknowledged: each applied it at most once.
-	acked int
+	// applied counts its deliveries that were acknowledged, and those whose process died
+	// before the ack after it may have committed (mayHaveCommitted): each applied it at most
+	// once.
+	applied int
 }
 
 // explain returns the account's lines of the message with id, whose problem is problem, and
@@ -43,12 +45,16 @@ func (r *runner) explain(id, problem string, effects int) (lines []string, cause
 		var text string
 		switch {
 		case e.what == "acked":
-			met.acked++
+			met.applied++
 			continue // on its delivery's line
 		case e.what == "received":
 			met.received = true
 			text = fmt.Sprintf("received by %s", e.proc)
-			if at, ok := ackOf(events, k); ok {
+			at, ok := ackOf(events, k)
+			if !ok && mayHaveCommitted(events, e.proc) {
+				met.applied++
+			}
+			if ok {
 				text += ", acked at " + fmtAt(at)
 			} else if end := e.proc.end; end != "" && end != endStopped && !diesOn(events, e.proc) {
 				text += ", which " + end + " before acking it"
@@ -96,11 +102,11 @@ func (r *runner) explain(id, problem string, effects int) (lines []string, cause
 }
 
 // duplicateCause says why a message was applied effects times, more than once, from the faults
-// it met. If the handler's writes are all in its transaction, each acknowledged delivery
-// applied it at most once, and with duplicate detection only one did: more effects than that
+// it met. If the handler's writes are all in its transaction, each acknowledged delivery, and
+// each whose process died after it may have committed, applied it at most once, and with duplicate detection only one did: more effects than that
 // are writes that outlived a rollback or a crash.
 func (r *runner) duplicateCause(met faultsMet, effects int) string {
-	applied := met.acked
+	applied := met.applied
 	if r.info.dedup {
 		applied = 1
 	}
@@ -135,6 +141,18 @@ func ackOf(events []event, k int) (time.Duration, bool) {
 		}
 	}
 	return 0, false
+}
+
+// mayHaveCommitted reports whether pr, which received a delivery of the message of events and
+// did not ack it, may have committed its effect before it died: it was killed at random, or
+// died at crash point after-commit, and not at an earlier crash point on this message.
+func mayHaveCommitted(events []event, pr *proc) bool {
+	if slices.ContainsFunc(events, func(e event) bool {
+		return e.proc == pr && (e.what == "crash "+string(BeforeCommit) || e.what == "crash "+string(AfterReceive))
+	}) {
+		return false
+	}
+	return strings.HasPrefix(pr.end, endKilled) || pr.crashed && pr.crash != nil && pr.crash.Point == AfterCommit
 }
 
 // diesOn reports whether pr's death is one of events already (a crash point or the crash loop

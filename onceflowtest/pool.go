@@ -52,8 +52,12 @@ type proc struct {
 
 func (p *proc) String() string { return fmt.Sprintf("consumer %d (process %d)", p.consumer, p.n) }
 
-// endStopped is the end of a process that the run stopped.
-const endStopped = "was stopped at the end of the run"
+// endStopped is the end of a process that the run stopped; endKilled begins that of one it
+// killed at random.
+const (
+	endStopped = "was stopped at the end of the run"
+	endKilled  = "was killed at random (SIGKILL)"
+)
 
 // event is what the run learnt of a message: a delivery to a process, a fault injected into
 // it there, or the death of the process on it.
@@ -244,7 +248,7 @@ func (p *pool) kill(id int) (armed *crash) {
 	pr := p.procs[id]
 	delete(p.procs, id)
 	if pr != nil {
-		pr.end = fmt.Sprintf("was killed at random (SIGKILL) at %s", p.since())
+		pr.end = fmt.Sprintf("%s at %s", endKilled, p.since())
 	}
 	p.mu.Unlock()
 	if pr == nil {
