@@ -103,8 +103,9 @@ func (r *runner) explain(id, problem string, effects int) (lines []string, cause
 
 // duplicateCause says why a message was applied effects times, more than once, from the faults
 // it met. If the handler's writes are all in its transaction, each acknowledged delivery, and
-// each whose process died after it may have committed, applied it at most once, and with duplicate detection only one did: more effects than that
-// are writes that outlived a rollback or a crash.
+// each whose process died after it may have committed, applied it at most once, and with
+// duplicate detection only one did: more effects than that are writes that outlived a rollback
+// or a crash.
 func (r *runner) duplicateCause(met faultsMet, effects int) string {
 	applied := met.applied
 	if r.info.dedup {
