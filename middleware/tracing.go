@@ -198,12 +198,16 @@ func (o *tracingObserver) Begin(ctx context.Context, msg *messagedata.MessageDat
 type ownSpan struct{ context.Context }
 
 func (o *tracingObserver) End(ctx context.Context, msg *messagedata.MessageData, err error) {
+	_, own := ctx.(ownSpan)
+	if st := delivery.From(ctx); !own && st != nil && st.Span == nil {
+		return // Begin started no span: it skipped, and the span around does not record
+	}
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
 		d, started := DeliveryFrom(ctx)
 		setAttributes(span, msg, d, started, err)
 	}
-	if _, own := ctx.(ownSpan); own {
+	if own {
 		span.End()
 	}
 }

@@ -440,7 +440,7 @@ func (r *groupRun) endDedupSpans(err error) {
 func childSpans(set []*slot, name string, groupSize int) []func(error) {
 	var ends []func(error)
 	for i, s := range set {
-		if !trace.SpanFromContext(s.m.ctx).IsRecording() {
+		if !s.m.traced {
 			continue
 		}
 		if ends == nil {

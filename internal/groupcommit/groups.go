@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/onceflow/onceflow/dedup"
 	"github.com/onceflow/onceflow/internal/delivery"
 	"github.com/onceflow/onceflow/messagedata"
@@ -91,6 +93,8 @@ type member struct {
 	lane int
 	// kept: the member is the Slot of its caller, not the pool's.
 	kept bool
+	// traced: the span in ctx records, so the group starts child spans of it (childSpans).
+	traced bool
 }
 
 // Slot is the place in a group of a message that joins it by Join, kept by the caller (in its
@@ -206,6 +210,7 @@ func (g *grouper) member(ctx context.Context, msg *messagedata.MessageData, slot
 		m = members.Get().(*member)
 	}
 	m.ctx, m.msg, m.key, m.pos = ctx, msg, key, pos
+	m.traced = trace.SpanFromContext(ctx).IsRecording()
 	return m, nil
 }
 
@@ -239,7 +244,7 @@ func (m *member) notifyResult() {
 // recycle clears m and puts it back in the pool, or leaves it to its slot's keeper.
 func (m *member) recycle() {
 	kept := m.kept
-	m.ctx, m.msg, m.key, m.pos, m.carried, m.res, m.notify, m.lane, m.kept = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}, nil, 0, false
+	m.ctx, m.msg, m.key, m.pos, m.carried, m.res, m.notify, m.lane, m.kept, m.traced = nil, nil, dedup.Key{}, messagedata.Position{}, 0, memberResult{}, nil, 0, false, false
 	m.state.Store(memberWaiting)
 	if !kept {
 		members.Put(m)
