@@ -441,7 +441,10 @@ func (r *runner) loop(ctx context.Context, b *broker.Broker, px *proxies, dups [
 			}
 		}
 		if cutsDone < cuts && progress >= cfg.Messages*(cutsDone+1)/(cuts+1) {
-			service := px.cut(cutsDone)
+			service, err := px.cut(cutsDone)
+			if err != nil {
+				return fmt.Errorf("cut connections: %w", err)
+			}
 			r.cuts = append(r.cuts, cut{at: time.Since(r.pool.started), service: service})
 			cfg.Logger.Info("connections cut", "service", service, "run", cfg.Name)
 			cutsDone++

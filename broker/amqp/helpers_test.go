@@ -2,23 +2,17 @@ package amqp_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 	amqp091 "github.com/rabbitmq/amqp091-go"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/amqp"
 	"github.com/onceflow/onceflow/broker/redelivery"
+	"github.com/onceflow/onceflow/internal/tcpproxy"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
@@ -174,53 +168,30 @@ func uuids(msgs []*message.Message) []string {
 	return out
 }
 
-// proxy is a loopback TCP proxy in front of RabbitMQ, run in-process by toxiproxy.
+// proxy is a loopback TCP proxy in front of RabbitMQ.
 type proxy struct {
-	p   *toxiproxy.Proxy
+	p   *tcpproxy.Proxy
 	url string // the RabbitMQ URL through the proxy
 }
 
 // newProxy starts a proxy in front of the host of rawURL, stopped when the test ends.
 func newProxy(t *testing.T, rawURL string) *proxy {
 	t.Helper()
-	u, err := url.Parse(rawURL)
+	p, through, err := tcpproxy.ForURL(rawURL)
 	require.NoError(t, err)
-	upstream := u.Host
-	if u.Port() == "" {
-		upstream = net.JoinHostPort(u.Hostname(), "5672")
-	}
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	p := toxiproxy.NewProxy(server, "rabbitmq", "127.0.0.1:0", upstream)
-	require.NoError(t, p.Start())
-	t.Cleanup(p.Stop)
-	u.Host = p.Listen
-	return &proxy{p: p, url: u.String()}
+	t.Cleanup(p.Close)
+	return &proxy{p: p, url: through}
 }
 
 // cut closes every connection through the proxy and refuses new ones until restore.
-func (p *proxy) cut() { p.p.Stop() }
+func (p *proxy) cut() { p.p.Cut() }
 
 // restore accepts connections again, on the same address.
 func (p *proxy) restore(t *testing.T) {
 	t.Helper()
-	var err error
-	// The port was just released; binding it again can fail for a moment.
-	for range 100 {
-		if err = p.p.Start(); err == nil || errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("restart the proxy on %s: %v", p.p.Listen, err)
+	require.NoError(t, p.p.Restore())
 }
 
 // blackhole makes the proxy swallow every byte both ways without closing anything: RabbitMQ
 // looks alive and never answers.
-func (p *proxy) blackhole(t *testing.T) {
-	t.Helper()
-	for _, stream := range []string{"upstream", "downstream"} {
-		_, err := p.p.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
-			`{"name":"blackhole-%s","type":"timeout","stream":%q,"toxicity":1,"attributes":{"timeout":0}}`, stream, stream)))
-		require.NoError(t, err)
-	}
-}
+func (p *proxy) blackhole() { p.p.Blackhole() }

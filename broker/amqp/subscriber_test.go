@@ -362,7 +362,7 @@ func TestSubscriber_CloseIsBoundedWhenRabbitMQDoesNotAnswer(t *testing.T) {
 		f.publish("m", 1)
 		msgs := f.subscribe(s)
 		m := receive(t, msgs)
-		px.blackhole(t)
+		px.blackhole()
 		ack(m)
 
 		start := time.Now()

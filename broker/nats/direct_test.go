@@ -64,7 +64,7 @@ func TestDirectSettle_LostConnectionEndsTheUnsettledDeliveriesAndLeavesThemToThe
 	ack(held[0])
 	f.requireAcked(1, n-1) // before the cut
 
-	p.Stop()
+	p.Cut()
 	for _, m := range held[1:] {
 		testsvc.RequireCause(t, m, natsbroker.ErrConnectionLost, within)
 		ack(m) // the delivery has ended: ignored

@@ -1,48 +1,32 @@
 package nats_test
 
 import (
-	"errors"
-	"net/url"
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	natsbroker "github.com/onceflow/onceflow/broker/nats"
+	"github.com/onceflow/onceflow/internal/tcpproxy"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
 // proxy starts an in-process TCP proxy in front of the NATS server of rawURL, stopped when the
 // test ends, and returns it with the URL through it.
-func proxy(t *testing.T, rawURL string) (*toxiproxy.Proxy, string) {
+func proxy(t *testing.T, rawURL string) (*tcpproxy.Proxy, string) {
 	t.Helper()
-	u, err := url.Parse(rawURL)
+	p, through, err := tcpproxy.ForURL(rawURL)
 	require.NoError(t, err)
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	p := toxiproxy.NewProxy(server, "nats", "127.0.0.1:0", u.Host)
-	require.NoError(t, p.Start())
-	t.Cleanup(p.Stop)
-	u.Host = p.Listen
-	return p, u.String()
+	t.Cleanup(p.Close)
+	return p, through
 }
 
 // restart accepts connections through p again, on the same address.
-func restart(t *testing.T, p *toxiproxy.Proxy) {
+func restart(t *testing.T, p *tcpproxy.Proxy) {
 	t.Helper()
-	var err error
-	// The port was just released; binding it again can fail for a moment.
-	for range 100 {
-		if err = p.Start(); err == nil || errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("restart the proxy on %s: %v", p.Listen, err)
+	require.NoError(t, p.Restore())
 }
 
 func TestSubscriber_LostConnectionEndsTheDeliveriesInFlightAndTheSubscriptionGoesOn(t *testing.T) {
@@ -64,7 +48,7 @@ func TestSubscriber_LostConnectionEndsTheDeliveriesInFlightAndTheSubscriptionGoe
 			held = append(held, m)
 		}
 
-		p.Stop() // closes the connections through the proxy, both ways
+		p.Cut() // closes the connections through the proxy, both ways
 		for _, m := range held {
 			testsvc.RequireCause(t, m, natsbroker.ErrConnectionLost, within)
 			m.Ack() // the delivery has ended: ignored
@@ -102,7 +86,7 @@ func TestSubscriber_CloseReturnsInTimeWhenTheServerIsGone(t *testing.T) {
 		s := f.subscriber(natsbroker.Config{URL: through, CloseTimeout: time.Second})
 		ch := f.subscribe(s)
 		m := testsvc.Receive(t, ch, within)
-		p.Stop()
+		p.Cut()
 		testsvc.RequireCause(t, m, natsbroker.ErrConnectionLost, within)
 		m.Ack() // the delivery has ended: ignored
 

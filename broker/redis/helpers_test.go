@@ -3,21 +3,16 @@ package redis_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/url"
 	"testing"
-	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceflow/onceflow/broker/redelivery"
 	redissub "github.com/onceflow/onceflow/broker/redis"
+	"github.com/onceflow/onceflow/internal/tcpproxy"
 	"github.com/onceflow/onceflow/internal/testsvc"
 )
 
@@ -144,38 +139,23 @@ func (f *fixture) pendingOf(uuid string) redis.XPendingExt {
 
 // tcpProxy is an in-process loopback TCP proxy in front of the Redis server.
 type tcpProxy struct {
-	p   *toxiproxy.Proxy
+	p   *tcpproxy.Proxy
 	url string // the server's URL through the proxy
 }
 
 func (f *fixture) proxy() *tcpProxy {
 	f.t.Helper()
-	u, err := url.Parse(f.url)
+	p, through, err := tcpproxy.ForURL(f.url)
 	require.NoError(f.t, err)
-	upstream := u.Host
-	if u.Port() == "" {
-		upstream = net.JoinHostPort(u.Hostname(), "6379")
-	}
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	p := toxiproxy.NewProxy(server, "redis", "127.0.0.1:0", upstream)
-	require.NoError(f.t, p.Start())
-	f.t.Cleanup(p.Stop)
-	u.Host = p.Listen
-	return &tcpProxy{p: p, url: u.String()}
+	f.t.Cleanup(p.Close)
+	return &tcpProxy{p: p, url: through}
 }
 
 // cut closes every connection through the proxy and refuses new ones until restore.
-func (p *tcpProxy) cut() { p.p.Stop() }
+func (p *tcpProxy) cut() { p.p.Cut() }
 
 // restore accepts connections again, on the same address.
 func (p *tcpProxy) restore(t *testing.T) {
 	t.Helper()
-	var err error
-	for range 100 { // the port was just released; binding it again can fail for a moment
-		if err = p.p.Start(); err == nil || err == toxiproxy.ErrProxyAlreadyStarted {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("restart the proxy on %s: %v", p.p.Listen, err)
+	require.NoError(t, p.p.Restore())
 }

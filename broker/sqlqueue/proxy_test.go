@@ -1,21 +1,17 @@
 package sqlqueue_test
 
 import (
-	"errors"
-	"net/url"
 	"testing"
-	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceflow/onceflow/internal/tcpproxy"
 )
 
-// tcpProxy is a loopback TCP proxy in front of the test's database server, run in-process by
-// toxiproxy, to cut its connections.
+// tcpProxy is a loopback TCP proxy in front of the test's database server, to cut its
+// connections.
 type tcpProxy struct {
-	proxy *toxiproxy.Proxy
+	proxy *tcpproxy.Proxy
 	// url is the database URL with the proxy's address in place of the server's.
 	url string
 }
@@ -23,29 +19,17 @@ type tcpProxy struct {
 // proxy starts a proxy in front of the env's server, stopped when the test ends.
 func (e *env) proxy() *tcpProxy {
 	e.t.Helper()
-	u, err := url.Parse(e.url)
+	p, via, err := tcpproxy.ForURL(e.url)
 	require.NoError(e.t, err)
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	p := toxiproxy.NewProxy(server, "db", "127.0.0.1:0", u.Host)
-	require.NoError(e.t, p.Start())
-	e.t.Cleanup(p.Stop)
-	u.Host = p.Listen
-	return &tcpProxy{proxy: p, url: u.String()}
+	e.t.Cleanup(p.Close)
+	return &tcpProxy{proxy: p, url: via}
 }
 
 // cut closes every connection through the proxy and refuses new ones until restore.
-func (p *tcpProxy) cut() { p.proxy.Stop() }
+func (p *tcpProxy) cut() { p.proxy.Cut() }
 
 // restore accepts connections again, on the same address.
 func (p *tcpProxy) restore(t testing.TB) {
 	t.Helper()
-	var err error
-	// The port was just released; binding it again can fail for a moment.
-	for range 100 {
-		if err = p.proxy.Start(); err == nil || errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("restart the proxy on %s: %v", p.proxy.Listen, err)
+	require.NoError(t, p.proxy.Restore())
 }
