@@ -92,7 +92,7 @@ func (m Metrics) Observer(handler string) (Observer, error) {
 	var byOutcome [len(outcomes)]outcomeOpts
 	for i, o := range outcomes {
 		set := metric.WithAttributeSet(attribute.NewSet(handlerAttr, telemetry.AttrOutcome.String(string(o))))
-		byOutcome[i] = outcomeOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
+		byOutcome[i] = optsOf(set)
 	}
 
 	// Every series starts at 0, so that rates and ratios over them are defined before the
@@ -109,6 +109,11 @@ func (m Metrics) Observer(handler string) (Observer, error) {
 type outcomeOpts struct {
 	add    []metric.AddOption
 	record []metric.RecordOption
+}
+
+// optsOf returns the options of measurements with the attributes of set.
+func optsOf(set metric.MeasurementOption) outcomeOpts {
+	return outcomeOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
 }
 
 type metricsObserver struct {
@@ -174,14 +179,9 @@ type conventionSets struct {
 	cached    atomic.Pointer[topicSets]
 }
 
-type measureOpts struct {
-	add    []metric.AddOption
-	record []metric.RecordOption
-}
-
 type topicSets struct {
 	topic     string
-	byOutcome [len(outcomes)]measureOpts // by outcomeIndex
+	byOutcome [len(outcomes)]outcomeOpts // by outcomeIndex
 }
 
 func (c *conventionSets) get(topic string) *topicSets {
@@ -196,7 +196,7 @@ func (c *conventionSets) get(topic string) *topicSets {
 			attrs = append(append([]attribute.KeyValue(nil), base...), semconv.ErrorTypeKey.String(string(o)))
 		}
 		set := metric.WithAttributeSet(attribute.NewSet(attrs...))
-		s.byOutcome[i] = measureOpts{add: []metric.AddOption{set}, record: []metric.RecordOption{set}}
+		s.byOutcome[i] = optsOf(set)
 	}
 	c.cached.Store(s)
 	return s
