@@ -22,6 +22,19 @@ import (
 type groupOffset struct {
 	committed int64 // -1 for nothing
 	md        groupMetadata
+	// described is set when md is onceflow's (parseMetadata): its taken offset says what a
+	// member handed out.
+	described bool
+}
+
+// takenAtLeast is the least taken offset of g's partition: the record at the committed offset
+// counts as handed out once when the commit's metadata is not onceflow's (another client may
+// have been delivering it), not when it is (its taken offset says).
+func (g groupOffset) takenAtLeast() int64 {
+	if g.described {
+		return g.committed
+	}
+	return g.committed + 1
 }
 
 // groupOffsets fetches the group's committed offsets and metadata of the partitions ids. On
@@ -61,7 +74,7 @@ func fetchGroupOffsets(ctx context.Context, adm *kadm.Client, group, topic strin
 		g := groupOffset{committed: -1}
 		if o, ok := resp.Lookup(topic, p); ok && o.At >= 0 {
 			g.committed = o.At
-			g.md, _ = parseMetadata(o.Metadata)
+			g.md, g.described = parseMetadata(o.Metadata)
 		}
 		out[p] = g
 	}
@@ -104,7 +117,7 @@ func (sub *subscription) commits() {
 		}
 		ctx, cancel := context.WithTimeout(stop, commitTimeout)
 		sub.commitMu.Lock()
-		err := sub.commitLocked(ctx, nil)
+		err := sub.commitLocked(ctx, nil, false)
 		sub.commitMu.Unlock()
 		cancel()
 		if err != nil && stop.Err() == nil {
@@ -118,16 +131,22 @@ func (sub *subscription) commits() {
 }
 
 // commitLocked commits the marks and the taken offsets that moved of the partitions ids (all
-// when ids is nil), and hands out the records that the new taken offsets cover. sub.commitMu
-// is held.
-func (sub *subscription) commitLocked(ctx context.Context, ids []int32) error {
+// when ids is nil), and hands out the records that the new taken offsets cover. final is set
+// for the last commit of partitions the member gives up, whose deliveries have all ended: its
+// taken offset is what the consumer took (partition.takenFinal), not what the member readied.
+// sub.commitMu is held.
+func (sub *subscription) commitLocked(ctx context.Context, ids []int32, final bool) error {
 	sub.mu.Lock()
 	parts := sub.partsLocked(ids)
 	commits := map[int32]commit{}
 	for _, p := range parts {
-		c := commit{mark: p.mark(), md: groupMetadata{taken: max(p.want, p.unknownUntil, p.horizon)}, acks: p.acks}
+		taken := max(p.want, p.unknownUntil, p.horizon)
+		if final {
+			taken = p.takenFinal()
+		}
+		c := commit{mark: p.mark(), md: groupMetadata{taken: taken}, acks: p.acks}
 		counts, grew := p.counts()
-		if c.mark.Offset > p.committed || c.md.taken > p.horizon || c.acks > p.ackCommitted || grew {
+		if c.mark.Offset > p.committed || c.md.taken != p.horizon || c.acks > p.ackCommitted || grew {
 			c.md.acked, c.md.counts = p.spans(), counts
 			commits[p.id] = c
 		}

@@ -45,12 +45,14 @@
 // Kafka keeps no delivery count: before it hands a record out, the subscription commits in
 // the group's offset metadata (metadata.go) that the record was taken (a first delivery) or
 // how many times it was handed out (a redelivery). The Count of redelivery.Info therefore goes
-// on across members, restarts and crashes. A record that a member had taken but not recorded
-// as handed out counts as handed out once: a count may be one too high, never too low; such a
-// record is handed out alone (see pumpLocked). A group whose offsets another client committed
-// has no such metadata: the record at the committed offset counts as handed out once. The
-// metadata also lists the records acked behind one that is not: the next owner does not
-// deliver them again.
+// on across members, restarts and crashes. A member records a record as taken a little
+// before its consumer takes it; when the member gives the partition up (a revoke, Close), its
+// last commit records only what the consumer took. After a crash, a record that the member had
+// taken counts as handed out once: a count may be one too high, never too low; such a record
+// is handed out alone (see pumpLocked). A group whose offsets another client committed has no
+// such metadata: the record at the committed offset counts as handed out once. The metadata
+// also lists the records acked behind one that is not: the next owner does not deliver them
+// again.
 //
 // # Rebalances and Close
 //

@@ -90,6 +90,20 @@ func (p *partition) ready(e *entry) bool {
 	return e.deliveries == 0 || e.recorded > e.deliveries
 }
 
+// takenFinal is the taken offset of the last commit of p, once every delivery of it has ended:
+// the offset after the last record handed out (a delivery the consumer never took is not
+// counted, see Settle), and never less than unknownUntil, which a member before may have
+// handed out.
+func (p *partition) takenFinal() int64 {
+	taken := p.unknownUntil
+	for _, e := range p.entries {
+		if e.deliveries > 0 {
+			taken = max(taken, e.offset+1)
+		}
+	}
+	return taken
+}
+
 // counts returns the hand-outs to record of the unacked entries handed out or to be handed
 // out more than once (a first hand-out is recorded by the taken offset), and whether one of
 // them is more than the metadata has.

@@ -20,7 +20,7 @@ func (sub *subscription) release(ctx context.Context, ids []int32, commit bool) 
 	sub.commitMu.Lock()
 	var err error
 	if commit {
-		err = sub.commitLocked(ctx, ids)
+		err = sub.commitLocked(ctx, ids, true)
 	}
 	sub.mu.Lock()
 	var dropped []*partition

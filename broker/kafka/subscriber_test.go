@@ -380,7 +380,7 @@ func TestSubscriber_ARevokeWaitsForTheDeliveriesInFlight(t *testing.T) {
 }
 
 // A revoke takes back the records its member emitted and its consumer has not taken: it waits
-// only for the deliveries the consumer has.
+// only for the deliveries the consumer has, and those records are not counted as handed out.
 func TestSubscriber_ARevokeWithdrawsTheRecordsTheConsumerHasNotTaken(t *testing.T) {
 	t.Parallel()
 	f := setup(t, 2)
@@ -391,8 +391,37 @@ func TestSubscriber_ARevokeWithdrawsTheRecordsTheConsumerHasNotTaken(t *testing.
 	// One partition moves to the new member, with its records, well before RevokeTimeout.
 	ch1 := f.subscribe(f.subscriber(kafkabroker.Config{}))
 	for range 4 {
-		testsvc.Receive(t, ch1, within).Ack()
+		m := testsvc.Receive(t, ch1, within)
+		require.Equal(t, 1, testsvc.Info(t, m).Count, "%s was never taken before", m.UUID)
+		m.Ack()
 	}
+}
+
+// A member that closes records in its last commit the records its consumer took, not those it
+// had made ready: the next member counts only those as handed out before.
+func TestSubscriber_ARecordTheConsumerNeverTookIsNotCounted(t *testing.T) {
+	t.Parallel()
+	f := setup(t, 1)
+	ids := f.publish(0, 5)
+	s := f.subscriber(kafkabroker.Config{})
+	ch := f.subscribe(s)
+	m := testsvc.Receive(t, ch, within)
+	require.Equal(t, ids[0], m.UUID)
+	m.Ack()
+	held := testsvc.Receive(t, ch, within) // taken, never settled
+	require.Equal(t, ids[1], held.UUID)
+	require.NoError(t, s.Close())
+
+	ch = f.subscribe(f.subscriber(kafkabroker.Config{}))
+	want := map[string]int{ids[1]: 2, ids[2]: 1, ids[3]: 1, ids[4]: 1}
+	got := map[string]int{}
+	for range want {
+		m := testsvc.Receive(t, ch, within)
+		got[m.UUID] = testsvc.Info(t, m).Count
+		m.Ack()
+	}
+	require.Equal(t, want, got)
+	testsvc.Eventually(t, within, func() bool { return f.committedTotal() == 5 }, "not committed")
 }
 
 // A revoke does not wait for a nack held for its delay: it is no longer in flight, and its

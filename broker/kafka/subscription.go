@@ -174,7 +174,7 @@ func (sub *subscription) take(ctx context.Context, recs []*kgo.Record) {
 			p = &partition{id: r.Partition, committed: -1}
 			if g, ok := starts[r.Partition]; ok && g.committed >= 0 {
 				p.committed = g.committed
-				p.unknownUntil = max(g.md.taken, g.committed+1)
+				p.unknownUntil = max(g.md.taken, g.takenAtLeast())
 				p.horizon = p.unknownUntil
 				for _, sp := range g.md.acked {
 					if sp.to >= g.committed {
@@ -248,6 +248,9 @@ func (sub *subscription) Settle(x *inflight.Delivery[*delivery], o inflight.Outc
 		return
 	}
 	d.e.out = false
+	if !o.Nacked && o.HandedOut.IsZero() {
+		d.e.deliveries-- // the consumer never took it: withdrawn, or ended with the subscription
+	}
 	again := o.Cause == nil && o.Nacked && !o.Held || errors.Is(o.Cause, ErrAckTimeout)
 	if !again || sub.sub.Stopped() || p.revoking {
 		return

@@ -54,6 +54,20 @@ func TestAck_WithoutACommitStartsAtTheLogStart(t *testing.T) {
 	}
 }
 
+// A record taken out of a group whose offsets another client committed leaves the record at
+// the committed offset counted as handed out once, as a member would count it; under
+// onceflow's own metadata the taken offset says what was handed out.
+func TestAck_KeepsTheHandOutOfTheRecordAtAForeignCommittedOffset(t *testing.T) {
+	t.Parallel()
+	g, _, err := ack(groupOffset{committed: 10}, 0, 12)
+	require.NoError(t, err)
+	require.Equal(t, "onceflow taken 11 acked 12-12", g.md.encode())
+
+	g, _, err = ack(groupOffset{committed: 10, described: true, md: groupMetadata{taken: 10}}, 0, 12)
+	require.NoError(t, err)
+	require.Equal(t, "onceflow taken 10 acked 12-12", g.md.encode())
+}
+
 // A commit carries at most maxSpans spans: a record that would need one more is refused, and
 // the commit is left as it was.
 func TestAck_RefusesMoreSpansThanACommitCarries(t *testing.T) {
