@@ -339,10 +339,9 @@ func (v *view) Remove(ctx context.Context, e broker.Entry) error {
 // committed offset moves past every acked record it reaches. The counts of the records acked
 // go. A commit carries at most maxSpans spans: a record that would need more is an error.
 func ack(g groupOffset, start, offset int64) (groupOffset, bool, error) {
-	if !g.described && g.committed >= 0 {
-		// Another client committed: the record at its committed offset counts as handed out
-		// once, and the metadata written now must still say so.
-		g.md.taken = max(g.md.taken, g.committed+1)
+	if g.committed >= 0 {
+		// The metadata written now must still count what the commit read counts as taken.
+		g.md.taken = max(g.md.taken, g.takenAtLeast())
 	}
 	// A group without a commit, or whose committed records the log no longer has, starts at
 	// the log's start.
